@@ -1,1 +1,14 @@
-//! Placeholder: filled by the text layer.
+//! Text in, text out for Muse Glimmer: the GGUF's byte-level BPE tokenizer, a streaming
+//! detokenizer with stop strings, the chat template (minijinja, byte-identical to transformers'
+//! `apply_chat_template`) and the ATEM tool-call / reasoning parser.
+
+mod byte_level;
+mod error;
+mod stream;
+mod tokenizer;
+mod vocab;
+
+pub use error::{Result, TextError};
+pub use stream::{StopReason, StreamDecoder};
+pub use tokenizer::{DEFAULT_MAX_INPUT_BYTES, LLAMA3_REGEX, LLAMA4_REGEX, Tokenizer};
+pub use vocab::{PreTokenizer, TokenType, Vocab};

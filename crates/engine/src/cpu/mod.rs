@@ -1,0 +1,3 @@
+//! The CPU backend.
+
+pub mod ggml;

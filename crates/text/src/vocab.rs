@@ -1,0 +1,183 @@
+//! The `tokenizer.ggml.*` keys of a GGUF, read and checked once.
+//!
+//! Key names and token types follow llama.cpp (`gguf-py/gguf/constants.py`, `src/llama-vocab.cpp`
+//! `llama_vocab::impl::load`); the converter writes them in `conversion/base.py` `_set_vocab_gpt2`.
+
+use muser_gguf::{Array, Gguf, Value};
+
+use crate::error::{Result, TextError};
+
+/// What a token is, as `tokenizer.ggml.token_type` says (llama.cpp `llama_token_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenType {
+    /// An ordinary BPE token, stored in byte-level form ("Ġthe").
+    Normal,
+    Unknown,
+    /// A special token (HF `special=True`): atomic, skipped by `skip_special` decoding, only parsed
+    /// from text when special parsing is on.
+    Control,
+    /// An added, non-special token (HF `special=False`): always atomic, never skipped.
+    UserDefined,
+    /// A filler id the HF tokenizer does not know (`[PADn]`): never produced, decodes to nothing.
+    Unused,
+    Byte,
+}
+
+impl TokenType {
+    fn from_gguf(v: i64) -> Self {
+        match v {
+            2 => Self::Unknown,
+            3 => Self::Control,
+            4 => Self::UserDefined,
+            5 => Self::Unused,
+            6 => Self::Byte,
+            // 1, and anything unknown, as llama.cpp does for undefined types.
+            _ => Self::Normal,
+        }
+    }
+}
+
+/// The pre-tokenizer regex family named by `tokenizer.ggml.pre`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PreTokenizer {
+    /// `llama4` / `gpt-4o`: Llama-4's (o200k-style) split; the Muse Glimmer vocabulary.
+    Llama4,
+    /// `llama-bpe`: Llama-3's split; supported so llama.cpp's own reference cases can be checked.
+    Llama3,
+}
+
+/// The tokenizer half of a GGUF.
+#[derive(Debug, Clone)]
+pub struct Vocab {
+    pub pre: PreTokenizer,
+    /// `tokenizer.ggml.tokens`, indexed by id.
+    pub tokens: Vec<String>,
+    pub types: Vec<TokenType>,
+    /// `tokenizer.ggml.merges`, in priority order.
+    pub merges: Vec<(String, String)>,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub eot: Option<u32>,
+    pub eom: Option<u32>,
+    pub pad: Option<u32>,
+    /// `tokenizer.ggml.add_bos_token`: whether a plain prompt starts with BOS.
+    pub add_bos: bool,
+    pub add_eos: bool,
+}
+
+const KEY_MODEL: &str = "tokenizer.ggml.model";
+const KEY_PRE: &str = "tokenizer.ggml.pre";
+const KEY_TOKENS: &str = "tokenizer.ggml.tokens";
+const KEY_TYPES: &str = "tokenizer.ggml.token_type";
+const KEY_MERGES: &str = "tokenizer.ggml.merges";
+
+impl Vocab {
+    pub fn from_gguf(g: &Gguf) -> Result<Self> {
+        let model = g.get(KEY_MODEL).and_then(Value::as_str).ok_or_else(|| {
+            TextError::Vocab(format!("missing '{KEY_MODEL}': this GGUF carries no tokenizer"))
+        })?;
+        if model != "gpt2" {
+            return Err(TextError::Unsupported(format!(
+                "{KEY_MODEL} = '{model}'; Muser implements the byte-level BPE ('gpt2') that Muse Glimmer uses"
+            )));
+        }
+        // llama.cpp maps "llama4" and "gpt-4o" to one pre-tokenizer (LLAMA_VOCAB_PRE_TYPE_GPT4O).
+        let pre = match g.get(KEY_PRE).and_then(Value::as_str).unwrap_or("default") {
+            "llama4" | "gpt-4o" => PreTokenizer::Llama4,
+            "llama-bpe" | "llama3" => PreTokenizer::Llama3,
+            other => {
+                return Err(TextError::Unsupported(format!(
+                    "{KEY_PRE} = '{other}'; supported: 'llama4' (Muse Glimmer), 'gpt-4o', 'llama-bpe'"
+                )));
+            }
+        };
+        let tokens = match g.get(KEY_TOKENS) {
+            Some(Value::Array(Array::String(t))) => t.clone(),
+            Some(v) => return Err(wrong_type(KEY_TOKENS, "an array of strings", v)),
+            None => return Err(TextError::Vocab(format!("missing '{KEY_TOKENS}'"))),
+        };
+        if tokens.is_empty() || tokens.len() > u32::MAX as usize {
+            return Err(TextError::Vocab(format!("'{KEY_TOKENS}' holds {} tokens", tokens.len())));
+        }
+        let types = match g.get(KEY_TYPES) {
+            None => vec![TokenType::Normal; tokens.len()],
+            Some(Value::Array(a)) => {
+                let v = a.as_i64s().ok_or_else(|| wrong_type(KEY_TYPES, "an integer array", &Value::Array(a.clone())))?;
+                if v.len() != tokens.len() {
+                    return Err(TextError::Vocab(format!(
+                        "'{KEY_TYPES}' has {} entries for {} tokens",
+                        v.len(),
+                        tokens.len()
+                    )));
+                }
+                v.into_iter().map(TokenType::from_gguf).collect()
+            }
+            Some(v) => return Err(wrong_type(KEY_TYPES, "an integer array", v)),
+        };
+        let merges = match g.get(KEY_MERGES) {
+            Some(Value::Array(Array::String(m))) => m
+                .iter()
+                .enumerate()
+                .map(|(i, m)| split_merge(m).ok_or_else(|| {
+                    TextError::Vocab(format!("'{KEY_MERGES}'[{i}] = {m:?} is not two tokens separated by a space"))
+                }))
+                .collect::<Result<Vec<_>>>()?,
+            Some(v) => return Err(wrong_type(KEY_MERGES, "an array of strings", v)),
+            None => return Err(TextError::Vocab(format!("missing '{KEY_MERGES}': a BPE vocabulary needs its merges"))),
+        };
+        let n = tokens.len();
+        let id = |key: &str| -> Result<Option<u32>> {
+            match g.get(key).map(|v| (v, v.as_i64())) {
+                None => Ok(None),
+                Some((_, Some(i))) if i >= 0 && (i as u64) < n as u64 => Ok(Some(i as u32)),
+                // llama.cpp treats -1 as "none".
+                Some((_, Some(-1))) => Ok(None),
+                Some((v, _)) => Err(TextError::Vocab(format!(
+                    "'{key}' = {} is not a token id below {n}",
+                    v.summary(4)
+                ))),
+            }
+        };
+        let flag = |key: &str, default: bool| g.get(key).and_then(Value::as_bool).unwrap_or(default);
+        Ok(Self {
+            pre,
+            merges,
+            bos: id("tokenizer.ggml.bos_token_id")?,
+            eos: id("tokenizer.ggml.eos_token_id")?,
+            eot: id("tokenizer.ggml.eot_token_id")?,
+            eom: id("tokenizer.ggml.eom_token_id")?,
+            pad: id("tokenizer.ggml.padding_token_id")?,
+            // Defaults when the key is absent, as llama-vocab.cpp sets them per pre-tokenizer before reading
+            // it: true for llama-bpe, false for llama4/gpt-4o.
+            add_bos: flag("tokenizer.ggml.add_bos_token", pre == PreTokenizer::Llama3),
+            add_eos: flag("tokenizer.ggml.add_eos_token", false),
+            tokens,
+            types,
+        })
+    }
+}
+
+/// "Ġ t" -> ("Ġ", "t"). llama.cpp searches for the separator from index 1
+/// (`word.find(' ', 1)` in llama-vocab.cpp) so that a merge whose left side is " " still splits.
+fn split_merge(m: &str) -> Option<(String, String)> {
+    let start = m.char_indices().nth(1).map(|(i, _)| i)?;
+    let pos = start + m[start..].find(' ')?;
+    Some((m[..pos].to_string(), m[pos + 1..].to_string()))
+}
+
+fn wrong_type(key: &str, want: &str, v: &Value) -> TextError {
+    TextError::Vocab(format!("'{key}' should be {want}, found {}", v.summary(3)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merges_split_at_the_first_space_after_the_first_char() {
+        assert_eq!(split_merge("Ġ t"), Some(("Ġ".into(), "t".into())));
+        assert_eq!(split_merge("  x"), Some((" ".into(), "x".into())));
+        assert_eq!(split_merge("ab"), None);
+        assert_eq!(split_merge(""), None);
+    }
+}
