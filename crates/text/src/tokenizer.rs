@@ -114,7 +114,7 @@ impl Tokenizer {
             .collect();
         let mut with_special = Inner::new(model.clone());
         with_special.with_pre_tokenizer(Some(pre));
-        with_special.add_tokens(added);
+        with_special.add_tokens(added).map_err(|e| TextError::Tokenizer(format!("added tokens: {e}")))?;
         let mut without_special = with_special.clone();
         without_special.set_encode_special_tokens(true);
 
@@ -352,5 +352,32 @@ mod tests {
         }
         assert_eq!(ends, vec![3, 15]);
         assert_eq!(split_at(t, &ends).concat(), t);
+    }
+
+    #[test]
+    fn chunked_encoding_equals_whole_encoding() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+        let tok = Tokenizer::from_gguf_file(dir.join("glimmer-mini.gguf")).unwrap();
+        let golden: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("golden/tokenizer-glimmer-mini.json")).unwrap()).unwrap();
+        // Every hard string, joined by separators that do and do not allow a cut.
+        let seps = ["\nX", "\n", "\n/", "\n ", " ", "\r\n", "!\n", "\n\n'"];
+        let mut text = String::new();
+        for (i, case) in golden["cases"].as_array().unwrap().iter().enumerate() {
+            text.push_str(case["text"].as_str().unwrap());
+            text.push_str(seps[i % seps.len()]);
+        }
+        let big = text.repeat(3 * CHUNK_BYTES / text.len() + 1);
+        assert!(chunk_ends(&big, CHUNK_BYTES).len() >= 2);
+        for special in [true, false] {
+            let inner = if special { &tok.with_special } else { &tok.without_special };
+            assert_eq!(tok.encode(&big, false, special).unwrap(), encode_piece(inner, &big).unwrap());
+        }
+        // And with a cut at every possible place.
+        let small = &big[..8000];
+        let pieces = split_at(small, &chunk_ends(small, 1));
+        assert!(pieces.len() > 50);
+        let joined: Vec<u32> = pieces.iter().flat_map(|p| encode_piece(&tok.with_special, p).unwrap()).collect();
+        assert_eq!(joined, encode_piece(&tok.with_special, small).unwrap());
     }
 }
