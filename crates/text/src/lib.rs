@@ -4,11 +4,16 @@
 
 mod byte_level;
 mod error;
+mod message;
+mod pyjson;
 mod stream;
+mod template;
 mod tokenizer;
 mod vocab;
 
 pub use error::{Result, TextError};
+pub use message::{FunctionCall, FunctionDef, Message, Tool, ToolCall};
 pub use stream::{StopReason, StreamDecoder};
+pub use template::{ChatTemplate, KNOWN_ROLES};
 pub use tokenizer::{DEFAULT_MAX_INPUT_BYTES, LLAMA3_REGEX, LLAMA4_REGEX, Tokenizer};
 pub use vocab::{PreTokenizer, TokenType, Vocab};
