@@ -1,5 +1,19 @@
 //! Muser's engine: Muse Glimmer configuration, weights, the forward pass, backends,
 //! the KV cache and sampling.
 
+pub mod backend;
+pub mod config;
 pub mod cpu;
+pub mod error;
 pub mod formats;
+pub mod kv;
+pub mod loader;
+pub mod muse_glimmer;
+
+pub use backend::{Backend, Batch};
+pub use config::{LayerKind, MuseConfig, POST_NORM_EPS};
+pub use cpu::{CpuBackend, NumericMode};
+pub use error::{Error, Result};
+pub use kv::KvType;
+pub use loader::ModelFile;
+pub use muse_glimmer::MuseGlimmer;

@@ -1,3 +1,314 @@
-//! The CPU backend.
+//! The CPU backend: weights borrowed from the memory map, f32 activations in host memory,
+//! rayon for all cores.
+//!
+//! Two numeric modes share the model: `accurate` (exact dequantization, f32 activations and
+//! products, f64 reductions) and `parity` (llama.cpp's ggml-cpu arithmetic, see `ggml`).
 
+pub mod attention;
 pub mod ggml;
+pub mod matmul;
+pub mod ops;
+
+use std::sync::Arc;
+
+use muser_gguf::Gguf;
+use rayon::prelude::*;
+
+use crate::backend::{AttnSpec, Backend, Batch};
+use crate::config::MuseConfig;
+use crate::error::{Error, Result};
+use crate::formats;
+use crate::kv::{HostKv, KvType};
+use crate::loader::Matrix;
+
+/// Which arithmetic the CPU backend performs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum NumericMode {
+    /// Exact dequantization, f32 activations and accumulation (the default).
+    #[default]
+    Accurate,
+    /// Round and accumulate exactly where llama.cpp b11434's CPU backend does.
+    Parity,
+}
+
+impl NumericMode {
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "accurate" => Ok(Self::Accurate),
+            "parity" => Ok(Self::Parity),
+            _ => Err(Error::Input(format!("unknown numeric mode '{s}' (expected accurate or parity)"))),
+        }
+    }
+}
+
+/// A weight matrix borrowed from the file's memory map.
+pub struct CpuMatrix {
+    file: Arc<Gguf>,
+    pub m: Matrix,
+}
+
+impl CpuMatrix {
+    pub fn bytes(&self) -> &[u8] {
+        self.m.bytes(&self.file)
+    }
+}
+
+/// Row-major f32 activations.
+#[derive(Clone, Debug)]
+pub struct CpuAct {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: Vec<f32>,
+}
+
+impl CpuAct {
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.cols..(i + 1) * self.cols]
+    }
+}
+
+pub struct CpuBackend {
+    pub mode: NumericMode,
+    pool: rayon::ThreadPool,
+    n_threads: usize,
+}
+
+impl CpuBackend {
+    /// A CPU backend using `threads` threads (0 = all cores).
+    pub fn new(mode: NumericMode, threads: usize) -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| Error::Backend(format!("cannot start CPU threads: {e}")))?;
+        let n_threads = pool.current_num_threads();
+        Ok(CpuBackend { mode, pool, n_threads })
+    }
+
+    pub fn threads(&self) -> usize {
+        self.n_threads
+    }
+
+    /// Run `f` on this backend's thread pool.
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
+    fn parity_unavailable(&self, op: &str) -> Error {
+        Error::Backend(format!("parity mode: {op} is not implemented yet"))
+    }
+}
+
+fn check(a: &CpuAct, rows: usize, cols: usize, what: &str) -> Result<()> {
+    if a.rows != rows || a.cols != cols {
+        return Err(Error::Backend(format!("{what}: shape {}x{}, expected {rows}x{cols}", a.rows, a.cols)));
+    }
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    type Matrix = CpuMatrix;
+    type Vector = Vec<f32>;
+    type Act = CpuAct;
+    type Kv = HostKv;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads, {:?} mode)", self.n_threads, self.mode)
+    }
+
+    fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<CpuMatrix> {
+        Ok(CpuMatrix { file: file.clone(), m: m.clone() })
+    }
+
+    fn vector(&self, v: &[f32]) -> Result<Vec<f32>> {
+        Ok(v.to_vec())
+    }
+
+    fn act(&self, rows: usize, cols: usize) -> Result<CpuAct> {
+        Ok(CpuAct { rows, cols, data: vec![0.0; rows * cols] })
+    }
+
+    fn kv_cache(&self, cfg: &MuseConfig, ty: KvType, n_ctx: usize) -> Result<HostKv> {
+        HostKv::new(cfg, ty, n_ctx)
+    }
+
+    fn kv_capacity(&self, kv: &HostKv) -> usize {
+        kv.n_ctx
+    }
+
+    fn kv_len(&self, kv: &HostKv) -> usize {
+        kv.len
+    }
+
+    fn kv_set_len(&self, kv: &mut HostKv, len: usize) {
+        kv.len = len;
+    }
+
+    fn kv_clear(&self, kv: &mut HostKv) {
+        kv.clear()
+    }
+
+    fn read(&self, a: &CpuAct) -> Result<Vec<f32>> {
+        Ok(a.data.clone())
+    }
+
+    fn get_rows(&self, table: &CpuMatrix, tokens: &[u32], out: &mut CpuAct) -> Result<()> {
+        check(out, tokens.len(), table.m.cols, "get_rows")?;
+        let rb = table.m.row_bytes();
+        let bytes = table.bytes();
+        for (i, &t) in tokens.iter().enumerate() {
+            let t = t as usize;
+            if t >= table.m.rows {
+                return Err(Error::Input(format!("token id {t} is outside the vocabulary (size {})", table.m.rows)));
+            }
+            let dst = &mut out.data[i * table.m.cols..(i + 1) * table.m.cols];
+            match self.mode {
+                NumericMode::Accurate => formats::dequantize_row(table.m.ty, &bytes[t * rb..(t + 1) * rb], dst),
+                NumericMode::Parity => return Err(self.parity_unavailable("get_rows")),
+            }
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &CpuAct, w: Option<&Vec<f32>>, eps: f32, out: &mut CpuAct) -> Result<()> {
+        check(out, x.rows, x.cols, "rms_norm")?;
+        if let Some(w) = w {
+            if w.len() != x.cols {
+                return Err(Error::Backend(format!("rms_norm weight of {} for rows of {}", w.len(), x.cols)));
+            }
+        }
+        match self.mode {
+            NumericMode::Accurate => self.install(|| {
+                out.data.par_chunks_mut(x.cols).zip(x.data.par_chunks(x.cols)).for_each(|(o, r)| {
+                    ops::rms_norm_row(r, w.map(|v| v.as_slice()), eps, o);
+                })
+            }),
+            NumericMode::Parity => return Err(self.parity_unavailable("rms_norm")),
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, w: &CpuMatrix, x: &CpuAct, out: &mut CpuAct) -> Result<()> {
+        if x.cols != w.m.cols {
+            return Err(Error::Backend(format!("matmul {}: input width {}, expected {}", w.m.name, x.cols, w.m.cols)));
+        }
+        check(out, x.rows, w.m.rows, "matmul")?;
+        match self.mode {
+            NumericMode::Accurate => self.install(|| {
+                matmul::matmul(w.m.ty, w.bytes(), w.m.rows, w.m.cols, &x.data, x.rows, &mut out.data)
+            }),
+            NumericMode::Parity => return Err(self.parity_unavailable("matmul")),
+        }
+        Ok(())
+    }
+
+    fn head_norm(&self, x: &mut CpuAct, head_dim: usize, eps: f32, scale: f32) -> Result<()> {
+        match self.mode {
+            NumericMode::Accurate => self.install(|| {
+                x.data.par_chunks_mut(x.cols).for_each(|r| ops::head_norm_row(r, head_dim, eps, scale))
+            }),
+            NumericMode::Parity => return Err(self.parity_unavailable("head_norm")),
+        }
+        Ok(())
+    }
+
+    fn rope(&self, x: &mut CpuAct, head_dim: usize, batch: &Batch, freq_base: f32) -> Result<()> {
+        check(x, batch.len(), x.cols, "rope")?;
+        match self.mode {
+            NumericMode::Accurate => self.install(|| {
+                x.data.par_chunks_mut(x.cols).zip(batch.pos.par_iter()).for_each(|(r, &p)| {
+                    ops::rope_row(r, head_dim, &ops::rope_table(p, head_dim, freq_base))
+                })
+            }),
+            NumericMode::Parity => return Err(self.parity_unavailable("rope")),
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        caches: &mut [&mut HostKv],
+        spec: AttnSpec,
+        batch: &Batch,
+        q: &CpuAct,
+        k: &CpuAct,
+        v: &CpuAct,
+        out: &mut CpuAct,
+    ) -> Result<()> {
+        check(q, batch.len(), spec.n_head * spec.head_dim, "attention q")?;
+        check(k, batch.len(), spec.n_head_kv * spec.head_dim, "attention k")?;
+        check(v, batch.len(), spec.n_head_kv * spec.head_dim, "attention v")?;
+        check(out, batch.len(), spec.n_head * spec.head_dim, "attention out")?;
+        match self.mode {
+            NumericMode::Accurate => self.install(|| {
+                attention::attention(caches, spec, batch, &q.data, &k.data, &v.data, &mut out.data)
+            }),
+            NumericMode::Parity => Err(self.parity_unavailable("attention")),
+        }
+    }
+
+    fn sigmoid_gate(&self, x: &mut CpuAct, g: &CpuAct) -> Result<()> {
+        check(g, x.rows, x.cols, "sigmoid_gate")?;
+        match self.mode {
+            NumericMode::Accurate => self.install(|| {
+                x.data.par_chunks_mut(x.cols).zip(g.data.par_chunks(x.cols)).for_each(|(a, b)| ops::sigmoid_gate_row(a, b))
+            }),
+            NumericMode::Parity => return Err(self.parity_unavailable("sigmoid_gate")),
+        }
+        Ok(())
+    }
+
+    fn swiglu(&self, gate: &CpuAct, up: &CpuAct, out: &mut CpuAct) -> Result<()> {
+        check(up, gate.rows, gate.cols, "swiglu")?;
+        check(out, gate.rows, gate.cols, "swiglu")?;
+        match self.mode {
+            NumericMode::Accurate => self.install(|| {
+                out.data
+                    .par_chunks_mut(gate.cols)
+                    .zip(gate.data.par_chunks(gate.cols).zip(up.data.par_chunks(gate.cols)))
+                    .for_each(|(o, (g, u))| ops::swiglu_row(g, u, o))
+            }),
+            NumericMode::Parity => return Err(self.parity_unavailable("swiglu")),
+        }
+        Ok(())
+    }
+
+    fn post_norm_add(&self, resid: &mut CpuAct, src: &CpuAct, w: &Vec<f32>, eps: f32) -> Result<()> {
+        check(src, resid.rows, resid.cols, "post_norm_add")?;
+        match self.mode {
+            NumericMode::Accurate => self.install(|| {
+                let cols = resid.cols;
+                resid.data.par_chunks_mut(cols).zip(src.data.par_chunks(cols)).for_each(|(r, s)| {
+                    let mut tmp = vec![0f32; cols];
+                    ops::rms_norm_row(s, Some(w), eps, &mut tmp);
+                    for (a, b) in r.iter_mut().zip(&tmp) {
+                        *a += *b;
+                    }
+                })
+            }),
+            NumericMode::Parity => return Err(self.parity_unavailable("post_norm_add")),
+        }
+        Ok(())
+    }
+
+    fn logit_finish(&self, x: &mut CpuAct, scale: f32, softcap: Option<f32>) -> Result<()> {
+        match self.mode {
+            NumericMode::Accurate => self.install(|| {
+                x.data.par_chunks_mut(x.cols).for_each(|r| ops::logit_finish_row(r, scale, softcap))
+            }),
+            NumericMode::Parity => return Err(self.parity_unavailable("logit_finish")),
+        }
+        Ok(())
+    }
+
+    fn select_rows(&self, x: &CpuAct, rows: &[usize], out: &mut CpuAct) -> Result<()> {
+        check(out, rows.len(), x.cols, "select_rows")?;
+        for (i, &r) in rows.iter().enumerate() {
+            if r >= x.rows {
+                return Err(Error::Backend(format!("select_rows: row {r} of {}", x.rows)));
+            }
+            out.data[i * x.cols..(i + 1) * x.cols].copy_from_slice(x.row(r));
+        }
+        Ok(())
+    }
+}
+

@@ -1,0 +1,137 @@
+//! The backend boundary: the eager operations the model is written against.
+//!
+//! The model (`model.rs`) is written once; a backend (CPU here, CUDA later) implements these
+//! operations on its own buffers. Activations are row-major f32 matrices, one row per token
+//! of the micro-batch. Fused operations have a plain default composed of the unfused ones,
+//! which is their reference.
+
+use std::sync::Arc;
+
+use muser_gguf::Gguf;
+
+use crate::config::{LayerKind, MuseConfig};
+use crate::error::Result;
+use crate::kv::KvType;
+use crate::loader::Matrix;
+
+/// The tokens of one micro-batch: token `i` is `tokens[i]` at position `pos[i]` of sequence
+/// `seq[i]` (an index into the caches passed to `attention`). Within a sequence, positions are
+/// consecutive and follow that sequence's cached positions.
+#[derive(Clone, Debug, Default)]
+pub struct Batch {
+    pub tokens: Vec<u32>,
+    pub pos: Vec<u32>,
+    pub seq: Vec<usize>,
+}
+
+impl Batch {
+    /// A batch of one sequence: `tokens` at positions `start..`.
+    pub fn single(tokens: &[u32], start: u32) -> Self {
+        Batch {
+            tokens: tokens.to_vec(),
+            pos: (0..tokens.len() as u32).map(|i| start + i).collect(),
+            seq: vec![0; tokens.len()],
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+}
+
+/// How a layer attends: its kind and, for sliding layers, the window.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnSpec {
+    pub layer: usize,
+    pub kind: LayerKind,
+    pub n_swa: usize,
+    pub scale: f32,
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+}
+
+/// The operations of a Muse Glimmer forward pass.
+pub trait Backend: Send + Sync {
+    /// A weight matrix resident where the backend computes.
+    type Matrix: Send + Sync;
+    /// An f32 vector (norm weights).
+    type Vector: Send + Sync;
+    /// An f32 activation matrix of `rows` tokens x `cols` values.
+    type Act: Send;
+    /// The KV cache of one sequence.
+    type Kv: Send;
+
+    fn name(&self) -> String;
+
+    fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<Self::Matrix>;
+    fn vector(&self, v: &[f32]) -> Result<Self::Vector>;
+    fn act(&self, rows: usize, cols: usize) -> Result<Self::Act>;
+    fn kv_cache(&self, cfg: &MuseConfig, ty: KvType, n_ctx: usize) -> Result<Self::Kv>;
+    /// The most positions a sequence's cache holds (its context size).
+    fn kv_capacity(&self, kv: &Self::Kv) -> usize;
+    /// Positions stored in a sequence's cache (the next token's position).
+    fn kv_len(&self, kv: &Self::Kv) -> usize;
+    /// Record that positions `..len` are stored, once every layer has written them.
+    fn kv_set_len(&self, kv: &mut Self::Kv, len: usize);
+    /// Forget a sequence's cache.
+    fn kv_clear(&self, kv: &mut Self::Kv);
+    /// Copy an activation matrix to the host.
+    fn read(&self, a: &Self::Act) -> Result<Vec<f32>>;
+
+    /// out[i] = row `tokens[i]` of `table`, dequantized.
+    fn get_rows(&self, table: &Self::Matrix, tokens: &[u32], out: &mut Self::Act) -> Result<()>;
+    /// out[i] = x[i] * (1 / sqrt(mean(x[i]^2) + eps)) (* w when given).
+    fn rms_norm(&self, x: &Self::Act, w: Option<&Self::Vector>, eps: f32, out: &mut Self::Act) -> Result<()>;
+    /// out[i] = W x[i] for every row of x.
+    fn matmul(&self, w: &Self::Matrix, x: &Self::Act, out: &mut Self::Act) -> Result<()>;
+    /// Per-head RMSNorm of each `head_dim` slice of every row, times the constant `scale`.
+    fn head_norm(&self, x: &mut Self::Act, head_dim: usize, eps: f32, scale: f32) -> Result<()>;
+    /// NORM-convention RoPE (pairs `(x[2j], x[2j+1])`) of every head of every row, at the row's
+    /// position in `batch`, with `theta_j = pos * base^(-2j/head_dim)`.
+    fn rope(&self, x: &mut Self::Act, head_dim: usize, batch: &Batch, freq_base: f32) -> Result<()>;
+    /// Store this batch's K and V rows in the caches and attend: `out` = softmax(q k^T * scale
+    /// + mask) v, with the causal mask, restricted to `0 <= i - j < n_swa` on sliding layers.
+    fn attention(
+        &self,
+        caches: &mut [&mut Self::Kv],
+        spec: AttnSpec,
+        batch: &Batch,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        out: &mut Self::Act,
+    ) -> Result<()>;
+    /// x *= sigmoid(g), elementwise (the attention output gate).
+    fn sigmoid_gate(&self, x: &mut Self::Act, g: &Self::Act) -> Result<()>;
+    /// out = silu(gate) * up, elementwise.
+    fn swiglu(&self, gate: &Self::Act, up: &Self::Act, out: &mut Self::Act) -> Result<()>;
+    /// resid += rms_norm(src, eps) * w (a post norm and its residual add).
+    fn post_norm_add(&self, resid: &mut Self::Act, src: &Self::Act, w: &Self::Vector, eps: f32) -> Result<()>;
+    /// x = softcap * tanh(x * scale / softcap), or x * scale without a cap.
+    fn logit_finish(&self, x: &mut Self::Act, scale: f32, softcap: Option<f32>) -> Result<()>;
+    /// out = rows `rows` of x.
+    fn select_rows(&self, x: &Self::Act, rows: &[usize], out: &mut Self::Act) -> Result<()>;
+
+    /// The fused sandwich tail: `resid += rms_norm(src, eps_post) * w_post`, then
+    /// `next = rms_norm(resid, eps_next) * w_next`. Reference composition; backends may fuse
+    /// only if they keep this arithmetic (two reductions, two epsilons).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_tail(
+        &self,
+        resid: &mut Self::Act,
+        src: &Self::Act,
+        w_post: &Self::Vector,
+        eps_post: f32,
+        w_next: &Self::Vector,
+        eps_next: f32,
+        next: &mut Self::Act,
+    ) -> Result<()> {
+        self.post_norm_add(resid, src, w_post, eps_post)?;
+        self.rms_norm(resid, Some(w_next), eps_next, next)
+    }
+}

@@ -1,0 +1,123 @@
+//! Accurate-mode attention over the host KV cache.
+//!
+//! For each query (token i at position p) and KV head g, the visible keys are positions
+//! `lo..=p` with `lo = p + 1 - n_swa` on sliding layers (key j visible iff `0 <= p - j < n_swa`,
+//! as both anchors) and `lo = 0` on full layers. Keys of this micro-batch are rounded to the
+//! cache type before use, exactly as if read back from the cache, so a token's result does not
+//! depend on which micro-batch carried it. Scores are canonical f32 dot products; the softmax
+//! and the weighted sum of V run in f64 over keys in increasing position. Memory is
+//! O(head_dim) per task: nothing quadratic in the prompt length.
+
+use rayon::prelude::*;
+
+use crate::backend::{AttnSpec, Batch};
+use crate::cpu::matmul::dot;
+use crate::error::{Error, Result};
+use crate::kv::HostKv;
+
+/// Attend and store. `q` is [n][n_head*head_dim], `k`/`v` [n][n_head_kv*head_dim].
+pub fn attention(
+    caches: &mut [&mut HostKv],
+    spec: AttnSpec,
+    batch: &Batch,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+) -> Result<()> {
+    let (n_head, n_head_kv, head_dim) = (spec.n_head, spec.n_head_kv, spec.head_dim);
+    let n = batch.len();
+    let kv_dim = n_head_kv * head_dim;
+    let q_dim = n_head * head_dim;
+    let n_rep = n_head / n_head_kv;
+    let ty = caches.first().map(|c| c.ty).ok_or_else(|| Error::Backend("attention without a cache".into()))?;
+    let rb = caches[0].row_bytes;
+
+    // This batch's K and V rows in the cache type: rounded once, like stored rows.
+    let mut kb = vec![0u8; n * rb];
+    let mut vb = vec![0u8; n * rb];
+    for i in 0..n {
+        ty.store_row(&k[i * kv_dim..(i + 1) * kv_dim], &mut kb[i * rb..(i + 1) * rb]);
+        ty.store_row(&v[i * kv_dim..(i + 1) * kv_dim], &mut vb[i * rb..(i + 1) * rb]);
+    }
+    // Row of the batch holding (seq, pos), for keys this batch brings.
+    let first_in_batch: Vec<Option<(u32, usize)>> = (0..caches.len())
+        .map(|s| batch.seq.iter().position(|&x| x == s).map(|i| (batch.pos[i], i)))
+        .collect();
+
+    {
+        let shared: Vec<&HostKv> = caches.iter().map(|c| &**c).collect();
+        let key_rows = |s: usize, j: u32| -> Option<(&[u8], &[u8])> {
+            if let Some((p0, i0)) = first_in_batch[s] {
+                if j >= p0 {
+                    let i = i0 + (j - p0) as usize;
+                    return Some((&kb[i * rb..(i + 1) * rb], &vb[i * rb..(i + 1) * rb]));
+                }
+            }
+            shared[s].rows(spec.layer, j)
+        };
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        out.par_chunks_mut(n_rep * head_dim).enumerate().for_each(|(c, o)| {
+            let (i, g) = (c / n_head_kv, c % n_head_kv);
+            let (s, p) = (batch.seq[i], batch.pos[i]);
+            let lo = if spec.kind.is_sliding() { (p + 1).saturating_sub(spec.n_swa as u32) } else { 0 };
+            let qs = &q[i * q_dim + g * n_rep * head_dim..i * q_dim + (g + 1) * n_rep * head_dim];
+            let nk = (p - lo + 1) as usize;
+            let mut scores = vec![0f64; n_rep * nk];
+            let mut row = vec![0f32; kv_dim];
+            for (jj, j) in (lo..=p).enumerate() {
+                let Some((kr, _)) = key_rows(s, j) else {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                };
+                ty.load_row(kr, &mut row);
+                let kh = &row[g * head_dim..(g + 1) * head_dim];
+                for r in 0..n_rep {
+                    scores[r * nk + jj] = dot(&qs[r * head_dim..(r + 1) * head_dim], kh) as f64 * spec.scale as f64;
+                }
+            }
+            for r in 0..n_rep {
+                let sc = &mut scores[r * nk..(r + 1) * nk];
+                let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let mut sum = 0f64;
+                for x in sc.iter_mut() {
+                    *x = (*x - m).exp();
+                    sum += *x;
+                }
+                for x in sc.iter_mut() {
+                    *x /= sum;
+                }
+            }
+            let mut acc = vec![0f64; n_rep * head_dim];
+            for (jj, j) in (lo..=p).enumerate() {
+                let Some((_, vr)) = key_rows(s, j) else {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    return;
+                };
+                ty.load_row(vr, &mut row);
+                let vh = &row[g * head_dim..(g + 1) * head_dim];
+                for r in 0..n_rep {
+                    let w = scores[r * nk + jj];
+                    for (a, &x) in acc[r * head_dim..(r + 1) * head_dim].iter_mut().zip(vh) {
+                        *a += w * x as f64;
+                    }
+                }
+            }
+            for (o, a) in o.iter_mut().zip(&acc) {
+                *o = *a as f32;
+            }
+        });
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::Backend(format!(
+                "layer {}: a visible key is missing from the cache (positions out of order?)",
+                spec.layer
+            )));
+        }
+    }
+
+    // Commit this batch's rows to the caches.
+    for i in 0..n {
+        caches[batch.seq[i]].put(spec.layer, batch.pos[i], &kb[i * rb..(i + 1) * rb], &vb[i * rb..(i + 1) * rb]);
+    }
+    Ok(())
+}

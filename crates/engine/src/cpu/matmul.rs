@@ -1,0 +1,210 @@
+//! Accurate-mode matrix products: weights dequantized exactly to f32, f32 products and sums.
+//!
+//! One canonical summation order for every dot product, whatever the number of tokens, so
+//! the prompt path, the decode path and every micro-batch size give identical bits: the
+//! products `w[i] * x[i]` are accumulated with fused multiply-adds into 8 lanes (lane
+//! `i % 8`), in increasing `i`, and the lanes are summed as `((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7))`.
+//! [`dot`] is the plain reference; the blocked kernel below computes the same bits.
+
+use muser_gguf::GgmlType;
+use rayon::prelude::*;
+
+use crate::formats;
+
+/// Rows dequantized at once by one task.
+const ROW_BLOCK: usize = 16;
+/// Tokens per inner tile (its activations stay in cache while a row block runs over them).
+const TOKEN_TILE: usize = 64;
+
+#[inline(always)]
+fn reduce(a: [f32; 8]) -> f32 {
+    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+}
+
+#[inline(always)]
+fn dot_generic(w: &[f32], x: &[f32]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    let mut acc = [0f32; 8];
+    let n8 = w.len() / 8 * 8;
+    for (wc, xc) in w[..n8].chunks_exact(8).zip(x[..n8].chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] = wc[l].mul_add(xc[l], acc[l]);
+        }
+    }
+    for (i, (a, b)) in w[n8..].iter().zip(&x[n8..]).enumerate() {
+        acc[i] = a.mul_add(*b, acc[i]);
+    }
+    reduce(acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn dot_avx2(w: &[f32], x: &[f32]) -> f32 {
+    // The same code compiled with FMA available: `mul_add` becomes vfmadd (identical bits).
+    dot_generic(w, x)
+}
+
+fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The canonical f32 dot product (reference for every accurate-mode product).
+#[inline]
+pub fn dot(w: &[f32], x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked at run time just above).
+        return unsafe { dot_avx2(w, x) };
+    }
+    dot_generic(w, x)
+}
+
+/// A 4-row x 2-token tile of canonical dot products (same per-element order as [`dot`]).
+#[inline(always)]
+fn tile_4x2(w: [&[f32]; 4], x: [&[f32]; 2], out: &mut [[f32; 2]; 4]) {
+    let n = x[0].len();
+    let n8 = n / 8 * 8;
+    let mut acc = [[[0f32; 8]; 2]; 4];
+    let mut i = 0;
+    while i < n8 {
+        for r in 0..4 {
+            for t in 0..2 {
+                for l in 0..8 {
+                    acc[r][t][l] = w[r][i + l].mul_add(x[t][i + l], acc[r][t][l]);
+                }
+            }
+        }
+        i += 8;
+    }
+    for r in 0..4 {
+        for t in 0..2 {
+            for (j, k) in (n8..n).enumerate() {
+                acc[r][t][j] = w[r][k].mul_add(x[t][k], acc[r][t][j]);
+            }
+            out[r][t] = reduce(acc[r][t]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn block_avx2(w: &[f32], cols: usize, nrows: usize, x: &[f32], ntok: usize, out: &mut [f32], ldo: usize) {
+    block_generic(w, cols, nrows, x, ntok, out, ldo)
+}
+
+/// out[t * ldo + r] = dot(w row r, x row t) for r < nrows, t < ntok.
+#[inline(always)]
+fn block_generic(w: &[f32], cols: usize, nrows: usize, x: &[f32], ntok: usize, out: &mut [f32], ldo: usize) {
+    let row = |r: usize| &w[r * cols..(r + 1) * cols];
+    let tok = |t: usize| &x[t * cols..(t + 1) * cols];
+    let mut r = 0;
+    while r + 4 <= nrows {
+        let mut t = 0;
+        while t + 2 <= ntok {
+            let mut o = [[0f32; 2]; 4];
+            tile_4x2([row(r), row(r + 1), row(r + 2), row(r + 3)], [tok(t), tok(t + 1)], &mut o);
+            for (dr, orow) in o.iter().enumerate() {
+                out[t * ldo + r + dr] = orow[0];
+                out[(t + 1) * ldo + r + dr] = orow[1];
+            }
+            t += 2;
+        }
+        for t in t..ntok {
+            for dr in 0..4 {
+                out[t * ldo + r + dr] = dot_generic(row(r + dr), tok(t));
+            }
+        }
+        r += 4;
+    }
+    for r in r..nrows {
+        for t in 0..ntok {
+            out[t * ldo + r] = dot_generic(row(r), tok(t));
+        }
+    }
+}
+
+/// y[t][r] = W[r] . x[t] for a weight matrix of `rows` x `cols` in format `ty` and `n_tokens`
+/// activation rows; `y` is `n_tokens` x `rows`.
+pub fn matmul(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], n_tokens: usize, y: &mut [f32]) {
+    debug_assert_eq!(x.len(), n_tokens * cols);
+    debug_assert_eq!(y.len(), n_tokens * rows);
+    let row_bytes = w.len() / rows;
+    let avx = has_avx2_fma();
+    // Each task owns a block of output columns (weight rows) for all tokens. Output rows are
+    // strided, so tasks write into private buffers and the results are scattered after.
+    let blocks: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(ROW_BLOCK))
+        .into_par_iter()
+        .map(|b| {
+            let r0 = b * ROW_BLOCK;
+            let nr = ROW_BLOCK.min(rows - r0);
+            let mut wf = vec![0f32; nr * cols];
+            for r in 0..nr {
+                let src = &w[(r0 + r) * row_bytes..(r0 + r + 1) * row_bytes];
+                formats::dequantize_row(ty, src, &mut wf[r * cols..(r + 1) * cols]);
+            }
+            let mut out = vec![0f32; n_tokens * nr];
+            let mut t0 = 0;
+            while t0 < n_tokens {
+                let nt = TOKEN_TILE.min(n_tokens - t0);
+                let xs = &x[t0 * cols..(t0 + nt) * cols];
+                let os = &mut out[t0 * nr..(t0 + nt) * nr];
+                #[cfg(target_arch = "x86_64")]
+                if avx {
+                    // SAFETY: AVX2 and FMA are present (runtime check in has_avx2_fma).
+                    unsafe { block_avx2(&wf, cols, nr, xs, nt, os, nr) };
+                    t0 += nt;
+                    continue;
+                }
+                let _ = avx;
+                block_generic(&wf, cols, nr, xs, nt, os, nr);
+                t0 += nt;
+            }
+            (r0, out)
+        })
+        .collect();
+    for (r0, out) in blocks {
+        let nr = out.len() / n_tokens.max(1);
+        for t in 0..n_tokens {
+            y[t * rows + r0..t * rows + r0 + nr].copy_from_slice(&out[t * nr..(t + 1) * nr]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+
+    #[test]
+    fn every_token_count_gives_the_same_bits_as_the_reference_dot() {
+        let mut s = 7u64;
+        for &(rows, cols) in &[(37usize, 64usize), (16, 100), (5, 8), (40, 256)] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut s)).collect();
+            let wb: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+            for n in [1usize, 2, 3, 7, 70] {
+                let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut s)).collect();
+                let mut y = vec![0f32; n * rows];
+                matmul(GgmlType::F32, &wb, rows, cols, &x, n, &mut y);
+                for t in 0..n {
+                    for r in 0..rows {
+                        let want = dot(&w[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols]);
+                        assert_eq!(y[t * rows + r].to_bits(), want.to_bits(), "rows {rows} cols {cols} n {n} t {t} r {r}");
+                        let f64sum: f64 = (0..cols).map(|i| w[r * cols + i] as f64 * x[t * cols + i] as f64).sum();
+                        assert!((want as f64 - f64sum).abs() < 1e-5, "{want} vs {f64sum}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! The KV cache, shaped like the model: a ring of `n_swa` slots per sliding layer and a
+//! plane growing up to the context length per full (NoPE) layer.
+//!
+//! Sliding-layer K rows carry their RoPE rotation, so a ring slot is tied to its position
+//! (`slot = pos % n_swa`, with the position recorded). NoPE-layer rows carry no position:
+//! the plane is a plain array indexed by position, whose tiles can move by plain copy.
+//! Rows are stored in the cache type (f32, f16, bf16, q8_0), so a stored row is rounded
+//! exactly once, when it is written.
+
+use half::{bf16, f16};
+use muser_gguf::GgmlType;
+
+use crate::config::{LayerKind, MuseConfig};
+use crate::error::{Error, Result};
+use crate::formats;
+
+/// Element type of the KV cache (llama.cpp's `--cache-type-k/v`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvType {
+    F32,
+    #[default]
+    F16,
+    BF16,
+    Q8_0,
+}
+
+impl KvType {
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "f32" => Self::F32,
+            "f16" => Self::F16,
+            "bf16" => Self::BF16,
+            "q8_0" => Self::Q8_0,
+            _ => return Err(Error::Input(format!("unknown KV cache type '{s}' (expected f32, f16, bf16 or q8_0)"))),
+        })
+    }
+
+    pub fn ggml_type(self) -> GgmlType {
+        match self {
+            Self::F32 => GgmlType::F32,
+            Self::F16 => GgmlType::F16,
+            Self::BF16 => GgmlType::BF16,
+            Self::Q8_0 => GgmlType::Q8_0,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.ggml_type().name()
+    }
+
+    /// Bytes of one stored row of `n` values.
+    pub fn row_bytes(self, n: usize) -> Result<usize> {
+        self.ggml_type()
+            .row_bytes(n as u64)
+            .map(|b| b as usize)
+            .ok_or_else(|| Error::Config(format!("a KV row of {n} values cannot be stored as {}", self.name())))
+    }
+
+    /// Store one f32 row in this type (`dst` has `row_bytes(src.len())` bytes). f16 and bf16
+    /// round to nearest even; q8_0 uses ggml's reference quantizer (`quantize_row_q8_0_ref`:
+    /// `d = amax / 127`, `q = roundf(x / d)`).
+    pub fn store_row(self, src: &[f32], dst: &mut [u8]) {
+        match self {
+            Self::F32 => {
+                for (d, x) in dst.chunks_exact_mut(4).zip(src) {
+                    d.copy_from_slice(&x.to_le_bytes());
+                }
+            }
+            Self::F16 => {
+                for (d, x) in dst.chunks_exact_mut(2).zip(src) {
+                    d.copy_from_slice(&f16::from_f32(*x).to_bits().to_le_bytes());
+                }
+            }
+            Self::BF16 => {
+                for (d, x) in dst.chunks_exact_mut(2).zip(src) {
+                    d.copy_from_slice(&bf16::from_f32(*x).to_bits().to_le_bytes());
+                }
+            }
+            Self::Q8_0 => {
+                for (blk, xs) in dst.chunks_exact_mut(34).zip(src.chunks_exact(32)) {
+                    let amax = xs.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let d = amax / 127.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    blk[0..2].copy_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+                    for (q, x) in blk[2..].iter_mut().zip(xs) {
+                        *q = ((x * id).round() as i8) as u8;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Read one stored row back as f32.
+    pub fn load_row(self, src: &[u8], dst: &mut [f32]) {
+        formats::dequantize_row(self.ggml_type(), src, dst);
+    }
+}
+
+/// One layer's stored K and V rows.
+#[derive(Debug)]
+pub enum LayerCache {
+    /// A sliding layer: `n_swa` slots, slot = pos % n_swa; `pos[slot]` is the position held
+    /// (or `u32::MAX` when empty).
+    Ring { k: Vec<u8>, v: Vec<u8>, pos: Vec<u32> },
+    /// A full (NoPE) layer: row `p` holds position `p`, for `p < len`.
+    Plane { k: Vec<u8>, v: Vec<u8> },
+}
+
+/// The host-memory KV cache of one sequence.
+#[derive(Debug)]
+pub struct HostKv {
+    pub ty: KvType,
+    pub n_ctx: usize,
+    pub n_swa: usize,
+    /// Bytes of one stored row (all KV heads of one token).
+    pub row_bytes: usize,
+    /// Values in one row (n_head_kv * head_dim).
+    pub row_len: usize,
+    /// Positions stored so far: the next token is at position `len`.
+    pub len: usize,
+    pub layers: Vec<LayerCache>,
+}
+
+impl HostKv {
+    pub fn new(cfg: &MuseConfig, ty: KvType, n_ctx: usize) -> Result<Self> {
+        let row_len = cfg.kv_dim();
+        let row_bytes = ty.row_bytes(row_len)?;
+        let layers = cfg
+            .layer_kinds
+            .iter()
+            .map(|kind| match kind {
+                LayerKind::SlidingRope => {
+                    let slots = cfg.n_swa.min(n_ctx);
+                    LayerCache::Ring {
+                        k: vec![0; slots * row_bytes],
+                        v: vec![0; slots * row_bytes],
+                        pos: vec![u32::MAX; slots],
+                    }
+                }
+                LayerKind::FullNope => LayerCache::Plane { k: Vec::new(), v: Vec::new() },
+            })
+            .collect();
+        Ok(HostKv { ty, n_ctx, n_swa: cfg.n_swa, row_bytes, row_len, len: 0, layers })
+    }
+
+    /// Forget everything (positions restart at 0).
+    pub fn clear(&mut self) {
+        self.len = 0;
+        for l in &mut self.layers {
+            match l {
+                LayerCache::Ring { pos, .. } => pos.iter_mut().for_each(|p| *p = u32::MAX),
+                LayerCache::Plane { k, v } => {
+                    k.clear();
+                    v.clear();
+                }
+            }
+        }
+    }
+
+    /// The stored K and V rows of position `p` in `layer`, if still held.
+    pub fn rows(&self, layer: usize, p: u32) -> Option<(&[u8], &[u8])> {
+        let rb = self.row_bytes;
+        match &self.layers[layer] {
+            LayerCache::Ring { k, v, pos } => {
+                let s = p as usize % pos.len();
+                (pos[s] == p).then(|| (&k[s * rb..(s + 1) * rb], &v[s * rb..(s + 1) * rb]))
+            }
+            LayerCache::Plane { k, v } => {
+                let s = p as usize;
+                ((s + 1) * rb <= k.len()).then(|| (&k[s * rb..(s + 1) * rb], &v[s * rb..(s + 1) * rb]))
+            }
+        }
+    }
+
+    /// Write the stored K and V rows of position `p` in `layer`.
+    pub fn put(&mut self, layer: usize, p: u32, k_row: &[u8], v_row: &[u8]) {
+        let rb = self.row_bytes;
+        match &mut self.layers[layer] {
+            LayerCache::Ring { k, v, pos } => {
+                let s = p as usize % pos.len();
+                k[s * rb..(s + 1) * rb].copy_from_slice(k_row);
+                v[s * rb..(s + 1) * rb].copy_from_slice(v_row);
+                pos[s] = p;
+            }
+            LayerCache::Plane { k, v } => {
+                let s = p as usize;
+                debug_assert_eq!(k.len(), s * rb, "NoPE plane rows are appended in position order");
+                k.truncate(s * rb);
+                v.truncate(s * rb);
+                k.extend_from_slice(k_row);
+                v.extend_from_slice(v_row);
+            }
+        }
+    }
+
+    /// Bytes held by this cache.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                LayerCache::Ring { k, v, .. } => k.len() + v.len(),
+                LayerCache::Plane { k, v } => k.len() + v.len(),
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_0_store_rounds_like_ggml_reference() {
+        let mut x = [0f32; 32];
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = (i as f32 - 15.5) * 0.1;
+        }
+        let mut b = [0u8; 34];
+        KvType::Q8_0.store_row(&x, &mut b);
+        let mut y = [0f32; 32];
+        KvType::Q8_0.load_row(&b, &mut y);
+        let d = f16::from_f32(1.55 / 127.0).to_f32();
+        for (a, b) in x.iter().zip(&y) {
+            assert!((a - b).abs() <= d * 0.5 + 1e-6, "{a} vs {b}");
+        }
+        // amax maps to +-127
+        assert_eq!(b[2] as i8, -127);
+        assert_eq!(b[33] as i8, 127);
+    }
+}

@@ -1,0 +1,225 @@
+//! Muse Glimmer: the weights and the forward pass, written once against [`Backend`].
+//!
+//! Read it beside llama.cpp b11434's `src/models/muse-glimmer.cpp` and transformers 5.24.0's
+//! `models/muse_glimmer/modeling_muse_glimmer.py`; each step names the anchor's tensor.
+//!
+//! ```text
+//! x = rms_norm(token_embd[tokens], eps)                 embd_norm: scaleless entry norm
+//! for each layer:
+//!     h = rms_norm(x, eps) * attn_norm                   attn_norm (1 + w folded at conversion)
+//!     q, k, v, g = h Wq, h Wk, h Wv, h Wgate             gate from the same normed input
+//!     q = rms_norm_per_head(q, eps) * qk_scale           Qcur_normed (q_norm: constant broadcast)
+//!     k = rms_norm_per_head(k, eps)                      Kcur_normed (k_norm: ones)
+//!     sliding layers: q, k = rope(q), rope(k)            NORM pairs; NoPE on full layers
+//!     a = attention(q, k, v, 1/sqrt(head_dim), window)   attn_out
+//!     o = (a * sigmoid(g)) Wo                            attn_gated, attn_o_proj
+//!     x = x + rms_norm(o, 1e-8) * post_attention_norm    ffn_inp
+//!     h = rms_norm(x, eps) * ffn_norm                    ffn_norm
+//!     f = (silu(h Wgate_ffn) * h Wup) Wdown              ffn_out
+//!     x = x + rms_norm(f, 1e-8) * post_ffw_norm          l_out
+//! logits = softcap * tanh((rms_norm(x, eps) * output_norm) Wout * logit_scale / softcap)
+//! ```
+
+use std::sync::Arc;
+
+use muser_gguf::Gguf;
+
+use crate::backend::{AttnSpec, Backend, Batch};
+use crate::config::{MuseConfig, POST_NORM_EPS};
+use crate::error::{Error, Result};
+use crate::kv::KvType;
+use crate::loader::{LayerTensors, ModelFile};
+
+/// One decoder layer's weights, resident in the backend.
+pub struct Layer<B: Backend> {
+    pub attn_norm: B::Vector,           // [n_embd]
+    pub attn_q: B::Matrix,              // [n_head*head_dim][n_embd]
+    pub attn_k: B::Matrix,              // [n_head_kv*head_dim][n_embd]
+    pub attn_v: B::Matrix,              // [n_head_kv*head_dim][n_embd]
+    pub attn_gate: B::Matrix,           // [n_head*head_dim][n_embd]
+    pub attn_output: B::Matrix,         // [n_embd][n_head*head_dim]
+    pub qk_scale: f32,                  // attn_q_norm's constant (qk_scale_factor)
+    pub post_attention_norm: B::Vector, // [n_embd]
+    pub ffn_norm: B::Vector,            // [n_embd]
+    pub ffn_gate: B::Matrix,            // [n_ff][n_embd]
+    pub ffn_up: B::Matrix,              // [n_ff][n_embd]
+    pub ffn_down: B::Matrix,            // [n_embd][n_ff]
+    pub post_ffw_norm: B::Vector,       // [n_embd]
+}
+
+/// The model: configuration, weights, backend.
+pub struct MuseGlimmer<B: Backend> {
+    pub config: MuseConfig,
+    pub backend: B,
+    pub token_embd: B::Matrix,  // [n_vocab][n_embd]
+    pub output_norm: B::Vector, // [n_embd]
+    pub output: B::Matrix,      // [n_vocab][n_embd]
+    pub layers: Vec<Layer<B>>,
+}
+
+impl<B: Backend> MuseGlimmer<B> {
+    /// Place a validated model file's weights on `backend`.
+    pub fn load(file: &ModelFile, backend: B) -> Result<Self> {
+        Self::load_with_progress(file, backend, &mut |_, _| {})
+    }
+
+    /// As [`MuseGlimmer::load`], calling `progress(done, total)` after each layer.
+    pub fn load_with_progress(file: &ModelFile, backend: B, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
+        let g: &Arc<Gguf> = &file.gguf;
+        let t = &file.tensors;
+        let n = t.layers.len();
+        let token_embd = backend.matrix(g, &t.token_embd)?;
+        let output_norm = backend.vector(&t.output_norm)?;
+        let output = backend.matrix(g, &t.output)?;
+        let mut layers = Vec::with_capacity(n);
+        for (i, l) in t.layers.iter().enumerate() {
+            layers.push(Self::load_layer(&backend, g, l)?);
+            progress(i + 1, n);
+        }
+        Ok(MuseGlimmer { config: file.config.clone(), backend, token_embd, output_norm, output, layers })
+    }
+
+    fn load_layer(b: &B, g: &Arc<Gguf>, l: &LayerTensors) -> Result<Layer<B>> {
+        Ok(Layer {
+            attn_norm: b.vector(&l.attn_norm)?,
+            attn_q: b.matrix(g, &l.attn_q)?,
+            attn_k: b.matrix(g, &l.attn_k)?,
+            attn_v: b.matrix(g, &l.attn_v)?,
+            attn_gate: b.matrix(g, &l.attn_gate)?,
+            attn_output: b.matrix(g, &l.attn_output)?,
+            qk_scale: l.qk_scale,
+            post_attention_norm: b.vector(&l.post_attention_norm)?,
+            ffn_norm: b.vector(&l.ffn_norm)?,
+            ffn_gate: b.matrix(g, &l.ffn_gate)?,
+            ffn_up: b.matrix(g, &l.ffn_up)?,
+            ffn_down: b.matrix(g, &l.ffn_down)?,
+            post_ffw_norm: b.vector(&l.post_ffw_norm)?,
+        })
+    }
+
+    /// A KV cache for one sequence of at most `n_ctx` positions.
+    pub fn new_cache(&self, ty: KvType, n_ctx: usize) -> Result<B::Kv> {
+        if n_ctx == 0 || n_ctx > self.config.n_ctx_train {
+            return Err(Error::Input(format!(
+                "context size {n_ctx} is outside 1..={} (the model's context_length)",
+                self.config.n_ctx_train
+            )));
+        }
+        self.backend.kv_cache(&self.config, ty, n_ctx)
+    }
+
+    fn check_batch(&self, batch: &Batch, caches: &[&mut B::Kv]) -> Result<()> {
+        if batch.is_empty() || batch.pos.len() != batch.len() || batch.seq.len() != batch.len() {
+            return Err(Error::Input("empty or inconsistent batch".into()));
+        }
+        if let Some(&t) = batch.tokens.iter().find(|&&t| t as usize >= self.config.n_vocab) {
+            return Err(Error::Input(format!("token id {t} is outside the vocabulary (size {})", self.config.n_vocab)));
+        }
+        let mut next: Vec<Option<u32>> = vec![None; caches.len()];
+        for i in 0..batch.len() {
+            let s = batch.seq[i];
+            let Some(cache) = caches.get(s) else {
+                return Err(Error::Input(format!("batch token {i} names sequence {s}, but {} caches were given", caches.len())));
+            };
+            let want = next[s].unwrap_or(self.backend.kv_len(cache) as u32);
+            if batch.pos[i] != want {
+                return Err(Error::Input(format!(
+                    "sequence {s}: token {i} is at position {}, expected {want} (positions must continue the cache)",
+                    batch.pos[i]
+                )));
+            }
+            if want as usize >= self.backend.kv_capacity(cache) {
+                return Err(Error::Input(format!(
+                    "sequence {s}: position {want} is past the context size {}",
+                    self.backend.kv_capacity(cache)
+                )));
+            }
+            next[s] = Some(want + 1);
+        }
+        Ok(())
+    }
+
+    /// Run one micro-batch through the model, store its K/V in `caches`, and return the
+    /// logits of the batch rows listed in `logit_rows`, row-major `[logit_rows.len()][n_vocab]`.
+    pub fn forward(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut B::Kv],
+        logit_rows: &[usize],
+    ) -> Result<Vec<f32>> {
+        self.check_batch(batch, caches)?;
+        let c = &self.config;
+        let b = &self.backend;
+        let n = batch.len();
+        let eps = c.rms_eps;
+
+        // inp_embd, embd_norm: the scaleless entry norm.
+        let mut e = b.act(n, c.n_embd)?;
+        b.get_rows(&self.token_embd, &batch.tokens, &mut e)?;
+        let mut x = b.act(n, c.n_embd)?;
+        b.rms_norm(&e, None, eps, &mut x)?;
+
+        let mut h = b.act(n, c.n_embd)?;
+        b.rms_norm(&x, Some(&self.layers[0].attn_norm), eps, &mut h)?;
+
+        let (mut q, mut g, mut a) = (b.act(n, c.q_dim())?, b.act(n, c.q_dim())?, b.act(n, c.q_dim())?);
+        let (mut k, mut v) = (b.act(n, c.kv_dim())?, b.act(n, c.kv_dim())?);
+        let mut o = b.act(n, c.n_embd)?;
+        let (mut fg, mut fu, mut f) = (b.act(n, c.n_ff)?, b.act(n, c.n_ff)?, b.act(n, c.n_ff)?);
+
+        for (il, l) in self.layers.iter().enumerate() {
+            let kind = c.layer_kinds[il];
+            // Projections from the pre-normed stream; the gate reads the same input.
+            b.matmul(&l.attn_q, &h, &mut q)?;
+            b.matmul(&l.attn_k, &h, &mut k)?;
+            b.matmul(&l.attn_v, &h, &mut v)?;
+            b.matmul(&l.attn_gate, &h, &mut g)?;
+            // QK-norm: per head, eps from the GGUF; q scaled by the probed constant.
+            b.head_norm(&mut q, c.head_dim, eps, l.qk_scale)?;
+            b.head_norm(&mut k, c.head_dim, eps, 1.0)?;
+            if kind.uses_rope() {
+                b.rope(&mut q, c.head_dim, batch, c.rope_freq_base_swa)?;
+                b.rope(&mut k, c.head_dim, batch, c.rope_freq_base_swa)?;
+            }
+            let spec = AttnSpec {
+                layer: il,
+                kind,
+                n_swa: c.n_swa,
+                scale: c.kq_scale(),
+                n_head: c.n_head,
+                n_head_kv: c.n_head_kv,
+                head_dim: c.head_dim,
+            };
+            b.attention(caches, spec, batch, &q, &k, &v, &mut a)?;
+            b.sigmoid_gate(&mut a, &g)?;
+            b.matmul(&l.attn_output, &a, &mut o)?;
+            // x += rms_norm(o, 1e-8) * post_attention_norm; h = rms_norm(x, eps) * ffn_norm.
+            b.norm_tail(&mut x, &o, &l.post_attention_norm, POST_NORM_EPS, &l.ffn_norm, eps, &mut h)?;
+
+            // SwiGLU feed-forward.
+            b.matmul(&l.ffn_gate, &h, &mut fg)?;
+            b.matmul(&l.ffn_up, &h, &mut fu)?;
+            b.swiglu(&fg, &fu, &mut f)?;
+            b.matmul(&l.ffn_down, &f, &mut o)?;
+            // x += rms_norm(f, 1e-8) * post_ffw_norm; h = the next layer's attn_norm, or the final norm.
+            let next_norm = self.layers.get(il + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
+            b.norm_tail(&mut x, &o, &l.post_ffw_norm, POST_NORM_EPS, next_norm, eps, &mut h)?;
+        }
+        for (s, cache) in caches.iter_mut().enumerate() {
+            if let Some(last) = (0..n).rev().find(|&i| batch.seq[i] == s) {
+                b.kv_set_len(cache, batch.pos[last] as usize + 1);
+            }
+        }
+
+        if logit_rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        // result_norm is in h; lm_head, logit scale, softcap.
+        let mut sel = b.act(logit_rows.len(), c.n_embd)?;
+        b.select_rows(&h, logit_rows, &mut sel)?;
+        let mut logits = b.act(logit_rows.len(), c.n_vocab)?;
+        b.matmul(&self.output, &sel, &mut logits)?;
+        b.logit_finish(&mut logits, c.logit_scale, c.softcap)?;
+        b.read(&logits)
+    }
+}
