@@ -2,6 +2,7 @@
 //! detokenizer with stop strings, the chat template (minijinja, byte-identical to transformers'
 //! `apply_chat_template`) and the ATEM tool-call / reasoning parser.
 
+mod atem;
 mod byte_level;
 mod error;
 mod message;
@@ -11,6 +12,7 @@ mod template;
 mod tokenizer;
 mod vocab;
 
+pub use atem::{AtemStream, ChatDelta, ParsedMessage, ToolCallParser};
 pub use error::{Result, TextError};
 pub use message::{FunctionCall, FunctionDef, Message, Tool, ToolCall};
 pub use stream::{StopReason, StreamDecoder};
