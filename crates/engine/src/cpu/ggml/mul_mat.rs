@@ -1,0 +1,209 @@
+//! `GGML_OP_MUL_MAT` as ggml-cpu computes it (ggml-cpu.c:1260 `ggml_compute_forward_mul_mat`) for a
+//! contiguous weight `W` (src0: `ne00 = cols`, `ne01 = rows`) and a contiguous f32 input `x`
+//! (src1: `ne10 = cols`, `ne11 = n_tokens`), without weight repacking.
+//!
+//! Routing, in ggml's order (see docs/PARITY.md, "mul_mat routing"):
+//! 1. tiled K-quant path (tiled/tiled.cpp:1209): Q4_K / Q5_K / Q6_K with `n_tokens >= 8`;
+//! 2. llamafile_sgemm on the f32 input (sgemm.cpp:3896): F32 weights, `n_tokens >= 2`,
+//!    `rows % 4 == 0`;
+//! 3. src1 converted to the `vec_dot_type` (Q8_K, Q8_0, F16, BF16), then llamafile_sgemm again:
+//!    F16 / BF16 weights (`n_tokens >= 2`, `rows % 4 == 0`) and Q8_0 / Q4_0 (`n_tokens >= 2`);
+//! 4. otherwise `vec_dot` per (row, token).
+//! Q8_0 / Q4_0 give the same bits through tinyBLAS_Q0_AVX and `vec_dot`, so they share a kernel.
+
+use muser_gguf::GgmlType;
+use rayon::prelude::*;
+
+use super::quantize::{
+    BlockQ8K, Q8_0_BYTES, QK8_0, QK_K, quantize_row_bf16, quantize_row_f16, quantize_row_q8_0, quantize_row_q8_k,
+};
+use super::sgemm::{sgemm_dot_bf16, sgemm_dot_f16, sgemm_dot_f32};
+use super::tiled::{tiled_dot_k4, tiled_dot_q6_k};
+use super::vec_dot::{
+    vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_q0_q8_0, vec_dot_q4_k, vec_dot_q5_k, vec_dot_q6_k,
+};
+
+/// Which ggml-cpu kernel computes a mul_mat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatMulPath {
+    /// `type_traits_cpu[ty].vec_dot` per output element.
+    VecDot,
+    /// llamafile_sgemm's tinyBLAS (f32/f16/bf16) or tinyBLAS_Q0_AVX (q8_0/q4_0).
+    Sgemm,
+    /// The tiled K-quant kernel.
+    Tiled,
+}
+
+/// The path ggml-cpu b11434 (AVX2 build, no repack, llamafile on, tiled on) takes for a weight of
+/// type `ty` with `rows` output rows and a contiguous f32 input of `n_tokens` columns.
+pub fn mul_mat_path(ty: GgmlType, rows: usize, n_tokens: usize) -> MatMulPath {
+    match ty {
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K if n_tokens >= 8 => MatMulPath::Tiled,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 if n_tokens >= 2 && rows % 4 == 0 => MatMulPath::Sgemm,
+        GgmlType::Q8_0 | GgmlType::Q4_0 if n_tokens >= 2 => MatMulPath::Sgemm,
+        _ => MatMulPath::VecDot,
+    }
+}
+
+/// A matmul input converted to a weight type's `vec_dot_type`, as ggml-cpu converts src1 into its
+/// work buffer. Build it once and reuse it for every weight that reads the same input (Q/K/V/gate,
+/// ffn gate/up) with [`mul_mat_act`].
+pub enum Activations {
+    F32 { x: Vec<f32>, cols: usize },
+    F16 { x: Vec<u16>, cols: usize },
+    BF16 { x: Vec<u16>, cols: usize },
+    /// Q8_0 blocks in ggml's byte layout.
+    Q8_0 { x: Vec<u8>, cols: usize },
+    Q8K { x: Vec<BlockQ8K>, cols: usize },
+}
+
+/// The `vec_dot_type` of a weight type (ggml-cpu.c `type_traits_cpu`).
+pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
+    match ty {
+        GgmlType::F32 => GgmlType::F32,
+        GgmlType::F16 => GgmlType::F16,
+        GgmlType::BF16 => GgmlType::BF16,
+        GgmlType::Q8_0 | GgmlType::Q4_0 => GgmlType::Q8_0,
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => GgmlType::Q8_K,
+        other => panic!("ggml parity: no vec_dot for weight type {other}"),
+    }
+}
+
+impl Activations {
+    /// Convert `n_tokens` rows of `cols` f32 values for weights of type `ty`.
+    pub fn new(ty: GgmlType, x: &[f32], cols: usize, n_tokens: usize) -> Activations {
+        assert_eq!(x.len(), cols * n_tokens, "Activations::new: {} values for {n_tokens} x {cols}", x.len());
+        match vec_dot_type(ty) {
+            GgmlType::F32 => Activations::F32 { x: x.to_vec(), cols },
+            GgmlType::F16 => {
+                let mut v = vec![0u16; x.len()];
+                quantize_row_f16(x, &mut v);
+                Activations::F16 { x: v, cols }
+            }
+            GgmlType::BF16 => {
+                let mut v = vec![0u16; x.len()];
+                quantize_row_bf16(x, &mut v);
+                Activations::BF16 { x: v, cols }
+            }
+            GgmlType::Q8_0 => {
+                assert_eq!(cols % QK8_0, 0, "Q8_0 input: cols {cols} not a multiple of 32");
+                let rb = cols / QK8_0 * Q8_0_BYTES;
+                let mut v = vec![0u8; rb * n_tokens];
+                v.par_chunks_mut(rb).zip(x.par_chunks(cols)).for_each(|(o, r)| quantize_row_q8_0(r, o));
+                Activations::Q8_0 { x: v, cols }
+            }
+            GgmlType::Q8_K => {
+                assert_eq!(cols % QK_K, 0, "Q8_K input: cols {cols} not a multiple of 256");
+                let nb = cols / QK_K;
+                let mut v = vec![BlockQ8K::ZERO; nb * n_tokens];
+                v.par_chunks_mut(nb).zip(x.par_chunks(cols)).for_each(|(o, r)| quantize_row_q8_k(r, o));
+                Activations::Q8K { x: v, cols }
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        match self {
+            Activations::F32 { cols, .. }
+            | Activations::F16 { cols, .. }
+            | Activations::BF16 { cols, .. }
+            | Activations::Q8_0 { cols, .. }
+            | Activations::Q8K { cols, .. } => *cols,
+        }
+    }
+
+    pub fn n_tokens(&self) -> usize {
+        let c = self.cols();
+        match self {
+            Activations::F32 { x, .. } => x.len() / c,
+            Activations::F16 { x, .. } | Activations::BF16 { x, .. } => x.len() / c,
+            Activations::Q8_0 { x, .. } => x.len() / (c / QK8_0 * Q8_0_BYTES),
+            Activations::Q8K { x, .. } => x.len() / (c / QK_K),
+        }
+    }
+}
+
+/// One output element: weight row `w` (raw bytes of `ty`) against input token `t`.
+#[inline]
+fn dot(ty: GgmlType, path: MatMulPath, w: &[u8], act: &Activations, t: usize) -> f32 {
+    let cols = act.cols();
+    match (act, ty) {
+        (Activations::F32 { x, .. }, GgmlType::F32) => {
+            let xr = &x[t * cols..(t + 1) * cols];
+            let wr = f32_row(w);
+            if path == MatMulPath::Sgemm { sgemm_dot_f32(&wr, xr) } else { vec_dot_f32(&wr, xr) }
+        }
+        (Activations::F16 { x, .. }, GgmlType::F16) => {
+            let xr = &x[t * cols..(t + 1) * cols];
+            let wr = u16_row(w);
+            if path == MatMulPath::Sgemm { sgemm_dot_f16(&wr, xr) } else { vec_dot_f16(&wr, xr) }
+        }
+        (Activations::BF16 { x, .. }, GgmlType::BF16) => {
+            let xr = &x[t * cols..(t + 1) * cols];
+            let wr = u16_row(w);
+            if path == MatMulPath::Sgemm { sgemm_dot_bf16(&wr, xr) } else { vec_dot_bf16(&wr, xr) }
+        }
+        (Activations::Q8_0 { x, .. }, GgmlType::Q8_0 | GgmlType::Q4_0) => {
+            let rb = cols / QK8_0 * Q8_0_BYTES;
+            vec_dot_q0_q8_0(ty == GgmlType::Q4_0, w, &x[t * rb..(t + 1) * rb])
+        }
+        (Activations::Q8K { x, .. }, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) => {
+            let nb = cols / QK_K;
+            let y = &x[t * nb..(t + 1) * nb];
+            match (ty, path) {
+                (GgmlType::Q4_K, MatMulPath::Tiled) => tiled_dot_k4(false, w, y),
+                (GgmlType::Q5_K, MatMulPath::Tiled) => tiled_dot_k4(true, w, y),
+                (GgmlType::Q6_K, MatMulPath::Tiled) => tiled_dot_q6_k(w, y),
+                (GgmlType::Q4_K, _) => vec_dot_q4_k(w, y),
+                (GgmlType::Q5_K, _) => vec_dot_q5_k(w, y),
+                _ => vec_dot_q6_k(w, y),
+            }
+        }
+        _ => panic!("ggml parity: activations do not match weight type {ty}"),
+    }
+}
+
+fn f32_row(w: &[u8]) -> Vec<f32> {
+    w.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+fn u16_row(w: &[u8]) -> Vec<u16> {
+    w.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
+}
+
+/// `y[t*rows + r] = W[r] · x[t]` exactly as ggml-cpu's GGML_OP_MUL_MAT (see the module docs).
+/// `w` is `rows` rows of `cols` values of `ty` in ggml's layout; `x` is `n_tokens` rows of `cols`.
+/// Parallel over rows (rayon); the result does not depend on the thread count.
+pub fn mul_mat(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], n_tokens: usize, y: &mut [f32]) {
+    let act = Activations::new(ty, x, cols, n_tokens);
+    mul_mat_act(ty, w, rows, &act, y);
+}
+
+/// [`mul_mat`] on an input already converted with [`Activations::new`] for `ty`.
+pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &mut [f32]) {
+    let cols = act.cols();
+    let n_tokens = act.n_tokens();
+    let rb = ty.row_bytes(cols as u64).expect("ggml parity: cols not a multiple of the block size") as usize;
+    assert_eq!(w.len(), rb * rows, "mul_mat: weight is {} bytes, expected {rows} rows of {rb}", w.len());
+    assert_eq!(y.len(), rows * n_tokens, "mul_mat: output has {} values, expected {rows} x {n_tokens}", y.len());
+    let path = mul_mat_path(ty, rows, n_tokens);
+
+    // rows in chunks; each chunk computes [chunk rows][n_tokens], then the result is scattered to y[t][r]
+    const CHUNK: usize = 16;
+    let mut tmp = vec![0.0f32; rows * n_tokens];
+    tmp.par_chunks_mut(CHUNK * n_tokens).enumerate().for_each(|(c, out)| {
+        let r0 = c * CHUNK;
+        for (i, o) in out.chunks_exact_mut(n_tokens).enumerate() {
+            let wr = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
+            for (t, v) in o.iter_mut().enumerate() {
+                *v = dot(ty, path, wr, act, t);
+            }
+        }
+    });
+    for r in 0..rows {
+        for t in 0..n_tokens {
+            y[t * rows + r] = tmp[r * n_tokens + t];
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! ggml-cpu's `vec_dot` kernels (AVX2 + FMA branches), one weight row against one converted
+//! activation row, with ggml's lane structure and accumulation order.
+//!
+//! The integer parts of the quantized dots are exact, so only what becomes a float matters: the
+//! per-lane integer sums (a lane of 8 covers 4 consecutive elements of every 32), the scale
+//! products, the FMA chains per lane and the final horizontal sum.
+
+use super::lanes::{bf16_to_f32, f16_to_f32, fma, hsum8, rd_f16, reduce4x8};
+use super::quantize::{BlockQ8K, Q8_0_BYTES, QK_K};
+
+/// `ggml_vec_dot_f32` (vec.cpp:11), AVX2 branch: 4 accumulators of 8 lanes over steps of 32 with
+/// `_mm256_fmadd_ps`, `GGML_F32x8_REDUCE`, then a scalar tail `sumf += x*y` that GCC contracts to
+/// an FMA (`-march=native`, `-ffp-contract=fast`).
+pub fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len();
+    let np = n & !31;
+    let mut sum = [[0.0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, acc) in sum.iter_mut().enumerate() {
+            for l in 0..8 {
+                let k = i + 8 * j + l;
+                acc[l] = fma(x[k], y[k], acc[l]);
+            }
+        }
+    }
+    let mut sumf = reduce4x8(&sum);
+    // the leftover loop `sumf += x[i]*y[i]` as GCC 12 compiled it (objdump of vec.cpp.o): groups of
+    // 8, then one group of 4, with rounded products (`vmulps`) added in order; the last 0..3
+    // elements contracted (`vfmadd231ss`)
+    let rem = n - np;
+    let vec_end = np + (rem & !7) + if rem % 8 >= 4 { 4 } else { 0 };
+    for i in np..vec_end {
+        sumf += x[i] * y[i];
+    }
+    for i in vec_end..n {
+        sumf = fma(x[i], y[i], sumf);
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_f16` (vec.cpp:261), AVX2/F16C branch: as [`vec_dot_f32`] on widened values, the
+/// reduction is stored in a double and the tail adds exact f16 products in double.
+pub fn vec_dot_f16(x: &[u16], y: &[u16]) -> f32 {
+    let n = x.len();
+    let np = n & !31;
+    let mut sum = [[0.0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, acc) in sum.iter_mut().enumerate() {
+            for l in 0..8 {
+                let k = i + 8 * j + l;
+                acc[l] = fma(f16_to_f32(x[k]), f16_to_f32(y[k]), acc[l]);
+            }
+        }
+    }
+    let mut sumf = reduce4x8(&sum) as f64;
+    for i in np..n {
+        sumf += (f16_to_f32(x[i]) * f16_to_f32(y[i])) as f64;
+    }
+    sumf as f32
+}
+
+/// `ggml_vec_dot_bf16` (vec.cpp:132), AVX2 branch: 4 accumulators `c_j = x*y + c_j` over steps of
+/// 32 (the `_mm256_add_ps(_mm256_mul_ps(..))` pair is contracted to an FMA by GCC), combined as
+/// `(c1+c3)+(c2+c4)`, then `hi+lo`, `movehl`, `movehdup`; the sum is kept in a double and the tail
+/// adds exact bf16 products.
+pub fn vec_dot_bf16(x: &[u16], y: &[u16]) -> f32 {
+    let n = x.len();
+    let np = n & !31;
+    let mut c = [[0.0f32; 8]; 4];
+    for i in (0..np).step_by(32) {
+        for (j, acc) in c.iter_mut().enumerate() {
+            for l in 0..8 {
+                let k = i + 8 * j + l;
+                acc[l] = fma(bf16_to_f32(x[k]), bf16_to_f32(y[k]), acc[l]);
+            }
+        }
+    }
+    let mut v = [0.0f32; 8];
+    for l in 0..8 {
+        v[l] = (c[0][l] + c[2][l]) + (c[1][l] + c[3][l]);
+    }
+    let mut sumf = hsum8(&v) as f64;
+    for i in np..n {
+        sumf += (bf16_to_f32(x[i]) * bf16_to_f32(y[i])) as f64;
+    }
+    sumf as f32
+}
+
+/// Integer dot of 4 consecutive elements (one i32 lane of `maddubs` + `madd(1, .)`); `b` holds i8.
+#[inline(always)]
+fn dot4(a: &[i32; 32], b: &[u8], w: usize) -> i32 {
+    let o = 4 * w;
+    a[o] * b[o] as i8 as i32
+        + a[o + 1] * b[o + 1] as i8 as i32
+        + a[o + 2] * b[o + 2] as i8 as i32
+        + a[o + 3] * b[o + 3] as i8 as i32
+}
+
+/// Q8_0 / Q4_0 against Q8_0: per block `d = fp16(x.d) * fp16(y.d)`, per lane
+/// `acc = fma(d, (float) isum_lane, acc)`, then [`hsum8`]. This is both `ggml_vec_dot_q8_0_q8_0`
+/// / `ggml_vec_dot_q4_0_q8_0` (quants.c:701, 1308) and tinyBLAS_Q0_AVX (sgemm.cpp:1444): the same
+/// arithmetic per output element.
+pub fn vec_dot_q0_q8_0(ty_is_q4_0: bool, x: &[u8], y: &[u8]) -> f32 {
+    let nb = y.len() / Q8_0_BYTES;
+    let xbs = if ty_is_q4_0 { 18 } else { Q8_0_BYTES };
+    let mut acc = [0.0f32; 8];
+    let mut a = [0i32; 32];
+    for ib in 0..nb {
+        let xb = &x[ib * xbs..(ib + 1) * xbs];
+        let yb = &y[ib * Q8_0_BYTES..(ib + 1) * Q8_0_BYTES];
+        let d = rd_f16(xb, 0) * rd_f16(yb, 0);
+        if ty_is_q4_0 {
+            for j in 0..16 {
+                a[j] = (xb[2 + j] & 0x0F) as i32 - 8;
+                a[j + 16] = (xb[2 + j] >> 4) as i32 - 8;
+            }
+        } else {
+            for j in 0..32 {
+                a[j] = xb[2 + j] as i8 as i32;
+            }
+        }
+        let yq = &yb[2..34];
+        for (w, lane) in acc.iter_mut().enumerate() {
+            *lane = fma(d, dot4(&a, yq, w) as f32, *lane);
+        }
+    }
+    hsum8(&acc)
+}
+
+/// The 8 scales and 8 mins of a Q4_K / Q5_K block (the `utmp` / `kmask` unpacking), as i32.
+#[inline(always)]
+pub fn k4_scales_mins(q: &[u8]) -> ([i32; 8], [i32; 8]) {
+    let mut sc = [0i32; 8];
+    let mut mn = [0i32; 8];
+    for j in 0..8 {
+        let (s, m) = if j < 4 {
+            (q[j] & 63, q[j + 4] & 63)
+        } else {
+            ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+        };
+        sc[j] = s as i32;
+        mn[j] = m as i32;
+    }
+    (sc, mn)
+}
+
+/// Unsigned codes (0..15 or 0..31) of one Q4_K / Q5_K block in element order.
+#[inline(always)]
+pub fn k4_codes(ty5: bool, xb: &[u8], q: &mut [i32; QK_K]) {
+    let (qh, qs) = if ty5 { (&xb[16..48], &xb[48..176]) } else { (&xb[0..0], &xb[16..144]) };
+    for j in 0..4 {
+        for l in 0..32 {
+            let b = qs[32 * j + l];
+            let (mut lo, mut hi) = ((b & 0x0F) as i32, (b >> 4) as i32);
+            if ty5 {
+                lo |= (((qh[l] >> (2 * j)) & 1) as i32) << 4;
+                hi |= (((qh[l] >> (2 * j + 1)) & 1) as i32) << 4;
+            }
+            q[64 * j + l] = lo;
+            q[64 * j + 32 + l] = hi;
+        }
+    }
+}
+
+/// Codes of one Q6_K block in element order, minus 32 (-32..31).
+#[inline(always)]
+pub fn q6_codes(xb: &[u8], q: &mut [i32; QK_K]) {
+    for n in 0..2 {
+        let ql = &xb[64 * n..64 * n + 64];
+        let qh = &xb[128 + 32 * n..128 + 32 * n + 32];
+        let o = &mut q[128 * n..128 * n + 128];
+        for l in 0..32 {
+            o[l] = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i32 - 32;
+            o[l + 32] = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+            o[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+            o[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+        }
+    }
+}
+
+/// Per-lane integer sums of `sc[s] * Σ code*q8` over a 256 block: lane `w` collects elements
+/// `4w..4w+4` of every 32, each weighted by the scale of its sub-block (sub-blocks of `sub` = 16 or
+/// 32 values). This is what `maddubs` + `madd(scale, .)` + `add_epi32` leave in the 8 i32 lanes.
+#[inline(always)]
+fn lane_sums(q: &[i32; QK_K], y: &[i8; QK_K], sc: &[i32], sub: usize) -> [i32; 8] {
+    let mut s = [0i32; 8];
+    for c in 0..QK_K / 32 {
+        for (w, lane) in s.iter_mut().enumerate() {
+            let e = 32 * c + 4 * w;
+            let p = q[e] * y[e] as i32 + q[e + 1] * y[e + 1] as i32 + q[e + 2] * y[e + 2] as i32 + q[e + 3] * y[e + 3] as i32;
+            *lane += sc[e / sub] * p;
+        }
+    }
+    s
+}
+
+/// `ggml_vec_dot_q4_K_q8_K` (quants.c:2038), AVX2 branch.
+pub fn vec_dot_q4_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut acc_m = [0.0f32; 4];
+    let mut q = [0i32; QK_K];
+    for (xb, yb) in x.chunks_exact(144).zip(y) {
+        let d = yb.d * rd_f16(xb, 0);
+        let dmin = -yb.d * rd_f16(xb, 2);
+        let (sc, mn) = k4_scales_mins(&xb[4..16]);
+        for t in 0..4 {
+            let q8s0 = yb.bsums[4 * t] as i32 + yb.bsums[4 * t + 1] as i32;
+            let q8s1 = yb.bsums[4 * t + 2] as i32 + yb.bsums[4 * t + 3] as i32;
+            let prod = mn[2 * t] * q8s0 + mn[2 * t + 1] * q8s1;
+            acc_m[t] = fma(dmin, prod as f32, acc_m[t]);
+        }
+        k4_codes(false, xb, &mut q);
+        let s = lane_sums(&q, &yb.qs, &sc, 32);
+        for w in 0..8 {
+            acc[w] = fma(d, s[w] as f32, acc[w]);
+        }
+    }
+    let m = (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]);
+    hsum8(&acc) + m
+}
+
+/// `ggml_vec_dot_q5_K_q8_K` (quants.c:2216), AVX2 branch: the mins go to a scalar `summs` with
+/// `summs += dmin * (float) Σprod`, contracted to an FMA by GCC.
+pub fn vec_dot_q5_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut summs = 0.0f32;
+    let mut q = [0i32; QK_K];
+    for (xb, yb) in x.chunks_exact(176).zip(y) {
+        let d = yb.d * rd_f16(xb, 0);
+        let dmin = -yb.d * rd_f16(xb, 2);
+        let (sc, mn) = k4_scales_mins(&xb[4..16]);
+        let mut p = [0i32; 4];
+        for t in 0..4 {
+            let q8s0 = yb.bsums[4 * t] as i32 + yb.bsums[4 * t + 1] as i32;
+            let q8s1 = yb.bsums[4 * t + 2] as i32 + yb.bsums[4 * t + 3] as i32;
+            p[t] = mn[2 * t] * q8s0 + mn[2 * t + 1] * q8s1;
+        }
+        let hsum = (p[0] + p[1]) + (p[2] + p[3]);
+        summs = fma(dmin, hsum as f32, summs);
+        k4_codes(true, xb, &mut q);
+        let s = lane_sums(&q, &yb.qs, &sc, 32);
+        for w in 0..8 {
+            acc[w] = fma(d, s[w] as f32, acc[w]);
+        }
+    }
+    hsum8(&acc) + summs
+}
+
+/// `ggml_vec_dot_q6_K_q8_K` (quants.c:2426), AVX2 branch: codes 0..63 against q8, minus
+/// `32 * Σ bsums*scales` per lane (`q8sclsub`: lane `w` holds sub-blocks `2w`, `2w+1`).
+pub fn vec_dot_q6_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut q = [0i32; QK_K];
+    for (xb, yb) in x.chunks_exact(210).zip(y) {
+        let d = yb.d * rd_f16(xb, 208);
+        let mut sc = [0i32; 16];
+        for (s, &b) in sc.iter_mut().zip(&xb[192..208]) {
+            *s = b as i8 as i32;
+        }
+        q6_codes(xb, &mut q);
+        // the kernel multiplies the unbiased codes (0..63); q6_codes subtracts 32, add it back
+        for v in q.iter_mut() {
+            *v += 32;
+        }
+        let mut s = lane_sums(&q, &yb.qs, &sc, 16);
+        for (w, lane) in s.iter_mut().enumerate() {
+            let sub = yb.bsums[2 * w] as i32 * sc[2 * w] + yb.bsums[2 * w + 1] as i32 * sc[2 * w + 1];
+            *lane -= sub << 5;
+        }
+        for w in 0..8 {
+            acc[w] = fma(d, s[w] as f32, acc[w]);
+        }
+    }
+    hsum8(&acc)
+}

@@ -1,0 +1,109 @@
+//! mul_mat and the activation quantizers against ggml-cpu goldens (tools/ggml-golden).
+
+mod ggml_common;
+
+use ggml_common::{Rng, assert_bits_eq, cases};
+use muser_engine::cpu::ggml::quantize::{BlockQ8K, quantize_row_bf16, quantize_row_f16, quantize_row_q8_0, quantize_row_q8_k};
+use muser_engine::cpu::ggml::{MatMulPath, mul_mat, mul_mat_path};
+use muser_gguf::GgmlType;
+
+fn crafted_q(r: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let (blk, j) = (i / 256, i % 256);
+            match blk % 5 {
+                0 => if j == 0 { 127.0 } else { ((j % 64) as i32 - 32) as f32 + 0.5 },
+                1 => 0.0,
+                2 => if j == 77 { -3.0 } else { r.unif() * 1e-3 },
+                3 => if j == 5 { -127.0 } else { (if j % 2 == 1 { 0.5f32 } else { -0.5 }) * (j % 7) as f32 },
+                _ => r.act(),
+            }
+        })
+        .collect()
+}
+
+fn edges() -> Vec<f32> {
+    let pats: [u32; 27] = [
+        0x33000000, 0x33000001, 0x337FFFFF, 0x38800000, 0x387FC000, 0x387FE000, 0x387FF000, 0x477FE000, 0x477FF000,
+        0x477FEFFF, 0x47800000, 0x3F801000, 0x3F803000, 0x3F800800, 0x3F808000, 0x3F818000, 0xBF808000, 0x00000001,
+        0x80000000, 0x7F7FFFFF, 0xFF7FFFFF, 0x3FFF8000, 0x3FFE8000, 0x34000000, 0x33800000, 0x33C00000, 0x2F800000,
+    ];
+    let mut x: Vec<f32> = pats.iter().map(|&p| f32::from_bits(p)).collect();
+    while x.len() % 32 != 0 {
+        x.push(0.0);
+    }
+    x
+}
+
+#[test]
+fn from_float_matches_ggml() {
+    for c in cases("from_float") {
+        let n = c.usize("n");
+        let x = match c.get("gen") {
+            "crafted" => crafted_q(&mut Rng::new(c.u64("seed")), n),
+            "act" => Rng::new(c.u64("seed")).acts(n),
+            "edges" => edges(),
+            g => panic!("gen {g}"),
+        };
+        let got: Vec<u8> = match c.ty("type") {
+            GgmlType::Q8_0 => {
+                let mut o = vec![0u8; n / 32 * 34];
+                quantize_row_q8_0(&x, &mut o);
+                o
+            }
+            GgmlType::Q8_K => {
+                let mut b = vec![BlockQ8K::ZERO; n / 256];
+                quantize_row_q8_k(&x, &mut b);
+                let mut o = Vec::new();
+                for blk in &b {
+                    blk.to_bytes(&mut o);
+                }
+                o
+            }
+            GgmlType::F16 => {
+                let mut h = vec![0u16; n];
+                quantize_row_f16(&x, &mut h);
+                h.iter().flat_map(|v| v.to_le_bytes()).collect()
+            }
+            GgmlType::BF16 => {
+                let mut h = vec![0u16; n];
+                quantize_row_bf16(&x, &mut h);
+                h.iter().flat_map(|v| v.to_le_bytes()).collect()
+            }
+            t => panic!("type {t}"),
+        };
+        let bad = got.iter().zip(&c.out).position(|(a, b)| a != b);
+        assert!(got.len() == c.out.len() && bad.is_none(), "{}: first differing byte {bad:?}", c.name);
+    }
+}
+
+#[test]
+fn mul_mat_matches_ggml() {
+    let mut failures = Vec::new();
+    for c in cases("mul_mat") {
+        let ty = c.ty("type");
+        let (rows, cols, ntok) = (c.usize("rows"), c.usize("cols"), c.usize("ntok"));
+        let mut r = Rng::new(c.u64("seed"));
+        let w = r.weights(ty, rows, cols);
+        let x = r.acts(cols * ntok);
+        let mut y = vec![0.0f32; rows * ntok];
+        mul_mat(ty, &w, rows, cols, &x, ntok, &mut y);
+        let path = mul_mat_path(ty, rows, ntok);
+        if let Err(e) = std::panic::catch_unwind(|| assert_bits_eq(&c.name, &y, &c.out_f32())) {
+            let msg = e.downcast_ref::<String>().cloned().unwrap_or_default();
+            failures.push(format!("{path:?} {msg}"));
+        }
+    }
+    assert!(failures.is_empty(), "{} mul_mat cases differ:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn routing_table() {
+    use GgmlType::*;
+    assert_eq!(mul_mat_path(Q4_K, 64, 7), MatMulPath::VecDot);
+    assert_eq!(mul_mat_path(Q4_K, 64, 8), MatMulPath::Tiled);
+    assert_eq!(mul_mat_path(Q8_0, 64, 2), MatMulPath::Sgemm);
+    assert_eq!(mul_mat_path(F16, 18, 5), MatMulPath::VecDot);
+    assert_eq!(mul_mat_path(F16, 20, 5), MatMulPath::Sgemm);
+    assert_eq!(mul_mat_path(BF16, 20, 1), MatMulPath::VecDot);
+}
