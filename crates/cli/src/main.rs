@@ -1,1 +1,51 @@
-fn main() {}
+//! `muser`: load a Muse Glimmer GGUF, inspect it, compute logits, generate, benchmark.
+
+mod bench;
+mod common;
+mod generate;
+mod inspect;
+mod logits;
+mod synth;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "muser", version, about = "Muser: an inference engine for Muse Glimmer 30B")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a GGUF's metadata, tensors, layer kinds and load-time probes.
+    Inspect(inspect::Args),
+    /// Teacher-forced logits of every position: int32 token ids in, f32 logits out.
+    Logits(logits::Args),
+    /// Generate a continuation of a prompt.
+    Generate(generate::Args),
+    /// Measure prompt and decode throughput.
+    Bench(bench::Args),
+    /// Write a synthetic Muse Glimmer GGUF with random weights (speed tests only).
+    Synth(synth::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect(a) => inspect::run(a),
+        Command::Logits(a) => logits::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Synth(a) => synth::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -17,3 +17,9 @@ pub use error::{Error, Result};
 pub use kv::KvType;
 pub use loader::ModelFile;
 pub use muse_glimmer::MuseGlimmer;
+pub mod sampling;
+pub mod session;
+pub mod synth;
+
+pub use sampling::{Sampler, SamplingParams};
+pub use session::{Logits, Session};

@@ -1,0 +1,269 @@
+//! Token selection: greedy, or a seeded draw after penalties, top-k, top-p, min-p and
+//! temperature (llama.cpp's default chain order: penalties, top-k, top-p, min-p, temperature,
+//! then the draw).
+
+/// Sampling parameters. `temperature <= 0` selects greedily (after penalties).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens (0 = all).
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches `top_p` (1 = all).
+    pub top_p: f32,
+    /// Drop tokens whose probability is below `min_p` times the top one's (0 = none).
+    pub min_p: f32,
+    /// llama.cpp's repetition penalty over the last `penalty_last_n` tokens (1 = off):
+    /// a positive logit is divided by it, a negative one multiplied.
+    pub repeat_penalty: f32,
+    /// OpenAI-style penalties: logit -= frequency * count + presence * [count > 0].
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub penalty_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            penalty_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        SamplingParams { temperature: 0.0, ..Default::default() }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(format!("temperature {} must be a finite number >= 0", self.temperature));
+        }
+        if !(0.0..=1.0).contains(&self.top_p) {
+            return Err(format!("top_p {} must be in [0, 1]", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("min_p {} must be in [0, 1]", self.min_p));
+        }
+        if !self.repeat_penalty.is_finite() || self.repeat_penalty <= 0.0 {
+            return Err(format!("repeat_penalty {} must be > 0", self.repeat_penalty));
+        }
+        for (n, v) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
+            if !v.is_finite() || !(-2.0..=2.0).contains(&v) {
+                return Err(format!("{n} {v} must be in [-2, 2]"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A small, stable PRNG (SplitMix64): the same seed gives the same tokens on every machine
+/// and every version of Muser.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The index of the largest logit (the lowest index among ties).
+pub fn argmax(logits: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Log-softmax in f64.
+pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let m = logits.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+    let lse = logits.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
+    logits.iter().map(|&v| v as f64 - lse).collect()
+}
+
+/// A sampler with its RNG and the history its penalties read.
+#[derive(Clone, Debug)]
+pub struct Sampler {
+    pub params: SamplingParams,
+    rng: Rng,
+    history: Vec<u32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        let rng = Rng::new(params.seed);
+        Sampler { params, rng, history: Vec::new() }
+    }
+
+    /// Tokens the penalties see (prompt and generated so far).
+    pub fn accept(&mut self, token: u32) {
+        self.history.push(token);
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        if p.repeat_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0 {
+            return;
+        }
+        let start = self.history.len().saturating_sub(p.penalty_last_n);
+        let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+        for &t in &self.history[start..] {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (&t, &n) in &counts {
+            let Some(l) = logits.get_mut(t as usize) else { continue };
+            if p.repeat_penalty != 1.0 {
+                *l = if *l > 0.0 { *l / p.repeat_penalty } else { *l * p.repeat_penalty };
+            }
+            *l -= n as f32 * p.frequency_penalty + if n > 0 { p.presence_penalty } else { 0.0 };
+        }
+    }
+
+    /// Choose the next token from one row of logits.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        let mut l = logits.to_vec();
+        self.apply_penalties(&mut l);
+        let p = &self.params;
+        if p.temperature <= 0.0 {
+            return argmax(&l) as u32;
+        }
+        // Candidates sorted by logit (stable: ties keep the lower id first).
+        let mut cand: Vec<(u32, f32)> = l.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
+        cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.truncate(p.top_k);
+        }
+        let probs = |c: &[(u32, f32)]| -> Vec<f64> {
+            let m = c[0].1 as f64;
+            let e: Vec<f64> = c.iter().map(|&(_, v)| (v as f64 - m).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.into_iter().map(|x| x / s).collect()
+        };
+        if p.top_p < 1.0 {
+            let pr = probs(&cand);
+            let mut cum = 0.0;
+            let mut keep = cand.len();
+            for (i, q) in pr.iter().enumerate() {
+                cum += q;
+                if cum >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            cand.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 {
+            let pr = probs(&cand);
+            let keep = pr.iter().take_while(|&&q| q >= p.min_p as f64 * pr[0]).count();
+            cand.truncate(keep.max(1));
+        }
+        let t = p.temperature as f64;
+        let m = cand[0].1 as f64;
+        let w: Vec<f64> = cand.iter().map(|&(_, v)| ((v as f64 - m) / t).exp()).collect();
+        let total: f64 = w.iter().sum();
+        let mut r = self.rng.next_f64() * total;
+        for (i, wi) in w.iter().enumerate() {
+            if r < *wi {
+                return cand[i].0;
+            }
+            r -= wi;
+        }
+        cand[cand.len() - 1].0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_picks_the_max_and_seeds_reproduce() {
+        let logits = [0.1f32, 2.0, -1.0, 1.9];
+        assert_eq!(Sampler::new(SamplingParams::greedy()).sample(&logits), 1);
+        let p = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 42, ..Default::default() };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(p.clone());
+            (0..50).map(|_| s.sample(&logits)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(p.clone());
+            (0..50).map(|_| s.sample(&logits)).collect()
+        };
+        assert_eq!(a, b);
+        assert!(a.contains(&0) && a.contains(&3), "a full distribution draws more than the max");
+    }
+
+    #[test]
+    fn top_k_top_p_min_p_restrict_the_draw() {
+        let logits = [5.0f32, 4.9, 0.0, -3.0];
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 2, top_p: 1.0, min_p: 0.0, ..Default::default() });
+        assert!((0..200).all(|_| s.sample(&logits) < 2));
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0, ..Default::default() });
+        assert!((0..200).all(|_| s.sample(&logits) == 0));
+        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.5, ..Default::default() });
+        assert!((0..200).all(|_| s.sample(&logits) < 2));
+    }
+
+    #[test]
+    fn temperature_sharpens_and_flattens() {
+        let logits = [1.0f32, 0.0];
+        let count = |t: f32| {
+            let mut s = Sampler::new(SamplingParams { temperature: t, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 1, ..Default::default() });
+            (0..4000).filter(|_| s.sample(&logits) == 0).count() as f64 / 4000.0
+        };
+        // p0 = 1/(1+e^-1/t): 0.731 at t=1, 0.982 at t=0.25, 0.562 at t=4.
+        assert!((count(1.0) - 0.731).abs() < 0.03);
+        assert!(count(0.25) > 0.95);
+        assert!((count(4.0) - 0.562).abs() < 0.03);
+    }
+
+    #[test]
+    fn repetition_penalty_follows_llama_cpp() {
+        let mut s = Sampler::new(SamplingParams { repeat_penalty: 2.0, temperature: 0.0, ..Default::default() });
+        s.accept(0);
+        s.accept(2);
+        let mut l = vec![4.0f32, 3.0, -1.0];
+        s.apply_penalties(&mut l);
+        assert_eq!(l, vec![2.0, 3.0, -2.0]);
+        assert_eq!(s.sample(&[4.0, 3.0, -1.0]), 1);
+        let mut s = Sampler::new(SamplingParams { frequency_penalty: 0.5, presence_penalty: 1.0, ..Default::default() });
+        s.accept(0);
+        s.accept(0);
+        let mut l = vec![4.0f32, 3.0];
+        s.apply_penalties(&mut l);
+        assert_eq!(l, vec![2.0, 3.0]);
+    }
+
+    #[test]
+    fn log_softmax_normalizes() {
+        let ls = log_softmax(&[1.0, 2.0, 3.0]);
+        let s: f64 = ls.iter().map(|x| x.exp()).sum();
+        assert!((s - 1.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,73 @@
+//! One sequence and its KV cache: prompts fed in micro-batches, then token-by-token decode.
+
+use crate::backend::{Backend, Batch};
+use crate::error::{Error, Result};
+use crate::kv::KvType;
+use crate::muse_glimmer::MuseGlimmer;
+
+/// Which logits a feed returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Every position (teacher forcing), `[n_tokens][n_vocab]`.
+    All,
+    /// The last position only, `[n_vocab]`.
+    Last,
+}
+
+pub struct Session<'m, B: Backend> {
+    pub model: &'m MuseGlimmer<B>,
+    pub kv: B::Kv,
+    n_ctx: usize,
+}
+
+impl<'m, B: Backend> Session<'m, B> {
+    pub fn new(model: &'m MuseGlimmer<B>, kv_type: KvType, n_ctx: usize) -> Result<Self> {
+        Ok(Session { model, kv: model.new_cache(kv_type, n_ctx)?, n_ctx })
+    }
+
+    /// The position of the next token.
+    pub fn pos(&self) -> usize {
+        self.model.backend.kv_len(&self.kv)
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    pub fn reset(&mut self) {
+        self.model.backend.kv_clear(&mut self.kv);
+    }
+
+    /// Run `tokens` in micro-batches of at most `ubatch` tokens.
+    pub fn feed(&mut self, tokens: &[u32], ubatch: usize, which: Logits) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(Error::Input("no tokens to run".into()));
+        }
+        if ubatch == 0 {
+            return Err(Error::Input("micro-batch size must be at least 1".into()));
+        }
+        let start = self.pos();
+        if start + tokens.len() > self.n_ctx {
+            return Err(Error::Input(format!(
+                "{} tokens at position {start} exceed the context size {} (at most {} more fit)",
+                tokens.len(),
+                self.n_ctx,
+                self.n_ctx - start
+            )));
+        }
+        let n_vocab = self.model.config.n_vocab;
+        let mut out = Vec::with_capacity(if which == Logits::All { tokens.len() * n_vocab } else { n_vocab });
+        let chunks: Vec<&[u32]> = tokens.chunks(ubatch).collect();
+        for (ci, chunk) in chunks.iter().enumerate() {
+            let batch = Batch::single(chunk, self.pos() as u32);
+            let rows: Vec<usize> = match which {
+                Logits::All => (0..chunk.len()).collect(),
+                Logits::Last if ci + 1 == chunks.len() => vec![chunk.len() - 1],
+                Logits::Last => Vec::new(),
+            };
+            let l = self.model.forward(&batch, &mut [&mut self.kv], &rows)?;
+            out.extend_from_slice(&l);
+        }
+        Ok(out)
+    }
+}
