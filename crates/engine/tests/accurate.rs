@@ -1,0 +1,69 @@
+//! Accurate mode against transformers 5.24.0 in float64 (run on each GGUF's dequantized
+//! weights), on every fixture and every position of sequences five times the window.
+
+mod common;
+
+use common::*;
+use muser_engine::{KvType, NumericMode};
+
+#[test]
+fn accurate_mode_matches_transformers_float64() {
+    let mut report = Vec::new();
+    let mut failures = Vec::new();
+    for name in all_fixtures() {
+        let m = load(&name, NumericMode::Accurate);
+        let tokens = read_i32(&golden_path(&name, "tokens.i32"));
+        assert!(tokens.len() >= 2 * m.config.n_swa, "{name}: the sequence must be at least twice the window");
+        let ours = logits(&m, &tokens, KvType::F32, 512);
+        let reference = read_f32(&golden_path(&name, "hf64.f32"));
+        let d = max_dls(&ours, &reference, m.config.n_vocab);
+        let b = bound(&name, 1e-4, 1e-3);
+        report.push(format!("{name:<14} {d:.3e} (bound {b:.0e})"));
+        if !(d <= b) {
+            failures.push(format!("{name}: {d:.3e} > {b:.0e}"));
+        }
+    }
+    println!("accurate, f32 KV, vs transformers float64, max |Δ log-softmax|:\n{}", report.join("\n"));
+    assert!(failures.is_empty(), "{failures:?}");
+}
+
+#[test]
+fn prompt_decode_and_micro_batch_sizes_give_identical_logits() {
+    for name in all_fixtures() {
+        let m = load(&name, NumericMode::Accurate);
+        let tokens = read_i32(&golden_path(&name, "tokens.i32"));
+        for kv in [KvType::F16, KvType::Q8_0] {
+            let whole = logits(&m, &tokens, kv, 512);
+            for ub in [1usize, 7, 16, 33] {
+                let other = logits(&m, &tokens, kv, ub);
+                let same = whole.iter().zip(&other).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{name}, {kv:?} KV: micro-batch {ub} differs from one batch");
+            }
+        }
+    }
+}
+
+#[test]
+fn with_an_f16_cache_accurate_mode_is_as_close_to_float64_as_llama_cpp() {
+    // The f16 cache rounds K and V; llama.cpp with the same cache type is the yardstick.
+    for name in all_fixtures() {
+        let m = load(&name, NumericMode::Accurate);
+        let tokens = read_i32(&golden_path(&name, "tokens.i32"));
+        let reference = read_f32(&golden_path(&name, "hf64.f32"));
+        let ours = max_dls(&logits(&m, &tokens, KvType::F16, 512), &reference, m.config.n_vocab);
+        let llama = max_dls(&read_f32(&golden_path(&name, "llama-kv_f16.f32")), &reference, m.config.n_vocab);
+        println!("{name:<14} f16 KV vs float64: muser {ours:.3e}, llama.cpp {llama:.3e}");
+        assert!(ours <= llama, "{name}: {ours:.3e} > llama.cpp's {llama:.3e}");
+    }
+}
+
+#[test]
+fn bf16_and_q8_0_caches_run_and_stay_finite() {
+    let m = load("tame-q4_k_m", NumericMode::Accurate);
+    let tokens = read_i32(&golden_path("tame-q4_k_m", "tokens.i32"));
+    let reference = read_f32(&golden_path("tame-q4_k_m", "hf64.f32"));
+    for kv in [KvType::BF16, KvType::Q8_0] {
+        let d = max_dls(&logits(&m, &tokens, kv, 512), &reference, m.config.n_vocab);
+        println!("tame-q4_k_m {kv:?} KV vs float64: {d:.3e}");
+    }
+}
