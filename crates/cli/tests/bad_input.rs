@@ -1,0 +1,90 @@
+//! Bad input gives a clear message and a non-zero exit code, never a panic.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn muser(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_muser")).args(args).output().expect("run muser");
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!stderr.contains("panicked"), "muser panicked: {stderr}");
+    (out.status.success(), stderr)
+}
+
+fn fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/models")
+        .join(name)
+        .to_string_lossy()
+        .to_string()
+}
+
+fn tmp(name: &str, bytes: &[u8]) -> String {
+    let p = std::env::temp_dir().join(format!("muser-cli-{}-{name}", std::process::id()));
+    std::fs::write(&p, bytes).unwrap();
+    p.to_string_lossy().to_string()
+}
+
+fn ids(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+#[test]
+fn missing_file() {
+    let (ok, e) = muser(&["inspect", "/nonexistent/model.gguf"]);
+    assert!(!ok && e.contains("cannot open /nonexistent/model.gguf"), "{e}");
+}
+
+#[test]
+fn corrupt_and_truncated_files() {
+    let good = std::fs::read(fixture("tame-q4_0.gguf")).unwrap();
+    let trunc = tmp("trunc.gguf", &good[..good.len() / 2]);
+    let (ok, e) = muser(&["inspect", &trunc]);
+    assert!(!ok && e.contains("truncated"), "{e}");
+    let garbage = tmp("garbage.gguf", b"this is not a model at all");
+    let (ok, e) = muser(&["inspect", &garbage]);
+    assert!(!ok && e.contains("not a GGUF file"), "{e}");
+    let toks = tmp("t1.i32", &ids(&[1, 2, 3]));
+    let out = tmp("o1.f32", b"");
+    let (ok, e) = muser(&["logits", "-m", &trunc, "--tokens", &toks, "--out", &out]);
+    assert!(!ok && e.contains("truncated"), "{e}");
+}
+
+#[test]
+fn token_outside_the_vocabulary() {
+    let toks = tmp("t2.i32", &ids(&[1, 2, 100_000]));
+    let out = tmp("o2.f32", b"");
+    let (ok, e) = muser(&["logits", "-m", &fixture("tame-q4_0.gguf"), "--tokens", &toks, "--out", &out]);
+    assert!(!ok && e.contains("token id 100000 is outside the vocabulary"), "{e}");
+    let neg = tmp("t3.i32", &ids(&[1, -5]));
+    let (ok, e) = muser(&["logits", "-m", &fixture("tame-q4_0.gguf"), "--tokens", &neg, "--out", &out]);
+    assert!(!ok && e.contains("negative"), "{e}");
+    let odd = tmp("t4.i32", &[1, 2, 3]);
+    let (ok, e) = muser(&["logits", "-m", &fixture("tame-q4_0.gguf"), "--tokens", &odd, "--out", &out]);
+    assert!(!ok && e.contains("not a whole number"), "{e}");
+}
+
+#[test]
+fn prompt_longer_than_the_context() {
+    let toks = tmp("t5.i32", &ids(&[5; 40]));
+    let out = tmp("o5.f32", b"");
+    let (ok, e) =
+        muser(&["logits", "-m", &fixture("tame-q4_0.gguf"), "--tokens", &toks, "--out", &out, "--ctx-size", "16"]);
+    assert!(!ok && e.contains("do not fit a context of 16"), "{e}");
+    let (ok, e) = muser(&[
+        "generate", "-m", &fixture("tame-q4_0.gguf"), "--prompt-ids", "1,2,3,4,5,6,7,8,9,10", "-c", "8",
+    ]);
+    assert!(!ok && e.contains("exceed the context size 8"), "{e}");
+    let (ok, e) = muser(&["generate", "-m", &fixture("tame-q4_0.gguf"), "--prompt-ids", "1", "-c", "99999"]);
+    assert!(ok, "a context larger than the model's is clamped: {e}");
+}
+
+#[test]
+fn logits_writes_one_row_per_position() {
+    let toks = tmp("t6.i32", &ids(&[3, 1, 4, 1, 5, 9, 2, 6]));
+    let out = std::env::temp_dir().join(format!("muser-cli-{}-o6.f32", std::process::id()));
+    let (ok, e) = muser(&[
+        "logits", "-m", &fixture("tame-q4_0.gguf"), "--tokens", &toks, "--out", out.to_str().unwrap(), "--ubatch", "3",
+    ]);
+    assert!(ok, "{e}");
+    assert_eq!(std::fs::metadata(&out).unwrap().len(), 8 * 764 * 4);
+}
