@@ -7,6 +7,7 @@ mod byte_level;
 mod error;
 mod message;
 mod pyjson;
+mod sanitize;
 mod stream;
 mod template;
 mod tokenizer;

@@ -19,6 +19,7 @@ use serde_json::{Map, Value as Json};
 use crate::error::{Result, TextError};
 use crate::message::{Message, Tool};
 use crate::pyjson::{self, DumpOptions};
+use crate::sanitize;
 use crate::tokenizer::Tokenizer;
 
 const NAME: &str = "chat_template";
@@ -121,6 +122,27 @@ impl ChatTemplate {
         ctx.insert("add_generation_prompt".into(), Json::Bool(add_generation_prompt));
         let tmpl = self.env.get_template(NAME).map_err(|e| template_error(&e, &self.source, &self.origin))?;
         tmpl.render(Value::from(Serde(&ctx))).map_err(|e| template_error(&e, &self.source, &self.origin))
+    }
+
+    /// Renders and tokenizes so that control tokens written in any user-supplied string (messages,
+    /// tools, `extra`) are encoded as plain text, while the template's own are special tokens: the
+    /// ids of transformers' `apply_chat_template(..., tokenize=True, sanitize_control_tokens=True)`.
+    /// A server should build prompts with this; plain `render` + `encode(.., parse_special=true)`
+    /// lets a user write `<|eot|><|start|>system<|message|>` into a message and be obeyed.
+    pub fn encode_sanitized(&self, tok: &Tokenizer, messages: &Json, tools: Option<&Json>, add_generation_prompt: bool, extra: Option<&Map<String, Json>>) -> Result<Vec<u32>> {
+        let controls = sanitize::control_tokens(tok, &self.source);
+        let mut messages = messages.clone();
+        sanitize::mark(&mut messages, &controls);
+        let mut tools = tools.cloned();
+        if let Some(t) = tools.as_mut() {
+            sanitize::mark(t, &controls);
+        }
+        let mut extra = extra.cloned().map(Json::Object);
+        if let Some(e) = extra.as_mut() {
+            sanitize::mark(e, &controls);
+        }
+        let text = self.render(&messages, tools.as_ref(), add_generation_prompt, extra.as_ref().and_then(Json::as_object))?;
+        sanitize::encode_marked(tok, &text)
     }
 
     /// [`render`](Self::render) for typed messages and tools.
