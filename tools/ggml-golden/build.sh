@@ -19,7 +19,24 @@ c++ -O2 -std=c++17 -Wall -o "$OUT/ggml-golden" "$HERE/golden.cpp" \
     -I"$LLAMA_CPP_DIR/ggml/include" \
     "$BUILD_DIR/ggml/src/libggml.a" "$BUILD_DIR/ggml/src/libggml-cpu.a" "$BUILD_DIR/ggml/src/libggml-base.a" \
     -lm -fopenmp -lpthread
+c++ -O2 -std=c++17 -Wall -o "$OUT/kv_slots" "$HERE/kv_slots.cpp" \
+    -I"$LLAMA_CPP_DIR/include" -I"$LLAMA_CPP_DIR/ggml/include" \
+    "$BUILD_DIR/src/libllama.a" "$BUILD_DIR/ggml/src/libggml.a" "$BUILD_DIR/ggml/src/libggml-cpu.a" \
+    "$BUILD_DIR/ggml/src/libggml-base.a" -lm -fopenmp -lpthread
 DATA="$ROOT/crates/engine/tests/data/ggml"
 mkdir -p "$DATA"
 "$OUT/ggml-golden" "$DATA"
+
+# KV cell assignment and n_kv of real llama.cpp runs (tiny muse-glimmer fixture: n_swa 16, layer 0 full,
+# layer 1 sliding); the schedules mix multi-ubatch prompts and single-token decodes
+MODEL="$ROOT/tests/fixtures/models/tame-f32.gguf"
+#                        out        n_ctx n_ubatch n_batch schedule
+while read -r name n_ctx n_ubatch n_batch schedule; do
+    "$OUT/kv_slots" "$MODEL" "$DATA/kv_slots_$name.txt" "$n_ctx" "$n_ubatch" "$n_batch" 0 1 "$schedule" 2>/dev/null
+done <<'SCHED'
+a 1024 64 256 150,1x300,100,1x200
+b 2048 32 256 256,256,188,1x100,50
+c 512 512 512 300,1x100,60,1x40
+d 300 7 40 40,40,13,1x50,9
+SCHED
 ls -la "$DATA"

@@ -1,0 +1,258 @@
+//! Non-flash attention over the KV cache, as llama.cpp b11434 builds it
+//! (llama-graph.cpp:2691 `build_attn_mha`, flash attention off) and ggml-cpu computes it:
+//! ```text
+//! kq  = mul_mat(K_view, q)                  [n_kv, n_tokens, n_head]; K head = q head / (n_head/n_head_kv)
+//! kq  = soft_max_ext(kq, kq_mask, scale)    f32 mask: 0 visible, -inf otherwise
+//! kqv = mul_mat(V_view_transposed, kq)      [head_dim, n_tokens, n_head]
+//! out = cont(permute(kqv))                  [n_tokens][n_head * head_dim]
+//! ```
+//! The K view spans the first `n_kv` cache cells (slots), whatever they hold; the mask hides empty
+//! cells, other sequences, future positions and positions outside the sliding window. A hidden
+//! cell adds exact zeros everywhere (its score is -inf, its weight 0), so only the visible keys
+//! are passed in, each with its slot: the slot decides which SIMD lane and which 8-group a key
+//! lands in, so it is part of the arithmetic, and so is `n_kv`.
+//!
+//! The two matmuls route like any `GGML_OP_MUL_MAT` (see [`super::mul_mat`]): q is a permuted,
+//! non-contiguous view, and the softmax output is contiguous, which gives
+//!
+//! | cache type | `Q·K` (n_tokens = 1 / >= 2)              | `V·P` (n_tokens = 1 / >= 2)               |
+//! |------------|------------------------------------------|-------------------------------------------|
+//! | f32        | vec_dot_f32 / vec_dot_f32                | vec_dot_f32 / tinyBLAS f32                |
+//! | f16        | q->f16, vec_dot_f16 / tinyBLAS f16       | P->f16, vec_dot_f16 / tinyBLAS f16        |
+//! | bf16       | q->bf16, vec_dot_bf16 / tinyBLAS bf16    | P->bf16, vec_dot_bf16 / tinyBLAS bf16     |
+//!
+//! (tinyBLAS needs `rows % 4 == 0`: `n_kv` for `Q·K`, `head_dim` for `V·P`; otherwise vec_dot.)
+
+use muser_gguf::GgmlType;
+use rayon::prelude::*;
+
+use super::lanes::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, fma, hsum8, reduce4x8, v_expf};
+use super::sgemm::{sgemm_dot_bf16, sgemm_dot_f16};
+use super::vec_dot::{vec_dot_bf16, vec_dot_f16, vec_dot_f32};
+
+/// One key of the cache: its cell index (slot) in the layer's cache, its position, and its K and V
+/// rows (`n_head_kv * head_dim` values each, in the cache type's bytes, as [`super::store_kv_row`]
+/// writes them).
+#[derive(Clone, Copy, Debug)]
+pub struct KvKey<'a> {
+    pub slot: usize,
+    pub pos: i32,
+    pub k: &'a [u8],
+    pub v: &'a [u8],
+}
+
+/// Shape and cache parameters of one attention layer.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnParams {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// The K and V cache type: F32, F16 or BF16.
+    pub kv_type: GgmlType,
+    /// The graph's `n_kv` for this cache (see [`super::KvLayout`]).
+    pub n_kv: usize,
+    /// `Some(n_swa)` on sliding layers: key visible iff `0 <= q_pos - pos < n_swa`.
+    pub n_swa: Option<u32>,
+    /// `kq_scale`, `1.0f / sqrtf(head_dim)` for muse-glimmer.
+    pub scale: f32,
+}
+
+/// The KQ mask of llama-kv-cache.cpp `set_input_kq_mask` for one sequence: causal, plus the
+/// standard sliding window (`is_masked_swa`: hidden iff `q_pos - pos >= n_swa`).
+#[inline]
+pub fn visible(pos: i32, q_pos: i32, n_swa: Option<u32>) -> bool {
+    pos <= q_pos && n_swa.is_none_or(|w| (q_pos as i64 - pos as i64) < w as i64)
+}
+
+/// Non-flash attention for one layer and one ubatch of `q_pos.len()` tokens.
+/// `q` is `[n_tokens][n_head][head_dim]` (after QK-norm and RoPE), `out` is
+/// `[n_tokens][n_head * head_dim]`. `keys` are the non-empty cells of this sequence in the layer's
+/// cache (any order; hidden ones are masked here), every slot `< n_kv`.
+pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: &mut [f32]) {
+    let n_tokens = q_pos.len();
+    let (nh, nkv, hd) = (p.n_head, p.n_head_kv, p.head_dim);
+    assert!(nh % nkv == 0, "attention: n_head {nh} not a multiple of n_head_kv {nkv}");
+    assert_eq!(q.len(), n_tokens * nh * hd, "attention: q length");
+    assert_eq!(out.len(), n_tokens * nh * hd, "attention: out length");
+    let esz = match p.kv_type {
+        GgmlType::F32 => 4,
+        GgmlType::F16 | GgmlType::BF16 => 2,
+        t => panic!("ggml parity attention: KV cache type {t} is not supported (f32, f16, bf16)"),
+    };
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_by_key(|&i| keys[i].slot);
+    for w in order.windows(2) {
+        assert!(keys[w[0]].slot != keys[w[1]].slot, "attention: two keys in slot {}", keys[w[0]].slot);
+    }
+    for k in keys {
+        assert!(k.slot < p.n_kv, "attention: slot {} outside n_kv {}", k.slot, p.n_kv);
+        assert!(k.k.len() == nkv * hd * esz && k.v.len() == nkv * hd * esz, "attention: K/V row size");
+    }
+    let sorted: Vec<KvKey> = order.iter().map(|&i| keys[i]).collect();
+
+    out.par_chunks_mut(hd).enumerate().for_each(|(th, o)| {
+        let (t, h) = (th / nh, th % nh);
+        let kvh = h / (nh / nkv);
+        let qrow = &q[th * hd..(th + 1) * hd];
+        head(p, n_tokens, kvh, qrow, q_pos[t], &sorted, esz, o);
+    });
+}
+
+/// Scratch of one (token, head): the visible keys (index into `keys`) and their scores.
+fn head(p: &AttnParams, n_tokens: usize, kvh: usize, q: &[f32], q_pos: i32, keys: &[KvKey], esz: usize, out: &mut [f32]) {
+    let hd = p.head_dim;
+    let sgemm_kq = n_tokens >= 2 && p.n_kv % 4 == 0;
+    let sgemm_vp = n_tokens >= 2 && hd % 4 == 0;
+
+    // Q·K for the visible keys; q converted to K's vec_dot_type
+    let vis: Vec<usize> = (0..keys.len()).filter(|&i| visible(keys[i].pos, q_pos, p.n_swa)).collect();
+    assert!(!vis.is_empty(), "attention: a query at position {q_pos} sees no key");
+    let koff = kvh * hd * esz;
+    let mut s: Vec<f32> = Vec::with_capacity(vis.len());
+    match p.kv_type {
+        GgmlType::F32 => {
+            let mut kr = vec![0.0f32; hd];
+            for &i in &vis {
+                for (d, c) in kr.iter_mut().zip(keys[i].k[koff..koff + hd * 4].chunks_exact(4)) {
+                    *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+                s.push(vec_dot_f32(&kr, q));
+            }
+        }
+        GgmlType::F16 | GgmlType::BF16 => {
+            let bf = p.kv_type == GgmlType::BF16;
+            let qh: Vec<u16> = q.iter().map(|&v| if bf { f32_to_bf16(v) } else { f32_to_f16(v) }).collect();
+            let mut kr = vec![0u16; hd];
+            for &i in &vis {
+                for (d, c) in kr.iter_mut().zip(keys[i].k[koff..koff + hd * 2].chunks_exact(2)) {
+                    *d = u16::from_le_bytes([c[0], c[1]]);
+                }
+                s.push(match (bf, sgemm_kq) {
+                    (false, true) => sgemm_dot_f16(&kr, &qh),
+                    (false, false) => vec_dot_f16(&kr, &qh),
+                    (true, true) => sgemm_dot_bf16(&kr, &qh),
+                    (true, false) => vec_dot_bf16(&kr, &qh),
+                });
+            }
+        }
+        _ => unreachable!(),
+    }
+
+    // soft_max_ext over the n_kv slots; hidden slots are -inf and give exact zeros
+    for v in s.iter_mut() {
+        *v = *v * p.scale + 0.0f32;
+    }
+    let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| if m > v { m } else { v });
+    let n8 = p.n_kv & !7;
+    let mut e = vec![0.0f32; vis.len()];
+    let mut sum = 0.0f64;
+    let mut i = 0;
+    while i < vis.len() {
+        let slot = keys[vis[i]].slot;
+        if slot >= n8 {
+            // libm tail
+            let v = (s[i] - max).exp();
+            e[i] = v;
+            sum += v as f64;
+            i += 1;
+            continue;
+        }
+        let group = slot / 8;
+        let mut lanes = [0.0f32; 8];
+        while i < vis.len() && keys[vis[i]].slot / 8 == group && keys[vis[i]].slot < n8 {
+            let v = v_expf(s[i] - max);
+            e[i] = v;
+            lanes[keys[vis[i]].slot % 8] = v;
+            i += 1;
+        }
+        sum += hsum8(&lanes) as f64;
+    }
+    let inv = (1.0f64 / sum) as f32;
+    for v in e.iter_mut() {
+        *v *= inv;
+    }
+
+    // V·P: P converted to V's vec_dot_type; lanes by slot
+    let voff = kvh * hd * esz;
+    let vval = |i: usize, d: usize| -> f32 {
+        let b = &keys[i].v[voff + d * esz..voff + (d + 1) * esz];
+        match p.kv_type {
+            GgmlType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            GgmlType::F16 => f16_to_f32(u16::from_le_bytes([b[0], b[1]])),
+            _ => bf16_to_f32(u16::from_le_bytes([b[0], b[1]])),
+        }
+    };
+    let pw: Vec<f32> = match p.kv_type {
+        GgmlType::F32 => e,
+        GgmlType::F16 => e.iter().map(|&v| f16_to_f32(f32_to_f16(v))).collect(),
+        _ => e.iter().map(|&v| bf16_to_f32(f32_to_bf16(v))).collect(),
+    };
+    let n = p.n_kv;
+    if sgemm_vp {
+        // tinyBLAS: one 8-lane accumulator over k = n_kv, masked leftover, hsum8
+        let mut acc = vec![[0.0f32; 8]; hd];
+        for (j, &i) in vis.iter().enumerate() {
+            let lane = keys[i].slot % 8;
+            for (d, a) in acc.iter_mut().enumerate() {
+                a[lane] = fma(vval(i, d), pw[j], a[lane]);
+            }
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            *o = hsum8(a);
+        }
+    } else {
+        // vec_dot: 4 accumulators x 8 lanes over the first n & !31, then the type's leftover loop
+        let np = n & !31;
+        let mut acc = vec![[[0.0f32; 8]; 4]; hd];
+        let mut tail: Vec<(usize, usize)> = Vec::new();
+        for (j, &i) in vis.iter().enumerate() {
+            let slot = keys[i].slot;
+            if slot >= np {
+                tail.push((j, i));
+                continue;
+            }
+            let (r, lane) = ((slot / 8) % 4, slot % 8);
+            for (d, a) in acc.iter_mut().enumerate() {
+                a[r][lane] = fma(vval(i, d), pw[j], a[r][lane]);
+            }
+        }
+        for (d, o) in out.iter_mut().enumerate() {
+            *o = match p.kv_type {
+                GgmlType::F32 => {
+                    let mut sumf = reduce4x8(&acc[d]);
+                    // vec_dot_f32's leftovers (see vec_dot.rs): rounded products added in order
+                    // up to the last group of 4, contracted after; hidden slots add exact zeros
+                    let rem = n - np;
+                    let vec_end = np + (rem & !7) + if rem % 8 >= 4 { 4 } else { 0 };
+                    for &(j, i) in &tail {
+                        if keys[i].slot < vec_end {
+                            sumf += vval(i, d) * pw[j];
+                        } else {
+                            sumf = fma(vval(i, d), pw[j], sumf);
+                        }
+                    }
+                    sumf
+                }
+                GgmlType::F16 => {
+                    let mut sumf = reduce4x8(&acc[d]) as f64;
+                    for &(j, i) in &tail {
+                        sumf += (vval(i, d) * pw[j]) as f64;
+                    }
+                    sumf as f32
+                }
+                _ => {
+                    let a = &acc[d];
+                    let mut v = [0.0f32; 8];
+                    for l in 0..8 {
+                        v[l] = (a[0][l] + a[2][l]) + (a[1][l] + a[3][l]);
+                    }
+                    let mut sumf = hsum8(&v) as f64;
+                    for &(j, i) in &tail {
+                        sumf += (vval(i, d) * pw[j]) as f64;
+                    }
+                    sumf as f32
+                }
+            };
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! Non-flash attention over a KV cache, and the KV slot simulator, against ggml-cpu goldens
+//! (tools/ggml-golden: the graph of llama-graph.cpp build_attn_mha over set_rows-filled caches).
+
+mod ggml_common;
+
+use ggml_common::{Rng, assert_bits_eq, cases};
+use muser_engine::cpu::ggml::{AttnParams, KvKey, KvLayout, attention, kv_row_bytes, store_kv_row};
+
+#[test]
+fn attention_matches_ggml() {
+    for c in cases("attention") {
+        let kt = c.ty("kt");
+        assert_eq!(kt, c.ty("vt"));
+        let (n_head, n_kv) = (c.usize("n_head"), c.usize("n_kv"));
+        let n_swa = c.i64("n_swa");
+        let q_pos: Vec<i32> = c.get("q_pos").split(',').map(|v| v.parse().unwrap()).collect();
+        let cells: Vec<i32> = c.get("cells").split(',').map(|v| v.parse().unwrap()).collect();
+        let (hd, n_head_kv) = (128usize, 2usize);
+        let ntok = q_pos.len();
+        let mut r = Rng::new(c.u64("seed"));
+        let q = r.acts(hd * n_head * ntok);
+        let rb = kv_row_bytes(kt, hd * n_head_kv);
+        let mut rows: Vec<(usize, i32, Vec<u8>, Vec<u8>)> = Vec::new();
+        for (slot, &p) in cells.iter().enumerate() {
+            if p < 0 {
+                continue;
+            }
+            let (k, v) = (r.acts(hd * n_head_kv), r.acts(hd * n_head_kv));
+            let (mut kb, mut vb) = (vec![0u8; rb], vec![0u8; rb]);
+            store_kv_row(kt, &k, &mut kb);
+            store_kv_row(kt, &v, &mut vb);
+            rows.push((slot, p, kb, vb));
+        }
+        // ggml's view only covers the first n_kv cells
+        let keys: Vec<KvKey> =
+            rows.iter().filter(|r| r.0 < n_kv).map(|r| KvKey { slot: r.0, pos: r.1, k: &r.2, v: &r.3 }).collect();
+        let params = AttnParams {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            kv_type: kt,
+            n_kv,
+            n_swa: if n_swa > 0 { Some(n_swa as u32) } else { None },
+            scale: 1.0f32 / (hd as f32).sqrt(),
+        };
+        let mut out = vec![0.0f32; ntok * n_head * hd];
+        attention(&params, &q, &q_pos, &keys, &mut out);
+        assert_bits_eq(&c.name, &out, &c.out_f32());
+    }
+}
+
+#[test]
+fn kv_layout_basic_rules() {
+    // full cache: consecutive slots from 0, n_kv padded to 256
+    let mut full = KvLayout::full(1000);
+    assert_eq!(full.size(), 1024);
+    let p = full.place(&(0..300).collect::<Vec<i32>>()).unwrap();
+    assert_eq!(p.slots, (0..300).collect::<Vec<usize>>());
+    assert_eq!(p.n_kv, 512);
+    let p = full.place(&[300]).unwrap();
+    assert_eq!((p.slots[0], p.n_kv), (300, 512));
+
+    // SWA cache: n_swa 256 + n_ubatch 512 -> 768 cells; a ring once the window has moved on
+    let mut swa = KvLayout::swa(4096, 256, 512);
+    assert_eq!(swa.size(), 768);
+    let p = swa.place(&(0..512).collect::<Vec<i32>>()).unwrap();
+    assert_eq!(p.n_kv, 512);
+    let p = swa.place(&(512..1024).collect::<Vec<i32>>()).unwrap();
+    // 256 empty cells at the end, then the cells whose position left the window (pos <= 511 - 256)
+    assert_eq!(&p.slots[..256], &(512..768).collect::<Vec<usize>>()[..]);
+    assert_eq!(&p.slots[256..], &(0..256).collect::<Vec<usize>>()[..]);
+    assert_eq!(p.n_kv, 768);
+    // everything at or before the largest overwritten position was purged
+    assert!(swa.cells().all(|(_, pos)| pos > 255));
+}
+
+/// Replays real llama.cpp runs (tools/ggml-golden/kv_slots.cpp on a tiny muse-glimmer fixture) and
+/// checks every ubatch's cells and `n_kv` in both caches.
+#[test]
+fn kv_layout_matches_llama_cpp() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/ggml");
+    for name in ["a", "b", "c", "d"] {
+        let text = std::fs::read_to_string(dir.join(format!("kv_slots_{name}.txt"))).unwrap();
+        let mut lines = text.lines();
+        let header = lines.next().unwrap();
+        let field = |k: &str| -> usize {
+            let v = header.split_whitespace().find_map(|p| p.strip_prefix(&format!("{k}="))).unwrap();
+            v.parse().unwrap()
+        };
+        let (n_ctx, n_ubatch, n_swa) = (field("n_ctx"), field("n_ubatch"), field("n_swa"));
+        let mut layout = muser_engine::cpu::ggml::IswaLayout::new(n_ctx, n_swa as u32, n_ubatch);
+        let mut count = 0;
+        for line in lines {
+            let kv: std::collections::HashMap<&str, &str> =
+                line.split_whitespace().skip(1).map(|p| p.split_once('=').unwrap()).collect();
+            let n: usize = kv["n"].parse().unwrap();
+            let pos0: i32 = kv["pos0"].parse().unwrap();
+            let slots = |k: &str| -> Vec<usize> { kv[k].split(',').map(|v| v.parse().unwrap()).collect() };
+            let positions: Vec<i32> = (0..n as i32).map(|i| pos0 + i).collect();
+            let (full, swa) = layout.place(&positions).unwrap();
+            assert_eq!(full.slots, slots("full"), "scenario {name}, ubatch at {pos0}: full-cache slots");
+            assert_eq!(swa.slots, slots("swa"), "scenario {name}, ubatch at {pos0}: swa-cache slots");
+            assert_eq!(full.n_kv, kv["full_nkv"].parse::<usize>().unwrap(), "scenario {name} at {pos0}: full n_kv");
+            assert_eq!(swa.n_kv, kv["swa_nkv"].parse::<usize>().unwrap(), "scenario {name} at {pos0}: swa n_kv");
+            count += 1;
+        }
+        assert!(count > 50, "scenario {name}: only {count} ubatches");
+    }
+}
