@@ -70,7 +70,10 @@ pub trait Backend: Send + Sync {
 
     fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<Self::Matrix>;
     fn vector(&self, v: &[f32]) -> Result<Self::Vector>;
+    /// An activation matrix with room for `rows` rows of `cols` values (initially `rows` rows).
     fn act(&self, rows: usize, cols: usize) -> Result<Self::Act>;
+    /// Use the first `rows` rows of an activation matrix (at most the rows it was made with).
+    fn set_rows(&self, a: &mut Self::Act, rows: usize) -> Result<()>;
     fn kv_cache(&self, cfg: &MuseConfig, ty: KvType, n_ctx: usize) -> Result<Self::Kv>;
     /// The most positions a sequence's cache holds (its context size).
     fn kv_capacity(&self, kv: &Self::Kv) -> usize;
@@ -83,6 +86,11 @@ pub trait Backend: Send + Sync {
     /// Copy an activation matrix to the host.
     fn read(&self, a: &Self::Act) -> Result<Vec<f32>>;
 
+    /// Make the batch's token ids and positions available to the operations that follow
+    /// (a device backend uploads them here).
+    fn begin_batch(&self, _batch: &Batch) -> Result<()> {
+        Ok(())
+    }
     /// out[i] = row `tokens[i]` of `table`, dequantized.
     fn get_rows(&self, table: &Self::Matrix, tokens: &[u32], out: &mut Self::Act) -> Result<()>;
     /// out[i] = x[i] * (1 / sqrt(mean(x[i]^2) + eps)) (* w when given).

@@ -139,47 +139,65 @@ impl<B: Backend> MuseGlimmer<B> {
         Ok(())
     }
 
+    /// Activation buffers for micro-batches of up to `max_tokens` tokens, reused across
+    /// forward passes (a captured CUDA graph replays on the same buffers).
+    pub fn workspace(&self, max_tokens: usize) -> Result<Workspace<B>> {
+        Workspace::new(&self.backend, &self.config, max_tokens)
+    }
+
     /// Run one micro-batch through the model, store its K/V in `caches`, and return the
     /// logits of the batch rows listed in `logit_rows`, row-major `[logit_rows.len()][n_vocab]`.
     pub fn forward(
         &self,
+        ws: &mut Workspace<B>,
         batch: &Batch,
         caches: &mut [&mut B::Kv],
         logit_rows: &[usize],
     ) -> Result<Vec<f32>> {
+        self.forward_device(ws, batch, caches, logit_rows)?;
+        if logit_rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.backend.read(&ws.logits)
+    }
+
+    /// As [`MuseGlimmer::forward`], leaving the logits in `ws.logits` on the backend.
+    pub fn forward_device(
+        &self,
+        ws: &mut Workspace<B>,
+        batch: &Batch,
+        caches: &mut [&mut B::Kv],
+        logit_rows: &[usize],
+    ) -> Result<()> {
         self.check_batch(batch, caches)?;
+        if batch.len() > ws.max_tokens || logit_rows.len() > ws.max_tokens {
+            return Err(Error::Input(format!("a micro-batch of {} tokens exceeds the workspace ({})", batch.len(), ws.max_tokens)));
+        }
         let c = &self.config;
         let b = &self.backend;
-        let n = batch.len();
         let eps = c.rms_eps;
+        ws.set_rows(b, batch.len(), logit_rows.len())?;
+        let Workspace { e, x, h, q, k, v, g, a, o, fg, fu, f, sel, logits, .. } = ws;
+        b.begin_batch(batch)?;
 
         // inp_embd, embd_norm: the scaleless entry norm.
-        let mut e = b.act(n, c.n_embd)?;
-        b.get_rows(&self.token_embd, &batch.tokens, &mut e)?;
-        let mut x = b.act(n, c.n_embd)?;
-        b.rms_norm(&e, None, eps, &mut x)?;
-
-        let mut h = b.act(n, c.n_embd)?;
-        b.rms_norm(&x, Some(&self.layers[0].attn_norm), eps, &mut h)?;
-
-        let (mut q, mut g, mut a) = (b.act(n, c.q_dim())?, b.act(n, c.q_dim())?, b.act(n, c.q_dim())?);
-        let (mut k, mut v) = (b.act(n, c.kv_dim())?, b.act(n, c.kv_dim())?);
-        let mut o = b.act(n, c.n_embd)?;
-        let (mut fg, mut fu, mut f) = (b.act(n, c.n_ff)?, b.act(n, c.n_ff)?, b.act(n, c.n_ff)?);
+        b.get_rows(&self.token_embd, &batch.tokens, e)?;
+        b.rms_norm(e, None, eps, x)?;
+        b.rms_norm(x, Some(&self.layers[0].attn_norm), eps, h)?;
 
         for (il, l) in self.layers.iter().enumerate() {
             let kind = c.layer_kinds[il];
             // Projections from the pre-normed stream; the gate reads the same input.
-            b.matmul(&l.attn_q, &h, &mut q)?;
-            b.matmul(&l.attn_k, &h, &mut k)?;
-            b.matmul(&l.attn_v, &h, &mut v)?;
-            b.matmul(&l.attn_gate, &h, &mut g)?;
+            b.matmul(&l.attn_q, h, q)?;
+            b.matmul(&l.attn_k, h, k)?;
+            b.matmul(&l.attn_v, h, v)?;
+            b.matmul(&l.attn_gate, h, g)?;
             // QK-norm: per head, eps from the GGUF; q scaled by the probed constant.
-            b.head_norm(&mut q, c.head_dim, eps, l.qk_scale)?;
-            b.head_norm(&mut k, c.head_dim, eps, 1.0)?;
+            b.head_norm(q, c.head_dim, eps, l.qk_scale)?;
+            b.head_norm(k, c.head_dim, eps, 1.0)?;
             if kind.uses_rope() {
-                b.rope(&mut q, c.head_dim, batch, c.rope_freq_base_swa)?;
-                b.rope(&mut k, c.head_dim, batch, c.rope_freq_base_swa)?;
+                b.rope(q, c.head_dim, batch, c.rope_freq_base_swa)?;
+                b.rope(k, c.head_dim, batch, c.rope_freq_base_swa)?;
             }
             let spec = AttnSpec {
                 layer: il,
@@ -190,36 +208,84 @@ impl<B: Backend> MuseGlimmer<B> {
                 n_head_kv: c.n_head_kv,
                 head_dim: c.head_dim,
             };
-            b.attention(caches, spec, batch, &q, &k, &v, &mut a)?;
-            b.sigmoid_gate(&mut a, &g)?;
-            b.matmul(&l.attn_output, &a, &mut o)?;
+            b.attention(caches, spec, batch, q, k, v, a)?;
+            b.sigmoid_gate(a, g)?;
+            b.matmul(&l.attn_output, a, o)?;
             // x += rms_norm(o, 1e-8) * post_attention_norm; h = rms_norm(x, eps) * ffn_norm.
-            b.norm_tail(&mut x, &o, &l.post_attention_norm, POST_NORM_EPS, &l.ffn_norm, eps, &mut h)?;
+            b.norm_tail(x, o, &l.post_attention_norm, POST_NORM_EPS, &l.ffn_norm, eps, h)?;
 
             // SwiGLU feed-forward.
-            b.matmul(&l.ffn_gate, &h, &mut fg)?;
-            b.matmul(&l.ffn_up, &h, &mut fu)?;
-            b.swiglu(&fg, &fu, &mut f)?;
-            b.matmul(&l.ffn_down, &f, &mut o)?;
+            b.matmul(&l.ffn_gate, h, fg)?;
+            b.matmul(&l.ffn_up, h, fu)?;
+            b.swiglu(fg, fu, f)?;
+            b.matmul(&l.ffn_down, f, o)?;
             // x += rms_norm(f, 1e-8) * post_ffw_norm; h = the next layer's attn_norm, or the final norm.
             let next_norm = self.layers.get(il + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
-            b.norm_tail(&mut x, &o, &l.post_ffw_norm, POST_NORM_EPS, next_norm, eps, &mut h)?;
+            b.norm_tail(x, o, &l.post_ffw_norm, POST_NORM_EPS, next_norm, eps, h)?;
         }
         for (s, cache) in caches.iter_mut().enumerate() {
-            if let Some(last) = (0..n).rev().find(|&i| batch.seq[i] == s) {
+            if let Some(last) = (0..batch.len()).rev().find(|&i| batch.seq[i] == s) {
                 b.kv_set_len(cache, batch.pos[last] as usize + 1);
             }
         }
-
         if logit_rows.is_empty() {
-            return Ok(Vec::new());
+            return Ok(());
         }
         // result_norm is in h; lm_head, logit scale, softcap.
-        let mut sel = b.act(logit_rows.len(), c.n_embd)?;
-        b.select_rows(&h, logit_rows, &mut sel)?;
-        let mut logits = b.act(logit_rows.len(), c.n_vocab)?;
-        b.matmul(&self.output, &sel, &mut logits)?;
-        b.logit_finish(&mut logits, c.logit_scale, c.softcap)?;
-        b.read(&logits)
+        b.select_rows(h, logit_rows, sel)?;
+        b.matmul(&self.output, sel, logits)?;
+        b.logit_finish(logits, c.logit_scale, c.softcap)
+    }
+}
+
+/// The activation buffers of a forward pass.
+pub struct Workspace<B: Backend> {
+    pub max_tokens: usize,
+    pub e: B::Act,      // [n][n_embd] token embeddings
+    pub x: B::Act,      // [n][n_embd] the residual stream
+    pub h: B::Act,      // [n][n_embd] the normed stream
+    pub q: B::Act,      // [n][n_head*head_dim]
+    pub k: B::Act,      // [n][n_head_kv*head_dim]
+    pub v: B::Act,      // [n][n_head_kv*head_dim]
+    pub g: B::Act,      // [n][n_head*head_dim] attention gate
+    pub a: B::Act,      // [n][n_head*head_dim] attention output
+    pub o: B::Act,      // [n][n_embd] block outputs
+    pub fg: B::Act,     // [n][n_ff]
+    pub fu: B::Act,     // [n][n_ff]
+    pub f: B::Act,      // [n][n_ff]
+    pub sel: B::Act,    // [rows][n_embd] rows whose logits are wanted
+    pub logits: B::Act, // [rows][n_vocab]
+}
+
+impl<B: Backend> Workspace<B> {
+    pub fn new(b: &B, c: &MuseConfig, n: usize) -> Result<Self> {
+        if n == 0 {
+            return Err(Error::Input("a workspace needs room for at least one token".into()));
+        }
+        Ok(Workspace {
+            max_tokens: n,
+            e: b.act(n, c.n_embd)?,
+            x: b.act(n, c.n_embd)?,
+            h: b.act(n, c.n_embd)?,
+            q: b.act(n, c.q_dim())?,
+            k: b.act(n, c.kv_dim())?,
+            v: b.act(n, c.kv_dim())?,
+            g: b.act(n, c.q_dim())?,
+            a: b.act(n, c.q_dim())?,
+            o: b.act(n, c.n_embd)?,
+            fg: b.act(n, c.n_ff)?,
+            fu: b.act(n, c.n_ff)?,
+            f: b.act(n, c.n_ff)?,
+            sel: b.act(n, c.n_embd)?,
+            logits: b.act(n, c.n_vocab)?,
+        })
+    }
+
+    fn set_rows(&mut self, b: &B, n: usize, rows: usize) -> Result<()> {
+        for a in [&mut self.e, &mut self.x, &mut self.h, &mut self.q, &mut self.k, &mut self.v, &mut self.g, &mut self.a, &mut self.o, &mut self.fg, &mut self.fu, &mut self.f] {
+            b.set_rows(a, n)?;
+        }
+        b.set_rows(&mut self.sel, rows)?;
+        b.set_rows(&mut self.logits, rows)
     }
 }

@@ -3,7 +3,7 @@
 use crate::backend::{Backend, Batch};
 use crate::error::{Error, Result};
 use crate::kv::KvType;
-use crate::muse_glimmer::MuseGlimmer;
+use crate::muse_glimmer::{MuseGlimmer, Workspace};
 
 /// Which logits a feed returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,12 +17,13 @@ pub enum Logits {
 pub struct Session<'m, B: Backend> {
     pub model: &'m MuseGlimmer<B>,
     pub kv: B::Kv,
+    ws: Option<Workspace<B>>,
     n_ctx: usize,
 }
 
 impl<'m, B: Backend> Session<'m, B> {
     pub fn new(model: &'m MuseGlimmer<B>, kv_type: KvType, n_ctx: usize) -> Result<Self> {
-        Ok(Session { model, kv: model.new_cache(kv_type, n_ctx)?, n_ctx })
+        Ok(Session { model, kv: model.new_cache(kv_type, n_ctx)?, ws: None, n_ctx })
     }
 
     /// The position of the next token.
@@ -58,14 +59,19 @@ impl<'m, B: Backend> Session<'m, B> {
         let n_vocab = self.model.config.n_vocab;
         let mut out = Vec::with_capacity(if which == Logits::All { tokens.len() * n_vocab } else { n_vocab });
         let chunks: Vec<&[u32]> = tokens.chunks(ubatch).collect();
+        let need = chunks.iter().map(|c| c.len()).max().unwrap_or(1);
+        if self.ws.as_ref().is_none_or(|w| w.max_tokens < need) {
+            self.ws = Some(self.model.workspace(need)?);
+        }
+        let Some(ws) = self.ws.as_mut() else { return Err(Error::Backend("no workspace".into())) };
         for (ci, chunk) in chunks.iter().enumerate() {
-            let batch = Batch::single(chunk, self.pos() as u32);
+            let batch = Batch::single(chunk, self.model.backend.kv_len(&self.kv) as u32);
             let rows: Vec<usize> = match which {
                 Logits::All => (0..chunk.len()).collect(),
                 Logits::Last if ci + 1 == chunks.len() => vec![chunk.len() - 1],
                 Logits::Last => Vec::new(),
             };
-            let l = self.model.forward(&batch, &mut [&mut self.kv], &rows)?;
+            let l = self.model.forward(ws, &batch, &mut [&mut self.kv], &rows)?;
             out.extend_from_slice(&l);
         }
         Ok(out)

@@ -127,6 +127,15 @@ impl Backend for CpuBackend {
         Ok(CpuAct { rows, cols, data: vec![0.0; rows * cols] })
     }
 
+    fn set_rows(&self, a: &mut CpuAct, rows: usize) -> Result<()> {
+        if rows * a.cols > a.data.capacity() {
+            return Err(Error::Backend(format!("activation of {} rows cannot hold {rows}", a.data.capacity() / a.cols.max(1))));
+        }
+        a.rows = rows;
+        a.data.resize(rows * a.cols, 0.0);
+        Ok(())
+    }
+
     fn kv_cache(&self, cfg: &MuseConfig, ty: KvType, n_ctx: usize) -> Result<HostKv> {
         HostKv::new(cfg, ty, n_ctx)
     }
