@@ -26,9 +26,10 @@
 use muser_gguf::GgmlType;
 use rayon::prelude::*;
 
-use super::lanes::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16, fma, hsum8, reduce4x8, v_expf};
-use super::sgemm::{sgemm_dot_bf16, sgemm_dot_f16};
-use super::vec_dot::{vec_dot_bf16, vec_dot_f16, vec_dot_f32};
+use super::lanes::{
+    bf16_to_f32, f16_lut, f16_to_f32, f32_to_bf16, f32_to_f16, fma, hsum8, reduce4x8, v_expf, with_avx2_fma,
+};
+use super::vec_dot::vec_dot_f32;
 
 /// One key of the cache: its cell index (slot) in the layer's cache, its position, and its K and V
 /// rows (`n_head_kv * head_dim` values each, in the cache type's bytes, as [`super::store_kv_row`]
@@ -90,65 +91,156 @@ pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: 
     }
     let sorted: Vec<KvKey> = order.iter().map(|&i| keys[i]).collect();
 
+    // K and V of the keys, widened to f32 (exact for f16/bf16), per KV head: [kvh][key][d]
+    let nk = sorted.len();
+    let mut kf = vec![0.0f32; nkv * nk * hd];
+    let mut vf = vec![0.0f32; nkv * nk * hd];
+    widen(p.kv_type, &sorted, hd, true, &mut kf);
+    widen(p.kv_type, &sorted, hd, false, &mut vf);
+    let slots: Vec<usize> = sorted.iter().map(|k| k.slot).collect();
+    let kpos: Vec<i32> = sorted.iter().map(|k| k.pos).collect();
+
     out.par_chunks_mut(hd).enumerate().for_each(|(th, o)| {
         let (t, h) = (th / nh, th % nh);
         let kvh = h / (nh / nkv);
         let qrow = &q[th * hd..(th + 1) * hd];
-        head(p, n_tokens, kvh, qrow, q_pos[t], &sorted, esz, o);
+        let plane = kvh * nk * hd..(kvh + 1) * nk * hd;
+        with_avx2_fma(
+            #[inline(always)]
+            || head(p, n_tokens, qrow, q_pos[t], &slots, &kpos, &kf[plane.clone()], &vf[plane], o),
+        );
     });
 }
 
-/// Scratch of one (token, head): the visible keys (index into `keys`) and their scores.
-fn head(p: &AttnParams, n_tokens: usize, kvh: usize, q: &[f32], q_pos: i32, keys: &[KvKey], esz: usize, out: &mut [f32]) {
+/// Widen the K (`is_k`) or V rows of `keys` to f32 into `[kvh][key][d]`.
+fn widen(ty: GgmlType, keys: &[KvKey], hd: usize, is_k: bool, out: &mut [f32]) {
+    let nk = keys.len();
+    let lut = f16_lut();
+    out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+        let (kvh, j) = (i / nk, i % nk);
+        let row = if is_k { keys[j].k } else { keys[j].v };
+        match ty {
+            GgmlType::F32 => {
+                for (d, c) in o.iter_mut().zip(row[kvh * hd * 4..(kvh + 1) * hd * 4].chunks_exact(4)) {
+                    *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
+            GgmlType::F16 => {
+                for (d, c) in o.iter_mut().zip(row[kvh * hd * 2..(kvh + 1) * hd * 2].chunks_exact(2)) {
+                    *d = lut[u16::from_le_bytes([c[0], c[1]]) as usize];
+                }
+            }
+            _ => {
+                for (d, c) in o.iter_mut().zip(row[kvh * hd * 2..(kvh + 1) * hd * 2].chunks_exact(2)) {
+                    *d = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+                }
+            }
+        }
+    });
+}
+
+/// Round to the cache type and back (q and P are converted to the K / V `vec_dot_type`).
+#[inline(always)]
+fn round_to(ty: GgmlType, v: f32) -> f32 {
+    match ty {
+        GgmlType::F32 => v,
+        GgmlType::F16 => f16_to_f32(f32_to_f16(v)),
+        _ => bf16_to_f32(f32_to_bf16(v)),
+    }
+}
+
+/// Dot of two f32 rows of `head_dim` with the lane structure of the kernel ggml uses for this
+/// cache type and path (`sgemm`: tinyBLAS, else vec_dot); inputs are exact widenings.
+#[inline(always)]
+fn dot_kq(ty: GgmlType, sgemm: bool, k: &[f32], q: &[f32]) -> f32 {
+    let n = k.len();
+    if sgemm && ty != GgmlType::F32 {
+        let kk = n - n % 8;
+        let mut acc = [0.0f32; 8];
+        for (kc, qc) in k[..kk].chunks_exact(8).zip(q[..kk].chunks_exact(8)) {
+            for i in 0..8 {
+                acc[i] = fma(kc[i], qc[i], acc[i]);
+            }
+        }
+        if kk < n {
+            for (i, a) in acc.iter_mut().enumerate() {
+                let (x, y) = if kk + i < n { (k[kk + i], q[kk + i]) } else { (0.0, 0.0) };
+                *a = fma(x, y, *a);
+            }
+        }
+        return hsum8(&acc);
+    }
+    if ty == GgmlType::F32 {
+        return vec_dot_f32(k, q);
+    }
+    let np = n & !31;
+    let mut a = [[0.0f32; 8]; 4];
+    for (kc, qc) in k[..np].chunks_exact(32).zip(q[..np].chunks_exact(32)) {
+        for (j, acc) in a.iter_mut().enumerate() {
+            for l in 0..8 {
+                acc[l] = fma(kc[8 * j + l], qc[8 * j + l], acc[l]);
+            }
+        }
+    }
+    let mut sumf = if ty == GgmlType::F16 {
+        reduce4x8(&a) as f64
+    } else {
+        let mut v = [0.0f32; 8];
+        for l in 0..8 {
+            v[l] = (a[0][l] + a[2][l]) + (a[1][l] + a[3][l]);
+        }
+        hsum8(&v) as f64
+    };
+    for i in np..n {
+        sumf += (k[i] * q[i]) as f64;
+    }
+    sumf as f32
+}
+
+/// One (token, head): scores, softmax and `V·P` over the keys (slot order) of one KV head.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn head(
+    p: &AttnParams,
+    n_tokens: usize,
+    q: &[f32],
+    q_pos: i32,
+    slots: &[usize],
+    kpos: &[i32],
+    kf: &[f32],
+    vf: &[f32],
+    out: &mut [f32],
+) {
     let hd = p.head_dim;
+    let ty = p.kv_type;
     let sgemm_kq = n_tokens >= 2 && p.n_kv % 4 == 0;
     let sgemm_vp = n_tokens >= 2 && hd % 4 == 0;
 
     // Q·K for the visible keys; q converted to K's vec_dot_type
-    let vis: Vec<usize> = (0..keys.len()).filter(|&i| visible(keys[i].pos, q_pos, p.n_swa)).collect();
+    let vis: Vec<usize> = (0..slots.len()).filter(|&i| visible(kpos[i], q_pos, p.n_swa)).collect();
     assert!(!vis.is_empty(), "attention: a query at position {q_pos} sees no key");
-    let koff = kvh * hd * esz;
-    let mut s: Vec<f32> = Vec::with_capacity(vis.len());
-    match p.kv_type {
-        GgmlType::F32 => {
-            let mut kr = vec![0.0f32; hd];
-            for &i in &vis {
-                for (d, c) in kr.iter_mut().zip(keys[i].k[koff..koff + hd * 4].chunks_exact(4)) {
-                    *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                }
-                s.push(vec_dot_f32(&kr, q));
-            }
-        }
-        GgmlType::F16 | GgmlType::BF16 => {
-            let bf = p.kv_type == GgmlType::BF16;
-            let qh: Vec<u16> = q.iter().map(|&v| if bf { f32_to_bf16(v) } else { f32_to_f16(v) }).collect();
-            let mut kr = vec![0u16; hd];
-            for &i in &vis {
-                for (d, c) in kr.iter_mut().zip(keys[i].k[koff..koff + hd * 2].chunks_exact(2)) {
-                    *d = u16::from_le_bytes([c[0], c[1]]);
-                }
-                s.push(match (bf, sgemm_kq) {
-                    (false, true) => sgemm_dot_f16(&kr, &qh),
-                    (false, false) => vec_dot_f16(&kr, &qh),
-                    (true, true) => sgemm_dot_bf16(&kr, &qh),
-                    (true, false) => vec_dot_bf16(&kr, &qh),
-                });
-            }
-        }
-        _ => unreachable!(),
+    let qr: Vec<f32> = q.iter().map(|&v| round_to(ty, v)).collect();
+    // (plain loops, not iterator closures: the closures would be compiled outside the
+    // AVX2/FMA copy this function is inlined into)
+    let mut s = vec![0.0f32; vis.len()];
+    for (sj, &i) in s.iter_mut().zip(&vis) {
+        *sj = dot_kq(ty, sgemm_kq, &kf[i * hd..(i + 1) * hd], &qr);
     }
 
     // soft_max_ext over the n_kv slots; hidden slots are -inf and give exact zeros
     for v in s.iter_mut() {
         *v = *v * p.scale + 0.0f32;
     }
-    let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| if m > v { m } else { v });
+    let mut max = f32::NEG_INFINITY;
+    for &v in &s {
+        max = if max > v { max } else { v };
+    }
     let n8 = p.n_kv & !7;
     let mut e = vec![0.0f32; vis.len()];
     let mut sum = 0.0f64;
     let mut i = 0;
     while i < vis.len() {
-        let slot = keys[vis[i]].slot;
+        let slot = slots[vis[i]];
         if slot >= n8 {
             // libm tail
             let v = (s[i] - max).exp();
@@ -159,100 +251,99 @@ fn head(p: &AttnParams, n_tokens: usize, kvh: usize, q: &[f32], q_pos: i32, keys
         }
         let group = slot / 8;
         let mut lanes = [0.0f32; 8];
-        while i < vis.len() && keys[vis[i]].slot / 8 == group && keys[vis[i]].slot < n8 {
+        while i < vis.len() && slots[vis[i]] / 8 == group && slots[vis[i]] < n8 {
             let v = v_expf(s[i] - max);
             e[i] = v;
-            lanes[keys[vis[i]].slot % 8] = v;
+            lanes[slots[vis[i]] % 8] = v;
             i += 1;
         }
         sum += hsum8(&lanes) as f64;
     }
     let inv = (1.0f64 / sum) as f32;
-    for v in e.iter_mut() {
-        *v *= inv;
-    }
+    // P, converted to V's vec_dot_type
+    let pw: Vec<f32> = e.iter().map(|&v| round_to(ty, v * inv)).collect();
 
-    // V·P: P converted to V's vec_dot_type; lanes by slot
-    let voff = kvh * hd * esz;
-    let vval = |i: usize, d: usize| -> f32 {
-        let b = &keys[i].v[voff + d * esz..voff + (d + 1) * esz];
-        match p.kv_type {
-            GgmlType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-            GgmlType::F16 => f16_to_f32(u16::from_le_bytes([b[0], b[1]])),
-            _ => bf16_to_f32(u16::from_le_bytes([b[0], b[1]])),
-        }
-    };
-    let pw: Vec<f32> = match p.kv_type {
-        GgmlType::F32 => e,
-        GgmlType::F16 => e.iter().map(|&v| f16_to_f32(f32_to_f16(v))).collect(),
-        _ => e.iter().map(|&v| bf16_to_f32(f32_to_bf16(v))).collect(),
-    };
+    // V·P: lanes by slot; accumulators laid out [lane][d] so the d loop is contiguous
     let n = p.n_kv;
     if sgemm_vp {
         // tinyBLAS: one 8-lane accumulator over k = n_kv, masked leftover, hsum8
-        let mut acc = vec![[0.0f32; 8]; hd];
+        let mut acc = vec![0.0f32; 8 * hd];
         for (j, &i) in vis.iter().enumerate() {
-            let lane = keys[i].slot % 8;
-            for (d, a) in acc.iter_mut().enumerate() {
-                a[lane] = fma(vval(i, d), pw[j], a[lane]);
-            }
-        }
-        for (o, a) in out.iter_mut().zip(&acc) {
-            *o = hsum8(a);
-        }
-    } else {
-        // vec_dot: 4 accumulators x 8 lanes over the first n & !31, then the type's leftover loop
-        let np = n & !31;
-        let mut acc = vec![[[0.0f32; 8]; 4]; hd];
-        let mut tail: Vec<(usize, usize)> = Vec::new();
-        for (j, &i) in vis.iter().enumerate() {
-            let slot = keys[i].slot;
-            if slot >= np {
-                tail.push((j, i));
-                continue;
-            }
-            let (r, lane) = ((slot / 8) % 4, slot % 8);
-            for (d, a) in acc.iter_mut().enumerate() {
-                a[r][lane] = fma(vval(i, d), pw[j], a[r][lane]);
+            let a = &mut acc[(slots[i] % 8) * hd..(slots[i] % 8 + 1) * hd];
+            let vrow = &vf[i * hd..(i + 1) * hd];
+            let pj = pw[j];
+            for d in 0..hd {
+                a[d] = fma(vrow[d], pj, a[d]);
             }
         }
         for (d, o) in out.iter_mut().enumerate() {
-            *o = match p.kv_type {
-                GgmlType::F32 => {
-                    let mut sumf = reduce4x8(&acc[d]);
-                    // vec_dot_f32's leftovers (see vec_dot.rs): rounded products added in order
-                    // up to the last group of 4, contracted after; hidden slots add exact zeros
-                    let rem = n - np;
-                    let vec_end = np + (rem & !7) + if rem % 8 >= 4 { 4 } else { 0 };
-                    for &(j, i) in &tail {
-                        if keys[i].slot < vec_end {
-                            sumf += vval(i, d) * pw[j];
-                        } else {
-                            sumf = fma(vval(i, d), pw[j], sumf);
-                        }
-                    }
-                    sumf
-                }
-                GgmlType::F16 => {
-                    let mut sumf = reduce4x8(&acc[d]) as f64;
-                    for &(j, i) in &tail {
-                        sumf += (vval(i, d) * pw[j]) as f64;
-                    }
-                    sumf as f32
-                }
-                _ => {
-                    let a = &acc[d];
-                    let mut v = [0.0f32; 8];
-                    for l in 0..8 {
-                        v[l] = (a[0][l] + a[2][l]) + (a[1][l] + a[3][l]);
-                    }
-                    let mut sumf = hsum8(&v) as f64;
-                    for &(j, i) in &tail {
-                        sumf += (vval(i, d) * pw[j]) as f64;
-                    }
-                    sumf as f32
-                }
-            };
+            let mut l = [0.0f32; 8];
+            for (lane, v) in l.iter_mut().enumerate() {
+                *v = acc[lane * hd + d];
+            }
+            *o = hsum8(&l);
         }
+        return;
+    }
+    // vec_dot: 4 accumulators x 8 lanes over the first n & !31, then the type's leftover loop
+    let np = n & !31;
+    let mut acc = vec![0.0f32; 32 * hd];
+    let mut tail: Vec<(usize, usize)> = Vec::new();
+    for (j, &i) in vis.iter().enumerate() {
+        let slot = slots[i];
+        if slot >= np {
+            tail.push((j, i));
+            continue;
+        }
+        let r = ((slot / 8) % 4) * 8 + slot % 8;
+        let a = &mut acc[r * hd..(r + 1) * hd];
+        let vrow = &vf[i * hd..(i + 1) * hd];
+        let pj = pw[j];
+        for d in 0..hd {
+            a[d] = fma(vrow[d], pj, a[d]);
+        }
+    }
+    let rem = n - np;
+    let vec_end = np + (rem & !7) + if rem % 8 >= 4 { 4 } else { 0 };
+    for (d, o) in out.iter_mut().enumerate() {
+        let mut a = [[0.0f32; 8]; 4];
+        for (r, ar) in a.iter_mut().enumerate() {
+            for (lane, v) in ar.iter_mut().enumerate() {
+                *v = acc[(r * 8 + lane) * hd + d];
+            }
+        }
+        *o = match ty {
+            GgmlType::F32 => {
+                let mut sumf = reduce4x8(&a);
+                // vec_dot_f32's leftovers (see vec_dot.rs): rounded products added in order up to
+                // the last group of 4, contracted after; hidden slots add exact zeros
+                for &(j, i) in &tail {
+                    if slots[i] < vec_end {
+                        sumf += vf[i * hd + d] * pw[j];
+                    } else {
+                        sumf = fma(vf[i * hd + d], pw[j], sumf);
+                    }
+                }
+                sumf
+            }
+            GgmlType::F16 => {
+                let mut sumf = reduce4x8(&a) as f64;
+                for &(j, i) in &tail {
+                    sumf += (vf[i * hd + d] * pw[j]) as f64;
+                }
+                sumf as f32
+            }
+            _ => {
+                let mut v = [0.0f32; 8];
+                for l in 0..8 {
+                    v[l] = (a[0][l] + a[2][l]) + (a[1][l] + a[3][l]);
+                }
+                let mut sumf = hsum8(&v) as f64;
+                for &(j, i) in &tail {
+                    sumf += (vf[i * hd + d] * pw[j]) as f64;
+                }
+                sumf as f32
+            }
+        };
     }
 }

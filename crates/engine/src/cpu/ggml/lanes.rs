@@ -17,7 +17,7 @@ pub fn hsum8(v: &[f32; 8]) -> f32 {
     u0 + u1
 }
 
-/// `GGML_F32x8_REDUCE` (simd-mappings.h:599) over `GGML_F32_ARR = 4` accumulators:
+/// `GGML_F32x8_REDUCE` (simd-mappings.h:602) over `GGML_F32_ARR = 4` accumulators:
 /// `x0+=x2, x1+=x3, x0+=x1` lane-wise, then `lo + hi`, then two `hadd`s:
 /// `((t0+t1)+(t2+t3))` with `t_i = x0[i] + x0[i+4]`.
 #[inline(always)]
@@ -96,14 +96,26 @@ pub fn silu_scalar(x: f32) -> f32 {
 }
 
 /// `GGML_CPU_FP32_TO_FP16`: F16C `vcvtps2ph` with rounding mode 0 (nearest even).
-#[inline(always)]
+#[inline]
 pub fn f32_to_f16(x: f32) -> u16 {
     f16::from_f32(x).to_bits()
 }
 
+/// f16 -> f32 (exact), through a 64K-entry table built once.
 #[inline(always)]
 pub fn f16_to_f32(h: u16) -> f32 {
-    f16::from_bits(h).to_f32()
+    f16_table()[h as usize]
+}
+
+fn f16_table() -> &'static [f32; 65536] {
+    static TABLE: std::sync::OnceLock<Box<[f32; 65536]>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let mut t = Box::new([0.0f32; 65536]);
+        for (i, v) in t.iter_mut().enumerate() {
+            *v = f16::from_bits(i as u16).to_f32();
+        }
+        t
+    })
 }
 
 /// `ggml_compute_fp32_to_bf16` (ggml-impl.h:623): round to nearest even, NaN forced quiet.
@@ -134,4 +146,45 @@ pub fn rd_u16(b: &[u8], off: usize) -> u16 {
 #[inline(always)]
 pub fn rd_f32(b: &[u8], off: usize) -> f32 {
     f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+/// The f16 -> f32 table, for kernels that convert many values (fetch it once per call).
+#[inline(always)]
+pub fn f16_lut() -> &'static [f32; 65536] {
+    f16_table()
+}
+
+/// Whether this CPU has AVX2, FMA and F16C (the anchor's ISA).
+pub fn has_avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn run_avx2_fma<R, F: FnOnce() -> R>(f: F) -> R {
+    f()
+}
+
+/// Run `f` compiled for AVX2 + FMA + F16C when the CPU has them, else as is. Speed only: `mul_add`
+/// is fused in both (a `vfmadd` instruction or a libm `fmaf` call), so the bits are the same. The
+/// kernels are `#[inline(always)]` so that they are compiled inside the fast copy.
+#[inline(always)]
+pub fn with_avx2_fma<R, F: FnOnce() -> R>(f: F) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: `run_avx2_fma` only requires the avx2, fma and f16c target features, and the CPU
+        // has all three (checked at runtime by `has_avx2_fma` just above).
+        return unsafe { run_avx2_fma(f) };
+    }
+    f()
 }

@@ -1,4 +1,4 @@
-//! `GGML_OP_MUL_MAT` as ggml-cpu computes it (ggml-cpu.c:1260 `ggml_compute_forward_mul_mat`) for a
+//! `GGML_OP_MUL_MAT` as ggml-cpu computes it (ggml-cpu.c:1255 `ggml_compute_forward_mul_mat`) for a
 //! contiguous weight `W` (src0: `ne00 = cols`, `ne01 = rows`) and a contiguous f32 input `x`
 //! (src1: `ne10 = cols`, `ne11 = n_tokens`), without weight repacking.
 //!
@@ -14,6 +14,7 @@
 use muser_gguf::GgmlType;
 use rayon::prelude::*;
 
+use super::lanes::with_avx2_fma;
 use super::quantize::{
     BlockQ8K, Q8_0_BYTES, QK8_0, QK_K, quantize_row_bf16, quantize_row_f16, quantize_row_q8_0, quantize_row_q8_k,
 };
@@ -124,25 +125,39 @@ impl Activations {
     }
 }
 
+/// Scratch for one chunk of rows: a weight row widened to f32 / u16.
+struct RowBuf {
+    f: Vec<f32>,
+    h: Vec<u16>,
+}
+
 /// One output element: weight row `w` (raw bytes of `ty`) against input token `t`.
-#[inline]
-fn dot(ty: GgmlType, path: MatMulPath, w: &[u8], act: &Activations, t: usize) -> f32 {
+#[inline(always)]
+fn dot(ty: GgmlType, path: MatMulPath, w: &[u8], act: &Activations, t: usize, buf: &mut RowBuf, new_row: bool) -> f32 {
     let cols = act.cols();
     match (act, ty) {
         (Activations::F32 { x, .. }, GgmlType::F32) => {
+            if new_row {
+                for (d, c) in buf.f.iter_mut().zip(w.chunks_exact(4)) {
+                    *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                }
+            }
             let xr = &x[t * cols..(t + 1) * cols];
-            let wr = f32_row(w);
-            if path == MatMulPath::Sgemm { sgemm_dot_f32(&wr, xr) } else { vec_dot_f32(&wr, xr) }
+            if path == MatMulPath::Sgemm { sgemm_dot_f32(&buf.f, xr) } else { vec_dot_f32(&buf.f, xr) }
         }
-        (Activations::F16 { x, .. }, GgmlType::F16) => {
+        (Activations::F16 { x, .. } | Activations::BF16 { x, .. }, GgmlType::F16 | GgmlType::BF16) => {
+            if new_row {
+                for (d, c) in buf.h.iter_mut().zip(w.chunks_exact(2)) {
+                    *d = u16::from_le_bytes([c[0], c[1]]);
+                }
+            }
             let xr = &x[t * cols..(t + 1) * cols];
-            let wr = u16_row(w);
-            if path == MatMulPath::Sgemm { sgemm_dot_f16(&wr, xr) } else { vec_dot_f16(&wr, xr) }
-        }
-        (Activations::BF16 { x, .. }, GgmlType::BF16) => {
-            let xr = &x[t * cols..(t + 1) * cols];
-            let wr = u16_row(w);
-            if path == MatMulPath::Sgemm { sgemm_dot_bf16(&wr, xr) } else { vec_dot_bf16(&wr, xr) }
+            match (ty, path) {
+                (GgmlType::F16, MatMulPath::Sgemm) => sgemm_dot_f16(&buf.h, xr),
+                (GgmlType::F16, _) => vec_dot_f16(&buf.h, xr),
+                (_, MatMulPath::Sgemm) => sgemm_dot_bf16(&buf.h, xr),
+                _ => vec_dot_bf16(&buf.h, xr),
+            }
         }
         (Activations::Q8_0 { x, .. }, GgmlType::Q8_0 | GgmlType::Q4_0) => {
             let rb = cols / QK8_0 * Q8_0_BYTES;
@@ -162,14 +177,6 @@ fn dot(ty: GgmlType, path: MatMulPath, w: &[u8], act: &Activations, t: usize) ->
         }
         _ => panic!("ggml parity: activations do not match weight type {ty}"),
     }
-}
-
-fn f32_row(w: &[u8]) -> Vec<f32> {
-    w.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-}
-
-fn u16_row(w: &[u8]) -> Vec<u16> {
-    w.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect()
 }
 
 /// `y[t*rows + r] = W[r] · x[t]` exactly as ggml-cpu's GGML_OP_MUL_MAT (see the module docs).
@@ -194,12 +201,18 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
     let mut tmp = vec![0.0f32; rows * n_tokens];
     tmp.par_chunks_mut(CHUNK * n_tokens).enumerate().for_each(|(c, out)| {
         let r0 = c * CHUNK;
-        for (i, o) in out.chunks_exact_mut(n_tokens).enumerate() {
-            let wr = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
-            for (t, v) in o.iter_mut().enumerate() {
-                *v = dot(ty, path, wr, act, t);
-            }
-        }
+        let mut buf = RowBuf { f: vec![0.0; cols], h: vec![0; cols] };
+        with_avx2_fma(
+            #[inline(always)]
+            || {
+                for (i, o) in out.chunks_exact_mut(n_tokens).enumerate() {
+                    let wr = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
+                    for (t, v) in o.iter_mut().enumerate() {
+                        *v = dot(ty, path, wr, act, t, &mut buf, t == 0);
+                    }
+                }
+            },
+        )
     });
     for r in 0..rows {
         for t in 0..n_tokens {

@@ -9,11 +9,11 @@
 //! `sin = sinf(theta) * 1`, `theta *= theta_scale` with `theta_scale = powf(base, -2.0f/n_dims)`
 //! (glibc libm: GCC emits `powf` and `sincosf`).
 //!
-//! The rotation (`rotate_pairs`, ops.cpp:6290) as GCC compiled it (vectorised with
+//! The rotation (`rotate_pairs`, ops.cpp:6291) as GCC compiled it (vectorised with
 //! `vfmaddsub`, scalar with `vfmsub`/`vfmadd`): the `x1` products are rounded, the `x0` products
 //! fused: `y0 = fma(x0, cos, -(x1*sin))`, `y1 = fma(x0, sin, x1*cos)`.
 
-use super::lanes::fma;
+use super::lanes::{fma, with_avx2_fma};
 
 /// The cos/sin table of one position: `cache[2i] = cos(theta_i)`, `cache[2i+1] = sin(theta_i)`.
 pub fn rope_cache(pos: i32, freq_base: f32, n_dims: usize, cache: &mut [f32]) {
@@ -28,7 +28,7 @@ pub fn rope_cache(pos: i32, freq_base: f32, n_dims: usize, cache: &mut [f32]) {
 }
 
 /// Rotate one head (`head.len() == n_dims`) with a table from [`rope_cache`].
-#[inline]
+#[inline(always)]
 pub fn rope_rotate(head: &mut [f32], cache: &[f32]) {
     for i in (0..head.len()).step_by(2) {
         let (c, s) = (cache[i], cache[i + 1]);
@@ -43,7 +43,12 @@ pub fn rope_norm(x: &mut [f32], head_dim: usize, pos: i32, freq_base: f32) {
     assert_eq!(x.len() % head_dim, 0, "rope_norm: {} values are not heads of {head_dim}", x.len());
     let mut cache = vec![0.0f32; head_dim];
     rope_cache(pos, freq_base, head_dim, &mut cache);
-    for head in x.chunks_exact_mut(head_dim) {
-        rope_rotate(head, &cache);
-    }
+    with_avx2_fma(
+        #[inline(always)]
+        || {
+            for head in x.chunks_exact_mut(head_dim) {
+                rope_rotate(head, &cache);
+            }
+        },
+    );
 }

@@ -7,16 +7,16 @@
 //! (The Q8_0 / Q4_0 tinyBLAS path is the same arithmetic as their `vec_dot`: see
 //! [`super::vec_dot::vec_dot_q0_q8_0`].)
 
-use super::lanes::{bf16_to_f32, f16_to_f32, fma, hsum8};
+use super::lanes::{bf16_to_f32, f16_lut, fma, hsum8};
 
 #[inline(always)]
 fn dot8<A: Copy, B: Copy>(a: &[A], b: &[B], fa: impl Fn(A) -> f32, fb: impl Fn(B) -> f32) -> f32 {
     let k = a.len();
     let kk = k - k % 8;
     let mut acc = [0.0f32; 8];
-    for l in (0..kk).step_by(8) {
+    for (ac, bc) in a[..kk].chunks_exact(8).zip(b[..kk].chunks_exact(8)) {
         for (i, lane) in acc.iter_mut().enumerate() {
-            *lane = fma(fa(a[l + i]), fb(b[l + i]), *lane);
+            *lane = fma(fa(ac[i]), fb(bc[i]), *lane);
         }
     }
     if kk < k {
@@ -29,16 +29,20 @@ fn dot8<A: Copy, B: Copy>(a: &[A], b: &[B], fa: impl Fn(A) -> f32, fb: impl Fn(B
 }
 
 /// tinyBLAS<8, __m256, __m256, float, float, float>: one output element.
+#[inline(always)]
 pub fn sgemm_dot_f32(a: &[f32], b: &[f32]) -> f32 {
     dot8(a, b, |v| v, |v| v)
 }
 
 /// tinyBLAS<8, __m256, __m256, ggml_fp16_t, ggml_fp16_t, float>: one output element.
+#[inline(always)]
 pub fn sgemm_dot_f16(a: &[u16], b: &[u16]) -> f32 {
-    dot8(a, b, f16_to_f32, f16_to_f32)
+    let lut = f16_lut();
+    dot8(a, b, |h| lut[h as usize], |h| lut[h as usize])
 }
 
 /// tinyBLAS<8, __m256, __m256, ggml_bf16_t, ggml_bf16_t, float>: one output element.
+#[inline(always)]
 pub fn sgemm_dot_bf16(a: &[u16], b: &[u16]) -> f32 {
     dot8(a, b, bf16_to_f32, bf16_to_f32)
 }

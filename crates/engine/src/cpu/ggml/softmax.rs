@@ -10,7 +10,7 @@
 //! ```
 //! The mask is f32 in the non-flash path (llama-graph.cpp `build_attn_inp_kq_mask`).
 
-use super::lanes::{hsum8, v_expf};
+use super::lanes::{hsum8, v_expf, with_avx2_fma};
 
 /// One row of `ggml_soft_max_ext`; `mask` (same length, 0 or -inf in llama.cpp) is optional.
 pub fn soft_max_ext(x: &[f32], mask: Option<&[f32]>, scale: f32, out: &mut [f32]) {
@@ -25,7 +25,10 @@ pub fn soft_max_ext(x: &[f32], mask: Option<&[f32]>, scale: f32, out: &mut [f32]
     }
     // ggml_vec_max_f32: `max = MAX(max, x)` with `MAX(a, b) = a > b ? a : b`
     let max = w.iter().fold(f32::NEG_INFINITY, |m, &v| if m > v { m } else { v });
-    let sum = exp_sum(&w, max, out);
+    let sum = with_avx2_fma(
+        #[inline(always)]
+        || exp_sum(&w, max, out),
+    );
     let inv = (1.0f64 / sum) as f32;
     for o in out.iter_mut() {
         *o *= inv;
@@ -33,6 +36,7 @@ pub fn soft_max_ext(x: &[f32], mask: Option<&[f32]>, scale: f32, out: &mut [f32]
 }
 
 /// `ggml_vec_soft_max_f32` (vec.cpp:531): `y = exp(x - max)`, returns the sum in double.
+#[inline(always)]
 pub fn exp_sum(x: &[f32], max: f32, y: &mut [f32]) -> f64 {
     let n = x.len();
     let n8 = n & !7;

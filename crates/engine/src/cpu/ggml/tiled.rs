@@ -33,6 +33,7 @@ fn block_s1(q: &[i32; QK_K], y: &[i8; QK_K], sc: &[i32], sub: usize) -> i32 {
 }
 
 /// One output element of the tiled Q4_K (`ty5 = false`) / Q5_K (`ty5 = true`) matmul.
+#[inline(always)]
 pub fn tiled_dot_k4(ty5: bool, x: &[u8], y: &[BlockQ8K]) -> f32 {
     let bs = if ty5 { 176 } else { 144 };
     let mut acc = 0.0f32;
@@ -55,6 +56,7 @@ pub fn tiled_dot_k4(ty5: bool, x: &[u8], y: &[BlockQ8K]) -> f32 {
 }
 
 /// One output element of the tiled Q6_K matmul.
+#[inline(always)]
 pub fn tiled_dot_q6_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
     let mut acc = 0.0f32;
     let mut q = [0i32; QK_K];

@@ -3,7 +3,7 @@
 //! - `ggml_sigmoid`: `1.f / (1.f + expf(-x))` with glibc's `expf` (unary-ops.cpp:31).
 //! - `ggml_tanh`: glibc `tanhf` (unary-ops.cpp:19).
 //! - `ggml_swiglu_split(a, b)` (build_ffn with LLM_FFN_SILU + LLM_FFN_PAR, llama-graph.cpp):
-//!   `ggml_vec_swiglu_f32` (vec.cpp:416) per row: groups of 8 use `ggml_v_silu(a) * b` (ggml's own
+//!   `ggml_vec_swiglu_f32` (vec.cpp:417) per row: groups of 8 use `ggml_v_silu(a) * b` (ggml's own
 //!   vector exp, not libm), the leftovers `ggml_silu_f32(a) * b` with libm `expf`.
 //! - `ggml_silu`: `ggml_vec_silu_f32`, same split.
 //! - `ggml_scale(x, s)` (b = 0): `x * s`; `ggml_add`, `ggml_mul`: `a + b`, `a * b`.
@@ -16,7 +16,7 @@
 
 use muser_gguf::GgmlType;
 
-use super::lanes::{silu_scalar, v_silu};
+use super::lanes::{silu_scalar, v_silu, with_avx2_fma};
 
 /// `ggml_sigmoid`, in place.
 pub fn sigmoid(x: &mut [f32]) {
@@ -61,9 +61,14 @@ pub fn swiglu_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
     let n = gate.len();
     assert!(up.len() == n && out.len() == n, "swiglu_row: lengths differ");
     let n8 = n & !7;
-    for i in 0..n8 {
-        out[i] = v_silu(gate[i]) * up[i];
-    }
+    with_avx2_fma(
+        #[inline(always)]
+        || {
+            for i in 0..n8 {
+                out[i] = v_silu(gate[i]) * up[i];
+            }
+        },
+    );
     for i in n8..n {
         out[i] = silu_scalar(gate[i]) * up[i];
     }
@@ -72,8 +77,16 @@ pub fn swiglu_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
 /// `ggml_silu` of one row, in place.
 pub fn silu_row(x: &mut [f32]) {
     let n8 = x.len() & !7;
-    for (i, v) in x.iter_mut().enumerate() {
-        *v = if i < n8 { v_silu(*v) } else { silu_scalar(*v) };
+    with_avx2_fma(
+        #[inline(always)]
+        || {
+            for v in x[..n8].iter_mut() {
+                *v = v_silu(*v);
+            }
+        },
+    );
+    for v in x[n8..].iter_mut() {
+        *v = silu_scalar(*v);
     }
 }
 

@@ -5,21 +5,21 @@
 //! per-lane integer sums (a lane of 8 covers 4 consecutive elements of every 32), the scale
 //! products, the FMA chains per lane and the final horizontal sum.
 
-use super::lanes::{bf16_to_f32, f16_to_f32, fma, hsum8, rd_f16, reduce4x8};
+use super::lanes::{bf16_to_f32, f16_lut, fma, hsum8, rd_f16, reduce4x8};
 use super::quantize::{BlockQ8K, Q8_0_BYTES, QK_K};
 
 /// `ggml_vec_dot_f32` (vec.cpp:11), AVX2 branch: 4 accumulators of 8 lanes over steps of 32 with
 /// `_mm256_fmadd_ps`, `GGML_F32x8_REDUCE`, then a scalar tail `sumf += x*y` that GCC contracts to
 /// an FMA (`-march=native`, `-ffp-contract=fast`).
+#[inline(always)]
 pub fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
     let n = x.len();
     let np = n & !31;
     let mut sum = [[0.0f32; 8]; 4];
-    for i in (0..np).step_by(32) {
+    for (xc, yc) in x[..np].chunks_exact(32).zip(y[..np].chunks_exact(32)) {
         for (j, acc) in sum.iter_mut().enumerate() {
             for l in 0..8 {
-                let k = i + 8 * j + l;
-                acc[l] = fma(x[k], y[k], acc[l]);
+                acc[l] = fma(xc[8 * j + l], yc[8 * j + l], acc[l]);
             }
         }
     }
@@ -38,9 +38,12 @@ pub fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
     sumf
 }
 
-/// `ggml_vec_dot_f16` (vec.cpp:261), AVX2/F16C branch: as [`vec_dot_f32`] on widened values, the
+/// `ggml_vec_dot_f16` (vec.cpp:264), AVX2/F16C branch: as [`vec_dot_f32`] on widened values, the
 /// reduction is stored in a double and the tail adds exact f16 products in double.
+#[inline(always)]
 pub fn vec_dot_f16(x: &[u16], y: &[u16]) -> f32 {
+    let lut = f16_lut();
+    let f16_to_f32 = |h: u16| lut[h as usize];
     let n = x.len();
     let np = n & !31;
     let mut sum = [[0.0f32; 8]; 4];
@@ -59,10 +62,11 @@ pub fn vec_dot_f16(x: &[u16], y: &[u16]) -> f32 {
     sumf as f32
 }
 
-/// `ggml_vec_dot_bf16` (vec.cpp:132), AVX2 branch: 4 accumulators `c_j = x*y + c_j` over steps of
+/// `ggml_vec_dot_bf16` (vec.cpp:139), AVX2 branch: 4 accumulators `c_j = x*y + c_j` over steps of
 /// 32 (the `_mm256_add_ps(_mm256_mul_ps(..))` pair is contracted to an FMA by GCC), combined as
 /// `(c1+c3)+(c2+c4)`, then `hi+lo`, `movehl`, `movehdup`; the sum is kept in a double and the tail
 /// adds exact bf16 products.
+#[inline(always)]
 pub fn vec_dot_bf16(x: &[u16], y: &[u16]) -> f32 {
     let n = x.len();
     let np = n & !31;
@@ -100,6 +104,7 @@ fn dot4(a: &[i32; 32], b: &[u8], w: usize) -> i32 {
 /// `acc = fma(d, (float) isum_lane, acc)`, then [`hsum8`]. This is both `ggml_vec_dot_q8_0_q8_0`
 /// / `ggml_vec_dot_q4_0_q8_0` (quants.c:701, 1308) and tinyBLAS_Q0_AVX (sgemm.cpp:1444): the same
 /// arithmetic per output element.
+#[inline(always)]
 pub fn vec_dot_q0_q8_0(ty_is_q4_0: bool, x: &[u8], y: &[u8]) -> f32 {
     let nb = y.len() / Q8_0_BYTES;
     let xbs = if ty_is_q4_0 { 18 } else { Q8_0_BYTES };
@@ -195,6 +200,7 @@ fn lane_sums(q: &[i32; QK_K], y: &[i8; QK_K], sc: &[i32], sub: usize) -> [i32; 8
 }
 
 /// `ggml_vec_dot_q4_K_q8_K` (quants.c:2038), AVX2 branch.
+#[inline(always)]
 pub fn vec_dot_q4_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
     let mut acc = [0.0f32; 8];
     let mut acc_m = [0.0f32; 4];
@@ -221,6 +227,7 @@ pub fn vec_dot_q4_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
 
 /// `ggml_vec_dot_q5_K_q8_K` (quants.c:2216), AVX2 branch: the mins go to a scalar `summs` with
 /// `summs += dmin * (float) Σprod`, contracted to an FMA by GCC.
+#[inline(always)]
 pub fn vec_dot_q5_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
     let mut acc = [0.0f32; 8];
     let mut summs = 0.0f32;
@@ -248,6 +255,7 @@ pub fn vec_dot_q5_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
 
 /// `ggml_vec_dot_q6_K_q8_K` (quants.c:2426), AVX2 branch: codes 0..63 against q8, minus
 /// `32 * Σ bsums*scales` per lane (`q8sclsub`: lane `w` holds sub-blocks `2w`, `2w+1`).
+#[inline(always)]
 pub fn vec_dot_q6_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
     let mut acc = [0.0f32; 8];
     let mut q = [0i32; QK_K];
