@@ -1,13 +1,15 @@
 //! `muser bench`: prompt and decode throughput, measured like llama-bench's pp/tg tests
-//! (prompt: one micro-batch of random tokens into an empty cache; decode: single tokens from
-//! an empty cache), median of repetitions after a warm-up.
+//! (prompt: one micro-batch of random tokens into an empty cache; decode: single tokens after
+//! `--depth` tokens of context), median of repetitions after a warm-up. On CUDA the decode
+//! step is a captured graph (one launch per token) unless `--no-graph`.
 
 use std::time::Instant;
 
+use muser_cuda::graph::GraphDecoder;
 use muser_engine::sampling::Rng;
-use muser_engine::{Backend, Logits, Session};
+use muser_engine::{Backend, KvType, Logits, MuseGlimmer, Session};
 
-use crate::common::{CliResult, ModelOpts};
+use crate::common::{CliResult, Loaded, ModelOpts};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -19,12 +21,18 @@ pub struct Args {
     /// Tokens to generate in the decode test (0 skips).
     #[arg(short = 'n', long = "n-gen", default_value_t = 32)]
     pub n_gen: usize,
-    /// Context already in the cache before the decode test.
-    #[arg(long = "depth", default_value_t = 0)]
-    pub depth: usize,
+    /// Context already in the cache before the decode test (comma-separated list).
+    #[arg(long = "depth", default_value = "0", value_delimiter = ',')]
+    pub depth: Vec<usize>,
     /// Repetitions (median reported).
     #[arg(short = 'r', long, default_value_t = 3)]
     pub reps: usize,
+    /// Micro-batch for filling the context before a decode test.
+    #[arg(long, default_value_t = 512)]
+    pub ubatch: usize,
+    /// CUDA: launch kernel by kernel instead of replaying a captured graph.
+    #[arg(long)]
+    pub no_graph: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -32,49 +40,93 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+fn random_tokens(rng: &mut Rng, n: usize, n_vocab: usize) -> Vec<u32> {
+    (0..n).map(|_| (rng.next_u64() % n_vocab as u64) as u32).collect()
+}
+
+fn prompt_test<B: Backend>(m: &MuseGlimmer<B>, kv: KvType, np: usize, reps: usize) -> Result<f64, muser_engine::Error> {
+    let toks = random_tokens(&mut Rng::new(1), np, m.config.n_vocab);
+    let mut times = Vec::new();
+    for rep in 0..=reps.max(1) {
+        let mut s = Session::new(m, kv, np)?;
+        let t = Instant::now();
+        s.feed(&toks, np, Logits::Last)?;
+        if rep > 0 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(median(times))
+}
+
+fn decode_test<B: Backend>(m: &MuseGlimmer<B>, kv: KvType, a: &Args, depth: usize) -> Result<f64, muser_engine::Error> {
+    let mut rng = Rng::new(2);
+    let pre = random_tokens(&mut rng, depth, m.config.n_vocab);
+    let toks = random_tokens(&mut rng, a.n_gen, m.config.n_vocab);
+    let mut times = Vec::new();
+    for rep in 0..=a.reps.max(1) {
+        let mut s = Session::new(m, kv, depth + a.n_gen)?;
+        if depth > 0 {
+            s.feed(&pre, a.ubatch, Logits::Last)?;
+        }
+        let t = Instant::now();
+        for &tok in &toks {
+            s.feed(&[tok], 1, Logits::Last)?;
+        }
+        if rep > 0 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(median(times))
+}
+
+fn decode_test_graph(m: &MuseGlimmer<muser_cuda::CudaBackend>, kv: KvType, a: &Args, depth: usize) -> Result<f64, muser_engine::Error> {
+    let mut rng = Rng::new(2);
+    let pre = random_tokens(&mut rng, depth, m.config.n_vocab);
+    let mut dec = GraphDecoder::new(m)?;
+    dec.use_graph = !a.no_graph;
+    let mut times = Vec::new();
+    for rep in 0..=a.reps.max(1) {
+        let mut s = Session::new(m, kv, depth + a.n_gen + 1)?;
+        let mut tok = 1u32;
+        if depth > 0 {
+            let l = s.feed(&pre, a.ubatch, Logits::Last)?;
+            tok = muser_engine::sampling::argmax(&l) as u32;
+        }
+        dec.reset();
+        // The first step of a new cache captures the graph: keep it out of the timing.
+        tok = dec.step(&mut s.kv, tok, None)?;
+        m.backend.sync()?;
+        let t = Instant::now();
+        for _ in 0..a.n_gen {
+            tok = dec.step(&mut s.kv, tok, None)?;
+        }
+        if rep > 0 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(median(times))
+}
+
 pub fn run(a: Args) -> CliResult {
-    let model = a.model.load()?;
+    let loaded = a.model.load()?;
     let kv = a.model.kv()?;
-    let n_vocab = model.config.n_vocab as u64;
-    let mut rng = Rng::new(1);
-    let mut tokens = |n: usize| -> Vec<u32> { (0..n).map(|_| (rng.next_u64() % n_vocab) as u32).collect() };
-    println!("model: {}  backend: {}  kv: {}", a.model.model.display(), model.backend.name(), kv.name());
+    let backend_name = crate::with_model!(&loaded, m => m.backend.name());
+    println!("model: {}  backend: {backend_name}  kv: {}", a.model.model.display(), kv.name());
     println!("| test | tokens/s | ms/token |");
     println!("|---|---|---|");
     for &np in a.n_prompt.iter().filter(|&&n| n > 0) {
-        let toks = tokens(np);
-        let mut times = Vec::new();
-        for rep in 0..=a.reps.max(1) {
-            let mut s = Session::new(&model, kv, np)?;
-            let t = Instant::now();
-            s.feed(&toks, np, Logits::Last)?;
-            if rep > 0 {
-                times.push(t.elapsed().as_secs_f64());
-            }
-        }
-        let t = median(times);
-        println!("| pp{np} | {:.2} | {:.2} |", np as f64 / t, t * 1e3 / np as f64);
+        let t = crate::with_model!(&loaded, m => prompt_test(m, kv, np, a.reps)?);
+        println!("| pp{np} | {:.2} | {:.3} |", np as f64 / t, t * 1e3 / np as f64);
     }
     if a.n_gen > 0 {
-        let pre = tokens(a.depth);
-        let decode_tokens = tokens(a.n_gen);
-        let mut times = Vec::new();
-        for rep in 0..=a.reps.max(1) {
-            let mut s = Session::new(&model, kv, a.depth + a.n_gen)?;
-            if a.depth > 0 {
-                s.feed(&pre, 512, Logits::Last)?;
-            }
-            let t = Instant::now();
-            for &tok in &decode_tokens {
-                s.feed(&[tok], 1, Logits::Last)?;
-            }
-            if rep > 0 {
-                times.push(t.elapsed().as_secs_f64());
-            }
+        for &depth in &a.depth {
+            let t = match &loaded {
+                Loaded::Cpu(m) => decode_test(m, kv, &a, depth)?,
+                Loaded::Cuda(m) => decode_test_graph(m, kv, &a, depth)?,
+            };
+            let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
+            println!("| tg{}{at} | {:.2} | {:.3} |", a.n_gen, a.n_gen as f64 / t, t * 1e3 / a.n_gen as f64);
         }
-        let t = median(times);
-        let at = if a.depth > 0 { format!(" @ d{}", a.depth) } else { String::new() };
-        println!("| tg{}{at} | {:.2} | {:.2} |", a.n_gen, a.n_gen as f64 / t, t * 1e3 / a.n_gen as f64);
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::Args as ClapArgs;
+use muser_cuda::CudaBackend;
 use muser_engine::{CpuBackend, KvType, ModelFile, MuseGlimmer, NumericMode};
 
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
@@ -22,6 +23,39 @@ pub struct ModelOpts {
     /// CPU threads (0 = all cores).
     #[arg(short = 't', long, default_value_t = 0)]
     pub threads: usize,
+    /// Where to run: cpu, or cuda / cuda:N for an NVIDIA GPU.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// A loaded model on one of the backends.
+pub enum Loaded {
+    Cpu(MuseGlimmer<CpuBackend>),
+    Cuda(MuseGlimmer<CudaBackend>),
+}
+
+/// Run the same code on whichever backend holds the model.
+#[macro_export]
+macro_rules! with_model {
+    ($loaded:expr, $m:ident => $body:expr) => {
+        match $loaded {
+            $crate::common::Loaded::Cpu($m) => $body,
+            $crate::common::Loaded::Cuda($m) => $body,
+        }
+    };
+}
+
+/// `cpu`, `cuda` or `cuda:N`.
+pub fn parse_device(s: &str) -> Result<Option<usize>, String> {
+    match s {
+        "cpu" => Ok(None),
+        "cuda" => Ok(Some(0)),
+        _ => s
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Some)
+            .ok_or_else(|| format!("unknown device '{s}' (expected cpu, cuda or cuda:N)")),
+    }
 }
 
 impl ModelOpts {
@@ -29,11 +63,21 @@ impl ModelOpts {
         KvType::parse(&self.kv_type)
     }
 
-    pub fn load(&self) -> Result<MuseGlimmer<CpuBackend>, Box<dyn std::error::Error>> {
+    pub fn load(&self) -> Result<Loaded, Box<dyn std::error::Error>> {
         let mode = NumericMode::parse(&self.mode)?;
+        let device = parse_device(&self.device)?;
         let file = ModelFile::open(&self.model)?;
-        let backend = CpuBackend::new(mode, self.threads)?;
-        Ok(MuseGlimmer::load(&file, backend)?)
+        match device {
+            None => Ok(Loaded::Cpu(MuseGlimmer::load(&file, CpuBackend::new(mode, self.threads)?)?)),
+            Some(ordinal) => {
+                if mode != NumericMode::Accurate {
+                    return Err("the CUDA backend implements the accurate mode only".into());
+                }
+                CudaBackend::supports(&file.config)?;
+                let backend = CudaBackend::new(ordinal)?;
+                Ok(Loaded::Cuda(MuseGlimmer::load(&file, backend)?))
+            }
+        }
     }
 }
 

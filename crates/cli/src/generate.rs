@@ -49,9 +49,19 @@ pub fn run(a: Args) -> CliResult {
     if a.prompt_ids.is_empty() {
         return Err("an empty prompt: give --prompt-ids".into());
     }
-    let model = a.model.load()?;
+    let loaded = a.model.load()?;
+    let kv = a.model.kv()?;
+    crate::with_model!(&loaded, model => generate(model, &a, params, kv))
+}
+
+fn generate<B: muser_engine::Backend>(
+    model: &muser_engine::MuseGlimmer<B>,
+    a: &Args,
+    params: SamplingParams,
+    kv: muser_engine::KvType,
+) -> CliResult {
     let n_ctx = a.ctx_size.min(model.config.n_ctx_train);
-    let mut s = Session::new(&model, a.model.kv()?, n_ctx)?;
+    let mut s = Session::new(model, kv, n_ctx)?;
     let mut sampler = Sampler::new(params);
     for &t in &a.prompt_ids {
         sampler.accept(t);

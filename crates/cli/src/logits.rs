@@ -32,13 +32,16 @@ pub fn run(a: Args) -> CliResult {
     if tokens.is_empty() {
         return Err(format!("{} holds no tokens", a.tokens.display()).into());
     }
-    let model = a.model.load()?;
+    let loaded = a.model.load()?;
     let n_ctx = a.ctx_size.unwrap_or(tokens.len());
     if tokens.len() > n_ctx {
         return Err(format!("{} tokens do not fit a context of {n_ctx}", tokens.len()).into());
     }
-    let mut s = Session::new(&model, a.model.kv()?, n_ctx)?;
-    let logits = s.feed(&tokens, a.ubatch, Logits::All)?;
+    let kv = a.model.kv()?;
+    let (logits, n_vocab) = crate::with_model!(&loaded, model => {
+        let mut s = Session::new(model, kv, n_ctx)?;
+        (s.feed(&tokens, a.ubatch, Logits::All)?, model.config.n_vocab)
+    });
     let mut f = std::io::BufWriter::new(
         std::fs::File::create(&a.out).map_err(|e| format!("cannot create {}: {e}", a.out.display()))?,
     );
@@ -46,6 +49,6 @@ pub fn run(a: Args) -> CliResult {
         f.write_all(&v.to_le_bytes())?;
     }
     f.flush()?;
-    eprintln!("wrote {} x {} logits to {}", tokens.len(), model.config.n_vocab, a.out.display());
+    eprintln!("wrote {} x {n_vocab} logits to {}", tokens.len(), a.out.display());
     Ok(())
 }

@@ -114,6 +114,26 @@ pub trait Backend: Send + Sync {
         v: &Self::Act,
         out: &mut Self::Act,
     ) -> Result<()>;
+    /// Attention followed by the output gate, `out = attention(...) * sigmoid(gate)`.
+    /// Reference composition; a backend may fuse the gate into its attention epilogue.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_gated(
+        &self,
+        caches: &mut [&mut Self::Kv],
+        spec: AttnSpec,
+        batch: &Batch,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        gate: Option<&Self::Act>,
+        out: &mut Self::Act,
+    ) -> Result<()> {
+        self.attention(caches, spec, batch, q, k, v, out)?;
+        match gate {
+            Some(g) => self.sigmoid_gate(out, g),
+            None => Ok(()),
+        }
+    }
     /// x *= sigmoid(g), elementwise (the attention output gate).
     fn sigmoid_gate(&self, x: &mut Self::Act, g: &Self::Act) -> Result<()>;
     /// out = silu(gate) * up, elementwise.

@@ -208,8 +208,8 @@ impl<B: Backend> MuseGlimmer<B> {
                 n_head_kv: c.n_head_kv,
                 head_dim: c.head_dim,
             };
-            b.attention(caches, spec, batch, q, k, v, a)?;
-            b.sigmoid_gate(a, g)?;
+            // a = attention(q, k, v) * sigmoid(g): the output gate.
+            b.attention_gated(caches, spec, batch, q, k, v, Some(g), a)?;
             b.matmul(&l.attn_output, a, o)?;
             // x += rms_norm(o, 1e-8) * post_attention_norm; h = rms_norm(x, eps) * ffn_norm.
             b.norm_tail(x, o, &l.post_attention_norm, POST_NORM_EPS, &l.ffn_norm, eps, h)?;

@@ -1,0 +1,239 @@
+// Attention over the device KV cache: split-K flash decoding.
+//
+// The cache of a layer holds rows of n_kv_head*head_dim values in the cache type; a sliding
+// layer's rows live in a ring (slot = pos % ring, ring = n_swa + the largest micro-batch, so a
+// whole micro-batch is stored before it is read), a full layer's in a plane (slot = pos).
+// Key j is visible to the query at position p iff j <= p, and p - j < n_swa on sliding layers.
+//
+// attn_partial: grid (n_kv_head, n_split, n_tokens), 4 warps. Each block takes one split of
+// the visible keys for the NREP query heads that share one KV head (one read of K and V
+// serves all of them). Scores: lanes own keys; V: lanes own dimensions. Online softmax in f32.
+// attn_combine merges the splits and applies the output gate: out = attn * sigmoid(gate).
+
+#define KV_F32 0
+#define KV_F16 1
+#define KV_BF16 2
+#define KV_Q8_0 3
+
+// 8 consecutive values d0..d0+7 of a cache row (head g's slice starts at g*HD).
+template <int KT>
+__device__ __forceinline__ void load8(const u8* row, int d0, float* o) {
+    if (KT == KV_F32) {
+        float4 a = *(const float4*)(row + 4 * d0), b = *((const float4*)(row + 4 * d0) + 1);
+        o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+    } else if (KT == KV_F16 || KT == KV_BF16) {
+        uint4 u = *(const uint4*)(row + 2 * d0);
+        u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (KT == KV_F16) { o[2 * i] = h2f((u16)(w[i] & 0xFFFF)); o[2 * i + 1] = h2f((u16)(w[i] >> 16)); }
+            else { o[2 * i] = __uint_as_float(w[i] << 16); o[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u); }
+        }
+    } else {
+        const u8* blk = row + (d0 >> 5) * 34;
+        float d = h2f((u16)(blk[0] | (blk[1] << 8)));
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[i] = __fmul_rn((float)(signed char)blk[2 + (d0 & 31) + i], d);
+    }
+}
+
+template <int KT>
+__device__ __forceinline__ float load1(const u8* row, int d) {
+    if (KT == KV_F32) return ((const float*)row)[d];
+    if (KT == KV_F16) return h2f(((const u16*)row)[d]);
+    if (KT == KV_BF16) return bf2f(((const u16*)row)[d]);
+    const u8* blk = row + (d >> 5) * 34;
+    return __fmul_rn((float)(signed char)blk[2 + (d & 31)], h2f((u16)(blk[0] | (blk[1] << 8))));
+}
+
+template <int NREP, int HD, int KT>
+__device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, const u8* __restrict__ kc,
+                                                  const u8* __restrict__ vc, long long row_bytes, int ring,
+                                                  const u32* __restrict__ pos, int n_swa, float scale, int n_kv_head,
+                                                  float* __restrict__ part) {
+    constexpr int DPL = HD / 32;
+    // One buffer, two lives: the scaled queries and the warps' probabilities during the key
+    // loop, then the four warps' accumulators for the merge (static shared memory is 48 KB).
+    constexpr int LOOP = NREP * HD + 4 * NREP * 32, MERGE = 4 * NREP * HD;
+    __shared__ __align__(16) float smem[LOOP > MERGE ? LOOP : MERGE];
+    __shared__ float wm[4][NREP], wl[4][NREP];
+    float* qs = smem;
+    float (*ps)[NREP][32] = (float (*)[NREP][32])(smem + NREP * HD);
+    float (*wacc)[NREP * HD] = (float (*)[NREP * HD])smem;
+    const int g = blockIdx.x, split = blockIdx.y, t = blockIdx.z, n_split = gridDim.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n_head = n_kv_head * NREP;
+    const int p = (int)pos[t];
+    const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
+    const int n_keys = p - lo + 1;
+    const int chunk = (n_keys + n_split - 1) / n_split;
+    const int k0 = lo + split * chunk, k1 = min(p + 1, k0 + chunk);
+    for (int i = threadIdx.x; i < NREP * HD; i += blockDim.x)
+        qs[i] = q[(long long)t * n_head * HD + (long long)g * NREP * HD + i] * scale;
+    __syncthreads();
+
+    float m[NREP], l[NREP], acc[NREP][DPL];
+#pragma unroll
+    for (int h = 0; h < NREP; h++) {
+        m[h] = -__int_as_float(0x7f800000);
+        l[h] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[h][i] = 0.0f;
+    }
+    for (int base = k0 + 32 * warp; base < k1; base += 128) {
+        const int kp = base + lane;
+        float s[NREP];
+#pragma unroll
+        for (int h = 0; h < NREP; h++) s[h] = 0.0f;
+        if (kp < k1) {
+            const int slot = ring > 0 ? kp % ring : kp;
+            const u8* kr = kc + (long long)slot * row_bytes + (KT == KV_Q8_0 ? (long long)g * (HD / 32) * 34 : (long long)g * HD * (KT == KV_F32 ? 4 : 2));
+#pragma unroll 4
+            for (int d = 0; d < HD; d += 8) {
+                float kv[8];
+                load8<KT>(kr, d, kv);
+#pragma unroll
+                for (int h = 0; h < NREP; h++) {
+                    const float4 a = *(const float4*)&qs[h * HD + d], b = *(const float4*)&qs[h * HD + d + 4];
+                    s[h] = fmaf(a.x, kv[0], fmaf(a.y, kv[1], fmaf(a.z, kv[2], fmaf(a.w, kv[3], s[h]))));
+                    s[h] = fmaf(b.x, kv[4], fmaf(b.y, kv[5], fmaf(b.z, kv[6], fmaf(b.w, kv[7], s[h]))));
+                }
+            }
+        } else {
+#pragma unroll
+            for (int h = 0; h < NREP; h++) s[h] = -__int_as_float(0x7f800000);
+        }
+#pragma unroll
+        for (int h = 0; h < NREP; h++) {
+            float mn = fmaxf(m[h], warp_max(s[h]));
+            float corr = expf(m[h] - mn);
+            float pv = kp < k1 ? expf(s[h] - mn) : 0.0f;
+            l[h] = l[h] * corr + warp_sum(pv);
+            m[h] = mn;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) acc[h][i] *= corr;
+            ps[warp][h][lane] = pv;
+        }
+        __syncwarp();
+        const int nk = min(32, k1 - base);
+        for (int j = 0; j < nk; j++) {
+            const int kpj = base + j;
+            const int slot = ring > 0 ? kpj % ring : kpj;
+            const u8* vr = vc + (long long)slot * row_bytes;
+            float vv[DPL];
+#pragma unroll
+            for (int i = 0; i < DPL; i++) vv[i] = load1<KT>(vr, g * HD + lane * DPL + i);
+#pragma unroll
+            for (int h = 0; h < NREP; h++) {
+                float pj = ps[warp][h][j];
+#pragma unroll
+                for (int i = 0; i < DPL; i++) acc[h][i] = fmaf(pj, vv[i], acc[h][i]);
+            }
+        }
+        __syncwarp();
+    }
+    // Merge the four warps.
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < NREP; h++) {
+        if (lane == 0) { wm[warp][h] = m[h]; wl[warp][h] = l[h]; }
+#pragma unroll
+        for (int i = 0; i < DPL; i++) wacc[warp][h * HD + lane * DPL + i] = acc[h][i];
+    }
+    __syncthreads();
+    // part layout: [t][g][split][NREP][HD + 2] (acc..., m, l)
+    float* out = part + ((((long long)t * n_kv_head + g) * n_split + split) * NREP) * (HD + 2);
+    for (int i = threadIdx.x; i < NREP * HD; i += blockDim.x) {
+        int h = i / HD;
+        float M = fmaxf(fmaxf(wm[0][h], wm[1][h]), fmaxf(wm[2][h], wm[3][h]));
+        float a = 0.0f;
+        for (int w = 0; w < 4; w++) if (wl[w][h] > 0.0f) a += wacc[w][i] * expf(wm[w][h] - M);
+        out[h * (HD + 2) + (i % HD)] = a;
+    }
+    for (int h = threadIdx.x; h < NREP; h += blockDim.x) {
+        float M = fmaxf(fmaxf(wm[0][h], wm[1][h]), fmaxf(wm[2][h], wm[3][h]));
+        float L = 0.0f;
+        for (int w = 0; w < 4; w++) if (wl[w][h] > 0.0f) L += wl[w][h] * expf(wm[w][h] - M);
+        out[h * (HD + 2) + HD] = M;
+        out[h * (HD + 2) + HD + 1] = L;
+    }
+}
+
+// grid (n_head, n_tokens), HD threads: out[t][h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
+// times sigmoid(gate) (f64, as the CPU's sigmoid_gate).
+extern "C" __global__ void attn_combine(const float* part, int n_split, int nrep, int hd, int n_kv_head,
+                                        const float* gate, float* out) {
+    const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
+    const int g = h / nrep, r = h % nrep;
+    const float* base = part + (((long long)t * n_kv_head + g) * n_split * nrep) * (hd + 2);
+    float M = -__int_as_float(0x7f800000);
+    for (int s = 0; s < n_split; s++) {
+        const float* e = base + ((long long)s * nrep + r) * (hd + 2);
+        if (e[hd + 1] > 0.0f) M = fmaxf(M, e[hd]);
+    }
+    float L = 0.0f, a = 0.0f;
+    for (int s = 0; s < n_split; s++) {
+        const float* e = base + ((long long)s * nrep + r) * (hd + 2);
+        if (e[hd + 1] > 0.0f) {
+            float c = expf(e[hd] - M);
+            L += e[hd + 1] * c;
+            a += e[d] * c;
+        }
+    }
+    long long o = (long long)t * nrep * n_kv_head * hd + (long long)h * hd + d;
+    float v = a / L;
+    out[o] = gate ? (float)((double)v / (1.0 + exp(-(double)gate[o]))) : v;
+}
+
+// Store this batch's K and V rows (f32) in the cache type at their slots. grid (n_tokens).
+extern "C" __global__ void kv_store(const float* k, const float* v, u8* kc, u8* vc, long long row_bytes, int ring,
+                                    const u32* pos, int kv_dim, int kt) {
+    const int t = blockIdx.x;
+    const long long slot = ring > 0 ? (long long)(pos[t] % (u32)ring) : (long long)pos[t];
+    const float* ks = k + (long long)t * kv_dim;
+    const float* vs = v + (long long)t * kv_dim;
+    u8* kd = kc + slot * row_bytes;
+    u8* vd = vc + slot * row_bytes;
+    if (kt == KV_F32) {
+        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) { ((float*)kd)[i] = ks[i]; ((float*)vd)[i] = vs[i]; }
+    } else if (kt == KV_F16) {
+        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) { ((u16*)kd)[i] = f2h(ks[i]); ((u16*)vd)[i] = f2h(vs[i]); }
+    } else if (kt == KV_BF16) {
+        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) { ((u16*)kd)[i] = f2bf(ks[i]); ((u16*)vd)[i] = f2bf(vs[i]); }
+    } else {
+        // q8_0 as ggml's reference quantizer: d = amax/127, q = round-half-away(x/d); one warp per block.
+        const int lane = threadIdx.x & 31, nb = kv_dim / 32;
+        for (int b = threadIdx.x >> 5; b < 2 * nb; b += blockDim.x >> 5) {
+            const float* src = b < nb ? ks + 32 * b : vs + 32 * (b - nb);
+            u8* dst = b < nb ? kd + 34 * b : vd + 34 * (b - nb);
+            float x = src[lane];
+            float amax = warp_max(fabsf(x));
+            float d = amax / 127.0f;
+            float id = d != 0.0f ? 1.0f / d : 0.0f;
+            dst[2 + lane] = (u8)(signed char)roundf(x * id);
+            if (lane == 0) { u16 h = f2h(d); dst[0] = (u8)(h & 0xFF); dst[1] = (u8)(h >> 8); }
+        }
+    }
+}
+
+#define ATTN_ENTRY(NREP, HD, KT, NAME)                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) attn_##NREP##_##HD##_##NAME(                            \
+        const float* q, const u8* kc, const u8* vc, long long row_bytes, int ring, const u32* pos, int n_swa, \
+        float scale, int n_kv_head, float* part) {                                                            \
+        attn_partial_impl<NREP, HD, KT>(q, kc, vc, row_bytes, ring, pos, n_swa, scale, n_kv_head, part);     \
+    }
+#define ATTN_TYPES(NREP, HD)                  \
+    ATTN_ENTRY(NREP, HD, KV_F32, f32)         \
+    ATTN_ENTRY(NREP, HD, KV_F16, f16)         \
+    ATTN_ENTRY(NREP, HD, KV_BF16, bf16)       \
+    ATTN_ENTRY(NREP, HD, KV_Q8_0, q8_0)
+ATTN_TYPES(1, 64)
+ATTN_TYPES(2, 64)
+ATTN_TYPES(4, 64)
+ATTN_TYPES(8, 64)
+ATTN_TYPES(16, 64)
+ATTN_TYPES(1, 128)
+ATTN_TYPES(2, 128)
+ATTN_TYPES(4, 128)
+ATTN_TYPES(8, 128)
+ATTN_TYPES(16, 128)

@@ -1,0 +1,62 @@
+// Shared helpers for Muser's CUDA kernels. Compiled by NVRTC at run time (no system headers):
+// half and bfloat16 conversions go through PTX so no cuda_fp16.h is needed.
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define WARP 32
+
+__device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float(((u32)b) << 16); }
+// Round to nearest even, NaN kept quiet: as ggml_compute_fp32_to_bf16 and the half crate.
+__device__ __forceinline__ u16 f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 64u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (u16)(u >> 16);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(t);
+}
+
+// 6-bit scale and min of sub-block j of a Q4_K/Q5_K block (get_scale_min_k4 of ggml-quants.c).
+__device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m) {
+    if (j < 4) { *sc = q[j] & 63; *m = q[j + 4] & 63; }
+    else { *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
+}
+
+// Weight formats as the backend stores them on the device (see matrix.rs):
+//   F32/F16/BF16: row-major values.
+//   Q4_K (144 B) and Q5_K (176 B): ggml's blocks as in the file (16-byte aligned).
+//   Q8_0, Q4_0, Q6_K: split per matrix into arrays (structure of arrays) so every load is
+//   aligned: Q8_0 = qs[nb][32] then d[nb]; Q4_0 = qs[nb][16] then d[nb];
+//   Q6_K = ql[nb][128], qh[nb][64], sc[nb][16], d[nb].
+#define FMT_F32 0
+#define FMT_F16 1
+#define FMT_BF16 2
+#define FMT_Q8_0 3
+#define FMT_Q4_0 4
+#define FMT_Q4_K 5
+#define FMT_Q5_K 6
+#define FMT_Q6_K 7

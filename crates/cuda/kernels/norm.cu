@@ -1,0 +1,98 @@
+// RMSNorm family, f64 reductions and f64 products rounded once to f32: the same arithmetic as
+// the CPU backend's accurate mode (cpu/ops.rs), so the two agree to the last bit almost always.
+
+__device__ __forceinline__ double block_sum_d(double v, double* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    double t = lane < nw ? sh[lane] : 0.0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+}
+
+// Sums of 8 consecutive values of a row, for the matrix-vector kernels (xs[row][n/8]).
+__device__ __forceinline__ void row_sums8(const float* y, float* xs, int n) {
+    __syncthreads();
+    for (int c = threadIdx.x; c < n / 8; c += blockDim.x) {
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) s = __fadd_rn(s, y[8 * c + i]);
+        xs[c] = s;
+    }
+}
+
+// y = x * (1/sqrt(mean(x^2) + eps)) (* w), one block per row. `xs` (optional) receives sums of 8.
+extern "C" __global__ void rms_norm(const float* x, const float* w, float eps, int n, float* y, float* xs) {
+    __shared__ double sh[32];
+    const float* xr = x + (long long)blockIdx.x * n;
+    float* yr = y + (long long)blockIdx.x * n;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)xr[i] * (double)xr[i];
+    ss = block_sum_d(ss, sh);
+    double scale = 1.0 / sqrt(ss / n + (double)eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        double v = __dmul_rn((double)xr[i], scale);
+        yr[i] = (float)(w ? __dmul_rn(v, (double)w[i]) : v);
+    }
+    if (xs) row_sums8(yr, xs + (long long)blockIdx.x * (n / 8), n);
+}
+
+// The sandwich tail, one block per row: resid += rms_norm(src, eps1) * w1 (the post norm and
+// its residual add), then y = rms_norm(resid, eps2) * w2 (the next pre norm). Two reductions,
+// two epsilons: the composition of rms_norm, an f32 add and rms_norm, in one pass.
+extern "C" __global__ void norm_tail(float* resid, const float* src, const float* w1, float eps1,
+                                     const float* w2, float eps2, int n, float* y, float* xs) {
+    __shared__ double sh[32];
+    long long off = (long long)blockIdx.x * n;
+    const float* s = src + off;
+    float* r = resid + off;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)s[i] * (double)s[i];
+    ss = block_sum_d(ss, sh);
+    double sc1 = 1.0 / sqrt(ss / n + (double)eps1);
+    double ss2 = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float t = (float)__dmul_rn(__dmul_rn((double)s[i], sc1), (double)w1[i]);
+        float v = __fadd_rn(r[i], t);
+        r[i] = v;
+        ss2 += (double)v * (double)v;
+    }
+    ss2 = block_sum_d(ss2, sh);
+    double sc2 = 1.0 / sqrt(ss2 / n + (double)eps2);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        y[off + i] = (float)__dmul_rn(__dmul_rn((double)r[i], sc2), (double)w2[i]);
+    }
+    if (xs) row_sums8(y + off, xs + (long long)blockIdx.x * (n / 8), n);
+}
+
+// resid += rms_norm(src, eps) * w (a post norm without the next pre norm).
+extern "C" __global__ void post_norm_add(float* resid, const float* src, const float* w, float eps, int n) {
+    __shared__ double sh[32];
+    long long off = (long long)blockIdx.x * n;
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += (double)src[off + i] * (double)src[off + i];
+    ss = block_sum_d(ss, sh);
+    double sc = 1.0 / sqrt(ss / n + (double)eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float t = (float)__dmul_rn(__dmul_rn((double)src[off + i], sc), (double)w[i]);
+        resid[off + i] = __fadd_rn(resid[off + i], t);
+    }
+}
+
+// Per-head RMSNorm times a constant, in place: one warp per head (grid: rows x heads).
+extern "C" __global__ void head_norm(float* x, int n_heads, int head_dim, float eps, float scale) {
+    int lane = threadIdx.x & 31;
+    int head = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (head >= n_heads) return;
+    float* h = x + ((long long)blockIdx.y * n_heads + head) * head_dim;
+    double ss = 0.0;
+    for (int i = lane; i < head_dim; i += 32) ss += (double)h[i] * (double)h[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    double s = (double)scale / sqrt(ss / head_dim + (double)eps);
+    for (int i = lane; i < head_dim; i += 32) h[i] = (float)__dmul_rn((double)h[i], s);
+}

@@ -1,0 +1,77 @@
+//! Decode with one launch per token: the whole forward pass of one token (and the greedy
+//! argmax) is captured once as a CUDA graph and replayed; only the token id and position
+//! change, and the kernels read them from device memory.
+
+use cudarc::driver::CudaSlice;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use muser_engine::backend::Batch;
+use muser_engine::muse_glimmer::Workspace;
+use muser_engine::{Backend, Error, MuseGlimmer, Result};
+
+use crate::{CudaBackend, CudaKv};
+
+pub struct GraphDecoder<'m> {
+    model: &'m MuseGlimmer<CudaBackend>,
+    ws: Workspace<CudaBackend>,
+    out: CudaSlice<u32>,
+    graph: Option<(u64, cudarc::driver::CudaGraph)>,
+    /// One eager step has run: every lazily grown scratch buffer and table exists, so a
+    /// capture allocates nothing.
+    warmed: bool,
+    /// Capture a graph (true) or launch kernel by kernel (false, for comparison).
+    pub use_graph: bool,
+}
+
+fn dev<E: std::fmt::Debug>(what: &'static str) -> impl FnOnce(E) -> Error {
+    move |e| Error::Backend(format!("CUDA {what}: {e:?}"))
+}
+
+impl<'m> GraphDecoder<'m> {
+    pub fn new(model: &'m MuseGlimmer<CudaBackend>) -> Result<Self> {
+        let ws = model.workspace(1)?;
+        let out = model.backend.stream.alloc_zeros(1).map_err(dev("alloc"))?;
+        Ok(GraphDecoder { model, ws, out, graph: None, warmed: false, use_graph: true })
+    }
+
+    /// Forget the captured graph (a new cache needs a new capture: the graph holds its pointers).
+    pub fn reset(&mut self) {
+        self.graph = None;
+    }
+
+    /// Run one token at the cache's next position; returns the greedy next token. When
+    /// `logits` is given, the step's logits are copied into it too.
+    pub fn step(&mut self, kv: &mut CudaKv, token: u32, logits: Option<&mut Vec<f32>>) -> Result<u32> {
+        let b = &self.model.backend;
+        let pos = b.kv_len(kv) as u32;
+        let batch = Batch::single(&[token], pos);
+        b.upload_batch(&batch)?;
+        if !self.use_graph || !self.warmed {
+            self.warmed = true;
+            self.model.forward_device(&mut self.ws, &batch, &mut [kv], &[0])?;
+            b.argmax(&self.ws.logits, &mut self.out)?;
+        } else if let Some((_, g)) = self.graph.as_ref().filter(|(id, _)| *id == kv.id) {
+            // Host-side bookkeeping the captured kernels do not do.
+            b.kv_set_len(kv, pos as usize + 1);
+            g.launch().map_err(dev("graph launch"))?;
+        } else {
+            b.sync()?;
+            b.capturing.store(true, std::sync::atomic::Ordering::SeqCst);
+            let begun = b.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(dev("begin capture"));
+            let run = begun.and_then(|_| {
+                self.model.forward_device(&mut self.ws, &batch, &mut [kv], &[0])?;
+                b.argmax(&self.ws.logits, &mut self.out)
+            });
+            let graph = b.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(dev("end capture"));
+            b.capturing.store(false, std::sync::atomic::Ordering::SeqCst);
+            run?;
+            let graph = graph?.ok_or_else(|| Error::Backend("CUDA capture produced no graph".into()))?;
+            graph.launch().map_err(dev("graph launch"))?;
+            self.graph = Some((kv.id, graph));
+        }
+        if let Some(l) = logits {
+            *l = b.read(&self.ws.logits)?;
+        }
+        let ids = b.stream.clone_dtoh(&self.out).map_err(dev("download token"))?;
+        ids.first().copied().ok_or_else(|| Error::Backend("no token".into()))
+    }
+}

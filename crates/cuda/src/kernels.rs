@@ -1,0 +1,148 @@
+//! Kernel sources, compiled by NVRTC at run time for the device's architecture and cached on
+//! disk (one PTX per source file, keyed by a hash of the source, the architecture and the NVRTC
+//! version), so one binary runs on any NVIDIA GPU and later starts skip the compiler.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use muser_engine::{Error, Result};
+
+const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// (file, source): one NVRTC program each, with `common.cuh` prepended.
+pub const SOURCES: &[(&str, &str)] = &[
+    ("dequant", include_str!("../kernels/dequant.cu")),
+    ("norm", include_str!("../kernels/norm.cu")),
+    ("rope", include_str!("../kernels/rope.cu")),
+    ("elementwise", include_str!("../kernels/elementwise.cu")),
+    ("matvec", include_str!("../kernels/matvec.cu")),
+    ("attention", include_str!("../kernels/attention.cu")),
+];
+
+/// The full text NVRTC compiles for one source file.
+pub fn program(src: &str) -> String {
+    format!("{COMMON}\n{src}")
+}
+
+/// `sm_XY` for a compute capability (NVRTC's `--gpu-architecture`).
+pub fn arch_for(cc: (i32, i32)) -> Result<&'static str> {
+    Ok(match cc {
+        (9, 0) => "sm_90",
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 7) => "sm_87",
+        (8, 9) => "sm_89",
+        (10, 0) => "sm_100",
+        (12, 0) => "sm_120",
+        (a, b) => return Err(Error::Backend(format!("compute capability {a}.{b} is not supported (need 8.0 or newer)"))),
+    })
+}
+
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    if let Ok(d) = std::env::var("MUSER_KERNEL_CACHE") {
+        return Some(PathBuf::from(d));
+    }
+    std::env::var("HOME").ok().map(|h| PathBuf::from(h).join(".cache/muser/kernels"))
+}
+
+/// Compile one source to PTX (no device needed: used by the CI compile check too).
+pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<String> {
+    let opts = CompileOptions {
+        arch: Some(arch),
+        options: vec!["--std=c++17".into(), "-default-device".into()],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(program(src), opts)
+        .map_err(|e| Error::Backend(format!("NVRTC failed on kernels/{name}.cu: {}", nvrtc_log(&e))))?;
+    Ok(ptx.to_src())
+}
+
+fn nvrtc_log(e: &cudarc::nvrtc::CompileError) -> String {
+    match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Compile (or read from the disk cache) every source and load all kernels into `ctx`.
+pub fn load_all(ctx: &Arc<CudaContext>, arch: &'static str) -> Result<HashMap<String, CudaFunction>> {
+    let version = nvrtc_version();
+    let dir = cache_dir();
+    // Compile in parallel: the attention file alone has 40 instantiations.
+    let ptxs: Vec<Result<(String, String)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = SOURCES
+            .iter()
+            .map(|&(name, src)| {
+                let dir = dir.clone();
+                let version = version.clone();
+                s.spawn(move || -> Result<(String, String)> {
+                    let key = fnv1a(&[COMMON.as_bytes(), src.as_bytes(), arch.as_bytes(), version.as_bytes()]);
+                    let path = dir.as_ref().map(|d| d.join(format!("{name}-{arch}-{key:016x}.ptx")));
+                    if let Some(p) = &path {
+                        if let Ok(text) = std::fs::read_to_string(p) {
+                            return Ok((name.to_string(), text));
+                        }
+                    }
+                    let ptx = compile(name, src, arch)?;
+                    if let Some(p) = &path {
+                        if let Some(parent) = p.parent() {
+                            let _ = std::fs::create_dir_all(parent);
+                        }
+                        let _ = std::fs::write(p, &ptx);
+                    }
+                    Ok((name.to_string(), ptx))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Backend("kernel compile thread panicked".into())))).collect()
+    });
+    let mut funcs = HashMap::new();
+    for r in ptxs {
+        let (name, ptx) = r?;
+        let module = ctx
+            .load_module(Ptx::from_src(ptx.clone()))
+            .map_err(|e| Error::Backend(format!("loading kernels/{name}.cu: {e:?}")))?;
+        for entry in entry_points(&ptx) {
+            let f = module
+                .load_function(&entry)
+                .map_err(|e| Error::Backend(format!("kernel {entry} in {name}.cu: {e:?}")))?;
+            funcs.insert(entry, f);
+        }
+    }
+    Ok(funcs)
+}
+
+/// NVRTC's version, part of the cache key.
+pub fn nvrtc_version() -> String {
+    let (mut major, mut minor) = (0i32, 0i32);
+    // SAFETY: nvrtcVersion writes two ints through valid pointers; callers first checked that
+    // the NVRTC library is present (device::check), so the symbol loads.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    let _ = r;
+    format!("{major}.{minor}")
+}
+
+/// Names of the `.entry` functions of a PTX text.
+pub fn entry_points(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let rest = l.strip_prefix(".visible .entry ").or_else(|| l.strip_prefix(".entry "))?;
+            Some(rest.split(|c: char| c == '(' || c.is_whitespace()).next()?.to_string())
+        })
+        .collect()
+}

@@ -1,0 +1,735 @@
+//! Muser's CUDA backend: the operations of `muser_engine::Backend` as NVRTC-compiled kernels
+//! (kernels/*.cu, one op family per file), weights resident on the device, a device KV cache
+//! shaped like the model, and a CUDA graph that replays a whole decode step in one launch.
+//!
+//! Arithmetic is the CPU backend's accurate mode: exact dequantization, f32 activations and
+//! products, f64 norms and elementwise functions; the matrix products sum in another order
+//! than the CPU (a few f32 ulp apart).
+
+pub mod graph;
+pub mod kernels;
+pub mod matrix;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use muser_engine::backend::{AttnSpec, Backend, Batch};
+use muser_engine::loader::Matrix;
+use muser_engine::{Error, KvType, MuseConfig, Result};
+use muser_gguf::{GgmlType, Gguf};
+
+fn dev<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> Error + '_ {
+    move |e| Error::Backend(format!("CUDA {what}: {e:?}"))
+}
+
+/// Check that the CUDA driver, NVRTC and cuBLAS libraries can be loaded (cudarc panics when
+/// a library is missing, so this runs first and turns absence into a clear error).
+pub fn check_libraries() -> Result<()> {
+    // SAFETY: these only try to dlopen the libraries by name.
+    let (drv, rtc, blas) = unsafe {
+        (
+            cudarc::driver::sys::is_culib_present(),
+            cudarc::nvrtc::sys::is_culib_present(),
+            cudarc::cublas::sys::is_culib_present(),
+        )
+    };
+    let mut missing = Vec::new();
+    if !drv {
+        missing.push("the CUDA driver (libcuda.so.1)");
+    }
+    if !rtc {
+        missing.push("NVRTC (libnvrtc.so)");
+    }
+    if !blas {
+        missing.push("cuBLAS (libcublas.so)");
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Backend(format!(
+            "CUDA is not usable here: cannot load {} (install the NVIDIA driver and CUDA 13 runtime libraries, or add their folder to LD_LIBRARY_PATH; never the stubs folder)",
+            missing.join(", ")
+        )))
+    }
+}
+
+/// A weight matrix on the device.
+pub struct CudaMatrix {
+    pub ty: GgmlType,
+    fmt: i32,
+    pub rows: usize,
+    pub cols: usize,
+    nbt: i64,
+    data: CudaSlice<u8>,
+}
+
+/// Activations on the device: `rows` of `cols` f32, room for `cap` rows, and the sums of 8
+/// consecutive values the quantized matrix-vector kernels read (`xs`, valid when `xs_ok`).
+pub struct CudaAct {
+    pub rows: usize,
+    pub cols: usize,
+    cap: usize,
+    data: CudaSlice<f32>,
+    xs: CudaSlice<f32>,
+    xs_ok: bool,
+}
+
+impl CudaAct {
+    /// The device buffer (tests upload inputs through it); marks the sums stale.
+    pub fn data_mut(&mut self) -> &mut CudaSlice<f32> {
+        self.xs_ok = false;
+        &mut self.data
+    }
+}
+
+struct LayerKv {
+    k: CudaSlice<u8>,
+    v: CudaSlice<u8>,
+    /// Ring slots of a sliding layer (0 for a full layer's plane).
+    ring: usize,
+}
+
+/// One sequence's KV cache on the device: rings of `n_swa + max_ubatch` slots on sliding
+/// layers (a whole micro-batch is stored before it is read), planes of `n_ctx` on full layers.
+pub struct CudaKv {
+    /// Unique per cache: a captured graph holds one cache's device pointers.
+    pub(crate) id: u64,
+    ty: KvType,
+    n_ctx: usize,
+    len: usize,
+    row_bytes: usize,
+    layers: Vec<LayerKv>,
+}
+
+impl CudaKv {
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|l| l.k.len() + l.v.len()).sum()
+    }
+}
+
+struct Scratch {
+    tokens: CudaSlice<u32>,
+    pos: CudaSlice<u32>,
+    rows: CudaSlice<u32>,
+    cap: usize,
+    part: CudaSlice<f32>,
+    xs: CudaSlice<f32>,
+    deq: CudaSlice<f32>,
+    inv_freq: HashMap<(u32, usize), CudaSlice<f64>>,
+}
+
+/// Largest micro-batch the device caches and scratch are sized for.
+pub const MAX_UBATCH: usize = 512;
+/// Rows of a weight matrix dequantized at once for the cuBLAS prompt path.
+const DEQ_ROWS: usize = 4096;
+/// Most (token x split) attention partials at once.
+const MAX_PARTS: usize = 4096;
+
+pub struct CudaBackend {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    funcs: HashMap<String, CudaFunction>,
+    blas: CudaBlas,
+    scratch: Mutex<Option<Scratch>>,
+    /// While a graph is being captured, `begin_batch` must not upload (the decoder does it).
+    pub(crate) capturing: std::sync::atomic::AtomicBool,
+    device_name: String,
+}
+
+fn grid1(n: usize, threads: u32) -> LaunchConfig {
+    let blocks = (n as u32).div_ceil(threads).clamp(1, 65_535);
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+}
+
+impl CudaBackend {
+    /// Open device `ordinal`, compile (or load cached) kernels for its architecture.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        check_libraries()?;
+        let n = CudaContext::device_count().map_err(dev("device count"))?;
+        if ordinal as i32 >= n {
+            return Err(Error::Backend(format!("CUDA device {ordinal} does not exist ({n} device(s) found)")));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(dev("context"))?;
+        // One stream, so cudarc's cross-stream event tracking only costs time (and events).
+        // SAFETY: every launch and copy of this backend goes to `stream`, in order.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.default_stream();
+        let cc = ctx.compute_capability().map_err(dev("compute capability"))?;
+        let arch = kernels::arch_for(cc)?;
+        let funcs = kernels::load_all(&ctx, arch)?;
+        let blas = CudaBlas::new(stream.clone()).map_err(dev("cuBLAS"))?;
+        let device_name = format!("{} (sm_{}{})", ctx.name().unwrap_or_default(), cc.0, cc.1);
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            funcs,
+            blas,
+            scratch: Mutex::new(None),
+            capturing: std::sync::atomic::AtomicBool::new(false),
+            device_name,
+        })
+    }
+
+    fn f(&self, name: &str) -> Result<&CudaFunction> {
+        self.funcs.get(name).ok_or_else(|| Error::Backend(format!("kernel {name} is missing")))
+    }
+
+    /// Per-(token, KV head) attention kernels exist for head_dim 64/128 and GQA ratios 1-16.
+    pub fn supports(cfg: &MuseConfig) -> Result<()> {
+        let rep = cfg.n_head / cfg.n_head_kv;
+        if !matches!(cfg.head_dim, 64 | 128) || !matches!(rep, 1 | 2 | 4 | 8 | 16) {
+            return Err(Error::Backend(format!(
+                "the CUDA attention kernels support head_dim 64 or 128 and 1, 2, 4, 8 or 16 query heads per KV head (model: {}, {rep})",
+                cfg.head_dim
+            )));
+        }
+        if cfg.n_embd % 8 != 0 || cfg.n_ff % 8 != 0 || cfg.kv_dim() % 32 != 0 {
+            return Err(Error::Backend("CUDA kernels need widths that are multiples of 8 (32 for KV rows)".into()));
+        }
+        Ok(())
+    }
+
+    fn scratch(&self) -> Result<std::sync::MutexGuard<'_, Option<Scratch>>> {
+        let mut g = self.scratch.lock().map_err(|_| Error::Backend("scratch lock poisoned".into()))?;
+        if g.is_none() {
+            let s = &self.stream;
+            *g = Some(Scratch {
+                tokens: s.alloc_zeros(MAX_UBATCH).map_err(dev("alloc"))?,
+                pos: s.alloc_zeros(MAX_UBATCH).map_err(dev("alloc"))?,
+                rows: s.alloc_zeros(MAX_UBATCH).map_err(dev("alloc"))?,
+                cap: MAX_UBATCH,
+                part: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                xs: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                deq: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                inv_freq: HashMap::new(),
+            });
+        }
+        Ok(g)
+    }
+
+    fn grow(&self, buf: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+        if buf.len() < n {
+            *buf = self.stream.alloc_zeros(n).map_err(dev("alloc"))?;
+        }
+        Ok(())
+    }
+
+    /// Wait for the device and report an asynchronous error.
+    pub fn sync(&self) -> Result<()> {
+        self.stream.synchronize().map_err(dev("synchronize"))
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.device_name
+    }
+
+    /// Write this token's id and position into the device batch buffers (the decoder calls it
+    /// before replaying a captured graph).
+    pub(crate) fn upload_batch(&self, batch: &Batch) -> Result<()> {
+        let mut g = self.scratch()?;
+        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+        if batch.len() > s.cap {
+            return Err(Error::Input(format!("micro-batch of {} exceeds the CUDA limit {}", batch.len(), s.cap)));
+        }
+        self.stream.memcpy_htod(&batch.tokens, &mut s.tokens).map_err(dev("upload tokens"))?;
+        self.stream.memcpy_htod(&batch.pos, &mut s.pos).map_err(dev("upload positions"))?;
+        Ok(())
+    }
+
+    /// Greedy token of each row of `logits`, computed on the device.
+    pub fn argmax(&self, logits: &CudaAct, out: &mut CudaSlice<u32>) -> Result<()> {
+        let cols = logits.cols as i32;
+        let mut b = self.stream.launch_builder(self.f("argmax_rows")?);
+        b.arg(&logits.data).arg(&cols).arg(out);
+        let cfg = LaunchConfig { grid_dim: (logits.rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the kernel reads rows*cols floats of `logits` and writes `rows` ids to `out`.
+        unsafe { b.launch(cfg) }.map_err(dev("argmax"))?;
+        Ok(())
+    }
+
+    fn sums8(&self, x: &CudaAct, xs: &mut CudaSlice<f32>) -> Result<()> {
+        let n8 = (x.rows * x.cols / 8) as i64;
+        let mut b = self.stream.launch_builder(self.f("sums8")?);
+        b.arg(&x.data).arg(&n8).arg(xs);
+        // SAFETY: reads 8*n8 floats of x, writes n8 sums.
+        unsafe { b.launch(grid1(n8 as usize, 256)) }.map_err(dev("sums8"))?;
+        Ok(())
+    }
+
+    fn matvec(&self, w: &CudaMatrix, x: &CudaAct, xs: &CudaSlice<f32>, out: &mut CudaAct, t0: usize, nt: usize) -> Result<()> {
+        let name = format!(
+            "mv_{}_{nt}",
+            match w.ty {
+                GgmlType::F32 => "f32",
+                GgmlType::F16 => "f16",
+                GgmlType::BF16 => "bf16",
+                GgmlType::Q8_0 => "q8_0",
+                GgmlType::Q4_0 => "q4_0",
+                GgmlType::Q4_K => "q4_k",
+                GgmlType::Q5_K => "q5_k",
+                GgmlType::Q6_K => "q6_k",
+                other => return Err(Error::Backend(format!("no CUDA kernel for {other}"))),
+            }
+        );
+        let f = self.f(&name)?;
+        let xv = x.data.slice(t0 * x.cols..(t0 + nt) * x.cols);
+        let xsv = xs.slice(t0 * x.cols / 8..(t0 + nt) * x.cols / 8);
+        let mut yv = out.data.slice_mut(t0 * w.rows..(t0 + nt) * w.rows);
+        let (rows, cols) = (w.rows as i32, w.cols as i32);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&w.data).arg(&w.nbt).arg(&xv).arg(&xsv).arg(&mut yv).arg(&rows).arg(&cols);
+        let cfg = LaunchConfig { grid_dim: ((w.rows as u32).div_ceil(16), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the kernel reads the matrix (rows x cols in its device layout), nt rows of x
+        // and of xs, and writes nt rows of rows outputs; all bounds were checked by the caller.
+        unsafe { b.launch(cfg) }.map_err(dev(&name))?;
+        Ok(())
+    }
+
+    fn gemm(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
+        let mut g = self.scratch()?;
+        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+        let slab = DEQ_ROWS.min(w.rows);
+        self.grow(&mut s.deq, slab * w.cols)?;
+        let f = self.f("dequant_rows")?;
+        let mut r0 = 0;
+        while r0 < w.rows {
+            let nr = slab.min(w.rows - r0);
+            let (cols, row0, nrows) = (w.cols as i32, r0 as i64, nr as i32);
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&w.data).arg(&w.fmt).arg(&w.nbt).arg(&cols).arg(&row0).arg(&nrows).arg(&mut s.deq);
+            // SAFETY: writes nr*cols floats into deq (grown to that size above).
+            unsafe { b.launch(grid1(nr * w.cols, 256)) }.map_err(dev("dequant_rows"))?;
+            // Y[n][r0..r0+nr] = X[n][cols] . Wslab^T (column-major view: C = op(A) op(B)).
+            let cfg = GemmConfig {
+                transa: cublasOperation_t::CUBLAS_OP_T,
+                transb: cublasOperation_t::CUBLAS_OP_N,
+                m: nr as i32,
+                n: x.rows as i32,
+                k: w.cols as i32,
+                alpha: 1.0f32,
+                lda: w.cols as i32,
+                ldb: w.cols as i32,
+                beta: 0.0f32,
+                ldc: w.rows as i32,
+            };
+            let mut c = out.data.slice_mut(r0..);
+            // SAFETY: A is nr x cols (dequantized slab), B is x (rows x cols), C starts at
+            // column r0 of out (rows x w.rows, leading dimension w.rows): all within bounds.
+            unsafe { self.blas.gemm(cfg, &s.deq, &x.data, &mut c) }.map_err(dev("cuBLAS sgemm"))?;
+            r0 += nr;
+        }
+        Ok(())
+    }
+
+    fn inv_freq(&self, s: &mut Scratch, base: f32, head_dim: usize) -> Result<()> {
+        if !s.inv_freq.contains_key(&(base.to_bits(), head_dim)) {
+            // The CPU's table: base^(-2j/head_dim) in f64 (cpu/ops.rs rope_table).
+            let t: Vec<f64> = (0..head_dim / 2).map(|j| (base as f64).powf(-2.0 * j as f64 / head_dim as f64)).collect();
+            let d = self.stream.clone_htod(&t).map_err(dev("upload rope table"))?;
+            s.inv_freq.insert((base.to_bits(), head_dim), d);
+        }
+        Ok(())
+    }
+}
+
+fn check(a: &CudaAct, rows: usize, cols: usize, what: &str) -> Result<()> {
+    if a.rows != rows || a.cols != cols {
+        return Err(Error::Backend(format!("{what}: shape {}x{}, expected {rows}x{cols}", a.rows, a.cols)));
+    }
+    Ok(())
+}
+
+fn kv_code(ty: KvType) -> i32 {
+    match ty {
+        KvType::F32 => 0,
+        KvType::F16 => 1,
+        KvType::BF16 => 2,
+        KvType::Q8_0 => 3,
+    }
+}
+
+impl Backend for CudaBackend {
+    type Matrix = CudaMatrix;
+    type Vector = CudaSlice<f32>;
+    type Act = CudaAct;
+    type Kv = CudaKv;
+
+    fn name(&self) -> String {
+        format!("cuda ({})", self.device_name)
+    }
+
+    fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<CudaMatrix> {
+        let fmt = matrix::fmt_code(m.ty).ok_or_else(|| Error::Backend(format!("no CUDA layout for {}", m.ty)))?;
+        if m.cols % 8 != 0 {
+            return Err(Error::Backend(format!("{}: {} columns, CUDA kernels need a multiple of 8", m.name, m.cols)));
+        }
+        let bytes = matrix::device_layout(m.ty, m.bytes(file));
+        let data = self.stream.clone_htod(&bytes).map_err(dev("upload weights"))?;
+        Ok(CudaMatrix {
+            ty: m.ty,
+            fmt,
+            rows: m.rows,
+            cols: m.cols,
+            nbt: matrix::n_blocks(m.ty, m.rows, m.cols) as i64,
+            data,
+        })
+    }
+
+    fn vector(&self, v: &[f32]) -> Result<CudaSlice<f32>> {
+        self.stream.clone_htod(v).map_err(dev("upload vector"))
+    }
+
+    fn act(&self, rows: usize, cols: usize) -> Result<CudaAct> {
+        Ok(CudaAct {
+            rows,
+            cols,
+            cap: rows,
+            data: self.stream.alloc_zeros(rows * cols).map_err(dev("alloc"))?,
+            xs: self.stream.alloc_zeros((rows * cols / 8).max(1)).map_err(dev("alloc"))?,
+            xs_ok: false,
+        })
+    }
+
+    fn set_rows(&self, a: &mut CudaAct, rows: usize) -> Result<()> {
+        if rows > a.cap {
+            return Err(Error::Backend(format!("activation of {} rows cannot hold {rows}", a.cap)));
+        }
+        a.rows = rows;
+        a.xs_ok = false;
+        Ok(())
+    }
+
+    fn kv_cache(&self, cfg: &MuseConfig, ty: KvType, n_ctx: usize) -> Result<CudaKv> {
+        Self::supports(cfg)?;
+        let row_bytes = ty.row_bytes(cfg.kv_dim())?;
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for kind in &cfg.layer_kinds {
+            let slots = if kind.is_sliding() { (cfg.n_swa + MAX_UBATCH).min(n_ctx) } else { n_ctx };
+            let ring = if kind.is_sliding() { slots } else { 0 };
+            layers.push(LayerKv {
+                k: self.stream.alloc_zeros(slots * row_bytes).map_err(dev("KV alloc"))?,
+                v: self.stream.alloc_zeros(slots * row_bytes).map_err(dev("KV alloc"))?,
+                ring,
+            });
+        }
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(CudaKv { id, ty, n_ctx, len: 0, row_bytes, layers })
+    }
+
+    fn kv_capacity(&self, kv: &CudaKv) -> usize {
+        kv.n_ctx
+    }
+
+    fn kv_len(&self, kv: &CudaKv) -> usize {
+        kv.len
+    }
+
+    fn kv_set_len(&self, kv: &mut CudaKv, len: usize) {
+        kv.len = len;
+    }
+
+    fn kv_clear(&self, kv: &mut CudaKv) {
+        kv.len = 0;
+    }
+
+    fn read(&self, a: &CudaAct) -> Result<Vec<f32>> {
+        let v = self.stream.clone_dtoh(&a.data.slice(..a.rows * a.cols)).map_err(dev("download"))?;
+        Ok(v)
+    }
+
+    fn begin_batch(&self, batch: &Batch) -> Result<()> {
+        if self.capturing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.upload_batch(batch)
+    }
+
+    fn get_rows(&self, table: &CudaMatrix, tokens: &[u32], out: &mut CudaAct) -> Result<()> {
+        check(out, tokens.len(), table.cols, "get_rows")?;
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.rows) {
+            return Err(Error::Input(format!("token id {t} is outside the vocabulary (size {})", table.rows)));
+        }
+        let g = self.scratch()?;
+        let s = g.as_ref().ok_or_else(|| Error::Backend("no scratch".into()))?;
+        let cols = table.cols as i32;
+        let mut b = self.stream.launch_builder(self.f("get_rows")?);
+        b.arg(&table.data).arg(&table.fmt).arg(&table.nbt).arg(&cols).arg(&s.tokens).arg(&mut out.data);
+        let cfg = LaunchConfig {
+            grid_dim: ((table.cols as u32).div_ceil(256).min(64), tokens.len() as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: token ids were checked against the table's rows; writes tokens x cols floats.
+        unsafe { b.launch(cfg) }.map_err(dev("get_rows"))?;
+        out.xs_ok = false;
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &CudaAct, w: Option<&CudaSlice<f32>>, eps: f32, out: &mut CudaAct) -> Result<()> {
+        check(out, x.rows, x.cols, "rms_norm")?;
+        let n = x.cols as i32;
+        let with_sums = x.cols % 8 == 0;
+        let mut b = self.stream.launch_builder(self.f("rms_norm")?);
+        let null = 0u64;
+        b.arg(&x.data);
+        match w {
+            Some(w) => b.arg(w),
+            None => b.arg(&null),
+        };
+        b.arg(&eps).arg(&n).arg(&mut out.data);
+        if with_sums {
+            b.arg(&mut out.xs);
+        } else {
+            b.arg(&null);
+        }
+        let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: one block per row of n floats; the weight (if any) has n floats.
+        unsafe { b.launch(cfg) }.map_err(dev("rms_norm"))?;
+        out.xs_ok = with_sums;
+        Ok(())
+    }
+
+    fn matmul(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
+        if x.cols != w.cols {
+            return Err(Error::Backend(format!("matmul: input width {}, matrix has {} columns", x.cols, w.cols)));
+        }
+        check(out, x.rows, w.rows, "matmul")?;
+        out.xs_ok = false;
+        if x.rows > 8 {
+            return self.gemm(w, x, out);
+        }
+        let needs_sums = matches!(w.ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q4_0);
+        let mut g = self.scratch()?;
+        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+        let xs: &CudaSlice<f32> = if x.xs_ok || !needs_sums {
+            &x.xs
+        } else {
+            self.grow(&mut s.xs, x.rows * x.cols / 8)?;
+            self.sums8(x, &mut s.xs)?;
+            &s.xs
+        };
+        let mut t0 = 0;
+        for nt in [8usize, 4, 2, 1] {
+            while x.rows - t0 >= nt {
+                self.matvec(w, x, xs, out, t0, nt)?;
+                t0 += nt;
+            }
+        }
+        Ok(())
+    }
+
+    fn head_norm(&self, x: &mut CudaAct, head_dim: usize, eps: f32, scale: f32) -> Result<()> {
+        let n_heads = (x.cols / head_dim) as i32;
+        let hd = head_dim as i32;
+        let mut b = self.stream.launch_builder(self.f("head_norm")?);
+        b.arg(&mut x.data).arg(&n_heads).arg(&hd).arg(&eps).arg(&scale);
+        let cfg = LaunchConfig { grid_dim: ((n_heads as u32).div_ceil(4), x.rows as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: one warp per head of head_dim floats within rows x cols.
+        unsafe { b.launch(cfg) }.map_err(dev("head_norm"))?;
+        x.xs_ok = false;
+        Ok(())
+    }
+
+    fn rope(&self, x: &mut CudaAct, head_dim: usize, batch: &Batch, freq_base: f32) -> Result<()> {
+        check(x, batch.len(), x.cols, "rope")?;
+        let mut g = self.scratch()?;
+        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+        self.inv_freq(s, freq_base, head_dim)?;
+        let table = s.inv_freq.get(&(freq_base.to_bits(), head_dim)).ok_or_else(|| Error::Backend("rope table".into()))?;
+        let n_heads = (x.cols / head_dim) as i32;
+        let hd = head_dim as i32;
+        let pairs = x.cols / 2;
+        let mut b = self.stream.launch_builder(self.f("rope_norm")?);
+        b.arg(&mut x.data).arg(&n_heads).arg(&hd).arg(&s.pos).arg(table);
+        let cfg = LaunchConfig { grid_dim: ((pairs as u32).div_ceil(128), x.rows as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: one thread per pair of every head of every row; positions were uploaded.
+        unsafe { b.launch(cfg) }.map_err(dev("rope"))?;
+        x.xs_ok = false;
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        caches: &mut [&mut CudaKv],
+        spec: AttnSpec,
+        batch: &Batch,
+        q: &CudaAct,
+        k: &CudaAct,
+        v: &CudaAct,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        self.attention_gated(caches, spec, batch, q, k, v, None, out)
+    }
+
+    fn attention_gated(
+        &self,
+        caches: &mut [&mut CudaKv],
+        spec: AttnSpec,
+        batch: &Batch,
+        q: &CudaAct,
+        k: &CudaAct,
+        v: &CudaAct,
+        gate: Option<&CudaAct>,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        let n = batch.len();
+        if caches.len() != 1 || batch.seq.iter().any(|&s| s != 0) {
+            return Err(Error::Backend("the CUDA backend runs one sequence per micro-batch".into()));
+        }
+        let kv = &mut *caches[0];
+        let layer = &mut kv.layers[spec.layer];
+        if layer.ring > 0 && n > MAX_UBATCH {
+            return Err(Error::Input(format!("micro-batch of {n} exceeds {MAX_UBATCH} on a sliding layer")));
+        }
+        let (kv_dim, nrep) = (spec.n_head_kv * spec.head_dim, spec.n_head / spec.n_head_kv);
+        check(k, n, kv_dim, "attention k")?;
+        check(q, n, spec.n_head * spec.head_dim, "attention q")?;
+        let mut g = self.scratch()?;
+        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+        let (row_bytes, ring, kvd, kt) = (kv.row_bytes as i64, layer.ring as i32, kv_dim as i32, kv_code(kv.ty));
+        {
+            let mut b = self.stream.launch_builder(self.f("kv_store")?);
+            b.arg(&k.data).arg(&v.data).arg(&mut layer.k).arg(&mut layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&kvd).arg(&kt);
+            let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: writes one K and one V row per token at slots < the layer's capacity
+            // (positions were checked against n_ctx; ring slots are pos % ring).
+            unsafe { b.launch(cfg) }.map_err(dev("kv_store"))?;
+        }
+        let max_keys = if spec.kind.is_sliding() { spec.n_swa.min(kv.n_ctx) } else { kv.n_ctx };
+        let n_split = max_keys.div_ceil(32).clamp(1, 64).min((MAX_PARTS / n).max(1));
+        self.grow(&mut s.part, n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2))?;
+        let name = format!("attn_{nrep}_{}_{}", spec.head_dim, kv.ty.name());
+        let n_swa = if spec.kind.is_sliding() { spec.n_swa as i32 } else { 0 };
+        let n_kv_head = spec.n_head_kv as i32;
+        {
+            let mut b = self.stream.launch_builder(self.f(&name)?);
+            b.arg(&q.data).arg(&layer.k).arg(&layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&n_swa).arg(&spec.scale).arg(&n_kv_head).arg(&mut s.part);
+            let cfg = LaunchConfig { grid_dim: (spec.n_head_kv as u32, n_split as u32, n as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: reads visible cache rows (slots derived from device positions, within the
+            // layer's capacity) and writes n x n_kv_head x n_split partials into `part`.
+            unsafe { b.launch(cfg) }.map_err(dev(&name))?;
+        }
+        {
+            let (ns, nr, hd) = (n_split as i32, nrep as i32, spec.head_dim as i32);
+            let null = 0u64;
+            let mut b = self.stream.launch_builder(self.f("attn_combine")?);
+            b.arg(&s.part).arg(&ns).arg(&nr).arg(&hd).arg(&n_kv_head);
+            match gate {
+                Some(gt) => b.arg(&gt.data),
+                None => b.arg(&null),
+            };
+            b.arg(&mut out.data);
+            let cfg = LaunchConfig { grid_dim: (spec.n_head as u32, n as u32, 1), block_dim: (spec.head_dim as u32, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: reads the partials just written, writes n x n_head x head_dim outputs.
+            unsafe { b.launch(cfg) }.map_err(dev("attn_combine"))?;
+        }
+        out.xs_ok = false;
+        Ok(())
+    }
+
+    fn sigmoid_gate(&self, x: &mut CudaAct, g: &CudaAct) -> Result<()> {
+        check(g, x.rows, x.cols, "sigmoid_gate")?;
+        let n = (x.rows * x.cols) as i64;
+        let cols = x.cols as i32;
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(self.f("sigmoid_gate")?);
+        b.arg(&mut x.data).arg(&g.data).arg(&n).arg(&cols).arg(&null);
+        // SAFETY: elementwise over n floats of two equal-shaped buffers.
+        unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("sigmoid_gate"))?;
+        x.xs_ok = false;
+        Ok(())
+    }
+
+    fn swiglu(&self, gate: &CudaAct, up: &CudaAct, out: &mut CudaAct) -> Result<()> {
+        check(up, gate.rows, gate.cols, "swiglu")?;
+        check(out, gate.rows, gate.cols, "swiglu")?;
+        let n = (gate.rows * gate.cols) as i64;
+        let mut b = self.stream.launch_builder(self.f("swiglu")?);
+        b.arg(&gate.data).arg(&up.data).arg(&mut out.data).arg(&n);
+        // SAFETY: elementwise over n floats.
+        unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("swiglu"))?;
+        out.xs_ok = false;
+        Ok(())
+    }
+
+    fn post_norm_add(&self, resid: &mut CudaAct, src: &CudaAct, w: &CudaSlice<f32>, eps: f32) -> Result<()> {
+        check(src, resid.rows, resid.cols, "post_norm_add")?;
+        let n = resid.cols as i32;
+        let mut b = self.stream.launch_builder(self.f("post_norm_add")?);
+        b.arg(&mut resid.data).arg(&src.data).arg(w).arg(&eps).arg(&n);
+        let cfg = LaunchConfig { grid_dim: (resid.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: one block per row of n floats.
+        unsafe { b.launch(cfg) }.map_err(dev("post_norm_add"))?;
+        resid.xs_ok = false;
+        Ok(())
+    }
+
+    fn norm_tail(
+        &self,
+        resid: &mut CudaAct,
+        src: &CudaAct,
+        w_post: &CudaSlice<f32>,
+        eps_post: f32,
+        w_next: &CudaSlice<f32>,
+        eps_next: f32,
+        next: &mut CudaAct,
+    ) -> Result<()> {
+        check(src, resid.rows, resid.cols, "norm_tail")?;
+        check(next, resid.rows, resid.cols, "norm_tail")?;
+        let n = resid.cols as i32;
+        let with_sums = resid.cols % 8 == 0;
+        let null = 0u64;
+        let mut b = self.stream.launch_builder(self.f("norm_tail")?);
+        b.arg(&mut resid.data).arg(&src.data).arg(w_post).arg(&eps_post).arg(w_next).arg(&eps_next).arg(&n).arg(&mut next.data);
+        if with_sums {
+            b.arg(&mut next.xs);
+        } else {
+            b.arg(&null);
+        }
+        let cfg = LaunchConfig { grid_dim: (resid.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: one block per row of n floats in three equal-shaped buffers.
+        unsafe { b.launch(cfg) }.map_err(dev("norm_tail"))?;
+        resid.xs_ok = false;
+        next.xs_ok = with_sums;
+        Ok(())
+    }
+
+    fn logit_finish(&self, x: &mut CudaAct, scale: f32, softcap: Option<f32>) -> Result<()> {
+        let n = (x.rows * x.cols) as i64;
+        let cap = softcap.unwrap_or(0.0);
+        let mut b = self.stream.launch_builder(self.f("logit_finish")?);
+        b.arg(&mut x.data).arg(&n).arg(&scale).arg(&cap);
+        // SAFETY: elementwise over n floats.
+        unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("logit_finish"))?;
+        x.xs_ok = false;
+        Ok(())
+    }
+
+    fn select_rows(&self, x: &CudaAct, rows: &[usize], out: &mut CudaAct) -> Result<()> {
+        check(out, rows.len(), x.cols, "select_rows")?;
+        if let Some(&r) = rows.iter().find(|&&r| r >= x.rows) {
+            return Err(Error::Backend(format!("select_rows: row {r} of {}", x.rows)));
+        }
+        out.xs_ok = false;
+        // The identity prefix (decode, teacher forcing) is a device copy: graph-capturable.
+        if rows.iter().enumerate().all(|(i, &r)| i == r) {
+            let src = x.data.slice(..rows.len() * x.cols);
+            let mut dst = out.data.slice_mut(..rows.len() * x.cols);
+            return self.stream.memcpy_dtod(&src, &mut dst).map_err(dev("copy rows"));
+        }
+        let mut g = self.scratch()?;
+        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+        let ids: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        self.stream.memcpy_htod(&ids, &mut s.rows).map_err(dev("upload rows"))?;
+        let cols = x.cols as i32;
+        let mut b = self.stream.launch_builder(self.f("select_rows")?);
+        b.arg(&x.data).arg(&s.rows).arg(&cols).arg(&mut out.data);
+        let cfg = LaunchConfig { grid_dim: ((x.cols as u32).div_ceil(256).min(64), rows.len() as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: row indices were checked against x's rows.
+        unsafe { b.launch(cfg) }.map_err(dev("select_rows"))?;
+        Ok(())
+    }
+}
