@@ -227,13 +227,5 @@ extern "C" __global__ void kv_store(const float* k, const float* v, u8* kc, u8* 
     ATTN_ENTRY(NREP, HD, KV_F16, f16)         \
     ATTN_ENTRY(NREP, HD, KV_BF16, bf16)       \
     ATTN_ENTRY(NREP, HD, KV_Q8_0, q8_0)
-ATTN_TYPES(1, 64)
-ATTN_TYPES(2, 64)
-ATTN_TYPES(4, 64)
-ATTN_TYPES(8, 64)
-ATTN_TYPES(16, 64)
-ATTN_TYPES(1, 128)
-ATTN_TYPES(2, 128)
-ATTN_TYPES(4, 128)
-ATTN_TYPES(8, 128)
-ATTN_TYPES(16, 128)
+// One program per (NREP, HD): the backend compiles the variant a model needs (-DATTN_NREP=.. -DATTN_HD=..).
+ATTN_TYPES(ATTN_NREP, ATTN_HD)

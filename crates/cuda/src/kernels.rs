@@ -19,8 +19,10 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("rope", include_str!("../kernels/rope.cu")),
     ("elementwise", include_str!("../kernels/elementwise.cu")),
     ("matvec", include_str!("../kernels/matvec.cu")),
-    ("attention", include_str!("../kernels/attention.cu")),
 ];
+
+/// The attention kernels, compiled per (query heads per KV head, head_dim) with `-DNREP -DHD`.
+pub const ATTENTION: &str = include_str!("../kernels/attention.cu");
 
 /// The full text NVRTC compiles for one source file.
 pub fn program(src: &str) -> String {
@@ -61,11 +63,14 @@ fn cache_dir() -> Option<PathBuf> {
 
 /// Compile one source to PTX (no device needed: used by the CI compile check too).
 pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<String> {
-    let opts = CompileOptions {
-        arch: Some(arch),
-        options: vec!["--std=c++17".into(), "-default-device".into()],
-        ..Default::default()
-    };
+    compile_with(name, src, arch, &[])
+}
+
+/// Compile with extra `-D` definitions.
+pub fn compile_with(name: &str, src: &str, arch: &'static str, defines: &[String]) -> Result<String> {
+    let mut options = vec!["--std=c++17".to_string(), "-default-device".to_string()];
+    options.extend(defines.iter().map(|d| format!("-D{d}")));
+    let opts = CompileOptions { arch: Some(arch), options, ..Default::default() };
     let ptx = cudarc::nvrtc::compile_ptx_with_opts(program(src), opts)
         .map_err(|e| Error::Backend(format!("NVRTC failed on kernels/{name}.cu: {}", nvrtc_log(&e))))?;
     Ok(ptx.to_src())
@@ -78,26 +83,39 @@ fn nvrtc_log(e: &cudarc::nvrtc::CompileError) -> String {
     }
 }
 
-/// Compile (or read from the disk cache) every source and load all kernels into `ctx`.
+/// Compile (or read from the disk cache) every base source and load its kernels into `ctx`.
 pub fn load_all(ctx: &Arc<CudaContext>, arch: &'static str) -> Result<HashMap<String, CudaFunction>> {
+    let programs: Vec<(String, &str, Vec<String>)> =
+        SOURCES.iter().map(|&(name, src)| (name.to_string(), src, Vec::new())).collect();
+    load(ctx, arch, &programs)
+}
+
+/// The attention kernels for `nrep` query heads per KV head and head size `hd`.
+pub fn load_attention(ctx: &Arc<CudaContext>, arch: &'static str, nrep: usize, hd: usize) -> Result<HashMap<String, CudaFunction>> {
+    let programs = vec![(format!("attention-{nrep}x{hd}"), ATTENTION, vec![format!("ATTN_NREP={nrep}"), format!("ATTN_HD={hd}")])];
+    load(ctx, arch, &programs)
+}
+
+/// Compile (in parallel, or read from the disk cache) and load programs (name, source, defines).
+pub fn load(ctx: &Arc<CudaContext>, arch: &'static str, programs: &[(String, &str, Vec<String>)]) -> Result<HashMap<String, CudaFunction>> {
     let version = nvrtc_version();
     let dir = cache_dir();
-    // Compile in parallel: the attention file alone has 40 instantiations.
     let ptxs: Vec<Result<(String, String)>> = std::thread::scope(|s| {
-        let handles: Vec<_> = SOURCES
+        let handles: Vec<_> = programs
             .iter()
-            .map(|&(name, src)| {
+            .map(|(name, src, defines)| {
                 let dir = dir.clone();
                 let version = version.clone();
                 s.spawn(move || -> Result<(String, String)> {
-                    let key = fnv1a(&[COMMON.as_bytes(), src.as_bytes(), arch.as_bytes(), version.as_bytes()]);
+                    let defs = defines.join(" ");
+                    let key = fnv1a(&[COMMON.as_bytes(), src.as_bytes(), arch.as_bytes(), version.as_bytes(), defs.as_bytes()]);
                     let path = dir.as_ref().map(|d| d.join(format!("{name}-{arch}-{key:016x}.ptx")));
                     if let Some(p) = &path {
                         if let Ok(text) = std::fs::read_to_string(p) {
                             return Ok((name.to_string(), text));
                         }
                     }
-                    let ptx = compile(name, src, arch)?;
+                    let ptx = compile_with(name, src, arch, defines)?;
                     if let Some(p) = &path {
                         if let Some(parent) = p.parent() {
                             let _ = std::fs::create_dir_all(parent);

@@ -130,7 +130,8 @@ const MAX_PARTS: usize = 4096;
 pub struct CudaBackend {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
-    funcs: HashMap<String, CudaFunction>,
+    funcs: std::sync::RwLock<HashMap<String, CudaFunction>>,
+    arch: &'static str,
     blas: CudaBlas,
     scratch: Mutex<Option<Scratch>>,
     /// While a graph is being captured, `begin_batch` must not upload (the decoder does it).
@@ -164,7 +165,8 @@ impl CudaBackend {
         Ok(CudaBackend {
             ctx,
             stream,
-            funcs,
+            funcs: std::sync::RwLock::new(funcs),
+            arch,
             blas,
             scratch: Mutex::new(None),
             capturing: std::sync::atomic::AtomicBool::new(false),
@@ -172,8 +174,20 @@ impl CudaBackend {
         })
     }
 
-    fn f(&self, name: &str) -> Result<&CudaFunction> {
-        self.funcs.get(name).ok_or_else(|| Error::Backend(format!("kernel {name} is missing")))
+    fn f(&self, name: &str) -> Result<CudaFunction> {
+        let g = self.funcs.read().map_err(|_| Error::Backend("kernel table lock poisoned".into()))?;
+        g.get(name).cloned().ok_or_else(|| Error::Backend(format!("kernel {name} is missing")))
+    }
+
+    /// Compile and load the attention kernels for this model's head geometry (once).
+    fn ensure_attention(&self, nrep: usize, hd: usize) -> Result<()> {
+        let probe = format!("attn_{nrep}_{hd}_f16");
+        if self.funcs.read().map_err(|_| Error::Backend("kernel table lock poisoned".into()))?.contains_key(&probe) {
+            return Ok(());
+        }
+        let more = kernels::load_attention(&self.ctx, self.arch, nrep, hd)?;
+        self.funcs.write().map_err(|_| Error::Backend("kernel table lock poisoned".into()))?.extend(more);
+        Ok(())
     }
 
     /// Per-(token, KV head) attention kernels exist for head_dim 64/128 and GQA ratios 1-16.
@@ -241,7 +255,8 @@ impl CudaBackend {
     /// Greedy token of each row of `logits`, computed on the device.
     pub fn argmax(&self, logits: &CudaAct, out: &mut CudaSlice<u32>) -> Result<()> {
         let cols = logits.cols as i32;
-        let mut b = self.stream.launch_builder(self.f("argmax_rows")?);
+        let func = self.f("argmax_rows")?;
+        let mut b = self.stream.launch_builder(&func);
         b.arg(&logits.data).arg(&cols).arg(out);
         let cfg = LaunchConfig { grid_dim: (logits.rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: the kernel reads rows*cols floats of `logits` and writes `rows` ids to `out`.
@@ -251,7 +266,8 @@ impl CudaBackend {
 
     fn sums8(&self, x: &CudaAct, xs: &mut CudaSlice<f32>) -> Result<()> {
         let n8 = (x.rows * x.cols / 8) as i64;
-        let mut b = self.stream.launch_builder(self.f("sums8")?);
+        let func = self.f("sums8")?;
+        let mut b = self.stream.launch_builder(&func);
         b.arg(&x.data).arg(&n8).arg(xs);
         // SAFETY: reads 8*n8 floats of x, writes n8 sums.
         unsafe { b.launch(grid1(n8 as usize, 256)) }.map_err(dev("sums8"))?;
@@ -273,7 +289,7 @@ impl CudaBackend {
                 other => return Err(Error::Backend(format!("no CUDA kernel for {other}"))),
             }
         );
-        let f = self.f(&name)?;
+        let f = &self.f(&name)?;
         let xv = x.data.slice(t0 * x.cols..(t0 + nt) * x.cols);
         let xsv = xs.slice(t0 * x.cols / 8..(t0 + nt) * x.cols / 8);
         let mut yv = out.data.slice_mut(t0 * w.rows..(t0 + nt) * w.rows);
@@ -292,7 +308,7 @@ impl CudaBackend {
         let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
         let slab = DEQ_ROWS.min(w.rows);
         self.grow(&mut s.deq, slab * w.cols)?;
-        let f = self.f("dequant_rows")?;
+        let f = &self.f("dequant_rows")?;
         let mut r0 = 0;
         while r0 < w.rows {
             let nr = slab.min(w.rows - r0);
@@ -403,6 +419,7 @@ impl Backend for CudaBackend {
 
     fn kv_cache(&self, cfg: &MuseConfig, ty: KvType, n_ctx: usize) -> Result<CudaKv> {
         Self::supports(cfg)?;
+        self.ensure_attention(cfg.n_head / cfg.n_head_kv, cfg.head_dim)?;
         let row_bytes = ty.row_bytes(cfg.kv_dim())?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for kind in &cfg.layer_kinds {
@@ -455,7 +472,8 @@ impl Backend for CudaBackend {
         let g = self.scratch()?;
         let s = g.as_ref().ok_or_else(|| Error::Backend("no scratch".into()))?;
         let cols = table.cols as i32;
-        let mut b = self.stream.launch_builder(self.f("get_rows")?);
+        let func = self.f("get_rows")?;
+        let mut b = self.stream.launch_builder(&func);
         b.arg(&table.data).arg(&table.fmt).arg(&table.nbt).arg(&cols).arg(&s.tokens).arg(&mut out.data);
         let cfg = LaunchConfig {
             grid_dim: ((table.cols as u32).div_ceil(256).min(64), tokens.len() as u32, 1),
@@ -472,7 +490,8 @@ impl Backend for CudaBackend {
         check(out, x.rows, x.cols, "rms_norm")?;
         let n = x.cols as i32;
         let with_sums = x.cols % 8 == 0;
-        let mut b = self.stream.launch_builder(self.f("rms_norm")?);
+        let func = self.f("rms_norm")?;
+        let mut b = self.stream.launch_builder(&func);
         let null = 0u64;
         b.arg(&x.data);
         match w {
@@ -524,7 +543,8 @@ impl Backend for CudaBackend {
     fn head_norm(&self, x: &mut CudaAct, head_dim: usize, eps: f32, scale: f32) -> Result<()> {
         let n_heads = (x.cols / head_dim) as i32;
         let hd = head_dim as i32;
-        let mut b = self.stream.launch_builder(self.f("head_norm")?);
+        let func = self.f("head_norm")?;
+        let mut b = self.stream.launch_builder(&func);
         b.arg(&mut x.data).arg(&n_heads).arg(&hd).arg(&eps).arg(&scale);
         let cfg = LaunchConfig { grid_dim: ((n_heads as u32).div_ceil(4), x.rows as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: one warp per head of head_dim floats within rows x cols.
@@ -542,7 +562,8 @@ impl Backend for CudaBackend {
         let n_heads = (x.cols / head_dim) as i32;
         let hd = head_dim as i32;
         let pairs = x.cols / 2;
-        let mut b = self.stream.launch_builder(self.f("rope_norm")?);
+        let func = self.f("rope_norm")?;
+        let mut b = self.stream.launch_builder(&func);
         b.arg(&mut x.data).arg(&n_heads).arg(&hd).arg(&s.pos).arg(table);
         let cfg = LaunchConfig { grid_dim: ((pairs as u32).div_ceil(128), x.rows as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: one thread per pair of every head of every row; positions were uploaded.
@@ -591,7 +612,8 @@ impl Backend for CudaBackend {
         let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
         let (row_bytes, ring, kvd, kt) = (kv.row_bytes as i64, layer.ring as i32, kv_dim as i32, kv_code(kv.ty));
         {
-            let mut b = self.stream.launch_builder(self.f("kv_store")?);
+            let func = self.f("kv_store")?;
+            let mut b = self.stream.launch_builder(&func);
             b.arg(&k.data).arg(&v.data).arg(&mut layer.k).arg(&mut layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&kvd).arg(&kt);
             let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: writes one K and one V row per token at slots < the layer's capacity
@@ -605,7 +627,8 @@ impl Backend for CudaBackend {
         let n_swa = if spec.kind.is_sliding() { spec.n_swa as i32 } else { 0 };
         let n_kv_head = spec.n_head_kv as i32;
         {
-            let mut b = self.stream.launch_builder(self.f(&name)?);
+            let func = self.f(&name)?;
+            let mut b = self.stream.launch_builder(&func);
             b.arg(&q.data).arg(&layer.k).arg(&layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&n_swa).arg(&spec.scale).arg(&n_kv_head).arg(&mut s.part);
             let cfg = LaunchConfig { grid_dim: (spec.n_head_kv as u32, n_split as u32, n as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
             // SAFETY: reads visible cache rows (slots derived from device positions, within the
@@ -615,7 +638,8 @@ impl Backend for CudaBackend {
         {
             let (ns, nr, hd) = (n_split as i32, nrep as i32, spec.head_dim as i32);
             let null = 0u64;
-            let mut b = self.stream.launch_builder(self.f("attn_combine")?);
+            let func = self.f("attn_combine")?;
+            let mut b = self.stream.launch_builder(&func);
             b.arg(&s.part).arg(&ns).arg(&nr).arg(&hd).arg(&n_kv_head);
             match gate {
                 Some(gt) => b.arg(&gt.data),
@@ -635,7 +659,8 @@ impl Backend for CudaBackend {
         let n = (x.rows * x.cols) as i64;
         let cols = x.cols as i32;
         let null = 0u64;
-        let mut b = self.stream.launch_builder(self.f("sigmoid_gate")?);
+        let func = self.f("sigmoid_gate")?;
+        let mut b = self.stream.launch_builder(&func);
         b.arg(&mut x.data).arg(&g.data).arg(&n).arg(&cols).arg(&null);
         // SAFETY: elementwise over n floats of two equal-shaped buffers.
         unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("sigmoid_gate"))?;
@@ -647,7 +672,8 @@ impl Backend for CudaBackend {
         check(up, gate.rows, gate.cols, "swiglu")?;
         check(out, gate.rows, gate.cols, "swiglu")?;
         let n = (gate.rows * gate.cols) as i64;
-        let mut b = self.stream.launch_builder(self.f("swiglu")?);
+        let func = self.f("swiglu")?;
+        let mut b = self.stream.launch_builder(&func);
         b.arg(&gate.data).arg(&up.data).arg(&mut out.data).arg(&n);
         // SAFETY: elementwise over n floats.
         unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("swiglu"))?;
@@ -658,7 +684,8 @@ impl Backend for CudaBackend {
     fn post_norm_add(&self, resid: &mut CudaAct, src: &CudaAct, w: &CudaSlice<f32>, eps: f32) -> Result<()> {
         check(src, resid.rows, resid.cols, "post_norm_add")?;
         let n = resid.cols as i32;
-        let mut b = self.stream.launch_builder(self.f("post_norm_add")?);
+        let func = self.f("post_norm_add")?;
+        let mut b = self.stream.launch_builder(&func);
         b.arg(&mut resid.data).arg(&src.data).arg(w).arg(&eps).arg(&n);
         let cfg = LaunchConfig { grid_dim: (resid.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: one block per row of n floats.
@@ -682,7 +709,8 @@ impl Backend for CudaBackend {
         let n = resid.cols as i32;
         let with_sums = resid.cols % 8 == 0;
         let null = 0u64;
-        let mut b = self.stream.launch_builder(self.f("norm_tail")?);
+        let func = self.f("norm_tail")?;
+        let mut b = self.stream.launch_builder(&func);
         b.arg(&mut resid.data).arg(&src.data).arg(w_post).arg(&eps_post).arg(w_next).arg(&eps_next).arg(&n).arg(&mut next.data);
         if with_sums {
             b.arg(&mut next.xs);
@@ -700,7 +728,8 @@ impl Backend for CudaBackend {
     fn logit_finish(&self, x: &mut CudaAct, scale: f32, softcap: Option<f32>) -> Result<()> {
         let n = (x.rows * x.cols) as i64;
         let cap = softcap.unwrap_or(0.0);
-        let mut b = self.stream.launch_builder(self.f("logit_finish")?);
+        let func = self.f("logit_finish")?;
+        let mut b = self.stream.launch_builder(&func);
         b.arg(&mut x.data).arg(&n).arg(&scale).arg(&cap);
         // SAFETY: elementwise over n floats.
         unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("logit_finish"))?;
@@ -725,7 +754,8 @@ impl Backend for CudaBackend {
         let ids: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
         self.stream.memcpy_htod(&ids, &mut s.rows).map_err(dev("upload rows"))?;
         let cols = x.cols as i32;
-        let mut b = self.stream.launch_builder(self.f("select_rows")?);
+        let func = self.f("select_rows")?;
+        let mut b = self.stream.launch_builder(&func);
         b.arg(&x.data).arg(&s.rows).arg(&cols).arg(&mut out.data);
         let cfg = LaunchConfig { grid_dim: ((x.cols as u32).div_ceil(256).min(64), rows.len() as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: row indices were checked against x's rows.

