@@ -27,12 +27,13 @@ DATA="$ROOT/crates/engine/tests/data/ggml"
 mkdir -p "$DATA"
 "$OUT/ggml-golden" "$DATA"
 
-# KV cell assignment and n_kv of real llama.cpp runs (tiny muse-glimmer fixture: n_swa 16, layer 0 full,
-# layer 1 sliding); the schedules mix multi-ubatch prompts and single-token decodes
-MODEL="$ROOT/tests/fixtures/models/tame-f32.gguf"
+# KV cell assignment and n_kv of real llama.cpp runs on a tiny muse-glimmer fixture (any model with a full
+# and a sliding layer; the committed files came from the 5-layer tame-f32 of 2026-11, n_swa 16); the
+# schedules mix multi-ubatch prompts, single-token decodes and ring wrap-around
+MODEL="${KV_MODEL:-$ROOT/tests/fixtures/models/tame-f32.gguf}"
 #                        out        n_ctx n_ubatch n_batch schedule
 while read -r name n_ctx n_ubatch n_batch schedule; do
-    "$OUT/kv_slots" "$MODEL" "$DATA/kv_slots_$name.txt" "$n_ctx" "$n_ubatch" "$n_batch" 0 1 "$schedule" 2>/dev/null
+    "$OUT/kv_slots" "$MODEL" "$DATA/kv_slots_$name.txt" "$n_ctx" "$n_ubatch" "$n_batch" "$schedule" 2>/dev/null
 done <<'SCHED'
 a 1024 64 256 150,1x300,100,1x200
 b 2048 32 256 256,256,188,1x100,50

@@ -380,13 +380,40 @@ static void case_set_rows(ggml_type type, uint64_t seed) {
     emit(name, "set_rows type=" + tname(type) + " n=256 ntok=5 size=8 seed=" + std::to_string(seed), out.data(), out.size());
 }
 
+// llama_mul_mat_hadamard (src/llama-impl.h:57): groups of n contiguous values through ggml_mul_mat with the
+// GGML_HINT_SRC0_IS_HADAMARD hint, which the CPU backend computes as ggml_compute_forward_fwht (the matrix's
+// values are not read)
+static ggml_tensor * mul_mat_hadamard(ggml_context * ctx, ggml_tensor * cur, int64_t n) {
+    ggml_tensor * rot = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n, n);
+    memset(rot->data, 0, ggml_nbytes(rot));
+    ggml_tensor * res = ggml_is_contiguous(cur) ? ggml_reshape_2d(ctx, cur, n, ggml_nelements(cur) / n)
+                                                : ggml_cont_2d(ctx, cur, n, ggml_nelements(cur) / n);
+    res = ggml_mul_mat(ctx, rot, res);
+    ggml_mul_mat_set_hint(res, GGML_HINT_SRC0_IS_HADAMARD);
+    return ggml_reshape_4d(ctx, res, cur->ne[0], cur->ne[1], cur->ne[2], cur->ne[3]);
+}
+
+static void case_fwht(int64_t n, int64_t rows, uint64_t seed) {
+    Rng r(seed);
+    auto x = gen_act(r, (size_t) (n * rows));
+    Ctx c(64);
+    ggml_tensor * tx = ggml_new_tensor_2d(c.ctx, GGML_TYPE_F32, n, rows);
+    set_data(tx, x.data(), x.size() * 4);
+    ggml_tensor * y = mul_mat_hadamard(c.ctx, tx, n);
+    const std::string name = "fwht_" + std::to_string(n) + "x" + std::to_string(rows);
+    auto out = compute(c.ctx, y, name.c_str());
+    emit(name, "fwht n=" + std::to_string(n) + " rows=" + std::to_string(rows) + " seed=" + std::to_string(seed), out.data(), out.size());
+}
+
 // ------------------------------------------------------------------------------------------------
 // attention, non-flash path, exactly as llm_graph_context::build_attn_mha builds it over a KV cache
 // whose cells are described by `cell_pos` (-1 = empty); the cache is filled with ggml_set_rows from
 // f32 rows (as llama_kv_cache::cpy_k / cpy_v do), the query rows are given in f32.
 //
 // inputs drawn from seed: q [ntok][n_head][128], then for each non-empty cell in slot order its K row
-// [256] and V row [256] (f32, converted by set_rows to the cache type)
+// [256] and V row [256] (f32, converted by set_rows to the cache type). A quantized K cache turns on
+// llama.cpp's Hadamard rotation of Q and K (llama-kv-cache.cpp:321, n_rot = 128 for head_dim 128), applied
+// to q and to the K rows before they are stored (llama-graph.cpp build_attn)
 
 static void case_attention(ggml_type kt, ggml_type vt, int64_t n_head, int64_t kv_size, int64_t n_kv,
                            const std::vector<int32_t> & cell_pos, const std::vector<int32_t> & q_pos,
@@ -425,7 +452,8 @@ static void case_attention(ggml_type kt, ggml_type vt, int64_t n_head, int64_t k
             ((int64_t *) ki->data)[i] = slots[i];
             for (int64_t j = 0; j < n_embd_gqa; j++) ((int64_t *) vi->data)[i * n_embd_gqa + j] = j * kv_size + slots[i];
         }
-        ggml_tensor * sk = ggml_set_rows(c.ctx, kc, tk, ki);
+        ggml_tensor * tk_st = ggml_is_quantized(kt) ? mul_mat_hadamard(c.ctx, tk, hd) : tk;
+        ggml_tensor * sk = ggml_set_rows(c.ctx, kc, tk_st, ki);
         ggml_tensor * vview = ggml_reshape_2d(c.ctx, vc, 1, ggml_nelements(vc));
         ggml_tensor * sv = ggml_set_rows(c.ctx, vview, ggml_reshape_2d(c.ctx, tv, 1, ggml_nelements(tv)), vi);
         ggml_cgraph * gf = ggml_new_graph_custom(c.ctx, 64, false);
@@ -452,7 +480,8 @@ static void case_attention(ggml_type kt, ggml_type vt, int64_t n_head, int64_t k
     ggml_tensor * v = ggml_view_4d(c.ctx, vc, n_kv, n_head_kv, hd, 1,
                                    ggml_row_size(vt, kv_size * hd), ggml_row_size(vt, kv_size), ggml_row_size(vt, kv_size * n_embd_gqa), 0);
     // build_attn_mha (non-FA)
-    ggml_tensor * qq = ggml_view_4d(c.ctx, tq, tq->ne[0], tq->ne[1], tq->ne[2], 1, tq->nb[1], tq->nb[2], tq->nb[2] * tq->ne[2], 0);
+    ggml_tensor * tq_r = ggml_is_quantized(kt) ? mul_mat_hadamard(c.ctx, tq, hd) : tq;
+    ggml_tensor * qq = ggml_view_4d(c.ctx, tq_r, tq_r->ne[0], tq_r->ne[1], tq_r->ne[2], 1, tq_r->nb[1], tq_r->nb[2], tq_r->nb[2] * tq_r->ne[2], 0);
     qq = ggml_permute(c.ctx, qq, 0, 2, 1, 3);
     k = ggml_permute(c.ctx, k, 0, 2, 1, 3);
     v = ggml_permute(c.ctx, v, 0, 2, 1, 3);
@@ -476,6 +505,16 @@ static void case_attention(ggml_type kt, ggml_type vt, int64_t n_head, int64_t k
 
 static void cases_attention() {
     uint64_t seed = 9000;
+    // quantized K cache (Hadamard-rotated q and K, q8_0 scores) with an f16 V cache
+    {
+        std::vector<int32_t> cells(256, -1);
+        for (int i = 0; i < 7; i++) cells[i] = i;
+        case_attention(GGML_TYPE_Q8_0, GGML_TYPE_F16, 4, 256, 256, cells, {0, 1, 2, 3, 4, 5, 6}, 0, "q8_0_f16_prefill7", seed++);
+        std::vector<int32_t> cells2(512, -1);
+        for (int p = 300; p <= 811; p++) cells2[p % 512] = p;
+        case_attention(GGML_TYPE_Q8_0, GGML_TYPE_F16, 32, 512, 512, cells2, {811}, 256, "q8_0_f16_swa_ring1", seed++);
+        case_attention(GGML_TYPE_Q8_0, GGML_TYPE_F16, 4, 512, 512, cells2, {809, 810, 811}, 256, "q8_0_f16_swa_ring3", seed++);
+    }
     for (ggml_type t : { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16 }) {
         // full layer, fresh cache: prefill of 7 tokens at positions 0..6 in slots 0..6, n_kv 256
         {
@@ -503,6 +542,13 @@ static void cases_attention() {
             for (int i = 0; i < 300; i++) if (i % 3 != 1) cells[i] = i;
             case_attention(t, t, 4, 768, 512, cells, {297, 298, 299}, 0, tname(t) + "_holes", seed++);
         }
+    }
+    // mixed: f16 K with f32 V, f32 K with bf16 V (one graph each)
+    {
+        std::vector<int32_t> cells(256, -1);
+        for (int i = 0; i < 40; i++) cells[i] = i;
+        case_attention(GGML_TYPE_F16, GGML_TYPE_F32, 4, 256, 256, cells, {37, 38, 39}, 0, "f16_f32_mixed3", seed++);
+        case_attention(GGML_TYPE_F32, GGML_TYPE_BF16, 4, 256, 256, cells, {39}, 0, "f32_bf16_mixed1", seed++);
     }
 }
 
@@ -547,6 +593,8 @@ int main(int argc, char ** argv) {
         case_set_rows(t, seed++);
     }
     cases_attention();
+    case_fwht(128, 9, seed++);
+    case_fwht(64, 5, seed++);
 
     fclose(g_blob);
     fclose(g_manifest);

@@ -6,13 +6,15 @@
 // first full layer and the first sliding layer (their src[1], the attn_inp_k_idxs input), and the
 // n_kv of those layers (ne0 of kq_soft_max-<il>).
 //
-// usage: kv_slots MODEL.gguf OUT.txt n_ctx n_ubatch n_batch FULL_LAYER SWA_LAYER SCHEDULE
-//   FULL_LAYER, SWA_LAYER: a full-attention and a sliding layer of the model
+// usage: kv_slots MODEL.gguf OUT.txt n_ctx n_ubatch n_batch SCHEDULE
+//   the first full-attention and the first sliding layer are read from the GGUF's
+//   muse-glimmer.attention.sliding_window_pattern
 //   SCHEDULE: comma-separated llama_decode sizes, e.g. 150,1x300,100,1x200 (NxM = M decodes of N)
 // output lines: `ubatch n=<tokens> pos0=<first position> full_nkv=<n> swa_nkv=<n> full=<slots> swa=<slots>`
 
 #include "llama.h"
 #include "ggml.h"
+#include "gguf.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -78,14 +80,14 @@ static void log_cb(enum ggml_log_level level, const char * text, void *) {
 }
 
 int main(int argc, char ** argv) {
-    if (argc != 9) {
-        fprintf(stderr, "usage: %s MODEL.gguf OUT.txt n_ctx n_ubatch n_batch FULL_LAYER SWA_LAYER SCHEDULE\n", argv[0]);
+    if (argc != 7) {
+        fprintf(stderr, "usage: %s MODEL.gguf OUT.txt n_ctx n_ubatch n_batch SCHEDULE\n", argv[0]);
         return 1;
     }
     const int n_ctx = atoi(argv[3]), n_ubatch = atoi(argv[4]), n_batch = atoi(argv[5]);
     std::vector<int> sizes;
     {
-        std::string s = argv[8];
+        std::string s = argv[6];
         size_t p = 0;
         while (p < s.size()) {
             size_t q = s.find(',', p);
@@ -111,8 +113,19 @@ int main(int argc, char ** argv) {
     if (!model) { fprintf(stderr, "cannot load %s\n", argv[1]); return 1; }
 
     rec r;
-    r.full_layer = atoi(argv[6]);
-    r.swa_layer = atoi(argv[7]);
+    {
+        gguf_init_params gp = { true, nullptr };
+        gguf_context * g = gguf_init_from_file(argv[1], gp);
+        const int64_t key = g ? gguf_find_key(g, "muse-glimmer.attention.sliding_window_pattern") : -1;
+        if (key < 0 || gguf_get_arr_type(g, key) != GGUF_TYPE_BOOL) { fprintf(stderr, "no sliding_window_pattern\n"); return 1; }
+        const bool * pat = (const bool *) gguf_get_arr_data(g, key);
+        for (size_t il = 0; il < gguf_get_arr_n(g, key); il++) {
+            if (pat[il] && r.swa_layer < 0) r.swa_layer = (int) il;
+            if (!pat[il] && r.full_layer < 0) r.full_layer = (int) il;
+        }
+        gguf_free(g);
+        if (r.full_layer < 0 || r.swa_layer < 0) { fprintf(stderr, "need a full and a sliding layer\n"); return 1; }
+    }
 
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = n_ctx;
@@ -132,7 +145,7 @@ int main(int argc, char ** argv) {
     FILE * out = fopen(argv[2], "w");
     r.out = out;
     fprintf(out, "# kv_slots model=%s n_ctx=%d (%u) n_ubatch=%d n_batch=%d n_swa=%d full_layer=%d swa_layer=%d schedule=%s\n",
-            argv[1], n_ctx, llama_n_ctx(ctx), n_ubatch, n_batch, llama_model_n_swa(model), r.full_layer, r.swa_layer, argv[8]);
+            argv[1], n_ctx, llama_n_ctx(ctx), n_ubatch, n_batch, llama_model_n_swa(model), r.full_layer, r.swa_layer, argv[6]);
 
     int pos = 0;
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));

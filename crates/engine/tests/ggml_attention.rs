@@ -4,13 +4,12 @@
 mod ggml_common;
 
 use ggml_common::{Rng, assert_bits_eq, cases};
-use muser_engine::cpu::ggml::{AttnParams, KvKey, KvLayout, attention, kv_row_bytes, store_kv_row};
+use muser_engine::cpu::ggml::{AttnParams, KvKey, KvLayout, attention, hadamard_rotate, k_rotation, kv_row_bytes, store_kv_row};
 
 #[test]
 fn attention_matches_ggml() {
     for c in cases("attention") {
-        let kt = c.ty("kt");
-        assert_eq!(kt, c.ty("vt"));
+        let (kt, vt) = (c.ty("kt"), c.ty("vt"));
         let (n_head, n_kv) = (c.usize("n_head"), c.usize("n_kv"));
         let n_swa = c.i64("n_swa");
         let q_pos: Vec<i32> = c.get("q_pos").split(',').map(|v| v.parse().unwrap()).collect();
@@ -18,17 +17,24 @@ fn attention_matches_ggml() {
         let (hd, n_head_kv) = (128usize, 2usize);
         let ntok = q_pos.len();
         let mut r = Rng::new(c.u64("seed"));
-        let q = r.acts(hd * n_head * ntok);
-        let rb = kv_row_bytes(kt, hd * n_head_kv);
+        let mut q = r.acts(hd * n_head * ntok);
+        let rot = k_rotation(kt, hd);
+        if let Some(n) = rot {
+            hadamard_rotate(&mut q, n);
+        }
+        let (krb, vrb) = (kv_row_bytes(kt, hd * n_head_kv), kv_row_bytes(vt, hd * n_head_kv));
         let mut rows: Vec<(usize, i32, Vec<u8>, Vec<u8>)> = Vec::new();
         for (slot, &p) in cells.iter().enumerate() {
             if p < 0 {
                 continue;
             }
-            let (k, v) = (r.acts(hd * n_head_kv), r.acts(hd * n_head_kv));
-            let (mut kb, mut vb) = (vec![0u8; rb], vec![0u8; rb]);
+            let (mut k, v) = (r.acts(hd * n_head_kv), r.acts(hd * n_head_kv));
+            if let Some(n) = rot {
+                hadamard_rotate(&mut k, n);
+            }
+            let (mut kb, mut vb) = (vec![0u8; krb], vec![0u8; vrb]);
             store_kv_row(kt, &k, &mut kb);
-            store_kv_row(kt, &v, &mut vb);
+            store_kv_row(vt, &v, &mut vb);
             rows.push((slot, p, kb, vb));
         }
         // ggml's view only covers the first n_kv cells
@@ -38,7 +44,8 @@ fn attention_matches_ggml() {
             n_head,
             n_head_kv,
             head_dim: hd,
-            kv_type: kt,
+            k_type: kt,
+            v_type: vt,
             n_kv,
             n_swa: if n_swa > 0 { Some(n_swa as u32) } else { None },
             scale: 1.0f32 / (hd as f32).sqrt(),

@@ -56,7 +56,7 @@ fn bench_attention() {
             let keys: Vec<KvKey> = rows.iter().enumerate().map(|(s, (k, v))| KvKey { slot: s, pos: s as i32, k, v }).collect();
             let q = r.acts(ntok * nh * hd);
             let q_pos: Vec<i32> = (0..ntok).map(|i| (n_ctx - ntok + i) as i32).collect();
-            let p = AttnParams { n_head: nh, n_head_kv: nkv, head_dim: hd, kv_type, n_kv: n_ctx, n_swa: None, scale: 0.088 };
+            let p = AttnParams { n_head: nh, n_head_kv: nkv, head_dim: hd, k_type: kv_type, v_type: kv_type, n_kv: n_ctx, n_swa: None, scale: 0.088 };
             let mut out = vec![0.0f32; ntok * nh * hd];
             let s = time(|| muser_engine::cpu::ggml::attention(&p, &q, &q_pos, &keys, &mut out));
             println!("attention {kv_type:>4} n_kv={n_ctx} ntok={ntok}: {:8.2} ms", s * 1e3);

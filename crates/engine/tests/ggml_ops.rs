@@ -5,7 +5,7 @@ mod ggml_common;
 
 use ggml_common::{Rng, assert_bits_eq, cases};
 use muser_engine::cpu::ggml::{
-    add, get_row, kv_row_bytes, mul, rms_norm, rms_norm_mul, rope_norm, scale, sigmoid, silu_row, soft_max_ext,
+    add, get_row, hadamard_rotate, kv_row_bytes, mul, rms_norm, rms_norm_mul, rope_norm, scale, sigmoid, silu_row, soft_max_ext,
     softcap, store_kv_row, swiglu_row, tanh,
 };
 
@@ -141,5 +141,15 @@ fn kv_store_matches_ggml() {
             store_kv_row(ty, &x[256 * t..256 * (t + 1)], &mut cache[slot * rb..(slot + 1) * rb]);
         }
         assert!(cache == c.out, "{}: cache bytes differ", c.name);
+    }
+}
+
+#[test]
+fn fwht_matches_ggml() {
+    for c in cases("fwht") {
+        let (n, rows) = (c.usize("n"), c.usize("rows"));
+        let mut x = Rng::new(c.u64("seed")).acts(n * rows);
+        hadamard_rotate(&mut x, n);
+        assert_bits_eq(&c.name, &x, &c.out_f32());
     }
 }

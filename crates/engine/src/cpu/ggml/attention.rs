@@ -21,6 +21,8 @@
 //! | f16        | q->f16, vec_dot_f16 / tinyBLAS f16       | P->f16, vec_dot_f16 / tinyBLAS f16        |
 //! | bf16       | q->bf16, vec_dot_bf16 / tinyBLAS bf16    | P->bf16, vec_dot_bf16 / tinyBLAS bf16     |
 //!
+//! | q8_0 (K)  | q->q8_0, vec_dot_q8_0 / tinyBLAS_Q0 (same bits) |                                   |
+//!
 //! (tinyBLAS needs `rows % 4 == 0`: `n_kv` for `Q·K`, `head_dim` for `V·P`; otherwise vec_dot.)
 
 use muser_gguf::GgmlType;
@@ -29,10 +31,12 @@ use rayon::prelude::*;
 use super::lanes::{
     bf16_to_f32, f16_lut, f16_to_f32, f32_to_bf16, f32_to_f16, fma, hsum8, reduce4x8, v_expf, with_avx2_fma,
 };
-use super::vec_dot::vec_dot_f32;
+use super::kv::kv_row_bytes;
+use super::quantize::{Q8_0_BYTES, QK8_0, quantize_row_q8_0};
+use super::vec_dot::{vec_dot_f32, vec_dot_q0_q8_0};
 
 /// One key of the cache: its cell index (slot) in the layer's cache, its position, and its K and V
-/// rows (`n_head_kv * head_dim` values each, in the cache type's bytes, as [`super::store_kv_row`]
+/// rows (`n_head_kv * head_dim` values each, in the cache types' bytes, as [`super::store_kv_row`]
 /// writes them).
 #[derive(Clone, Copy, Debug)]
 pub struct KvKey<'a> {
@@ -48,8 +52,11 @@ pub struct AttnParams {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
-    /// The K and V cache type: F32, F16 or BF16.
-    pub kv_type: GgmlType,
+    /// The K cache type: F32, F16, BF16, or Q8_0 (then Q and K must have been rotated with
+    /// [`super::hadamard_rotate`], as llama.cpp does for a quantized K cache).
+    pub k_type: GgmlType,
+    /// The V cache type: F32, F16 or BF16 (a quantized V cache needs flash attention).
+    pub v_type: GgmlType,
     /// The graph's `n_kv` for this cache (see [`super::KvLayout`]).
     pub n_kv: usize,
     /// `Some(n_swa)` on sliding layers: key visible iff `0 <= q_pos - pos < n_swa`.
@@ -75,11 +82,15 @@ pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: 
     assert!(nh % nkv == 0, "attention: n_head {nh} not a multiple of n_head_kv {nkv}");
     assert_eq!(q.len(), n_tokens * nh * hd, "attention: q length");
     assert_eq!(out.len(), n_tokens * nh * hd, "attention: out length");
-    let esz = match p.kv_type {
-        GgmlType::F32 => 4,
-        GgmlType::F16 | GgmlType::BF16 => 2,
-        t => panic!("ggml parity attention: KV cache type {t} is not supported (f32, f16, bf16)"),
-    };
+    match p.k_type {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {}
+        GgmlType::Q8_0 => assert!(hd % 32 == 0, "attention: a Q8_0 K cache needs head_dim % 32 == 0"),
+        t => panic!("ggml parity attention: K cache type {t} is not supported (f32, f16, bf16, q8_0)"),
+    }
+    match p.v_type {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {}
+        t => panic!("ggml parity attention: V cache type {t} is not supported without flash attention"),
+    }
     let mut order: Vec<usize> = (0..keys.len()).collect();
     order.sort_by_key(|&i| keys[i].slot);
     for w in order.windows(2) {
@@ -87,16 +98,24 @@ pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: 
     }
     for k in keys {
         assert!(k.slot < p.n_kv, "attention: slot {} outside n_kv {}", k.slot, p.n_kv);
-        assert!(k.k.len() == nkv * hd * esz && k.v.len() == nkv * hd * esz, "attention: K/V row size");
+        assert!(
+            k.k.len() == kv_row_bytes(p.k_type, nkv * hd) && k.v.len() == kv_row_bytes(p.v_type, nkv * hd),
+            "attention: K/V row size"
+        );
     }
     let sorted: Vec<KvKey> = order.iter().map(|&i| keys[i]).collect();
 
-    // K and V of the keys, widened to f32 (exact for f16/bf16), per KV head: [kvh][key][d]
+    // K and V of the keys, widened to f32 (exact for f16/bf16), per KV head: [kvh][key][d];
+    // a Q8_0 K stays in blocks
     let nk = sorted.len();
-    let mut kf = vec![0.0f32; nkv * nk * hd];
+    let q8k = p.k_type == GgmlType::Q8_0;
+    let mut kf = vec![0.0f32; if q8k { 0 } else { nkv * nk * hd }];
     let mut vf = vec![0.0f32; nkv * nk * hd];
-    widen(p.kv_type, &sorted, hd, true, &mut kf);
-    widen(p.kv_type, &sorted, hd, false, &mut vf);
+    if !q8k {
+        widen(p.k_type, &sorted, hd, true, &mut kf);
+    }
+    widen(p.v_type, &sorted, hd, false, &mut vf);
+    let kq8: Vec<&[u8]> = if q8k { sorted.iter().map(|k| k.k).collect() } else { Vec::new() };
     let slots: Vec<usize> = sorted.iter().map(|k| k.slot).collect();
     let kpos: Vec<i32> = sorted.iter().map(|k| k.pos).collect();
 
@@ -105,9 +124,10 @@ pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: 
         let kvh = h / (nh / nkv);
         let qrow = &q[th * hd..(th + 1) * hd];
         let plane = kvh * nk * hd..(kvh + 1) * nk * hd;
+        let kp = if q8k { KPlane::Q8_0 { rows: &kq8, kvh } } else { KPlane::F32(&kf[plane.clone()]) };
         with_avx2_fma(
             #[inline(always)]
-            || head(p, n_tokens, qrow, q_pos[t], &slots, &kpos, &kf[plane.clone()], &vf[plane], o),
+            || head(p, n_tokens, qrow, q_pos[t], &slots, &kpos, &kp, &vf[plane], o),
         );
     });
 }
@@ -197,6 +217,12 @@ fn dot_kq(ty: GgmlType, sgemm: bool, k: &[f32], q: &[f32]) -> f32 {
     sumf as f32
 }
 
+/// The K side of one KV head: widened rows `[key][d]`, or the Q8_0 cache rows.
+enum KPlane<'a> {
+    F32(&'a [f32]),
+    Q8_0 { rows: &'a [&'a [u8]], kvh: usize },
+}
+
 /// One (token, head): scores, softmax and `V·P` over the keys (slot order) of one KV head.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
@@ -207,24 +233,41 @@ fn head(
     q_pos: i32,
     slots: &[usize],
     kpos: &[i32],
-    kf: &[f32],
+    kp: &KPlane,
     vf: &[f32],
     out: &mut [f32],
 ) {
     let hd = p.head_dim;
-    let ty = p.kv_type;
+    let ty = p.v_type;
     let sgemm_kq = n_tokens >= 2 && p.n_kv % 4 == 0;
     let sgemm_vp = n_tokens >= 2 && hd % 4 == 0;
 
     // Q·K for the visible keys; q converted to K's vec_dot_type
     let vis: Vec<usize> = (0..slots.len()).filter(|&i| visible(kpos[i], q_pos, p.n_swa)).collect();
     assert!(!vis.is_empty(), "attention: a query at position {q_pos} sees no key");
-    let qr: Vec<f32> = q.iter().map(|&v| round_to(ty, v)).collect();
     // (plain loops, not iterator closures: the closures would be compiled outside the
     // AVX2/FMA copy this function is inlined into)
     let mut s = vec![0.0f32; vis.len()];
-    for (sj, &i) in s.iter_mut().zip(&vis) {
-        *sj = dot_kq(ty, sgemm_kq, &kf[i * hd..(i + 1) * hd], &qr);
+    match kp {
+        KPlane::F32(kf) => {
+            let mut qr = vec![0.0f32; hd];
+            for (r, &v) in qr.iter_mut().zip(q) {
+                *r = round_to(p.k_type, v);
+            }
+            for (sj, &i) in s.iter_mut().zip(&vis) {
+                *sj = dot_kq(p.k_type, sgemm_kq, &kf[i * hd..(i + 1) * hd], &qr);
+            }
+        }
+        KPlane::Q8_0 { rows, kvh } => {
+            // q quantized to Q8_0 per head row (from_float of the permuted q), then vec_dot_q8_0_q8_0
+            // or tinyBLAS_Q0_AVX: the same bits
+            let rb = hd / QK8_0 * Q8_0_BYTES;
+            let mut qq = vec![0u8; rb];
+            quantize_row_q8_0(q, &mut qq);
+            for (sj, &i) in s.iter_mut().zip(&vis) {
+                *sj = vec_dot_q0_q8_0(false, &rows[i][kvh * rb..(kvh + 1) * rb], &qq);
+            }
+        }
     }
 
     // soft_max_ext over the n_kv slots; hidden slots are -inf and give exact zeros

@@ -4,8 +4,8 @@
 //! K rows are written whole (`n_embd_k_gqa` values); in the non-flash path the V cache is
 //! transposed and written one element per row, which for f32/f16/bf16 is the same per-element
 //! conversion. A Q8_0 V cache needs flash attention (its rows would be one value long); a Q8_0 K
-//! cache turns on llama.cpp's Hadamard rotation of Q and K (llama-kv-cache.cpp:321), which
-//! this module does not implement: the attention kernel refuses Q8_0.
+//! cache turns on llama.cpp's Hadamard rotation of Q and K (llama-kv-cache.cpp:321): rotate the K
+//! row with [`super::hadamard_rotate`] before storing it.
 
 use muser_gguf::GgmlType;
 

@@ -34,11 +34,15 @@
 //! - [`KvLayout`] / [`IswaLayout`]: llama.cpp's cell (slot) assignment and `n_kv` for one sequence
 //!   in the full and the sliding-window cache.
 //! - [`attention`]`(params, q, q_pos, keys, out)`: non-flash attention of one layer for one ubatch,
-//!   given the sequence's cached keys with their slots (`KvKey`) and the graph's `n_kv`.
+//!   given the sequence's cached keys with their slots (`KvKey`) and the graph's `n_kv`. K cache
+//!   f32/f16/bf16/q8_0, V cache f32/f16/bf16.
+//! - [`k_rotation`] / [`hadamard_rotate`]: with a quantized (Q8_0) K cache llama.cpp rotates Q and K
+//!   (after RoPE, before the store) with a Hadamard transform; do the same.
 //!
 //! Everything is safe Rust and deterministic: results do not depend on the rayon thread count.
 
 pub mod attention;
+pub mod hadamard;
 pub mod kv;
 pub mod kv_layout;
 pub mod lanes;
@@ -53,6 +57,7 @@ pub mod unary;
 pub mod vec_dot;
 
 pub use attention::{AttnParams, KvKey, attention, visible};
+pub use hadamard::{hadamard_rotate, k_rotation};
 pub use kv::{kv_row_bytes, store_kv_row};
 pub use kv_layout::{IswaLayout, KvFull, KvLayout, Placement};
 pub use mul_mat::{Activations, MatMulPath, mul_mat, mul_mat_act, mul_mat_path, vec_dot_type};
