@@ -111,7 +111,7 @@ pub fn run(a: Args) -> CliResult {
     let loaded = a.model.load()?;
     let kv = a.model.kv()?;
     let backend_name = crate::with_model!(&loaded, m => m.backend.name());
-    println!("model: {}  backend: {backend_name}  kv: {}", a.model.model.display(), kv.name());
+    println!("model: {}  backend: {backend_name}  kv: {}", a.model.model_name(), kv.name());
     println!("| test | tokens/s | ms/token |");
     println!("|---|---|---|");
     for &np in a.n_prompt.iter().filter(|&&n| n > 0) {

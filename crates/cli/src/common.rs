@@ -1,19 +1,25 @@
 //! Options and model loading shared by the subcommands.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::Args as ClapArgs;
 use muser_cuda::CudaBackend;
 use muser_engine::{CpuBackend, KvType, ModelFile, MuseGlimmer, NumericMode};
+use muser_gguf::Gguf;
+
+/// The small random-weight test model compiled into the binary: what runs without `-m`.
+pub const BUNDLED_NAME: &str = "tame-q4_k_m";
+static BUNDLED: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/models/tame-q4_k_m.gguf"));
 
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
 /// Where and how the model runs.
 #[derive(ClapArgs, Clone, Debug)]
 pub struct ModelOpts {
-    /// Path to a Muse Glimmer GGUF file.
+    /// Path to a Muse Glimmer GGUF file (default: the bundled random-weight test model).
     #[arg(short = 'm', long = "model")]
-    pub model: PathBuf,
+    pub model: Option<PathBuf>,
     /// Numeric mode: accurate (exact dequantization, f32) or parity (llama.cpp's CPU arithmetic).
     #[arg(long, default_value = "accurate")]
     pub mode: String,
@@ -63,10 +69,34 @@ impl ModelOpts {
         KvType::parse(&self.kv_type)
     }
 
+    /// A printable name of the model.
+    pub fn model_name(&self) -> String {
+        self.model.as_ref().map_or(format!("(bundled {BUNDLED_NAME})"), |p| p.display().to_string())
+    }
+
+    /// Open the GGUF: the file given with `-m`, or the bundled test model (saying so).
+    pub fn gguf(&self) -> Result<Arc<Gguf>, Box<dyn std::error::Error>> {
+        match &self.model {
+            Some(p) => Ok(Arc::new(Gguf::open(p)?)),
+            None => {
+                eprintln!(
+                    "note: no -m given, so this runs the bundled {BUNDLED_NAME} model: a tiny RANDOM-WEIGHT test model \
+                     (3 layers, 256 wide) whose output is noise. To run Muse Glimmer, point -m at its GGUF, e.g. \
+                     muser generate -m Muse-Glimmer-30B-Q4_K_M.gguf -p \"Hello\""
+                );
+                Ok(Arc::new(Gguf::from_bytes(BUNDLED.to_vec())?))
+            }
+        }
+    }
+
     pub fn load(&self) -> Result<Loaded, Box<dyn std::error::Error>> {
+        self.load_from(self.gguf()?)
+    }
+
+    pub fn load_from(&self, g: Arc<Gguf>) -> Result<Loaded, Box<dyn std::error::Error>> {
         let mode = NumericMode::parse(&self.mode)?;
         let device = parse_device(&self.device)?;
-        let file = ModelFile::open(&self.model)?;
+        let file = ModelFile::from_gguf(g)?;
         match device {
             None => Ok(Loaded::Cpu(MuseGlimmer::load(&file, CpuBackend::new(mode, self.threads)?)?)),
             Some(ordinal) => {

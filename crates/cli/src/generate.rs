@@ -1,21 +1,20 @@
-//! `muser generate`: continue a prompt.
+//! `muser generate`: continue a prompt, streaming text as it is produced.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use muser_engine::{Logits, Sampler, SamplingParams, Session};
+use muser_engine::{Backend, Error, KvType, Logits, MuseGlimmer, Sampler, SamplingParams, Session};
+use muser_text::{StreamDecoder, Tokenizer};
 
 use crate::common::{CliResult, ModelOpts};
 
-#[derive(clap::Args)]
-pub struct Args {
-    #[command(flatten)]
-    pub model: ModelOpts,
-    /// Prompt as token ids, comma-separated.
-    #[arg(long = "prompt-ids", value_delimiter = ',')]
-    pub prompt_ids: Vec<u32>,
-    /// Tokens to generate.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 64)]
+/// Sampling options shared by `generate` and `chat`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SampleOpts {
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
     pub n_predict: usize,
+    /// Temperature (0 = greedy).
     #[arg(long = "temp", default_value_t = 0.8)]
     pub temperature: f32,
     #[arg(long = "top-k", default_value_t = 40)]
@@ -28,56 +27,137 @@ pub struct Args {
     pub repeat_penalty: f32,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Context size.
+    /// Context size (at most the model's context_length).
     #[arg(short = 'c', long = "ctx-size", default_value_t = 4096)]
     pub ctx_size: usize,
+    /// Prompt micro-batch size.
     #[arg(long, default_value_t = 512)]
     pub ubatch: usize,
 }
 
-pub fn run(a: Args) -> CliResult {
-    let params = SamplingParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        repeat_penalty: a.repeat_penalty,
-        seed: a.seed,
-        ..Default::default()
-    };
-    params.validate()?;
-    if a.prompt_ids.is_empty() {
-        return Err("an empty prompt: give --prompt-ids".into());
+impl SampleOpts {
+    pub fn params(&self) -> Result<SamplingParams, String> {
+        let p = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            seed: self.seed,
+            ..Default::default()
+        };
+        p.validate()?;
+        Ok(p)
     }
-    let loaded = a.model.load()?;
-    let kv = a.model.kv()?;
-    crate::with_model!(&loaded, model => generate(model, &a, params, kv))
 }
 
-fn generate<B: muser_engine::Backend>(
-    model: &muser_engine::MuseGlimmer<B>,
-    a: &Args,
-    params: SamplingParams,
-    kv: muser_engine::KvType,
-) -> CliResult {
-    let n_ctx = a.ctx_size.min(model.config.n_ctx_train);
-    let mut s = Session::new(model, kv, n_ctx)?;
-    let mut sampler = Sampler::new(params);
-    for &t in &a.prompt_ids {
-        sampler.accept(t);
-    }
-    let mut logits = s.feed(&a.prompt_ids, a.ubatch, Logits::Last)?;
-    let mut out = std::io::stdout().lock();
-    for _ in 0..a.n_predict {
-        if s.pos() >= n_ctx {
-            eprintln!("\n[context full at {n_ctx} tokens]");
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// The prompt text.
+    #[arg(short = 'p', long = "prompt")]
+    pub prompt: Option<String>,
+    /// The prompt as token ids, comma-separated (instead of text).
+    #[arg(long = "prompt-ids", value_delimiter = ',')]
+    pub prompt_ids: Vec<u32>,
+    /// Do not prepend BOS to a text prompt.
+    #[arg(long = "no-bos")]
+    pub no_bos: bool,
+    /// Print token ids instead of text.
+    #[arg(long = "print-ids")]
+    pub print_ids: bool,
+    #[command(flatten)]
+    pub sample: SampleOpts,
+}
+
+/// Generate up to `n` tokens after `logits`, calling `emit(id)` for each; stops at an
+/// end-of-generation token, a full context, or when `stop` is raised (Ctrl-C in chat).
+#[allow(clippy::too_many_arguments)]
+pub fn run_loop<B: Backend>(
+    s: &mut Session<'_, B>,
+    sampler: &mut Sampler,
+    mut logits: Vec<f32>,
+    n: usize,
+    eog: &[u32],
+    stop: &AtomicBool,
+    emit: &mut dyn FnMut(u32) -> Result<(), Box<dyn std::error::Error>>,
+) -> Result<Vec<u32>, Box<dyn std::error::Error>> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        if stop.load(Ordering::SeqCst) {
             break;
         }
         let t = sampler.sample(&logits);
         sampler.accept(t);
-        write!(out, "{t} ")?;
-        out.flush()?;
+        out.push(t);
+        if eog.contains(&t) {
+            break;
+        }
+        emit(t)?;
+        if s.pos() >= s.n_ctx() {
+            eprintln!("\n[context full at {} tokens]", s.n_ctx());
+            break;
+        }
         logits = s.feed(&[t], 1, Logits::Last)?;
+    }
+    Ok(out)
+}
+
+pub fn run(a: Args) -> CliResult {
+    let params = a.sample.params()?;
+    let g = a.model.gguf()?;
+    let tok = Tokenizer::from_gguf(&g)?;
+    let prompt: Vec<u32> = match (&a.prompt, a.prompt_ids.is_empty()) {
+        (Some(_), false) => return Err("give either -p or --prompt-ids, not both".into()),
+        (Some(p), true) => tok.encode(p, tok.add_bos_default() && !a.no_bos, false)?,
+        (None, false) => a.prompt_ids.clone(),
+        (None, true) => return Err("an empty prompt: give -p TEXT (or --prompt-ids)".into()),
+    };
+    if prompt.is_empty() {
+        return Err("the prompt encodes to no tokens".into());
+    }
+    let loaded = a.model.load_from(g)?;
+    let kv = a.model.kv()?;
+    crate::with_model!(&loaded, model => generate(model, &a, &tok, &prompt, params, kv))
+}
+
+fn generate<B: Backend>(
+    model: &MuseGlimmer<B>,
+    a: &Args,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    params: SamplingParams,
+    kv: KvType,
+) -> CliResult {
+    let n_ctx = a.sample.ctx_size.min(model.config.n_ctx_train);
+    if prompt.len() >= n_ctx {
+        return Err(Error::Input(format!(
+            "the prompt has {} tokens, which exceed the context size {n_ctx} (at most {} fit with room to generate)",
+            prompt.len(),
+            n_ctx - 1
+        ))
+        .into());
+    }
+    let mut s = Session::new(model, kv, n_ctx)?;
+    let mut sampler = Sampler::new(params);
+    prompt.iter().for_each(|&t| sampler.accept(t));
+    let logits = s.feed(prompt, a.sample.ubatch, Logits::Last)?;
+    let mut dec = StreamDecoder::new(true, Vec::<String>::new());
+    let mut out = std::io::stdout().lock();
+    let never = AtomicBool::new(false);
+    let eog = tok.eog_ids();
+    run_loop(&mut s, &mut sampler, logits, a.sample.n_predict, &eog, &never, &mut |t| {
+        if a.print_ids {
+            write!(out, "{t} ")?;
+        } else {
+            write!(out, "{}", dec.push(tok, t)?)?;
+        }
+        out.flush()?;
+        Ok(())
+    })?;
+    if !a.print_ids {
+        write!(out, "{}", dec.finish())?;
     }
     writeln!(out)?;
     Ok(())

@@ -1,11 +1,13 @@
 //! `muser`: load a Muse Glimmer GGUF, inspect it, compute logits, generate, benchmark.
 
 mod bench;
+mod chat;
 mod common;
 mod generate;
 mod inspect;
 mod logits;
 mod synth;
+mod text;
 
 use std::process::ExitCode;
 
@@ -30,6 +32,12 @@ enum Command {
     Bench(bench::Args),
     /// Write a synthetic Muse Glimmer GGUF with random weights (speed tests only).
     Synth(synth::Args),
+    /// Talk to the model through its chat template.
+    Chat(chat::Args),
+    /// Text on stdin to token ids (a JSON array) on stdout.
+    Tokenize(text::TokenizeArgs),
+    /// A JSON array of token ids on stdin to text on stdout.
+    Detokenize(text::DetokenizeArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +48,9 @@ fn main() -> ExitCode {
         Command::Generate(a) => generate::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Synth(a) => synth::run(a),
+        Command::Chat(a) => chat::run(a),
+        Command::Tokenize(a) => text::tokenize(a),
+        Command::Detokenize(a) => text::detokenize(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

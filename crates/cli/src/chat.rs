@@ -1,0 +1,149 @@
+//! `muser chat`: an interactive conversation through the model's chat template, streaming the
+//! answer (reasoning shown dimmed), keeping the history; `/reset` forgets it, Ctrl-C stops the
+//! answer being written (not the program), `/quit` or Ctrl-D leaves.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use muser_engine::{Backend, KvType, Logits, MuseGlimmer, Sampler, Session};
+use muser_text::{ChatDelta, ChatTemplate, Message, StreamDecoder, Tokenizer, ToolCallParser};
+
+use crate::common::{CliResult, ModelOpts};
+use crate::generate::{SampleOpts, run_loop};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// Use this Jinja chat template instead of the GGUF's.
+    #[arg(long = "chat-template-file")]
+    pub chat_template_file: Option<PathBuf>,
+    /// A system message opening the conversation.
+    #[arg(long)]
+    pub system: Option<String>,
+    #[command(flatten)]
+    pub sample: SampleOpts,
+}
+
+pub fn run(a: Args) -> CliResult {
+    let params = a.sample.params()?;
+    let g = a.model.gguf()?;
+    let tok = Tokenizer::from_gguf(&g)?;
+    let mut template = match &a.chat_template_file {
+        Some(p) => ChatTemplate::from_file(p)?,
+        None => ChatTemplate::from_gguf(&g).map_err(|e| format!("{e} (give --chat-template-file)"))?,
+    };
+    template.set_special_tokens(&tok);
+    let loaded = a.model.load_from(g)?;
+    let kv = a.model.kv()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let s2 = stop.clone();
+    ctrlc::set_handler(move || s2.store(true, Ordering::SeqCst)).map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
+    crate::with_model!(&loaded, model => chat(model, &a, &tok, &template, params, kv, &stop))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn chat<B: Backend>(
+    model: &MuseGlimmer<B>,
+    a: &Args,
+    tok: &Tokenizer,
+    template: &ChatTemplate,
+    params: muser_engine::SamplingParams,
+    kv: KvType,
+    stop: &AtomicBool,
+) -> CliResult {
+    let n_ctx = a.sample.ctx_size.min(model.config.n_ctx_train);
+    let mut session = Session::new(model, kv, n_ctx)?;
+    let mut cached: Vec<u32> = Vec::new();
+    let mut history: Vec<Message> = Vec::new();
+    if let Some(sys) = &a.system {
+        history.push(Message::new("system", sys.clone()));
+    }
+    let parser = ToolCallParser::new(&[]);
+    let eog = tok.eog_ids();
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    eprintln!("chat: /reset forgets the conversation, /quit leaves, Ctrl-C stops an answer");
+    loop {
+        write!(out, "\n> ")?;
+        out.flush()?;
+        let mut line = String::new();
+        stop.store(false, Ordering::SeqCst);
+        if stdin.lock().read_line(&mut line)? == 0 {
+            writeln!(out)?;
+            return Ok(());
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        match line.trim() {
+            "" => continue,
+            "/quit" | "/exit" => return Ok(()),
+            "/reset" => {
+                history.retain(|m| m.role == "system");
+                session.reset();
+                cached.clear();
+                eprintln!("[conversation forgotten]");
+                continue;
+            }
+            _ => {}
+        }
+        history.push(Message::new("user", line.to_string()));
+        let msgs = serde_json::to_value(&history)?;
+        let ids = match template.encode_sanitized(tok, &msgs, None, true, None) {
+            Ok(ids) => ids,
+            Err(e) => {
+                history.pop();
+                eprintln!("error: {e}");
+                continue;
+            }
+        };
+        if ids.len() + 1 >= n_ctx {
+            history.pop();
+            eprintln!("error: the conversation ({} tokens) no longer fits the context of {n_ctx}; /reset to start over", ids.len());
+            continue;
+        }
+        // Reuse the cache when it holds a prefix of the new prompt; otherwise start over.
+        if !(cached.len() <= ids.len() && ids[..cached.len()] == cached[..]) || cached.is_empty() {
+            session.reset();
+            cached.clear();
+        }
+        let mut sampler = Sampler::new(params.clone());
+        ids.iter().for_each(|&t| sampler.accept(t));
+        let logits = if cached.len() < ids.len() {
+            session.feed(&ids[cached.len()..], a.sample.ubatch, Logits::Last)?
+        } else {
+            // The whole prompt is cached (cannot happen with a growing history): re-run it.
+            session.reset();
+            session.feed(&ids, a.sample.ubatch, Logits::Last)?
+        };
+        cached = ids;
+        let mut dec = StreamDecoder::new(false, Vec::<String>::new());
+        let mut atem = parser.stream();
+        let show = |deltas: Vec<ChatDelta>, out: &mut std::io::Stdout| -> std::io::Result<()> {
+            for d in deltas {
+                match d {
+                    ChatDelta::Content(t) => write!(out, "{t}")?,
+                    ChatDelta::Reasoning(t) => write!(out, "\x1b[2m{t}\x1b[0m")?,
+                    ChatDelta::ToolCall { call, .. } => write!(out, "\n[tool call {} {}]", call.function.name, call.function.arguments)?,
+                }
+            }
+            out.flush()
+        };
+        let generated = run_loop(&mut session, &mut sampler, logits, a.sample.n_predict, &eog, stop, &mut |t| {
+            let text = dec.push(tok, t)?;
+            show(atem.push(&text), &mut std::io::stdout())?;
+            Ok(())
+        })?;
+        let tail = dec.finish();
+        show(atem.push(&tail), &mut out)?;
+        show(atem.finish(), &mut out)?;
+        if stop.load(Ordering::SeqCst) {
+            write!(out, " [stopped]")?;
+        }
+        writeln!(out)?;
+        cached.extend(generated.iter().filter(|t| !eog.contains(t)));
+        let msg = atem.into_message().into_message();
+        history.push(msg);
+    }
+}
