@@ -215,6 +215,14 @@ fn forward(m: &Model, st: &mut State, tokens: &[i32], pos0: i32, n_out: usize) -
     logits
 }
 
+/// The first `"key": <integer>` of a JSON text.
+fn json_usize(text: &str, key: &str) -> Option<usize> {
+    let i = text.find(&format!("\"{key}\":"))?;
+    let rest = text[i + key.len() + 3..].trim_start();
+    let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
 fn read_f32(p: &PathBuf) -> Vec<f32> {
     std::fs::read(p).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
@@ -247,11 +255,14 @@ fn run_fixture(name: &str, kv: &str) -> (usize, f64, bool) {
     let want = read_f32(&fix.join(format!("golden/{name}/llama-{kv}.f32")));
     let greedy_want = read_i32(&fix.join(format!("golden/{name}/greedy-{kv}.i32")));
     let kv_type = if kv == "kv_f16" { GgmlType::F16 } else { GgmlType::F32 };
-    // llama_logits.c: n_ctx 256, n_batch = n_ubatch = 256 (one ubatch for the 80-token prompt)
-    let n_ctx = 256;
+    // the llama_logits.c run config of the manifest (n_ctx 256, n_batch = n_ubatch = 256 when written)
+    let manifest = std::fs::read_to_string(fix.join("manifest.json")).unwrap_or_default();
+    let n_ctx = json_usize(&manifest, "n_ctx").unwrap_or(256);
+    let n_ubatch = json_usize(&manifest, "n_ubatch_effective").unwrap_or(256);
+    assert!(tokens.len() <= n_ubatch, "the prompt is one ubatch in llama_logits.c's run");
     let mut st = State {
-        layout: IswaLayout::new(n_ctx, m.n_swa, 256),
-        caches: (0..m.n_layer).map(|_| LayerCache { k: vec![Vec::new(); 256], v: vec![Vec::new(); 256] }).collect(),
+        layout: IswaLayout::new(n_ctx, m.n_swa, n_ubatch),
+        caches: (0..m.n_layer).map(|_| LayerCache { k: vec![Vec::new(); n_ctx.next_multiple_of(256)], v: vec![Vec::new(); n_ctx.next_multiple_of(256)] }).collect(),
         kv_type,
     };
     let n = tokens.len();
@@ -277,16 +288,29 @@ fn run_fixture(name: &str, kv: &str) -> (usize, f64, bool) {
 
 #[test]
 fn fixtures_match_llama_cpp_bit_for_bit() {
+    let fix = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures");
+    // every fixture with a model and llama.cpp goldens (tests/fixtures/README.md)
+    let mut names: Vec<String> = std::fs::read_dir(fix.join("golden"))
+        .expect("tests/fixtures/golden")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| fix.join(format!("models/{n}.gguf")).exists() && fix.join(format!("golden/{n}/tokens.i32")).exists())
+        .collect();
+    names.sort();
+    assert!(!names.is_empty(), "no fixture models found in tests/fixtures");
     let mut report = Vec::new();
     let mut ok = true;
-    for family in ["tame", "sharp"] {
-        for fmt in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k"] {
-            for kv in ["kv_f32", "kv_f16"] {
-                let name = format!("{family}-{fmt}");
-                let (bad, d, greedy) = run_fixture(&name, kv);
-                ok &= bad == 0 && greedy;
-                report.push(format!("{name} {kv}: {bad} logits differ, max |dlogsoftmax| {d:.3e}, greedy {}", if greedy { "same" } else { "DIFFERENT" }));
+    for name in &names {
+        for kv in ["kv_f32", "kv_f16"] {
+            if !fix.join(format!("golden/{name}/llama-{kv}.f32")).exists() {
+                continue;
             }
+            let (bad, d, greedy) = run_fixture(name, kv);
+            ok &= bad == 0 && greedy;
+            report.push(format!(
+                "{name} {kv}: {bad} logits differ, max |dlogsoftmax| {d:.3e}, greedy {}",
+                if greedy { "same" } else { "DIFFERENT" }
+            ));
         }
     }
     println!("{}", report.join("\n"));

@@ -20,18 +20,19 @@
 //! | f32        | vec_dot_f32 / vec_dot_f32                | vec_dot_f32 / tinyBLAS f32                |
 //! | f16        | q->f16, vec_dot_f16 / tinyBLAS f16       | P->f16, vec_dot_f16 / tinyBLAS f16        |
 //! | bf16       | q->bf16, vec_dot_bf16 / tinyBLAS bf16    | P->bf16, vec_dot_bf16 / tinyBLAS bf16     |
+//! | q8_0 (K)   | q->q8_0, vec_dot_q8_0 / tinyBLAS_Q0      | (V: flash attention only)                 |
 //!
-//! | q8_0 (K)  | q->q8_0, vec_dot_q8_0 / tinyBLAS_Q0 (same bits) |                                   |
-//!
+//! (K and V types are independent. tinyBLAS_Q0 gives the same bits as vec_dot_q8_0. With a q8_0 K
+//! cache, llama.cpp first rotates Q and K: see [`super::hadamard`].)
 //! (tinyBLAS needs `rows % 4 == 0`: `n_kv` for `Q·K`, `head_dim` for `V·P`; otherwise vec_dot.)
 
 use muser_gguf::GgmlType;
 use rayon::prelude::*;
 
+use super::kv::kv_row_bytes;
 use super::lanes::{
     bf16_to_f32, f16_lut, f16_to_f32, f32_to_bf16, f32_to_f16, fma, hsum8, reduce4x8, v_expf, with_avx2_fma,
 };
-use super::kv::kv_row_bytes;
 use super::quantize::{Q8_0_BYTES, QK8_0, quantize_row_q8_0};
 use super::vec_dot::{vec_dot_f32, vec_dot_q0_q8_0};
 

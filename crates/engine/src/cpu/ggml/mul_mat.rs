@@ -19,10 +19,8 @@ use super::quantize::{
     BlockQ8K, Q8_0_BYTES, QK8_0, QK_K, quantize_row_bf16, quantize_row_f16, quantize_row_q8_0, quantize_row_q8_k,
 };
 use super::sgemm::{sgemm_dot_bf16, sgemm_dot_f16, sgemm_dot_f32};
-use super::tiled::{tiled_dot_k4, tiled_dot_q6_k};
-use super::vec_dot::{
-    vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_q0_q8_0, vec_dot_q4_k, vec_dot_q5_k, vec_dot_q6_k,
-};
+use super::tiled::tiled_dot_k;
+use super::vec_dot::{KBlock, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_k, vec_dot_q0_q8_0};
 
 /// Which ggml-cpu kernel computes a mul_mat.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,6 +127,7 @@ impl Activations {
 struct RowBuf {
     f: Vec<f32>,
     h: Vec<u16>,
+    k: Vec<KBlock>,
 }
 
 /// One output element: weight row `w` (raw bytes of `ty`) against input token `t`.
@@ -164,16 +163,17 @@ fn dot(ty: GgmlType, path: MatMulPath, w: &[u8], act: &Activations, t: usize, bu
             vec_dot_q0_q8_0(ty == GgmlType::Q4_0, w, &x[t * rb..(t + 1) * rb])
         }
         (Activations::Q8K { x, .. }, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) => {
+            if new_row {
+                // decode the weight row once for all input columns
+                let bs = ty.type_size();
+                buf.k.resize(w.len() / bs, KBlock::ZERO);
+                for (xb, b) in w.chunks_exact(bs).zip(buf.k.iter_mut()) {
+                    KBlock::decode(ty, xb, b);
+                }
+            }
             let nb = cols / QK_K;
             let y = &x[t * nb..(t + 1) * nb];
-            match (ty, path) {
-                (GgmlType::Q4_K, MatMulPath::Tiled) => tiled_dot_k4(false, w, y),
-                (GgmlType::Q5_K, MatMulPath::Tiled) => tiled_dot_k4(true, w, y),
-                (GgmlType::Q6_K, MatMulPath::Tiled) => tiled_dot_q6_k(w, y),
-                (GgmlType::Q4_K, _) => vec_dot_q4_k(w, y),
-                (GgmlType::Q5_K, _) => vec_dot_q5_k(w, y),
-                _ => vec_dot_q6_k(w, y),
-            }
+            if path == MatMulPath::Tiled { tiled_dot_k(ty, &buf.k, y) } else { vec_dot_k(ty, &buf.k, y) }
         }
         _ => panic!("ggml parity: activations do not match weight type {ty}"),
     }
@@ -201,7 +201,7 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
     let mut tmp = vec![0.0f32; rows * n_tokens];
     tmp.par_chunks_mut(CHUNK * n_tokens).enumerate().for_each(|(c, out)| {
         let r0 = c * CHUNK;
-        let mut buf = RowBuf { f: vec![0.0; cols], h: vec![0; cols] };
+        let mut buf = RowBuf { f: vec![0.0; cols], h: vec![0; cols], k: Vec::new() };
         with_avx2_fma(
             #[inline(always)]
             || {

@@ -15,60 +15,65 @@
 //! (Q6_K's act-bias trick, `(q8 + 128) * (q - 32)` minus a precomputed `128 * Σ scale*(q - 32)`, is
 //! exact integer arithmetic and gives the same `s1`.)
 
-use super::lanes::{fma, rd_f16};
-use super::quantize::{BlockQ8K, QK_K};
-use super::vec_dot::{k4_codes, k4_scales_mins, q6_codes};
+use muser_gguf::GgmlType;
 
+use super::lanes::fma;
+use super::quantize::BlockQ8K;
+use super::vec_dot::{KBlock, decode_k_row};
+
+/// `s1` of one block: `Σ_s scale[s] * Σ_{e in s} code*q8`, for codes with a `bias` subtracted
+/// (Q6_K: 32), using `Σ_{e in s} q8 = bsums` to apply the bias exactly.
 #[inline(always)]
-fn block_s1(q: &[i32; QK_K], y: &[i8; QK_K], sc: &[i32], sub: usize) -> i32 {
+fn block_s1(b: &KBlock, y: &BlockQ8K, nsub: usize, bias: i32) -> i32 {
+    let sub = 256 / nsub;
     let mut s1 = 0i32;
-    for (s, &scale) in sc.iter().enumerate() {
+    for s in 0..nsub {
         let mut raw = 0i32;
         for e in s * sub..(s + 1) * sub {
-            raw += q[e] * y[e] as i32;
+            raw += b.q[e] * y.qs[e] as i32;
         }
-        s1 += scale * raw;
+        if bias != 0 {
+            // bsums are sums of 16: a sub-block of 16 is one bsum
+            raw -= bias * y.bsums[s] as i32;
+        }
+        s1 += b.sc[s] * raw;
     }
     s1
 }
 
-/// One output element of the tiled Q4_K (`ty5 = false`) / Q5_K (`ty5 = true`) matmul.
+/// One output element of the tiled matmul for a K-quant row (decoded blocks) against a Q8_K row.
 #[inline(always)]
-pub fn tiled_dot_k4(ty5: bool, x: &[u8], y: &[BlockQ8K]) -> f32 {
-    let bs = if ty5 { 176 } else { 144 };
+pub fn tiled_dot_k(ty: GgmlType, x: &[KBlock], y: &[BlockQ8K]) -> f32 {
     let mut acc = 0.0f32;
-    let mut q = [0i32; QK_K];
-    for (xb, yb) in x.chunks_exact(bs).zip(y) {
-        let (sc, mn) = k4_scales_mins(&xb[4..16]);
-        k4_codes(ty5, xb, &mut q);
-        let s1 = block_s1(&q, &yb.qs, &sc, 32);
-        let mut s2 = 0i32;
-        for s in 0..8 {
-            s2 += mn[s] * (yb.bsums[2 * s] as i32 + yb.bsums[2 * s + 1] as i32);
-        }
-        let d0 = rd_f16(xb, 0);
-        let dmin0 = rd_f16(xb, 2);
-        let mut res = d0 * s1 as f32;
-        res = fma(-dmin0, s2 as f32, res);
+    for (b, yb) in x.iter().zip(y) {
+        let res = match ty {
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let s1 = block_s1(b, yb, 8, 0);
+                let mut s2 = 0i32;
+                for s in 0..8 {
+                    s2 += b.mn[s] * (yb.bsums[2 * s] as i32 + yb.bsums[2 * s + 1] as i32);
+                }
+                fma(-b.dmin, s2 as f32, b.d * s1 as f32)
+            }
+            GgmlType::Q6_K => b.d * block_s1(b, yb, 16, 32) as f32,
+            t => panic!("tiled_dot_k: {t} is not a K-quant"),
+        };
         acc = fma(res, yb.d, acc);
     }
     acc
 }
 
-/// One output element of the tiled Q6_K matmul.
-#[inline(always)]
+/// One output element of the tiled Q4_K (`ty5 = false`) / Q5_K (`ty5 = true`) matmul, raw row.
+pub fn tiled_dot_k4(ty5: bool, x: &[u8], y: &[BlockQ8K]) -> f32 {
+    let ty = if ty5 { GgmlType::Q5_K } else { GgmlType::Q4_K };
+    let mut blocks = Vec::new();
+    decode_k_row(ty, x, &mut blocks);
+    tiled_dot_k(ty, &blocks, y)
+}
+
+/// One output element of the tiled Q6_K matmul, raw row.
 pub fn tiled_dot_q6_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
-    let mut acc = 0.0f32;
-    let mut q = [0i32; QK_K];
-    for (xb, yb) in x.chunks_exact(210).zip(y) {
-        let mut sc = [0i32; 16];
-        for (s, &b) in sc.iter_mut().zip(&xb[192..208]) {
-            *s = b as i8 as i32;
-        }
-        q6_codes(xb, &mut q);
-        let s1 = block_s1(&q, &yb.qs, &sc, 16);
-        let res = rd_f16(xb, 208) * s1 as f32;
-        acc = fma(res, yb.d, acc);
-    }
-    acc
+    let mut blocks = Vec::new();
+    decode_k_row(GgmlType::Q6_K, x, &mut blocks);
+    tiled_dot_k(GgmlType::Q6_K, &blocks, y)
 }

@@ -6,6 +6,8 @@
 //! products, the FMA chains per lane and the final horizontal sum.
 
 use super::lanes::{bf16_to_f32, f16_lut, fma, hsum8, rd_f16, reduce4x8};
+use muser_gguf::GgmlType;
+
 use super::quantize::{BlockQ8K, Q8_0_BYTES, QK_K};
 
 /// `ggml_vec_dot_f32` (vec.cpp:11), AVX2 branch: 4 accumulators of 8 lanes over steps of 32 with
@@ -183,101 +185,177 @@ pub fn q6_codes(xb: &[u8], q: &mut [i32; QK_K]) {
     }
 }
 
+/// One K-quant block decoded once and reused for every input column: codes in element order
+/// (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63, unbiased), sub-block scales (8 or 16) and mins (8), and the
+/// f16 super-block scales widened.
+#[derive(Clone, Debug)]
+pub struct KBlock {
+    pub q: [i32; QK_K],
+    pub sc: [i32; 16],
+    pub mn: [i32; 8],
+    pub d: f32,
+    pub dmin: f32,
+}
+
+impl KBlock {
+    pub const ZERO: KBlock = KBlock { q: [0; QK_K], sc: [0; 16], mn: [0; 8], d: 0.0, dmin: 0.0 };
+
+    /// Decode one block of `ty` (Q4_K, Q5_K or Q6_K).
+    #[inline(always)]
+    pub fn decode(ty: GgmlType, xb: &[u8], out: &mut KBlock) {
+        match ty {
+            GgmlType::Q4_K | GgmlType::Q5_K => {
+                let (sc, mn) = k4_scales_mins(&xb[4..16]);
+                out.sc[..8].copy_from_slice(&sc);
+                out.mn = mn;
+                out.d = rd_f16(xb, 0);
+                out.dmin = rd_f16(xb, 2);
+                k4_codes(ty == GgmlType::Q5_K, xb, &mut out.q);
+            }
+            GgmlType::Q6_K => {
+                for (s, &b) in out.sc.iter_mut().zip(&xb[192..208]) {
+                    *s = b as i8 as i32;
+                }
+                out.d = rd_f16(xb, 208);
+                q6_codes(xb, &mut out.q);
+                // the kernels multiply the unbiased codes (0..63)
+                for v in out.q.iter_mut() {
+                    *v += 32;
+                }
+            }
+            t => panic!("KBlock::decode: {t} is not a K-quant"),
+        }
+    }
+}
+
+/// Decode a row of `ty` blocks into `out` (resized).
+pub fn decode_k_row(ty: GgmlType, x: &[u8], out: &mut Vec<KBlock>) {
+    let bs = ty.type_size();
+    out.resize(x.len() / bs, KBlock::ZERO);
+    for (xb, b) in x.chunks_exact(bs).zip(out.iter_mut()) {
+        KBlock::decode(ty, xb, b);
+    }
+}
+
 /// Per-lane integer sums of `sc[s] * Σ code*q8` over a 256 block: lane `w` collects elements
 /// `4w..4w+4` of every 32, each weighted by the scale of its sub-block (sub-blocks of `sub` = 16 or
 /// 32 values). This is what `maddubs` + `madd(scale, .)` + `add_epi32` leave in the 8 i32 lanes.
 #[inline(always)]
 fn lane_sums(q: &[i32; QK_K], y: &[i8; QK_K], sc: &[i32], sub: usize) -> [i32; 8] {
+    // products, then sums of 4, then lane w of chunk c gets group 8c + w
+    let mut g = [0i32; QK_K / 4];
+    for (i, gi) in g.iter_mut().enumerate() {
+        let e = 4 * i;
+        *gi = q[e] * y[e] as i32 + q[e + 1] * y[e + 1] as i32 + q[e + 2] * y[e + 2] as i32 + q[e + 3] * y[e + 3] as i32;
+    }
     let mut s = [0i32; 8];
     for c in 0..QK_K / 32 {
         for (w, lane) in s.iter_mut().enumerate() {
-            let e = 32 * c + 4 * w;
-            let p = q[e] * y[e] as i32 + q[e + 1] * y[e + 1] as i32 + q[e + 2] * y[e + 2] as i32 + q[e + 3] * y[e + 3] as i32;
-            *lane += sc[e / sub] * p;
+            *lane += sc[(32 * c + 4 * w) / sub] * g[8 * c + w];
         }
     }
     s
 }
 
-/// `ggml_vec_dot_q4_K_q8_K` (quants.c:2038), AVX2 branch.
+/// `ggml_vec_dot_q4_K_q8_K` (quants.c:2038), AVX2 branch, one block.
 #[inline(always)]
-pub fn vec_dot_q4_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let mut acc_m = [0.0f32; 4];
-    let mut q = [0i32; QK_K];
-    for (xb, yb) in x.chunks_exact(144).zip(y) {
-        let d = yb.d * rd_f16(xb, 0);
-        let dmin = -yb.d * rd_f16(xb, 2);
-        let (sc, mn) = k4_scales_mins(&xb[4..16]);
-        for t in 0..4 {
-            let q8s0 = yb.bsums[4 * t] as i32 + yb.bsums[4 * t + 1] as i32;
-            let q8s1 = yb.bsums[4 * t + 2] as i32 + yb.bsums[4 * t + 3] as i32;
-            let prod = mn[2 * t] * q8s0 + mn[2 * t + 1] * q8s1;
-            acc_m[t] = fma(dmin, prod as f32, acc_m[t]);
-        }
-        k4_codes(false, xb, &mut q);
-        let s = lane_sums(&q, &yb.qs, &sc, 32);
-        for w in 0..8 {
-            acc[w] = fma(d, s[w] as f32, acc[w]);
-        }
+fn q4k_block(b: &KBlock, yb: &BlockQ8K, acc: &mut [f32; 8], acc_m: &mut [f32; 4]) {
+    let d = yb.d * b.d;
+    let dmin = -yb.d * b.dmin;
+    for t in 0..4 {
+        let q8s0 = yb.bsums[4 * t] as i32 + yb.bsums[4 * t + 1] as i32;
+        let q8s1 = yb.bsums[4 * t + 2] as i32 + yb.bsums[4 * t + 3] as i32;
+        let prod = b.mn[2 * t] * q8s0 + b.mn[2 * t + 1] * q8s1;
+        acc_m[t] = fma(dmin, prod as f32, acc_m[t]);
     }
-    let m = (acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]);
-    hsum8(&acc) + m
+    let s = lane_sums(&b.q, &yb.qs, &b.sc, 32);
+    for w in 0..8 {
+        acc[w] = fma(d, s[w] as f32, acc[w]);
+    }
 }
 
-/// `ggml_vec_dot_q5_K_q8_K` (quants.c:2216), AVX2 branch: the mins go to a scalar `summs` with
+/// `ggml_vec_dot_q5_K_q8_K` (quants.c:2216), AVX2 branch, one block: the mins go to a scalar
 /// `summs += dmin * (float) Σprod`, contracted to an FMA by GCC.
 #[inline(always)]
-pub fn vec_dot_q5_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let mut summs = 0.0f32;
-    let mut q = [0i32; QK_K];
-    for (xb, yb) in x.chunks_exact(176).zip(y) {
-        let d = yb.d * rd_f16(xb, 0);
-        let dmin = -yb.d * rd_f16(xb, 2);
-        let (sc, mn) = k4_scales_mins(&xb[4..16]);
-        let mut p = [0i32; 4];
-        for t in 0..4 {
-            let q8s0 = yb.bsums[4 * t] as i32 + yb.bsums[4 * t + 1] as i32;
-            let q8s1 = yb.bsums[4 * t + 2] as i32 + yb.bsums[4 * t + 3] as i32;
-            p[t] = mn[2 * t] * q8s0 + mn[2 * t + 1] * q8s1;
-        }
-        let hsum = (p[0] + p[1]) + (p[2] + p[3]);
-        summs = fma(dmin, hsum as f32, summs);
-        k4_codes(true, xb, &mut q);
-        let s = lane_sums(&q, &yb.qs, &sc, 32);
-        for w in 0..8 {
-            acc[w] = fma(d, s[w] as f32, acc[w]);
-        }
+fn q5k_block(b: &KBlock, yb: &BlockQ8K, acc: &mut [f32; 8], summs: &mut f32) {
+    let d = yb.d * b.d;
+    let dmin = -yb.d * b.dmin;
+    let mut p = [0i32; 4];
+    for t in 0..4 {
+        let q8s0 = yb.bsums[4 * t] as i32 + yb.bsums[4 * t + 1] as i32;
+        let q8s1 = yb.bsums[4 * t + 2] as i32 + yb.bsums[4 * t + 3] as i32;
+        p[t] = b.mn[2 * t] * q8s0 + b.mn[2 * t + 1] * q8s1;
     }
-    hsum8(&acc) + summs
+    let hsum = (p[0] + p[1]) + (p[2] + p[3]);
+    *summs = fma(dmin, hsum as f32, *summs);
+    let s = lane_sums(&b.q, &yb.qs, &b.sc, 32);
+    for w in 0..8 {
+        acc[w] = fma(d, s[w] as f32, acc[w]);
+    }
 }
 
-/// `ggml_vec_dot_q6_K_q8_K` (quants.c:2426), AVX2 branch: codes 0..63 against q8, minus
+/// `ggml_vec_dot_q6_K_q8_K` (quants.c:2426), AVX2 branch, one block: codes 0..63 against q8, minus
 /// `32 * Σ bsums*scales` per lane (`q8sclsub`: lane `w` holds sub-blocks `2w`, `2w+1`).
 #[inline(always)]
-pub fn vec_dot_q6_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let mut q = [0i32; QK_K];
-    for (xb, yb) in x.chunks_exact(210).zip(y) {
-        let d = yb.d * rd_f16(xb, 208);
-        let mut sc = [0i32; 16];
-        for (s, &b) in sc.iter_mut().zip(&xb[192..208]) {
-            *s = b as i8 as i32;
-        }
-        q6_codes(xb, &mut q);
-        // the kernel multiplies the unbiased codes (0..63); q6_codes subtracts 32, add it back
-        for v in q.iter_mut() {
-            *v += 32;
-        }
-        let mut s = lane_sums(&q, &yb.qs, &sc, 16);
-        for (w, lane) in s.iter_mut().enumerate() {
-            let sub = yb.bsums[2 * w] as i32 * sc[2 * w] + yb.bsums[2 * w + 1] as i32 * sc[2 * w + 1];
-            *lane -= sub << 5;
-        }
-        for w in 0..8 {
-            acc[w] = fma(d, s[w] as f32, acc[w]);
-        }
+fn q6k_block(b: &KBlock, yb: &BlockQ8K, acc: &mut [f32; 8]) {
+    let d = yb.d * b.d;
+    let mut s = lane_sums(&b.q, &yb.qs, &b.sc, 16);
+    for (w, lane) in s.iter_mut().enumerate() {
+        let sub = yb.bsums[2 * w] as i32 * b.sc[2 * w] + yb.bsums[2 * w + 1] as i32 * b.sc[2 * w + 1];
+        *lane -= sub << 5;
     }
-    hsum8(&acc)
+    for w in 0..8 {
+        acc[w] = fma(d, s[w] as f32, acc[w]);
+    }
+}
+
+/// The AVX2 `vec_dot` of a K-quant row (decoded blocks) against a Q8_K row.
+#[inline(always)]
+pub fn vec_dot_k(ty: GgmlType, x: &[KBlock], y: &[BlockQ8K]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    match ty {
+        GgmlType::Q4_K => {
+            let mut acc_m = [0.0f32; 4];
+            for (b, yb) in x.iter().zip(y) {
+                q4k_block(b, yb, &mut acc, &mut acc_m);
+            }
+            hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+        }
+        GgmlType::Q5_K => {
+            let mut summs = 0.0f32;
+            for (b, yb) in x.iter().zip(y) {
+                q5k_block(b, yb, &mut acc, &mut summs);
+            }
+            hsum8(&acc) + summs
+        }
+        GgmlType::Q6_K => {
+            for (b, yb) in x.iter().zip(y) {
+                q6k_block(b, yb, &mut acc);
+            }
+            hsum8(&acc)
+        }
+        t => panic!("vec_dot_k: {t} is not a K-quant"),
+    }
+}
+
+#[inline(always)]
+fn vec_dot_k_bytes(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> f32 {
+    let mut blocks = Vec::new();
+    decode_k_row(ty, x, &mut blocks);
+    vec_dot_k(ty, &blocks, y)
+}
+
+/// `ggml_vec_dot_q4_K_q8_K` of a raw Q4_K row.
+pub fn vec_dot_q4_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
+    vec_dot_k_bytes(GgmlType::Q4_K, x, y)
+}
+
+/// `ggml_vec_dot_q5_K_q8_K` of a raw Q5_K row.
+pub fn vec_dot_q5_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
+    vec_dot_k_bytes(GgmlType::Q5_K, x, y)
+}
+
+/// `ggml_vec_dot_q6_K_q8_K` of a raw Q6_K row.
+pub fn vec_dot_q6_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
+    vec_dot_k_bytes(GgmlType::Q6_K, x, y)
 }
