@@ -417,8 +417,8 @@ static void case_fwht(int64_t n, int64_t rows, uint64_t seed) {
 
 static void case_attention(ggml_type kt, ggml_type vt, int64_t n_head, int64_t kv_size, int64_t n_kv,
                            const std::vector<int32_t> & cell_pos, const std::vector<int32_t> & q_pos,
-                           int32_t n_swa, const std::string & tag, uint64_t seed) {
-    const int64_t hd = 128, n_head_kv = 2, n_embd_gqa = hd * n_head_kv;
+                           int32_t n_swa, const std::string & tag, uint64_t seed, int64_t n_head_kv = 2) {
+    const int64_t hd = 128, n_embd_gqa = hd * n_head_kv;
     const int64_t ntok = (int64_t) q_pos.size();
     Rng r(seed);
     auto q = gen_act(r, (size_t) (hd * n_head * ntok));
@@ -499,6 +499,7 @@ static void case_attention(ggml_type kt, ggml_type vt, int64_t n_head, int64_t k
     std::string qp;
     for (int64_t t = 0; t < ntok; t++) { if (t) qp += ","; qp += std::to_string(q_pos[t]); }
     emit(name, "attention kt=" + tname(kt) + " vt=" + tname(vt) + " n_head=" + std::to_string(n_head) +
+               " n_head_kv=" + std::to_string(n_head_kv) +
                " kv_size=" + std::to_string(kv_size) + " n_kv=" + std::to_string(n_kv) + " n_swa=" + std::to_string(n_swa) +
                " seed=" + std::to_string(seed) + " q_pos=" + qp + " cells=" + cells, out.data(), out.size());
 }
@@ -549,6 +550,9 @@ static void cases_attention() {
         for (int i = 0; i < 40; i++) cells[i] = i;
         case_attention(GGML_TYPE_F16, GGML_TYPE_F32, 4, 256, 256, cells, {37, 38, 39}, 0, "f16_f32_mixed3", seed++);
         case_attention(GGML_TYPE_F32, GGML_TYPE_BF16, 4, 256, 256, cells, {39}, 0, "f32_bf16_mixed1", seed++);
+        // one query head: q stays contiguous after the permute, so an f32 K goes through tinyBLAS
+        case_attention(GGML_TYPE_F32, GGML_TYPE_F32, 1, 256, 256, cells, {36, 37, 38, 39}, 0, "f32_1head4", seed++, 1);
+        case_attention(GGML_TYPE_F16, GGML_TYPE_F16, 1, 256, 256, cells, {36, 37, 38, 39}, 0, "f16_1head4", seed++, 1);
     }
 }
 

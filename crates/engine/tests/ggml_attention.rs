@@ -14,7 +14,8 @@ fn attention_matches_ggml() {
         let n_swa = c.i64("n_swa");
         let q_pos: Vec<i32> = c.get("q_pos").split(',').map(|v| v.parse().unwrap()).collect();
         let cells: Vec<i32> = c.get("cells").split(',').map(|v| v.parse().unwrap()).collect();
-        let (hd, n_head_kv) = (128usize, 2usize);
+        let hd = 128usize;
+        let n_head_kv = c.kv.get("n_head_kv").map_or(2, |v| v.parse().unwrap());
         let ntok = q_pos.len();
         let mut r = Rng::new(c.u64("seed"));
         let mut q = r.acts(hd * n_head * ntok);

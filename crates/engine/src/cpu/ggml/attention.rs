@@ -175,7 +175,7 @@ fn round_to(ty: GgmlType, v: f32) -> f32 {
 #[inline(always)]
 fn dot_kq(ty: GgmlType, sgemm: bool, k: &[f32], q: &[f32]) -> f32 {
     let n = k.len();
-    if sgemm && ty != GgmlType::F32 {
+    if sgemm {
         let kk = n - n % 8;
         let mut acc = [0.0f32; 8];
         for (kc, qc) in k[..kk].chunks_exact(8).zip(q[..kk].chunks_exact(8)) {
@@ -240,7 +240,10 @@ fn head(
 ) {
     let hd = p.head_dim;
     let ty = p.v_type;
-    let sgemm_kq = n_tokens >= 2 && p.n_kv % 4 == 0;
+    // q is a permuted view: non-contiguous unless n_tokens == 1 or n_head == 1. An f32 K only reaches
+    // tinyBLAS (through the first llamafile_sgemm call, on the f32 q) when q is contiguous; f16/bf16 K
+    // reach it through the converted (contiguous) q whenever n_tokens >= 2.
+    let sgemm_kq = n_tokens >= 2 && p.n_kv % 4 == 0 && (p.k_type != GgmlType::F32 || p.n_head == 1);
     let sgemm_vp = n_tokens >= 2 && hd % 4 == 0;
 
     // Q·K for the visible keys; q converted to K's vec_dot_type
