@@ -243,6 +243,16 @@ static void cases_mul_mat() {
         case_mul_mat(t, 100, 256, 33, seed++);
         case_mul_mat(t, 36, 1024, 300, seed++);
     }
+    // muse-glimmer's real row lengths (n_embd 6656, n_ff 19968): the tiled kernel's narrow (<= 16 columns)
+    // and standard paths over many K blocks, vec_dot over long rows
+    case_mul_mat(GGML_TYPE_Q4_K, 20, 6656, 9, seed++);
+    case_mul_mat(GGML_TYPE_Q4_K, 20, 6656, 1, seed++);
+    case_mul_mat(GGML_TYPE_Q6_K, 20, 19968, 8, seed++);
+    case_mul_mat(GGML_TYPE_Q5_K, 20, 19968, 17, seed++);
+    case_mul_mat(GGML_TYPE_Q6_K, 20, 6656, 3, seed++);
+    case_mul_mat(GGML_TYPE_Q8_0, 20, 6656, 5, seed++);
+    case_mul_mat(GGML_TYPE_F16, 20, 6656, 2, seed++);
+    case_mul_mat(GGML_TYPE_F16, 20, 6656, 1, seed++);
     // f32/f16/bf16 rows whose length is not a multiple of 32 (vec_dot leftovers, sgemm partial loads)
     for (ggml_type t : { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16 }) {
         for (int64_t ntok : {1, 4}) {
@@ -574,6 +584,7 @@ int main(int argc, char ** argv) {
             case_rms_norm(256, 3, eps, mul, seed++);
             case_rms_norm(128, 34, eps, mul, seed++);
             case_rms_norm(1000, 2, eps, mul, seed++);
+            case_rms_norm(6656, 2, eps, mul, seed++);
         }
     }
     case_rope(4, 3, 10000.0f, 0, 1, seed++);
