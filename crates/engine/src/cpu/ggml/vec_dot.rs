@@ -169,7 +169,7 @@ pub fn k4_codes(ty5: bool, xb: &[u8], q: &mut [i32; QK_K]) {
     }
 }
 
-/// Codes of one Q6_K block in element order, minus 32 (-32..31).
+/// Codes of one Q6_K block in element order, unbiased (0..63).
 #[inline(always)]
 pub fn q6_codes(xb: &[u8], q: &mut [i32; QK_K]) {
     for n in 0..2 {
@@ -177,10 +177,10 @@ pub fn q6_codes(xb: &[u8], q: &mut [i32; QK_K]) {
         let qh = &xb[128 + 32 * n..128 + 32 * n + 32];
         let o = &mut q[128 * n..128 * n + 128];
         for l in 0..32 {
-            o[l] = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i32 - 32;
-            o[l + 32] = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-            o[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-            o[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+            o[l] = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i32;
+            o[l + 32] = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i32;
+            o[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32;
+            o[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32;
         }
     }
 }
@@ -218,10 +218,6 @@ impl KBlock {
                 }
                 out.d = rd_f16(xb, 208);
                 q6_codes(xb, &mut out.q);
-                // the kernels multiply the unbiased codes (0..63)
-                for v in out.q.iter_mut() {
-                    *v += 32;
-                }
             }
             t => panic!("KBlock::decode: {t} is not a K-quant"),
         }
