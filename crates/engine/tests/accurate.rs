@@ -1,5 +1,5 @@
 //! Accurate mode against transformers 5.24.0 in float64 (run on each GGUF's dequantized
-//! weights), on every fixture and every position of sequences five times the window.
+//! weights), on every fixture and every position of sequences at least twice the window.
 
 mod common;
 
