@@ -32,7 +32,11 @@ pub fn run(a: Args) -> CliResult {
     if tokens.is_empty() {
         return Err(format!("{} holds no tokens", a.tokens.display()).into());
     }
-    let loaded = a.model.load()?;
+    let mut loaded = a.model.load()?;
+    if let crate::common::Loaded::Cpu(m) = &mut loaded {
+        // Parity mode sizes llama.cpp's sliding-window cache from its n_ubatch: use ours.
+        m.backend.parity_ubatch = a.ubatch;
+    }
     let n_ctx = a.ctx_size.unwrap_or(tokens.len());
     if tokens.len() > n_ctx {
         return Err(format!("{} tokens do not fit a context of {n_ctx}", tokens.len()).into());

@@ -119,6 +119,8 @@ pub struct HostKv {
     /// Positions stored so far: the next token is at position `len`.
     pub len: usize,
     pub layers: Vec<LayerCache>,
+    /// Parity mode keeps llama.cpp's own cell layout instead (cpu/parity.rs).
+    pub parity: Option<crate::cpu::parity::ParityKv>,
 }
 
 impl HostKv {
@@ -140,12 +142,15 @@ impl HostKv {
                 LayerKind::FullNope => LayerCache::Plane { k: Vec::new(), v: Vec::new() },
             })
             .collect();
-        Ok(HostKv { ty, n_ctx, n_swa: cfg.n_swa, row_bytes, row_len, len: 0, layers })
+        Ok(HostKv { ty, n_ctx, n_swa: cfg.n_swa, row_bytes, row_len, len: 0, layers, parity: None })
     }
 
     /// Forget everything (positions restart at 0).
     pub fn clear(&mut self) {
         self.len = 0;
+        if let Some(p) = self.parity.as_mut() {
+            p.clear();
+        }
         for l in &mut self.layers {
             match l {
                 LayerCache::Ring { pos, .. } => pos.iter_mut().for_each(|p| *p = u32::MAX),

@@ -211,17 +211,36 @@ impl<B: Backend> MuseGlimmer<B> {
             // a = attention(q, k, v) * sigmoid(g): the output gate.
             b.attention_gated(caches, spec, batch, q, k, v, Some(g), a)?;
             b.matmul(&l.attn_output, a, o)?;
+
+            // inp_out_ids: the last layer continues with the rows whose logits are wanted only
+            // (llama.cpp selects them here, and its matrix products depend on the row count).
+            let all_rows = logit_rows.len() == batch.len() && logit_rows.iter().enumerate().all(|(i, &r)| i == r);
+            let (xc, oc) = if il + 1 == self.layers.len() && !all_rows {
+                if logit_rows.is_empty() {
+                    // Nothing past this point touches the caches.
+                    break;
+                }
+                let m = logit_rows.len();
+                for t in [&mut *e, &mut *sel, &mut *h, &mut *fg, &mut *fu, &mut *f] {
+                    b.set_rows(t, m)?;
+                }
+                b.select_rows(x, logit_rows, e)?;
+                b.select_rows(o, logit_rows, sel)?;
+                (&mut *e, &mut *sel)
+            } else {
+                (&mut *x, &mut *o)
+            };
             // x += rms_norm(o, 1e-8) * post_attention_norm; h = rms_norm(x, eps) * ffn_norm.
-            b.norm_tail(x, o, &l.post_attention_norm, POST_NORM_EPS, &l.ffn_norm, eps, h)?;
+            b.norm_tail(xc, oc, &l.post_attention_norm, POST_NORM_EPS, &l.ffn_norm, eps, h)?;
 
             // SwiGLU feed-forward.
             b.matmul(&l.ffn_gate, h, fg)?;
             b.matmul(&l.ffn_up, h, fu)?;
             b.swiglu(fg, fu, f)?;
-            b.matmul(&l.ffn_down, f, o)?;
+            b.matmul(&l.ffn_down, f, oc)?;
             // x += rms_norm(f, 1e-8) * post_ffw_norm; h = the next layer's attn_norm, or the final norm.
             let next_norm = self.layers.get(il + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
-            b.norm_tail(x, o, &l.post_ffw_norm, POST_NORM_EPS, next_norm, eps, h)?;
+            b.norm_tail(xc, oc, &l.post_ffw_norm, POST_NORM_EPS, next_norm, eps, h)?;
         }
         for (s, cache) in caches.iter_mut().enumerate() {
             if let Some(last) = (0..batch.len()).rev().find(|&i| batch.seq[i] == s) {
@@ -231,9 +250,8 @@ impl<B: Backend> MuseGlimmer<B> {
         if logit_rows.is_empty() {
             return Ok(());
         }
-        // result_norm is in h; lm_head, logit scale, softcap.
-        b.select_rows(h, logit_rows, sel)?;
-        b.matmul(&self.output, sel, logits)?;
+        // result_norm: h holds the wanted rows; lm_head, logit scale, softcap.
+        b.matmul(&self.output, h, logits)?;
         b.logit_finish(logits, c.logit_scale, c.softcap)
     }
 }
@@ -241,7 +259,7 @@ impl<B: Backend> MuseGlimmer<B> {
 /// The activation buffers of a forward pass.
 pub struct Workspace<B: Backend> {
     pub max_tokens: usize,
-    pub e: B::Act,      // [n][n_embd] token embeddings
+    pub e: B::Act,      // [n][n_embd] token embeddings; at the last layer, the selected residual rows
     pub x: B::Act,      // [n][n_embd] the residual stream
     pub h: B::Act,      // [n][n_embd] the normed stream
     pub q: B::Act,      // [n][n_head*head_dim]
@@ -253,7 +271,7 @@ pub struct Workspace<B: Backend> {
     pub fg: B::Act,     // [n][n_ff]
     pub fu: B::Act,     // [n][n_ff]
     pub f: B::Act,      // [n][n_ff]
-    pub sel: B::Act,    // [rows][n_embd] rows whose logits are wanted
+    pub sel: B::Act,    // [rows][n_embd] the last layer's attention output, rows whose logits are wanted
     pub logits: B::Act, // [rows][n_vocab]
 }
 

@@ -8,6 +8,7 @@ pub mod attention;
 pub mod ggml;
 pub mod matmul;
 pub mod ops;
+pub mod parity;
 
 use std::sync::Arc;
 
@@ -71,6 +72,8 @@ pub struct CpuBackend {
     pub mode: NumericMode,
     pool: rayon::ThreadPool,
     n_threads: usize,
+    /// Parity mode: llama.cpp's n_ubatch, which sizes its sliding-window cache (default 512).
+    pub parity_ubatch: usize,
 }
 
 impl CpuBackend {
@@ -81,7 +84,7 @@ impl CpuBackend {
             .build()
             .map_err(|e| Error::Backend(format!("cannot start CPU threads: {e}")))?;
         let n_threads = pool.current_num_threads();
-        Ok(CpuBackend { mode, pool, n_threads })
+        Ok(CpuBackend { mode, pool, n_threads, parity_ubatch: 512 })
     }
 
     pub fn threads(&self) -> usize {
@@ -93,9 +96,6 @@ impl CpuBackend {
         self.pool.install(f)
     }
 
-    fn parity_unavailable(&self, op: &str) -> Error {
-        Error::Backend(format!("parity mode: {op} is not implemented yet"))
-    }
 }
 
 fn check(a: &CpuAct, rows: usize, cols: usize, what: &str) -> Result<()> {
@@ -137,7 +137,11 @@ impl Backend for CpuBackend {
     }
 
     fn kv_cache(&self, cfg: &MuseConfig, ty: KvType, n_ctx: usize) -> Result<HostKv> {
-        HostKv::new(cfg, ty, n_ctx)
+        let mut kv = HostKv::new(cfg, ty, n_ctx)?;
+        if self.mode == NumericMode::Parity {
+            kv.parity = Some(parity::ParityKv::new(cfg, ty, n_ctx, self.parity_ubatch)?);
+        }
+        Ok(kv)
     }
 
     fn kv_capacity(&self, kv: &HostKv) -> usize {
@@ -172,7 +176,7 @@ impl Backend for CpuBackend {
             let dst = &mut out.data[i * table.m.cols..(i + 1) * table.m.cols];
             match self.mode {
                 NumericMode::Accurate => formats::dequantize_row(table.m.ty, &bytes[t * rb..(t + 1) * rb], dst),
-                NumericMode::Parity => return Err(self.parity_unavailable("get_rows")),
+                NumericMode::Parity => ggml::get_row(table.m.ty, &bytes[t * rb..(t + 1) * rb], dst),
             }
         }
         Ok(())
@@ -191,7 +195,12 @@ impl Backend for CpuBackend {
                     ops::rms_norm_row(r, w.map(|v| v.as_slice()), eps, o);
                 })
             }),
-            NumericMode::Parity => return Err(self.parity_unavailable("rms_norm")),
+            NumericMode::Parity => self.install(|| {
+                out.data.par_chunks_mut(x.cols).zip(x.data.par_chunks(x.cols)).for_each(|(o, r)| match w {
+                    Some(w) => ggml::rms_norm_mul(r, w, eps, o),
+                    None => ggml::rms_norm(r, eps, o),
+                })
+            }),
         }
         Ok(())
     }
@@ -205,7 +214,9 @@ impl Backend for CpuBackend {
             NumericMode::Accurate => self.install(|| {
                 matmul::matmul(w.m.ty, w.bytes(), w.m.rows, w.m.cols, &x.data, x.rows, &mut out.data)
             }),
-            NumericMode::Parity => return Err(self.parity_unavailable("matmul")),
+            NumericMode::Parity => self.install(|| {
+                ggml::mul_mat(w.m.ty, w.bytes(), w.m.rows, w.m.cols, &x.data, x.rows, &mut out.data)
+            }),
         }
         Ok(())
     }
@@ -215,7 +226,11 @@ impl Backend for CpuBackend {
             NumericMode::Accurate => self.install(|| {
                 x.data.par_chunks_mut(x.cols).for_each(|r| ops::head_norm_row(r, head_dim, eps, scale))
             }),
-            NumericMode::Parity => return Err(self.parity_unavailable("head_norm")),
+            NumericMode::Parity => {
+                // QK-norm is build_norm with the (constant) q_norm / k_norm tensor as weight.
+                let w = vec![scale; head_dim];
+                ggml::rms_norm_rows(&mut x.data, head_dim, Some(&w), eps)
+            }
         }
         Ok(())
     }
@@ -228,7 +243,11 @@ impl Backend for CpuBackend {
                     ops::rope_row(r, head_dim, &ops::rope_table(p, head_dim, freq_base))
                 })
             }),
-            NumericMode::Parity => return Err(self.parity_unavailable("rope")),
+            NumericMode::Parity => self.install(|| {
+                x.data.par_chunks_mut(x.cols).zip(batch.pos.par_iter()).for_each(|(r, &p)| {
+                    ggml::rope_norm(r, head_dim, p as i32, freq_base)
+                })
+            }),
         }
         Ok(())
     }
@@ -251,7 +270,12 @@ impl Backend for CpuBackend {
             NumericMode::Accurate => self.install(|| {
                 attention::attention(caches, spec, batch, &q.data, &k.data, &v.data, &mut out.data)
             }),
-            NumericMode::Parity => Err(self.parity_unavailable("attention")),
+            NumericMode::Parity => {
+                if caches.len() != 1 || batch.seq.iter().any(|&s| s != 0) {
+                    return Err(Error::Backend("parity mode reproduces llama.cpp with one sequence".into()));
+                }
+                self.install(|| parity::attention(caches[0], spec, batch, &q.data, &k.data, &v.data, &mut out.data))
+            }
         }
     }
 
@@ -261,7 +285,12 @@ impl Backend for CpuBackend {
             NumericMode::Accurate => self.install(|| {
                 x.data.par_chunks_mut(x.cols).zip(g.data.par_chunks(x.cols)).for_each(|(a, b)| ops::sigmoid_gate_row(a, b))
             }),
-            NumericMode::Parity => return Err(self.parity_unavailable("sigmoid_gate")),
+            NumericMode::Parity => {
+                // gate = ggml_sigmoid(gate); cur = ggml_mul(cur, gate)
+                let mut sg = g.data.clone();
+                ggml::sigmoid(&mut sg);
+                ggml::mul(&mut x.data, &sg);
+            }
         }
         Ok(())
     }
@@ -276,7 +305,12 @@ impl Backend for CpuBackend {
                     .zip(gate.data.par_chunks(gate.cols).zip(up.data.par_chunks(gate.cols)))
                     .for_each(|(o, (g, u))| ops::swiglu_row(g, u, o))
             }),
-            NumericMode::Parity => return Err(self.parity_unavailable("swiglu")),
+            NumericMode::Parity => self.install(|| {
+                out.data
+                    .par_chunks_mut(gate.cols)
+                    .zip(gate.data.par_chunks(gate.cols).zip(up.data.par_chunks(gate.cols)))
+                    .for_each(|(o, (g, u))| ggml::swiglu_row(g, u, o))
+            }),
         }
         Ok(())
     }
@@ -294,7 +328,15 @@ impl Backend for CpuBackend {
                     }
                 })
             }),
-            NumericMode::Parity => return Err(self.parity_unavailable("post_norm_add")),
+            NumericMode::Parity => self.install(|| {
+                // cur = ggml_mul(ggml_rms_norm(src, eps), w); resid = ggml_add(cur, resid)
+                let cols = resid.cols;
+                resid.data.par_chunks_mut(cols).zip(src.data.par_chunks(cols)).for_each(|(r, s)| {
+                    let mut tmp = vec![0f32; cols];
+                    ggml::rms_norm_mul(s, w, eps, &mut tmp);
+                    ggml::add(r, &tmp);
+                })
+            }),
         }
         Ok(())
     }
@@ -304,7 +346,12 @@ impl Backend for CpuBackend {
             NumericMode::Accurate => self.install(|| {
                 x.data.par_chunks_mut(x.cols).for_each(|r| ops::logit_finish_row(r, scale, softcap))
             }),
-            NumericMode::Parity => return Err(self.parity_unavailable("logit_finish")),
+            NumericMode::Parity => {
+                ggml::scale(&mut x.data, scale);
+                if let Some(c) = softcap {
+                    ggml::softcap(&mut x.data, c);
+                }
+            }
         }
         Ok(())
     }

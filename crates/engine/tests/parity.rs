@@ -1,0 +1,62 @@
+//! Parity mode against llama.cpp b11434's CPU build (no repack, non-flash attention), run with the
+//! same KV cache type, on every fixture and every position; and the greedy continuation of 32
+//! tokens. Bounds: <= 1e-4 max |Δ log-softmax| on F32 with an f32 cache, <= 1e-3 otherwise (the
+//! kernels are bit-exact, so the measured distance is 0).
+
+mod common;
+
+use common::*;
+use muser_engine::{CpuBackend, KvType, Logits, ModelFile, MuseGlimmer, NumericMode, Session};
+
+/// The llama.cpp run that made the goldens: n_ctx 256 and n_batch = n_ubatch = 256 (512 clamped
+/// to the context); tests/fixtures/MANIFEST.md.
+const N_CTX: usize = 256;
+const N_UBATCH: usize = 256;
+
+fn parity_model(name: &str) -> MuseGlimmer<CpuBackend> {
+    let file = ModelFile::open(model_path(name)).unwrap();
+    let mut b = CpuBackend::new(NumericMode::Parity, 0).unwrap();
+    b.parity_ubatch = N_UBATCH;
+    MuseGlimmer::load(&file, b).unwrap()
+}
+
+#[test]
+fn parity_mode_reproduces_llama_cpp() {
+    let mut report = Vec::new();
+    let mut failures = Vec::new();
+    for name in all_fixtures() {
+        let m = parity_model(&name);
+        let tokens = read_i32(&golden_path(&name, "tokens.i32"));
+        for (kv, tag) in [(KvType::F32, "kv_f32"), (KvType::F16, "kv_f16")] {
+            let want = read_f32(&golden_path(&name, &format!("llama-{tag}.f32")));
+            let mut s = Session::new(&m, kv, N_CTX).unwrap();
+            let got = s.feed(&tokens, N_UBATCH, Logits::All).unwrap();
+            let d = max_dls(&got, &want, m.config.n_vocab);
+            let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            // Greedy continuation, one token per decode, as llama_logits.c --greedy.
+            let greedy_want = read_i32(&golden_path(&name, &format!("greedy-{tag}.i32")));
+            let n_vocab = m.config.n_vocab;
+            let mut next = muser_engine::sampling::argmax(&got[(tokens.len() - 1) * n_vocab..]) as u32;
+            let mut greedy = vec![next];
+            while greedy.len() < greedy_want.len() {
+                next = muser_engine::sampling::argmax(&s.feed(&[next], 1, Logits::Last).unwrap()) as u32;
+                greedy.push(next);
+            }
+            let bound = if name.ends_with("-f32") && kv == KvType::F32 { 1e-4 } else { 1e-3 };
+            let same = greedy == greedy_want;
+            report.push(format!("{name:<14} {tag}: max |Δ log-softmax| {d:.2e}, {differ} logits differ in bits, greedy32 {}", if same { "identical" } else { "DIFFERENT" }));
+            if !(d <= bound) || !same {
+                failures.push(format!("{name} {tag}: {d:.2e} (bound {bound:e}), greedy same: {same}"));
+            }
+        }
+    }
+    println!("parity mode vs llama.cpp b11434 CPU:\n{}", report.join("\n"));
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn a_q8_0_cache_is_refused_in_parity_mode() {
+    let m = parity_model("tame-f16");
+    let e = Session::new(&m, KvType::Q8_0, 64).err().expect("refused").to_string();
+    assert!(e.contains("q8_0 V cache"), "{e}");
+}
