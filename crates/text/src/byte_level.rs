@@ -30,16 +30,17 @@ pub fn byte_to_char(b: u8) -> char {
     char::from_u32(256 + shift).unwrap_or('\u{FFFD}')
 }
 
+/// The bytes of a token made only of alphabet chars (an ordinary BPE token); `None` otherwise.
+pub fn strict_bytes(token: &str) -> Option<Vec<u8>> {
+    token.chars().map(char_to_byte).collect()
+}
+
 /// The bytes a token stands for when decoded, exactly as HF's ByteLevel decoder computes them
 /// (`decode_chain` in tokenizers `pre_tokenizers/byte_level.rs`): every char mapped through the
 /// alphabet if all of them are in it, else the token's own UTF-8 (added tokens such as "<|eot|>"
 /// are all-ASCII-printable and map to themselves either way).
 pub fn token_bytes(token: &str) -> Vec<u8> {
-    token
-        .chars()
-        .map(char_to_byte)
-        .collect::<Option<Vec<u8>>>()
-        .unwrap_or_else(|| token.as_bytes().to_vec())
+    strict_bytes(token).unwrap_or_else(|| token.as_bytes().to_vec())
 }
 
 #[cfg(test)]

@@ -3,9 +3,11 @@
 //! `apply_chat_template`) and the ATEM tool-call / reasoning parser.
 
 mod atem;
+mod bpe;
 mod byte_level;
 mod error;
 mod message;
+mod pretokenize;
 mod pyjson;
 mod sanitize;
 mod stream;

@@ -7,6 +7,7 @@
 //! - messages: keys whose value is None dropped (`_normalize_chat_messages`), `reasoning_content`
 //!   filled from `thinking`/`reasoning` (`_alias_reasoning_fields`);
 //! - the tokenizer's special tokens (`bos_token`, ...) and the caller's kwargs in the context.
+//!
 //! Python methods on values (`.items()`, `.get()`, `.split()`) come from minijinja-contrib's pycompat.
 
 use std::path::Path;
@@ -195,10 +196,9 @@ fn prepare_messages(messages: &Json) -> Result<Json> {
 fn parse_arguments(call: &mut Json) -> std::result::Result<(), String> {
     let Some(args) = call.get_mut("function").and_then(|f| f.get_mut("arguments")) else { return Ok(()) };
     if let Json::String(s) = args {
-        match serde_json::from_str::<Json>(s) {
-            Ok(v @ Json::Object(_)) => *args = v,
-            // Leave it: the template decides (Muse Glimmer's raises a clear error).
-            Ok(_) | Err(_) => {}
+        // Anything but a JSON object is left for the template to judge (Muse Glimmer's raises).
+        if let Ok(v @ Json::Object(_)) = serde_json::from_str::<Json>(s) {
+            *args = v;
         }
     }
     Ok(())

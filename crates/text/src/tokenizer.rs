@@ -1,26 +1,20 @@
 //! The GGUF's byte-level BPE, encoding and decoding exactly as the model's HF tokenizer does.
 //!
-//! Encoding is HF `tokenizers` itself (pure Rust, `fancy-regex`), built in memory from the GGUF:
-//! the same pipeline as Llama-4's tokenizer.json (added-token split, regex `Split` (Isolated),
-//! `ByteLevel` without its own regex, BPE). Decoding is a table of each token's bytes, computed with
-//! HF's ByteLevel decoder rule, so that whole and streamed decoding are the same bytes.
+//! The pipeline is that of Llama-4's tokenizer.json as HF tokenizers runs it: added tokens are
+//! cut out first (special ones only when special parsing is on), the rest is split by the
+//! pre-tokenizer regex (src/pretokenize.rs), and each piece goes through byte-level BPE
+//! (src/bpe.rs). Decoding is a table of each token's bytes, computed with HF's ByteLevel decoder
+//! rule, so that whole and streamed decoding give the same bytes.
 
 use std::path::Path;
-use std::sync::Arc;
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use muser_gguf::Gguf;
-use rayon::prelude::*;
-use tokenizers::models::bpe::{BPE, BpeTrainer};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::{
-    AddedToken, DecoderWrapper, Model, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
-    SplitDelimiterBehavior, Token, TokenizerImpl,
-};
 
+use crate::bpe::Bpe;
 use crate::byte_level::token_bytes;
 use crate::error::{Result, TextError};
+use crate::pretokenize::WhitespaceLookaheadSplit;
 use crate::vocab::{PreTokenizer, TokenType, Vocab};
 
 /// Llama-4's split, verbatim from its tokenizer.json (quoted in llama.cpp src/llama-vocab.cpp,
@@ -38,23 +32,18 @@ pub const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?
 /// Inputs above this many bytes are refused unless the limit is raised ([`Tokenizer::set_max_input_bytes`]).
 pub const DEFAULT_MAX_INPUT_BYTES: usize = 256 << 20;
 
-/// Texts longer than this are encoded in independent pieces (see [`chunk_ends`]), in parallel.
-const CHUNK_BYTES: usize = 64 << 10;
-
-type Inner = TokenizerImpl<SharedBpe, NormalizerWrapper, PreTokenizerWrapper, PostProcessorWrapper, DecoderWrapper>;
-
 /// A byte-level BPE tokenizer built from a GGUF vocabulary.
 pub struct Tokenizer {
-    /// Parses special (control) tokens written in the text.
-    with_special: Inner,
-    /// Same model (shared), but control tokens in the text are plain text (HF `split_special_tokens`).
-    without_special: Inner,
     vocab: Vocab,
+    bpe: Bpe,
+    split: WhitespaceLookaheadSplit,
+    /// Control tokens (HF special, `normalized=false`): cut out first, and only with special parsing.
+    control: AddedTokens,
+    /// User-defined tokens (HF added, not special): cut out of what is left, always.
+    user_defined: AddedTokens,
     /// `bytes[offsets[i]..offsets[i + 1]]` is what token `i` decodes to.
     bytes: Vec<u8>,
     offsets: Vec<usize>,
-    /// Chunked encoding is exact only when no added token contains a newline.
-    can_chunk: bool,
     max_input_bytes: usize,
 }
 
@@ -72,51 +61,26 @@ impl Tokenizer {
 
     pub fn from_vocab(vocab: Vocab) -> Result<Self> {
         let n = vocab.tokens.len();
-        // Every token but the [PADn] fillers goes into the BPE vocabulary, so that the added-token
-        // table below reuses the GGUF ids (tokenizers' AddedVocabulary takes the model's id for a
-        // content it already knows). The first id wins if a string repeats.
-        let mut map = tokenizers::models::bpe::Vocab::with_capacity(n);
-        for (id, (t, ty)) in vocab.tokens.iter().zip(&vocab.types).enumerate() {
-            if *ty != TokenType::Unused {
-                map.entry(t.clone()).or_insert(id as u32);
-            }
-        }
-        let bpe = BPE::builder()
-            .vocab_and_merges(map, vocab.merges.clone())
-            // llama-vocab.cpp sets ignore_merges for llama-bpe only; Llama-4 runs every merge.
-            .ignore_merges(vocab.pre == PreTokenizer::Llama3)
-            .build()
-            .map_err(|e| TextError::Vocab(format!("cannot build the BPE from the GGUF merges: {e}")))?;
-        let model = SharedBpe(Arc::new(bpe));
-
+        // Every token but the [PADn] fillers is visible to BPE (HF's model vocabulary; merges can
+        // only reach ordinary tokens anyway).
+        let visible: Vec<(&str, u32)> = vocab
+            .tokens
+            .iter()
+            .zip(&vocab.types)
+            .enumerate()
+            .filter(|(_, (_, ty))| **ty != TokenType::Unused)
+            .map(|(id, (t, _))| (t.as_str(), id as u32))
+            .collect();
+        // llama-vocab.cpp sets ignore_merges for llama-bpe only; Llama-4 runs every merge.
+        let bpe = Bpe::new(&visible, &vocab.merges, vocab.pre == PreTokenizer::Llama3)?;
         let regex = match vocab.pre {
             PreTokenizer::Llama4 => LLAMA4_REGEX,
             PreTokenizer::Llama3 => LLAMA3_REGEX,
         };
-        let split = Split::new(SplitPattern::Regex(regex.into()), SplitDelimiterBehavior::Isolated, false)
-            .map_err(|e| TextError::Tokenizer(format!("pre-tokenizer regex: {e}")))?;
-        let pre = PreTokenizerWrapper::Sequence(Sequence::new(vec![
-            PreTokenizerWrapper::Split(split),
-            PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
-        ]));
-
-        // Control tokens are HF special tokens; user-defined tokens are added non-special tokens
-        // (the converter's mapping, conversion/base.py get_vocab_base, reversed).
-        let added: Vec<AddedToken> = vocab
-            .tokens
-            .iter()
-            .zip(&vocab.types)
-            .filter_map(|(t, ty)| match ty {
-                TokenType::Control => Some(AddedToken::from(t.clone(), true)),
-                TokenType::UserDefined => Some(AddedToken::from(t.clone(), false)),
-                _ => None,
-            })
-            .collect();
-        let mut with_special = Inner::new(model.clone());
-        with_special.with_pre_tokenizer(Some(pre));
-        with_special.add_tokens(added).map_err(|e| TextError::Tokenizer(format!("added tokens: {e}")))?;
-        let mut without_special = with_special.clone();
-        without_special.set_encode_special_tokens(true);
+        let split = WhitespaceLookaheadSplit::new(regex)?;
+        // The converter's mapping (conversion/base.py get_vocab_base), reversed.
+        let control = AddedTokens::new(&vocab, TokenType::Control)?;
+        let user_defined = AddedTokens::new(&vocab, TokenType::UserDefined)?;
 
         let mut bytes = Vec::new();
         let mut offsets = Vec::with_capacity(n + 1);
@@ -127,12 +91,7 @@ impl Tokenizer {
             }
             offsets.push(bytes.len());
         }
-        let can_chunk = vocab
-            .tokens
-            .iter()
-            .zip(&vocab.types)
-            .all(|(t, ty)| !matches!(ty, TokenType::Control | TokenType::UserDefined) || !t.contains(['\n', '\r']));
-        Ok(Self { with_special, without_special, vocab, bytes, offsets, can_chunk, max_input_bytes: DEFAULT_MAX_INPUT_BYTES })
+        Ok(Self { vocab, bpe, split, control, user_defined, bytes, offsets, max_input_bytes: DEFAULT_MAX_INPUT_BYTES })
     }
 
     /// Token ids of `text`. `add_bos` prepends BOS (the CLI passes `add_bos_default() && !no_bos`).
@@ -143,22 +102,13 @@ impl Tokenizer {
         if text.len() > self.max_input_bytes {
             return Err(TextError::InputTooLarge { len: text.len(), limit: self.max_input_bytes });
         }
-        let inner = if parse_special { &self.with_special } else { &self.without_special };
         let mut ids = Vec::with_capacity(text.len() / 3 + 2);
         if add_bos {
             ids.push(self.vocab.bos.ok_or_else(|| {
                 TextError::Vocab("BOS was asked for but the GGUF has no tokenizer.ggml.bos_token_id".into())
             })?);
         }
-        if text.len() <= CHUNK_BYTES || !self.can_chunk {
-            ids.extend(encode_piece(inner, text)?);
-            return Ok(ids);
-        }
-        let pieces: Vec<&str> = split_at(text, &chunk_ends(text, CHUNK_BYTES));
-        let encoded: Vec<Result<Vec<u32>>> = pieces.par_iter().map(|p| encode_piece(inner, p)).collect();
-        for e in encoded {
-            ids.extend(e?);
-        }
+        self.encode_piece(text, parse_special, &mut ids);
         Ok(ids)
     }
 
@@ -199,9 +149,9 @@ impl Tokenizer {
             .collect()
     }
 
-    /// The id of the token whose GGUF string is `token` ("<|eot|>", "Ġthe").
+    /// The id of the token whose GGUF string is `token` ("<|eot|>", "Ġthe"); the first if repeated.
     pub fn token_id(&self, token: &str) -> Option<u32> {
-        self.with_special.token_to_id(token)
+        self.vocab.tokens.iter().position(|t| t == token).map(|i| i as u32)
     }
 
     /// The GGUF string of token `id`.
@@ -254,130 +204,78 @@ impl Tokenizer {
     }
 }
 
-fn encode_piece(inner: &Inner, text: &str) -> Result<Vec<u32>> {
-    let enc = inner.encode_fast(text, false).map_err(|e| TextError::Tokenizer(e.to_string()))?;
-    Ok(enc.get_ids().to_vec())
+impl Tokenizer {
+    /// Added tokens first (HF `AddedVocabulary::extract_and_normalize`: control tokens, then
+    /// user-defined ones in what is left), then split and BPE.
+    fn encode_piece(&self, text: &str, parse_special: bool, out: &mut Vec<u32>) {
+        let control = if parse_special { Some(&self.control) } else { None };
+        for (seg, id) in AddedTokens::cut(control, text) {
+            if let Some(id) = id {
+                out.push(id);
+                continue;
+            }
+            for (seg, id) in AddedTokens::cut(Some(&self.user_defined), seg) {
+                if let Some(id) = id {
+                    out.push(id);
+                    continue;
+                }
+                for (s, e) in self.split.matches(seg) {
+                    self.bpe.encode_word(&seg.as_bytes()[s..e], out);
+                }
+            }
+        }
+    }
 }
 
-/// Byte positions where `text` may be cut into pieces that encode independently to the same ids.
-///
-/// A cut goes after a '\n' and before a char that is neither whitespace nor '/'. No match of either
-/// split regex can cross it: letter runs may not start with '\r'/'\n'; the punctuation run may only
-/// end with `[\r\n/]*`; `\s*[\r\n]+` and the `\s+` forms end before non-whitespace. Added tokens
-/// cannot cross it either, as long as none contains a newline (`can_chunk`). `target` is the
-/// least piece length.
-pub(crate) fn chunk_ends(text: &str, target: usize) -> Vec<usize> {
-    let b = text.as_bytes();
-    let mut ends = Vec::new();
-    let mut from = 0;
-    while from + target < b.len() {
-        let mut p = from + target.max(1);
-        let cut = loop {
-            if p >= b.len() {
-                break None;
+/// One kind of added token, found in text leftmost-longest (HF builds its tries with
+/// `MatchKind::LeftmostLongest`).
+struct AddedTokens {
+    matcher: Option<AhoCorasick>,
+    ids: Vec<u32>,
+}
+
+impl AddedTokens {
+    fn new(vocab: &Vocab, kind: TokenType) -> Result<Self> {
+        let mut ids = Vec::new();
+        let mut texts = Vec::new();
+        for (i, (t, ty)) in vocab.tokens.iter().zip(&vocab.types).enumerate() {
+            if *ty == kind && !t.is_empty() {
+                ids.push(i as u32);
+                texts.push(t.clone());
             }
-            // b[p] is ASCII here or the start of a multi-byte char; either is a char boundary.
-            if b[p - 1] == b'\n' && b[p] != b'/' && text.is_char_boundary(p) && !starts_with_whitespace(&text[p..]) {
-                break Some(p);
-            }
-            p += 1;
+        }
+        let matcher = if texts.is_empty() {
+            None
+        } else {
+            Some(
+                AhoCorasick::builder()
+                    .match_kind(MatchKind::LeftmostLongest)
+                    .build(&texts)
+                    .map_err(|e| TextError::Tokenizer(format!("added tokens: {e}")))?,
+            )
         };
-        match cut {
-            Some(p) => {
-                ends.push(p);
-                from = p;
+        Ok(Self { matcher, ids })
+    }
+
+    /// `text` cut into plain pieces (`None`) and added tokens (`Some(id)`); `None` as the table
+    /// (special parsing off) leaves the text whole.
+    fn cut<'a>(table: Option<&Self>, text: &'a str) -> Vec<(&'a str, Option<u32>)> {
+        let Some(m) = table.and_then(|t| t.matcher.as_ref().map(|m| (t, m))) else {
+            return vec![(text, None)];
+        };
+        let (table, matcher) = m;
+        let mut out = Vec::new();
+        let mut prev = 0;
+        for hit in matcher.find_iter(text) {
+            if hit.start() > prev {
+                out.push((&text[prev..hit.start()], None));
             }
-            None => break,
+            out.push((&text[hit.start()..hit.end()], Some(table.ids[hit.pattern().as_usize()])));
+            prev = hit.end();
         }
-    }
-    ends
-}
-
-fn starts_with_whitespace(s: &str) -> bool {
-    s.chars().next().is_some_and(char::is_whitespace)
-}
-
-fn split_at<'a>(text: &'a str, ends: &[usize]) -> Vec<&'a str> {
-    let mut out = Vec::with_capacity(ends.len() + 1);
-    let mut start = 0;
-    for &e in ends {
-        out.push(&text[start..e]);
-        start = e;
-    }
-    out.push(&text[start..]);
-    out
-}
-
-/// The BPE behind an `Arc`, so the two tokenizers (special parsing on and off) share one model
-/// and one merge cache instead of two copies of a 200k-token vocabulary.
-#[derive(Clone)]
-struct SharedBpe(Arc<BPE>);
-
-impl Model for SharedBpe {
-    type Trainer = BpeTrainer;
-
-    fn tokenize(&self, sequence: &str) -> tokenizers::Result<Vec<Token>> {
-        self.0.tokenize(sequence)
-    }
-    fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.0.token_to_id(token)
-    }
-    fn id_to_token(&self, id: u32) -> Option<String> {
-        self.0.id_to_token(id)
-    }
-    fn get_vocab(&self) -> std::collections::HashMap<String, u32> {
-        self.0.get_vocab()
-    }
-    fn get_vocab_size(&self) -> usize {
-        self.0.get_vocab_size()
-    }
-    fn save(&self, folder: &Path, prefix: Option<&str>) -> tokenizers::Result<Vec<std::path::PathBuf>> {
-        self.0.save(folder, prefix)
-    }
-    fn get_trainer(&self) -> BpeTrainer {
-        self.0.get_trainer()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn chunk_cuts_only_after_newline_before_non_space() {
-        let t = "ab\ncd\n ef\n/gh\n\nij";
-        let ends = chunk_ends(t, 1);
-        for &e in &ends {
-            assert_eq!(t.as_bytes()[e - 1], b'\n');
+        if prev < text.len() {
+            out.push((&text[prev..], None));
         }
-        assert_eq!(ends, vec![3, 15]);
-        assert_eq!(split_at(t, &ends).concat(), t);
-    }
-
-    #[test]
-    fn chunked_encoding_equals_whole_encoding() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
-        let tok = Tokenizer::from_gguf_file(dir.join("glimmer-mini.gguf")).unwrap();
-        let golden: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("golden/tokenizer-glimmer-mini.json")).unwrap()).unwrap();
-        // Every hard string, joined by separators that do and do not allow a cut.
-        let seps = ["\nX", "\n", "\n/", "\n ", " ", "\r\n", "!\n", "\n\n'"];
-        let mut text = String::new();
-        for (i, case) in golden["cases"].as_array().unwrap().iter().enumerate() {
-            text.push_str(case["text"].as_str().unwrap());
-            text.push_str(seps[i % seps.len()]);
-        }
-        let big = text.repeat(3 * CHUNK_BYTES / text.len() + 1);
-        assert!(chunk_ends(&big, CHUNK_BYTES).len() >= 2);
-        for special in [true, false] {
-            let inner = if special { &tok.with_special } else { &tok.without_special };
-            assert_eq!(tok.encode(&big, false, special).unwrap(), encode_piece(inner, &big).unwrap());
-        }
-        // And with a cut at every possible place.
-        let small = &big[..8000];
-        let pieces = split_at(small, &chunk_ends(small, 1));
-        assert!(pieces.len() > 50);
-        let joined: Vec<u32> = pieces.iter().flat_map(|p| encode_piece(&tok.with_special, p).unwrap()).collect();
-        assert_eq!(joined, encode_piece(&tok.with_special, small).unwrap());
+        out
     }
 }

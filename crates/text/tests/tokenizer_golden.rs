@@ -98,3 +98,24 @@ fn bad_input_is_an_error_value() {
     // Still usable after an error.
     assert_eq!(tok.decode(&tok.encode("fine", false, false).unwrap(), false).unwrap(), "fine");
 }
+
+#[test]
+fn enormous_words_and_runs_stay_linear_and_exact() {
+    let tok = Tokenizer::from_gguf_file(data("glimmer-mini.gguf")).unwrap();
+    for text in ["a".repeat(300_000), " ".repeat(300_000) + "x", "中".repeat(100_000), "\u{301}".repeat(100_000), "!?".repeat(100_000)] {
+        let t = std::time::Instant::now();
+        let ids = tok.encode(&text, false, false).unwrap();
+        assert_eq!(tok.decode(&ids, false).unwrap(), text);
+        assert!(t.elapsed().as_secs_f64() < 5.0, "{:?}", t.elapsed());
+    }
+}
+
+#[test]
+fn shared_types_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Tokenizer>();
+    check::<muser_text::ChatTemplate>();
+    check::<muser_text::ToolCallParser>();
+    check::<muser_text::StreamDecoder>();
+    check::<muser_text::AtemStream>();
+}

@@ -25,16 +25,13 @@ fn check(schema: &Value, root: &Value, depth: usize) -> bool {
     if let Some(alts) = s.get("oneOf").or_else(|| s.get("anyOf")) {
         return alts.as_array().is_some_and(|a| a.iter().any(|c| check(c, root, depth + 1)));
     }
-    match s.get("type") {
-        // {"type": ["a", "b"], ...} is {"anyOf": [{"type": "a", ...}, {"type": "b", ...}]}.
-        Some(Value::Array(types)) => {
-            return types.iter().any(|t| {
-                let mut alt = s.clone();
-                alt.insert("type".into(), t.clone());
-                check(&Value::Object(alt), root, depth + 1)
-            });
-        }
-        _ => {}
+    // {"type": ["a", "b"], ...} is {"anyOf": [{"type": "a", ...}, {"type": "b", ...}]}.
+    if let Some(Value::Array(types)) = s.get("type") {
+        return types.iter().any(|t| {
+            let mut alt = s.clone();
+            alt.insert("type".into(), t.clone());
+            check(&Value::Object(alt), root, depth + 1)
+        });
     }
     if let Some(c) = s.get("const") {
         return c.is_string();
@@ -55,7 +52,7 @@ fn check(schema: &Value, root: &Value, depth: usize) -> bool {
                 ["pattern", "minLength", "maxLength", "format"].iter().any(|k| s.contains_key(*k))
             }
         }
-        Some("string") => s.get("allOf").map_or(true, |all| all_of(all, root, depth)),
+        Some("string") => s.get("allOf").is_none_or(|all| all_of(all, root, depth)),
         Some("object") if !has_properties => s.get("allOf").is_some_and(|all| all_of(all, root, depth)),
         Some(_) => false,
     }
