@@ -67,8 +67,14 @@ impl ChatTemplate {
             TextError::Template("the GGUF has no tokenizer.chat_template; pass a template file (--chat-template-file)".into())
         })?;
         let mut t = Self::new(source, "tokenizer.chat_template")?;
-        if let Ok(tok) = Tokenizer::from_gguf(g) {
-            t.set_special_tokens(&tok);
+        // The token strings straight from the GGUF: building a whole tokenizer here would double the load.
+        if let Some(GgufValue::Array(muser_gguf::Array::String(tokens))) = g.get("tokenizer.ggml.tokens") {
+            for (name, key) in [("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("pad_token", "padding_token_id")] {
+                let id = g.get(&format!("tokenizer.ggml.{key}")).and_then(GgufValue::as_i64);
+                if let Some(s) = id.and_then(|i| usize::try_from(i).ok()).and_then(|i| tokens.get(i)) {
+                    t.specials.insert(name.into(), Json::String(s.clone()));
+                }
+            }
         }
         Ok(t)
     }
