@@ -59,7 +59,8 @@ impl Tokenizer {
         Self::from_vocab(Vocab::from_gguf(g)?)
     }
 
-    pub fn from_vocab(vocab: Vocab) -> Result<Self> {
+    /// The merges are consumed into the BPE tables (`vocab().merges` is empty afterwards).
+    pub fn from_vocab(mut vocab: Vocab) -> Result<Self> {
         let n = vocab.tokens.len();
         // Every token but the [PADn] fillers is visible to BPE (HF's model vocabulary; merges can
         // only reach ordinary tokens anyway).
@@ -73,6 +74,8 @@ impl Tokenizer {
             .collect();
         // llama-vocab.cpp sets ignore_merges for llama-bpe only; Llama-4 runs every merge.
         let bpe = Bpe::new(&visible, &vocab.merges, vocab.pre == PreTokenizer::Llama3)?;
+        drop(visible);
+        vocab.merges = Vec::new();
         let regex = match vocab.pre {
             PreTokenizer::Llama4 => LLAMA4_REGEX,
             PreTokenizer::Llama3 => LLAMA3_REGEX,
