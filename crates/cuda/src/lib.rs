@@ -156,7 +156,8 @@ impl CudaBackend {
         // One stream, so cudarc's cross-stream event tracking only costs time (and events).
         // SAFETY: every launch and copy of this backend goes to `stream`, in order.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of our own: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream().map_err(dev("stream"))?;
         let cc = ctx.compute_capability().map_err(dev("compute capability"))?;
         let arch = kernels::arch_for(cc)?;
         let funcs = kernels::load_all(&ctx, arch)?;
