@@ -24,7 +24,7 @@ if has synth; then
 fi
 
 if has muser; then
-  timeout 300 carry/bin/muser bench -m "$MODEL" --device cuda -p ${PP:-512} -n ${TG:-128} --depth ${DEPTH:-0} -r ${REPS:-3} 2>&1 | tee "$OUT/muser-bench.log"
+  timeout 300 carry/bin/muser bench -m "$MODEL" --device cuda -p ${PP:-512} -n ${TG:-128} --depth ${DEPTH:-0} -r ${REPS:-3} ${BENCH_FLAGS:-} 2>&1 | tee "$OUT/muser-bench.log"
   summary+=("$(grep -E '^\| (pp|tg)' "$OUT/muser-bench.log" | sed 's/^/muser /')")
 fi
 

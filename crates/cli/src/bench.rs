@@ -33,6 +33,9 @@ pub struct Args {
     /// CUDA: launch kernel by kernel instead of replaying a captured graph.
     #[arg(long)]
     pub no_graph: bool,
+    /// CUDA: time every operation of a few eager decode steps and print where the time goes.
+    #[arg(long)]
+    pub profile: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -107,6 +110,28 @@ fn decode_test_graph(m: &MuseGlimmer<muser_cuda::CudaBackend>, kv: KvType, a: &A
     Ok(median(times))
 }
 
+fn profile_decode(m: &MuseGlimmer<muser_cuda::CudaBackend>, kv: KvType, steps: usize) -> Result<(), muser_engine::Error> {
+    let mut s = Session::new(m, kv, steps + 2)?;
+    let mut dec = GraphDecoder::new(m)?;
+    dec.use_graph = false;
+    let mut tok = dec.step(&mut s.kv, 1, None)?; // warm-up, not timed
+    m.backend.set_profiling(true);
+    for _ in 0..steps {
+        tok = dec.step(&mut s.kv, tok, None)?;
+    }
+    let report = m.backend.profile_report()?;
+    m.backend.set_profiling(false);
+    let total: f64 = report.iter().map(|r| r.2).sum();
+    println!("\nper decode step (eager, {steps} steps), GPU time by operation:");
+    println!("| op | calls/step | ms/step | share |");
+    println!("|---|---|---|---|");
+    for (label, n, ms) in &report {
+        println!("| {label} | {} | {:.3} | {:.1}% |", n / steps, ms / steps as f64, 100.0 * ms / total);
+    }
+    println!("| total | | {:.3} | |", total / steps as f64);
+    Ok(())
+}
+
 pub fn run(a: Args) -> CliResult {
     let loaded = a.model.load()?;
     let kv = a.model.kv()?;
@@ -126,6 +151,11 @@ pub fn run(a: Args) -> CliResult {
             };
             let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
             println!("| tg{}{at} | {:.2} | {:.3} |", a.n_gen, a.n_gen as f64 / t, t * 1e3 / a.n_gen as f64);
+        }
+    }
+    if a.profile {
+        if let Loaded::Cuda(m) = &loaded {
+            profile_decode(m, kv, 4)?;
         }
     }
     Ok(())

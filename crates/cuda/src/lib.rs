@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use muser_engine::backend::{AttnSpec, Backend, Batch};
 use muser_engine::loader::Matrix;
 use muser_engine::{Error, KvType, MuseConfig, Result};
@@ -137,6 +137,8 @@ pub struct CudaBackend {
     /// While a graph is being captured, `begin_batch` must not upload (the decoder does it).
     pub(crate) capturing: std::sync::atomic::AtomicBool,
     device_name: String,
+    /// Per-operation GPU timing (eager steps only): (label, start, end) events.
+    profile: Mutex<Option<Vec<(String, CudaEvent, CudaEvent)>>>,
 }
 
 fn grid1(n: usize, threads: u32) -> LaunchConfig {
@@ -172,6 +174,7 @@ impl CudaBackend {
             scratch: Mutex::new(None),
             capturing: std::sync::atomic::AtomicBool::new(false),
             device_name,
+            profile: Mutex::new(None),
         })
     }
 
@@ -229,6 +232,49 @@ impl CudaBackend {
             *buf = self.stream.alloc_zeros(n).map_err(dev("alloc"))?;
         }
         Ok(())
+    }
+
+    /// Start (or stop, returning nothing) timing every operation with CUDA events.
+    pub fn set_profiling(&self, on: bool) {
+        if let Ok(mut p) = self.profile.lock() {
+            *p = on.then(Vec::new);
+        }
+    }
+
+    /// Time spent per operation label since profiling started: (label, calls, total ms), largest first.
+    pub fn profile_report(&self) -> Result<Vec<(String, usize, f64)>> {
+        self.sync()?;
+        let p = self.profile.lock().map_err(|_| Error::Backend("profile lock".into()))?;
+        let mut agg: HashMap<String, (usize, f64)> = HashMap::new();
+        for (label, a, b) in p.iter().flatten() {
+            let ms = a.elapsed_ms(b).map_err(dev("event timing"))? as f64;
+            let e = agg.entry(label.clone()).or_default();
+            e.0 += 1;
+            e.1 += ms;
+        }
+        let mut v: Vec<(String, usize, f64)> = agg.into_iter().map(|(k, (n, t))| (k, n, t)).collect();
+        v.sort_by(|a, b| b.2.total_cmp(&a.2));
+        Ok(v)
+    }
+
+    /// Run `f`, timing it under `label()` when profiling.
+    fn timed<T>(&self, label: impl FnOnce() -> String, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let on = self.profile.lock().map(|p| p.is_some()).unwrap_or(false);
+        if !on || self.capturing.load(std::sync::atomic::Ordering::SeqCst) {
+            return f();
+        }
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let a = self.ctx.new_event(flags).map_err(dev("event"))?;
+        let b = self.ctx.new_event(flags).map_err(dev("event"))?;
+        a.record(&self.stream).map_err(dev("event"))?;
+        let r = f()?;
+        b.record(&self.stream).map_err(dev("event"))?;
+        if let Ok(mut p) = self.profile.lock() {
+            if let Some(v) = p.as_mut() {
+                v.push((label(), a, b));
+            }
+        }
+        Ok(r)
     }
 
     /// Wait for the device and report an asynchronous error.
@@ -466,111 +512,121 @@ impl Backend for CudaBackend {
     }
 
     fn get_rows(&self, table: &CudaMatrix, tokens: &[u32], out: &mut CudaAct) -> Result<()> {
-        check(out, tokens.len(), table.cols, "get_rows")?;
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.rows) {
-            return Err(Error::Input(format!("token id {t} is outside the vocabulary (size {})", table.rows)));
-        }
-        let g = self.scratch()?;
-        let s = g.as_ref().ok_or_else(|| Error::Backend("no scratch".into()))?;
-        let cols = table.cols as i32;
-        let func = self.f("get_rows")?;
-        let mut b = self.stream.launch_builder(&func);
-        b.arg(&table.data).arg(&table.fmt).arg(&table.nbt).arg(&cols).arg(&s.tokens).arg(&mut out.data);
-        let cfg = LaunchConfig {
-            grid_dim: ((table.cols as u32).div_ceil(256).min(64), tokens.len() as u32, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: token ids were checked against the table's rows; writes tokens x cols floats.
-        unsafe { b.launch(cfg) }.map_err(dev("get_rows"))?;
-        out.xs_ok = false;
-        Ok(())
+        self.timed(|| "get_rows".to_string(), || {
+            check(out, tokens.len(), table.cols, "get_rows")?;
+            if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.rows) {
+                return Err(Error::Input(format!("token id {t} is outside the vocabulary (size {})", table.rows)));
+            }
+            let g = self.scratch()?;
+            let s = g.as_ref().ok_or_else(|| Error::Backend("no scratch".into()))?;
+            let cols = table.cols as i32;
+            let func = self.f("get_rows")?;
+            let mut b = self.stream.launch_builder(&func);
+            b.arg(&table.data).arg(&table.fmt).arg(&table.nbt).arg(&cols).arg(&s.tokens).arg(&mut out.data);
+            let cfg = LaunchConfig {
+                grid_dim: ((table.cols as u32).div_ceil(256).min(64), tokens.len() as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: token ids were checked against the table's rows; writes tokens x cols floats.
+            unsafe { b.launch(cfg) }.map_err(dev("get_rows"))?;
+            out.xs_ok = false;
+            Ok(())
+        })
     }
 
     fn rms_norm(&self, x: &CudaAct, w: Option<&CudaSlice<f32>>, eps: f32, out: &mut CudaAct) -> Result<()> {
-        check(out, x.rows, x.cols, "rms_norm")?;
-        let n = x.cols as i32;
-        let with_sums = x.cols % 8 == 0;
-        let func = self.f("rms_norm")?;
-        let mut b = self.stream.launch_builder(&func);
-        let null = 0u64;
-        b.arg(&x.data);
-        match w {
-            Some(w) => b.arg(w),
-            None => b.arg(&null),
-        };
-        b.arg(&eps).arg(&n).arg(&mut out.data);
-        if with_sums {
-            b.arg(&mut out.xs);
-        } else {
-            b.arg(&null);
-        }
-        let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: one block per row of n floats; the weight (if any) has n floats.
-        unsafe { b.launch(cfg) }.map_err(dev("rms_norm"))?;
-        out.xs_ok = with_sums;
-        Ok(())
+        self.timed(|| "rms_norm".to_string(), || {
+            check(out, x.rows, x.cols, "rms_norm")?;
+            let n = x.cols as i32;
+            let with_sums = x.cols % 8 == 0;
+            let func = self.f("rms_norm")?;
+            let mut b = self.stream.launch_builder(&func);
+            let null = 0u64;
+            b.arg(&x.data);
+            match w {
+                Some(w) => b.arg(w),
+                None => b.arg(&null),
+            };
+            b.arg(&eps).arg(&n).arg(&mut out.data);
+            if with_sums {
+                b.arg(&mut out.xs);
+            } else {
+                b.arg(&null);
+            }
+            let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: one block per row of n floats; the weight (if any) has n floats.
+            unsafe { b.launch(cfg) }.map_err(dev("rms_norm"))?;
+            out.xs_ok = with_sums;
+            Ok(())
+        })
     }
 
     fn matmul(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
-        if x.cols != w.cols {
-            return Err(Error::Backend(format!("matmul: input width {}, matrix has {} columns", x.cols, w.cols)));
-        }
-        check(out, x.rows, w.rows, "matmul")?;
-        out.xs_ok = false;
-        if x.rows > 8 {
-            return self.gemm(w, x, out);
-        }
-        let needs_sums = matches!(w.ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q4_0);
-        let mut g = self.scratch()?;
-        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
-        let xs: &CudaSlice<f32> = if x.xs_ok || !needs_sums {
-            &x.xs
-        } else {
-            self.grow(&mut s.xs, x.rows * x.cols / 8)?;
-            self.sums8(x, &mut s.xs)?;
-            &s.xs
-        };
-        let mut t0 = 0;
-        for nt in [8usize, 4, 2, 1] {
-            while x.rows - t0 >= nt {
-                self.matvec(w, x, xs, out, t0, nt)?;
-                t0 += nt;
+        self.timed(|| format!("matmul {} {}x{} n={}", w.ty, w.rows, w.cols, x.rows), || {
+            if x.cols != w.cols {
+                return Err(Error::Backend(format!("matmul: input width {}, matrix has {} columns", x.cols, w.cols)));
             }
-        }
-        Ok(())
+            check(out, x.rows, w.rows, "matmul")?;
+            out.xs_ok = false;
+            if x.rows > 8 {
+                return self.gemm(w, x, out);
+            }
+            let needs_sums = matches!(w.ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q4_0);
+            let mut g = self.scratch()?;
+            let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+            let xs: &CudaSlice<f32> = if x.xs_ok || !needs_sums {
+                &x.xs
+            } else {
+                self.grow(&mut s.xs, x.rows * x.cols / 8)?;
+                self.sums8(x, &mut s.xs)?;
+                &s.xs
+            };
+            let mut t0 = 0;
+            for nt in [8usize, 4, 2, 1] {
+                while x.rows - t0 >= nt {
+                    self.matvec(w, x, xs, out, t0, nt)?;
+                    t0 += nt;
+                }
+            }
+            Ok(())
+        })
     }
 
     fn head_norm(&self, x: &mut CudaAct, head_dim: usize, eps: f32, scale: f32) -> Result<()> {
-        let n_heads = (x.cols / head_dim) as i32;
-        let hd = head_dim as i32;
-        let func = self.f("head_norm")?;
-        let mut b = self.stream.launch_builder(&func);
-        b.arg(&mut x.data).arg(&n_heads).arg(&hd).arg(&eps).arg(&scale);
-        let cfg = LaunchConfig { grid_dim: ((n_heads as u32).div_ceil(4), x.rows as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: one warp per head of head_dim floats within rows x cols.
-        unsafe { b.launch(cfg) }.map_err(dev("head_norm"))?;
-        x.xs_ok = false;
-        Ok(())
+        self.timed(|| "head_norm".to_string(), || {
+            let n_heads = (x.cols / head_dim) as i32;
+            let hd = head_dim as i32;
+            let func = self.f("head_norm")?;
+            let mut b = self.stream.launch_builder(&func);
+            b.arg(&mut x.data).arg(&n_heads).arg(&hd).arg(&eps).arg(&scale);
+            let cfg = LaunchConfig { grid_dim: ((n_heads as u32).div_ceil(4), x.rows as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: one warp per head of head_dim floats within rows x cols.
+            unsafe { b.launch(cfg) }.map_err(dev("head_norm"))?;
+            x.xs_ok = false;
+            Ok(())
+        })
     }
 
     fn rope(&self, x: &mut CudaAct, head_dim: usize, batch: &Batch, freq_base: f32) -> Result<()> {
-        check(x, batch.len(), x.cols, "rope")?;
-        let mut g = self.scratch()?;
-        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
-        self.inv_freq(s, freq_base, head_dim)?;
-        let table = s.inv_freq.get(&(freq_base.to_bits(), head_dim)).ok_or_else(|| Error::Backend("rope table".into()))?;
-        let n_heads = (x.cols / head_dim) as i32;
-        let hd = head_dim as i32;
-        let pairs = x.cols / 2;
-        let func = self.f("rope_norm")?;
-        let mut b = self.stream.launch_builder(&func);
-        b.arg(&mut x.data).arg(&n_heads).arg(&hd).arg(&s.pos).arg(table);
-        let cfg = LaunchConfig { grid_dim: ((pairs as u32).div_ceil(128), x.rows as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: one thread per pair of every head of every row; positions were uploaded.
-        unsafe { b.launch(cfg) }.map_err(dev("rope"))?;
-        x.xs_ok = false;
-        Ok(())
+        self.timed(|| "rope".to_string(), || {
+            check(x, batch.len(), x.cols, "rope")?;
+            let mut g = self.scratch()?;
+            let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+            self.inv_freq(s, freq_base, head_dim)?;
+            let table = s.inv_freq.get(&(freq_base.to_bits(), head_dim)).ok_or_else(|| Error::Backend("rope table".into()))?;
+            let n_heads = (x.cols / head_dim) as i32;
+            let hd = head_dim as i32;
+            let pairs = x.cols / 2;
+            let func = self.f("rope_norm")?;
+            let mut b = self.stream.launch_builder(&func);
+            b.arg(&mut x.data).arg(&n_heads).arg(&hd).arg(&s.pos).arg(table);
+            let cfg = LaunchConfig { grid_dim: ((pairs as u32).div_ceil(128), x.rows as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: one thread per pair of every head of every row; positions were uploaded.
+            unsafe { b.launch(cfg) }.map_err(dev("rope"))?;
+            x.xs_ok = false;
+            Ok(())
+        })
     }
 
     fn attention(
@@ -597,62 +653,64 @@ impl Backend for CudaBackend {
         gate: Option<&CudaAct>,
         out: &mut CudaAct,
     ) -> Result<()> {
-        let n = batch.len();
-        if caches.len() != 1 || batch.seq.iter().any(|&s| s != 0) {
-            return Err(Error::Backend("the CUDA backend runs one sequence per micro-batch".into()));
-        }
-        let kv = &mut *caches[0];
-        let layer = &mut kv.layers[spec.layer];
-        if layer.ring > 0 && n > MAX_UBATCH {
-            return Err(Error::Input(format!("micro-batch of {n} exceeds {MAX_UBATCH} on a sliding layer")));
-        }
-        let (kv_dim, nrep) = (spec.n_head_kv * spec.head_dim, spec.n_head / spec.n_head_kv);
-        check(k, n, kv_dim, "attention k")?;
-        check(q, n, spec.n_head * spec.head_dim, "attention q")?;
-        let mut g = self.scratch()?;
-        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
-        let (row_bytes, ring, kvd, kt) = (kv.row_bytes as i64, layer.ring as i32, kv_dim as i32, kv_code(kv.ty));
-        {
-            let func = self.f("kv_store")?;
-            let mut b = self.stream.launch_builder(&func);
-            b.arg(&k.data).arg(&v.data).arg(&mut layer.k).arg(&mut layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&kvd).arg(&kt);
-            let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: writes one K and one V row per token at slots < the layer's capacity
-            // (positions were checked against n_ctx; ring slots are pos % ring).
-            unsafe { b.launch(cfg) }.map_err(dev("kv_store"))?;
-        }
-        let max_keys = if spec.kind.is_sliding() { spec.n_swa.min(kv.n_ctx) } else { kv.n_ctx };
-        let n_split = max_keys.div_ceil(32).clamp(1, 64).min((MAX_PARTS / n).max(1));
-        self.grow(&mut s.part, n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2))?;
-        let name = format!("attn_{nrep}_{}_{}", spec.head_dim, kv.ty.name());
-        let n_swa = if spec.kind.is_sliding() { spec.n_swa as i32 } else { 0 };
-        let n_kv_head = spec.n_head_kv as i32;
-        {
-            let func = self.f(&name)?;
-            let mut b = self.stream.launch_builder(&func);
-            b.arg(&q.data).arg(&layer.k).arg(&layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&n_swa).arg(&spec.scale).arg(&n_kv_head).arg(&mut s.part);
-            let cfg = LaunchConfig { grid_dim: (spec.n_head_kv as u32, n_split as u32, n as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: reads visible cache rows (slots derived from device positions, within the
-            // layer's capacity) and writes n x n_kv_head x n_split partials into `part`.
-            unsafe { b.launch(cfg) }.map_err(dev(&name))?;
-        }
-        {
-            let (ns, nr, hd) = (n_split as i32, nrep as i32, spec.head_dim as i32);
-            let null = 0u64;
-            let func = self.f("attn_combine")?;
-            let mut b = self.stream.launch_builder(&func);
-            b.arg(&s.part).arg(&ns).arg(&nr).arg(&hd).arg(&n_kv_head);
-            match gate {
-                Some(gt) => b.arg(&gt.data),
-                None => b.arg(&null),
-            };
-            b.arg(&mut out.data);
-            let cfg = LaunchConfig { grid_dim: (spec.n_head as u32, n as u32, 1), block_dim: (spec.head_dim as u32, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: reads the partials just written, writes n x n_head x head_dim outputs.
-            unsafe { b.launch(cfg) }.map_err(dev("attn_combine"))?;
-        }
-        out.xs_ok = false;
-        Ok(())
+        self.timed(|| format!("attention {} n={}", if spec.kind.is_sliding() { "sliding" } else { "full" }, batch.len()), || {
+            let n = batch.len();
+            if caches.len() != 1 || batch.seq.iter().any(|&s| s != 0) {
+                return Err(Error::Backend("the CUDA backend runs one sequence per micro-batch".into()));
+            }
+            let kv = &mut *caches[0];
+            let layer = &mut kv.layers[spec.layer];
+            if layer.ring > 0 && n > MAX_UBATCH {
+                return Err(Error::Input(format!("micro-batch of {n} exceeds {MAX_UBATCH} on a sliding layer")));
+            }
+            let (kv_dim, nrep) = (spec.n_head_kv * spec.head_dim, spec.n_head / spec.n_head_kv);
+            check(k, n, kv_dim, "attention k")?;
+            check(q, n, spec.n_head * spec.head_dim, "attention q")?;
+            let mut g = self.scratch()?;
+            let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+            let (row_bytes, ring, kvd, kt) = (kv.row_bytes as i64, layer.ring as i32, kv_dim as i32, kv_code(kv.ty));
+            {
+                let func = self.f("kv_store")?;
+                let mut b = self.stream.launch_builder(&func);
+                b.arg(&k.data).arg(&v.data).arg(&mut layer.k).arg(&mut layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&kvd).arg(&kt);
+                let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+                // SAFETY: writes one K and one V row per token at slots < the layer's capacity
+                // (positions were checked against n_ctx; ring slots are pos % ring).
+                unsafe { b.launch(cfg) }.map_err(dev("kv_store"))?;
+            }
+            let max_keys = if spec.kind.is_sliding() { spec.n_swa.min(kv.n_ctx) } else { kv.n_ctx };
+            let n_split = max_keys.div_ceil(32).clamp(1, 64).min((MAX_PARTS / n).max(1));
+            self.grow(&mut s.part, n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2))?;
+            let name = format!("attn_{nrep}_{}_{}", spec.head_dim, kv.ty.name());
+            let n_swa = if spec.kind.is_sliding() { spec.n_swa as i32 } else { 0 };
+            let n_kv_head = spec.n_head_kv as i32;
+            {
+                let func = self.f(&name)?;
+                let mut b = self.stream.launch_builder(&func);
+                b.arg(&q.data).arg(&layer.k).arg(&layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&n_swa).arg(&spec.scale).arg(&n_kv_head).arg(&mut s.part);
+                let cfg = LaunchConfig { grid_dim: (spec.n_head_kv as u32, n_split as u32, n as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+                // SAFETY: reads visible cache rows (slots derived from device positions, within the
+                // layer's capacity) and writes n x n_kv_head x n_split partials into `part`.
+                unsafe { b.launch(cfg) }.map_err(dev(&name))?;
+            }
+            {
+                let (ns, nr, hd) = (n_split as i32, nrep as i32, spec.head_dim as i32);
+                let null = 0u64;
+                let func = self.f("attn_combine")?;
+                let mut b = self.stream.launch_builder(&func);
+                b.arg(&s.part).arg(&ns).arg(&nr).arg(&hd).arg(&n_kv_head);
+                match gate {
+                    Some(gt) => b.arg(&gt.data),
+                    None => b.arg(&null),
+                };
+                b.arg(&mut out.data);
+                let cfg = LaunchConfig { grid_dim: (spec.n_head as u32, n as u32, 1), block_dim: (spec.head_dim as u32, 1, 1), shared_mem_bytes: 0 };
+                // SAFETY: reads the partials just written, writes n x n_head x head_dim outputs.
+                unsafe { b.launch(cfg) }.map_err(dev("attn_combine"))?;
+            }
+            out.xs_ok = false;
+            Ok(())
+        })
     }
 
     fn sigmoid_gate(&self, x: &mut CudaAct, g: &CudaAct) -> Result<()> {
@@ -670,16 +728,18 @@ impl Backend for CudaBackend {
     }
 
     fn swiglu(&self, gate: &CudaAct, up: &CudaAct, out: &mut CudaAct) -> Result<()> {
-        check(up, gate.rows, gate.cols, "swiglu")?;
-        check(out, gate.rows, gate.cols, "swiglu")?;
-        let n = (gate.rows * gate.cols) as i64;
-        let func = self.f("swiglu")?;
-        let mut b = self.stream.launch_builder(&func);
-        b.arg(&gate.data).arg(&up.data).arg(&mut out.data).arg(&n);
-        // SAFETY: elementwise over n floats.
-        unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("swiglu"))?;
-        out.xs_ok = false;
-        Ok(())
+        self.timed(|| "swiglu".to_string(), || {
+            check(up, gate.rows, gate.cols, "swiglu")?;
+            check(out, gate.rows, gate.cols, "swiglu")?;
+            let n = (gate.rows * gate.cols) as i64;
+            let func = self.f("swiglu")?;
+            let mut b = self.stream.launch_builder(&func);
+            b.arg(&gate.data).arg(&up.data).arg(&mut out.data).arg(&n);
+            // SAFETY: elementwise over n floats.
+            unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("swiglu"))?;
+            out.xs_ok = false;
+            Ok(())
+        })
     }
 
     fn post_norm_add(&self, resid: &mut CudaAct, src: &CudaAct, w: &CudaSlice<f32>, eps: f32) -> Result<()> {
@@ -705,37 +765,41 @@ impl Backend for CudaBackend {
         eps_next: f32,
         next: &mut CudaAct,
     ) -> Result<()> {
-        check(src, resid.rows, resid.cols, "norm_tail")?;
-        check(next, resid.rows, resid.cols, "norm_tail")?;
-        let n = resid.cols as i32;
-        let with_sums = resid.cols % 8 == 0;
-        let null = 0u64;
-        let func = self.f("norm_tail")?;
-        let mut b = self.stream.launch_builder(&func);
-        b.arg(&mut resid.data).arg(&src.data).arg(w_post).arg(&eps_post).arg(w_next).arg(&eps_next).arg(&n).arg(&mut next.data);
-        if with_sums {
-            b.arg(&mut next.xs);
-        } else {
-            b.arg(&null);
-        }
-        let cfg = LaunchConfig { grid_dim: (resid.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: one block per row of n floats in three equal-shaped buffers.
-        unsafe { b.launch(cfg) }.map_err(dev("norm_tail"))?;
-        resid.xs_ok = false;
-        next.xs_ok = with_sums;
-        Ok(())
+        self.timed(|| "norm_tail".to_string(), || {
+            check(src, resid.rows, resid.cols, "norm_tail")?;
+            check(next, resid.rows, resid.cols, "norm_tail")?;
+            let n = resid.cols as i32;
+            let with_sums = resid.cols % 8 == 0;
+            let null = 0u64;
+            let func = self.f("norm_tail")?;
+            let mut b = self.stream.launch_builder(&func);
+            b.arg(&mut resid.data).arg(&src.data).arg(w_post).arg(&eps_post).arg(w_next).arg(&eps_next).arg(&n).arg(&mut next.data);
+            if with_sums {
+                b.arg(&mut next.xs);
+            } else {
+                b.arg(&null);
+            }
+            let cfg = LaunchConfig { grid_dim: (resid.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: one block per row of n floats in three equal-shaped buffers.
+            unsafe { b.launch(cfg) }.map_err(dev("norm_tail"))?;
+            resid.xs_ok = false;
+            next.xs_ok = with_sums;
+            Ok(())
+        })
     }
 
     fn logit_finish(&self, x: &mut CudaAct, scale: f32, softcap: Option<f32>) -> Result<()> {
-        let n = (x.rows * x.cols) as i64;
-        let cap = softcap.unwrap_or(0.0);
-        let func = self.f("logit_finish")?;
-        let mut b = self.stream.launch_builder(&func);
-        b.arg(&mut x.data).arg(&n).arg(&scale).arg(&cap);
-        // SAFETY: elementwise over n floats.
-        unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("logit_finish"))?;
-        x.xs_ok = false;
-        Ok(())
+        self.timed(|| "logit_finish".to_string(), || {
+            let n = (x.rows * x.cols) as i64;
+            let cap = softcap.unwrap_or(0.0);
+            let func = self.f("logit_finish")?;
+            let mut b = self.stream.launch_builder(&func);
+            b.arg(&mut x.data).arg(&n).arg(&scale).arg(&cap);
+            // SAFETY: elementwise over n floats.
+            unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("logit_finish"))?;
+            x.xs_ok = false;
+            Ok(())
+        })
     }
 
     fn select_rows(&self, x: &CudaAct, rows: &[usize], out: &mut CudaAct) -> Result<()> {

@@ -116,8 +116,22 @@ fn check_fixture(name: &str, rows: &mut Vec<String>) -> Result<Vec<String>, muse
         }
         let same = cpu_greedy == gpu_greedy;
         rows.push(format!("{name:<14} {kv:?}: prompt {dp:.2e}  decode {dd:.2e}  greedy32 {}", if same { "identical" } else { "DIFFER" }));
-        if !(dp <= bound && dd <= bound && same) {
-            failures.push(format!("{name} {kv:?}: prompt {dp:.2e} decode {dd:.2e} greedy same {same} (bound {bound:e})"));
+        if kv == KvType::F32 {
+            // The accurate configuration: f32 everywhere, the two backends differ only in the
+            // order of f32 sums.
+            if !(dp <= bound && dd <= bound && same) {
+                failures.push(format!("{name} {kv:?}: prompt {dp:.2e} decode {dd:.2e} greedy same {same} (bound {bound:e})"));
+            }
+        } else {
+            // An f16 cache rounds K and V: an f32 difference of one ulp between the backends can
+            // flip an f16 rounding (docs/PARITY.md). The backends must still agree better than
+            // the cache's own rounding moves the model (CPU f16 vs CPU f32), and greedily.
+            let mut c32 = Session::new(&cpu, KvType::F32, 256)?;
+            let own = max_dls(&want, &c32.feed(&toks, 512, Logits::All)?, n_vocab);
+            rows.push(format!("{name:<14}      (the f16 cache's own effect on the CPU: {own:.2e})"));
+            if !(dp <= own && dd <= own && same) {
+                failures.push(format!("{name} F16: prompt {dp:.2e} decode {dd:.2e} vs the cache's own {own:.2e}, greedy same {same}"));
+            }
         }
     }
     Ok(failures)
