@@ -14,6 +14,7 @@
 #define KV_F16 1
 #define KV_BF16 2
 #define KV_Q8_0 3
+// (kv.cu holds the KV store, the fused QK preparation and attn_combine.)
 
 // 8 consecutive values d0..d0+7 of a cache row (head g's slice starts at g*HD).
 template <int KT>
@@ -68,6 +69,7 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     const int n_keys = p - lo + 1;
     const int chunk = (n_keys + n_split - 1) / n_split;
     const int k0 = lo + split * chunk, k1 = min(p + 1, k0 + chunk);
+    if (k0 >= k1) return;  // an empty split: attn_combine skips it (same arithmetic on pos)
     for (int i = threadIdx.x; i < NREP * HD; i += blockDim.x)
         qs[i] = q[(long long)t * n_head * HD + (long long)g * NREP * HD + i] * scale;
     __syncthreads();
@@ -156,63 +158,6 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
         for (int w = 0; w < 4; w++) if (wl[w][h] > 0.0f) L += wl[w][h] * expf(wm[w][h] - M);
         out[h * (HD + 2) + HD] = M;
         out[h * (HD + 2) + HD + 1] = L;
-    }
-}
-
-// grid (n_head, n_tokens), HD threads: out[t][h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M),
-// times sigmoid(gate) (f64, as the CPU's sigmoid_gate).
-extern "C" __global__ void attn_combine(const float* part, int n_split, int nrep, int hd, int n_kv_head,
-                                        const float* gate, float* out) {
-    const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
-    const int g = h / nrep, r = h % nrep;
-    const float* base = part + (((long long)t * n_kv_head + g) * n_split * nrep) * (hd + 2);
-    float M = -__int_as_float(0x7f800000);
-    for (int s = 0; s < n_split; s++) {
-        const float* e = base + ((long long)s * nrep + r) * (hd + 2);
-        if (e[hd + 1] > 0.0f) M = fmaxf(M, e[hd]);
-    }
-    float L = 0.0f, a = 0.0f;
-    for (int s = 0; s < n_split; s++) {
-        const float* e = base + ((long long)s * nrep + r) * (hd + 2);
-        if (e[hd + 1] > 0.0f) {
-            float c = expf(e[hd] - M);
-            L += e[hd + 1] * c;
-            a += e[d] * c;
-        }
-    }
-    long long o = (long long)t * nrep * n_kv_head * hd + (long long)h * hd + d;
-    float v = a / L;
-    out[o] = gate ? (float)((double)v / (1.0 + exp(-(double)gate[o]))) : v;
-}
-
-// Store this batch's K and V rows (f32) in the cache type at their slots. grid (n_tokens).
-extern "C" __global__ void kv_store(const float* k, const float* v, u8* kc, u8* vc, long long row_bytes, int ring,
-                                    const u32* pos, int kv_dim, int kt) {
-    const int t = blockIdx.x;
-    const long long slot = ring > 0 ? (long long)(pos[t] % (u32)ring) : (long long)pos[t];
-    const float* ks = k + (long long)t * kv_dim;
-    const float* vs = v + (long long)t * kv_dim;
-    u8* kd = kc + slot * row_bytes;
-    u8* vd = vc + slot * row_bytes;
-    if (kt == KV_F32) {
-        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) { ((float*)kd)[i] = ks[i]; ((float*)vd)[i] = vs[i]; }
-    } else if (kt == KV_F16) {
-        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) { ((u16*)kd)[i] = f2h(ks[i]); ((u16*)vd)[i] = f2h(vs[i]); }
-    } else if (kt == KV_BF16) {
-        for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) { ((u16*)kd)[i] = f2bf(ks[i]); ((u16*)vd)[i] = f2bf(vs[i]); }
-    } else {
-        // q8_0 as ggml's reference quantizer: d = amax/127, q = round-half-away(x/d); one warp per block.
-        const int lane = threadIdx.x & 31, nb = kv_dim / 32;
-        for (int b = threadIdx.x >> 5; b < 2 * nb; b += blockDim.x >> 5) {
-            const float* src = b < nb ? ks + 32 * b : vs + 32 * (b - nb);
-            u8* dst = b < nb ? kd + 34 * b : vd + 34 * (b - nb);
-            float x = src[lane];
-            float amax = warp_max(fabsf(x));
-            float d = amax / 127.0f;
-            float id = d != 0.0f ? 1.0f / d : 0.0f;
-            dst[2 + lane] = (u8)(signed char)roundf(x * id);
-            if (lane == 0) { u16 h = f2h(d); dst[0] = (u8)(h & 0xFF); dst[1] = (u8)(h >> 8); }
-        }
     }
 }
 

@@ -13,15 +13,25 @@
 #define MV_ZERO(acc) \
     _Pragma("unroll") for (int r_ = 0; r_ < R; r_++) _Pragma("unroll") for (int t_ = 0; t_ < NT; t_++) acc[r_][t_] = 0.0f;
 
+// The warps of a block split the row's columns; their partial sums are added in warp order.
 template <int R, int NT>
 __device__ __forceinline__ void mv_store(float (&acc)[R][NT], float* y, int r0, int rows, int lane) {
+    __shared__ float part[4][R * NT];
+    const int warp = threadIdx.x >> 5;
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float v = warp_sum(acc[r][t]);
-            if (lane == 0 && r0 + r < rows) y[(long long)t * rows + r0 + r] = v;
+            if (lane == 0) part[warp][r * NT + t] = v;
         }
+    __syncthreads();
+    const int i = threadIdx.x;
+    if (i < R * NT) {
+        const int r = i / NT, t = i % NT;
+        float v = (part[0][i] + part[1][i]) + (part[2][i] + part[3][i]);
+        if (r0 + r < rows) y[(long long)t * rows + r0 + r] = v;
+    }
 }
 
 // qf = 1 + byte/2^7 for the byte k of `v` holding (0x80 | q << s): the float 0x3F80_0000 | q << (19..)
@@ -53,13 +63,12 @@ template <int R, int NT>
 __device__ __forceinline__ void mv_q4_k(const u8* __restrict__ W, const float* __restrict__ x, const float* __restrict__ xs,
                                         float* __restrict__ y, int rows, int cols) {
     const int lane = threadIdx.x & 31;
-    const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
-    if (r0 >= rows) return;
+    const int r0 = blockIdx.x * R, warp = threadIdx.x >> 5;
     const int nb = cols >> 8, n8 = cols >> 3;
     const int sub = lane & 7, j = sub >> 1, half = sub & 1;
     float acc[R][NT];
     MV_ZERO(acc);
-    for (int b = lane >> 3; b < nb; b += 4) {
+    for (int b = (lane >> 3) + 4 * warp; b < nb; b += 16) {
         const int e_lo = b * 256 + 64 * j + 16 * half, e_hi = e_lo + 32;
         u32 q[R][4];
         float d1[R], c1[R], d2[R], c2[R];
@@ -116,13 +125,12 @@ template <int R, int NT>
 __device__ __forceinline__ void mv_q5_k(const u8* __restrict__ W, const float* __restrict__ x, const float* __restrict__ xs,
                                         float* __restrict__ y, int rows, int cols) {
     const int lane = threadIdx.x & 31;
-    const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
-    if (r0 >= rows) return;
+    const int r0 = blockIdx.x * R, warp = threadIdx.x >> 5;
     const int nb = cols >> 8, n8 = cols >> 3;
     const int sub = lane & 7, j = sub >> 1, half = sub & 1;
     float acc[R][NT];
     MV_ZERO(acc);
-    for (int b = lane >> 3; b < nb; b += 4) {
+    for (int b = (lane >> 3) + 4 * warp; b < nb; b += 16) {
         const int e_lo = b * 256 + 64 * j + 16 * half, e_hi = e_lo + 32;
         u32 ql[R][4], qhl[R][4];
         float d1[R], c1[R], d2[R], c2[R];
@@ -183,8 +191,7 @@ template <int R, int NT>
 __device__ __forceinline__ void mv_q6_k(const u8* __restrict__ W, long long nbt, const float* __restrict__ x,
                                         const float* __restrict__ xs, float* __restrict__ y, int rows, int cols) {
     const int lane = threadIdx.x & 31;
-    const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
-    if (r0 >= rows) return;
+    const int r0 = blockIdx.x * R, warp = threadIdx.x >> 5;
     const int nb = cols >> 8, n8 = cols >> 3;
     const int sub = lane & 7, n = sub >> 2, k8 = sub & 3;
     const u8* QL = W;
@@ -193,7 +200,7 @@ __device__ __forceinline__ void mv_q6_k(const u8* __restrict__ W, long long nbt,
     const u16* D = (const u16*)(W + nbt * 208);
     float acc[R][NT];
     MV_ZERO(acc);
-    for (int b = lane >> 3; b < nb; b += 4) {
+    for (int b = (lane >> 3) + 4 * warp; b < nb; b += 16) {
         u32 qv[R][4][2];  // [quarter][word]: 8 bytes (0x80 | q6 << 1)
         float ds[R][4];
 #pragma unroll
@@ -249,13 +256,12 @@ template <int R, int NT>
 __device__ __forceinline__ void mv_q8_0(const u8* __restrict__ W, long long nbt, const float* __restrict__ x,
                                         float* __restrict__ y, int rows, int cols) {
     const int lane = threadIdx.x & 31;
-    const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
-    if (r0 >= rows) return;
+    const int r0 = blockIdx.x * R, warp = threadIdx.x >> 5;
     const int nb = cols >> 5;
     const u16* D = (const u16*)(W + nbt * 32);
     float acc[R][NT];
     MV_ZERO(acc);
-    for (int c = lane; c < 2 * nb; c += 32) {
+    for (int c = lane + 32 * warp; c < 2 * nb; c += 128) {
         const int b = c >> 1, e = 16 * c;
         u32 q[R][4];
         float d[R];
@@ -297,13 +303,12 @@ template <int R, int NT>
 __device__ __forceinline__ void mv_q4_0(const u8* __restrict__ W, long long nbt, const float* __restrict__ x,
                                         const float* __restrict__ xs, float* __restrict__ y, int rows, int cols) {
     const int lane = threadIdx.x & 31;
-    const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
-    if (r0 >= rows) return;
+    const int r0 = blockIdx.x * R, warp = threadIdx.x >> 5;
     const int nb = cols >> 5, n8 = cols >> 3;
     const u16* D = (const u16*)(W + nbt * 16);
     float acc[R][NT];
     MV_ZERO(acc);
-    for (int b = lane; b < nb; b += 32) {
+    for (int b = lane + 32 * warp; b < nb; b += 128) {
         u32 q[R][4];
         float d[R];
 #pragma unroll
@@ -352,11 +357,10 @@ template <int R, int NT, int FMT>
 __device__ __forceinline__ void mv_float(const u8* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
                                          int rows, int cols) {
     const int lane = threadIdx.x & 31;
-    const int r0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * R;
-    if (r0 >= rows) return;
+    const int r0 = blockIdx.x * R, warp = threadIdx.x >> 5;
     float acc[R][NT];
     MV_ZERO(acc);
-    for (int e = 8 * lane; e < cols; e += 256) {
+    for (int e = 8 * (lane + 32 * warp); e < cols; e += 1024) {
         float wv[R][8];
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -395,41 +399,20 @@ __device__ __forceinline__ void mv_float(const u8* __restrict__ W, const float* 
     mv_store<R, NT>(acc, y, r0, rows, lane);
 }
 
-#define MV_ENTRY(NT)                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(128) mv_q4_k_##NT(const u8* W, long long nbt, const float* x,      \
-                                                                   const float* xs, float* y, int rows, int cols) { \
-        mv_q4_k<4, NT>(W, x, xs, y, rows, cols);                                                                      \
-    }                                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) mv_q5_k_##NT(const u8* W, long long nbt, const float* x,      \
-                                                                   const float* xs, float* y, int rows, int cols) { \
-        mv_q5_k<4, NT>(W, x, xs, y, rows, cols);                                                                      \
-    }                                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) mv_q6_k_##NT(const u8* W, long long nbt, const float* x,      \
-                                                                   const float* xs, float* y, int rows, int cols) { \
-        mv_q6_k<4, NT>(W, nbt, x, xs, y, rows, cols);                                                                 \
-    }                                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) mv_q8_0_##NT(const u8* W, long long nbt, const float* x,      \
-                                                                   const float* xs, float* y, int rows, int cols) { \
-        mv_q8_0<4, NT>(W, nbt, x, y, rows, cols);                                                                     \
-    }                                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) mv_q4_0_##NT(const u8* W, long long nbt, const float* x,      \
-                                                                   const float* xs, float* y, int rows, int cols) { \
-        mv_q4_0<4, NT>(W, nbt, x, xs, y, rows, cols);                                                                 \
-    }                                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) mv_f32_##NT(const u8* W, long long nbt, const float* x,       \
-                                                                  const float* xs, float* y, int rows, int cols) {  \
-        mv_float<4, NT, FMT_F32>(W, x, y, rows, cols);                                                                \
-    }                                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) mv_f16_##NT(const u8* W, long long nbt, const float* x,       \
-                                                                  const float* xs, float* y, int rows, int cols) {  \
-        mv_float<4, NT, FMT_F16>(W, x, y, rows, cols);                                                                \
-    }                                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) mv_bf16_##NT(const u8* W, long long nbt, const float* x,      \
-                                                                   const float* xs, float* y, int rows, int cols) { \
-        mv_float<4, NT, FMT_BF16>(W, x, y, rows, cols);                                                               \
-    }
-
-MV_ENTRY(1)
-MV_ENTRY(2)
-MV_ENTRY(4)
-MV_ENTRY(8)
+// Entry points mv_<format>_<R>_<NT>: a block of 4 warps computes R rows for NT tokens.
+#define MV_ONE(NAME, CALL, R, NT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(128) mv_##NAME##_##R##_##NT(const u8* W, long long nbt,      \
+        const float* x, const float* xs, float* y, int rows, int cols) { CALL; }
+#define MV_FMTS(R, NT)                                                                                        \
+    MV_ONE(q4_k, (mv_q4_k<R, NT>(W, x, xs, y, rows, cols)), R, NT)                                           \
+    MV_ONE(q5_k, (mv_q5_k<R, NT>(W, x, xs, y, rows, cols)), R, NT)                                           \
+    MV_ONE(q6_k, (mv_q6_k<R, NT>(W, nbt, x, xs, y, rows, cols)), R, NT)                                      \
+    MV_ONE(q8_0, (mv_q8_0<R, NT>(W, nbt, x, y, rows, cols)), R, NT)                                          \
+    MV_ONE(q4_0, (mv_q4_0<R, NT>(W, nbt, x, xs, y, rows, cols)), R, NT)                                      \
+    MV_ONE(f32, (mv_float<R, NT, FMT_F32>(W, x, y, rows, cols)), R, NT)                                      \
+    MV_ONE(f16, (mv_float<R, NT, FMT_F16>(W, x, y, rows, cols)), R, NT)                                      \
+    MV_ONE(bf16, (mv_float<R, NT, FMT_BF16>(W, x, y, rows, cols)), R, NT)
+#define MV_R(R) MV_FMTS(R, 1) MV_FMTS(R, 2) MV_FMTS(R, 4) MV_FMTS(R, 8)
+MV_R(1)
+MV_R(2)
+MV_R(4)

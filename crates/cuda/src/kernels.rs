@@ -19,6 +19,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("rope", include_str!("../kernels/rope.cu")),
     ("elementwise", include_str!("../kernels/elementwise.cu")),
     ("matvec", include_str!("../kernels/matvec.cu")),
+    ("kv", include_str!("../kernels/kv.cu")),
 ];
 
 /// The attention kernels, compiled per (query heads per KV head, head_dim) with `-DNREP -DHD`.

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
-use muser_engine::backend::{AttnSpec, Backend, Batch};
+use muser_engine::backend::{AttnSpec, Backend, Batch, QkSpec};
 use muser_engine::loader::Matrix;
 use muser_engine::{Error, KvType, MuseConfig, Result};
 use muser_gguf::{GgmlType, Gguf};
@@ -206,6 +206,9 @@ impl CudaBackend {
         if cfg.n_embd % 8 != 0 || cfg.n_ff % 8 != 0 || cfg.kv_dim() % 32 != 0 {
             return Err(Error::Backend("CUDA kernels need widths that are multiples of 8 (32 for KV rows)".into()));
         }
+        if cfg.n_embd > 8192 {
+            return Err(Error::Backend(format!("the CUDA norm kernels hold a row of at most 8192 values (n_embd {})", cfg.n_embd)));
+        }
         Ok(())
     }
 
@@ -322,8 +325,10 @@ impl CudaBackend {
     }
 
     fn matvec(&self, w: &CudaMatrix, x: &CudaAct, xs: &CudaSlice<f32>, out: &mut CudaAct, t0: usize, nt: usize) -> Result<()> {
+        // Rows per block of 4 warps (the warps split the columns): enough blocks to fill the GPU.
+        let r = if w.rows >= 16384 { 4 } else if w.rows >= 4096 { 2 } else { 1 };
         let name = format!(
-            "mv_{}_{nt}",
+            "mv_{}_{r}_{nt}",
             match w.ty {
                 GgmlType::F32 => "f32",
                 GgmlType::F16 => "f16",
@@ -343,7 +348,7 @@ impl CudaBackend {
         let (rows, cols) = (w.rows as i32, w.cols as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(&w.data).arg(&w.nbt).arg(&xv).arg(&xsv).arg(&mut yv).arg(&rows).arg(&cols);
-        let cfg = LaunchConfig { grid_dim: ((w.rows as u32).div_ceil(16), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: ((w.rows as u32).div_ceil(r), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: the kernel reads the matrix (rows x cols in its device layout), nt rows of x
         // and of xs, and writes nt rows of rows outputs; all bounds were checked by the caller.
         unsafe { b.launch(cfg) }.map_err(dev(&name))?;
@@ -383,6 +388,61 @@ impl CudaBackend {
             unsafe { self.blas.gemm(cfg, &s.deq, &x.data, &mut c) }.map_err(dev("cuBLAS sgemm"))?;
             r0 += nr;
         }
+        Ok(())
+    }
+
+    /// The one sequence this backend attends for, after checking shapes.
+    fn one_sequence<'a>(&self, caches: &'a mut [&mut CudaKv], spec: AttnSpec, batch: &Batch, q: &CudaAct, k: &CudaAct) -> Result<&'a mut CudaKv> {
+        let n = batch.len();
+        if caches.len() != 1 || batch.seq.iter().any(|&s| s != 0) {
+            return Err(Error::Backend("the CUDA backend runs one sequence per micro-batch".into()));
+        }
+        check(k, n, spec.n_head_kv * spec.head_dim, "attention k")?;
+        check(q, n, spec.n_head * spec.head_dim, "attention q")?;
+        let kv = &mut *caches[0];
+        if kv.layers[spec.layer].ring > 0 && n > MAX_UBATCH {
+            return Err(Error::Input(format!("micro-batch of {n} exceeds {MAX_UBATCH} on a sliding layer")));
+        }
+        Ok(kv)
+    }
+
+    /// Attention of `n` queries over a layer's stored keys (split-K partials, then the merge
+    /// with the output gate).
+    fn attend_cached(&self, kv: &CudaKv, spec: AttnSpec, n: usize, q: &CudaAct, gate: Option<&CudaAct>, out: &mut CudaAct) -> Result<()> {
+        let nrep = spec.n_head / spec.n_head_kv;
+        let mut g = self.scratch()?;
+        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+        let layer = &kv.layers[spec.layer];
+        let (row_bytes, ring) = (kv.row_bytes as i64, layer.ring as i32);
+        let max_keys = if spec.kind.is_sliding() { spec.n_swa.min(kv.n_ctx) } else { kv.n_ctx };
+        let n_split = max_keys.div_ceil(32).clamp(1, 64).min((MAX_PARTS / n).max(1));
+        self.grow(&mut s.part, n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2))?;
+        let name = format!("attn_{nrep}_{}_{}", spec.head_dim, kv.ty.name());
+        let n_swa = if spec.kind.is_sliding() { spec.n_swa as i32 } else { 0 };
+        let n_kv_head = spec.n_head_kv as i32;
+        {
+            let func = self.f(&name)?;
+            let mut b = self.stream.launch_builder(&func);
+            b.arg(&q.data).arg(&layer.k).arg(&layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&n_swa).arg(&spec.scale).arg(&n_kv_head).arg(&mut s.part);
+            let cfg = LaunchConfig { grid_dim: (spec.n_head_kv as u32, n_split as u32, n as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: reads visible cache rows (slots derived from device positions, within the
+            // layer's capacity) and writes n x n_kv_head x n_split partials into `part`.
+            unsafe { b.launch(cfg) }.map_err(dev(&name))?;
+        }
+        let (ns, nr, hd) = (n_split as i32, nrep as i32, spec.head_dim as i32);
+        let null = 0u64;
+        let func = self.f("attn_combine")?;
+        let mut b = self.stream.launch_builder(&func);
+        b.arg(&s.part).arg(&ns).arg(&nr).arg(&hd).arg(&n_kv_head).arg(&s.pos).arg(&n_swa);
+        match gate {
+            Some(gt) => b.arg(&gt.data),
+            None => b.arg(&null),
+        };
+        b.arg(&mut out.data);
+        let cfg = LaunchConfig { grid_dim: (spec.n_head as u32, n as u32, 1), block_dim: (spec.head_dim as u32, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: reads the partials of the non-empty splits, writes n x n_head x head_dim outputs.
+        unsafe { b.launch(cfg) }.map_err(dev("attn_combine"))?;
+        out.xs_ok = false;
         Ok(())
     }
 
@@ -654,62 +714,65 @@ impl Backend for CudaBackend {
         out: &mut CudaAct,
     ) -> Result<()> {
         self.timed(|| format!("attention {} n={}", if spec.kind.is_sliding() { "sliding" } else { "full" }, batch.len()), || {
-            let n = batch.len();
-            if caches.len() != 1 || batch.seq.iter().any(|&s| s != 0) {
-                return Err(Error::Backend("the CUDA backend runs one sequence per micro-batch".into()));
-            }
-            let kv = &mut *caches[0];
+            let kv = self.one_sequence(caches, spec, batch, q, k)?;
+            let (n, kv_dim) = (batch.len(), spec.n_head_kv * spec.head_dim);
+            let (row_bytes, kvd, kt) = (kv.row_bytes as i64, kv_dim as i32, kv_code(kv.ty));
+            let g = self.scratch()?;
+            let s = g.as_ref().ok_or_else(|| Error::Backend("no scratch".into()))?;
             let layer = &mut kv.layers[spec.layer];
-            if layer.ring > 0 && n > MAX_UBATCH {
-                return Err(Error::Input(format!("micro-batch of {n} exceeds {MAX_UBATCH} on a sliding layer")));
-            }
-            let (kv_dim, nrep) = (spec.n_head_kv * spec.head_dim, spec.n_head / spec.n_head_kv);
-            check(k, n, kv_dim, "attention k")?;
-            check(q, n, spec.n_head * spec.head_dim, "attention q")?;
+            let ring = layer.ring as i32;
+            let func = self.f("kv_store")?;
+            let mut b = self.stream.launch_builder(&func);
+            b.arg(&k.data).arg(&v.data).arg(&mut layer.k).arg(&mut layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&kvd).arg(&kt);
+            let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: writes one K and one V row per token at slots < the layer's capacity
+            // (positions were checked against n_ctx; ring slots are pos % ring).
+            unsafe { b.launch(cfg) }.map_err(dev("kv_store"))?;
+            drop(g);
+            self.attend_cached(kv, spec, n, q, gate, out)
+        })
+    }
+
+    fn attend(
+        &self,
+        caches: &mut [&mut CudaKv],
+        spec: AttnSpec,
+        qk: QkSpec,
+        batch: &Batch,
+        q: &mut CudaAct,
+        k: &mut CudaAct,
+        v: &CudaAct,
+        gate: &CudaAct,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        self.timed(|| format!("qk+attention {} n={}", if spec.kind.is_sliding() { "sliding" } else { "full" }, batch.len()), || {
+            let kv = self.one_sequence(caches, spec, batch, q, k)?;
+            let n = batch.len();
             let mut g = self.scratch()?;
             let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
-            let (row_bytes, ring, kvd, kt) = (kv.row_bytes as i64, layer.ring as i32, kv_dim as i32, kv_code(kv.ty));
-            {
-                let func = self.f("kv_store")?;
-                let mut b = self.stream.launch_builder(&func);
-                b.arg(&k.data).arg(&v.data).arg(&mut layer.k).arg(&mut layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&kvd).arg(&kt);
-                let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-                // SAFETY: writes one K and one V row per token at slots < the layer's capacity
-                // (positions were checked against n_ctx; ring slots are pos % ring).
-                unsafe { b.launch(cfg) }.map_err(dev("kv_store"))?;
+            if let Some(base) = qk.rope_base {
+                self.inv_freq(s, base, spec.head_dim)?;
             }
-            let max_keys = if spec.kind.is_sliding() { spec.n_swa.min(kv.n_ctx) } else { kv.n_ctx };
-            let n_split = max_keys.div_ceil(32).clamp(1, 64).min((MAX_PARTS / n).max(1));
-            self.grow(&mut s.part, n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2))?;
-            let name = format!("attn_{nrep}_{}_{}", spec.head_dim, kv.ty.name());
-            let n_swa = if spec.kind.is_sliding() { spec.n_swa as i32 } else { 0 };
-            let n_kv_head = spec.n_head_kv as i32;
-            {
-                let func = self.f(&name)?;
-                let mut b = self.stream.launch_builder(&func);
-                b.arg(&q.data).arg(&layer.k).arg(&layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&n_swa).arg(&spec.scale).arg(&n_kv_head).arg(&mut s.part);
-                let cfg = LaunchConfig { grid_dim: (spec.n_head_kv as u32, n_split as u32, n as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-                // SAFETY: reads visible cache rows (slots derived from device positions, within the
-                // layer's capacity) and writes n x n_kv_head x n_split partials into `part`.
-                unsafe { b.launch(cfg) }.map_err(dev(&name))?;
-            }
-            {
-                let (ns, nr, hd) = (n_split as i32, nrep as i32, spec.head_dim as i32);
-                let null = 0u64;
-                let func = self.f("attn_combine")?;
-                let mut b = self.stream.launch_builder(&func);
-                b.arg(&s.part).arg(&ns).arg(&nr).arg(&hd).arg(&n_kv_head);
-                match gate {
-                    Some(gt) => b.arg(&gt.data),
-                    None => b.arg(&null),
-                };
-                b.arg(&mut out.data);
-                let cfg = LaunchConfig { grid_dim: (spec.n_head as u32, n as u32, 1), block_dim: (spec.head_dim as u32, 1, 1), shared_mem_bytes: 0 };
-                // SAFETY: reads the partials just written, writes n x n_head x head_dim outputs.
-                unsafe { b.launch(cfg) }.map_err(dev("attn_combine"))?;
-            }
-            out.xs_ok = false;
-            Ok(())
+            let null = 0u64;
+            let (nh, nkv) = (spec.n_head as i32, spec.n_head_kv as i32);
+            let (row_bytes, kt) = (kv.row_bytes as i64, kv_code(kv.ty));
+            let layer = &mut kv.layers[spec.layer];
+            let ring = layer.ring as i32;
+            let func = self.f(&format!("qkv_prep_{}", spec.head_dim))?;
+            let mut b = self.stream.launch_builder(&func);
+            b.arg(&mut q.data).arg(&k.data).arg(&v.data).arg(&nh).arg(&nkv).arg(&qk.eps).arg(&qk.q_scale).arg(&s.pos);
+            match qk.rope_base {
+                Some(base) => b.arg(s.inv_freq.get(&(base.to_bits(), spec.head_dim)).ok_or_else(|| Error::Backend("rope table".into()))?),
+                None => b.arg(&null),
+            };
+            b.arg(&mut layer.k).arg(&mut layer.v).arg(&row_bytes).arg(&ring).arg(&kt);
+            let cfg = LaunchConfig { grid_dim: ((spec.n_head + 2 * spec.n_head_kv) as u32, n as u32, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
+            // SAFETY: one warp per head of every token: q rewritten in place, k and v rows
+            // stored at slots within the layer's capacity (positions checked against n_ctx).
+            unsafe { b.launch(cfg) }.map_err(dev("qkv_prep"))?;
+            drop(g);
+            q.xs_ok = false;
+            self.attend_cached(kv, spec, n, q, Some(gate), out)
         })
     }
 

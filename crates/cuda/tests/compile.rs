@@ -29,8 +29,9 @@ fn every_kernel_source_compiles_for_sm_90() {
     }
     for want in [
         "get_rows", "dequant_rows", "rms_norm", "norm_tail", "post_norm_add", "head_norm", "rope_norm", "sigmoid_gate",
-        "swiglu", "logit_finish", "sums8", "select_rows", "argmax_rows", "kv_store", "attn_combine", "mv_q4_k_1",
-        "mv_q6_k_8", "mv_q5_k_2", "mv_q8_0_4", "mv_q4_0_1", "mv_f16_1", "mv_bf16_1", "mv_f32_1", "attn_16_128_f16",
+        "swiglu", "logit_finish", "sums8", "select_rows", "argmax_rows", "kv_store", "attn_combine", "qkv_prep_64",
+        "qkv_prep_128", "mv_q4_k_1_1", "mv_q4_k_4_1", "mv_q6_k_2_8", "mv_q5_k_1_2", "mv_q8_0_4_4", "mv_q4_0_1_1",
+        "mv_f16_2_1", "mv_bf16_1_1", "mv_f32_4_1", "attn_16_128_f16",
         "attn_4_64_q8_0", "attn_2_128_f32",
     ] {
         assert!(entries.iter().any(|e| e == want), "entry point {want} missing (have {} entries)", entries.len());

@@ -55,6 +55,15 @@ pub struct AttnSpec {
     pub head_dim: usize,
 }
 
+/// How a layer prepares its queries and keys before attending: per-head RMSNorm with `eps`
+/// (queries also scaled by `q_scale`), then NORM RoPE at `rope_base` on sliding layers.
+#[derive(Clone, Copy, Debug)]
+pub struct QkSpec {
+    pub eps: f32,
+    pub q_scale: f32,
+    pub rope_base: Option<f32>,
+}
+
 /// The operations of a Muse Glimmer forward pass.
 pub trait Backend: Send + Sync {
     /// A weight matrix resident where the backend computes.
@@ -133,6 +142,29 @@ pub trait Backend: Send + Sync {
             Some(g) => self.sigmoid_gate(out, g),
             None => Ok(()),
         }
+    }
+    /// A layer's attention from its raw projections: QK-norm, RoPE (sliding layers), the KV
+    /// store, attention and the output gate. Reference composition; a backend may fuse it.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        caches: &mut [&mut Self::Kv],
+        spec: AttnSpec,
+        qk: QkSpec,
+        batch: &Batch,
+        q: &mut Self::Act,
+        k: &mut Self::Act,
+        v: &Self::Act,
+        gate: &Self::Act,
+        out: &mut Self::Act,
+    ) -> Result<()> {
+        self.head_norm(q, spec.head_dim, qk.eps, qk.q_scale)?;
+        self.head_norm(k, spec.head_dim, qk.eps, 1.0)?;
+        if let Some(base) = qk.rope_base {
+            self.rope(q, spec.head_dim, batch, base)?;
+            self.rope(k, spec.head_dim, batch, base)?;
+        }
+        self.attention_gated(caches, spec, batch, q, k, v, Some(gate), out)
     }
     /// x *= sigmoid(g), elementwise (the attention output gate).
     fn sigmoid_gate(&self, x: &mut Self::Act, g: &Self::Act) -> Result<()>;

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use muser_gguf::Gguf;
 
-use crate::backend::{AttnSpec, Backend, Batch};
+use crate::backend::{AttnSpec, Backend, Batch, QkSpec};
 use crate::config::{MuseConfig, POST_NORM_EPS};
 use crate::error::{Error, Result};
 use crate::kv::KvType;
@@ -192,13 +192,6 @@ impl<B: Backend> MuseGlimmer<B> {
             b.matmul(&l.attn_k, h, k)?;
             b.matmul(&l.attn_v, h, v)?;
             b.matmul(&l.attn_gate, h, g)?;
-            // QK-norm: per head, eps from the GGUF; q scaled by the probed constant.
-            b.head_norm(q, c.head_dim, eps, l.qk_scale)?;
-            b.head_norm(k, c.head_dim, eps, 1.0)?;
-            if kind.uses_rope() {
-                b.rope(q, c.head_dim, batch, c.rope_freq_base_swa)?;
-                b.rope(k, c.head_dim, batch, c.rope_freq_base_swa)?;
-            }
             let spec = AttnSpec {
                 layer: il,
                 kind,
@@ -208,8 +201,10 @@ impl<B: Backend> MuseGlimmer<B> {
                 n_head_kv: c.n_head_kv,
                 head_dim: c.head_dim,
             };
-            // a = attention(q, k, v) * sigmoid(g): the output gate.
-            b.attention_gated(caches, spec, batch, q, k, v, Some(g), a)?;
+            // QK-norm per head (eps from the GGUF, q scaled by the probed constant), RoPE on
+            // sliding layers only, then a = attention(q, k, v) * sigmoid(g): the output gate.
+            let qk = QkSpec { eps, q_scale: l.qk_scale, rope_base: kind.uses_rope().then_some(c.rope_freq_base_swa) };
+            b.attend(caches, spec, qk, batch, q, k, v, g, a)?;
             b.matmul(&l.attn_output, a, o)?;
 
             // inp_out_ids: the last layer continues with the rows whose logits are wanted only
