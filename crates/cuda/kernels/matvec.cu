@@ -44,6 +44,22 @@ __device__ __forceinline__ u32 byte_of3(u32 a, u32 b, u32 c, int k) {
     return (w >> (8 * (k & 3))) & 0xFFu;
 }
 
+// The 6-bit scales and mins of sub-blocks 2j and 2j+1 (j = 0..3) from the 12 scale bytes held in
+// three words, without branches (get_scale_min_k4 of ggml-quants.c on four bytes at once):
+// sub-blocks 0-3: sc = q[i] & 63, m = q[i+4] & 63; 4-7: sc = (q[i+4] & 15) | (q[i-4] >> 6) << 4,
+// m = (q[i+4] >> 4) | (q[i] >> 6) << 4.
+__device__ __forceinline__ void scale_min_pair(int j, u32 s0, u32 s1, u32 s2, float* sa, float* ma, float* sb, float* mb) {
+    const u32 sc_lo = s0 & 0x3F3F3F3Fu, m_lo = s1 & 0x3F3F3F3Fu;
+    const u32 sc_hi = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
+    const u32 m_hi = ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
+    const u32 sc = j < 2 ? sc_lo : sc_hi, m = j < 2 ? m_lo : m_hi;
+    const int sh = 16 * (j & 1);
+    *sa = (float)((sc >> sh) & 0xFFu);
+    *sb = (float)((sc >> (sh + 8)) & 0xFFu);
+    *ma = (float)((m >> sh) & 0xFFu);
+    *mb = (float)((m >> (sh + 8)) & 0xFFu);
+}
+
 // 6-bit scale/min of sub-block j from the 12 scale bytes held in three words.
 __device__ __forceinline__ void scale_min_w(int j, u32 s0, u32 s1, u32 s2, float* sc, float* m) {
     int a, b;
@@ -68,6 +84,7 @@ __device__ __forceinline__ void mv_q4_k(const u8* __restrict__ W, const float* _
     const int sub = lane & 7, j = sub >> 1, half = sub & 1;
     float acc[R][NT];
     MV_ZERO(acc);
+#pragma unroll 2
     for (int b = (lane >> 3) + 4 * warp; b < nb; b += 16) {
         const int e_lo = b * 256 + 64 * j + 16 * half, e_hi = e_lo + 32;
         u32 q[R][4];
@@ -81,8 +98,7 @@ __device__ __forceinline__ void mv_q4_k(const u8* __restrict__ W, const float* _
             q[r][0] = qq.x; q[r][1] = qq.y; q[r][2] = qq.z; q[r][3] = qq.w;
             float d = h2f((u16)(hd.x & 0xFFFF)), dm = h2f((u16)(hd.x >> 16));
             float sa, ma, sb, mb;
-            scale_min_w(2 * j, hd.y, hd.z, hd.w, &sa, &ma);
-            scale_min_w(2 * j + 1, hd.y, hd.z, hd.w, &sb, &mb);
+            scale_min_pair(j, hd.y, hd.z, hd.w, &sa, &ma, &sb, &mb);
             d1[r] = 16.0f * (d * sa); c1[r] = d1[r] + dm * ma;
             d2[r] = 16.0f * (d * sb); c2[r] = d2[r] + dm * mb;
         }
@@ -130,6 +146,7 @@ __device__ __forceinline__ void mv_q5_k(const u8* __restrict__ W, const float* _
     const int sub = lane & 7, j = sub >> 1, half = sub & 1;
     float acc[R][NT];
     MV_ZERO(acc);
+#pragma unroll 2
     for (int b = (lane >> 3) + 4 * warp; b < nb; b += 16) {
         const int e_lo = b * 256 + 64 * j + 16 * half, e_hi = e_lo + 32;
         u32 ql[R][4], qhl[R][4];
@@ -149,8 +166,7 @@ __device__ __forceinline__ void mv_q5_k(const u8* __restrict__ W, const float* _
             }
             float d = h2f((u16)(hd.x & 0xFFFF)), dm = h2f((u16)(hd.x >> 16));
             float sa, ma, sb, mb;
-            scale_min_w(2 * j, hd.y, hd.z, hd.w, &sa, &ma);
-            scale_min_w(2 * j + 1, hd.y, hd.z, hd.w, &sb, &mb);
+            scale_min_pair(j, hd.y, hd.z, hd.w, &sa, &ma, &sb, &mb);
             d1[r] = 32.0f * (d * sa); c1[r] = d1[r] + dm * ma;
             d2[r] = 32.0f * (d * sb); c2[r] = d2[r] + dm * mb;
         }
@@ -200,6 +216,7 @@ __device__ __forceinline__ void mv_q6_k(const u8* __restrict__ W, long long nbt,
     const u16* D = (const u16*)(W + nbt * 208);
     float acc[R][NT];
     MV_ZERO(acc);
+#pragma unroll 2
     for (int b = (lane >> 3) + 4 * warp; b < nb; b += 16) {
         u32 qv[R][4][2];  // [quarter][word]: 8 bytes (0x80 | q6 << 1)
         float ds[R][4];
