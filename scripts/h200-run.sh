@@ -24,8 +24,11 @@ if has synth; then
 fi
 
 if has muser; then
-  timeout 300 carry/bin/muser bench -m "$MODEL" --device cuda -p ${PP:-512} -n ${TG:-128} --depth ${DEPTH:-0} -r ${REPS:-3} ${BENCH_FLAGS:-} 2>&1 | tee "$OUT/muser-bench.log"
-  summary+=("$(grep -E '^\| (pp|tg)' "$OUT/muser-bench.log" | sed 's/^/muser /')")
+  # MV_RS: rows per block of the widest matrix-vector products (MUSER_MV_R), one bench each.
+  for r in ${MV_RS:-4}; do
+    MUSER_MV_R=$r timeout 300 carry/bin/muser bench -m "$MODEL" --device cuda -p ${PP:-512} -n ${TG:-128} --depth ${DEPTH:-0} -r ${REPS:-3} ${BENCH_FLAGS:-} 2>&1 | tee "$OUT/muser-bench-r$r.log"
+    summary+=("$(grep -E '^\| (pp|tg)' "$OUT/muser-bench-r$r.log" | sed "s/^/muser (R=$r) /")")
+  done
 fi
 
 if has llama; then

@@ -16,7 +16,7 @@
 // The warps of a block split the row's columns; their partial sums are added in warp order.
 template <int R, int NT>
 __device__ __forceinline__ void mv_store(float (&acc)[R][NT], float* y, int r0, int rows, int lane) {
-    __shared__ float part[4][R * NT];
+    __shared__ float part[4][R * NT];  // R * NT <= 64 < 128 threads
     const int warp = threadIdx.x >> 5;
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -433,3 +433,4 @@ __device__ __forceinline__ void mv_float(const u8* __restrict__ W, const float* 
 MV_R(1)
 MV_R(2)
 MV_R(4)
+MV_R(8)
