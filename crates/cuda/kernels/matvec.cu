@@ -433,4 +433,3 @@ __device__ __forceinline__ void mv_float(const u8* __restrict__ W, const float* 
 MV_R(1)
 MV_R(2)
 MV_R(4)
-MV_R(8)

@@ -326,7 +326,7 @@ impl CudaBackend {
 
     fn matvec(&self, w: &CudaMatrix, x: &CudaAct, xs: &CudaSlice<f32>, out: &mut CudaAct, t0: usize, nt: usize) -> Result<()> {
         // Rows per block of 4 warps (the warps split the columns): enough blocks to fill the GPU.
-        let big = std::env::var("MUSER_MV_R").ok().and_then(|v| v.parse().ok()).filter(|r| matches!(r, 1 | 2 | 4 | 8)).unwrap_or(4);
+        let big = std::env::var("MUSER_MV_R").ok().and_then(|v| v.parse().ok()).filter(|r| matches!(r, 1 | 2 | 4)).unwrap_or(4);
         let r = if w.rows >= 16384 { big } else if w.rows >= 4096 { big.min(2) } else { 1 };
         let name = format!(
             "mv_{}_{r}_{nt}",
