@@ -51,7 +51,7 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
 }
 
 /// Dequantize one block of `ty` (its `type_size` bytes) into `out` (`block_size` values).
-#[inline]
+#[inline(always)]
 pub fn dequantize_block(ty: GgmlType, b: &[u8], out: &mut [f32]) {
     match ty {
         GgmlType::F32 => out[0] = f32_at(b, 0),
@@ -94,90 +94,97 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) {
 }
 
 /// block_q8_0: d (f16), qs[32] (i8). y = q * d.
+#[inline(always)]
 fn dequant_q8_0(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
-    for (o, &q) in out[..32].iter_mut().zip(&b[2..34]) {
+    let (Some(qs), Some(o)) = (b.get(2..34), out.get_mut(..32)) else { return };
+    for (o, &q) in o.iter_mut().zip(qs) {
         *o = (q as i8) as f32 * d;
     }
 }
 
 /// block_q4_0: d (f16), qs[16]: low nibbles are elements 0..16, high nibbles 16..32; y = d * (q - 8).
+#[inline(always)]
 fn dequant_q4_0(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
-    for j in 0..16 {
-        let q = b[2 + j];
-        out[j] = d * ((q & 0x0F) as i32 - 8) as f32;
-        out[j + 16] = d * ((q >> 4) as i32 - 8) as f32;
+    let (Some(qs), Some(o)) = (b.get(2..18), out.get_mut(..32)) else { return };
+    let (lo, hi) = o.split_at_mut(16);
+    for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(qs) {
+        *l = d * ((q & 0x0F) as i32 - 8) as f32;
+        *h = d * ((q >> 4) as i32 - 8) as f32;
+    }
+}
+
+/// One 32-value half of a 64-value group: y = d1 * q - m1 (two roundings, as numpy).
+#[inline(always)]
+fn affine32(q: &[u8; 32], shift: u32, d1: f32, m1: f32, out: &mut [f32; 32]) {
+    for l in 0..32 {
+        out[l] = d1 * ((q[l] >> shift) & 0x0F) as f32 - m1;
     }
 }
 
 /// block_q4_K: d, dmin (f16), scales[12] (6-bit scale/min pairs), qs[128] (nibbles).
 /// Sub-block j of 32: y = (d * sc_j) * q - (dmin * m_j).
+#[inline(always)]
 fn dequant_q4_k(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
     let dmin = f16_at(b, 2);
     let scales = &b[4..16];
-    let qs = &b[16..144];
+    let qs = b[16..144].as_chunks::<32>().0;
+    let outs = out[..256].as_chunks_mut::<32>().0;
     for j in 0..4 {
         let (s1, m1) = scale_min_k4(2 * j, scales);
         let (s2, m2) = scale_min_k4(2 * j + 1, scales);
-        let (d1, m1) = (d * s1 as f32, dmin * m1 as f32);
-        let (d2, m2) = (d * s2 as f32, dmin * m2 as f32);
-        let q = &qs[32 * j..32 * j + 32];
-        let o = &mut out[64 * j..64 * j + 64];
-        for l in 0..32 {
-            o[l] = d1 * (q[l] & 0x0F) as f32 - m1;
-            o[l + 32] = d2 * (q[l] >> 4) as f32 - m2;
-        }
+        let (lo, hi) = outs[2 * j..2 * j + 2].split_at_mut(1);
+        affine32(&qs[j], 0, d * s1 as f32, dmin * m1 as f32, &mut lo[0]);
+        affine32(&qs[j], 4, d * s2 as f32, dmin * m2 as f32, &mut hi[0]);
     }
 }
 
 /// block_q5_K: d, dmin (f16), scales[12], qh[32] (fifth bits), qs[128] (nibbles).
+#[inline(always)]
 fn dequant_q5_k(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
     let dmin = f16_at(b, 2);
     let scales = &b[4..16];
-    let qh = &b[16..48];
-    let qs = &b[48..176];
+    let Some(qh) = b[16..48].as_chunks::<32>().0.first() else { return };
+    let qs = b[48..176].as_chunks::<32>().0;
+    let outs = out[..256].as_chunks_mut::<32>().0;
     for j in 0..4 {
         let (s1, m1) = scale_min_k4(2 * j, scales);
         let (s2, m2) = scale_min_k4(2 * j + 1, scales);
         let (d1, m1) = (d * s1 as f32, dmin * m1 as f32);
         let (d2, m2) = (d * s2 as f32, dmin * m2 as f32);
-        let (u1, u2) = (1u8 << (2 * j), 2u8 << (2 * j));
-        let q = &qs[32 * j..32 * j + 32];
-        let o = &mut out[64 * j..64 * j + 64];
+        let q = &qs[j];
+        let (lo, hi) = outs[2 * j..2 * j + 2].split_at_mut(1);
         for l in 0..32 {
-            let lo = (q[l] & 0x0F) + if qh[l] & u1 != 0 { 16 } else { 0 };
-            let hi = (q[l] >> 4) + if qh[l] & u2 != 0 { 16 } else { 0 };
-            o[l] = d1 * lo as f32 - m1;
-            o[l + 32] = d2 * hi as f32 - m2;
+            let a = (q[l] & 0x0F) + (((qh[l] >> (2 * j)) & 1) << 4);
+            let c = (q[l] >> 4) + (((qh[l] >> (2 * j + 1)) & 1) << 4);
+            lo[0][l] = d1 * a as f32 - m1;
+            hi[0][l] = d2 * c as f32 - m2;
         }
     }
 }
 
 /// block_q6_K: ql[128] (low nibbles), qh[64] (high 2 bits), scales[16] (i8), d (f16).
 /// y = (d * sc) * (q - 32).
+#[inline(always)]
 fn dequant_q6_k(b: &[u8], out: &mut [f32]) {
-    let ql_all = &b[0..128];
-    let qh_all = &b[128..192];
+    let ql_all = b[0..128].as_chunks::<32>().0;
+    let qh_all = b[128..192].as_chunks::<32>().0;
     let sc_all = &b[192..208];
     let d = f16_at(b, 208);
+    let outs = out[..256].as_chunks_mut::<32>().0;
     for n in 0..2 {
-        let ql = &ql_all[64 * n..64 * n + 64];
-        let qh = &qh_all[32 * n..32 * n + 32];
+        let (ql0, ql1, qh) = (&ql_all[2 * n], &ql_all[2 * n + 1], &qh_all[n]);
         let sc = &sc_all[8 * n..8 * n + 8];
-        let o = &mut out[128 * n..128 * n + 128];
-        for l in 0..32 {
-            let is = l / 16;
-            let q1 = ((ql[l] & 0x0F) | ((qh[l] & 3) << 4)) as i32 - 32;
-            let q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-            o[l] = d * (sc[is] as i8) as f32 * q1 as f32;
-            o[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
-            o[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
-            o[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+        // Quarter k of 32 values: (nibble source, nibble shift, qh shift).
+        for (k, (src, ns)) in [(ql0, 0u32), (ql1, 0), (ql0, 4), (ql1, 4)].into_iter().enumerate() {
+            let o = &mut outs[4 * n + k];
+            for l in 0..32 {
+                let q = (((src[l] >> ns) & 0x0F) | (((qh[l] >> (2 * k)) & 3) << 4)) as i32 - 32;
+                o[l] = d * (sc[l / 16 + 2 * k] as i8) as f32 * q as f32;
+            }
         }
     }
 }

@@ -25,13 +25,14 @@ fn reduce(a: [f32; 8]) -> f32 {
 fn dot_generic(w: &[f32], x: &[f32]) -> f32 {
     debug_assert_eq!(w.len(), x.len());
     let mut acc = [0f32; 8];
-    let n8 = w.len() / 8 * 8;
-    for (wc, xc) in w[..n8].chunks_exact(8).zip(x[..n8].chunks_exact(8)) {
+    let (wc, wr) = w.as_chunks::<8>();
+    let (xc, xr) = x.as_chunks::<8>();
+    for (a, b) in wc.iter().zip(xc) {
         for l in 0..8 {
-            acc[l] = wc[l].mul_add(xc[l], acc[l]);
+            acc[l] = a[l].mul_add(b[l], acc[l]);
         }
     }
-    for (i, (a, b)) in w[n8..].iter().zip(&x[n8..]).enumerate() {
+    for (i, (a, b)) in wr.iter().zip(xr).enumerate() {
         acc[i] = a.mul_add(*b, acc[i]);
     }
     reduce(acc)
@@ -70,22 +71,23 @@ pub fn dot(w: &[f32], x: &[f32]) -> f32 {
 #[inline(always)]
 fn tile_4x2(w: [&[f32]; 4], x: [&[f32]; 2], out: &mut [[f32; 2]; 4]) {
     let n = x[0].len();
-    let n8 = n / 8 * 8;
+    let n8 = n / 8;
+    let (w0, w1, w2, w3) = (w[0].as_chunks::<8>().0, w[1].as_chunks::<8>().0, w[2].as_chunks::<8>().0, w[3].as_chunks::<8>().0);
+    let (x0, x1) = (x[0].as_chunks::<8>().0, x[1].as_chunks::<8>().0);
     let mut acc = [[[0f32; 8]; 2]; 4];
-    let mut i = 0;
-    while i < n8 {
+    for i in 0..n8 {
+        let (a, b) = ([&w0[i], &w1[i], &w2[i], &w3[i]], [&x0[i], &x1[i]]);
         for r in 0..4 {
             for t in 0..2 {
                 for l in 0..8 {
-                    acc[r][t][l] = w[r][i + l].mul_add(x[t][i + l], acc[r][t][l]);
+                    acc[r][t][l] = a[r][l].mul_add(b[t][l], acc[r][t][l]);
                 }
             }
         }
-        i += 8;
     }
     for r in 0..4 {
         for t in 0..2 {
-            for (j, k) in (n8..n).enumerate() {
+            for (j, k) in (n8 * 8..n).enumerate() {
                 acc[r][t][j] = w[r][k].mul_add(x[t][k], acc[r][t][j]);
             }
             out[r][t] = reduce(acc[r][t]);
@@ -130,6 +132,66 @@ fn block_generic(w: &[f32], cols: usize, nrows: usize, x: &[f32], ntok: usize, o
     }
 }
 
+/// Matrix-vector products for up to 4 tokens without materializing dequantized rows: each
+/// 256-value group is dequantized into a stack buffer and accumulated at once, lane `i % 8`
+/// in increasing `i` (the canonical order: the same bits as [`dot`]).
+#[inline(always)]
+fn gemv_generic(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], nt: usize, y: &mut [f32]) {
+    const G: usize = 256;
+    let row_bytes = w.len() / rows;
+    let (bl, bs) = ty.block_geometry();
+    let per_g = G / bl; // blocks per group of 256 values
+    let mut buf = [0f32; G];
+    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
+        let mut acc = [[0f32; 8]; 4];
+        let mut c0 = 0;
+        while c0 < cols {
+            let g = G.min(cols - c0);
+            let nb = g / bl;
+            let bytes = &row[c0 / bl * bs..(c0 / bl + nb) * bs];
+            if bl == 1 {
+                formats::dequantize_row(ty, bytes, &mut buf[..g]);
+            } else {
+                for (o, b) in buf[..g].chunks_exact_mut(bl).zip(bytes.chunks_exact(bs)) {
+                    formats::dequantize_block(ty, b, o);
+                }
+            }
+            let _ = per_g;
+            let (wc, _) = buf[..g].as_chunks::<8>();
+            for t in 0..nt {
+                let (xc, _) = x[t * cols + c0..t * cols + c0 + g].as_chunks::<8>();
+                let a = &mut acc[t];
+                for (wv, xv) in wc.iter().zip(xc) {
+                    for l in 0..8 {
+                        a[l] = wv[l].mul_add(xv[l], a[l]);
+                    }
+                }
+            }
+            // A tail shorter than 8 only occurs at the end of a row (widths are multiples of 8
+            // for every format but F32/F16/BF16 with odd widths).
+            let tail = g % 8;
+            if tail != 0 {
+                for t in 0..nt {
+                    for j in 0..tail {
+                        let i = g - tail + j;
+                        acc[t][j] = buf[i].mul_add(x[t * cols + c0 + i], acc[t][j]);
+                    }
+                }
+            }
+            c0 += g;
+        }
+        for t in 0..nt {
+            y[t * rows + r] = reduce(acc[t]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn gemv_avx2(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], nt: usize, y: &mut [f32]) {
+    gemv_generic(ty, w, rows, cols, x, nt, y)
+}
+
 /// y[t][r] = W[r] . x[t] for a weight matrix of `rows` x `cols` in format `ty` and `n_tokens`
 /// activation rows; `y` is `n_tokens` x `rows`.
 pub fn matmul(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], n_tokens: usize, y: &mut [f32]) {
@@ -137,14 +199,43 @@ pub fn matmul(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], n_tok
     debug_assert_eq!(y.len(), n_tokens * rows);
     let row_bytes = w.len() / rows;
     let avx = has_avx2_fma();
+    if n_tokens <= 4 && cols % 8 == 0 {
+        // Decode: rows in parallel, tokens-major output gathered per chunk of rows.
+        const CHUNK: usize = 64;
+        let parts: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(CHUNK))
+            .into_par_iter()
+            .map(|c| {
+                let r0 = c * CHUNK;
+                let nr = CHUNK.min(rows - r0);
+                let ws = &w[r0 * row_bytes..(r0 + nr) * row_bytes];
+                let mut out = vec![0f32; n_tokens * nr];
+                #[cfg(target_arch = "x86_64")]
+                if avx && std::is_x86_feature_detected!("f16c") {
+                    // SAFETY: AVX2, FMA and F16C are present (checked at run time just above).
+                    unsafe { gemv_avx2(ty, ws, nr, cols, x, n_tokens, &mut out) };
+                    return (r0, out);
+                }
+                gemv_generic(ty, ws, nr, cols, x, n_tokens, &mut out);
+                (r0, out)
+            })
+            .collect();
+        for (r0, out) in parts {
+            let nr = out.len() / n_tokens;
+            for t in 0..n_tokens {
+                y[t * rows + r0..t * rows + r0 + nr].copy_from_slice(&out[t * nr..(t + 1) * nr]);
+            }
+        }
+        return;
+    }
     // Each task owns a block of output columns (weight rows) for all tokens. Output rows are
     // strided, so tasks write into private buffers and the results are scattered after.
     let blocks: Vec<(usize, Vec<f32>)> = (0..rows.div_ceil(ROW_BLOCK))
         .into_par_iter()
-        .map(|b| {
+        .map_init(Vec::new, |wf: &mut Vec<f32>, b| {
+            // The dequantized rows live in a buffer each worker reuses (no page faults per task).
             let r0 = b * ROW_BLOCK;
             let nr = ROW_BLOCK.min(rows - r0);
-            let mut wf = vec![0f32; nr * cols];
+            wf.resize(nr * cols, 0.0);
             for r in 0..nr {
                 let src = &w[(r0 + r) * row_bytes..(r0 + r + 1) * row_bytes];
                 formats::dequantize_row(ty, src, &mut wf[r * cols..(r + 1) * cols]);
@@ -158,12 +249,12 @@ pub fn matmul(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], n_tok
                 #[cfg(target_arch = "x86_64")]
                 if avx {
                     // SAFETY: AVX2 and FMA are present (runtime check in has_avx2_fma).
-                    unsafe { block_avx2(&wf, cols, nr, xs, nt, os, nr) };
+                    unsafe { block_avx2(&wf[..nr * cols], cols, nr, xs, nt, os, nr) };
                     t0 += nt;
                     continue;
                 }
                 let _ = avx;
-                block_generic(&wf, cols, nr, xs, nt, os, nr);
+                block_generic(&wf[..nr * cols], cols, nr, xs, nt, os, nr);
                 t0 += nt;
             }
             (r0, out)
