@@ -16,7 +16,12 @@ pub struct Args {
     #[command(flatten)]
     pub model: ModelOpts,
     /// Prompt lengths to test (0 skips).
-    #[arg(short = 'p', long = "n-prompt", default_value = "128", value_delimiter = ',')]
+    #[arg(
+        short = 'p',
+        long = "n-prompt",
+        default_value = "128",
+        value_delimiter = ','
+    )]
     pub n_prompt: Vec<usize>,
     /// Tokens to generate in the decode test (0 skips).
     #[arg(short = 'n', long = "n-gen", default_value_t = 32)]
@@ -44,10 +49,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn random_tokens(rng: &mut Rng, n: usize, n_vocab: usize) -> Vec<u32> {
-    (0..n).map(|_| (rng.next_u64() % n_vocab as u64) as u32).collect()
+    (0..n)
+        .map(|_| (rng.next_u64() % n_vocab as u64) as u32)
+        .collect()
 }
 
-fn prompt_test<B: Backend>(m: &MuseGlimmer<B>, kv: KvType, np: usize, reps: usize) -> Result<f64, muser_engine::Error> {
+fn prompt_test<B: Backend>(
+    m: &MuseGlimmer<B>,
+    kv: KvType,
+    np: usize,
+    reps: usize,
+) -> Result<f64, muser_engine::Error> {
     let toks = random_tokens(&mut Rng::new(1), np, m.config.n_vocab);
     let mut times = Vec::new();
     for rep in 0..=reps.max(1) {
@@ -61,7 +73,12 @@ fn prompt_test<B: Backend>(m: &MuseGlimmer<B>, kv: KvType, np: usize, reps: usiz
     Ok(median(times))
 }
 
-fn decode_test<B: Backend>(m: &MuseGlimmer<B>, kv: KvType, a: &Args, depth: usize) -> Result<f64, muser_engine::Error> {
+fn decode_test<B: Backend>(
+    m: &MuseGlimmer<B>,
+    kv: KvType,
+    a: &Args,
+    depth: usize,
+) -> Result<f64, muser_engine::Error> {
     let mut rng = Rng::new(2);
     let pre = random_tokens(&mut rng, depth, m.config.n_vocab);
     let toks = random_tokens(&mut rng, a.n_gen, m.config.n_vocab);
@@ -82,7 +99,12 @@ fn decode_test<B: Backend>(m: &MuseGlimmer<B>, kv: KvType, a: &Args, depth: usiz
     Ok(median(times))
 }
 
-fn decode_test_graph(m: &MuseGlimmer<muser_cuda::CudaBackend>, kv: KvType, a: &Args, depth: usize) -> Result<f64, muser_engine::Error> {
+fn decode_test_graph(
+    m: &MuseGlimmer<muser_cuda::CudaBackend>,
+    kv: KvType,
+    a: &Args,
+    depth: usize,
+) -> Result<f64, muser_engine::Error> {
     let mut rng = Rng::new(2);
     let pre = random_tokens(&mut rng, depth, m.config.n_vocab);
     let mut dec = GraphDecoder::new(m)?;
@@ -110,7 +132,11 @@ fn decode_test_graph(m: &MuseGlimmer<muser_cuda::CudaBackend>, kv: KvType, a: &A
     Ok(median(times))
 }
 
-fn profile_decode(m: &MuseGlimmer<muser_cuda::CudaBackend>, kv: KvType, steps: usize) -> Result<(), muser_engine::Error> {
+fn profile_decode(
+    m: &MuseGlimmer<muser_cuda::CudaBackend>,
+    kv: KvType,
+    steps: usize,
+) -> Result<(), muser_engine::Error> {
     let mut s = Session::new(m, kv, steps + 2)?;
     let mut dec = GraphDecoder::new(m)?;
     dec.use_graph = false;
@@ -126,7 +152,12 @@ fn profile_decode(m: &MuseGlimmer<muser_cuda::CudaBackend>, kv: KvType, steps: u
     println!("| op | calls/step | ms/step | share |");
     println!("|---|---|---|---|");
     for (label, n, ms) in &report {
-        println!("| {label} | {} | {:.3} | {:.1}% |", n / steps, ms / steps as f64, 100.0 * ms / total);
+        println!(
+            "| {label} | {} | {:.3} | {:.1}% |",
+            n / steps,
+            ms / steps as f64,
+            100.0 * ms / total
+        );
     }
     println!("| total | | {:.3} | |", total / steps as f64);
     Ok(())
@@ -136,12 +167,20 @@ pub fn run(a: Args) -> CliResult {
     let loaded = a.model.load()?;
     let kv = a.model.kv()?;
     let backend_name = crate::with_model!(&loaded, m => m.backend.name());
-    println!("model: {}  backend: {backend_name}  kv: {}", a.model.model_name(), kv.name());
+    println!(
+        "model: {}  backend: {backend_name}  kv: {}",
+        a.model.model_name(),
+        kv.name()
+    );
     println!("| test | tokens/s | ms/token |");
     println!("|---|---|---|");
     for &np in a.n_prompt.iter().filter(|&&n| n > 0) {
         let t = crate::with_model!(&loaded, m => prompt_test(m, kv, np, a.reps)?);
-        println!("| pp{np} | {:.2} | {:.3} |", np as f64 / t, t * 1e3 / np as f64);
+        println!(
+            "| pp{np} | {:.2} | {:.3} |",
+            np as f64 / t,
+            t * 1e3 / np as f64
+        );
     }
     if a.n_gen > 0 {
         for &depth in &a.depth {
@@ -149,8 +188,17 @@ pub fn run(a: Args) -> CliResult {
                 Loaded::Cpu(m) => decode_test(m, kv, &a, depth)?,
                 Loaded::Cuda(m) => decode_test_graph(m, kv, &a, depth)?,
             };
-            let at = if depth > 0 { format!(" @ d{depth}") } else { String::new() };
-            println!("| tg{}{at} | {:.2} | {:.3} |", a.n_gen, a.n_gen as f64 / t, t * 1e3 / a.n_gen as f64);
+            let at = if depth > 0 {
+                format!(" @ d{depth}")
+            } else {
+                String::new()
+            };
+            println!(
+                "| tg{}{at} | {:.2} | {:.3} |",
+                a.n_gen,
+                a.n_gen as f64 / t,
+                t * 1e3 / a.n_gen as f64
+            );
         }
     }
     if a.profile {

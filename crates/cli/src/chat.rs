@@ -33,14 +33,17 @@ pub fn run(a: Args) -> CliResult {
     let tok = Tokenizer::from_gguf(&g)?;
     let mut template = match &a.chat_template_file {
         Some(p) => ChatTemplate::from_file(p)?,
-        None => ChatTemplate::from_gguf(&g).map_err(|e| format!("{e} (give --chat-template-file)"))?,
+        None => {
+            ChatTemplate::from_gguf(&g).map_err(|e| format!("{e} (give --chat-template-file)"))?
+        }
     };
     template.set_special_tokens(&tok);
     let loaded = a.model.load_from(g)?;
     let kv = a.model.kv()?;
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
-    ctrlc::set_handler(move || s2.store(true, Ordering::SeqCst)).map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
+    ctrlc::set_handler(move || s2.store(true, Ordering::SeqCst))
+        .map_err(|e| format!("cannot install the Ctrl-C handler: {e}"))?;
     crate::with_model!(&loaded, model => chat(model, &a, &tok, &template, params, kv, &stop))
 }
 
@@ -100,7 +103,10 @@ fn chat<B: Backend>(
         };
         if ids.len() + 1 >= n_ctx {
             history.pop();
-            eprintln!("error: the conversation ({} tokens) no longer fits the context of {n_ctx}; /reset to start over", ids.len());
+            eprintln!(
+                "error: the conversation ({} tokens) no longer fits the context of {n_ctx}; /reset to start over",
+                ids.len()
+            );
             continue;
         }
         // Reuse the cache when it holds a prefix of the new prompt; otherwise start over.
@@ -125,16 +131,28 @@ fn chat<B: Backend>(
                 match d {
                     ChatDelta::Content(t) => write!(out, "{t}")?,
                     ChatDelta::Reasoning(t) => write!(out, "\x1b[2m{t}\x1b[0m")?,
-                    ChatDelta::ToolCall { call, .. } => write!(out, "\n[tool call {} {}]", call.function.name, call.function.arguments)?,
+                    ChatDelta::ToolCall { call, .. } => write!(
+                        out,
+                        "\n[tool call {} {}]",
+                        call.function.name, call.function.arguments
+                    )?,
                 }
             }
             out.flush()
         };
-        let generated = run_loop(&mut session, &mut sampler, logits, a.sample.n_predict, &eog, stop, &mut |t| {
-            let text = dec.push(tok, t)?;
-            show(atem.push(&text), &mut std::io::stdout())?;
-            Ok(())
-        })?;
+        let generated = run_loop(
+            &mut session,
+            &mut sampler,
+            logits,
+            a.sample.n_predict,
+            &eog,
+            stop,
+            &mut |t| {
+                let text = dec.push(tok, t)?;
+                show(atem.push(&text), &mut std::io::stdout())?;
+                Ok(())
+            },
+        )?;
         let tail = dec.finish();
         show(atem.push(&tail), &mut out)?;
         show(atem.finish(), &mut out)?;

@@ -10,7 +10,10 @@ use muser_gguf::Gguf;
 
 /// The small random-weight test model compiled into the binary: what runs without `-m`.
 pub const BUNDLED_NAME: &str = "tame-q4_k_m";
-static BUNDLED: &[u8] = include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/models/tame-q4_k_m.gguf"));
+static BUNDLED: &[u8] = include_bytes!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../tests/fixtures/models/tame-q4_k_m.gguf"
+));
 
 pub type CliResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -71,7 +74,11 @@ impl ModelOpts {
 
     /// A printable name of the model.
     pub fn model_name(&self) -> String {
-        self.model.as_ref().map_or(format!("(bundled {BUNDLED_NAME})"), |p| p.display().to_string())
+        self.model
+            .as_ref()
+            .map_or(format!("(bundled {BUNDLED_NAME})"), |p| {
+                p.display().to_string()
+            })
     }
 
     /// Open the GGUF: the file given with `-m`, or the bundled test model (saying so).
@@ -98,7 +105,10 @@ impl ModelOpts {
         let device = parse_device(&self.device)?;
         let file = ModelFile::from_gguf(g)?;
         match device {
-            None => Ok(Loaded::Cpu(MuseGlimmer::load(&file, CpuBackend::new(mode, self.threads)?)?)),
+            None => Ok(Loaded::Cpu(MuseGlimmer::load(
+                &file,
+                CpuBackend::new(mode, self.threads)?,
+            )?)),
             Some(ordinal) => {
                 if mode != NumericMode::Accurate {
                     return Err("the CUDA backend implements the accurate mode only".into());
@@ -115,14 +125,20 @@ impl ModelOpts {
 pub fn read_tokens(path: &std::path::Path) -> Result<Vec<u32>, Box<dyn std::error::Error>> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if bytes.len() % 4 != 0 {
-        return Err(format!("{} has {} bytes, not a whole number of int32 token ids", path.display(), bytes.len()).into());
+        return Err(format!(
+            "{} has {} bytes, not a whole number of int32 token ids",
+            path.display(),
+            bytes.len()
+        )
+        .into());
     }
     bytes
         .chunks_exact(4)
         .enumerate()
         .map(|(i, c)| {
             let t = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            u32::try_from(t).map_err(|_| format!("{}: token {i} is negative ({t})", path.display()).into())
+            u32::try_from(t)
+                .map_err(|_| format!("{}: token {i} is negative ({t})", path.display()).into())
         })
         .collect()
 }

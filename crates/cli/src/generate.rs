@@ -147,15 +147,23 @@ fn generate<B: Backend>(
     let mut out = std::io::stdout().lock();
     let never = AtomicBool::new(false);
     let eog = tok.eog_ids();
-    run_loop(&mut s, &mut sampler, logits, a.sample.n_predict, &eog, &never, &mut |t| {
-        if a.print_ids {
-            write!(out, "{t} ")?;
-        } else {
-            write!(out, "{}", dec.push(tok, t)?)?;
-        }
-        out.flush()?;
-        Ok(())
-    })?;
+    run_loop(
+        &mut s,
+        &mut sampler,
+        logits,
+        a.sample.n_predict,
+        &eog,
+        &never,
+        &mut |t| {
+            if a.print_ids {
+                write!(out, "{t} ")?;
+            } else {
+                write!(out, "{}", dec.push(tok, t)?)?;
+            }
+            out.flush()?;
+            Ok(())
+        },
+    )?;
     if !a.print_ids {
         write!(out, "{}", dec.finish())?;
     }

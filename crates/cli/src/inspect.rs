@@ -18,7 +18,13 @@ pub struct Args {
 
 pub fn run(a: Args) -> CliResult {
     let g = Gguf::open(&a.file)?;
-    println!("file: {} ({} bytes, GGUF v{}, alignment {})", a.file.display(), g.file_size(), g.version, g.alignment);
+    println!(
+        "file: {} ({} bytes, GGUF v{}, alignment {})",
+        a.file.display(),
+        g.file_size(),
+        g.version,
+        g.alignment
+    );
     println!("\nmetadata ({} keys):", g.metadata().len());
     for (k, v) in g.metadata() {
         println!("  {k:<48} {:<7} {}", v.value_type().name(), v.summary(8));
@@ -42,18 +48,55 @@ pub fn run(a: Args) -> CliResult {
         Ok(f) => {
             let c = &f.config;
             println!("Muse Glimmer configuration (validated):");
-            println!("  n_vocab {}  n_embd {}  n_ff {}  n_layer {}", c.n_vocab, c.n_embd, c.n_ff, c.n_layer);
-            println!("  n_head {}  n_head_kv {}  head_dim {}  n_ctx_train {}", c.n_head, c.n_head_kv, c.head_dim, c.n_ctx_train);
-            println!("  rms_eps {:e} (GGUF)  post_norm_eps {:e} (llama.cpp constant)", c.rms_eps, muser_engine::POST_NORM_EPS);
-            println!("  rope base {} (sliding layers: {})  sliding window {}", c.rope_freq_base, c.rope_freq_base_swa, c.n_swa);
-            println!("  logit_scale {}  softcap {}", c.logit_scale, c.softcap.map_or("none (key absent)".to_string(), |v| v.to_string()));
-            let kinds: String = c.layer_kinds.iter().map(|k| if *k == LayerKind::FullNope { 'F' } else { 's' }).collect();
-            let full: Vec<usize> = (0..c.n_layer).filter(|&i| c.layer_kinds[i] == LayerKind::FullNope).collect();
+            println!(
+                "  n_vocab {}  n_embd {}  n_ff {}  n_layer {}",
+                c.n_vocab, c.n_embd, c.n_ff, c.n_layer
+            );
+            println!(
+                "  n_head {}  n_head_kv {}  head_dim {}  n_ctx_train {}",
+                c.n_head, c.n_head_kv, c.head_dim, c.n_ctx_train
+            );
+            println!(
+                "  rms_eps {:e} (GGUF)  post_norm_eps {:e} (llama.cpp constant)",
+                c.rms_eps,
+                muser_engine::POST_NORM_EPS
+            );
+            println!(
+                "  rope base {} (sliding layers: {})  sliding window {}",
+                c.rope_freq_base, c.rope_freq_base_swa, c.n_swa
+            );
+            println!(
+                "  logit_scale {}  softcap {}",
+                c.logit_scale,
+                c.softcap
+                    .map_or("none (key absent)".to_string(), |v| v.to_string())
+            );
+            let kinds: String = c
+                .layer_kinds
+                .iter()
+                .map(|k| if *k == LayerKind::FullNope { 'F' } else { 's' })
+                .collect();
+            let full: Vec<usize> = (0..c.n_layer)
+                .filter(|&i| c.layer_kinds[i] == LayerKind::FullNope)
+                .collect();
             println!("  layer kinds (s = sliding+RoPE, F = full+NoPE): {kinds}");
-            println!("  full layers: {full:?}{}", if c.has_reference_pattern() { " (the reference partition)" } else { " (NOT the reference partition)" });
+            println!(
+                "  full layers: {full:?}{}",
+                if c.has_reference_pattern() {
+                    " (the reference partition)"
+                } else {
+                    " (NOT the reference partition)"
+                }
+            );
             println!("probes:");
-            println!("  attn_q_norm: constant {} on every layer (qk_scale_factor)", f.probes.qk_scale);
-            println!("  attn_k_norm: all ones on every layer: {}", f.probes.k_norm_ones);
+            println!(
+                "  attn_q_norm: constant {} on every layer (qk_scale_factor)",
+                f.probes.qk_scale
+            );
+            println!(
+                "  attn_k_norm: all ones on every layer: {}",
+                f.probes.k_norm_ones
+            );
             println!("verdict: Muser can run this file");
         }
         Err(e) => {

@@ -47,12 +47,17 @@ pub fn run(a: Args) -> CliResult {
         (s.feed(&tokens, a.ubatch, Logits::All)?, model.config.n_vocab)
     });
     let mut f = std::io::BufWriter::new(
-        std::fs::File::create(&a.out).map_err(|e| format!("cannot create {}: {e}", a.out.display()))?,
+        std::fs::File::create(&a.out)
+            .map_err(|e| format!("cannot create {}: {e}", a.out.display()))?,
     );
     for v in &logits {
         f.write_all(&v.to_le_bytes())?;
     }
     f.flush()?;
-    eprintln!("wrote {} x {n_vocab} logits to {}", tokens.len(), a.out.display());
+    eprintln!(
+        "wrote {} x {n_vocab} logits to {}",
+        tokens.len(),
+        a.out.display()
+    );
     Ok(())
 }

@@ -14,7 +14,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "muser", version, about = "Muser: an inference engine for Muse Glimmer 30B")]
+#[command(
+    name = "muser",
+    version,
+    about = "Muser: an inference engine for Muse Glimmer 30B"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

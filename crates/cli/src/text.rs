@@ -24,7 +24,12 @@ pub fn tokenize(a: TokenizeArgs) -> CliResult {
     let tok = Tokenizer::from_gguf(&g)?;
     let mut bytes = Vec::new();
     std::io::stdin().read_to_end(&mut bytes)?;
-    let text = String::from_utf8(bytes).map_err(|e| format!("stdin is not valid UTF-8 (first bad byte at {})", e.utf8_error().valid_up_to()))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "stdin is not valid UTF-8 (first bad byte at {})",
+            e.utf8_error().valid_up_to()
+        )
+    })?;
     let ids = tok.encode(&text, tok.add_bos_default() && !a.no_bos, a.special)?;
     println!("{}", serde_json::to_string(&ids)?);
     Ok(())
@@ -45,7 +50,8 @@ pub fn detokenize(a: DetokenizeArgs) -> CliResult {
     let tok = Tokenizer::from_gguf(&g)?;
     let mut input = String::new();
     std::io::stdin().read_to_string(&mut input)?;
-    let raw: Vec<i64> = serde_json::from_str(input.trim()).map_err(|e| format!("stdin is not a JSON array of token ids: {e}"))?;
+    let raw: Vec<i64> = serde_json::from_str(input.trim())
+        .map_err(|e| format!("stdin is not a JSON array of token ids: {e}"))?;
     let ids = tok.check_ids(&raw)?;
     print!("{}", tok.decode(&ids, a.skip_special)?);
     Ok(())

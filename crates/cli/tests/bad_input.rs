@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn muser(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_muser")).args(args).output().expect("run muser");
+    let out = Command::new(env!("CARGO_BIN_EXE_muser"))
+        .args(args)
+        .output()
+        .expect("run muser");
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!stderr.contains("panicked"), "muser panicked: {stderr}");
     (out.status.success(), stderr)
@@ -31,7 +34,10 @@ fn ids(v: &[i32]) -> Vec<u8> {
 #[test]
 fn missing_file() {
     let (ok, e) = muser(&["inspect", "/nonexistent/model.gguf"]);
-    assert!(!ok && e.contains("cannot open /nonexistent/model.gguf"), "{e}");
+    assert!(
+        !ok && e.contains("cannot open /nonexistent/model.gguf"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -53,13 +59,40 @@ fn corrupt_and_truncated_files() {
 fn token_outside_the_vocabulary() {
     let toks = tmp("t2.i32", &ids(&[1, 2, 100_000]));
     let out = tmp("o2.f32", b"");
-    let (ok, e) = muser(&["logits", "-m", &fixture("tame-q4_0.gguf"), "--tokens", &toks, "--out", &out]);
-    assert!(!ok && e.contains("token id 100000 is outside the vocabulary"), "{e}");
+    let (ok, e) = muser(&[
+        "logits",
+        "-m",
+        &fixture("tame-q4_0.gguf"),
+        "--tokens",
+        &toks,
+        "--out",
+        &out,
+    ]);
+    assert!(
+        !ok && e.contains("token id 100000 is outside the vocabulary"),
+        "{e}"
+    );
     let neg = tmp("t3.i32", &ids(&[1, -5]));
-    let (ok, e) = muser(&["logits", "-m", &fixture("tame-q4_0.gguf"), "--tokens", &neg, "--out", &out]);
+    let (ok, e) = muser(&[
+        "logits",
+        "-m",
+        &fixture("tame-q4_0.gguf"),
+        "--tokens",
+        &neg,
+        "--out",
+        &out,
+    ]);
     assert!(!ok && e.contains("negative"), "{e}");
     let odd = tmp("t4.i32", &[1, 2, 3]);
-    let (ok, e) = muser(&["logits", "-m", &fixture("tame-q4_0.gguf"), "--tokens", &odd, "--out", &out]);
+    let (ok, e) = muser(&[
+        "logits",
+        "-m",
+        &fixture("tame-q4_0.gguf"),
+        "--tokens",
+        &odd,
+        "--out",
+        &out,
+    ]);
     assert!(!ok && e.contains("not a whole number"), "{e}");
 }
 
@@ -67,14 +100,37 @@ fn token_outside_the_vocabulary() {
 fn prompt_longer_than_the_context() {
     let toks = tmp("t5.i32", &ids(&[5; 40]));
     let out = tmp("o5.f32", b"");
-    let (ok, e) =
-        muser(&["logits", "-m", &fixture("tame-q4_0.gguf"), "--tokens", &toks, "--out", &out, "--ctx-size", "16"]);
+    let (ok, e) = muser(&[
+        "logits",
+        "-m",
+        &fixture("tame-q4_0.gguf"),
+        "--tokens",
+        &toks,
+        "--out",
+        &out,
+        "--ctx-size",
+        "16",
+    ]);
     assert!(!ok && e.contains("do not fit a context of 16"), "{e}");
     let (ok, e) = muser(&[
-        "generate", "-m", &fixture("tame-q4_0.gguf"), "--prompt-ids", "1,2,3,4,5,6,7,8,9,10", "-c", "8",
+        "generate",
+        "-m",
+        &fixture("tame-q4_0.gguf"),
+        "--prompt-ids",
+        "1,2,3,4,5,6,7,8,9,10",
+        "-c",
+        "8",
     ]);
     assert!(!ok && e.contains("exceed the context size 8"), "{e}");
-    let (ok, e) = muser(&["generate", "-m", &fixture("tame-q4_0.gguf"), "--prompt-ids", "1", "-c", "99999"]);
+    let (ok, e) = muser(&[
+        "generate",
+        "-m",
+        &fixture("tame-q4_0.gguf"),
+        "--prompt-ids",
+        "1",
+        "-c",
+        "99999",
+    ]);
     assert!(ok, "a context larger than the model's is clamped: {e}");
 }
 
@@ -83,7 +139,15 @@ fn logits_writes_one_row_per_position() {
     let toks = tmp("t6.i32", &ids(&[3, 1, 4, 1, 5, 9, 2, 6]));
     let out = std::env::temp_dir().join(format!("muser-cli-{}-o6.f32", std::process::id()));
     let (ok, e) = muser(&[
-        "logits", "-m", &fixture("tame-q4_0.gguf"), "--tokens", &toks, "--out", out.to_str().unwrap(), "--ubatch", "3",
+        "logits",
+        "-m",
+        &fixture("tame-q4_0.gguf"),
+        "--tokens",
+        &toks,
+        "--out",
+        out.to_str().unwrap(),
+        "--ubatch",
+        "3",
     ]);
     assert!(ok, "{e}");
     assert_eq!(std::fs::metadata(&out).unwrap().len(), 8 * 332 * 4);

@@ -30,7 +30,14 @@ impl<'m> GraphDecoder<'m> {
     pub fn new(model: &'m MuseGlimmer<CudaBackend>) -> Result<Self> {
         let ws = model.workspace(1)?;
         let out = model.backend.stream.alloc_zeros(1).map_err(dev("alloc"))?;
-        Ok(GraphDecoder { model, ws, out, graph: None, warmed: false, use_graph: true })
+        Ok(GraphDecoder {
+            model,
+            ws,
+            out,
+            graph: None,
+            warmed: false,
+            use_graph: true,
+        })
     }
 
     /// Forget the captured graph (a new cache needs a new capture: the graph holds its pointers).
@@ -40,14 +47,20 @@ impl<'m> GraphDecoder<'m> {
 
     /// Run one token at the cache's next position; returns the greedy next token. When
     /// `logits` is given, the step's logits are copied into it too.
-    pub fn step(&mut self, kv: &mut CudaKv, token: u32, logits: Option<&mut Vec<f32>>) -> Result<u32> {
+    pub fn step(
+        &mut self,
+        kv: &mut CudaKv,
+        token: u32,
+        logits: Option<&mut Vec<f32>>,
+    ) -> Result<u32> {
         let b = &self.model.backend;
         let pos = b.kv_len(kv) as u32;
         let batch = Batch::single(&[token], pos);
         b.upload_batch(&batch)?;
         if !self.use_graph || !self.warmed {
             self.warmed = true;
-            self.model.forward_device(&mut self.ws, &batch, &mut [kv], &[0])?;
+            self.model
+                .forward_device(&mut self.ws, &batch, &mut [kv], &[0])?;
             b.argmax(&self.ws.logits, &mut self.out)?;
         } else if let Some((_, g)) = self.graph.as_ref().filter(|(id, _)| *id == kv.id) {
             // Host-side bookkeeping the captured kernels do not do.
@@ -56,22 +69,36 @@ impl<'m> GraphDecoder<'m> {
         } else {
             b.sync()?;
             b.capturing.store(true, std::sync::atomic::Ordering::SeqCst);
-            let begun = b.stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(dev("begin capture"));
+            let begun = b
+                .stream
+                .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                .map_err(dev("begin capture"));
             let run = begun.and_then(|_| {
-                self.model.forward_device(&mut self.ws, &batch, &mut [kv], &[0])?;
+                self.model
+                    .forward_device(&mut self.ws, &batch, &mut [kv], &[0])?;
                 b.argmax(&self.ws.logits, &mut self.out)
             });
-            let graph = b.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(dev("end capture"));
-            b.capturing.store(false, std::sync::atomic::Ordering::SeqCst);
+            let graph = b
+                .stream
+                .end_capture(CUgraphInstantiate_flags(0))
+                .map_err(dev("end capture"));
+            b.capturing
+                .store(false, std::sync::atomic::Ordering::SeqCst);
             run?;
-            let graph = graph?.ok_or_else(|| Error::Backend("CUDA capture produced no graph".into()))?;
+            let graph =
+                graph?.ok_or_else(|| Error::Backend("CUDA capture produced no graph".into()))?;
             graph.launch().map_err(dev("graph launch"))?;
             self.graph = Some((kv.id, graph));
         }
         if let Some(l) = logits {
             *l = b.read(&self.ws.logits)?;
         }
-        let ids = b.stream.clone_dtoh(&self.out).map_err(dev("download token"))?;
-        ids.first().copied().ok_or_else(|| Error::Backend("no token".into()))
+        let ids = b
+            .stream
+            .clone_dtoh(&self.out)
+            .map_err(dev("download token"))?;
+        ids.first()
+            .copied()
+            .ok_or_else(|| Error::Backend("no token".into()))
     }
 }

@@ -40,7 +40,11 @@ pub fn arch_for(cc: (i32, i32)) -> Result<&'static str> {
         (8, 9) => "sm_89",
         (10, 0) => "sm_100",
         (12, 0) => "sm_120",
-        (a, b) => return Err(Error::Backend(format!("compute capability {a}.{b} is not supported (need 8.0 or newer)"))),
+        (a, b) => {
+            return Err(Error::Backend(format!(
+                "compute capability {a}.{b} is not supported (need 8.0 or newer)"
+            )));
+        }
     })
 }
 
@@ -59,7 +63,9 @@ fn cache_dir() -> Option<PathBuf> {
     if let Ok(d) = std::env::var("MUSER_KERNEL_CACHE") {
         return Some(PathBuf::from(d));
     }
-    std::env::var("HOME").ok().map(|h| PathBuf::from(h).join(".cache/muser/kernels"))
+    std::env::var("HOME")
+        .ok()
+        .map(|h| PathBuf::from(h).join(".cache/muser/kernels"))
 }
 
 /// Compile one source to PTX (no device needed: used by the CI compile check too).
@@ -68,12 +74,25 @@ pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<String> {
 }
 
 /// Compile with extra `-D` definitions.
-pub fn compile_with(name: &str, src: &str, arch: &'static str, defines: &[String]) -> Result<String> {
+pub fn compile_with(
+    name: &str,
+    src: &str,
+    arch: &'static str,
+    defines: &[String],
+) -> Result<String> {
     let mut options = vec!["--std=c++17".to_string(), "-default-device".to_string()];
     options.extend(defines.iter().map(|d| format!("-D{d}")));
-    let opts = CompileOptions { arch: Some(arch), options, ..Default::default() };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(program(src), opts)
-        .map_err(|e| Error::Backend(format!("NVRTC failed on kernels/{name}.cu: {}", nvrtc_log(&e))))?;
+    let opts = CompileOptions {
+        arch: Some(arch),
+        options,
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(program(src), opts).map_err(|e| {
+        Error::Backend(format!(
+            "NVRTC failed on kernels/{name}.cu: {}",
+            nvrtc_log(&e)
+        ))
+    })?;
     Ok(ptx.to_src())
 }
 
@@ -85,20 +104,38 @@ fn nvrtc_log(e: &cudarc::nvrtc::CompileError) -> String {
 }
 
 /// Compile (or read from the disk cache) every base source and load its kernels into `ctx`.
-pub fn load_all(ctx: &Arc<CudaContext>, arch: &'static str) -> Result<HashMap<String, CudaFunction>> {
-    let programs: Vec<(String, &str, Vec<String>)> =
-        SOURCES.iter().map(|&(name, src)| (name.to_string(), src, Vec::new())).collect();
+pub fn load_all(
+    ctx: &Arc<CudaContext>,
+    arch: &'static str,
+) -> Result<HashMap<String, CudaFunction>> {
+    let programs: Vec<(String, &str, Vec<String>)> = SOURCES
+        .iter()
+        .map(|&(name, src)| (name.to_string(), src, Vec::new()))
+        .collect();
     load(ctx, arch, &programs)
 }
 
 /// The attention kernels for `nrep` query heads per KV head and head size `hd`.
-pub fn load_attention(ctx: &Arc<CudaContext>, arch: &'static str, nrep: usize, hd: usize) -> Result<HashMap<String, CudaFunction>> {
-    let programs = vec![(format!("attention-{nrep}x{hd}"), ATTENTION, vec![format!("ATTN_NREP={nrep}"), format!("ATTN_HD={hd}")])];
+pub fn load_attention(
+    ctx: &Arc<CudaContext>,
+    arch: &'static str,
+    nrep: usize,
+    hd: usize,
+) -> Result<HashMap<String, CudaFunction>> {
+    let programs = vec![(
+        format!("attention-{nrep}x{hd}"),
+        ATTENTION,
+        vec![format!("ATTN_NREP={nrep}"), format!("ATTN_HD={hd}")],
+    )];
     load(ctx, arch, &programs)
 }
 
 /// Compile (in parallel, or read from the disk cache) and load programs (name, source, defines).
-pub fn load(ctx: &Arc<CudaContext>, arch: &'static str, programs: &[(String, &str, Vec<String>)]) -> Result<HashMap<String, CudaFunction>> {
+pub fn load(
+    ctx: &Arc<CudaContext>,
+    arch: &'static str,
+    programs: &[(String, &str, Vec<String>)],
+) -> Result<HashMap<String, CudaFunction>> {
     let version = nvrtc_version();
     let dir = cache_dir();
     let ptxs: Vec<Result<(String, String)>> = std::thread::scope(|s| {
@@ -109,8 +146,16 @@ pub fn load(ctx: &Arc<CudaContext>, arch: &'static str, programs: &[(String, &st
                 let version = version.clone();
                 s.spawn(move || -> Result<(String, String)> {
                     let defs = defines.join(" ");
-                    let key = fnv1a(&[COMMON.as_bytes(), src.as_bytes(), arch.as_bytes(), version.as_bytes(), defs.as_bytes()]);
-                    let path = dir.as_ref().map(|d| d.join(format!("{name}-{arch}-{key:016x}.ptx")));
+                    let key = fnv1a(&[
+                        COMMON.as_bytes(),
+                        src.as_bytes(),
+                        arch.as_bytes(),
+                        version.as_bytes(),
+                        defs.as_bytes(),
+                    ]);
+                    let path = dir
+                        .as_ref()
+                        .map(|d| d.join(format!("{name}-{arch}-{key:016x}.ptx")));
                     if let Some(p) = &path {
                         if let Ok(text) = std::fs::read_to_string(p) {
                             return Ok((name.to_string(), text));
@@ -127,7 +172,14 @@ pub fn load(ctx: &Arc<CudaContext>, arch: &'static str, programs: &[(String, &st
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(Error::Backend("kernel compile thread panicked".into())))).collect()
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::Backend("kernel compile thread panicked".into()))
+                })
+            })
+            .collect()
     });
     let mut funcs = HashMap::new();
     for r in ptxs {
@@ -160,8 +212,14 @@ pub fn entry_points(ptx: &str) -> Vec<String> {
     ptx.lines()
         .filter_map(|l| {
             let l = l.trim_start();
-            let rest = l.strip_prefix(".visible .entry ").or_else(|| l.strip_prefix(".entry "))?;
-            Some(rest.split(|c: char| c == '(' || c.is_whitespace()).next()?.to_string())
+            let rest = l
+                .strip_prefix(".visible .entry ")
+                .or_else(|| l.strip_prefix(".entry "))?;
+            Some(
+                rest.split(|c: char| c == '(' || c.is_whitespace())
+                    .next()?
+                    .to_string(),
+            )
         })
         .collect()
 }

@@ -14,7 +14,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
-use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
 use muser_engine::backend::{AttnSpec, Backend, Batch, QkSpec};
 use muser_engine::loader::Matrix;
 use muser_engine::{Error, KvType, MuseConfig, Result};
@@ -143,7 +145,11 @@ pub struct CudaBackend {
 
 fn grid1(n: usize, threads: u32) -> LaunchConfig {
     let blocks = (n as u32).div_ceil(threads).clamp(1, 65_535);
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 impl CudaBackend {
@@ -152,7 +158,9 @@ impl CudaBackend {
         check_libraries()?;
         let n = CudaContext::device_count().map_err(dev("device count"))?;
         if ordinal as i32 >= n {
-            return Err(Error::Backend(format!("CUDA device {ordinal} does not exist ({n} device(s) found)")));
+            return Err(Error::Backend(format!(
+                "CUDA device {ordinal} does not exist ({n} device(s) found)"
+            )));
         }
         let ctx = CudaContext::new(ordinal).map_err(dev("context"))?;
         // One stream, so cudarc's cross-stream event tracking only costs time (and events).
@@ -160,7 +168,9 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         // A stream of our own: the legacy default stream cannot be captured into a graph.
         let stream = ctx.new_stream().map_err(dev("stream"))?;
-        let cc = ctx.compute_capability().map_err(dev("compute capability"))?;
+        let cc = ctx
+            .compute_capability()
+            .map_err(dev("compute capability"))?;
         let arch = kernels::arch_for(cc)?;
         let funcs = kernels::load_all(&ctx, arch)?;
         let blas = CudaBlas::new(stream.clone()).map_err(dev("cuBLAS"))?;
@@ -179,18 +189,31 @@ impl CudaBackend {
     }
 
     fn f(&self, name: &str) -> Result<CudaFunction> {
-        let g = self.funcs.read().map_err(|_| Error::Backend("kernel table lock poisoned".into()))?;
-        g.get(name).cloned().ok_or_else(|| Error::Backend(format!("kernel {name} is missing")))
+        let g = self
+            .funcs
+            .read()
+            .map_err(|_| Error::Backend("kernel table lock poisoned".into()))?;
+        g.get(name)
+            .cloned()
+            .ok_or_else(|| Error::Backend(format!("kernel {name} is missing")))
     }
 
     /// Compile and load the attention kernels for this model's head geometry (once).
     fn ensure_attention(&self, nrep: usize, hd: usize) -> Result<()> {
         let probe = format!("attn_{nrep}_{hd}_f16");
-        if self.funcs.read().map_err(|_| Error::Backend("kernel table lock poisoned".into()))?.contains_key(&probe) {
+        if self
+            .funcs
+            .read()
+            .map_err(|_| Error::Backend("kernel table lock poisoned".into()))?
+            .contains_key(&probe)
+        {
             return Ok(());
         }
         let more = kernels::load_attention(&self.ctx, self.arch, nrep, hd)?;
-        self.funcs.write().map_err(|_| Error::Backend("kernel table lock poisoned".into()))?.extend(more);
+        self.funcs
+            .write()
+            .map_err(|_| Error::Backend("kernel table lock poisoned".into()))?
+            .extend(more);
         Ok(())
     }
 
@@ -204,16 +227,24 @@ impl CudaBackend {
             )));
         }
         if cfg.n_embd % 8 != 0 || cfg.n_ff % 8 != 0 || cfg.kv_dim() % 32 != 0 {
-            return Err(Error::Backend("CUDA kernels need widths that are multiples of 8 (32 for KV rows)".into()));
+            return Err(Error::Backend(
+                "CUDA kernels need widths that are multiples of 8 (32 for KV rows)".into(),
+            ));
         }
         if cfg.n_embd > 8192 {
-            return Err(Error::Backend(format!("the CUDA norm kernels hold a row of at most 8192 values (n_embd {})", cfg.n_embd)));
+            return Err(Error::Backend(format!(
+                "the CUDA norm kernels hold a row of at most 8192 values (n_embd {})",
+                cfg.n_embd
+            )));
         }
         Ok(())
     }
 
     fn scratch(&self) -> Result<std::sync::MutexGuard<'_, Option<Scratch>>> {
-        let mut g = self.scratch.lock().map_err(|_| Error::Backend("scratch lock poisoned".into()))?;
+        let mut g = self
+            .scratch
+            .lock()
+            .map_err(|_| Error::Backend("scratch lock poisoned".into()))?;
         if g.is_none() {
             let s = &self.stream;
             *g = Some(Scratch {
@@ -247,7 +278,10 @@ impl CudaBackend {
     /// Time spent per operation label since profiling started: (label, calls, total ms), largest first.
     pub fn profile_report(&self) -> Result<Vec<(String, usize, f64)>> {
         self.sync()?;
-        let p = self.profile.lock().map_err(|_| Error::Backend("profile lock".into()))?;
+        let p = self
+            .profile
+            .lock()
+            .map_err(|_| Error::Backend("profile lock".into()))?;
         let mut agg: HashMap<String, (usize, f64)> = HashMap::new();
         for (label, a, b) in p.iter().flatten() {
             let ms = a.elapsed_ms(b).map_err(dev("event timing"))? as f64;
@@ -255,7 +289,8 @@ impl CudaBackend {
             e.0 += 1;
             e.1 += ms;
         }
-        let mut v: Vec<(String, usize, f64)> = agg.into_iter().map(|(k, (n, t))| (k, n, t)).collect();
+        let mut v: Vec<(String, usize, f64)> =
+            agg.into_iter().map(|(k, (n, t))| (k, n, t)).collect();
         v.sort_by(|a, b| b.2.total_cmp(&a.2));
         Ok(v)
     }
@@ -293,12 +328,22 @@ impl CudaBackend {
     /// before replaying a captured graph).
     pub(crate) fn upload_batch(&self, batch: &Batch) -> Result<()> {
         let mut g = self.scratch()?;
-        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+        let s = g
+            .as_mut()
+            .ok_or_else(|| Error::Backend("no scratch".into()))?;
         if batch.len() > s.cap {
-            return Err(Error::Input(format!("micro-batch of {} exceeds the CUDA limit {}", batch.len(), s.cap)));
+            return Err(Error::Input(format!(
+                "micro-batch of {} exceeds the CUDA limit {}",
+                batch.len(),
+                s.cap
+            )));
         }
-        self.stream.memcpy_htod(&batch.tokens, &mut s.tokens).map_err(dev("upload tokens"))?;
-        self.stream.memcpy_htod(&batch.pos, &mut s.pos).map_err(dev("upload positions"))?;
+        self.stream
+            .memcpy_htod(&batch.tokens, &mut s.tokens)
+            .map_err(dev("upload tokens"))?;
+        self.stream
+            .memcpy_htod(&batch.pos, &mut s.pos)
+            .map_err(dev("upload positions"))?;
         Ok(())
     }
 
@@ -308,7 +353,11 @@ impl CudaBackend {
         let func = self.f("argmax_rows")?;
         let mut b = self.stream.launch_builder(&func);
         b.arg(&logits.data).arg(&cols).arg(out);
-        let cfg = LaunchConfig { grid_dim: (logits.rows as u32, 1, 1), block_dim: (1024, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (logits.rows as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the kernel reads rows*cols floats of `logits` and writes `rows` ids to `out`.
         unsafe { b.launch(cfg) }.map_err(dev("argmax"))?;
         Ok(())
@@ -324,10 +373,28 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn matvec(&self, w: &CudaMatrix, x: &CudaAct, xs: &CudaSlice<f32>, out: &mut CudaAct, t0: usize, nt: usize) -> Result<()> {
+    fn matvec(
+        &self,
+        w: &CudaMatrix,
+        x: &CudaAct,
+        xs: &CudaSlice<f32>,
+        out: &mut CudaAct,
+        t0: usize,
+        nt: usize,
+    ) -> Result<()> {
         // Rows per block of 4 warps (the warps split the columns): enough blocks to fill the GPU.
-        let big = std::env::var("MUSER_MV_R").ok().and_then(|v| v.parse().ok()).filter(|r| matches!(r, 1 | 2 | 4)).unwrap_or(4);
-        let r = if w.rows >= 16384 { big } else if w.rows >= 4096 { big.min(2) } else { 1 };
+        let big = std::env::var("MUSER_MV_R")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|r| matches!(r, 1 | 2 | 4))
+            .unwrap_or(4);
+        let r = if w.rows >= 16384 {
+            big
+        } else if w.rows >= 4096 {
+            big.min(2)
+        } else {
+            1
+        };
         let name = format!(
             "mv_{}_{r}_{nt}",
             match w.ty {
@@ -348,8 +415,18 @@ impl CudaBackend {
         let mut yv = out.data.slice_mut(t0 * w.rows..(t0 + nt) * w.rows);
         let (rows, cols) = (w.rows as i32, w.cols as i32);
         let mut b = self.stream.launch_builder(f);
-        b.arg(&w.data).arg(&w.nbt).arg(&xv).arg(&xsv).arg(&mut yv).arg(&rows).arg(&cols);
-        let cfg = LaunchConfig { grid_dim: ((w.rows as u32).div_ceil(r), 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        b.arg(&w.data)
+            .arg(&w.nbt)
+            .arg(&xv)
+            .arg(&xsv)
+            .arg(&mut yv)
+            .arg(&rows)
+            .arg(&cols);
+        let cfg = LaunchConfig {
+            grid_dim: ((w.rows as u32).div_ceil(r), 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the kernel reads the matrix (rows x cols in its device layout), nt rows of x
         // and of xs, and writes nt rows of rows outputs; all bounds were checked by the caller.
         unsafe { b.launch(cfg) }.map_err(dev(&name))?;
@@ -358,7 +435,9 @@ impl CudaBackend {
 
     fn gemm(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
         let mut g = self.scratch()?;
-        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+        let s = g
+            .as_mut()
+            .ok_or_else(|| Error::Backend("no scratch".into()))?;
         let slab = DEQ_ROWS.min(w.rows);
         self.grow(&mut s.deq, slab * w.cols)?;
         let f = &self.f("dequant_rows")?;
@@ -367,7 +446,13 @@ impl CudaBackend {
             let nr = slab.min(w.rows - r0);
             let (cols, row0, nrows) = (w.cols as i32, r0 as i64, nr as i32);
             let mut b = self.stream.launch_builder(f);
-            b.arg(&w.data).arg(&w.fmt).arg(&w.nbt).arg(&cols).arg(&row0).arg(&nrows).arg(&mut s.deq);
+            b.arg(&w.data)
+                .arg(&w.fmt)
+                .arg(&w.nbt)
+                .arg(&cols)
+                .arg(&row0)
+                .arg(&nrows)
+                .arg(&mut s.deq);
             // SAFETY: writes nr*cols floats into deq (grown to that size above).
             unsafe { b.launch(grid1(nr * w.cols, 256)) }.map_err(dev("dequant_rows"))?;
             // Y[n][r0..r0+nr] = X[n][cols] . Wslab^T (column-major view: C = op(A) op(B)).
@@ -393,39 +478,87 @@ impl CudaBackend {
     }
 
     /// The one sequence this backend attends for, after checking shapes.
-    fn one_sequence<'a>(&self, caches: &'a mut [&mut CudaKv], spec: AttnSpec, batch: &Batch, q: &CudaAct, k: &CudaAct) -> Result<&'a mut CudaKv> {
+    fn one_sequence<'a>(
+        &self,
+        caches: &'a mut [&mut CudaKv],
+        spec: AttnSpec,
+        batch: &Batch,
+        q: &CudaAct,
+        k: &CudaAct,
+    ) -> Result<&'a mut CudaKv> {
         let n = batch.len();
         if caches.len() != 1 || batch.seq.iter().any(|&s| s != 0) {
-            return Err(Error::Backend("the CUDA backend runs one sequence per micro-batch".into()));
+            return Err(Error::Backend(
+                "the CUDA backend runs one sequence per micro-batch".into(),
+            ));
         }
         check(k, n, spec.n_head_kv * spec.head_dim, "attention k")?;
         check(q, n, spec.n_head * spec.head_dim, "attention q")?;
         let kv = &mut *caches[0];
         if kv.layers[spec.layer].ring > 0 && n > MAX_UBATCH {
-            return Err(Error::Input(format!("micro-batch of {n} exceeds {MAX_UBATCH} on a sliding layer")));
+            return Err(Error::Input(format!(
+                "micro-batch of {n} exceeds {MAX_UBATCH} on a sliding layer"
+            )));
         }
         Ok(kv)
     }
 
     /// Attention of `n` queries over a layer's stored keys (split-K partials, then the merge
     /// with the output gate).
-    fn attend_cached(&self, kv: &CudaKv, spec: AttnSpec, n: usize, q: &CudaAct, gate: Option<&CudaAct>, out: &mut CudaAct) -> Result<()> {
+    fn attend_cached(
+        &self,
+        kv: &CudaKv,
+        spec: AttnSpec,
+        n: usize,
+        q: &CudaAct,
+        gate: Option<&CudaAct>,
+        out: &mut CudaAct,
+    ) -> Result<()> {
         let nrep = spec.n_head / spec.n_head_kv;
         let mut g = self.scratch()?;
-        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+        let s = g
+            .as_mut()
+            .ok_or_else(|| Error::Backend("no scratch".into()))?;
         let layer = &kv.layers[spec.layer];
         let (row_bytes, ring) = (kv.row_bytes as i64, layer.ring as i32);
-        let max_keys = if spec.kind.is_sliding() { spec.n_swa.min(kv.n_ctx) } else { kv.n_ctx };
-        let n_split = max_keys.div_ceil(32).clamp(1, 64).min((MAX_PARTS / n).max(1));
-        self.grow(&mut s.part, n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2))?;
+        let max_keys = if spec.kind.is_sliding() {
+            spec.n_swa.min(kv.n_ctx)
+        } else {
+            kv.n_ctx
+        };
+        let n_split = max_keys
+            .div_ceil(32)
+            .clamp(1, 64)
+            .min((MAX_PARTS / n).max(1));
+        self.grow(
+            &mut s.part,
+            n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2),
+        )?;
         let name = format!("attn_{nrep}_{}_{}", spec.head_dim, kv.ty.name());
-        let n_swa = if spec.kind.is_sliding() { spec.n_swa as i32 } else { 0 };
+        let n_swa = if spec.kind.is_sliding() {
+            spec.n_swa as i32
+        } else {
+            0
+        };
         let n_kv_head = spec.n_head_kv as i32;
         {
             let func = self.f(&name)?;
             let mut b = self.stream.launch_builder(&func);
-            b.arg(&q.data).arg(&layer.k).arg(&layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&n_swa).arg(&spec.scale).arg(&n_kv_head).arg(&mut s.part);
-            let cfg = LaunchConfig { grid_dim: (spec.n_head_kv as u32, n_split as u32, n as u32), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+            b.arg(&q.data)
+                .arg(&layer.k)
+                .arg(&layer.v)
+                .arg(&row_bytes)
+                .arg(&ring)
+                .arg(&s.pos)
+                .arg(&n_swa)
+                .arg(&spec.scale)
+                .arg(&n_kv_head)
+                .arg(&mut s.part);
+            let cfg = LaunchConfig {
+                grid_dim: (spec.n_head_kv as u32, n_split as u32, n as u32),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
             // SAFETY: reads visible cache rows (slots derived from device positions, within the
             // layer's capacity) and writes n x n_kv_head x n_split partials into `part`.
             unsafe { b.launch(cfg) }.map_err(dev(&name))?;
@@ -434,13 +567,23 @@ impl CudaBackend {
         let null = 0u64;
         let func = self.f("attn_combine")?;
         let mut b = self.stream.launch_builder(&func);
-        b.arg(&s.part).arg(&ns).arg(&nr).arg(&hd).arg(&n_kv_head).arg(&s.pos).arg(&n_swa);
+        b.arg(&s.part)
+            .arg(&ns)
+            .arg(&nr)
+            .arg(&hd)
+            .arg(&n_kv_head)
+            .arg(&s.pos)
+            .arg(&n_swa);
         match gate {
             Some(gt) => b.arg(&gt.data),
             None => b.arg(&null),
         };
         b.arg(&mut out.data);
-        let cfg = LaunchConfig { grid_dim: (spec.n_head as u32, n as u32, 1), block_dim: (spec.head_dim as u32, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (spec.n_head as u32, n as u32, 1),
+            block_dim: (spec.head_dim as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: reads the partials of the non-empty splits, writes n x n_head x head_dim outputs.
         unsafe { b.launch(cfg) }.map_err(dev("attn_combine"))?;
         out.xs_ok = false;
@@ -450,8 +593,13 @@ impl CudaBackend {
     fn inv_freq(&self, s: &mut Scratch, base: f32, head_dim: usize) -> Result<()> {
         if !s.inv_freq.contains_key(&(base.to_bits(), head_dim)) {
             // The CPU's table: base^(-2j/head_dim) in f64 (cpu/ops.rs rope_table).
-            let t: Vec<f64> = (0..head_dim / 2).map(|j| (base as f64).powf(-2.0 * j as f64 / head_dim as f64)).collect();
-            let d = self.stream.clone_htod(&t).map_err(dev("upload rope table"))?;
+            let t: Vec<f64> = (0..head_dim / 2)
+                .map(|j| (base as f64).powf(-2.0 * j as f64 / head_dim as f64))
+                .collect();
+            let d = self
+                .stream
+                .clone_htod(&t)
+                .map_err(dev("upload rope table"))?;
             s.inv_freq.insert((base.to_bits(), head_dim), d);
         }
         Ok(())
@@ -460,7 +608,10 @@ impl CudaBackend {
 
 fn check(a: &CudaAct, rows: usize, cols: usize, what: &str) -> Result<()> {
     if a.rows != rows || a.cols != cols {
-        return Err(Error::Backend(format!("{what}: shape {}x{}, expected {rows}x{cols}", a.rows, a.cols)));
+        return Err(Error::Backend(format!(
+            "{what}: shape {}x{}, expected {rows}x{cols}",
+            a.rows, a.cols
+        )));
     }
     Ok(())
 }
@@ -485,12 +636,19 @@ impl Backend for CudaBackend {
     }
 
     fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<CudaMatrix> {
-        let fmt = matrix::fmt_code(m.ty).ok_or_else(|| Error::Backend(format!("no CUDA layout for {}", m.ty)))?;
+        let fmt = matrix::fmt_code(m.ty)
+            .ok_or_else(|| Error::Backend(format!("no CUDA layout for {}", m.ty)))?;
         if m.cols % 8 != 0 {
-            return Err(Error::Backend(format!("{}: {} columns, CUDA kernels need a multiple of 8", m.name, m.cols)));
+            return Err(Error::Backend(format!(
+                "{}: {} columns, CUDA kernels need a multiple of 8",
+                m.name, m.cols
+            )));
         }
         let bytes = matrix::device_layout(m.ty, m.bytes(file));
-        let data = self.stream.clone_htod(&bytes).map_err(dev("upload weights"))?;
+        let data = self
+            .stream
+            .clone_htod(&bytes)
+            .map_err(dev("upload weights"))?;
         Ok(CudaMatrix {
             ty: m.ty,
             fmt,
@@ -511,14 +669,20 @@ impl Backend for CudaBackend {
             cols,
             cap: rows,
             data: self.stream.alloc_zeros(rows * cols).map_err(dev("alloc"))?,
-            xs: self.stream.alloc_zeros((rows * cols / 8).max(1)).map_err(dev("alloc"))?,
+            xs: self
+                .stream
+                .alloc_zeros((rows * cols / 8).max(1))
+                .map_err(dev("alloc"))?,
             xs_ok: false,
         })
     }
 
     fn set_rows(&self, a: &mut CudaAct, rows: usize) -> Result<()> {
         if rows > a.cap {
-            return Err(Error::Backend(format!("activation of {} rows cannot hold {rows}", a.cap)));
+            return Err(Error::Backend(format!(
+                "activation of {} rows cannot hold {rows}",
+                a.cap
+            )));
         }
         a.rows = rows;
         a.xs_ok = false;
@@ -531,17 +695,34 @@ impl Backend for CudaBackend {
         let row_bytes = ty.row_bytes(cfg.kv_dim())?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for kind in &cfg.layer_kinds {
-            let slots = if kind.is_sliding() { (cfg.n_swa + MAX_UBATCH).min(n_ctx) } else { n_ctx };
+            let slots = if kind.is_sliding() {
+                (cfg.n_swa + MAX_UBATCH).min(n_ctx)
+            } else {
+                n_ctx
+            };
             let ring = if kind.is_sliding() { slots } else { 0 };
             layers.push(LayerKv {
-                k: self.stream.alloc_zeros(slots * row_bytes).map_err(dev("KV alloc"))?,
-                v: self.stream.alloc_zeros(slots * row_bytes).map_err(dev("KV alloc"))?,
+                k: self
+                    .stream
+                    .alloc_zeros(slots * row_bytes)
+                    .map_err(dev("KV alloc"))?,
+                v: self
+                    .stream
+                    .alloc_zeros(slots * row_bytes)
+                    .map_err(dev("KV alloc"))?,
                 ring,
             });
         }
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(CudaKv { id, ty, n_ctx, len: 0, row_bytes, layers })
+        Ok(CudaKv {
+            id,
+            ty,
+            n_ctx,
+            len: 0,
+            row_bytes,
+            layers,
+        })
     }
 
     fn kv_capacity(&self, kv: &CudaKv) -> usize {
@@ -561,7 +742,10 @@ impl Backend for CudaBackend {
     }
 
     fn read(&self, a: &CudaAct) -> Result<Vec<f32>> {
-        let v = self.stream.clone_dtoh(&a.data.slice(..a.rows * a.cols)).map_err(dev("download"))?;
+        let v = self
+            .stream
+            .clone_dtoh(&a.data.slice(..a.rows * a.cols))
+            .map_err(dev("download"))?;
         Ok(v)
     }
 
@@ -573,121 +757,189 @@ impl Backend for CudaBackend {
     }
 
     fn get_rows(&self, table: &CudaMatrix, tokens: &[u32], out: &mut CudaAct) -> Result<()> {
-        self.timed(|| "get_rows".to_string(), || {
-            check(out, tokens.len(), table.cols, "get_rows")?;
-            if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.rows) {
-                return Err(Error::Input(format!("token id {t} is outside the vocabulary (size {})", table.rows)));
-            }
-            let g = self.scratch()?;
-            let s = g.as_ref().ok_or_else(|| Error::Backend("no scratch".into()))?;
-            let cols = table.cols as i32;
-            let func = self.f("get_rows")?;
-            let mut b = self.stream.launch_builder(&func);
-            b.arg(&table.data).arg(&table.fmt).arg(&table.nbt).arg(&cols).arg(&s.tokens).arg(&mut out.data);
-            let cfg = LaunchConfig {
-                grid_dim: ((table.cols as u32).div_ceil(256).min(64), tokens.len() as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: token ids were checked against the table's rows; writes tokens x cols floats.
-            unsafe { b.launch(cfg) }.map_err(dev("get_rows"))?;
-            out.xs_ok = false;
-            Ok(())
-        })
+        self.timed(
+            || "get_rows".to_string(),
+            || {
+                check(out, tokens.len(), table.cols, "get_rows")?;
+                if let Some(&t) = tokens.iter().find(|&&t| t as usize >= table.rows) {
+                    return Err(Error::Input(format!(
+                        "token id {t} is outside the vocabulary (size {})",
+                        table.rows
+                    )));
+                }
+                let g = self.scratch()?;
+                let s = g
+                    .as_ref()
+                    .ok_or_else(|| Error::Backend("no scratch".into()))?;
+                let cols = table.cols as i32;
+                let func = self.f("get_rows")?;
+                let mut b = self.stream.launch_builder(&func);
+                b.arg(&table.data)
+                    .arg(&table.fmt)
+                    .arg(&table.nbt)
+                    .arg(&cols)
+                    .arg(&s.tokens)
+                    .arg(&mut out.data);
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        (table.cols as u32).div_ceil(256).min(64),
+                        tokens.len() as u32,
+                        1,
+                    ),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: token ids were checked against the table's rows; writes tokens x cols floats.
+                unsafe { b.launch(cfg) }.map_err(dev("get_rows"))?;
+                out.xs_ok = false;
+                Ok(())
+            },
+        )
     }
 
-    fn rms_norm(&self, x: &CudaAct, w: Option<&CudaSlice<f32>>, eps: f32, out: &mut CudaAct) -> Result<()> {
-        self.timed(|| "rms_norm".to_string(), || {
-            check(out, x.rows, x.cols, "rms_norm")?;
-            let n = x.cols as i32;
-            let with_sums = x.cols % 8 == 0;
-            let func = self.f("rms_norm")?;
-            let mut b = self.stream.launch_builder(&func);
-            let null = 0u64;
-            b.arg(&x.data);
-            match w {
-                Some(w) => b.arg(w),
-                None => b.arg(&null),
-            };
-            b.arg(&eps).arg(&n).arg(&mut out.data);
-            if with_sums {
-                b.arg(&mut out.xs);
-            } else {
-                b.arg(&null);
-            }
-            let cfg = LaunchConfig { grid_dim: (x.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: one block per row of n floats; the weight (if any) has n floats.
-            unsafe { b.launch(cfg) }.map_err(dev("rms_norm"))?;
-            out.xs_ok = with_sums;
-            Ok(())
-        })
+    fn rms_norm(
+        &self,
+        x: &CudaAct,
+        w: Option<&CudaSlice<f32>>,
+        eps: f32,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        self.timed(
+            || "rms_norm".to_string(),
+            || {
+                check(out, x.rows, x.cols, "rms_norm")?;
+                let n = x.cols as i32;
+                let with_sums = x.cols % 8 == 0;
+                let func = self.f("rms_norm")?;
+                let mut b = self.stream.launch_builder(&func);
+                let null = 0u64;
+                b.arg(&x.data);
+                match w {
+                    Some(w) => b.arg(w),
+                    None => b.arg(&null),
+                };
+                b.arg(&eps).arg(&n).arg(&mut out.data);
+                if with_sums {
+                    b.arg(&mut out.xs);
+                } else {
+                    b.arg(&null);
+                }
+                let cfg = LaunchConfig {
+                    grid_dim: (x.rows as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: one block per row of n floats; the weight (if any) has n floats.
+                unsafe { b.launch(cfg) }.map_err(dev("rms_norm"))?;
+                out.xs_ok = with_sums;
+                Ok(())
+            },
+        )
     }
 
     fn matmul(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
-        self.timed(|| format!("matmul {} {}x{} n={}", w.ty, w.rows, w.cols, x.rows), || {
-            if x.cols != w.cols {
-                return Err(Error::Backend(format!("matmul: input width {}, matrix has {} columns", x.cols, w.cols)));
-            }
-            check(out, x.rows, w.rows, "matmul")?;
-            out.xs_ok = false;
-            if x.rows > 8 {
-                return self.gemm(w, x, out);
-            }
-            let needs_sums = matches!(w.ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q4_0);
-            let mut g = self.scratch()?;
-            let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
-            let xs: &CudaSlice<f32> = if x.xs_ok || !needs_sums {
-                &x.xs
-            } else {
-                self.grow(&mut s.xs, x.rows * x.cols / 8)?;
-                self.sums8(x, &mut s.xs)?;
-                &s.xs
-            };
-            let mut t0 = 0;
-            for nt in [8usize, 4, 2, 1] {
-                while x.rows - t0 >= nt {
-                    self.matvec(w, x, xs, out, t0, nt)?;
-                    t0 += nt;
+        self.timed(
+            || format!("matmul {} {}x{} n={}", w.ty, w.rows, w.cols, x.rows),
+            || {
+                if x.cols != w.cols {
+                    return Err(Error::Backend(format!(
+                        "matmul: input width {}, matrix has {} columns",
+                        x.cols, w.cols
+                    )));
                 }
-            }
-            Ok(())
-        })
+                check(out, x.rows, w.rows, "matmul")?;
+                out.xs_ok = false;
+                if x.rows > 8 {
+                    return self.gemm(w, x, out);
+                }
+                let needs_sums = matches!(
+                    w.ty,
+                    GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q4_0
+                );
+                let mut g = self.scratch()?;
+                let s = g
+                    .as_mut()
+                    .ok_or_else(|| Error::Backend("no scratch".into()))?;
+                let xs: &CudaSlice<f32> = if x.xs_ok || !needs_sums {
+                    &x.xs
+                } else {
+                    self.grow(&mut s.xs, x.rows * x.cols / 8)?;
+                    self.sums8(x, &mut s.xs)?;
+                    &s.xs
+                };
+                let mut t0 = 0;
+                for nt in [8usize, 4, 2, 1] {
+                    while x.rows - t0 >= nt {
+                        self.matvec(w, x, xs, out, t0, nt)?;
+                        t0 += nt;
+                    }
+                }
+                Ok(())
+            },
+        )
     }
 
     fn head_norm(&self, x: &mut CudaAct, head_dim: usize, eps: f32, scale: f32) -> Result<()> {
-        self.timed(|| "head_norm".to_string(), || {
-            let n_heads = (x.cols / head_dim) as i32;
-            let hd = head_dim as i32;
-            let func = self.f("head_norm")?;
-            let mut b = self.stream.launch_builder(&func);
-            b.arg(&mut x.data).arg(&n_heads).arg(&hd).arg(&eps).arg(&scale);
-            let cfg = LaunchConfig { grid_dim: ((n_heads as u32).div_ceil(4), x.rows as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: one warp per head of head_dim floats within rows x cols.
-            unsafe { b.launch(cfg) }.map_err(dev("head_norm"))?;
-            x.xs_ok = false;
-            Ok(())
-        })
+        self.timed(
+            || "head_norm".to_string(),
+            || {
+                let n_heads = (x.cols / head_dim) as i32;
+                let hd = head_dim as i32;
+                let func = self.f("head_norm")?;
+                let mut b = self.stream.launch_builder(&func);
+                b.arg(&mut x.data)
+                    .arg(&n_heads)
+                    .arg(&hd)
+                    .arg(&eps)
+                    .arg(&scale);
+                let cfg = LaunchConfig {
+                    grid_dim: ((n_heads as u32).div_ceil(4), x.rows as u32, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: one warp per head of head_dim floats within rows x cols.
+                unsafe { b.launch(cfg) }.map_err(dev("head_norm"))?;
+                x.xs_ok = false;
+                Ok(())
+            },
+        )
     }
 
     fn rope(&self, x: &mut CudaAct, head_dim: usize, batch: &Batch, freq_base: f32) -> Result<()> {
-        self.timed(|| "rope".to_string(), || {
-            check(x, batch.len(), x.cols, "rope")?;
-            let mut g = self.scratch()?;
-            let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
-            self.inv_freq(s, freq_base, head_dim)?;
-            let table = s.inv_freq.get(&(freq_base.to_bits(), head_dim)).ok_or_else(|| Error::Backend("rope table".into()))?;
-            let n_heads = (x.cols / head_dim) as i32;
-            let hd = head_dim as i32;
-            let pairs = x.cols / 2;
-            let func = self.f("rope_norm")?;
-            let mut b = self.stream.launch_builder(&func);
-            b.arg(&mut x.data).arg(&n_heads).arg(&hd).arg(&s.pos).arg(table);
-            let cfg = LaunchConfig { grid_dim: ((pairs as u32).div_ceil(128), x.rows as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: one thread per pair of every head of every row; positions were uploaded.
-            unsafe { b.launch(cfg) }.map_err(dev("rope"))?;
-            x.xs_ok = false;
-            Ok(())
-        })
+        self.timed(
+            || "rope".to_string(),
+            || {
+                check(x, batch.len(), x.cols, "rope")?;
+                let mut g = self.scratch()?;
+                let s = g
+                    .as_mut()
+                    .ok_or_else(|| Error::Backend("no scratch".into()))?;
+                self.inv_freq(s, freq_base, head_dim)?;
+                let table = s
+                    .inv_freq
+                    .get(&(freq_base.to_bits(), head_dim))
+                    .ok_or_else(|| Error::Backend("rope table".into()))?;
+                let n_heads = (x.cols / head_dim) as i32;
+                let hd = head_dim as i32;
+                let pairs = x.cols / 2;
+                let func = self.f("rope_norm")?;
+                let mut b = self.stream.launch_builder(&func);
+                b.arg(&mut x.data)
+                    .arg(&n_heads)
+                    .arg(&hd)
+                    .arg(&s.pos)
+                    .arg(table);
+                let cfg = LaunchConfig {
+                    grid_dim: ((pairs as u32).div_ceil(128), x.rows as u32, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: one thread per pair of every head of every row; positions were uploaded.
+                unsafe { b.launch(cfg) }.map_err(dev("rope"))?;
+                x.xs_ok = false;
+                Ok(())
+            },
+        )
     }
 
     fn attention(
@@ -714,24 +966,51 @@ impl Backend for CudaBackend {
         gate: Option<&CudaAct>,
         out: &mut CudaAct,
     ) -> Result<()> {
-        self.timed(|| format!("attention {} n={}", if spec.kind.is_sliding() { "sliding" } else { "full" }, batch.len()), || {
-            let kv = self.one_sequence(caches, spec, batch, q, k)?;
-            let (n, kv_dim) = (batch.len(), spec.n_head_kv * spec.head_dim);
-            let (row_bytes, kvd, kt) = (kv.row_bytes as i64, kv_dim as i32, kv_code(kv.ty));
-            let g = self.scratch()?;
-            let s = g.as_ref().ok_or_else(|| Error::Backend("no scratch".into()))?;
-            let layer = &mut kv.layers[spec.layer];
-            let ring = layer.ring as i32;
-            let func = self.f("kv_store")?;
-            let mut b = self.stream.launch_builder(&func);
-            b.arg(&k.data).arg(&v.data).arg(&mut layer.k).arg(&mut layer.v).arg(&row_bytes).arg(&ring).arg(&s.pos).arg(&kvd).arg(&kt);
-            let cfg = LaunchConfig { grid_dim: (n as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: writes one K and one V row per token at slots < the layer's capacity
-            // (positions were checked against n_ctx; ring slots are pos % ring).
-            unsafe { b.launch(cfg) }.map_err(dev("kv_store"))?;
-            drop(g);
-            self.attend_cached(kv, spec, n, q, gate, out)
-        })
+        self.timed(
+            || {
+                format!(
+                    "attention {} n={}",
+                    if spec.kind.is_sliding() {
+                        "sliding"
+                    } else {
+                        "full"
+                    },
+                    batch.len()
+                )
+            },
+            || {
+                let kv = self.one_sequence(caches, spec, batch, q, k)?;
+                let (n, kv_dim) = (batch.len(), spec.n_head_kv * spec.head_dim);
+                let (row_bytes, kvd, kt) = (kv.row_bytes as i64, kv_dim as i32, kv_code(kv.ty));
+                let g = self.scratch()?;
+                let s = g
+                    .as_ref()
+                    .ok_or_else(|| Error::Backend("no scratch".into()))?;
+                let layer = &mut kv.layers[spec.layer];
+                let ring = layer.ring as i32;
+                let func = self.f("kv_store")?;
+                let mut b = self.stream.launch_builder(&func);
+                b.arg(&k.data)
+                    .arg(&v.data)
+                    .arg(&mut layer.k)
+                    .arg(&mut layer.v)
+                    .arg(&row_bytes)
+                    .arg(&ring)
+                    .arg(&s.pos)
+                    .arg(&kvd)
+                    .arg(&kt);
+                let cfg = LaunchConfig {
+                    grid_dim: (n as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: writes one K and one V row per token at slots < the layer's capacity
+                // (positions were checked against n_ctx; ring slots are pos % ring).
+                unsafe { b.launch(cfg) }.map_err(dev("kv_store"))?;
+                drop(g);
+                self.attend_cached(kv, spec, n, q, gate, out)
+            },
+        )
     }
 
     fn attend(
@@ -746,35 +1025,69 @@ impl Backend for CudaBackend {
         gate: &CudaAct,
         out: &mut CudaAct,
     ) -> Result<()> {
-        self.timed(|| format!("qk+attention {} n={}", if spec.kind.is_sliding() { "sliding" } else { "full" }, batch.len()), || {
-            let kv = self.one_sequence(caches, spec, batch, q, k)?;
-            let n = batch.len();
-            let mut g = self.scratch()?;
-            let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
-            if let Some(base) = qk.rope_base {
-                self.inv_freq(s, base, spec.head_dim)?;
-            }
-            let null = 0u64;
-            let (nh, nkv) = (spec.n_head as i32, spec.n_head_kv as i32);
-            let (row_bytes, kt) = (kv.row_bytes as i64, kv_code(kv.ty));
-            let layer = &mut kv.layers[spec.layer];
-            let ring = layer.ring as i32;
-            let func = self.f(&format!("qkv_prep_{}", spec.head_dim))?;
-            let mut b = self.stream.launch_builder(&func);
-            b.arg(&mut q.data).arg(&k.data).arg(&v.data).arg(&nh).arg(&nkv).arg(&qk.eps).arg(&qk.q_scale).arg(&s.pos);
-            match qk.rope_base {
-                Some(base) => b.arg(s.inv_freq.get(&(base.to_bits(), spec.head_dim)).ok_or_else(|| Error::Backend("rope table".into()))?),
-                None => b.arg(&null),
-            };
-            b.arg(&mut layer.k).arg(&mut layer.v).arg(&row_bytes).arg(&ring).arg(&kt);
-            let cfg = LaunchConfig { grid_dim: ((spec.n_head + 2 * spec.n_head_kv) as u32, n as u32, 1), block_dim: (32, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: one warp per head of every token: q rewritten in place, k and v rows
-            // stored at slots within the layer's capacity (positions checked against n_ctx).
-            unsafe { b.launch(cfg) }.map_err(dev("qkv_prep"))?;
-            drop(g);
-            q.xs_ok = false;
-            self.attend_cached(kv, spec, n, q, Some(gate), out)
-        })
+        self.timed(
+            || {
+                format!(
+                    "qk+attention {} n={}",
+                    if spec.kind.is_sliding() {
+                        "sliding"
+                    } else {
+                        "full"
+                    },
+                    batch.len()
+                )
+            },
+            || {
+                let kv = self.one_sequence(caches, spec, batch, q, k)?;
+                let n = batch.len();
+                let mut g = self.scratch()?;
+                let s = g
+                    .as_mut()
+                    .ok_or_else(|| Error::Backend("no scratch".into()))?;
+                if let Some(base) = qk.rope_base {
+                    self.inv_freq(s, base, spec.head_dim)?;
+                }
+                let null = 0u64;
+                let (nh, nkv) = (spec.n_head as i32, spec.n_head_kv as i32);
+                let (row_bytes, kt) = (kv.row_bytes as i64, kv_code(kv.ty));
+                let layer = &mut kv.layers[spec.layer];
+                let ring = layer.ring as i32;
+                let func = self.f(&format!("qkv_prep_{}", spec.head_dim))?;
+                let mut b = self.stream.launch_builder(&func);
+                b.arg(&mut q.data)
+                    .arg(&k.data)
+                    .arg(&v.data)
+                    .arg(&nh)
+                    .arg(&nkv)
+                    .arg(&qk.eps)
+                    .arg(&qk.q_scale)
+                    .arg(&s.pos);
+                match qk.rope_base {
+                    Some(base) => b.arg(
+                        s.inv_freq
+                            .get(&(base.to_bits(), spec.head_dim))
+                            .ok_or_else(|| Error::Backend("rope table".into()))?,
+                    ),
+                    None => b.arg(&null),
+                };
+                b.arg(&mut layer.k)
+                    .arg(&mut layer.v)
+                    .arg(&row_bytes)
+                    .arg(&ring)
+                    .arg(&kt);
+                let cfg = LaunchConfig {
+                    grid_dim: ((spec.n_head + 2 * spec.n_head_kv) as u32, n as u32, 1),
+                    block_dim: (32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: one warp per head of every token: q rewritten in place, k and v rows
+                // stored at slots within the layer's capacity (positions checked against n_ctx).
+                unsafe { b.launch(cfg) }.map_err(dev("qkv_prep"))?;
+                drop(g);
+                q.xs_ok = false;
+                self.attend_cached(kv, spec, n, q, Some(gate), out)
+            },
+        )
     }
 
     fn sigmoid_gate(&self, x: &mut CudaAct, g: &CudaAct) -> Result<()> {
@@ -784,7 +1097,11 @@ impl Backend for CudaBackend {
         let null = 0u64;
         let func = self.f("sigmoid_gate")?;
         let mut b = self.stream.launch_builder(&func);
-        b.arg(&mut x.data).arg(&g.data).arg(&n).arg(&cols).arg(&null);
+        b.arg(&mut x.data)
+            .arg(&g.data)
+            .arg(&n)
+            .arg(&cols)
+            .arg(&null);
         // SAFETY: elementwise over n floats of two equal-shaped buffers.
         unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("sigmoid_gate"))?;
         x.xs_ok = false;
@@ -792,27 +1109,44 @@ impl Backend for CudaBackend {
     }
 
     fn swiglu(&self, gate: &CudaAct, up: &CudaAct, out: &mut CudaAct) -> Result<()> {
-        self.timed(|| "swiglu".to_string(), || {
-            check(up, gate.rows, gate.cols, "swiglu")?;
-            check(out, gate.rows, gate.cols, "swiglu")?;
-            let n = (gate.rows * gate.cols) as i64;
-            let func = self.f("swiglu")?;
-            let mut b = self.stream.launch_builder(&func);
-            b.arg(&gate.data).arg(&up.data).arg(&mut out.data).arg(&n);
-            // SAFETY: elementwise over n floats.
-            unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("swiglu"))?;
-            out.xs_ok = false;
-            Ok(())
-        })
+        self.timed(
+            || "swiglu".to_string(),
+            || {
+                check(up, gate.rows, gate.cols, "swiglu")?;
+                check(out, gate.rows, gate.cols, "swiglu")?;
+                let n = (gate.rows * gate.cols) as i64;
+                let func = self.f("swiglu")?;
+                let mut b = self.stream.launch_builder(&func);
+                b.arg(&gate.data).arg(&up.data).arg(&mut out.data).arg(&n);
+                // SAFETY: elementwise over n floats.
+                unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("swiglu"))?;
+                out.xs_ok = false;
+                Ok(())
+            },
+        )
     }
 
-    fn post_norm_add(&self, resid: &mut CudaAct, src: &CudaAct, w: &CudaSlice<f32>, eps: f32) -> Result<()> {
+    fn post_norm_add(
+        &self,
+        resid: &mut CudaAct,
+        src: &CudaAct,
+        w: &CudaSlice<f32>,
+        eps: f32,
+    ) -> Result<()> {
         check(src, resid.rows, resid.cols, "post_norm_add")?;
         let n = resid.cols as i32;
         let func = self.f("post_norm_add")?;
         let mut b = self.stream.launch_builder(&func);
-        b.arg(&mut resid.data).arg(&src.data).arg(w).arg(&eps).arg(&n);
-        let cfg = LaunchConfig { grid_dim: (resid.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        b.arg(&mut resid.data)
+            .arg(&src.data)
+            .arg(w)
+            .arg(&eps)
+            .arg(&n);
+        let cfg = LaunchConfig {
+            grid_dim: (resid.rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: one block per row of n floats.
         unsafe { b.launch(cfg) }.map_err(dev("post_norm_add"))?;
         resid.xs_ok = false;
@@ -829,64 +1163,95 @@ impl Backend for CudaBackend {
         eps_next: f32,
         next: &mut CudaAct,
     ) -> Result<()> {
-        self.timed(|| "norm_tail".to_string(), || {
-            check(src, resid.rows, resid.cols, "norm_tail")?;
-            check(next, resid.rows, resid.cols, "norm_tail")?;
-            let n = resid.cols as i32;
-            let with_sums = resid.cols % 8 == 0;
-            let null = 0u64;
-            let func = self.f("norm_tail")?;
-            let mut b = self.stream.launch_builder(&func);
-            b.arg(&mut resid.data).arg(&src.data).arg(w_post).arg(&eps_post).arg(w_next).arg(&eps_next).arg(&n).arg(&mut next.data);
-            if with_sums {
-                b.arg(&mut next.xs);
-            } else {
-                b.arg(&null);
-            }
-            let cfg = LaunchConfig { grid_dim: (resid.rows as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-            // SAFETY: one block per row of n floats in three equal-shaped buffers.
-            unsafe { b.launch(cfg) }.map_err(dev("norm_tail"))?;
-            resid.xs_ok = false;
-            next.xs_ok = with_sums;
-            Ok(())
-        })
+        self.timed(
+            || "norm_tail".to_string(),
+            || {
+                check(src, resid.rows, resid.cols, "norm_tail")?;
+                check(next, resid.rows, resid.cols, "norm_tail")?;
+                let n = resid.cols as i32;
+                let with_sums = resid.cols % 8 == 0;
+                let null = 0u64;
+                let func = self.f("norm_tail")?;
+                let mut b = self.stream.launch_builder(&func);
+                b.arg(&mut resid.data)
+                    .arg(&src.data)
+                    .arg(w_post)
+                    .arg(&eps_post)
+                    .arg(w_next)
+                    .arg(&eps_next)
+                    .arg(&n)
+                    .arg(&mut next.data);
+                if with_sums {
+                    b.arg(&mut next.xs);
+                } else {
+                    b.arg(&null);
+                }
+                let cfg = LaunchConfig {
+                    grid_dim: (resid.rows as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: one block per row of n floats in three equal-shaped buffers.
+                unsafe { b.launch(cfg) }.map_err(dev("norm_tail"))?;
+                resid.xs_ok = false;
+                next.xs_ok = with_sums;
+                Ok(())
+            },
+        )
     }
 
     fn logit_finish(&self, x: &mut CudaAct, scale: f32, softcap: Option<f32>) -> Result<()> {
-        self.timed(|| "logit_finish".to_string(), || {
-            let n = (x.rows * x.cols) as i64;
-            let cap = softcap.unwrap_or(0.0);
-            let func = self.f("logit_finish")?;
-            let mut b = self.stream.launch_builder(&func);
-            b.arg(&mut x.data).arg(&n).arg(&scale).arg(&cap);
-            // SAFETY: elementwise over n floats.
-            unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("logit_finish"))?;
-            x.xs_ok = false;
-            Ok(())
-        })
+        self.timed(
+            || "logit_finish".to_string(),
+            || {
+                let n = (x.rows * x.cols) as i64;
+                let cap = softcap.unwrap_or(0.0);
+                let func = self.f("logit_finish")?;
+                let mut b = self.stream.launch_builder(&func);
+                b.arg(&mut x.data).arg(&n).arg(&scale).arg(&cap);
+                // SAFETY: elementwise over n floats.
+                unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("logit_finish"))?;
+                x.xs_ok = false;
+                Ok(())
+            },
+        )
     }
 
     fn select_rows(&self, x: &CudaAct, rows: &[usize], out: &mut CudaAct) -> Result<()> {
         check(out, rows.len(), x.cols, "select_rows")?;
         if let Some(&r) = rows.iter().find(|&&r| r >= x.rows) {
-            return Err(Error::Backend(format!("select_rows: row {r} of {}", x.rows)));
+            return Err(Error::Backend(format!(
+                "select_rows: row {r} of {}",
+                x.rows
+            )));
         }
         out.xs_ok = false;
         // The identity prefix (decode, teacher forcing) is a device copy: graph-capturable.
         if rows.iter().enumerate().all(|(i, &r)| i == r) {
             let src = x.data.slice(..rows.len() * x.cols);
             let mut dst = out.data.slice_mut(..rows.len() * x.cols);
-            return self.stream.memcpy_dtod(&src, &mut dst).map_err(dev("copy rows"));
+            return self
+                .stream
+                .memcpy_dtod(&src, &mut dst)
+                .map_err(dev("copy rows"));
         }
         let mut g = self.scratch()?;
-        let s = g.as_mut().ok_or_else(|| Error::Backend("no scratch".into()))?;
+        let s = g
+            .as_mut()
+            .ok_or_else(|| Error::Backend("no scratch".into()))?;
         let ids: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
-        self.stream.memcpy_htod(&ids, &mut s.rows).map_err(dev("upload rows"))?;
+        self.stream
+            .memcpy_htod(&ids, &mut s.rows)
+            .map_err(dev("upload rows"))?;
         let cols = x.cols as i32;
         let func = self.f("select_rows")?;
         let mut b = self.stream.launch_builder(&func);
         b.arg(&x.data).arg(&s.rows).arg(&cols).arg(&mut out.data);
-        let cfg = LaunchConfig { grid_dim: ((x.cols as u32).div_ceil(256).min(64), rows.len() as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: ((x.cols as u32).div_ceil(256).min(64), rows.len() as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: row indices were checked against x's rows.
         unsafe { b.launch(cfg) }.map_err(dev("select_rows"))?;
         Ok(())

@@ -70,6 +70,9 @@ mod tests {
         sorted_in.sort();
         sorted_out.sort();
         assert_eq!(sorted_in, sorted_out);
-        assert_eq!(device_layout(GgmlType::Q4_K, &bytes[..144]), bytes[..144].to_vec());
+        assert_eq!(
+            device_layout(GgmlType::Q4_K, &bytes[..144]),
+            bytes[..144].to_vec()
+        );
     }
 }

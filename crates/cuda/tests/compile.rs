@@ -12,29 +12,67 @@ fn nvrtc_present() -> bool {
 #[test]
 fn every_kernel_source_compiles_for_sm_90() {
     if !nvrtc_present() {
-        println!("SKIPPED: NVRTC (libnvrtc.so.13) not found; install nvidia-cuda-nvrtc and put its lib folder on LD_LIBRARY_PATH");
+        println!(
+            "SKIPPED: NVRTC (libnvrtc.so.13) not found; install nvidia-cuda-nvrtc and put its lib folder on LD_LIBRARY_PATH"
+        );
         return;
     }
     let mut entries = Vec::new();
     for (name, src) in kernels::SOURCES {
         let ptx = kernels::compile(name, src, "sm_90").unwrap_or_else(|e| panic!("{e}"));
-        assert!(ptx.contains(".target sm_90"), "{name}: PTX is not for sm_90");
+        assert!(
+            ptx.contains(".target sm_90"),
+            "{name}: PTX is not for sm_90"
+        );
         entries.extend(kernels::entry_points(&ptx));
     }
     // The attention variants of the real model and of both fixture families.
     for (nrep, hd) in [(16, 128), (4, 64), (2, 128)] {
         let defs = [format!("ATTN_NREP={nrep}"), format!("ATTN_HD={hd}")];
-        let ptx = kernels::compile_with("attention", kernels::ATTENTION, "sm_90", &defs).unwrap_or_else(|e| panic!("{e}"));
+        let ptx = kernels::compile_with("attention", kernels::ATTENTION, "sm_90", &defs)
+            .unwrap_or_else(|e| panic!("{e}"));
         entries.extend(kernels::entry_points(&ptx));
     }
     for want in [
-        "get_rows", "dequant_rows", "rms_norm", "norm_tail", "post_norm_add", "head_norm", "rope_norm", "sigmoid_gate",
-        "swiglu", "logit_finish", "sums8", "select_rows", "argmax_rows", "kv_store", "attn_combine", "qkv_prep_64",
-        "qkv_prep_128", "mv_q4_k_1_1", "mv_q4_k_4_1", "mv_q6_k_2_8", "mv_q5_k_1_2", "mv_q8_0_4_4", "mv_q4_0_1_1",
-        "mv_f16_2_1", "mv_bf16_1_1", "mv_f32_4_1", "attn_16_128_f16",
-        "attn_4_64_q8_0", "attn_2_128_f32",
+        "get_rows",
+        "dequant_rows",
+        "rms_norm",
+        "norm_tail",
+        "post_norm_add",
+        "head_norm",
+        "rope_norm",
+        "sigmoid_gate",
+        "swiglu",
+        "logit_finish",
+        "sums8",
+        "select_rows",
+        "argmax_rows",
+        "kv_store",
+        "attn_combine",
+        "qkv_prep_64",
+        "qkv_prep_128",
+        "mv_q4_k_1_1",
+        "mv_q4_k_4_1",
+        "mv_q6_k_2_8",
+        "mv_q5_k_1_2",
+        "mv_q8_0_4_4",
+        "mv_q4_0_1_1",
+        "mv_f16_2_1",
+        "mv_bf16_1_1",
+        "mv_f32_4_1",
+        "attn_16_128_f16",
+        "attn_4_64_q8_0",
+        "attn_2_128_f32",
     ] {
-        assert!(entries.iter().any(|e| e == want), "entry point {want} missing (have {} entries)", entries.len());
+        assert!(
+            entries.iter().any(|e| e == want),
+            "entry point {want} missing (have {} entries)",
+            entries.len()
+        );
     }
-    println!("compiled {} kernels from {} sources", entries.len(), kernels::SOURCES.len());
+    println!(
+        "compiled {} kernels from {} sources",
+        entries.len(),
+        kernels::SOURCES.len()
+    );
 }

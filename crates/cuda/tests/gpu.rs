@@ -37,7 +37,9 @@ fn fixtures() -> PathBuf {
 fn names() -> Vec<String> {
     let mut v = Vec::new();
     for f in ["tame", "sharp"] {
-        for t in ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k"] {
+        for t in [
+            "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k",
+        ] {
             v.push(format!("{f}-{t}"));
         }
     }
@@ -46,7 +48,9 @@ fn names() -> Vec<String> {
 
 fn tokens(name: &str) -> Vec<u32> {
     let b = std::fs::read(fixtures().join("golden").join(name).join("tokens.i32")).expect("tokens");
-    b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32).collect()
+    b.chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32)
+        .collect()
 }
 
 fn max_dls(a: &[f32], b: &[f32], n: usize) -> f64 {
@@ -57,7 +61,10 @@ fn max_dls(a: &[f32], b: &[f32], n: usize) -> f64 {
         .zip(b.chunks_exact(n))
         .map(|(x, y)| {
             let (lx, ly) = (log_softmax(x), log_softmax(y));
-            lx.iter().zip(&ly).map(|(p, q)| (p - q).abs()).fold(0.0, f64::max)
+            lx.iter()
+                .zip(&ly)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0, f64::max)
         })
         .fold(0.0, f64::max)
 }
@@ -73,7 +80,10 @@ fn cuda_matches_cpu_accurate_on_every_fixture() {
             Err(e) => failures.push(format!("{name}: error {e}")),
         }
     }
-    println!("CUDA accurate vs CPU accurate, max |Δ log-softmax| over every position:\n{}", rows.join("\n"));
+    println!(
+        "CUDA accurate vs CPU accurate, max |Δ log-softmax| over every position:\n{}",
+        rows.join("\n")
+    );
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
@@ -115,7 +125,10 @@ fn check_fixture(name: &str, rows: &mut Vec<String>) -> Result<Vec<String>, muse
             g_next = dec.step(&mut s.kv, g_next, None)?;
         }
         let same = cpu_greedy == gpu_greedy;
-        rows.push(format!("{name:<14} {kv:?}: prompt {dp:.2e}  decode {dd:.2e}  greedy32 {}", if same { "identical" } else { "DIFFER" }));
+        rows.push(format!(
+            "{name:<14} {kv:?}: prompt {dp:.2e}  decode {dd:.2e}  greedy32 {}",
+            if same { "identical" } else { "DIFFER" }
+        ));
         if kv == KvType::F32 {
             // The accurate configuration: f32 everywhere, the two backends differ only in the
             // order of f32 sums.
@@ -128,7 +141,9 @@ fn check_fixture(name: &str, rows: &mut Vec<String>) -> Result<Vec<String>, muse
             // the cache's own rounding moves the model (CPU f16 vs CPU f32), and greedily.
             let mut c32 = Session::new(&cpu, KvType::F32, 256)?;
             let own = max_dls(&want, &c32.feed(&toks, 512, Logits::All)?, n_vocab);
-            rows.push(format!("{name:<14}      (the f16 cache's own effect on the CPU: {own:.2e})"));
+            rows.push(format!(
+                "{name:<14}      (the f16 cache's own effect on the CPU: {own:.2e})"
+            ));
             if !(dp <= own && dd <= own && same) {
                 failures.push(format!("{name} F16: prompt {dp:.2e} decode {dd:.2e} vs the cache's own {own:.2e}, greedy same {same}"));
             }
@@ -158,7 +173,13 @@ fn matvec_kernels_match_the_cpu_per_format() {
             n_swa: 128,
         };
         let path = dir.join(format!("{layout}.gguf"));
-        muser_engine::synth::write(&path, &p, muser_engine::synth::Layout::parse(layout).unwrap(), 7).unwrap();
+        muser_engine::synth::write(
+            &path,
+            &p,
+            muser_engine::synth::Layout::parse(layout).unwrap(),
+            7,
+        )
+        .unwrap();
         let file = ModelFile::open(&path).unwrap();
         let m = &file.tensors.layers[0].ffn_down; // 6656 rows x 2048 cols
         let up = &file.tensors.layers[0].ffn_up; // 2048 rows x 6656 cols
@@ -167,7 +188,9 @@ fn matvec_kernels_match_the_cpu_per_format() {
             let wc = cpu.matrix(&file.gguf, mat).unwrap();
             let wg = gpu_b.matrix(&file.gguf, mat).unwrap();
             for n in [1usize, 3, 8, 17] {
-                let x: Vec<f32> = (0..n * mat.cols).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7).collect();
+                let x: Vec<f32> = (0..n * mat.cols)
+                    .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7)
+                    .collect();
                 let mut xc = cpu.act(n, mat.cols).unwrap();
                 xc.data.copy_from_slice(&x);
                 let mut yc = cpu.act(n, mat.rows).unwrap();
@@ -178,8 +201,17 @@ fn matvec_kernels_match_the_cpu_per_format() {
                 gpu_b.matmul(&wg, &xg, &mut yg).unwrap();
                 let y = gpu_b.read(&yg).unwrap();
                 let scale = yc.data.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-                let err = yc.data.iter().zip(&y).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / scale;
-                report.push(format!("{layout:<5} {}x{} n={n:<2} max rel err {err:.2e}", mat.rows, mat.cols));
+                let err = yc
+                    .data
+                    .iter()
+                    .zip(&y)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max)
+                    / scale;
+                report.push(format!(
+                    "{layout:<5} {}x{} n={n:<2} max rel err {err:.2e}",
+                    mat.rows, mat.cols
+                ));
                 assert!(err < 2e-5, "{layout} n={n}: {err}");
             }
         }

@@ -103,14 +103,21 @@ pub trait Backend: Send + Sync {
     /// out[i] = row `tokens[i]` of `table`, dequantized.
     fn get_rows(&self, table: &Self::Matrix, tokens: &[u32], out: &mut Self::Act) -> Result<()>;
     /// out[i] = x[i] * (1 / sqrt(mean(x[i]^2) + eps)) (* w when given).
-    fn rms_norm(&self, x: &Self::Act, w: Option<&Self::Vector>, eps: f32, out: &mut Self::Act) -> Result<()>;
+    fn rms_norm(
+        &self,
+        x: &Self::Act,
+        w: Option<&Self::Vector>,
+        eps: f32,
+        out: &mut Self::Act,
+    ) -> Result<()>;
     /// out[i] = W x[i] for every row of x.
     fn matmul(&self, w: &Self::Matrix, x: &Self::Act, out: &mut Self::Act) -> Result<()>;
     /// Per-head RMSNorm of each `head_dim` slice of every row, times the constant `scale`.
     fn head_norm(&self, x: &mut Self::Act, head_dim: usize, eps: f32, scale: f32) -> Result<()>;
     /// NORM-convention RoPE (pairs `(x[2j], x[2j+1])`) of every head of every row, at the row's
     /// position in `batch`, with `theta_j = pos * base^(-2j/head_dim)`.
-    fn rope(&self, x: &mut Self::Act, head_dim: usize, batch: &Batch, freq_base: f32) -> Result<()>;
+    fn rope(&self, x: &mut Self::Act, head_dim: usize, batch: &Batch, freq_base: f32)
+    -> Result<()>;
     /// Store this batch's K and V rows in the caches and attend: `out` = softmax(q k^T * scale
     /// + mask) v, with the causal mask, restricted to `0 <= i - j < n_swa` on sliding layers.
     fn attention(
@@ -171,7 +178,13 @@ pub trait Backend: Send + Sync {
     /// out = silu(gate) * up, elementwise.
     fn swiglu(&self, gate: &Self::Act, up: &Self::Act, out: &mut Self::Act) -> Result<()>;
     /// resid += rms_norm(src, eps) * w (a post norm and its residual add).
-    fn post_norm_add(&self, resid: &mut Self::Act, src: &Self::Act, w: &Self::Vector, eps: f32) -> Result<()>;
+    fn post_norm_add(
+        &self,
+        resid: &mut Self::Act,
+        src: &Self::Act,
+        w: &Self::Vector,
+        eps: f32,
+    ) -> Result<()>;
     /// x = softcap * tanh(x * scale / softcap), or x * scale without a cap.
     fn logit_finish(&self, x: &mut Self::Act, scale: f32, softcap: Option<f32>) -> Result<()>;
     /// out = rows `rows` of x.

@@ -103,14 +103,19 @@ fn key(name: &str) -> String {
 
 fn get<'a>(g: &'a Gguf, name: &str) -> Result<&'a Value> {
     let k = key(name);
-    g.get(&k).ok_or_else(|| Error::Config(format!("required key '{k}' is missing")))
+    g.get(&k)
+        .ok_or_else(|| Error::Config(format!("required key '{k}' is missing")))
 }
 
 fn get_usize(g: &Gguf, name: &str) -> Result<usize> {
     let v = get(g, name)?;
     match v.as_i64() {
-        Some(x) if x > 0 => usize::try_from(x).map_err(|_| Error::Config(format!("key '{}' = {x} is too large", key(name)))),
-        Some(x) => Err(Error::Config(format!("key '{}' = {x}, expected a positive integer", key(name)))),
+        Some(x) if x > 0 => usize::try_from(x)
+            .map_err(|_| Error::Config(format!("key '{}' = {x} is too large", key(name)))),
+        Some(x) => Err(Error::Config(format!(
+            "key '{}' = {x}, expected a positive integer",
+            key(name)
+        ))),
         None => Err(Error::Config(format!(
             "key '{}' has type {}, expected an integer (per-layer arrays are not supported)",
             key(name),
@@ -123,8 +128,15 @@ fn get_f32(g: &Gguf, name: &str) -> Result<f32> {
     let v = get(g, name)?;
     match *v {
         Value::F32(x) if x.is_finite() => Ok(x),
-        Value::F32(x) => Err(Error::Config(format!("key '{}' = {x} is not finite", key(name)))),
-        _ => Err(Error::Config(format!("key '{}' has type {}, expected f32", key(name), v.value_type().name()))),
+        Value::F32(x) => Err(Error::Config(format!(
+            "key '{}' = {x} is not finite",
+            key(name)
+        ))),
+        _ => Err(Error::Config(format!(
+            "key '{}' has type {}, expected f32",
+            key(name),
+            v.value_type().name()
+        ))),
     }
 }
 
@@ -139,7 +151,13 @@ fn get_opt_f32(g: &Gguf, name: &str) -> Result<Option<f32>> {
 /// full (NoPE) attention where `(n_layer - 1 - i) % 4 == 0`, sliding elsewhere.
 pub fn reference_layer_kinds(n_layer: usize) -> Vec<LayerKind> {
     (0..n_layer)
-        .map(|i| if (n_layer - 1 - i) % 4 == 0 { LayerKind::FullNope } else { LayerKind::SlidingRope })
+        .map(|i| {
+            if (n_layer - 1 - i) % 4 == 0 {
+                LayerKind::FullNope
+            } else {
+                LayerKind::SlidingRope
+            }
+        })
         .collect()
 }
 
@@ -160,7 +178,11 @@ impl MuseConfig {
                     v.value_type().name()
                 )));
             }
-            None => return Err(Error::Config("required key 'general.architecture' is missing".into())),
+            None => {
+                return Err(Error::Config(
+                    "required key 'general.architecture' is missing".into(),
+                ));
+            }
         }
         let prefix = format!("{ARCH}.");
         for (k, _) in g.metadata() {
@@ -195,7 +217,9 @@ impl MuseConfig {
         }
         let head_dim = key_len;
         if head_dim % 2 != 0 {
-            return Err(Error::Config(format!("head size {head_dim} is odd; RoPE rotates pairs")));
+            return Err(Error::Config(format!(
+                "head size {head_dim} is odd; RoPE rotates pairs"
+            )));
         }
         if n_head % n_head_kv != 0 {
             return Err(Error::Config(format!(
@@ -203,7 +227,9 @@ impl MuseConfig {
             )));
         }
         if !(rms_eps > 0.0) {
-            return Err(Error::Config(format!("attention.layer_norm_rms_epsilon = {rms_eps}, expected > 0")));
+            return Err(Error::Config(format!(
+                "attention.layer_norm_rms_epsilon = {rms_eps}, expected > 0"
+            )));
         }
         if !(rope_freq_base > 0.0) || !(rope_freq_base_swa > 0.0) {
             return Err(Error::Config(format!(
@@ -214,7 +240,9 @@ impl MuseConfig {
             if !(c > 0.0) {
                 // llama.cpp treats 0 as "no cap"; any other non-positive value is meaningless.
                 if c != 0.0 {
-                    return Err(Error::Config(format!("final_logit_softcapping = {c}, expected > 0")));
+                    return Err(Error::Config(format!(
+                        "final_logit_softcapping = {c}, expected > 0"
+                    )));
                 }
             }
         }
@@ -232,12 +260,18 @@ impl MuseConfig {
         }
         if let Some(v) = g.get(&key("rope.scaling.type")) {
             if v.as_str() != Some("none") {
-                return Err(Error::Config(format!("rope.scaling.type = {}; RoPE scaling is not implemented", v.summary(4))));
+                return Err(Error::Config(format!(
+                    "rope.scaling.type = {}; RoPE scaling is not implemented",
+                    v.summary(4)
+                )));
             }
         }
         if let Some(v) = g.get(&key("attention.causal")) {
             if v.as_bool() != Some(true) {
-                return Err(Error::Config(format!("attention.causal = {}; Muse Glimmer is causal", v.summary(4))));
+                return Err(Error::Config(format!(
+                    "attention.causal = {}; Muse Glimmer is causal",
+                    v.summary(4)
+                )));
             }
         }
 
@@ -255,7 +289,9 @@ impl MuseConfig {
                 return Err(Error::Config(format!(
                     "'{pattern_key}' has type {}{}, expected an array of bools",
                     v.value_type().name(),
-                    v.as_array().map(|a| format!(" of {}", a.elem_type().name())).unwrap_or_default()
+                    v.as_array()
+                        .map(|a| format!(" of {}", a.elem_type().name()))
+                        .unwrap_or_default()
                 )));
             }
         };
@@ -265,14 +301,30 @@ impl MuseConfig {
                 pattern.len()
             )));
         }
-        let layer_kinds: Vec<LayerKind> =
-            pattern.iter().map(|&s| if s { LayerKind::SlidingRope } else { LayerKind::FullNope }).collect();
+        let layer_kinds: Vec<LayerKind> = pattern
+            .iter()
+            .map(|&s| {
+                if s {
+                    LayerKind::SlidingRope
+                } else {
+                    LayerKind::FullNope
+                }
+            })
+            .collect();
 
         // The vocabulary size comes from the tokenizer's token list (as llama.cpp's n_vocab).
         let n_vocab = match g.get("tokenizer.ggml.tokens") {
             Some(Value::Array(a)) if !a.is_empty() => a.len(),
-            Some(_) => return Err(Error::Config("'tokenizer.ggml.tokens' is not a non-empty array".into())),
-            None => return Err(Error::Config("required key 'tokenizer.ggml.tokens' is missing".into())),
+            Some(_) => {
+                return Err(Error::Config(
+                    "'tokenizer.ggml.tokens' is not a non-empty array".into(),
+                ));
+            }
+            None => {
+                return Err(Error::Config(
+                    "required key 'tokenizer.ggml.tokens' is missing".into(),
+                ));
+            }
         };
         if let Some(v) = g.get(&key("vocab_size")) {
             if v.as_i64() != Some(n_vocab as i64) {
@@ -330,7 +382,12 @@ mod tests {
     #[test]
     fn reference_pattern_of_the_30b() {
         let kinds = reference_layer_kinds(52);
-        let full: Vec<usize> = kinds.iter().enumerate().filter(|(_, k)| **k == LayerKind::FullNope).map(|(i, _)| i).collect();
+        let full: Vec<usize> = kinds
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| **k == LayerKind::FullNope)
+            .map(|(i, _)| i)
+            .collect();
         assert_eq!(full.len(), 13);
         assert_eq!(full[0], 3);
         assert_eq!(*full.last().unwrap(), 51);

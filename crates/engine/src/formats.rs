@@ -46,7 +46,10 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
-        ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+        (
+            (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
     }
 }
 
@@ -62,7 +65,9 @@ pub fn dequantize_block(ty: GgmlType, b: &[u8], out: &mut [f32]) {
         GgmlType::Q4_K => dequant_q4_k(b, out),
         GgmlType::Q5_K => dequant_q5_k(b, out),
         GgmlType::Q6_K => dequant_q6_k(b, out),
-        other => unreachable!("dequantize_block called for unsupported type {other}; the loader refuses it"),
+        other => unreachable!(
+            "dequantize_block called for unsupported type {other}; the loader refuses it"
+        ),
     }
 }
 
@@ -97,7 +102,9 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) {
 #[inline(always)]
 fn dequant_q8_0(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
-    let (Some(qs), Some(o)) = (b.get(2..34), out.get_mut(..32)) else { return };
+    let (Some(qs), Some(o)) = (b.get(2..34), out.get_mut(..32)) else {
+        return;
+    };
     for (o, &q) in o.iter_mut().zip(qs) {
         *o = (q as i8) as f32 * d;
     }
@@ -107,7 +114,9 @@ fn dequant_q8_0(b: &[u8], out: &mut [f32]) {
 #[inline(always)]
 fn dequant_q4_0(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
-    let (Some(qs), Some(o)) = (b.get(2..18), out.get_mut(..32)) else { return };
+    let (Some(qs), Some(o)) = (b.get(2..18), out.get_mut(..32)) else {
+        return;
+    };
     let (lo, hi) = o.split_at_mut(16);
     for ((l, h), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(qs) {
         *l = d * ((q & 0x0F) as i32 - 8) as f32;
@@ -147,7 +156,9 @@ fn dequant_q5_k(b: &[u8], out: &mut [f32]) {
     let d = f16_at(b, 0);
     let dmin = f16_at(b, 2);
     let scales = &b[4..16];
-    let Some(qh) = b[16..48].as_chunks::<32>().0.first() else { return };
+    let Some(qh) = b[16..48].as_chunks::<32>().0.first() else {
+        return;
+    };
     let qs = b[48..176].as_chunks::<32>().0;
     let outs = out[..256].as_chunks_mut::<32>().0;
     for j in 0..4 {
@@ -179,7 +190,10 @@ fn dequant_q6_k(b: &[u8], out: &mut [f32]) {
         let (ql0, ql1, qh) = (&ql_all[2 * n], &ql_all[2 * n + 1], &qh_all[n]);
         let sc = &sc_all[8 * n..8 * n + 8];
         // Quarter k of 32 values: (nibble source, nibble shift, qh shift).
-        for (k, (src, ns)) in [(ql0, 0u32), (ql1, 0), (ql0, 4), (ql1, 4)].into_iter().enumerate() {
+        for (k, (src, ns)) in [(ql0, 0u32), (ql1, 0), (ql0, 4), (ql1, 4)]
+            .into_iter()
+            .enumerate()
+        {
             let o = &mut outs[4 * n + k];
             for l in 0..32 {
                 let q = (((src[l] >> ns) & 0x0F) | (((qh[l] >> (2 * k)) & 3) << 4)) as i32 - 32;

@@ -31,7 +31,11 @@ impl KvType {
             "f16" => Self::F16,
             "bf16" => Self::BF16,
             "q8_0" => Self::Q8_0,
-            _ => return Err(Error::Input(format!("unknown KV cache type '{s}' (expected f32, f16, bf16 or q8_0)"))),
+            _ => {
+                return Err(Error::Input(format!(
+                    "unknown KV cache type '{s}' (expected f32, f16, bf16 or q8_0)"
+                )));
+            }
         })
     }
 
@@ -53,7 +57,12 @@ impl KvType {
         self.ggml_type()
             .row_bytes(n as u64)
             .map(|b| b as usize)
-            .ok_or_else(|| Error::Config(format!("a KV row of {n} values cannot be stored as {}", self.name())))
+            .ok_or_else(|| {
+                Error::Config(format!(
+                    "a KV row of {n} values cannot be stored as {}",
+                    self.name()
+                ))
+            })
     }
 
     /// Store one f32 row in this type (`dst` has `row_bytes(src.len())` bytes). f16 and bf16
@@ -101,7 +110,11 @@ impl KvType {
 pub enum LayerCache {
     /// A sliding layer: `n_swa` slots, slot = pos % n_swa; `pos[slot]` is the position held
     /// (or `u32::MAX` when empty).
-    Ring { k: Vec<u8>, v: Vec<u8>, pos: Vec<u32> },
+    Ring {
+        k: Vec<u8>,
+        v: Vec<u8>,
+        pos: Vec<u32>,
+    },
     /// A full (NoPE) layer: row `p` holds position `p`, for `p < len`.
     Plane { k: Vec<u8>, v: Vec<u8> },
 }
@@ -139,10 +152,22 @@ impl HostKv {
                         pos: vec![u32::MAX; slots],
                     }
                 }
-                LayerKind::FullNope => LayerCache::Plane { k: Vec::new(), v: Vec::new() },
+                LayerKind::FullNope => LayerCache::Plane {
+                    k: Vec::new(),
+                    v: Vec::new(),
+                },
             })
             .collect();
-        Ok(HostKv { ty, n_ctx, n_swa: cfg.n_swa, row_bytes, row_len, len: 0, layers, parity: None })
+        Ok(HostKv {
+            ty,
+            n_ctx,
+            n_swa: cfg.n_swa,
+            row_bytes,
+            row_len,
+            len: 0,
+            layers,
+            parity: None,
+        })
     }
 
     /// Forget everything (positions restart at 0).
@@ -172,7 +197,8 @@ impl HostKv {
             }
             LayerCache::Plane { k, v } => {
                 let s = p as usize;
-                ((s + 1) * rb <= k.len()).then(|| (&k[s * rb..(s + 1) * rb], &v[s * rb..(s + 1) * rb]))
+                ((s + 1) * rb <= k.len())
+                    .then(|| (&k[s * rb..(s + 1) * rb], &v[s * rb..(s + 1) * rb]))
             }
         }
     }
@@ -189,7 +215,11 @@ impl HostKv {
             }
             LayerCache::Plane { k, v } => {
                 let s = p as usize;
-                debug_assert_eq!(k.len(), s * rb, "NoPE plane rows are appended in position order");
+                debug_assert_eq!(
+                    k.len(),
+                    s * rb,
+                    "NoPE plane rows are appended in position order"
+                );
                 k.truncate(s * rb);
                 v.truncate(s * rb);
                 k.extend_from_slice(k_row);

@@ -57,9 +57,9 @@ pub struct LayerTensors {
 /// All tensors of the model.
 #[derive(Clone, Debug)]
 pub struct Tensors {
-    pub token_embd: Matrix,   // [n_vocab rows][n_embd]
+    pub token_embd: Matrix,    // [n_vocab rows][n_embd]
     pub output_norm: Vec<f32>, // [n_embd], no +1
-    pub output: Matrix,       // [n_vocab][n_embd]
+    pub output: Matrix,        // [n_vocab][n_embd]
     pub layers: Vec<LayerTensors>,
 }
 
@@ -89,7 +89,12 @@ impl ModelFile {
     pub fn from_gguf(gguf: Arc<Gguf>) -> Result<Self> {
         let config = MuseConfig::from_gguf(&gguf)?;
         let (tensors, probes) = load_tensors(&gguf, &config)?;
-        Ok(ModelFile { gguf, config, tensors, probes })
+        Ok(ModelFile {
+            gguf,
+            config,
+            tensors,
+            probes,
+        })
     }
 }
 
@@ -100,7 +105,10 @@ struct Checker<'a> {
 
 impl<'a> Checker<'a> {
     fn info(&mut self, name: &str) -> Result<&'a TensorInfo> {
-        let t = self.g.tensor(name).ok_or_else(|| Error::Tensor(format!("required tensor '{name}' is missing")))?;
+        let t = self
+            .g
+            .tensor(name)
+            .ok_or_else(|| Error::Tensor(format!("required tensor '{name}' is missing")))?;
         self.used.insert(name.to_string());
         Ok(t)
     }
@@ -117,31 +125,53 @@ impl<'a> Checker<'a> {
             return Err(Error::Tensor(format!(
                 "tensor '{name}' has type {}, which Muser does not implement (supported: {})",
                 t.ggml_type,
-                formats::SUPPORTED.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+                formats::SUPPORTED
+                    .iter()
+                    .map(|t| t.name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
-        Ok(Matrix { name: name.to_string(), ty: t.ggml_type, rows, cols, info: t.clone() })
+        Ok(Matrix {
+            name: name.to_string(),
+            ty: t.ggml_type,
+            rows,
+            cols,
+            info: t.clone(),
+        })
     }
 
     fn vector(&mut self, name: &str, n: usize) -> Result<Vec<f32>> {
         let t = self.info(name)?;
         if t.dims != [n as u64] {
-            return Err(Error::Tensor(format!("tensor '{name}' has shape {:?}, expected [{n}]", t.dims)));
+            return Err(Error::Tensor(format!(
+                "tensor '{name}' has shape {:?}, expected [{n}]",
+                t.dims
+            )));
         }
         if t.ggml_type != GgmlType::F32 {
-            return Err(Error::Tensor(format!("tensor '{name}' has type {}, expected f32", t.ggml_type)));
+            return Err(Error::Tensor(format!(
+                "tensor '{name}' has type {}, expected f32",
+                t.ggml_type
+            )));
         }
         let mut v = vec![0f32; n];
         formats::dequantize_row(GgmlType::F32, self.g.tensor_data(t), &mut v);
         if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-            return Err(Error::Tensor(format!("tensor '{name}' element {i} is {} (not finite)", v[i])));
+            return Err(Error::Tensor(format!(
+                "tensor '{name}' element {i} is {} (not finite)",
+                v[i]
+            )));
         }
         Ok(v)
     }
 }
 
 fn load_tensors(g: &Gguf, c: &MuseConfig) -> Result<(Tensors, Probes)> {
-    let mut ck = Checker { g, used: HashSet::new() };
+    let mut ck = Checker {
+        g,
+        used: HashSet::new(),
+    };
     let token_embd = ck.matrix("token_embd.weight", c.n_embd, c.n_vocab)?;
     let output_norm = ck.vector("output_norm.weight", c.n_embd)?;
     let output = ck.matrix("output.weight", c.n_embd, c.n_vocab)?;
@@ -165,7 +195,10 @@ fn load_tensors(g: &Gguf, c: &MuseConfig) -> Result<(Tensors, Probes)> {
             )));
         }
         if !(s > 0.0) {
-            return Err(Error::Tensor(format!("'{}' is the constant {s}, expected a positive scale", p("attn_q_norm"))));
+            return Err(Error::Tensor(format!(
+                "'{}' is the constant {s}, expected a positive scale",
+                p("attn_q_norm")
+            )));
         }
         match qk_scale {
             None => qk_scale = Some(s),
@@ -201,8 +234,12 @@ fn load_tensors(g: &Gguf, c: &MuseConfig) -> Result<(Tensors, Probes)> {
         });
     }
     // llama.cpp refuses files with tensors the graph does not create; so do we, naming them.
-    let unused: Vec<&str> =
-        g.tensors().iter().map(|t| t.name.as_str()).filter(|n| !ck.used.contains(*n)).collect();
+    let unused: Vec<&str> = g
+        .tensors()
+        .iter()
+        .map(|t| t.name.as_str())
+        .filter(|n| !ck.used.contains(*n))
+        .collect();
     if !unused.is_empty() {
         let shown: Vec<&str> = unused.iter().take(5).copied().collect();
         return Err(Error::Tensor(format!(
@@ -212,6 +249,17 @@ fn load_tensors(g: &Gguf, c: &MuseConfig) -> Result<(Tensors, Probes)> {
             if unused.len() > 5 { ", ..." } else { "" }
         )));
     }
-    let probes = Probes { qk_scale: qk_scale.unwrap_or(0.0), k_norm_ones: true };
-    Ok((Tensors { token_embd, output_norm, output, layers }, probes))
+    let probes = Probes {
+        qk_scale: qk_scale.unwrap_or(0.0),
+        k_norm_ones: true,
+    };
+    Ok((
+        Tensors {
+            token_embd,
+            output_norm,
+            output,
+            layers,
+        },
+        probes,
+    ))
 }

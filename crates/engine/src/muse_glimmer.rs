@@ -64,7 +64,11 @@ impl<B: Backend> MuseGlimmer<B> {
     }
 
     /// As [`MuseGlimmer::load`], calling `progress(done, total)` after each layer.
-    pub fn load_with_progress(file: &ModelFile, backend: B, progress: &mut dyn FnMut(usize, usize)) -> Result<Self> {
+    pub fn load_with_progress(
+        file: &ModelFile,
+        backend: B,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
         let g: &Arc<Gguf> = &file.gguf;
         let t = &file.tensors;
         let n = t.layers.len();
@@ -76,7 +80,14 @@ impl<B: Backend> MuseGlimmer<B> {
             layers.push(Self::load_layer(&backend, g, l)?);
             progress(i + 1, n);
         }
-        Ok(MuseGlimmer { config: file.config.clone(), backend, token_embd, output_norm, output, layers })
+        Ok(MuseGlimmer {
+            config: file.config.clone(),
+            backend,
+            token_embd,
+            output_norm,
+            output,
+            layers,
+        })
     }
 
     fn load_layer(b: &B, g: &Arc<Gguf>, l: &LayerTensors) -> Result<Layer<B>> {
@@ -112,14 +123,24 @@ impl<B: Backend> MuseGlimmer<B> {
         if batch.is_empty() || batch.pos.len() != batch.len() || batch.seq.len() != batch.len() {
             return Err(Error::Input("empty or inconsistent batch".into()));
         }
-        if let Some(&t) = batch.tokens.iter().find(|&&t| t as usize >= self.config.n_vocab) {
-            return Err(Error::Input(format!("token id {t} is outside the vocabulary (size {})", self.config.n_vocab)));
+        if let Some(&t) = batch
+            .tokens
+            .iter()
+            .find(|&&t| t as usize >= self.config.n_vocab)
+        {
+            return Err(Error::Input(format!(
+                "token id {t} is outside the vocabulary (size {})",
+                self.config.n_vocab
+            )));
         }
         let mut next: Vec<Option<u32>> = vec![None; caches.len()];
         for i in 0..batch.len() {
             let s = batch.seq[i];
             let Some(cache) = caches.get(s) else {
-                return Err(Error::Input(format!("batch token {i} names sequence {s}, but {} caches were given", caches.len())));
+                return Err(Error::Input(format!(
+                    "batch token {i} names sequence {s}, but {} caches were given",
+                    caches.len()
+                )));
             };
             let want = next[s].unwrap_or(self.backend.kv_len(cache) as u32);
             if batch.pos[i] != want {
@@ -171,13 +192,33 @@ impl<B: Backend> MuseGlimmer<B> {
     ) -> Result<()> {
         self.check_batch(batch, caches)?;
         if batch.len() > ws.max_tokens || logit_rows.len() > ws.max_tokens {
-            return Err(Error::Input(format!("a micro-batch of {} tokens exceeds the workspace ({})", batch.len(), ws.max_tokens)));
+            return Err(Error::Input(format!(
+                "a micro-batch of {} tokens exceeds the workspace ({})",
+                batch.len(),
+                ws.max_tokens
+            )));
         }
         let c = &self.config;
         let b = &self.backend;
         let eps = c.rms_eps;
         ws.set_rows(b, batch.len(), logit_rows.len())?;
-        let Workspace { e, x, h, q, k, v, g, a, o, fg, fu, f, sel, logits, .. } = ws;
+        let Workspace {
+            e,
+            x,
+            h,
+            q,
+            k,
+            v,
+            g,
+            a,
+            o,
+            fg,
+            fu,
+            f,
+            sel,
+            logits,
+            ..
+        } = ws;
         b.begin_batch(batch)?;
 
         // inp_embd, embd_norm: the scaleless entry norm.
@@ -203,13 +244,18 @@ impl<B: Backend> MuseGlimmer<B> {
             };
             // QK-norm per head (eps from the GGUF, q scaled by the probed constant), RoPE on
             // sliding layers only, then a = attention(q, k, v) * sigmoid(g): the output gate.
-            let qk = QkSpec { eps, q_scale: l.qk_scale, rope_base: kind.uses_rope().then_some(c.rope_freq_base_swa) };
+            let qk = QkSpec {
+                eps,
+                q_scale: l.qk_scale,
+                rope_base: kind.uses_rope().then_some(c.rope_freq_base_swa),
+            };
             b.attend(caches, spec, qk, batch, q, k, v, g, a)?;
             b.matmul(&l.attn_output, a, o)?;
 
             // inp_out_ids: the last layer continues with the rows whose logits are wanted only
             // (llama.cpp selects them here, and its matrix products depend on the row count).
-            let all_rows = logit_rows.len() == batch.len() && logit_rows.iter().enumerate().all(|(i, &r)| i == r);
+            let all_rows = logit_rows.len() == batch.len()
+                && logit_rows.iter().enumerate().all(|(i, &r)| i == r);
             let (xc, oc) = if il + 1 == self.layers.len() && !all_rows {
                 if logit_rows.is_empty() {
                     // Nothing past this point touches the caches.
@@ -226,7 +272,15 @@ impl<B: Backend> MuseGlimmer<B> {
                 (&mut *x, &mut *o)
             };
             // x += rms_norm(o, 1e-8) * post_attention_norm; h = rms_norm(x, eps) * ffn_norm.
-            b.norm_tail(xc, oc, &l.post_attention_norm, POST_NORM_EPS, &l.ffn_norm, eps, h)?;
+            b.norm_tail(
+                xc,
+                oc,
+                &l.post_attention_norm,
+                POST_NORM_EPS,
+                &l.ffn_norm,
+                eps,
+                h,
+            )?;
 
             // SwiGLU feed-forward.
             b.matmul(&l.ffn_gate, h, fg)?;
@@ -234,7 +288,10 @@ impl<B: Backend> MuseGlimmer<B> {
             b.swiglu(fg, fu, f)?;
             b.matmul(&l.ffn_down, f, oc)?;
             // x += rms_norm(f, 1e-8) * post_ffw_norm; h = the next layer's attn_norm, or the final norm.
-            let next_norm = self.layers.get(il + 1).map_or(&self.output_norm, |nl| &nl.attn_norm);
+            let next_norm = self
+                .layers
+                .get(il + 1)
+                .map_or(&self.output_norm, |nl| &nl.attn_norm);
             b.norm_tail(xc, oc, &l.post_ffw_norm, POST_NORM_EPS, next_norm, eps, h)?;
         }
         for (s, cache) in caches.iter_mut().enumerate() {
@@ -254,26 +311,28 @@ impl<B: Backend> MuseGlimmer<B> {
 /// The activation buffers of a forward pass.
 pub struct Workspace<B: Backend> {
     pub max_tokens: usize,
-    pub e: B::Act,      // [n][n_embd] token embeddings; at the last layer, the selected residual rows
-    pub x: B::Act,      // [n][n_embd] the residual stream
-    pub h: B::Act,      // [n][n_embd] the normed stream
-    pub q: B::Act,      // [n][n_head*head_dim]
-    pub k: B::Act,      // [n][n_head_kv*head_dim]
-    pub v: B::Act,      // [n][n_head_kv*head_dim]
-    pub g: B::Act,      // [n][n_head*head_dim] attention gate
-    pub a: B::Act,      // [n][n_head*head_dim] attention output
-    pub o: B::Act,      // [n][n_embd] block outputs
-    pub fg: B::Act,     // [n][n_ff]
-    pub fu: B::Act,     // [n][n_ff]
-    pub f: B::Act,      // [n][n_ff]
-    pub sel: B::Act,    // [rows][n_embd] the last layer's attention output, rows whose logits are wanted
+    pub e: B::Act, // [n][n_embd] token embeddings; at the last layer, the selected residual rows
+    pub x: B::Act, // [n][n_embd] the residual stream
+    pub h: B::Act, // [n][n_embd] the normed stream
+    pub q: B::Act, // [n][n_head*head_dim]
+    pub k: B::Act, // [n][n_head_kv*head_dim]
+    pub v: B::Act, // [n][n_head_kv*head_dim]
+    pub g: B::Act, // [n][n_head*head_dim] attention gate
+    pub a: B::Act, // [n][n_head*head_dim] attention output
+    pub o: B::Act, // [n][n_embd] block outputs
+    pub fg: B::Act, // [n][n_ff]
+    pub fu: B::Act, // [n][n_ff]
+    pub f: B::Act, // [n][n_ff]
+    pub sel: B::Act, // [rows][n_embd] the last layer's attention output, rows whose logits are wanted
     pub logits: B::Act, // [rows][n_vocab]
 }
 
 impl<B: Backend> Workspace<B> {
     pub fn new(b: &B, c: &MuseConfig, n: usize) -> Result<Self> {
         if n == 0 {
-            return Err(Error::Input("a workspace needs room for at least one token".into()));
+            return Err(Error::Input(
+                "a workspace needs room for at least one token".into(),
+            ));
         }
         Ok(Workspace {
             max_tokens: n,
@@ -295,7 +354,20 @@ impl<B: Backend> Workspace<B> {
     }
 
     fn set_rows(&mut self, b: &B, n: usize, rows: usize) -> Result<()> {
-        for a in [&mut self.e, &mut self.x, &mut self.h, &mut self.q, &mut self.k, &mut self.v, &mut self.g, &mut self.a, &mut self.o, &mut self.fg, &mut self.fu, &mut self.f] {
+        for a in [
+            &mut self.e,
+            &mut self.x,
+            &mut self.h,
+            &mut self.q,
+            &mut self.k,
+            &mut self.v,
+            &mut self.g,
+            &mut self.a,
+            &mut self.o,
+            &mut self.fg,
+            &mut self.fu,
+            &mut self.f,
+        ] {
             b.set_rows(a, n)?;
         }
         b.set_rows(&mut self.sel, rows)?;

@@ -40,12 +40,18 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     pub fn greedy() -> Self {
-        SamplingParams { temperature: 0.0, ..Default::default() }
+        SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 
     pub fn validate(&self) -> Result<(), String> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
-            return Err(format!("temperature {} must be a finite number >= 0", self.temperature));
+            return Err(format!(
+                "temperature {} must be a finite number >= 0",
+                self.temperature
+            ));
         }
         if !(0.0..=1.0).contains(&self.top_p) {
             return Err(format!("top_p {} must be in [0, 1]", self.top_p));
@@ -54,9 +60,15 @@ impl SamplingParams {
             return Err(format!("min_p {} must be in [0, 1]", self.min_p));
         }
         if !self.repeat_penalty.is_finite() || self.repeat_penalty <= 0.0 {
-            return Err(format!("repeat_penalty {} must be > 0", self.repeat_penalty));
+            return Err(format!(
+                "repeat_penalty {} must be > 0",
+                self.repeat_penalty
+            ));
         }
-        for (n, v) in [("frequency_penalty", self.frequency_penalty), ("presence_penalty", self.presence_penalty)] {
+        for (n, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
             if !v.is_finite() || !(-2.0..=2.0).contains(&v) {
                 return Err(format!("{n} {v} must be in [-2, 2]"));
             }
@@ -102,8 +114,15 @@ pub fn argmax(logits: &[f32]) -> usize {
 
 /// Log-softmax in f64.
 pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
-    let m = logits.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
-    let lse = logits.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln() + m;
+    let m = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+    let lse = logits
+        .iter()
+        .map(|&v| (v as f64 - m).exp())
+        .sum::<f64>()
+        .ln()
+        + m;
     logits.iter().map(|&v| v as f64 - lse).collect()
 }
 
@@ -118,7 +137,11 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
         let rng = Rng::new(params.seed);
-        Sampler { params, rng, history: Vec::new() }
+        Sampler {
+            params,
+            rng,
+            history: Vec::new(),
+        }
     }
 
     /// Tokens the penalties see (prompt and generated so far).
@@ -137,9 +160,15 @@ impl Sampler {
             *counts.entry(t).or_default() += 1;
         }
         for (&t, &n) in &counts {
-            let Some(l) = logits.get_mut(t as usize) else { continue };
+            let Some(l) = logits.get_mut(t as usize) else {
+                continue;
+            };
             if p.repeat_penalty != 1.0 {
-                *l = if *l > 0.0 { *l / p.repeat_penalty } else { *l * p.repeat_penalty };
+                *l = if *l > 0.0 {
+                    *l / p.repeat_penalty
+                } else {
+                    *l * p.repeat_penalty
+                };
             }
             *l -= n as f32 * p.frequency_penalty + if n > 0 { p.presence_penalty } else { 0.0 };
         }
@@ -180,12 +209,18 @@ impl Sampler {
         }
         if p.min_p > 0.0 {
             let pr = probs(&cand);
-            let keep = pr.iter().take_while(|&&q| q >= p.min_p as f64 * pr[0]).count();
+            let keep = pr
+                .iter()
+                .take_while(|&&q| q >= p.min_p as f64 * pr[0])
+                .count();
             cand.truncate(keep.max(1));
         }
         let t = p.temperature as f64;
         let m = cand[0].1 as f64;
-        let w: Vec<f64> = cand.iter().map(|&(_, v)| ((v as f64 - m) / t).exp()).collect();
+        let w: Vec<f64> = cand
+            .iter()
+            .map(|&(_, v)| ((v as f64 - m) / t).exp())
+            .collect();
         let total: f64 = w.iter().sum();
         let mut r = self.rng.next_f64() * total;
         for (i, wi) in w.iter().enumerate() {
@@ -206,7 +241,14 @@ mod tests {
     fn greedy_picks_the_max_and_seeds_reproduce() {
         let logits = [0.1f32, 2.0, -1.0, 1.9];
         assert_eq!(Sampler::new(SamplingParams::greedy()).sample(&logits), 1);
-        let p = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 42, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 42,
+            ..Default::default()
+        };
         let a: Vec<u32> = {
             let mut s = Sampler::new(p.clone());
             (0..50).map(|_| s.sample(&logits)).collect()
@@ -216,17 +258,38 @@ mod tests {
             (0..50).map(|_| s.sample(&logits)).collect()
         };
         assert_eq!(a, b);
-        assert!(a.contains(&0) && a.contains(&3), "a full distribution draws more than the max");
+        assert!(
+            a.contains(&0) && a.contains(&3),
+            "a full distribution draws more than the max"
+        );
     }
 
     #[test]
     fn top_k_top_p_min_p_restrict_the_draw() {
         let logits = [5.0f32, 4.9, 0.0, -3.0];
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 2, top_p: 1.0, min_p: 0.0, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 2,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        });
         assert!((0..200).all(|_| s.sample(&logits) < 2));
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.5, min_p: 0.0, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 0.5,
+            min_p: 0.0,
+            ..Default::default()
+        });
         assert!((0..200).all(|_| s.sample(&logits) == 0));
-        let mut s = Sampler::new(SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.5, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.5,
+            ..Default::default()
+        });
         assert!((0..200).all(|_| s.sample(&logits) < 2));
     }
 
@@ -234,7 +297,14 @@ mod tests {
     fn temperature_sharpens_and_flattens() {
         let logits = [1.0f32, 0.0];
         let count = |t: f32| {
-            let mut s = Sampler::new(SamplingParams { temperature: t, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 1, ..Default::default() });
+            let mut s = Sampler::new(SamplingParams {
+                temperature: t,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed: 1,
+                ..Default::default()
+            });
             (0..4000).filter(|_| s.sample(&logits) == 0).count() as f64 / 4000.0
         };
         // p0 = 1/(1+e^-1/t): 0.731 at t=1, 0.982 at t=0.25, 0.562 at t=4.
@@ -245,14 +315,22 @@ mod tests {
 
     #[test]
     fn repetition_penalty_follows_llama_cpp() {
-        let mut s = Sampler::new(SamplingParams { repeat_penalty: 2.0, temperature: 0.0, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            repeat_penalty: 2.0,
+            temperature: 0.0,
+            ..Default::default()
+        });
         s.accept(0);
         s.accept(2);
         let mut l = vec![4.0f32, 3.0, -1.0];
         s.apply_penalties(&mut l);
         assert_eq!(l, vec![2.0, 3.0, -2.0]);
         assert_eq!(s.sample(&[4.0, 3.0, -1.0]), 1);
-        let mut s = Sampler::new(SamplingParams { frequency_penalty: 0.5, presence_penalty: 1.0, ..Default::default() });
+        let mut s = Sampler::new(SamplingParams {
+            frequency_penalty: 0.5,
+            presence_penalty: 1.0,
+            ..Default::default()
+        });
         s.accept(0);
         s.accept(0);
         let mut l = vec![4.0f32, 3.0];

@@ -23,7 +23,12 @@ pub struct Session<'m, B: Backend> {
 
 impl<'m, B: Backend> Session<'m, B> {
     pub fn new(model: &'m MuseGlimmer<B>, kv_type: KvType, n_ctx: usize) -> Result<Self> {
-        Ok(Session { model, kv: model.new_cache(kv_type, n_ctx)?, ws: None, n_ctx })
+        Ok(Session {
+            model,
+            kv: model.new_cache(kv_type, n_ctx)?,
+            ws: None,
+            n_ctx,
+        })
     }
 
     /// The position of the next token.
@@ -57,13 +62,19 @@ impl<'m, B: Backend> Session<'m, B> {
             )));
         }
         let n_vocab = self.model.config.n_vocab;
-        let mut out = Vec::with_capacity(if which == Logits::All { tokens.len() * n_vocab } else { n_vocab });
+        let mut out = Vec::with_capacity(if which == Logits::All {
+            tokens.len() * n_vocab
+        } else {
+            n_vocab
+        });
         let chunks: Vec<&[u32]> = tokens.chunks(ubatch).collect();
         let need = chunks.iter().map(|c| c.len()).max().unwrap_or(1);
         if self.ws.as_ref().is_none_or(|w| w.max_tokens < need) {
             self.ws = Some(self.model.workspace(need)?);
         }
-        let Some(ws) = self.ws.as_mut() else { return Err(Error::Backend("no workspace".into())) };
+        let Some(ws) = self.ws.as_mut() else {
+            return Err(Error::Backend("no workspace".into()));
+        };
         for (ci, chunk) in chunks.iter().enumerate() {
             let batch = Batch::single(chunk, self.model.backend.kv_len(&self.kv) as u32);
             let rows: Vec<usize> = match which {

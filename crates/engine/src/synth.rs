@@ -76,7 +76,11 @@ pub fn preset(name: &str) -> Result<&'static Preset> {
     PRESETS.iter().find(|p| p.name == name).ok_or_else(|| {
         Error::Input(format!(
             "unknown preset '{name}' (known: {})",
-            PRESETS.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")
+            PRESETS
+                .iter()
+                .map(|p| p.name)
+                .collect::<Vec<_>>()
+                .join(", ")
         ))
     })
 }
@@ -111,7 +115,9 @@ impl Layout {
             Self::Uniform(t) => t,
             Self::Q4KM => match (tensor, layer) {
                 ("output", _) => GgmlType::Q6_K,
-                ("attn_v", Some(i)) | ("ffn_down", Some(i)) if Self::more_bits(i, n_layer) => GgmlType::Q6_K,
+                ("attn_v", Some(i)) | ("ffn_down", Some(i)) if Self::more_bits(i, n_layer) => {
+                    GgmlType::Q6_K
+                }
                 _ => GgmlType::Q4_K,
             },
         }
@@ -146,12 +152,15 @@ fn make_pool(ty: GgmlType, seed: u64) -> Pool {
     let n = POOL_BLOCKS * bs;
     let chunk = 1 << 16;
     let mut bytes = vec![0u8; n];
-    bytes.par_chunks_mut(chunk * bs).enumerate().for_each(|(ci, out)| {
-        let mut rng = Rng::new(seed ^ (ci as u64).wrapping_mul(0x9E37_79B9));
-        for blk in out.chunks_exact_mut(bs) {
-            fill_block(ty, blk, &mut rng);
-        }
-    });
+    bytes
+        .par_chunks_mut(chunk * bs)
+        .enumerate()
+        .for_each(|(ci, out)| {
+            let mut rng = Rng::new(seed ^ (ci as u64).wrapping_mul(0x9E37_79B9));
+            for blk in out.chunks_exact_mut(bs) {
+                fill_block(ty, blk, &mut rng);
+            }
+        });
     Pool { bytes }
 }
 
@@ -176,7 +185,11 @@ fn fill_block(ty: GgmlType, b: &mut [u8], rng: &mut Rng) {
         }
         GgmlType::F16 | GgmlType::BF16 => {
             let v = 0.02 * gauss(rng);
-            let bits = if ty == GgmlType::F16 { f16::from_f32(v).to_bits() } else { half::bf16::from_f32(v).to_bits() };
+            let bits = if ty == GgmlType::F16 {
+                f16::from_f32(v).to_bits()
+            } else {
+                half::bf16::from_f32(v).to_bits()
+            };
             b.copy_from_slice(&bits.to_le_bytes());
         }
         GgmlType::Q8_0 => put_f16(b, 0, 3e-4 * (1.0 + 0.2 * gauss(rng)).abs()),
@@ -197,7 +210,14 @@ pub fn write(path: &Path, p: &Preset, layout: Layout, seed: u64) -> Result<()> {
     let k = |s: &str| format!("{ARCH}.{s}");
     let e = |r: muser_gguf::Result<()>| r.map_err(Error::from);
     e(w.add_str("general.architecture", ARCH))?;
-    e(w.add_str("general.name", &format!("muse-glimmer synthetic {} ({}) random weights", p.name, layout_name(layout))))?;
+    e(w.add_str(
+        "general.name",
+        &format!(
+            "muse-glimmer synthetic {} ({}) random weights",
+            p.name,
+            layout_name(layout)
+        ),
+    ))?;
     e(w.add_u32("general.file_type", layout.file_type()))?;
     e(w.add_u32("general.quantization_version", 2))?;
     e(w.add_u32(&k("context_length"), p.n_ctx as u32))?;
@@ -211,7 +231,10 @@ pub fn write(path: &Path, p: &Preset, layout: Layout, seed: u64) -> Result<()> {
     e(w.add_f32(&k("attention.layer_norm_rms_epsilon"), 1e-5))?;
     e(w.add_f32(&k("rope.freq_base"), 500_000.0))?;
     e(w.add_u32(&k("attention.sliding_window"), p.n_swa as u32))?;
-    e(w.add_array(&k("attention.sliding_window_pattern"), Array::Bool(kinds.iter().map(|k| k.is_sliding()).collect())))?;
+    e(w.add_array(
+        &k("attention.sliding_window_pattern"),
+        Array::Bool(kinds.iter().map(|k| k.is_sliding()).collect()),
+    ))?;
     e(w.add_f32(&k("logit_scale"), 0.196_116_14))?;
     e(w.add_f32(&k("final_logit_softcapping"), 20.0))?;
     // A byte-level vocabulary padded with placeholder tokens: enough for loaders and benches.
@@ -226,22 +249,42 @@ pub fn write(path: &Path, p: &Preset, layout: Layout, seed: u64) -> Result<()> {
     e(w.add_array("tokenizer.ggml.tokens", Array::String(tokens)))?;
     e(w.add_array("tokenizer.ggml.token_type", Array::I32(vec![1; p.n_vocab])))?;
     e(w.add_array("tokenizer.ggml.merges", Array::String(vec!["a b".into()])))?;
-    e(w.add("tokenizer.ggml.bos_token_id", Value::U32(p.n_vocab.min(200_000).saturating_sub(2) as u32)))?;
-    e(w.add("tokenizer.ggml.eos_token_id", Value::U32((p.n_vocab.min(200_001) - 1) as u32)))?;
+    e(w.add(
+        "tokenizer.ggml.bos_token_id",
+        Value::U32(p.n_vocab.min(200_000).saturating_sub(2) as u32),
+    ))?;
+    e(w.add(
+        "tokenizer.ggml.eos_token_id",
+        Value::U32((p.n_vocab.min(200_001) - 1) as u32),
+    ))?;
 
     let (qd, kvd) = (p.n_head * p.head_dim, p.n_head_kv * p.head_dim);
     let mut mats: Vec<(String, GgmlType)> = Vec::new();
-    let mut add_mat = |w: &mut GgufWriter, name: String, cols: usize, rows: usize, ty: GgmlType| -> Result<()> {
-        w.add_tensor_deferred(&name, &[cols as u64, rows as u64], ty)?;
-        mats.push((name, ty));
-        Ok(())
-    };
+    let mut add_mat =
+        |w: &mut GgufWriter, name: String, cols: usize, rows: usize, ty: GgmlType| -> Result<()> {
+            w.add_tensor_deferred(&name, &[cols as u64, rows as u64], ty)?;
+            mats.push((name, ty));
+            Ok(())
+        };
     let vec = |w: &mut GgufWriter, name: &str, n: usize, v: f32| -> Result<()> {
-        w.add_f32_tensor(name, &[n as u64], &vec![v; n]).map_err(Error::from)
+        w.add_f32_tensor(name, &[n as u64], &vec![v; n])
+            .map_err(Error::from)
     };
-    add_mat(&mut w, "token_embd.weight".into(), p.n_embd, p.n_vocab, layout.ty("token_embd", None, p.n_layer))?;
+    add_mat(
+        &mut w,
+        "token_embd.weight".into(),
+        p.n_embd,
+        p.n_vocab,
+        layout.ty("token_embd", None, p.n_layer),
+    )?;
     vec(&mut w, "output_norm.weight", p.n_embd, 1.0)?;
-    add_mat(&mut w, "output.weight".into(), p.n_embd, p.n_vocab, layout.ty("output", None, p.n_layer))?;
+    add_mat(
+        &mut w,
+        "output.weight".into(),
+        p.n_embd,
+        p.n_vocab,
+        layout.ty("output", None, p.n_layer),
+    )?;
     for i in 0..p.n_layer {
         let n = |s: &str| format!("blk.{i}.{s}.weight");
         vec(&mut w, &n("attn_norm"), p.n_embd, 1.0)?;
@@ -263,14 +306,26 @@ pub fn write(path: &Path, p: &Preset, layout: Layout, seed: u64) -> Result<()> {
     let mut types: Vec<GgmlType> = mats.iter().map(|(_, t)| *t).collect();
     types.sort_by_key(|t| t.id());
     types.dedup();
-    let pools: Vec<(GgmlType, Pool)> =
-        types.iter().enumerate().map(|(i, &t)| (t, make_pool(t, seed.wrapping_add(i as u64 * 7919)))).collect();
+    let pools: Vec<(GgmlType, Pool)> = types
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| (t, make_pool(t, seed.wrapping_add(i as u64 * 7919))))
+        .collect();
     let mut offsets: std::collections::HashMap<GgmlType, usize> = Default::default();
     w.write_with(path, |name, n_bytes, out: &mut dyn Write| {
-        let ty = mats.iter().find(|(m, _)| m == name).map(|(_, t)| *t).ok_or_else(|| {
-            std::io::Error::other(format!("no synthetic source for tensor {name}"))
-        })?;
-        let pool = &pools.iter().find(|(t, _)| *t == ty).ok_or_else(|| std::io::Error::other("pool"))?.1.bytes;
+        let ty = mats
+            .iter()
+            .find(|(m, _)| m == name)
+            .map(|(_, t)| *t)
+            .ok_or_else(|| {
+                std::io::Error::other(format!("no synthetic source for tensor {name}"))
+            })?;
+        let pool = &pools
+            .iter()
+            .find(|(t, _)| *t == ty)
+            .ok_or_else(|| std::io::Error::other("pool"))?
+            .1
+            .bytes;
         let off = offsets.entry(ty).or_default();
         let mut left = n_bytes as usize;
         let bs = ty.type_size();
@@ -295,7 +350,10 @@ fn layout_name(l: Layout) -> String {
 
 /// GPT-2's byte-to-unicode table: the 256 byte tokens of a byte-level BPE.
 fn byte_tokens() -> Vec<String> {
-    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
     let mut cs = bs.clone();
     let mut n = 0;
     for b in 0..256u32 {
@@ -307,7 +365,10 @@ fn byte_tokens() -> Vec<String> {
     }
     let mut pairs: Vec<(u32, u32)> = bs.into_iter().zip(cs).collect();
     pairs.sort();
-    pairs.into_iter().map(|(_, c)| char::from_u32(c).map(String::from).unwrap_or_default()).collect()
+    pairs
+        .into_iter()
+        .map(|(_, c)| char::from_u32(c).map(String::from).unwrap_or_default())
+        .collect()
 }
 
 #[cfg(test)]
@@ -320,15 +381,32 @@ mod tests {
         let more: Vec<usize> = (0..52).filter(|&i| Layout::more_bits(i, 52)).collect();
         // n/8 = 6: layers 0-5, 45-51, and every third from 8.
         assert_eq!(&more[..7], &[0, 1, 2, 3, 4, 5, 8]);
-        assert!(more.contains(&51) && more.contains(&45) && more.contains(&44) && !more.contains(&43));
+        assert!(
+            more.contains(&51) && more.contains(&45) && more.contains(&44) && !more.contains(&43)
+        );
     }
 
     #[test]
     fn a_synthetic_model_loads_and_passes_the_probes() {
         let dir = std::env::temp_dir().join(format!("muser-synth-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let p = Preset { name: "t", n_layer: 5, n_embd: 256, n_ff: 512, n_head: 4, n_head_kv: 2, head_dim: 64, n_vocab: 300, n_ctx: 512, n_swa: 16 };
-        for layout in [Layout::Q4KM, Layout::Uniform(GgmlType::Q8_0), Layout::Uniform(GgmlType::BF16)] {
+        let p = Preset {
+            name: "t",
+            n_layer: 5,
+            n_embd: 256,
+            n_ff: 512,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 64,
+            n_vocab: 300,
+            n_ctx: 512,
+            n_swa: 16,
+        };
+        for layout in [
+            Layout::Q4KM,
+            Layout::Uniform(GgmlType::Q8_0),
+            Layout::Uniform(GgmlType::BF16),
+        ] {
             let path = dir.join("m.gguf");
             write(&path, &p, layout, 1).unwrap();
             let f = ModelFile::open(&path).unwrap();

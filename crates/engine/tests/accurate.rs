@@ -13,7 +13,10 @@ fn accurate_mode_matches_transformers_float64() {
     for name in all_fixtures() {
         let m = load(&name, NumericMode::Accurate);
         let tokens = read_i32(&golden_path(&name, "tokens.i32"));
-        assert!(tokens.len() >= 2 * m.config.n_swa, "{name}: the sequence must be at least twice the window");
+        assert!(
+            tokens.len() >= 2 * m.config.n_swa,
+            "{name}: the sequence must be at least twice the window"
+        );
         let ours = logits(&m, &tokens, KvType::F32, 512);
         let reference = read_f32(&golden_path(&name, "hf64.f32"));
         let d = max_dls(&ours, &reference, m.config.n_vocab);
@@ -23,7 +26,10 @@ fn accurate_mode_matches_transformers_float64() {
             failures.push(format!("{name}: {d:.3e} > {b:.0e}"));
         }
     }
-    println!("accurate, f32 KV, vs transformers float64, max |Δ log-softmax|:\n{}", report.join("\n"));
+    println!(
+        "accurate, f32 KV, vs transformers float64, max |Δ log-softmax|:\n{}",
+        report.join("\n")
+    );
     assert!(failures.is_empty(), "{failures:?}");
 }
 
@@ -36,8 +42,14 @@ fn prompt_decode_and_micro_batch_sizes_give_identical_logits() {
             let whole = logits(&m, &tokens, kv, 512);
             for ub in [1usize, 7, 16, 33] {
                 let other = logits(&m, &tokens, kv, ub);
-                let same = whole.iter().zip(&other).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{name}, {kv:?} KV: micro-batch {ub} differs from one batch");
+                let same = whole
+                    .iter()
+                    .zip(&other)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{name}, {kv:?} KV: micro-batch {ub} differs from one batch"
+                );
             }
         }
     }
@@ -50,10 +62,21 @@ fn with_an_f16_cache_accurate_mode_is_as_close_to_float64_as_llama_cpp() {
         let m = load(&name, NumericMode::Accurate);
         let tokens = read_i32(&golden_path(&name, "tokens.i32"));
         let reference = read_f32(&golden_path(&name, "hf64.f32"));
-        let ours = max_dls(&logits(&m, &tokens, KvType::F16, 512), &reference, m.config.n_vocab);
-        let llama = max_dls(&read_f32(&golden_path(&name, "llama-kv_f16.f32")), &reference, m.config.n_vocab);
+        let ours = max_dls(
+            &logits(&m, &tokens, KvType::F16, 512),
+            &reference,
+            m.config.n_vocab,
+        );
+        let llama = max_dls(
+            &read_f32(&golden_path(&name, "llama-kv_f16.f32")),
+            &reference,
+            m.config.n_vocab,
+        );
         println!("{name:<14} f16 KV vs float64: muser {ours:.3e}, llama.cpp {llama:.3e}");
-        assert!(ours <= llama, "{name}: {ours:.3e} > llama.cpp's {llama:.3e}");
+        assert!(
+            ours <= llama,
+            "{name}: {ours:.3e} > llama.cpp's {llama:.3e}"
+        );
     }
 }
 

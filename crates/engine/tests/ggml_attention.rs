@@ -4,7 +4,9 @@
 mod ggml_common;
 
 use ggml_common::{Rng, assert_bits_eq, cases};
-use muser_engine::cpu::ggml::{AttnParams, KvKey, KvLayout, attention, hadamard_rotate, k_rotation, kv_row_bytes, store_kv_row};
+use muser_engine::cpu::ggml::{
+    AttnParams, KvKey, KvLayout, attention, hadamard_rotate, k_rotation, kv_row_bytes, store_kv_row,
+};
 
 #[test]
 fn attention_matches_ggml() {
@@ -12,8 +14,16 @@ fn attention_matches_ggml() {
         let (kt, vt) = (c.ty("kt"), c.ty("vt"));
         let (n_head, n_kv) = (c.usize("n_head"), c.usize("n_kv"));
         let n_swa = c.i64("n_swa");
-        let q_pos: Vec<i32> = c.get("q_pos").split(',').map(|v| v.parse().unwrap()).collect();
-        let cells: Vec<i32> = c.get("cells").split(',').map(|v| v.parse().unwrap()).collect();
+        let q_pos: Vec<i32> = c
+            .get("q_pos")
+            .split(',')
+            .map(|v| v.parse().unwrap())
+            .collect();
+        let cells: Vec<i32> = c
+            .get("cells")
+            .split(',')
+            .map(|v| v.parse().unwrap())
+            .collect();
         let hd = 128usize;
         let n_head_kv = c.kv.get("n_head_kv").map_or(2, |v| v.parse().unwrap());
         let ntok = q_pos.len();
@@ -23,7 +33,10 @@ fn attention_matches_ggml() {
         if let Some(n) = rot {
             hadamard_rotate(&mut q, n);
         }
-        let (krb, vrb) = (kv_row_bytes(kt, hd * n_head_kv), kv_row_bytes(vt, hd * n_head_kv));
+        let (krb, vrb) = (
+            kv_row_bytes(kt, hd * n_head_kv),
+            kv_row_bytes(vt, hd * n_head_kv),
+        );
         let mut rows: Vec<(usize, i32, Vec<u8>, Vec<u8>)> = Vec::new();
         for (slot, &p) in cells.iter().enumerate() {
             if p < 0 {
@@ -39,8 +52,16 @@ fn attention_matches_ggml() {
             rows.push((slot, p, kb, vb));
         }
         // ggml's view only covers the first n_kv cells
-        let keys: Vec<KvKey> =
-            rows.iter().filter(|r| r.0 < n_kv).map(|r| KvKey { slot: r.0, pos: r.1, k: &r.2, v: &r.3 }).collect();
+        let keys: Vec<KvKey> = rows
+            .iter()
+            .filter(|r| r.0 < n_kv)
+            .map(|r| KvKey {
+                slot: r.0,
+                pos: r.1,
+                k: &r.2,
+                v: &r.3,
+            })
+            .collect();
         let params = AttnParams {
             n_head,
             n_head_kv,
@@ -92,24 +113,47 @@ fn kv_layout_matches_llama_cpp() {
         let mut lines = text.lines();
         let header = lines.next().unwrap();
         let field = |k: &str| -> usize {
-            let v = header.split_whitespace().find_map(|p| p.strip_prefix(&format!("{k}="))).unwrap();
+            let v = header
+                .split_whitespace()
+                .find_map(|p| p.strip_prefix(&format!("{k}=")))
+                .unwrap();
             v.parse().unwrap()
         };
         let (n_ctx, n_ubatch, n_swa) = (field("n_ctx"), field("n_ubatch"), field("n_swa"));
         let mut layout = muser_engine::cpu::ggml::IswaLayout::new(n_ctx, n_swa as u32, n_ubatch);
         let mut count = 0;
         for line in lines {
-            let kv: std::collections::HashMap<&str, &str> =
-                line.split_whitespace().skip(1).map(|p| p.split_once('=').unwrap()).collect();
+            let kv: std::collections::HashMap<&str, &str> = line
+                .split_whitespace()
+                .skip(1)
+                .map(|p| p.split_once('=').unwrap())
+                .collect();
             let n: usize = kv["n"].parse().unwrap();
             let pos0: i32 = kv["pos0"].parse().unwrap();
-            let slots = |k: &str| -> Vec<usize> { kv[k].split(',').map(|v| v.parse().unwrap()).collect() };
+            let slots =
+                |k: &str| -> Vec<usize> { kv[k].split(',').map(|v| v.parse().unwrap()).collect() };
             let positions: Vec<i32> = (0..n as i32).map(|i| pos0 + i).collect();
             let (full, swa) = layout.place(&positions).unwrap();
-            assert_eq!(full.slots, slots("full"), "scenario {name}, ubatch at {pos0}: full-cache slots");
-            assert_eq!(swa.slots, slots("swa"), "scenario {name}, ubatch at {pos0}: swa-cache slots");
-            assert_eq!(full.n_kv, kv["full_nkv"].parse::<usize>().unwrap(), "scenario {name} at {pos0}: full n_kv");
-            assert_eq!(swa.n_kv, kv["swa_nkv"].parse::<usize>().unwrap(), "scenario {name} at {pos0}: swa n_kv");
+            assert_eq!(
+                full.slots,
+                slots("full"),
+                "scenario {name}, ubatch at {pos0}: full-cache slots"
+            );
+            assert_eq!(
+                swa.slots,
+                slots("swa"),
+                "scenario {name}, ubatch at {pos0}: swa-cache slots"
+            );
+            assert_eq!(
+                full.n_kv,
+                kv["full_nkv"].parse::<usize>().unwrap(),
+                "scenario {name} at {pos0}: full n_kv"
+            );
+            assert_eq!(
+                swa.n_kv,
+                kv["swa_nkv"].parse::<usize>().unwrap(),
+                "scenario {name} at {pos0}: swa n_kv"
+            );
             count += 1;
         }
         assert!(count > 50, "scenario {name}: only {count} ubatches");

@@ -6,7 +6,9 @@ mod ggml_common;
 use std::time::Instant;
 
 use ggml_common::Rng;
-use muser_engine::cpu::ggml::{Activations, AttnParams, KvKey, kv_row_bytes, mul_mat_act, store_kv_row};
+use muser_engine::cpu::ggml::{
+    Activations, AttnParams, KvKey, kv_row_bytes, mul_mat_act, store_kv_row,
+};
 use muser_gguf::GgmlType;
 
 fn time<F: FnMut()>(mut f: F) -> f64 {
@@ -23,7 +25,16 @@ fn time<F: FnMut()>(mut f: F) -> f64 {
 #[ignore]
 fn bench_mul_mat() {
     let (rows, cols) = (2048usize, 2048usize);
-    for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+    for ty in [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q8_0,
+        GgmlType::Q4_0,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ] {
         let mut r = Rng::new(1);
         let w = r.weights(ty, rows, cols);
         for n in [1usize, 7, 64] {
@@ -32,7 +43,10 @@ fn bench_mul_mat() {
             let act = Activations::new(ty, &x, cols, n);
             let s = time(|| mul_mat_act(ty, &w, rows, &act, &mut y));
             let ns = s * 1e9 / (rows * cols * n) as f64;
-            println!("{ty:>5} {rows}x{cols} n={n:<3} {:8.2} ms  {ns:.3} ns/MAC", s * 1e3);
+            println!(
+                "{ty:>5} {rows}x{cols} n={n:<3} {:8.2} ms  {ns:.3} ns/MAC",
+                s * 1e3
+            );
         }
     }
 }
@@ -53,13 +67,34 @@ fn bench_attention() {
                     (k, v)
                 })
                 .collect();
-            let keys: Vec<KvKey> = rows.iter().enumerate().map(|(s, (k, v))| KvKey { slot: s, pos: s as i32, k, v }).collect();
+            let keys: Vec<KvKey> = rows
+                .iter()
+                .enumerate()
+                .map(|(s, (k, v))| KvKey {
+                    slot: s,
+                    pos: s as i32,
+                    k,
+                    v,
+                })
+                .collect();
             let q = r.acts(ntok * nh * hd);
             let q_pos: Vec<i32> = (0..ntok).map(|i| (n_ctx - ntok + i) as i32).collect();
-            let p = AttnParams { n_head: nh, n_head_kv: nkv, head_dim: hd, k_type: kv_type, v_type: kv_type, n_kv: n_ctx, n_swa: None, scale: 0.088 };
+            let p = AttnParams {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim: hd,
+                k_type: kv_type,
+                v_type: kv_type,
+                n_kv: n_ctx,
+                n_swa: None,
+                scale: 0.088,
+            };
             let mut out = vec![0.0f32; ntok * nh * hd];
             let s = time(|| muser_engine::cpu::ggml::attention(&p, &q, &q_pos, &keys, &mut out));
-            println!("attention {kv_type:>4} n_kv={n_ctx} ntok={ntok}: {:8.2} ms", s * 1e3);
+            println!(
+                "attention {kv_type:>4} n_kv={n_ctx} ntok={ntok}: {:8.2} ms",
+                s * 1e3
+            );
         }
     }
 }
@@ -77,9 +112,13 @@ fn bench_dot_kernels() {
     with_avx2_fma(
         #[inline(always)]
         || {
-        for k in a.chunks(128) {
-            s += vec_dot_f32(k, &q);
-        }
-    });
-    println!("vec_dot_f32 x4096 (128): {:.3} ms ({s})", t.elapsed().as_secs_f64() * 1e3);
+            for k in a.chunks(128) {
+                s += vec_dot_f32(k, &q);
+            }
+        },
+    );
+    println!(
+        "vec_dot_f32 x4096 (128): {:.3} ms ({s})",
+        t.elapsed().as_secs_f64() * 1e3
+    );
 }

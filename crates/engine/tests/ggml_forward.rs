@@ -8,8 +8,9 @@
 use std::path::PathBuf;
 
 use muser_engine::cpu::ggml::{
-    Activations, AttnParams, IswaLayout, KvKey, Placement, add, get_row, kv_row_bytes, mul, mul_mat_act, rms_norm_mul,
-    rms_norm_rows, rope_norm, scale, sigmoid, softcap, store_kv_row, swiglu_row,
+    Activations, AttnParams, IswaLayout, KvKey, Placement, add, get_row, kv_row_bytes, mul,
+    mul_mat_act, rms_norm_mul, rms_norm_rows, rope_norm, scale, sigmoid, softcap, store_kv_row,
+    swiglu_row,
 };
 use muser_gguf::{GgmlType, Gguf};
 
@@ -38,7 +39,10 @@ struct Model<'a> {
 
 impl<'a> Model<'a> {
     fn load(g: &'a Gguf) -> Model<'a> {
-        let k = |s: &str| g.get(&format!("muse-glimmer.{s}")).unwrap_or_else(|| panic!("key {s}"));
+        let k = |s: &str| {
+            g.get(&format!("muse-glimmer.{s}"))
+                .unwrap_or_else(|| panic!("key {s}"))
+        };
         let n_embd = k("embedding_length").as_i64().unwrap() as usize;
         let n_head = k("attention.head_count").as_i64().unwrap() as usize;
         let swa: Vec<bool> = match k("attention.sliding_window_pattern").as_array().unwrap() {
@@ -57,17 +61,29 @@ impl<'a> Model<'a> {
             n_swa: k("attention.sliding_window").as_i64().unwrap() as u32,
             swa,
             eps: k("attention.layer_norm_rms_epsilon").as_f64().unwrap() as f32,
-            freq_base_swa: g.get("muse-glimmer.rope.freq_base_swa").map_or(base, |v| v.as_f64().unwrap() as f32),
+            freq_base_swa: g
+                .get("muse-glimmer.rope.freq_base_swa")
+                .map_or(base, |v| v.as_f64().unwrap() as f32),
             logit_scale: k("logit_scale").as_f64().unwrap() as f32,
-            softcap: g.get("muse-glimmer.final_logit_softcapping").map(|v| v.as_f64().unwrap() as f32),
+            softcap: g
+                .get("muse-glimmer.final_logit_softcapping")
+                .map(|v| v.as_f64().unwrap() as f32),
             n_vocab: out.dims[1] as usize,
         }
     }
 
     fn w(&self, name: &str) -> Weight<'a> {
-        let t = self.g.tensor(name).unwrap_or_else(|| panic!("tensor {name}"));
+        let t = self
+            .g
+            .tensor(name)
+            .unwrap_or_else(|| panic!("tensor {name}"));
         let rows = t.dims.get(1).copied().unwrap_or(1) as usize;
-        Weight { ty: t.ggml_type, data: self.g.tensor_data(t), cols: t.dims[0] as usize, rows }
+        Weight {
+            ty: t.ggml_type,
+            data: self.g.tensor_data(t),
+            cols: t.dims[0] as usize,
+            rows,
+        }
     }
 
     fn vec(&self, name: &str) -> Vec<f32> {
@@ -109,7 +125,11 @@ fn forward(m: &Model, st: &mut State, tokens: &[i32], pos0: i32, n_out: usize) -
     let rb = emb.ty.row_bytes(ne as u64).unwrap() as usize;
     let mut inp = vec![0.0f32; n * ne];
     for (t, &tok) in tokens.iter().enumerate() {
-        get_row(emb.ty, &emb.data[tok as usize * rb..(tok as usize + 1) * rb], &mut inp[t * ne..(t + 1) * ne]);
+        get_row(
+            emb.ty,
+            &emb.data[tok as usize * rb..(tok as usize + 1) * rb],
+            &mut inp[t * ne..(t + 1) * ne],
+        );
     }
     rms_norm_rows(&mut inp, ne, None, m.eps);
 
@@ -132,24 +152,51 @@ fn forward(m: &Model, st: &mut State, tokens: &[i32], pos0: i32, n_out: usize) -
         let is_swa = m.swa[il];
         if is_swa {
             for t in 0..n {
-                rope_norm(&mut q[t * nh * hd..(t + 1) * nh * hd], hd, positions[t], m.freq_base_swa);
-                rope_norm(&mut k[t * nkv * hd..(t + 1) * nkv * hd], hd, positions[t], m.freq_base_swa);
+                rope_norm(
+                    &mut q[t * nh * hd..(t + 1) * nh * hd],
+                    hd,
+                    positions[t],
+                    m.freq_base_swa,
+                );
+                rope_norm(
+                    &mut k[t * nkv * hd..(t + 1) * nkv * hd],
+                    hd,
+                    positions[t],
+                    m.freq_base_swa,
+                );
             }
         }
         // KV store, then attention over the layer's cache
-        let (pl, layout) = if is_swa { (&swa, &st.layout.swa) } else { (&full, &st.layout.full) };
+        let (pl, layout) = if is_swa {
+            (&swa, &st.layout.swa)
+        } else {
+            (&full, &st.layout.full)
+        };
         let krb = kv_row_bytes(st.kv_type, nkv * hd);
         let cache = &mut st.caches[il];
         for t in 0..n {
             let s = pl.slots[t];
             cache.k[s] = vec![0u8; krb];
             cache.v[s] = vec![0u8; krb];
-            store_kv_row(st.kv_type, &k[t * nkv * hd..(t + 1) * nkv * hd], &mut cache.k[s]);
-            store_kv_row(st.kv_type, &v[t * nkv * hd..(t + 1) * nkv * hd], &mut cache.v[s]);
+            store_kv_row(
+                st.kv_type,
+                &k[t * nkv * hd..(t + 1) * nkv * hd],
+                &mut cache.k[s],
+            );
+            store_kv_row(
+                st.kv_type,
+                &v[t * nkv * hd..(t + 1) * nkv * hd],
+                &mut cache.v[s],
+            );
         }
         let keys: Vec<KvKey> = layout
             .cells()
-            .map(|(slot, pos)| KvKey { slot, pos, k: &cache.k[slot], v: &cache.v[slot] })
+            .map(|(slot, pos)| KvKey {
+                slot,
+                pos,
+                k: &cache.k[slot],
+                v: &cache.v[slot],
+            })
             .collect();
         let params = AttnParams {
             n_head: nh,
@@ -191,7 +238,11 @@ fn forward(m: &Model, st: &mut State, tokens: &[i32], pos0: i32, n_out: usize) -
         let n_ff = up_w.rows;
         let mut act = vec![0.0f32; n_rows * n_ff];
         for r in 0..n_rows {
-            swiglu_row(&g[r * n_ff..(r + 1) * n_ff], &up[r * n_ff..(r + 1) * n_ff], &mut act[r * n_ff..(r + 1) * n_ff]);
+            swiglu_row(
+                &g[r * n_ff..(r + 1) * n_ff],
+                &up[r * n_ff..(r + 1) * n_ff],
+                &mut act[r * n_ff..(r + 1) * n_ff],
+            );
         }
         let down = mm(&m.w(&p("ffn_down")), &act, n_rows);
         let pf = m.vec(&p("post_ffw_norm"));
@@ -219,16 +270,26 @@ fn forward(m: &Model, st: &mut State, tokens: &[i32], pos0: i32, n_out: usize) -
 fn json_usize(text: &str, key: &str) -> Option<usize> {
     let i = text.find(&format!("\"{key}\":"))?;
     let rest = text[i + key.len() + 3..].trim_start();
-    let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
     rest[..end].parse().ok()
 }
 
 fn read_f32(p: &PathBuf) -> Vec<f32> {
-    std::fs::read(p).unwrap().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    std::fs::read(p)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 fn read_i32(p: &PathBuf) -> Vec<i32> {
-    std::fs::read(p).unwrap().chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    std::fs::read(p)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 fn log_softmax(x: &[f32]) -> Vec<f64> {
@@ -254,21 +315,37 @@ fn run_fixture(name: &str, kv: &str) -> (usize, f64, bool) {
     let tokens = read_i32(&fix.join(format!("golden/{name}/tokens.i32")));
     let want = read_f32(&fix.join(format!("golden/{name}/llama-{kv}.f32")));
     let greedy_want = read_i32(&fix.join(format!("golden/{name}/greedy-{kv}.i32")));
-    let kv_type = if kv == "kv_f16" { GgmlType::F16 } else { GgmlType::F32 };
+    let kv_type = if kv == "kv_f16" {
+        GgmlType::F16
+    } else {
+        GgmlType::F32
+    };
     // the llama_logits.c run config of the manifest (n_ctx 256, n_batch = n_ubatch = 256 when written)
     let manifest = std::fs::read_to_string(fix.join("manifest.json")).unwrap_or_default();
     let n_ctx = json_usize(&manifest, "n_ctx").unwrap_or(256);
     let n_ubatch = json_usize(&manifest, "n_ubatch_effective").unwrap_or(256);
-    assert!(tokens.len() <= n_ubatch, "the prompt is one ubatch in llama_logits.c's run");
+    assert!(
+        tokens.len() <= n_ubatch,
+        "the prompt is one ubatch in llama_logits.c's run"
+    );
     let mut st = State {
         layout: IswaLayout::new(n_ctx, m.n_swa, n_ubatch),
-        caches: (0..m.n_layer).map(|_| LayerCache { k: vec![Vec::new(); n_ctx.next_multiple_of(256)], v: vec![Vec::new(); n_ctx.next_multiple_of(256)] }).collect(),
+        caches: (0..m.n_layer)
+            .map(|_| LayerCache {
+                k: vec![Vec::new(); n_ctx.next_multiple_of(256)],
+                v: vec![Vec::new(); n_ctx.next_multiple_of(256)],
+            })
+            .collect(),
         kv_type,
     };
     let n = tokens.len();
     let got = forward(&m, &mut st, &tokens, 0, n);
     assert_eq!(got.len(), want.len());
-    let diff_bits = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+    let diff_bits = got
+        .iter()
+        .zip(&want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
     let mut max_d = 0.0f64;
     for (gr, wr) in got.chunks(m.n_vocab).zip(want.chunks(m.n_vocab)) {
         for (a, b) in log_softmax(gr).iter().zip(log_softmax(wr)) {
@@ -294,10 +371,16 @@ fn fixtures_match_llama_cpp_bit_for_bit() {
         .expect("tests/fixtures/golden")
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| fix.join(format!("models/{n}.gguf")).exists() && fix.join(format!("golden/{n}/tokens.i32")).exists())
+        .filter(|n| {
+            fix.join(format!("models/{n}.gguf")).exists()
+                && fix.join(format!("golden/{n}/tokens.i32")).exists()
+        })
         .collect();
     names.sort();
-    assert!(!names.is_empty(), "no fixture models found in tests/fixtures");
+    assert!(
+        !names.is_empty(),
+        "no fixture models found in tests/fixtures"
+    );
     let mut report = Vec::new();
     let mut ok = true;
     for name in &names {

@@ -3,7 +3,9 @@
 mod ggml_common;
 
 use ggml_common::{Rng, assert_bits_eq, cases};
-use muser_engine::cpu::ggml::quantize::{BlockQ8K, quantize_row_bf16, quantize_row_f16, quantize_row_q8_0, quantize_row_q8_k};
+use muser_engine::cpu::ggml::quantize::{
+    BlockQ8K, quantize_row_bf16, quantize_row_f16, quantize_row_q8_0, quantize_row_q8_k,
+};
 use muser_engine::cpu::ggml::{MatMulPath, mul_mat, mul_mat_path};
 use muser_gguf::GgmlType;
 
@@ -12,10 +14,28 @@ fn crafted_q(r: &mut Rng, n: usize) -> Vec<f32> {
         .map(|i| {
             let (blk, j) = (i / 256, i % 256);
             match blk % 5 {
-                0 => if j == 0 { 127.0 } else { ((j % 64) as i32 - 32) as f32 + 0.5 },
+                0 => {
+                    if j == 0 {
+                        127.0
+                    } else {
+                        ((j % 64) as i32 - 32) as f32 + 0.5
+                    }
+                }
                 1 => 0.0,
-                2 => if j == 77 { -3.0 } else { r.unif() * 1e-3 },
-                3 => if j == 5 { -127.0 } else { (if j % 2 == 1 { 0.5f32 } else { -0.5 }) * (j % 7) as f32 },
+                2 => {
+                    if j == 77 {
+                        -3.0
+                    } else {
+                        r.unif() * 1e-3
+                    }
+                }
+                3 => {
+                    if j == 5 {
+                        -127.0
+                    } else {
+                        (if j % 2 == 1 { 0.5f32 } else { -0.5 }) * (j % 7) as f32
+                    }
+                }
                 _ => r.act(),
             }
         })
@@ -24,9 +44,10 @@ fn crafted_q(r: &mut Rng, n: usize) -> Vec<f32> {
 
 fn edges() -> Vec<f32> {
     let pats: [u32; 27] = [
-        0x33000000, 0x33000001, 0x337FFFFF, 0x38800000, 0x387FC000, 0x387FE000, 0x387FF000, 0x477FE000, 0x477FF000,
-        0x477FEFFF, 0x47800000, 0x3F801000, 0x3F803000, 0x3F800800, 0x3F808000, 0x3F818000, 0xBF808000, 0x00000001,
-        0x80000000, 0x7F7FFFFF, 0xFF7FFFFF, 0x3FFF8000, 0x3FFE8000, 0x34000000, 0x33800000, 0x33C00000, 0x2F800000,
+        0x33000000, 0x33000001, 0x337FFFFF, 0x38800000, 0x387FC000, 0x387FE000, 0x387FF000,
+        0x477FE000, 0x477FF000, 0x477FEFFF, 0x47800000, 0x3F801000, 0x3F803000, 0x3F800800,
+        0x3F808000, 0x3F818000, 0xBF808000, 0x00000001, 0x80000000, 0x7F7FFFFF, 0xFF7FFFFF,
+        0x3FFF8000, 0x3FFE8000, 0x34000000, 0x33800000, 0x33C00000, 0x2F800000,
     ];
     let mut x: Vec<f32> = pats.iter().map(|&p| f32::from_bits(p)).collect();
     while x.len() % 32 != 0 {
@@ -73,7 +94,11 @@ fn from_float_matches_ggml() {
             t => panic!("type {t}"),
         };
         let bad = got.iter().zip(&c.out).position(|(a, b)| a != b);
-        assert!(got.len() == c.out.len() && bad.is_none(), "{}: first differing byte {bad:?}", c.name);
+        assert!(
+            got.len() == c.out.len() && bad.is_none(),
+            "{}: first differing byte {bad:?}",
+            c.name
+        );
     }
 }
 
@@ -94,7 +119,12 @@ fn mul_mat_matches_ggml() {
             failures.push(format!("{path:?} {msg}"));
         }
     }
-    assert!(failures.is_empty(), "{} mul_mat cases differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mul_mat cases differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

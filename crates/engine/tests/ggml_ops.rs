@@ -5,8 +5,8 @@ mod ggml_common;
 
 use ggml_common::{Rng, assert_bits_eq, cases};
 use muser_engine::cpu::ggml::{
-    add, get_row, hadamard_rotate, kv_row_bytes, mul, rms_norm, rms_norm_mul, rope_norm, scale, sigmoid, silu_row, soft_max_ext,
-    softcap, store_kv_row, swiglu_row, tanh,
+    add, get_row, hadamard_rotate, kv_row_bytes, mul, rms_norm, rms_norm_mul, rope_norm, scale,
+    sigmoid, silu_row, soft_max_ext, softcap, store_kv_row, swiglu_row, tanh,
 };
 
 #[test]
@@ -48,12 +48,22 @@ fn softmax_matches_ggml() {
     for c in cases("softmax") {
         let (n_kv, ntok, nh) = (c.usize("n_kv"), c.usize("ntok"), c.usize("n_head"));
         let sc = c.f32_bits("scale_bits");
-        let x: Vec<f32> = Rng::new(c.u64("seed")).acts(n_kv * ntok * nh).iter().map(|v| v * 4.0).collect();
+        let x: Vec<f32> = Rng::new(c.u64("seed"))
+            .acts(n_kv * ntok * nh)
+            .iter()
+            .map(|v| v * 4.0)
+            .collect();
         let mut y = vec![0.0f32; x.len()];
         for (row, (xr, yr)) in x.chunks(n_kv).zip(y.chunks_mut(n_kv)).enumerate() {
             let t = row % ntok;
             let mask: Vec<f32> = (0..n_kv)
-                .map(|j| if (j * 7 + t * 3) % 5 != 0 || j == t { 0.0 } else { f32::NEG_INFINITY })
+                .map(|j| {
+                    if (j * 7 + t * 3) % 5 != 0 || j == t {
+                        0.0
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
                 .collect();
             soft_max_ext(xr, Some(&mask), sc, yr);
         }
@@ -138,7 +148,11 @@ fn kv_store_matches_ggml() {
         let rb = kv_row_bytes(ty, 256);
         let mut cache = vec![0u8; rb * 8];
         for (t, &slot) in [3usize, 0, 7, 1, 4].iter().enumerate() {
-            store_kv_row(ty, &x[256 * t..256 * (t + 1)], &mut cache[slot * rb..(slot + 1) * rb]);
+            store_kv_row(
+                ty,
+                &x[256 * t..256 * (t + 1)],
+                &mut cache[slot * rb..(slot + 1) * rb],
+            );
         }
         assert!(cache == c.out, "{}: cache bytes differ", c.name);
     }

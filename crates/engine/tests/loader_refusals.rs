@@ -21,7 +21,12 @@ fn parts() -> (Vec<(String, Value)>, Vec<Tensor>) {
     let ts = g
         .tensors()
         .iter()
-        .map(|t| Tensor { name: t.name.clone(), dims: t.dims.clone(), ty: t.ggml_type, data: g.tensor_data(t).to_vec() })
+        .map(|t| Tensor {
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: t.ggml_type,
+            data: g.tensor_data(t).to_vec(),
+        })
         .collect();
     (kv, ts)
 }
@@ -32,7 +37,8 @@ fn build(kv: &[(String, Value)], ts: &[Tensor]) -> Result<ModelFile, String> {
         w.add(k, v.clone()).unwrap();
     }
     for t in ts {
-        w.add_tensor(&t.name, &t.dims, t.ty, t.data.clone()).unwrap();
+        w.add_tensor(&t.name, &t.dims, t.ty, t.data.clone())
+            .unwrap();
     }
     let g = Gguf::from_bytes(w.to_bytes().unwrap()).map_err(|e| e.to_string())?;
     ModelFile::from_gguf(Arc::new(g)).map_err(|e| e.to_string())
@@ -109,13 +115,29 @@ fn the_sliding_window_pattern_is_never_defaulted() {
 fn wrong_types_and_values_are_named() {
     let (kv, ts) = parts();
     let mut a = kv.clone();
-    set(&mut a, "muse-glimmer.block_count", Value::String("five".into()));
-    refuses(&a, &ts, &["muse-glimmer.block_count", "expected an integer"]);
+    set(
+        &mut a,
+        "muse-glimmer.block_count",
+        Value::String("five".into()),
+    );
+    refuses(
+        &a,
+        &ts,
+        &["muse-glimmer.block_count", "expected an integer"],
+    );
     let mut b = kv.clone();
-    set(&mut b, "general.architecture", Value::String("llama".into()));
+    set(
+        &mut b,
+        "general.architecture",
+        Value::String("llama".into()),
+    );
     refuses(&b, &ts, &["'llama'", "muse-glimmer"]);
     let mut c = kv.clone();
-    set(&mut c, "muse-glimmer.attention.layer_norm_rms_epsilon", Value::F64(1e-5));
+    set(
+        &mut c,
+        "muse-glimmer.attention.layer_norm_rms_epsilon",
+        Value::F64(1e-5),
+    );
     refuses(&c, &ts, &["layer_norm_rms_epsilon", "expected f32"]);
     let mut d = kv.clone();
     set(&mut d, "muse-glimmer.expert_count", Value::U32(8));
@@ -124,40 +146,82 @@ fn wrong_types_and_values_are_named() {
     set(&mut e, "muse-glimmer.rope.dimension_count", Value::U32(32));
     refuses(&e, &ts, &["rope.dimension_count", "full-head"]);
     let mut f = kv.clone();
-    set(&mut f, "muse-glimmer.attention.value_length", Value::U32(128));
+    set(
+        &mut f,
+        "muse-glimmer.attention.value_length",
+        Value::U32(128),
+    );
     refuses(&f, &ts, &["key_length", "value_length"]);
 }
 
 #[test]
 fn missing_unexpected_misshapen_and_mistyped_tensors_are_named() {
     let (kv, ts) = parts();
-    let without: Vec<Tensor> = ts.iter().filter(|t| t.name != "blk.2.attn_gate.weight").map(clone).collect();
+    let without: Vec<Tensor> = ts
+        .iter()
+        .filter(|t| t.name != "blk.2.attn_gate.weight")
+        .map(clone)
+        .collect();
     refuses(&kv, &without, &["blk.2.attn_gate.weight", "missing"]);
 
     let mut extra: Vec<Tensor> = ts.iter().map(clone).collect();
-    extra.push(Tensor { name: "rope_freqs.weight".into(), dims: vec![32], ty: GgmlType::F32, data: f32_bytes(&[1.0; 32]) });
+    extra.push(Tensor {
+        name: "rope_freqs.weight".into(),
+        dims: vec![32],
+        ty: GgmlType::F32,
+        data: f32_bytes(&[1.0; 32]),
+    });
     refuses(&kv, &extra, &["unexpected", "rope_freqs.weight"]);
 
     let mut misshapen: Vec<Tensor> = ts.iter().map(clone).collect();
-    let k = clone(misshapen.iter().find(|t| t.name == "blk.1.attn_k.weight").unwrap());
-    let q = misshapen.iter_mut().find(|t| t.name == "blk.1.attn_q.weight").unwrap();
+    let k = clone(
+        misshapen
+            .iter()
+            .find(|t| t.name == "blk.1.attn_k.weight")
+            .unwrap(),
+    );
+    let q = misshapen
+        .iter_mut()
+        .find(|t| t.name == "blk.1.attn_q.weight")
+        .unwrap();
     (q.dims, q.ty, q.data) = (k.dims, k.ty, k.data);
-    refuses(&kv, &misshapen, &["blk.1.attn_q.weight", "shape [256, 64]", "expected [256, 256]"]);
+    refuses(
+        &kv,
+        &misshapen,
+        &[
+            "blk.1.attn_q.weight",
+            "shape [256, 64]",
+            "expected [256, 256]",
+        ],
+    );
 
     let mut q41: Vec<Tensor> = ts.iter().map(clone).collect();
-    let t = q41.iter_mut().find(|t| t.name == "blk.0.attn_q.weight").unwrap();
+    let t = q41
+        .iter_mut()
+        .find(|t| t.name == "blk.0.attn_q.weight")
+        .unwrap();
     t.ty = GgmlType::Q4_1;
     t.data = vec![0u8; (t.dims[0] * t.dims[1] / 32 * 20) as usize];
-    refuses(&kv, &q41, &["blk.0.attn_q.weight", "q4_1", "does not implement"]);
+    refuses(
+        &kv,
+        &q41,
+        &["blk.0.attn_q.weight", "q4_1", "does not implement"],
+    );
 
     let mut f16norm: Vec<Tensor> = ts.iter().map(clone).collect();
-    let t = f16norm.iter_mut().find(|t| t.name == "blk.2.ffn_norm.weight").unwrap();
+    let t = f16norm
+        .iter_mut()
+        .find(|t| t.name == "blk.2.ffn_norm.weight")
+        .unwrap();
     t.ty = GgmlType::F16;
     t.data = vec![0u8; t.data.len() / 2];
     refuses(&kv, &f16norm, &["blk.2.ffn_norm.weight", "expected f32"]);
 
     let mut nan: Vec<Tensor> = ts.iter().map(clone).collect();
-    let t = nan.iter_mut().find(|t| t.name == "output_norm.weight").unwrap();
+    let t = nan
+        .iter_mut()
+        .find(|t| t.name == "output_norm.weight")
+        .unwrap();
     t.data[8..12].copy_from_slice(&f32::NAN.to_le_bytes());
     refuses(&kv, &nan, &["output_norm.weight", "not finite"]);
 }
@@ -166,24 +230,46 @@ fn missing_unexpected_misshapen_and_mistyped_tensors_are_named() {
 fn a_learned_qk_norm_is_refused() {
     let (kv, ts) = parts();
     let mut learned: Vec<Tensor> = ts.iter().map(clone).collect();
-    let t = learned.iter_mut().find(|t| t.name == "blk.1.attn_q_norm.weight").unwrap();
-    let mut v: Vec<f32> = t.data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let t = learned
+        .iter_mut()
+        .find(|t| t.name == "blk.1.attn_q_norm.weight")
+        .unwrap();
+    let mut v: Vec<f32> = t
+        .data
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     v[5] *= 1.01;
     t.data = f32_bytes(&v);
-    refuses(&kv, &learned, &["blk.1.attn_q_norm.weight", "not a constant broadcast"]);
+    refuses(
+        &kv,
+        &learned,
+        &["blk.1.attn_q_norm.weight", "not a constant broadcast"],
+    );
 
     let mut k: Vec<Tensor> = ts.iter().map(clone).collect();
-    let t = k.iter_mut().find(|t| t.name == "blk.0.attn_k_norm.weight").unwrap();
+    let t = k
+        .iter_mut()
+        .find(|t| t.name == "blk.0.attn_k_norm.weight")
+        .unwrap();
     t.data[0..4].copy_from_slice(&0.5f32.to_le_bytes());
     refuses(&kv, &k, &["blk.0.attn_k_norm.weight", "all ones"]);
 
     let mut other: Vec<Tensor> = ts.iter().map(clone).collect();
-    let t = other.iter_mut().find(|t| t.name == "blk.2.attn_q_norm.weight").unwrap();
+    let t = other
+        .iter_mut()
+        .find(|t| t.name == "blk.2.attn_q_norm.weight")
+        .unwrap();
     let n = t.data.len() / 4;
     t.data = f32_bytes(&vec![2.0; n]);
     refuses(&kv, &other, &["blk.2.attn_q_norm.weight", "layer 0"]);
 }
 
 fn clone(t: &Tensor) -> Tensor {
-    Tensor { name: t.name.clone(), dims: t.dims.clone(), ty: t.ty, data: t.data.clone() }
+    Tensor {
+        name: t.name.clone(),
+        dims: t.dims.clone(),
+        ty: t.ty,
+        data: t.data.clone(),
+    }
 }

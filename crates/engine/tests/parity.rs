@@ -32,31 +32,49 @@ fn parity_mode_reproduces_llama_cpp() {
             let mut s = Session::new(&m, kv, N_CTX).unwrap();
             let got = s.feed(&tokens, N_UBATCH, Logits::All).unwrap();
             let d = max_dls(&got, &want, m.config.n_vocab);
-            let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            let differ = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
             // Greedy continuation, one token per decode, as llama_logits.c --greedy.
             let greedy_want = read_i32(&golden_path(&name, &format!("greedy-{tag}.i32")));
             let n_vocab = m.config.n_vocab;
-            let mut next = muser_engine::sampling::argmax(&got[(tokens.len() - 1) * n_vocab..]) as u32;
+            let mut next =
+                muser_engine::sampling::argmax(&got[(tokens.len() - 1) * n_vocab..]) as u32;
             let mut greedy = vec![next];
             while greedy.len() < greedy_want.len() {
-                next = muser_engine::sampling::argmax(&s.feed(&[next], 1, Logits::Last).unwrap()) as u32;
+                next = muser_engine::sampling::argmax(&s.feed(&[next], 1, Logits::Last).unwrap())
+                    as u32;
                 greedy.push(next);
             }
-            let bound = if name.ends_with("-f32") && kv == KvType::F32 { 1e-4 } else { 1e-3 };
+            let bound = if name.ends_with("-f32") && kv == KvType::F32 {
+                1e-4
+            } else {
+                1e-3
+            };
             let same = greedy == greedy_want;
             report.push(format!("{name:<14} {tag}: max |Δ log-softmax| {d:.2e}, {differ} logits differ in bits, greedy32 {}", if same { "identical" } else { "DIFFERENT" }));
             if !(d <= bound) || !same {
-                failures.push(format!("{name} {tag}: {d:.2e} (bound {bound:e}), greedy same: {same}"));
+                failures.push(format!(
+                    "{name} {tag}: {d:.2e} (bound {bound:e}), greedy same: {same}"
+                ));
             }
         }
     }
-    println!("parity mode vs llama.cpp b11434 CPU:\n{}", report.join("\n"));
+    println!(
+        "parity mode vs llama.cpp b11434 CPU:\n{}",
+        report.join("\n")
+    );
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
 #[test]
 fn a_q8_0_cache_is_refused_in_parity_mode() {
     let m = parity_model("tame-f16");
-    let e = Session::new(&m, KvType::Q8_0, 64).err().expect("refused").to_string();
+    let e = Session::new(&m, KvType::Q8_0, 64)
+        .err()
+        .expect("refused")
+        .to_string();
     assert!(e.contains("q8_0 V cache"), "{e}");
 }

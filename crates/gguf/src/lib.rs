@@ -33,7 +33,11 @@ mod tests {
         let mut w = GgufWriter::new();
         w.add_str("general.architecture", "muse-glimmer").unwrap();
         w.add("muse-glimmer.block_count", Value::U32(2)).unwrap();
-        w.add("muse-glimmer.attention.layer_norm_rms_epsilon", Value::F32(1e-5)).unwrap();
+        w.add(
+            "muse-glimmer.attention.layer_norm_rms_epsilon",
+            Value::F32(1e-5),
+        )
+        .unwrap();
         w.add("some.u8", Value::U8(7)).unwrap();
         w.add("some.i8", Value::I8(-7)).unwrap();
         w.add("some.u16", Value::U16(700)).unwrap();
@@ -43,14 +47,22 @@ mod tests {
         w.add("some.i64", Value::I64(-(1 << 40))).unwrap();
         w.add("some.f64", Value::F64(0.1)).unwrap();
         w.add("some.bool", Value::Bool(true)).unwrap();
-        w.add_array("tokens", Array::String(vec!["a".into(), "é".into(), "".into(), "<|eot|>".into()])).unwrap();
-        w.add_array("pattern", Array::Bool(vec![true, false, true])).unwrap();
+        w.add_array(
+            "tokens",
+            Array::String(vec!["a".into(), "é".into(), "".into(), "<|eot|>".into()]),
+        )
+        .unwrap();
+        w.add_array("pattern", Array::Bool(vec![true, false, true]))
+            .unwrap();
         w.add_array("scores", Array::F32(vec![0.5, -1.0])).unwrap();
         w.add_array("types", Array::I32(vec![1, 3])).unwrap();
         w.add_array("u8s", Array::U8(vec![1, 2, 3])).unwrap();
-        w.add_f32_tensor("a.weight", &[4, 2], &[1., 2., 3., 4., 5., 6., 7., 8.]).unwrap();
-        w.add_tensor("b.weight", &[32], GgmlType::Q8_0, vec![9u8; 34]).unwrap();
-        w.add_f32_tensor("c.weight", &[3], &[-1.0, 0.0, 1.0]).unwrap();
+        w.add_f32_tensor("a.weight", &[4, 2], &[1., 2., 3., 4., 5., 6., 7., 8.])
+            .unwrap();
+        w.add_tensor("b.weight", &[32], GgmlType::Q8_0, vec![9u8; 34])
+            .unwrap();
+        w.add_f32_tensor("c.weight", &[3], &[-1.0, 0.0, 1.0])
+            .unwrap();
         w
     }
 
@@ -60,15 +72,26 @@ mod tests {
         let bytes = w.to_bytes().unwrap();
         let g = Gguf::from_bytes(bytes).unwrap();
         assert_eq!(g.version, 3);
-        assert_eq!(g.get("general.architecture").and_then(Value::as_str), Some("muse-glimmer"));
+        assert_eq!(
+            g.get("general.architecture").and_then(Value::as_str),
+            Some("muse-glimmer")
+        );
         assert_eq!(g.get("muse-glimmer.block_count"), Some(&Value::U32(2)));
         assert_eq!(g.get("some.i64"), Some(&Value::I64(-(1 << 40))));
         assert_eq!(g.get("some.f64"), Some(&Value::F64(0.1)));
         assert_eq!(
             g.get("tokens"),
-            Some(&Value::Array(Array::String(vec!["a".into(), "é".into(), "".into(), "<|eot|>".into()])))
+            Some(&Value::Array(Array::String(vec![
+                "a".into(),
+                "é".into(),
+                "".into(),
+                "<|eot|>".into()
+            ])))
         );
-        assert_eq!(g.get("pattern"), Some(&Value::Array(Array::Bool(vec![true, false, true]))));
+        assert_eq!(
+            g.get("pattern"),
+            Some(&Value::Array(Array::Bool(vec![true, false, true])))
+        );
         assert_eq!(g.metadata().len(), 17);
         assert_eq!(g.tensors().len(), 3);
         let a = g.tensor("a.weight").unwrap();
@@ -96,7 +119,11 @@ mod tests {
         assert!(Gguf::from_bytes(bytes[..end].to_vec()).is_ok());
         for n in 0..end {
             let r = Gguf::from_bytes(bytes[..n].to_vec());
-            assert!(r.is_err(), "truncation to {n} of {} bytes was accepted", bytes.len());
+            assert!(
+                r.is_err(),
+                "truncation to {n} of {} bytes was accepted",
+                bytes.len()
+            );
         }
     }
 

@@ -83,13 +83,17 @@ impl Gguf {
     /// Open and memory-map a GGUF file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let file = File::open(path).map_err(|e| GgufError::Io(format!("cannot open {}: {e}", path.display())))?;
+        let file = File::open(path)
+            .map_err(|e| GgufError::Io(format!("cannot open {}: {e}", path.display())))?;
         let len = file
             .metadata()
             .map_err(|e| GgufError::Io(format!("cannot stat {}: {e}", path.display())))?
             .len();
         if len == 0 {
-            return Err(GgufError::Format(format!("{} is empty, not a GGUF file", path.display())));
+            return Err(GgufError::Format(format!(
+                "{} is empty, not a GGUF file",
+                path.display()
+            )));
         }
         // SAFETY: the map is read-only and lives as long as `Gguf`. The only hazard is another
         // process truncating or rewriting the file while it is mapped (SIGBUS or changing
@@ -112,9 +116,19 @@ impl Gguf {
             version: h.version,
             alignment: h.alignment,
             data_offset: h.data_offset,
-            key_index: h.metadata.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect(),
+            key_index: h
+                .metadata
+                .iter()
+                .enumerate()
+                .map(|(i, (k, _))| (k.clone(), i))
+                .collect(),
             metadata: h.metadata,
-            tensor_index: h.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect(),
+            tensor_index: h
+                .tensors
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (t.name.clone(), i))
+                .collect(),
             tensors: h.tensors,
         })
     }
@@ -228,7 +242,12 @@ fn read_scalar(c: &mut Cursor<'_>, ty: ValueType, what: &dyn Fn() -> String) -> 
             match b {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
-                _ => return Err(GgufError::Format(format!("{} is a bool with byte value {b}", what()))),
+                _ => {
+                    return Err(GgufError::Format(format!(
+                        "{} is a bool with byte value {b}",
+                        what()
+                    )));
+                }
             }
         }
         ValueType::String => Value::String(c.string(what)?),
@@ -244,10 +263,13 @@ fn read_value(c: &mut Cursor<'_>, ty: ValueType, key: &str) -> Result<Value> {
         return read_scalar(c, ty, &|| format!("the value of key '{key}'"));
     }
     let elem_id = c.u32(&|| format!("the element type of array '{key}'"))?;
-    let elem = ValueType::from_id(elem_id)
-        .ok_or_else(|| GgufError::Format(format!("array '{key}' has unknown element type {elem_id}")))?;
+    let elem = ValueType::from_id(elem_id).ok_or_else(|| {
+        GgufError::Format(format!("array '{key}' has unknown element type {elem_id}"))
+    })?;
     if elem == ValueType::Array {
-        return Err(GgufError::Format(format!("array '{key}' nests arrays, which GGUF readers do not support")));
+        return Err(GgufError::Format(format!(
+            "array '{key}' nests arrays, which GGUF readers do not support"
+        )));
     }
     let count = c.u64(&|| format!("the length of array '{key}'"))?;
     // Bound the count by the bytes present before allocating anything.
@@ -264,12 +286,21 @@ fn read_value(c: &mut Cursor<'_>, ty: ValueType, key: &str) -> Result<Value> {
         ($variant:ident, $t:ty) => {{
             let w = std::mem::size_of::<$t>();
             let raw = c.take(n * w, &|| format!("array '{key}'"))?;
-            Array::$variant(raw.chunks_exact(w).map(|b| <$t>::from_le_bytes(b.try_into().unwrap_or_default())).collect())
+            Array::$variant(
+                raw.chunks_exact(w)
+                    .map(|b| <$t>::from_le_bytes(b.try_into().unwrap_or_default()))
+                    .collect(),
+            )
         }};
     }
     let arr = match elem {
         ValueType::U8 => Array::U8(c.take(n, &|| format!("array '{key}'"))?.to_vec()),
-        ValueType::I8 => Array::I8(c.take(n, &|| format!("array '{key}'"))?.iter().map(|&b| b as i8).collect()),
+        ValueType::I8 => Array::I8(
+            c.take(n, &|| format!("array '{key}'"))?
+                .iter()
+                .map(|&b| b as i8)
+                .collect(),
+        ),
         ValueType::U16 => fixed!(U16, u16),
         ValueType::I16 => fixed!(I16, i16),
         ValueType::U32 => fixed!(U32, u32),
@@ -286,7 +317,9 @@ fn read_value(c: &mut Cursor<'_>, ty: ValueType, key: &str) -> Result<Value> {
                     0 => v.push(false),
                     1 => v.push(true),
                     _ => {
-                        return Err(GgufError::Format(format!("array '{key}' element {i} is a bool with byte value {b}")));
+                        return Err(GgufError::Format(format!(
+                            "array '{key}' element {i} is a bool with byte value {b}"
+                        )));
                     }
                 }
             }
@@ -308,20 +341,34 @@ fn parse_header(buf: &[u8]) -> Result<Header> {
     let mut c = Cursor { buf, pos: 0 };
     let magic = c.u32(&|| "the magic number".into())?;
     if magic != GGUF_MAGIC {
-        let shown: String = buf.iter().take(4).map(|&b| if b.is_ascii_graphic() { b as char } else { '.' }).collect();
-        return Err(GgufError::Format(format!("not a GGUF file: magic is {shown:?} (0x{magic:08x}), expected \"GGUF\"")));
+        let shown: String = buf
+            .iter()
+            .take(4)
+            .map(|&b| if b.is_ascii_graphic() { b as char } else { '.' })
+            .collect();
+        return Err(GgufError::Format(format!(
+            "not a GGUF file: magic is {shown:?} (0x{magic:08x}), expected \"GGUF\""
+        )));
     }
     let version = c.u32(&|| "the version".into())?;
     match version {
         2 | 3 => {}
-        1 => return Err(GgufError::Format("GGUF version 1 is not supported (only versions 2 and 3)".into())),
+        1 => {
+            return Err(GgufError::Format(
+                "GGUF version 1 is not supported (only versions 2 and 3)".into(),
+            ));
+        }
         v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => {
             return Err(GgufError::Format(format!(
                 "GGUF version {v} looks like a big-endian file (version {}), which is not supported",
                 v.swap_bytes()
             )));
         }
-        v => return Err(GgufError::Format(format!("unsupported GGUF version {v} (supported: 2, 3)"))),
+        v => {
+            return Err(GgufError::Format(format!(
+                "unsupported GGUF version {v} (supported: 2, 3)"
+            )));
+        }
     }
     let n_tensors = c.u64(&|| "the tensor count".into())?;
     let n_kv = c.u64(&|| "the metadata count".into())?;
@@ -339,11 +386,14 @@ fn parse_header(buf: &[u8]) -> Result<Header> {
     for i in 0..n_kv {
         let key = c.string(&|| format!("the key of metadata entry {i}"))?;
         if key.is_empty() {
-            return Err(GgufError::Format(format!("metadata entry {i} has an empty key")));
+            return Err(GgufError::Format(format!(
+                "metadata entry {i} has an empty key"
+            )));
         }
         let ty_id = c.u32(&|| format!("the type of key '{key}'"))?;
-        let ty = ValueType::from_id(ty_id)
-            .ok_or_else(|| GgufError::Format(format!("key '{key}' has unknown value type {ty_id}")))?;
+        let ty = ValueType::from_id(ty_id).ok_or_else(|| {
+            GgufError::Format(format!("key '{key}' has unknown value type {ty_id}"))
+        })?;
         let value = read_value(&mut c, ty, &key)?;
         if seen.insert(key.clone(), ()).is_some() {
             return Err(GgufError::Format(format!("duplicate metadata key '{key}'")));
@@ -356,7 +406,9 @@ fn parse_header(buf: &[u8]) -> Result<Header> {
         Some((_, Value::U32(a))) => {
             let a = *a as u64;
             if a == 0 || !a.is_power_of_two() {
-                return Err(GgufError::Format(format!("general.alignment is {a}, not a power of two")));
+                return Err(GgufError::Format(format!(
+                    "general.alignment is {a}, not a power of two"
+                )));
             }
             a
         }
@@ -386,26 +438,38 @@ fn parse_header(buf: &[u8]) -> Result<Header> {
         }
         let n_dims = c.u32(&|| format!("the dimension count of tensor '{name}'"))? as usize;
         if n_dims == 0 || n_dims > MAX_DIMS {
-            return Err(GgufError::Format(format!("tensor '{name}' has {n_dims} dimensions; expected 1 to {MAX_DIMS}")));
+            return Err(GgufError::Format(format!(
+                "tensor '{name}' has {n_dims} dimensions; expected 1 to {MAX_DIMS}"
+            )));
         }
         let mut dims = Vec::with_capacity(n_dims);
         for d in 0..n_dims {
             let ne = c.u64(&|| format!("dimension {d} of tensor '{name}'"))?;
             if ne > i64::MAX as u64 {
-                return Err(GgufError::Format(format!("tensor '{name}' dimension {d} is negative ({})", ne as i64)));
+                return Err(GgufError::Format(format!(
+                    "tensor '{name}' dimension {d} is negative ({})",
+                    ne as i64
+                )));
             }
             dims.push(ne);
         }
         let type_id = c.u32(&|| format!("the type of tensor '{name}'"))?;
-        let ggml_type = GgmlType::from_id(type_id)
-            .ok_or_else(|| GgufError::Format(format!("tensor '{name}' has unknown ggml type id {type_id}")))?;
+        let ggml_type = GgmlType::from_id(type_id).ok_or_else(|| {
+            GgufError::Format(format!(
+                "tensor '{name}' has unknown ggml type id {type_id}"
+            ))
+        })?;
         let offset = c.u64(&|| format!("the data offset of tensor '{name}'"))?;
 
         let n_elements = dims
             .iter()
             .try_fold(1u64, |acc, &d| acc.checked_mul(d))
             .filter(|&n| n <= i64::MAX as u64)
-            .ok_or_else(|| GgufError::Format(format!("tensor '{name}' shape {dims:?} overflows the element count")))?;
+            .ok_or_else(|| {
+                GgufError::Format(format!(
+                    "tensor '{name}' shape {dims:?} overflows the element count"
+                ))
+            })?;
         let row_bytes = ggml_type.row_bytes(dims[0]).ok_or_else(|| {
             GgufError::Format(format!(
                 "tensor '{name}' has {} elements per row, not a multiple of the {} block size {}",
@@ -414,19 +478,33 @@ fn parse_header(buf: &[u8]) -> Result<Header> {
                 ggml_type.block_size()
             ))
         })?;
-        let n_rows = if dims[0] == 0 { 0 } else { n_elements / dims[0] };
+        let n_rows = if dims[0] == 0 {
+            0
+        } else {
+            n_elements / dims[0]
+        };
         let n_bytes = row_bytes
             .checked_mul(n_rows)
             .ok_or_else(|| GgufError::Format(format!("tensor '{name}' byte size overflows")))?;
         if names.insert(name.clone(), ()).is_some() {
             return Err(GgufError::Format(format!("duplicate tensor name '{name}'")));
         }
-        tensors.push(TensorInfo { name, dims, ggml_type, offset, n_bytes });
+        tensors.push(TensorInfo {
+            name,
+            dims,
+            ggml_type,
+            offset,
+            n_bytes,
+        });
     }
 
     // The data section starts at the next multiple of the alignment.
     let header_end = c.pos as u64;
-    let data_offset = if tensors.is_empty() { header_end } else { header_end.div_ceil(alignment) * alignment };
+    let data_offset = if tensors.is_empty() {
+        header_end
+    } else {
+        header_end.div_ceil(alignment) * alignment
+    };
     let file_len = buf.len() as u64;
     if !tensors.is_empty() && data_offset > file_len {
         return Err(GgufError::Format(format!(
@@ -450,10 +528,19 @@ fn parse_header(buf: &[u8]) -> Result<Header> {
                 t.offset as u128 + t.n_bytes as u128
             ))
         })?;
-        expected = end.div_ceil(alignment).checked_mul(alignment).ok_or_else(|| {
-            GgufError::Format(format!("tensor '{}' padded size overflows", t.name))
-        })?;
+        expected = end
+            .div_ceil(alignment)
+            .checked_mul(alignment)
+            .ok_or_else(|| {
+                GgufError::Format(format!("tensor '{}' padded size overflows", t.name))
+            })?;
     }
 
-    Ok(Header { version, alignment, data_offset, metadata, tensors })
+    Ok(Header {
+        version,
+        alignment,
+        data_offset,
+        metadata,
+        tensors,
+    })
 }

@@ -239,7 +239,10 @@ impl GgmlType {
 
     /// Parse a ggml type name, case-insensitively (`q4_k`, `Q4_K`, `bf16`, ...).
     pub fn from_name(s: &str) -> Option<Self> {
-        Self::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(s))
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
     }
 }
 

@@ -154,7 +154,10 @@ impl Array {
             Self::I16(v) => v.iter().map(|&x| x as i64).collect(),
             Self::U32(v) => v.iter().map(|&x| x as i64).collect(),
             Self::I32(v) => v.iter().map(|&x| x as i64).collect(),
-            Self::U64(v) => v.iter().map(|&x| i64::try_from(x).ok()).collect::<Option<_>>()?,
+            Self::U64(v) => v
+                .iter()
+                .map(|&x| i64::try_from(x).ok())
+                .collect::<Option<_>>()?,
             Self::I64(v) => v.clone(),
             _ => return None,
         })

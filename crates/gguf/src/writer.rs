@@ -34,13 +34,19 @@ impl Default for GgufWriter {
 
 impl GgufWriter {
     pub fn new() -> Self {
-        GgufWriter { alignment: DEFAULT_ALIGNMENT, metadata: Vec::new(), tensors: Vec::new() }
+        GgufWriter {
+            alignment: DEFAULT_ALIGNMENT,
+            metadata: Vec::new(),
+            tensors: Vec::new(),
+        }
     }
 
     /// Set `general.alignment` (a power of two).
     pub fn set_alignment(&mut self, alignment: u32) -> Result<()> {
         if alignment == 0 || !alignment.is_power_of_two() {
-            return Err(GgufError::Format(format!("alignment {alignment} is not a power of two")));
+            return Err(GgufError::Format(format!(
+                "alignment {alignment} is not a power of two"
+            )));
         }
         self.alignment = alignment as u64;
         self.add("general.alignment", Value::U32(alignment))
@@ -82,23 +88,38 @@ impl GgufWriter {
 
     fn check_tensor(&self, name: &str, dims: &[u64], ty: GgmlType) -> Result<u64> {
         if name.len() > MAX_TENSOR_NAME {
-            return Err(GgufError::Format(format!("tensor name '{name}' is longer than {MAX_TENSOR_NAME} bytes")));
+            return Err(GgufError::Format(format!(
+                "tensor name '{name}' is longer than {MAX_TENSOR_NAME} bytes"
+            )));
         }
         if dims.is_empty() || dims.len() > MAX_DIMS {
-            return Err(GgufError::Format(format!("tensor '{name}' has {} dimensions", dims.len())));
+            return Err(GgufError::Format(format!(
+                "tensor '{name}' has {} dimensions",
+                dims.len()
+            )));
         }
         if self.tensors.iter().any(|t| t.name == name) {
             return Err(GgufError::Format(format!("duplicate tensor '{name}'")));
         }
         let n: u64 = dims.iter().product();
         let row = ty.row_bytes(dims[0]).ok_or_else(|| {
-            GgufError::Format(format!("tensor '{name}': row of {} is not a multiple of {} block size", dims[0], ty.name()))
+            GgufError::Format(format!(
+                "tensor '{name}': row of {} is not a multiple of {} block size",
+                dims[0],
+                ty.name()
+            ))
         })?;
         Ok(if dims[0] == 0 { 0 } else { row * (n / dims[0]) })
     }
 
     /// Add a tensor whose bytes the writer holds. `dims` are in ggml order (row length first).
-    pub fn add_tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> Result<()> {
+    pub fn add_tensor(
+        &mut self,
+        name: &str,
+        dims: &[u64],
+        ty: GgmlType,
+        data: Vec<u8>,
+    ) -> Result<()> {
         let n_bytes = self.check_tensor(name, dims, ty)?;
         if data.len() as u64 != n_bytes {
             return Err(GgufError::Format(format!(
@@ -106,7 +127,13 @@ impl GgufWriter {
                 data.len()
             )));
         }
-        self.tensors.push(PendingTensor { name: name.into(), dims: dims.to_vec(), ty, n_bytes, data: Some(data) });
+        self.tensors.push(PendingTensor {
+            name: name.into(),
+            dims: dims.to_vec(),
+            ty,
+            n_bytes,
+            data: Some(data),
+        });
         Ok(())
     }
 
@@ -119,14 +146,22 @@ impl GgufWriter {
     /// Add a tensor whose bytes are produced by the `fill` callback of [`GgufWriter::write_with`].
     pub fn add_tensor_deferred(&mut self, name: &str, dims: &[u64], ty: GgmlType) -> Result<()> {
         let n_bytes = self.check_tensor(name, dims, ty)?;
-        self.tensors.push(PendingTensor { name: name.into(), dims: dims.to_vec(), ty, n_bytes, data: None });
+        self.tensors.push(PendingTensor {
+            name: name.into(),
+            dims: dims.to_vec(),
+            ty,
+            n_bytes,
+            data: None,
+        });
         Ok(())
     }
 
     /// Write to `path`; every tensor must hold its bytes.
     pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
         self.write_with(path, |name, _, _| {
-            Err(io::Error::other(format!("tensor '{name}' was added deferred but no data source was given")))
+            Err(io::Error::other(format!(
+                "tensor '{name}' was added deferred but no data source was given"
+            )))
         })
     }
 
@@ -138,17 +173,22 @@ impl GgufWriter {
         fill: impl FnMut(&str, u64, &mut dyn Write) -> io::Result<()>,
     ) -> Result<()> {
         let path = path.as_ref();
-        let file = File::create(path).map_err(|e| GgufError::Io(format!("cannot create {}: {e}", path.display())))?;
+        let file = File::create(path)
+            .map_err(|e| GgufError::Io(format!("cannot create {}: {e}", path.display())))?;
         let mut out = BufWriter::with_capacity(8 << 20, file);
-        self.write_to(&mut out, fill).map_err(|e| GgufError::Io(format!("writing {}: {e}", path.display())))?;
-        out.flush().map_err(|e| GgufError::Io(format!("writing {}: {e}", path.display())))
+        self.write_to(&mut out, fill)
+            .map_err(|e| GgufError::Io(format!("writing {}: {e}", path.display())))?;
+        out.flush()
+            .map_err(|e| GgufError::Io(format!("writing {}: {e}", path.display())))
     }
 
     /// Serialize into memory (tests and small fixtures).
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let mut v = Vec::new();
-        self.write_to(&mut v, |name, _, _| Err(io::Error::other(format!("tensor '{name}' has no data"))))
-            .map_err(|e| GgufError::Io(e.to_string()))?;
+        self.write_to(&mut v, |name, _, _| {
+            Err(io::Error::other(format!("tensor '{name}' has no data")))
+        })
+        .map_err(|e| GgufError::Io(e.to_string()))?;
         Ok(v)
     }
 

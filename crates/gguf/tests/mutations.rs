@@ -21,15 +21,37 @@ impl Rng {
 
 fn seed_file() -> Vec<u8> {
     let mut w = GgufWriter::new();
-    w.add("general.architecture", Value::String("muse-glimmer".into())).unwrap();
+    w.add("general.architecture", Value::String("muse-glimmer".into()))
+        .unwrap();
     w.add("muse-glimmer.block_count", Value::U32(1)).unwrap();
-    w.add_array("tokenizer.ggml.tokens", Array::String((0..20).map(|i| format!("tok{i}")).collect())).unwrap();
-    w.add_array("muse-glimmer.attention.sliding_window_pattern", Array::Bool(vec![true])).unwrap();
+    w.add_array(
+        "tokenizer.ggml.tokens",
+        Array::String((0..20).map(|i| format!("tok{i}")).collect()),
+    )
+    .unwrap();
+    w.add_array(
+        "muse-glimmer.attention.sliding_window_pattern",
+        Array::Bool(vec![true]),
+    )
+    .unwrap();
     w.add_array("x.f64", Array::F64(vec![1.5, -2.0])).unwrap();
     w.add("x.i16", Value::I16(-3)).unwrap();
-    w.add_f32_tensor("token_embd.weight", &[8, 4], &[0.5; 32]).unwrap();
-    w.add_tensor("blk.0.attn_q.weight", &[32, 2], GgmlType::Q8_0, vec![1u8; 68]).unwrap();
-    w.add_tensor("blk.0.ffn_up.weight", &[256, 1], GgmlType::Q4_K, vec![2u8; 144]).unwrap();
+    w.add_f32_tensor("token_embd.weight", &[8, 4], &[0.5; 32])
+        .unwrap();
+    w.add_tensor(
+        "blk.0.attn_q.weight",
+        &[32, 2],
+        GgmlType::Q8_0,
+        vec![1u8; 68],
+    )
+    .unwrap();
+    w.add_tensor(
+        "blk.0.ffn_up.weight",
+        &[256, 1],
+        GgmlType::Q4_K,
+        vec![2u8; 144],
+    )
+    .unwrap();
     w.to_bytes().unwrap()
 }
 
@@ -92,9 +114,13 @@ fn twenty_thousand_mutations_never_panic() {
 
 #[test]
 fn the_fuzz_corpus_replays_cleanly() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/gguf_reader");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/gguf_reader");
     let Ok(entries) = std::fs::read_dir(&dir) else {
-        println!("no corpus at {}; run `cargo +nightly fuzz run gguf_reader` in fuzz/ to build one", dir.display());
+        println!(
+            "no corpus at {}; run `cargo +nightly fuzz run gguf_reader` in fuzz/ to build one",
+            dir.display()
+        );
         return;
     };
     let mut n = 0;

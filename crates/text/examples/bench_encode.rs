@@ -37,7 +37,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut start = 0;
     while start < text.len() {
         let from = (start + 65536).min(text.len());
-        let end = text.as_bytes()[from..].iter().position(|&b| b == b'\n').map_or(text.len(), |i| from + i + 1);
+        let end = text.as_bytes()[from..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(text.len(), |i| from + i + 1);
         parts.push(&text[start..end]);
         start = end;
     }
@@ -51,7 +54,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         best = best.min(t.elapsed().as_secs_f64());
     }
-    println!("{} pieces of ~64 KB, one encode call each: {n} tokens, best {best:.3} s = {:.2} MB/s", parts.len(), mb / best);
+    println!(
+        "{} pieces of ~64 KB, one encode call each: {n} tokens, best {best:.3} s = {:.2} MB/s",
+        parts.len(),
+        mb / best
+    );
     if let Some(path) = args.get(3) {
         let want: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(path)?)?;
         println!("ids identical to transformers: {}", want == ids);

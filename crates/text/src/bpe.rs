@@ -34,20 +34,30 @@ type WordCache = AHashMap<Box<[u8]>, Box<[u32]>>;
 impl Bpe {
     /// `vocab`: the tokens BPE may produce, as (GGUF string, id), first id winning for a repeated
     /// string; `merges`: pairs of token strings in rank order.
-    pub fn new(vocab: &[(&str, u32)], merges: &[(String, String)], ignore_merges: bool) -> Result<Self> {
+    pub fn new(
+        vocab: &[(&str, u32)],
+        merges: &[(String, String)],
+        ignore_merges: bool,
+    ) -> Result<Self> {
         let mut ids: AHashMap<&str, u32> = AHashMap::with_capacity(vocab.len());
         for &(t, id) in vocab {
             ids.entry(t).or_insert(id);
         }
         let mut byte_ids = [None; 256];
         for (b, slot) in byte_ids.iter_mut().enumerate() {
-            *slot = ids.get(byte_to_char(b as u8).encode_utf8(&mut [0; 4]) as &str).copied();
+            *slot = ids
+                .get(byte_to_char(b as u8).encode_utf8(&mut [0; 4]) as &str)
+                .copied();
         }
         let mut map = AHashMap::with_capacity(merges.len());
         let mut joined = String::new();
         for (rank, (a, b)) in merges.iter().enumerate() {
             // HF refuses a merge whose parts or result are not tokens (MergeTokenOutOfVocabulary).
-            let missing = |s: &str| TextError::Vocab(format!("merge {rank} ('{a} {b}') uses '{s}', which is not a token"));
+            let missing = |s: &str| {
+                TextError::Vocab(format!(
+                    "merge {rank} ('{a} {b}') uses '{s}', which is not a token"
+                ))
+            };
             let l = *ids.get(a.as_str()).ok_or_else(|| missing(a))?;
             let r = *ids.get(b.as_str()).ok_or_else(|| missing(b))?;
             joined.clear();
@@ -59,9 +69,17 @@ impl Bpe {
         }
         // HF looks a word up by its byte-level string, which only tokens made wholly of alphabet
         // chars can equal; keyed by their bytes here (the alphabet is a bijection).
-        let whole_words =
-            ignore_merges.then(|| ids.iter().filter_map(|(t, &id)| strict_bytes(t).map(|b| (b, id))).collect());
-        Ok(Self { merges: map, byte_ids, whole_words, cache: RwLock::new(AHashMap::new()) })
+        let whole_words = ignore_merges.then(|| {
+            ids.iter()
+                .filter_map(|(t, &id)| strict_bytes(t).map(|b| (b, id)))
+                .collect()
+        });
+        Ok(Self {
+            merges: map,
+            byte_ids,
+            whole_words,
+            cache: RwLock::new(AHashMap::new()),
+        })
     }
 
     /// Appends the ids of one pre-tokenized word.
@@ -103,7 +121,12 @@ impl Bpe {
         for &b in word {
             if let Some(id) = self.byte_ids[b as usize] {
                 let i = syms.len() as isize;
-                syms.push(Sym { id, prev: i - 1, next: i + 1, alive: true });
+                syms.push(Sym {
+                    id,
+                    prev: i - 1,
+                    next: i + 1,
+                    alive: true,
+                });
             }
         }
         if let Some(last) = syms.last_mut() {
@@ -113,7 +136,11 @@ impl Bpe {
         let mut heap: BinaryHeap<Reverse<(u32, usize, u32)>> = syms
             .windows(2)
             .enumerate()
-            .filter_map(|(i, w)| self.merges.get(&(w[0].id, w[1].id)).map(|&(rank, m)| Reverse((rank, i, m))))
+            .filter_map(|(i, w)| {
+                self.merges
+                    .get(&(w[0].id, w[1].id))
+                    .map(|&(rank, m)| Reverse((rank, i, m)))
+            })
             .collect();
         while let Some(Reverse((_, pos, new_id))) = heap.pop() {
             if !syms[pos].alive || syms[pos].next < 0 {
@@ -121,7 +148,11 @@ impl Bpe {
             }
             let next = syms[pos].next as usize;
             // A stale entry: one side was merged since it was queued.
-            if self.merges.get(&(syms[pos].id, syms[next].id)).is_none_or(|&(_, m)| m != new_id) {
+            if self
+                .merges
+                .get(&(syms[pos].id, syms[next].id))
+                .is_none_or(|&(_, m)| m != new_id)
+            {
                 continue;
             }
             syms[pos].id = new_id;

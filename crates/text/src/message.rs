@@ -23,14 +23,21 @@ pub struct Message {
 
 impl Message {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: Some(Value::String(content.into())), ..Self::default() }
+        Self {
+            role: role.into(),
+            content: Some(Value::String(content.into())),
+            ..Self::default()
+        }
     }
 
     /// The text of `content`: the string, or its text parts joined.
     pub fn text(&self) -> String {
         match &self.content {
             Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect(),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect(),
             _ => String::new(),
         }
     }
@@ -48,7 +55,14 @@ pub struct ToolCall {
 
 impl ToolCall {
     pub fn new(id: Option<String>, name: impl Into<String>, arguments: impl Into<String>) -> Self {
-        Self { id, kind: function_type(), function: FunctionCall { name: name.into(), arguments: arguments.into() } }
+        Self {
+            id,
+            kind: function_type(),
+            function: FunctionCall {
+                name: name.into(),
+                arguments: arguments.into(),
+            },
+        }
     }
 }
 

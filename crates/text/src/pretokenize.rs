@@ -57,22 +57,33 @@ mod tests {
     use crate::tokenizer::{LLAMA3_REGEX, LLAMA4_REGEX};
 
     fn reference(re: &fancy_regex::Regex, s: &str) -> Vec<(usize, usize)> {
-        re.find_iter(s).map(|m| m.unwrap()).map(|m| (m.start(), m.end())).collect()
+        re.find_iter(s)
+            .map(|m| m.unwrap())
+            .map(|m| (m.start(), m.end()))
+            .collect()
     }
 
     fn golden_strings() -> Vec<String> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden");
-        let g: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer-glimmer-mini.json")).unwrap()).unwrap();
-        g["cases"].as_array().unwrap().iter().map(|c| c["text"].as_str().unwrap().to_string()).collect()
+        let g: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("tokenizer-glimmer-mini.json")).unwrap(),
+        )
+        .unwrap();
+        g["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["text"].as_str().unwrap().to_string())
+            .collect()
     }
 
     /// A deterministic pseudo-random string over characters that exercise every alternative.
     fn random_text(seed: u64, len: usize) -> String {
         const POOL: &[&str] = &[
-            " ", "  ", "\t", "\n", "\r", "\r\n", "\u{a0}", "\u{3000}", "\u{2028}", "\u{85}", "\u{b}", "a", "Z", "é", "É",
-            "e\u{301}", "\u{301}", "ǅ", "ʰ", "中", "ก", "\u{e31}", "क", "\u{94d}", "1", "٣", "½", "'", "'s", "'LL", "'d",
-            "!", "/", "//", "-", "😀", "\u{200d}", "<", "|", ">", "_", "$", "\u{ad}", "ß", "İ", "ﬁ", "𝐀",
+            " ", "  ", "\t", "\n", "\r", "\r\n", "\u{a0}", "\u{3000}", "\u{2028}", "\u{85}",
+            "\u{b}", "a", "Z", "é", "É", "e\u{301}", "\u{301}", "ǅ", "ʰ", "中", "ก", "\u{e31}",
+            "क", "\u{94d}", "1", "٣", "½", "'", "'s", "'LL", "'d", "!", "/", "//", "-", "😀",
+            "\u{200d}", "<", "|", ">", "_", "$", "\u{ad}", "ß", "İ", "ﬁ", "𝐀",
         ];
         let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
         (0..len)

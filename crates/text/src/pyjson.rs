@@ -22,7 +22,13 @@ pub struct DumpOptions {
 
 impl Default for DumpOptions {
     fn default() -> Self {
-        Self { ensure_ascii: false, indent: None, item_sep: ", ".into(), key_sep: ": ".into(), sort_keys: false }
+        Self {
+            ensure_ascii: false,
+            indent: None,
+            item_sep: ", ".into(),
+            key_sep: ": ".into(),
+            sort_keys: false,
+        }
     }
 }
 
@@ -40,7 +46,9 @@ fn write_value(out: &mut String, v: &Value, opts: &DumpOptions, level: usize) ->
         ValueKind::String => write_str(out, v.as_str().unwrap_or_default(), opts.ensure_ascii),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
-            write_container(out, opts, level, '[', ']', &items, |out, item, level| write_value(out, item, opts, level))?;
+            write_container(out, opts, level, '[', ']', &items, |out, item, level| {
+                write_value(out, item, opts, level)
+            })?;
         }
         ValueKind::Map => {
             let mut pairs: Vec<(String, Value)> = Vec::new();
@@ -51,11 +59,19 @@ fn write_value(out: &mut String, v: &Value, opts: &DumpOptions, level: usize) ->
             if opts.sort_keys {
                 pairs.sort_by(|a, b| a.0.cmp(&b.0));
             }
-            write_container(out, opts, level, '{', '}', &pairs, |out, (k, item), level| {
-                write_str(out, k, opts.ensure_ascii);
-                out.push_str(&opts.key_sep);
-                write_value(out, item, opts, level)
-            })?;
+            write_container(
+                out,
+                opts,
+                level,
+                '{',
+                '}',
+                &pairs,
+                |out, (k, item), level| {
+                    write_str(out, k, opts.ensure_ascii);
+                    out.push_str(&opts.key_sep);
+                    write_value(out, item, opts, level)
+                },
+            )?;
         }
         kind => {
             return Err(Error::new(
@@ -110,7 +126,12 @@ fn key_string(k: &Value) -> Result<String, Error> {
             write_number(&mut s, k)?;
             s
         }
-        kind => return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: keys must be str, int, float, bool or None, not {kind}"))),
+        kind => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: keys must be str, int, float, bool or None, not {kind}"),
+            ));
+        }
     })
 }
 
@@ -149,7 +170,11 @@ pub fn float_repr(f: f64) -> String {
     let sign = if f.is_sign_negative() { "-" } else { "" };
     if !(-4..16).contains(&exp) {
         let (first, rest) = digits.split_at(1);
-        let frac = if rest.is_empty() { String::new() } else { format!(".{rest}") };
+        let frac = if rest.is_empty() {
+            String::new()
+        } else {
+            format!(".{rest}")
+        };
         let esign = if exp < 0 { '-' } else { '+' };
         return format!("{sign}{first}{frac}e{esign}{:02}", exp.abs());
     }
@@ -201,9 +226,19 @@ mod tests {
     #[test]
     fn floats_print_like_python_repr() {
         for (f, want) in [
-            (0.25, "0.25"), (3.0, "3.0"), (-0.0, "-0.0"), (1e-5, "1e-05"), (0.0001, "0.0001"), (1e16, "1e+16"),
-            (1e15, "1000000000000000.0"), (123456.789, "123456.789"), (1.5e300, "1.5e+300"), (0.1 + 0.2, "0.30000000000000004"),
-            (2.5e-7, "2.5e-07"), (1e22, "1e+22"), (-12.5, "-12.5"),
+            (0.25, "0.25"),
+            (3.0, "3.0"),
+            (-0.0, "-0.0"),
+            (1e-5, "1e-05"),
+            (0.0001, "0.0001"),
+            (1e16, "1e+16"),
+            (1e15, "1000000000000000.0"),
+            (123456.789, "123456.789"),
+            (1.5e300, "1.5e+300"),
+            (0.1 + 0.2, "0.30000000000000004"),
+            (2.5e-7, "2.5e-07"),
+            (1e22, "1e+22"),
+            (-12.5, "-12.5"),
         ] {
             assert_eq!(float_repr(f), want, "{f}");
         }
@@ -211,17 +246,34 @@ mod tests {
 
     #[test]
     fn dumps_like_python() {
-        let v = Value::from(Serde(serde_json::json!({"b": [1, 2.5, null, true, "x\"<&>'\n\u{1}é😀"], "a": {}, "c": []})));
+        let v = Value::from(Serde(
+            serde_json::json!({"b": [1, 2.5, null, true, "x\"<&>'\n\u{1}é😀"], "a": {}, "c": []}),
+        ));
         assert_eq!(
             dumps(&v, &DumpOptions::default()).unwrap(),
             r#"{"b": [1, 2.5, null, true, "x\"<&>'\n\u0001é😀"], "a": {}, "c": []}"#
         );
-        let opts = DumpOptions { ensure_ascii: true, sort_keys: true, ..DumpOptions::default() };
+        let opts = DumpOptions {
+            ensure_ascii: true,
+            sort_keys: true,
+            ..DumpOptions::default()
+        };
         assert_eq!(
             dumps(&v, &opts).unwrap(),
             r#"{"a": {}, "b": [1, 2.5, null, true, "x\"<&>'\n\u0001\u00e9\ud83d\ude00"], "c": []}"#
         );
-        let opts = DumpOptions { indent: Some("  ".into()), item_sep: ",".into(), ..DumpOptions::default() };
-        assert_eq!(dumps(&Value::from(Serde(serde_json::json!({"a": [1], "b": {}}))), &opts).unwrap(), "{\n  \"a\": [\n    1\n  ],\n  \"b\": {}\n}");
+        let opts = DumpOptions {
+            indent: Some("  ".into()),
+            item_sep: ",".into(),
+            ..DumpOptions::default()
+        };
+        assert_eq!(
+            dumps(
+                &Value::from(Serde(serde_json::json!({"a": [1], "b": {}}))),
+                &opts
+            )
+            .unwrap(),
+            "{\n  \"a\": [\n    1\n  ],\n  \"b\": {}\n}"
+        );
     }
 }

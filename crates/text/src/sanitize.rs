@@ -20,7 +20,10 @@ pub const MARK_END: char = '\u{F0001}';
 /// literal nodes), longest first so a token wins over the tokens it contains.
 pub fn control_tokens(tok: &Tokenizer, template_source: &str) -> Vec<String> {
     let mut v: Vec<String> = added_tokens(tok)
-        .filter(|(t, ty)| *ty == TokenType::Control || (template_source.contains(t.as_str()) && !t.trim().is_empty()))
+        .filter(|(t, ty)| {
+            *ty == TokenType::Control
+                || (template_source.contains(t.as_str()) && !t.trim().is_empty())
+        })
         .map(|(t, _)| t.to_string())
         .collect();
     v.sort_by_key(|t| std::cmp::Reverse(t.len()));
@@ -29,7 +32,10 @@ pub fn control_tokens(tok: &Tokenizer, template_source: &str) -> Vec<String> {
 
 fn added_tokens(tok: &Tokenizer) -> impl Iterator<Item = (&String, TokenType)> {
     let v = tok.vocab();
-    v.tokens.iter().zip(v.types.iter().copied()).filter(|(_, ty)| matches!(ty, TokenType::Control | TokenType::UserDefined))
+    v.tokens
+        .iter()
+        .zip(v.types.iter().copied())
+        .filter(|(_, ty)| matches!(ty, TokenType::Control | TokenType::UserDefined))
 }
 
 /// Wraps control tokens in every string of `v` (not in object keys), after removing stray markers.
@@ -43,7 +49,10 @@ pub fn mark(v: &mut Json, tokens: &[String]) {
 }
 
 fn mark_str(s: &str, tokens: &[String]) -> String {
-    let s: String = s.chars().filter(|&c| c != MARK_START && c != MARK_END).collect();
+    let s: String = s
+        .chars()
+        .filter(|&c| c != MARK_START && c != MARK_END)
+        .collect();
     let mut out = String::with_capacity(s.len());
     let mut i = 0;
     while i < s.len() {
@@ -77,7 +86,13 @@ pub fn encode_marked(tok: &Tokenizer, chat: &str) -> Result<Vec<u32>> {
             pieces.push((&chat[text_start..i], false));
             let after = &rest[c.len_utf8()..];
             let marked = (c == MARK_START)
-                .then(|| all.iter().find(|t| after.strip_prefix(**t).is_some_and(|r| r.starts_with(MARK_END))))
+                .then(|| {
+                    all.iter().find(|t| {
+                        after
+                            .strip_prefix(**t)
+                            .is_some_and(|r| r.starts_with(MARK_END))
+                    })
+                })
                 .flatten();
             match marked {
                 Some(t) => {
@@ -107,8 +122,14 @@ pub fn encode_marked(tok: &Tokenizer, chat: &str) -> Result<Vec<u32>> {
             Some(rest) => rest.to_vec(),
             None => tok.encode(piece, false, !as_text)?,
         };
-        if as_text && tok.token_id(piece).is_some_and(|id| piece_ids.contains(&id)) {
-            return Err(TextError::InvalidChat(format!("cannot sanitize {piece:?}: the tokenizer produces it from plain text")));
+        if as_text
+            && tok
+                .token_id(piece)
+                .is_some_and(|id| piece_ids.contains(&id))
+        {
+            return Err(TextError::InvalidChat(format!(
+                "cannot sanitize {piece:?}: the tokenizer produces it from plain text"
+            )));
         }
         ids.extend(piece_ids);
     }

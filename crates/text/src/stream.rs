@@ -31,8 +31,16 @@ impl StreamDecoder {
     /// `skip_special` drops control tokens from the text (as [`Tokenizer::decode`]); a chat
     /// front end that parses ATEM keeps them. Empty stop strings are ignored.
     pub fn new(skip_special: bool, stops: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        let stops = stops.into_iter().map(Into::into).filter(|s: &String| !s.is_empty()).collect();
-        Self { skip_special, stops, ..Self::default() }
+        let stops = stops
+            .into_iter()
+            .map(Into::into)
+            .filter(|s: &String| !s.is_empty())
+            .collect();
+        Self {
+            skip_special,
+            stops,
+            ..Self::default()
+        }
     }
 
     /// Adds one generated token; returns the text that is now final (often empty).

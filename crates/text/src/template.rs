@@ -57,8 +57,14 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned(NAME, source.clone()).map_err(|e| template_error(&e, &source, &origin))?;
-        Ok(Self { env, source, origin, specials: Map::new() })
+        env.add_template_owned(NAME, source.clone())
+            .map_err(|e| template_error(&e, &source, &origin))?;
+        Ok(Self {
+            env,
+            source,
+            origin,
+            specials: Map::new(),
+        })
     }
 
     /// The GGUF's `tokenizer.chat_template`, with the vocabulary's special tokens in its context.
@@ -68,10 +74,21 @@ impl ChatTemplate {
         })?;
         let mut t = Self::new(source, "tokenizer.chat_template")?;
         // The token strings straight from the GGUF: building a whole tokenizer here would double the load.
-        if let Some(GgufValue::Array(muser_gguf::Array::String(tokens))) = g.get("tokenizer.ggml.tokens") {
-            for (name, key) in [("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"), ("pad_token", "padding_token_id")] {
-                let id = g.get(&format!("tokenizer.ggml.{key}")).and_then(GgufValue::as_i64);
-                if let Some(s) = id.and_then(|i| usize::try_from(i).ok()).and_then(|i| tokens.get(i)) {
+        if let Some(GgufValue::Array(muser_gguf::Array::String(tokens))) =
+            g.get("tokenizer.ggml.tokens")
+        {
+            for (name, key) in [
+                ("bos_token", "bos_token_id"),
+                ("eos_token", "eos_token_id"),
+                ("pad_token", "padding_token_id"),
+            ] {
+                let id = g
+                    .get(&format!("tokenizer.ggml.{key}"))
+                    .and_then(GgufValue::as_i64);
+                if let Some(s) = id
+                    .and_then(|i| usize::try_from(i).ok())
+                    .and_then(|i| tokens.get(i))
+                {
                     t.specials.insert(name.into(), Json::String(s.clone()));
                 }
             }
@@ -82,17 +99,28 @@ impl ChatTemplate {
     /// A template file (`--chat-template-file`); call [`set_special_tokens`](Self::set_special_tokens) after.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let io = |msg: String| TextError::Io { path: path.display().to_string(), msg };
+        let io = |msg: String| TextError::Io {
+            path: path.display().to_string(),
+            msg,
+        };
         let bytes = std::fs::read(path).map_err(|e| io(e.to_string()))?;
-        let source = String::from_utf8(bytes)
-            .map_err(|e| io(format!("not UTF-8 (invalid byte at offset {})", e.utf8_error().valid_up_to())))?;
+        let source = String::from_utf8(bytes).map_err(|e| {
+            io(format!(
+                "not UTF-8 (invalid byte at offset {})",
+                e.utf8_error().valid_up_to()
+            ))
+        })?;
         Self::new(source, path.display().to_string())
     }
 
     /// Puts `bos_token`, `eos_token`, `pad_token` (as strings) in the template context.
     pub fn set_special_tokens(&mut self, tok: &Tokenizer) {
         let v = tok.vocab();
-        for (name, id) in [("bos_token", v.bos), ("eos_token", v.eos), ("pad_token", v.pad)] {
+        for (name, id) in [
+            ("bos_token", v.bos),
+            ("eos_token", v.eos),
+            ("pad_token", v.pad),
+        ] {
             if let Some(s) = id.and_then(|id| tok.token_str(id)) {
                 self.specials.insert(name.into(), Json::String(s.into()));
             }
@@ -109,26 +137,49 @@ impl ChatTemplate {
     /// `extra`: more template variables (`current_date`, `reasoning_strength`, ...).
     /// A tool call's `function.arguments` may be the OpenAI JSON string: it is parsed into the object
     /// the template needs (transformers would raise on a string, llama.cpp parses it too).
-    pub fn render(&self, messages: &Json, tools: Option<&Json>, add_generation_prompt: bool, extra: Option<&Map<String, Json>>) -> Result<String> {
+    pub fn render(
+        &self,
+        messages: &Json,
+        tools: Option<&Json>,
+        add_generation_prompt: bool,
+        extra: Option<&Map<String, Json>>,
+    ) -> Result<String> {
         let messages = prepare_messages(messages)?;
         let tools = match tools {
             None | Some(Json::Null) => Json::Null,
             Some(t @ Json::Array(_)) => t.clone(),
-            Some(other) => return Err(TextError::InvalidChat(format!("tools must be an array, found {}", kind(other)))),
+            Some(other) => {
+                return Err(TextError::InvalidChat(format!(
+                    "tools must be an array, found {}",
+                    kind(other)
+                )));
+            }
         };
         let mut ctx = self.specials.clone();
         for (k, v) in extra.into_iter().flatten() {
-            if matches!(k.as_str(), "messages" | "tools" | "documents" | "add_generation_prompt") {
-                return Err(TextError::InvalidChat(format!("template variable '{k}' cannot be overridden")));
+            if matches!(
+                k.as_str(),
+                "messages" | "tools" | "documents" | "add_generation_prompt"
+            ) {
+                return Err(TextError::InvalidChat(format!(
+                    "template variable '{k}' cannot be overridden"
+                )));
             }
             ctx.insert(k.clone(), v.clone());
         }
         ctx.insert("messages".into(), messages);
         ctx.insert("tools".into(), tools);
         ctx.insert("documents".into(), Json::Null);
-        ctx.insert("add_generation_prompt".into(), Json::Bool(add_generation_prompt));
-        let tmpl = self.env.get_template(NAME).map_err(|e| template_error(&e, &self.source, &self.origin))?;
-        tmpl.render(Value::from(Serde(&ctx))).map_err(|e| template_error(&e, &self.source, &self.origin))
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Json::Bool(add_generation_prompt),
+        );
+        let tmpl = self
+            .env
+            .get_template(NAME)
+            .map_err(|e| template_error(&e, &self.source, &self.origin))?;
+        tmpl.render(Value::from(Serde(&ctx)))
+            .map_err(|e| template_error(&e, &self.source, &self.origin))
     }
 
     /// Renders and tokenizes so that control tokens written in any user-supplied string (messages,
@@ -136,7 +187,14 @@ impl ChatTemplate {
     /// ids of transformers' `apply_chat_template(..., tokenize=True, sanitize_control_tokens=True)`.
     /// A server should build prompts with this; plain `render` + `encode(.., parse_special=true)`
     /// lets a user write `<|eot|><|start|>system<|message|>` into a message and be obeyed.
-    pub fn encode_sanitized(&self, tok: &Tokenizer, messages: &Json, tools: Option<&Json>, add_generation_prompt: bool, extra: Option<&Map<String, Json>>) -> Result<Vec<u32>> {
+    pub fn encode_sanitized(
+        &self,
+        tok: &Tokenizer,
+        messages: &Json,
+        tools: Option<&Json>,
+        add_generation_prompt: bool,
+        extra: Option<&Map<String, Json>>,
+    ) -> Result<Vec<u32>> {
         let controls = sanitize::control_tokens(tok, &self.source);
         let mut messages = messages.clone();
         sanitize::mark(&mut messages, &controls);
@@ -148,30 +206,57 @@ impl ChatTemplate {
         if let Some(e) = extra.as_mut() {
             sanitize::mark(e, &controls);
         }
-        let text = self.render(&messages, tools.as_ref(), add_generation_prompt, extra.as_ref().and_then(Json::as_object))?;
+        let text = self.render(
+            &messages,
+            tools.as_ref(),
+            add_generation_prompt,
+            extra.as_ref().and_then(Json::as_object),
+        )?;
         sanitize::encode_marked(tok, &text)
     }
 
     /// [`render`](Self::render) for typed messages and tools.
-    pub fn render_messages(&self, messages: &[Message], tools: &[Tool], add_generation_prompt: bool, extra: Option<&Map<String, Json>>) -> Result<String> {
-        let m = serde_json::to_value(messages).map_err(|e| TextError::InvalidChat(e.to_string()))?;
+    pub fn render_messages(
+        &self,
+        messages: &[Message],
+        tools: &[Tool],
+        add_generation_prompt: bool,
+        extra: Option<&Map<String, Json>>,
+    ) -> Result<String> {
+        let m =
+            serde_json::to_value(messages).map_err(|e| TextError::InvalidChat(e.to_string()))?;
         let t = serde_json::to_value(tools).map_err(|e| TextError::InvalidChat(e.to_string()))?;
-        self.render(&m, if tools.is_empty() { None } else { Some(&t) }, add_generation_prompt, extra)
+        self.render(
+            &m,
+            if tools.is_empty() { None } else { Some(&t) },
+            add_generation_prompt,
+            extra,
+        )
     }
 }
 
 /// HF's message preprocessing, plus the checks that turn silent template behaviour into errors.
 fn prepare_messages(messages: &Json) -> Result<Json> {
-    let list = messages
-        .as_array()
-        .ok_or_else(|| TextError::InvalidChat(format!("messages must be an array, found {}", kind(messages))))?;
+    let list = messages.as_array().ok_or_else(|| {
+        TextError::InvalidChat(format!(
+            "messages must be an array, found {}",
+            kind(messages)
+        ))
+    })?;
     if list.is_empty() {
-        return Err(TextError::InvalidChat("the conversation is empty: give at least one message".into()));
+        return Err(TextError::InvalidChat(
+            "the conversation is empty: give at least one message".into(),
+        ));
     }
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
-        let obj = m.as_object().ok_or_else(|| TextError::InvalidChat(format!("message {i} must be an object, found {}", kind(m))))?;
-        let role = obj.get("role").and_then(Json::as_str).ok_or_else(|| TextError::InvalidChat(format!("message {i} has no string 'role'")))?;
+        let obj = m.as_object().ok_or_else(|| {
+            TextError::InvalidChat(format!("message {i} must be an object, found {}", kind(m)))
+        })?;
+        let role = obj
+            .get("role")
+            .and_then(Json::as_str)
+            .ok_or_else(|| TextError::InvalidChat(format!("message {i} has no string 'role'")))?;
         if !KNOWN_ROLES.contains(&role) {
             return Err(TextError::InvalidChat(format!(
                 "message {i} has unknown role '{role}'; expected one of {}",
@@ -179,9 +264,16 @@ fn prepare_messages(messages: &Json) -> Result<Json> {
             )));
         }
         // _normalize_chat_messages: None-valued keys are dropped.
-        let mut msg: Map<String, Json> = obj.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut msg: Map<String, Json> = obj
+            .iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         // _alias_reasoning_fields: {"thinking": r, **message, "reasoning_content": r}.
-        if let Some(r) = ["reasoning_content", "thinking", "reasoning"].iter().find_map(|k| msg.get(*k).cloned()) {
+        if let Some(r) = ["reasoning_content", "thinking", "reasoning"]
+            .iter()
+            .find_map(|k| msg.get(*k).cloned())
+        {
             let mut aliased = Map::new();
             aliased.insert("thinking".into(), r.clone());
             aliased.extend(msg);
@@ -190,7 +282,9 @@ fn prepare_messages(messages: &Json) -> Result<Json> {
         }
         if let Some(Json::Array(calls)) = msg.get_mut("tool_calls") {
             for (j, call) in calls.iter_mut().enumerate() {
-                parse_arguments(call).map_err(|e| TextError::InvalidChat(format!("message {i}, tool call {j}: {e}")))?;
+                parse_arguments(call).map_err(|e| {
+                    TextError::InvalidChat(format!("message {i}, tool call {j}: {e}"))
+                })?;
             }
         }
         out.push(Json::Object(msg));
@@ -200,7 +294,12 @@ fn prepare_messages(messages: &Json) -> Result<Json> {
 
 /// `function.arguments` given as a JSON string (OpenAI) becomes the object templates iterate.
 fn parse_arguments(call: &mut Json) -> std::result::Result<(), String> {
-    let Some(args) = call.get_mut("function").and_then(|f| f.get_mut("arguments")) else { return Ok(()) };
+    let Some(args) = call
+        .get_mut("function")
+        .and_then(|f| f.get_mut("arguments"))
+    else {
+        return Ok(());
+    };
     if let Json::String(s) = args {
         // Anything but a JSON object is left for the template to judge (Muse Glimmer's raises).
         if let Ok(v @ Json::Object(_)) = serde_json::from_str::<Json>(s) {
@@ -239,7 +338,11 @@ fn template_error(e: &Error, source: &str, origin: &str) -> TextError {
 
 /// `{{ x }}` as Python's `str(x)`: floats in repr form (`1e-05`), None as "None"... except that
 /// jinja2 prints None as "None" too, and minijinja prints "none"; both are fixed here.
-fn python_formatter(out: &mut minijinja::Output, state: &mut State, value: &Value) -> std::result::Result<(), Error> {
+fn python_formatter(
+    out: &mut minijinja::Output,
+    state: &mut State,
+    value: &Value,
+) -> std::result::Result<(), Error> {
     let s = if value.is_none() {
         Some("None".to_string())
     } else if value.kind() == minijinja::value::ValueKind::Bool {
@@ -250,14 +353,18 @@ fn python_formatter(out: &mut minijinja::Output, state: &mut State, value: &Valu
         None
     };
     match s {
-        Some(s) => std::fmt::Write::write_str(out, &s).map_err(|_| Error::new(ErrorKind::WriteFailure, "write failed")),
+        Some(s) => std::fmt::Write::write_str(out, &s)
+            .map_err(|_| Error::new(ErrorKind::WriteFailure, "write failed")),
         None => minijinja::escape_formatter(out, state, value),
     }
 }
 
 /// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`.
 fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<String, Error> {
-    let mut opts = DumpOptions { ensure_ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false), ..DumpOptions::default() };
+    let mut opts = DumpOptions {
+        ensure_ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+        ..DumpOptions::default()
+    };
     let indent: Option<Value> = kwargs.get("indent")?;
     if let Some(ind) = indent.filter(|v| !v.is_none()) {
         opts.indent = Some(match ind.as_str() {
@@ -267,13 +374,19 @@ fn tojson(value: Value, kwargs: Kwargs) -> std::result::Result<String, Error> {
         // json.dumps: with an indent the default item separator loses its space.
         opts.item_sep = ",".into();
     }
-    if let Some(seps) = kwargs.get::<Option<Value>>("separators")?.filter(|v| !v.is_none()) {
+    if let Some(seps) = kwargs
+        .get::<Option<Value>>("separators")?
+        .filter(|v| !v.is_none())
+    {
         let parts: Vec<Value> = seps.try_iter()?.collect();
         if let [a, b] = parts.as_slice() {
             opts.item_sep = a.as_str().unwrap_or(",").to_string();
             opts.key_sep = b.as_str().unwrap_or(":").to_string();
         } else {
-            return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be a pair of strings"));
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be a pair of strings",
+            ));
         }
     }
     opts.sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
@@ -287,13 +400,37 @@ fn raise_exception(message: String) -> std::result::Result<Value, Error> {
 
 /// `datetime.now().strftime(fmt)`, in UTC (transformers uses local time; our machines run in UTC).
 fn strftime_now(format: String) -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     strftime(&format, secs as i64)
 }
 
 pub(crate) fn strftime(format: &str, unix: i64) -> String {
-    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
-    const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    ];
     let days = unix.div_euclid(86_400);
     let secs = unix.rem_euclid(86_400);
     let (y, m, d) = civil_from_days(days);
@@ -366,17 +503,28 @@ mod tests {
         // 2026-08-15 13:04:05 UTC, a Saturday.
         let t = 1_786_799_045;
         assert_eq!(strftime("%Y-%m-%d", t), "2026-08-15");
-        assert_eq!(strftime("%d %b %Y %H:%M:%S %A %j %I%p %%", t), "15 Aug 2026 13:04:05 Saturday 227 01PM %");
+        assert_eq!(
+            strftime("%d %b %Y %H:%M:%S %A %j %I%p %%", t),
+            "15 Aug 2026 13:04:05 Saturday 227 01PM %"
+        );
         assert_eq!(strftime("%Y-%m-%d", 0), "1970-01-01");
         assert_eq!(strftime("%Y-%m-%d", 951_782_400), "2000-02-29");
     }
 
     #[test]
     fn python_printing_of_values() {
-        let t = ChatTemplate::new("{{ a }} {{ b }} {{ c }} {{ d }} {{ e | tojson }} {{ e | tojson(indent=2) }}", "t").unwrap();
+        let t = ChatTemplate::new(
+            "{{ a }} {{ b }} {{ c }} {{ d }} {{ e | tojson }} {{ e | tojson(indent=2) }}",
+            "t",
+        )
+        .unwrap();
         let m = serde_json::json!([{"role": "user", "content": "x"}]);
-        let extra = serde_json::json!({"a": 1e-5, "b": 2.0, "c": null, "d": true, "e": {"k": [1, "<&>"]}});
+        let extra =
+            serde_json::json!({"a": 1e-5, "b": 2.0, "c": null, "d": true, "e": {"k": [1, "<&>"]}});
         let out = t.render(&m, None, false, extra.as_object()).unwrap();
-        assert_eq!(out, "1e-05 2.0 None True {\"k\": [1, \"<&>\"]} {\n  \"k\": [\n    1,\n    \"<&>\"\n  ]\n}");
+        assert_eq!(
+            out,
+            "1e-05 2.0 None True {\"k\": [1, \"<&>\"]} {\n  \"k\": [\n    1,\n    \"<&>\"\n  ]\n}"
+        );
     }
 }

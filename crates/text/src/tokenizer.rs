@@ -51,7 +51,10 @@ impl Tokenizer {
     /// Reads the GGUF at `path` and builds its tokenizer.
     pub fn from_gguf_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let g = Gguf::open(path).map_err(|e| TextError::Io { path: path.display().to_string(), msg: e.to_string() })?;
+        let g = Gguf::open(path).map_err(|e| TextError::Io {
+            path: path.display().to_string(),
+            msg: e.to_string(),
+        })?;
         Self::from_gguf(&g)
     }
 
@@ -94,7 +97,16 @@ impl Tokenizer {
             }
             offsets.push(bytes.len());
         }
-        Ok(Self { vocab, bpe, split, control, user_defined, bytes, offsets, max_input_bytes: DEFAULT_MAX_INPUT_BYTES })
+        Ok(Self {
+            vocab,
+            bpe,
+            split,
+            control,
+            user_defined,
+            bytes,
+            offsets,
+            max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
+        })
     }
 
     /// Token ids of `text`. `add_bos` prepends BOS (the CLI passes `add_bos_default() && !no_bos`).
@@ -103,12 +115,17 @@ impl Tokenizer {
     /// them. User-defined added tokens are atomic either way, as in HF.
     pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Result<Vec<u32>> {
         if text.len() > self.max_input_bytes {
-            return Err(TextError::InputTooLarge { len: text.len(), limit: self.max_input_bytes });
+            return Err(TextError::InputTooLarge {
+                len: text.len(),
+                limit: self.max_input_bytes,
+            });
         }
         let mut ids = Vec::with_capacity(text.len() / 3 + 2);
         if add_bos {
             ids.push(self.vocab.bos.ok_or_else(|| {
-                TextError::Vocab("BOS was asked for but the GGUF has no tokenizer.ggml.bos_token_id".into())
+                TextError::Vocab(
+                    "BOS was asked for but the GGUF has no tokenizer.ggml.bos_token_id".into(),
+                )
             })?);
         }
         self.encode_piece(text, parse_special, &mut ids);
@@ -116,8 +133,15 @@ impl Tokenizer {
     }
 
     /// [`encode`](Self::encode) for raw bytes: invalid UTF-8 is an error naming the offset.
-    pub fn encode_bytes(&self, bytes: &[u8], add_bos: bool, parse_special: bool) -> Result<Vec<u32>> {
-        let text = std::str::from_utf8(bytes).map_err(|e| TextError::InvalidUtf8 { offset: e.valid_up_to() })?;
+    pub fn encode_bytes(
+        &self,
+        bytes: &[u8],
+        add_bos: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>> {
+        let text = std::str::from_utf8(bytes).map_err(|e| TextError::InvalidUtf8 {
+            offset: e.valid_up_to(),
+        })?;
         self.encode(text, add_bos, parse_special)
     }
 
@@ -136,7 +160,10 @@ impl Tokenizer {
     pub fn piece(&self, id: u32, skip_special: bool) -> Result<&[u8]> {
         let i = id as usize;
         if i >= self.vocab.tokens.len() {
-            return Err(TextError::UnknownToken { id: id.into(), n_vocab: self.vocab.tokens.len() });
+            return Err(TextError::UnknownToken {
+                id: id.into(),
+                n_vocab: self.vocab.tokens.len(),
+            });
         }
         if skip_special && self.vocab.types[i] == TokenType::Control {
             return Ok(&[]);
@@ -148,13 +175,22 @@ impl Tokenizer {
     pub fn check_ids(&self, ids: &[i64]) -> Result<Vec<u32>> {
         let n = self.vocab.tokens.len();
         ids.iter()
-            .map(|&i| u32::try_from(i).ok().filter(|&u| (u as usize) < n).ok_or(TextError::UnknownToken { id: i, n_vocab: n }))
+            .map(|&i| {
+                u32::try_from(i)
+                    .ok()
+                    .filter(|&u| (u as usize) < n)
+                    .ok_or(TextError::UnknownToken { id: i, n_vocab: n })
+            })
             .collect()
     }
 
     /// The id of the token whose GGUF string is `token` ("<|eot|>", "Ġthe"); the first if repeated.
     pub fn token_id(&self, token: &str) -> Option<u32> {
-        self.vocab.tokens.iter().position(|t| t == token).map(|i| i as u32)
+        self.vocab
+            .tokens
+            .iter()
+            .position(|t| t == token)
+            .map(|i| i as u32)
     }
 
     /// The GGUF string of token `id`.
@@ -187,7 +223,10 @@ impl Tokenizer {
     /// `special_eog_ids`. Muse Glimmer's `<|eom|>` is not named: it separates the messages of one
     /// assistant turn (reasoning, answer, tool calls), so generation goes on past it.
     pub fn eog_ids(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = [self.vocab.eos, self.vocab.eot, self.vocab.eom].into_iter().flatten().collect();
+        let mut v: Vec<u32> = [self.vocab.eos, self.vocab.eot, self.vocab.eom]
+            .into_iter()
+            .flatten()
+            .collect();
         v.sort_unstable();
         v.dedup();
         v
@@ -211,7 +250,11 @@ impl Tokenizer {
     /// Added tokens first (HF `AddedVocabulary::extract_and_normalize`: control tokens, then
     /// user-defined ones in what is left), then split and BPE.
     fn encode_piece(&self, text: &str, parse_special: bool, out: &mut Vec<u32>) {
-        let control = if parse_special { Some(&self.control) } else { None };
+        let control = if parse_special {
+            Some(&self.control)
+        } else {
+            None
+        };
         for (seg, id) in AddedTokens::cut(control, text) {
             if let Some(id) = id {
                 out.push(id);
@@ -273,7 +316,10 @@ impl AddedTokens {
             if hit.start() > prev {
                 out.push((&text[prev..hit.start()], None));
             }
-            out.push((&text[hit.start()..hit.end()], Some(table.ids[hit.pattern().as_usize()])));
+            out.push((
+                &text[hit.start()..hit.end()],
+                Some(table.ids[hit.pattern().as_usize()]),
+            ));
             prev = hit.end();
         }
         if prev < text.len() {

@@ -74,7 +74,9 @@ const KEY_MERGES: &str = "tokenizer.ggml.merges";
 impl Vocab {
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
         let model = g.get(KEY_MODEL).and_then(Value::as_str).ok_or_else(|| {
-            TextError::Vocab(format!("missing '{KEY_MODEL}': this GGUF carries no tokenizer"))
+            TextError::Vocab(format!(
+                "missing '{KEY_MODEL}': this GGUF carries no tokenizer"
+            ))
         })?;
         if model != "gpt2" {
             return Err(TextError::Unsupported(format!(
@@ -97,12 +99,17 @@ impl Vocab {
             None => return Err(TextError::Vocab(format!("missing '{KEY_TOKENS}'"))),
         };
         if tokens.is_empty() || tokens.len() > u32::MAX as usize {
-            return Err(TextError::Vocab(format!("'{KEY_TOKENS}' holds {} tokens", tokens.len())));
+            return Err(TextError::Vocab(format!(
+                "'{KEY_TOKENS}' holds {} tokens",
+                tokens.len()
+            )));
         }
         let types = match g.get(KEY_TYPES) {
             None => vec![TokenType::Normal; tokens.len()],
             Some(Value::Array(a)) => {
-                let v = a.as_i64s().ok_or_else(|| wrong_type(KEY_TYPES, "an integer array", &Value::Array(a.clone())))?;
+                let v = a.as_i64s().ok_or_else(|| {
+                    wrong_type(KEY_TYPES, "an integer array", &Value::Array(a.clone()))
+                })?;
                 if v.len() != tokens.len() {
                     return Err(TextError::Vocab(format!(
                         "'{KEY_TYPES}' has {} entries for {} tokens",
@@ -118,12 +125,20 @@ impl Vocab {
             Some(Value::Array(Array::String(m))) => m
                 .iter()
                 .enumerate()
-                .map(|(i, m)| split_merge(m).ok_or_else(|| {
-                    TextError::Vocab(format!("'{KEY_MERGES}'[{i}] = {m:?} is not two tokens separated by a space"))
-                }))
+                .map(|(i, m)| {
+                    split_merge(m).ok_or_else(|| {
+                        TextError::Vocab(format!(
+                            "'{KEY_MERGES}'[{i}] = {m:?} is not two tokens separated by a space"
+                        ))
+                    })
+                })
                 .collect::<Result<Vec<_>>>()?,
             Some(v) => return Err(wrong_type(KEY_MERGES, "an array of strings", v)),
-            None => return Err(TextError::Vocab(format!("missing '{KEY_MERGES}': a BPE vocabulary needs its merges"))),
+            None => {
+                return Err(TextError::Vocab(format!(
+                    "missing '{KEY_MERGES}': a BPE vocabulary needs its merges"
+                )));
+            }
         };
         let n = tokens.len();
         let id = |key: &str| -> Result<Option<u32>> {
@@ -138,7 +153,8 @@ impl Vocab {
                 ))),
             }
         };
-        let flag = |key: &str, default: bool| g.get(key).and_then(Value::as_bool).unwrap_or(default);
+        let flag =
+            |key: &str, default: bool| g.get(key).and_then(Value::as_bool).unwrap_or(default);
         Ok(Self {
             pre,
             merges,

@@ -22,12 +22,17 @@ fn args(m: &ParsedMessage, i: usize) -> Value {
 /// Parses in one piece, and checks that every cut into two or three pieces streams the same message.
 fn parse_all_ways(p: &ToolCallParser, text: &str) -> ParsedMessage {
     let whole = p.parse(text);
-    let cuts: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+    let cuts: Vec<usize> = (0..=text.len())
+        .filter(|&i| text.is_char_boundary(i))
+        .collect();
     let same = |a: &ParsedMessage, b: &ParsedMessage| {
         a.content == b.content
             && a.reasoning_content == b.reasoning_content
             && a.tool_calls.len() == b.tool_calls.len()
-            && a.tool_calls.iter().zip(&b.tool_calls).all(|(x, y)| x.function == y.function)
+            && a.tool_calls
+                .iter()
+                .zip(&b.tool_calls)
+                .all(|(x, y)| x.function == y.function)
     };
     let step = (cuts.len() / 60).max(1);
     for &i in &cuts {
@@ -48,7 +53,10 @@ fn parse_all_ways(p: &ToolCallParser, text: &str) -> ParsedMessage {
                     }
                 }
             }
-            assert!(same(&rebuilt, &whole), "cut {i},{j} of {text:?}: {rebuilt:?} vs {whole:?}");
+            assert!(
+                same(&rebuilt, &whole),
+                "cut {i},{j} of {text:?}: {rebuilt:?} vs {whole:?}"
+            );
             assert!(same(s.message(), &whole));
         }
     }
@@ -66,7 +74,10 @@ fn llama_cpp_muse_glimmer_cases() {
     assert!(m.reasoning_content.is_empty() && m.tool_calls.is_empty());
 
     // A tool call as the first message of the turn.
-    let m = parse_all_ways(&tools, &format!(" to=special_function<|message|>{CALL_MARKUP}"));
+    let m = parse_all_ways(
+        &tools,
+        &format!(" to=special_function<|message|>{CALL_MARKUP}"),
+    );
     assert_eq!(m.content, "");
     assert_eq!(m.tool_calls.len(), 1);
     assert_eq!(m.tool_calls[0].function.name, "special_function");
@@ -74,14 +85,22 @@ fn llama_cpp_muse_glimmer_cases() {
     assert_eq!(m.tool_calls[0].function.arguments, r#"{"arg1":1}"#);
 
     // "Inform then act": the answer stops at <|eom|>, then the call.
-    let m = parse_all_ways(&tools, &format!(" to=user<|message|>Hello, world!\nWhat's up?<|eom|><|start|>assistant to=special_function<|message|>{CALL_MARKUP}"));
+    let m = parse_all_ways(
+        &tools,
+        &format!(
+            " to=user<|message|>Hello, world!\nWhat's up?<|eom|><|start|>assistant to=special_function<|message|>{CALL_MARKUP}"
+        ),
+    );
     assert_eq!(m.content, "Hello, world!\nWhat's up?");
     assert_eq!(args(&m, 0), json!({"arg1": 1}));
 
     // Markup quoted in an answer stays content.
     let text = format!(" to=user<|message|>You invoke it like this:\n{CALL_MARKUP}<|eot|>");
     let m = parse_all_ways(&tools, &text);
-    assert_eq!(m.content, format!("You invoke it like this:\n{CALL_MARKUP}"));
+    assert_eq!(
+        m.content,
+        format!("You invoke it like this:\n{CALL_MARKUP}")
+    );
     assert!(m.tool_calls.is_empty());
 
     // Structured output straight to the answer.
@@ -90,13 +109,29 @@ fn llama_cpp_muse_glimmer_cases() {
     assert_eq!(m.content, json_out);
 
     // Structured output after reasoning.
-    let m = parse_all_ways(&none, &format!(" to=self<|message|>I need to output the invoice details in JSON<|eom|><|start|>assistant to=user<|message|>{json_out}"));
-    assert_eq!(m.reasoning_content, "I need to output the invoice details in JSON");
+    let m = parse_all_ways(
+        &none,
+        &format!(
+            " to=self<|message|>I need to output the invoice details in JSON<|eom|><|start|>assistant to=user<|message|>{json_out}"
+        ),
+    );
+    assert_eq!(
+        m.reasoning_content,
+        "I need to output the invoice details in JSON"
+    );
     assert_eq!(m.content, json_out);
 
     // Tool markup inside the analysis channel is reasoning, not a call.
-    let m = parse_all_ways(&tools, &format!(" to=self<|message|>I could use {CALL_MARKUP} here<|eom|><|start|>assistant to=user<|message|>Hello!<|eot|>"));
-    assert_eq!(m.reasoning_content, format!("I could use {CALL_MARKUP} here"));
+    let m = parse_all_ways(
+        &tools,
+        &format!(
+            " to=self<|message|>I could use {CALL_MARKUP} here<|eom|><|start|>assistant to=user<|message|>Hello!<|eot|>"
+        ),
+    );
+    assert_eq!(
+        m.reasoning_content,
+        format!("I could use {CALL_MARKUP} here")
+    );
     assert_eq!(m.content, "Hello!");
     assert!(m.tool_calls.is_empty());
 }
@@ -104,12 +139,23 @@ fn llama_cpp_muse_glimmer_cases() {
 #[test]
 fn reasoning_then_parallel_calls_then_nothing_after_eot() {
     let tools = ToolCallParser::new(&special_function());
-    let call = |n: i32| format!("<|start|>assistant to=special_function<|message|><atem:function_calls>\n<atem:invoke name=\"special_function\">\n<atem:parameter name=\"arg1\">{n}</atem:parameter>\n</atem:invoke>\n</atem:function_calls>");
-    let text = format!(" to=self<|message|>Two calls.<|eom|>{}<|eom|>{}<|eot|>ignored", call(1), call(2));
+    let call = |n: i32| {
+        format!(
+            "<|start|>assistant to=special_function<|message|><atem:function_calls>\n<atem:invoke name=\"special_function\">\n<atem:parameter name=\"arg1\">{n}</atem:parameter>\n</atem:invoke>\n</atem:function_calls>"
+        )
+    };
+    let text = format!(
+        " to=self<|message|>Two calls.<|eom|>{}<|eom|>{}<|eot|>ignored",
+        call(1),
+        call(2)
+    );
     let m = parse_all_ways(&tools, &text);
     assert_eq!(m.reasoning_content, "Two calls.");
     assert_eq!(m.tool_calls.len(), 2);
-    assert_eq!((args(&m, 0), args(&m, 1)), (json!({"arg1": 1}), json!({"arg1": 2})));
+    assert_eq!(
+        (args(&m, 0), args(&m, 1)),
+        (json!({"arg1": 1}), json!({"arg1": 2}))
+    );
     assert_ne!(m.tool_calls[0].id, m.tool_calls[1].id);
     assert_eq!(m.content, "");
 }
@@ -120,8 +166,14 @@ fn reasoning_off_keeps_everything_as_content() {
     let text = " to=self<|message|>hmm<|eom|><|start|>assistant to=user<|message|>Hi";
     assert_eq!(parse_all_ways(&p, text).content, text);
     let p = ToolCallParser::new(&special_function()).extract_reasoning(false);
-    let m = parse_all_ways(&p, " to=self<|message|>hmm<|eom|><|start|>assistant to=user<|message|>Hi");
-    assert_eq!((m.content.as_str(), m.reasoning_content.as_str()), ("hmmHi", ""));
+    let m = parse_all_ways(
+        &p,
+        " to=self<|message|>hmm<|eom|><|start|>assistant to=user<|message|>Hi",
+    );
+    assert_eq!(
+        (m.content.as_str(), m.reasoning_content.as_str()),
+        ("hmmHi", "")
+    );
 }
 
 #[test]
@@ -130,8 +182,14 @@ fn malformed_text_degrades_to_content() {
     for (text, content) in [
         ("Hello there", "Hello there"),
         ("", ""),
-        (" to=special_function<|message|><atem:function_calls>\n<atem:invoke name=\"special_function\">broken", "<atem:function_calls>\n<atem:invoke name=\"special_function\">broken"),
-        (" to=unknown_tool<|message|><atem:function_calls><atem:invoke name=\"unknown_tool\"></atem:invoke></atem:function_calls><|eot|>", "<atem:function_calls><atem:invoke name=\"unknown_tool\"></atem:invoke></atem:function_calls>"),
+        (
+            " to=special_function<|message|><atem:function_calls>\n<atem:invoke name=\"special_function\">broken",
+            "<atem:function_calls>\n<atem:invoke name=\"special_function\">broken",
+        ),
+        (
+            " to=unknown_tool<|message|><atem:function_calls><atem:invoke name=\"unknown_tool\"></atem:invoke></atem:function_calls><|eot|>",
+            "<atem:function_calls><atem:invoke name=\"unknown_tool\"></atem:invoke></atem:function_calls>",
+        ),
         (" to=user<|message|>a<|eom|>garbage", "agarbage"),
         (" to=<|eot|>x", " to=<|eot|>x"),
         ("<|message|>direct answer<|eot|>", "direct answer"),
@@ -144,7 +202,10 @@ fn malformed_text_degrades_to_content() {
         assert!(m.tool_calls.is_empty(), "{text:?}");
     }
     // A call to a tool that was not offered is content when no tools are offered at all.
-    let m = parse_all_ways(&ToolCallParser::new(&[]), &format!(" to=special_function<|message|>{CALL_MARKUP}"));
+    let m = parse_all_ways(
+        &ToolCallParser::new(&[]),
+        &format!(" to=special_function<|message|>{CALL_MARKUP}"),
+    );
     assert_eq!(m.content, CALL_MARKUP);
 }
 
@@ -167,9 +228,17 @@ fn arguments_are_typed_by_the_schema() {
     let m = p.parse(&format!(" to=f<|message|>{body}<|eot|>"));
     assert_eq!(m.tool_calls.len(), 1);
     let a: Value = serde_json::from_str(&m.tool_calls[0].function.arguments).unwrap();
-    assert_eq!(a, json!({"s": " 42 ", "n": 2.5, "i": 7, "b": true, "o": {"k": [1, null]}, "a": [1, "x"], "e": "1", "u": null, "any": "not json", "extra": "9"}));
+    assert_eq!(
+        a,
+        json!({"s": " 42 ", "n": 2.5, "i": 7, "b": true, "o": {"k": [1, null]}, "a": [1, "x"], "e": "1", "u": null, "any": "not json", "extra": "9"})
+    );
     // Parameter order is kept.
-    assert!(m.tool_calls[0].function.arguments.starts_with(r#"{"s":" 42 ","n":2.5,"i":7"#));
+    assert!(
+        m.tool_calls[0]
+            .function
+            .arguments
+            .starts_with(r#"{"s":" 42 ","n":2.5,"i":7"#)
+    );
 }
 
 /// Render an assistant tool call with the real template, parse the generated part back.
@@ -179,8 +248,16 @@ fn template_round_trip() {
     let g = Gguf::open(dir.join("glimmer-mini.gguf")).unwrap();
     let t = ChatTemplate::from_gguf(&g).unwrap();
     let tok = Tokenizer::from_gguf(&g).unwrap();
-    let golden: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("golden/template.json")).unwrap()).unwrap();
-    let tools_json = golden["cases"].as_array().unwrap().iter().find(|c| c["name"] == "parallel_tool_calls").unwrap()["tools"].clone();
+    let golden: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden/template.json")).unwrap())
+            .unwrap();
+    let tools_json = golden["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "parallel_tool_calls")
+        .unwrap()["tools"]
+        .clone();
     let tools: Vec<Tool> = serde_json::from_value(tools_json.clone()).unwrap();
     let p = ToolCallParser::new(&tools);
     let date = json!({"current_date": "2026-08-15"});
@@ -190,7 +267,10 @@ fn template_round_trip() {
         {"id": "b", "type": "function", "function": {"name": "browser.search", "arguments": {
             "query": "  spaced  <b>&amp;</b>\nline2 ", "filters": {"site": "example.org", "recent": true}, "top_k": null}}}
     ]);
-    for (reasoning, content) in [(None, None::<&str>), (Some("Let me look.\nTwo tools."), None)] {
+    for (reasoning, content) in [
+        (None, None::<&str>),
+        (Some("Let me look.\nTwo tools."), None),
+    ] {
         let mut a = json!({"role": "assistant", "tool_calls": calls});
         if let Some(r) = reasoning {
             a["reasoning_content"] = json!(r);
@@ -198,9 +278,20 @@ fn template_round_trip() {
         if let Some(c) = content {
             a["content"] = json!(c);
         }
-        let prompt = t.render(&json!([user]), Some(&tools_json), true, date.as_object()).unwrap();
-        let full = t.render(&json!([user, a]), Some(&tools_json), false, date.as_object()).unwrap();
-        let generated = full.strip_prefix(&prompt).expect("the generation prompt is a prefix");
+        let prompt = t
+            .render(&json!([user]), Some(&tools_json), true, date.as_object())
+            .unwrap();
+        let full = t
+            .render(
+                &json!([user, a]),
+                Some(&tools_json),
+                false,
+                date.as_object(),
+            )
+            .unwrap();
+        let generated = full
+            .strip_prefix(&prompt)
+            .expect("the generation prompt is a prefix");
         // What the model would emit, through the tokenizer and back with special tokens kept.
         let ids = tok.encode(generated, false, true).unwrap();
         let text = tok.decode(&ids, false).unwrap();
@@ -209,15 +300,30 @@ fn template_round_trip() {
         assert_eq!(m.reasoning_content, reasoning.unwrap_or(""));
         assert_eq!(m.tool_calls.len(), 2);
         for (i, call) in calls.as_array().unwrap().iter().enumerate() {
-            assert_eq!(m.tool_calls[i].function.name, call["function"]["name"].as_str().unwrap());
+            assert_eq!(
+                m.tool_calls[i].function.name,
+                call["function"]["name"].as_str().unwrap()
+            );
             assert_eq!(args(&m, i), call["function"]["arguments"]);
         }
         // And the parsed message renders back to the same text.
         let mut back = serde_json::to_value(m.clone().into_message()).unwrap();
-        for (i, c) in back["tool_calls"].as_array_mut().unwrap().iter_mut().enumerate() {
+        for (i, c) in back["tool_calls"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .enumerate()
+        {
             c["id"] = calls[i]["id"].clone();
         }
-        let again = t.render(&json!([user, back]), Some(&tools_json), false, date.as_object()).unwrap();
+        let again = t
+            .render(
+                &json!([user, back]),
+                Some(&tools_json),
+                false,
+                date.as_object(),
+            )
+            .unwrap();
         assert_eq!(again, full);
     }
 }

@@ -16,13 +16,20 @@ fn fixtures() -> Option<std::path::PathBuf> {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
 fn fixture_models_tokenize_like_transformers() {
     let Some(d) = fixtures() else { return };
-    let cases: Value = serde_json::from_str(&std::fs::read_to_string(d.join("golden/tokenizer_cases.json")).unwrap()).unwrap();
+    let cases: Value = serde_json::from_str(
+        &std::fs::read_to_string(d.join("golden/tokenizer_cases.json")).unwrap(),
+    )
+    .unwrap();
     let mut models = 0;
     for family in ["tame", "sharp"] {
         let path = d.join(format!("models/{family}-f32.gguf"));
@@ -34,10 +41,26 @@ fn fixture_models_tokenize_like_transformers() {
         ChatTemplate::from_gguf(&g).unwrap();
         for c in cases.as_array().unwrap() {
             let text = c["text"].as_str().unwrap();
-            assert_eq!(tok.encode(text, false, true).unwrap(), ids(&c["ids"]), "{family} {text:?}");
-            assert_eq!(tok.encode(text, true, true).unwrap(), ids(&c["ids_with_special"]), "{family} {text:?}");
-            assert_eq!(tok.encode(text, false, false).unwrap(), ids(&c["ids_split_special"]), "{family} {text:?}");
-            assert_eq!(tok.decode(&ids(&c["ids"]), false).unwrap(), c["decoded"].as_str().unwrap(), "{family} {text:?}");
+            assert_eq!(
+                tok.encode(text, false, true).unwrap(),
+                ids(&c["ids"]),
+                "{family} {text:?}"
+            );
+            assert_eq!(
+                tok.encode(text, true, true).unwrap(),
+                ids(&c["ids_with_special"]),
+                "{family} {text:?}"
+            );
+            assert_eq!(
+                tok.encode(text, false, false).unwrap(),
+                ids(&c["ids_split_special"]),
+                "{family} {text:?}"
+            );
+            assert_eq!(
+                tok.decode(&ids(&c["ids"]), false).unwrap(),
+                c["decoded"].as_str().unwrap(),
+                "{family} {text:?}"
+            );
         }
         models += 1;
     }
@@ -61,7 +84,10 @@ fn llama_cpp_llama_bpe_reference_cases() {
     let want: Vec<&str> = out.lines().collect();
     assert_eq!(texts.len() - 1, want.len());
     for (text, want) in texts.iter().zip(&want) {
-        let want: Vec<u32> = want.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        let want: Vec<u32> = want
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
         assert_eq!(tok.encode(text, false, false).unwrap(), want, "{text:?}");
         assert_eq!(tok.decode(&want, false).unwrap(), *text);
     }

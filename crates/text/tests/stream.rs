@@ -5,10 +5,16 @@ use muser_text::{StopReason, StreamDecoder, Tokenizer};
 use serde_json::Value;
 
 fn data(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
 }
 
-fn stream(tok: &Tokenizer, ids: &[u32], stops: &[&str]) -> (String, Vec<String>, Option<StopReason>) {
+fn stream(
+    tok: &Tokenizer,
+    ids: &[u32],
+    stops: &[&str],
+) -> (String, Vec<String>, Option<StopReason>) {
     let mut d = StreamDecoder::new(false, stops.iter().copied());
     let mut pieces = Vec::new();
     for &id in ids {
@@ -21,7 +27,10 @@ fn stream(tok: &Tokenizer, ids: &[u32], stops: &[&str]) -> (String, Vec<String>,
 #[test]
 fn token_by_token_equals_whole_decode_and_stops_are_never_emitted() {
     let tok = Tokenizer::from_gguf_file(data("glimmer-mini.gguf")).unwrap();
-    let g: Value = serde_json::from_str(&std::fs::read_to_string(data("golden/tokenizer-glimmer-mini.json")).unwrap()).unwrap();
+    let g: Value = serde_json::from_str(
+        &std::fs::read_to_string(data("golden/tokenizer-glimmer-mini.json")).unwrap(),
+    )
+    .unwrap();
     let mut spanning = 0;
     for case in g["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
@@ -30,7 +39,10 @@ fn token_by_token_equals_whole_decode_and_stops_are_never_emitted() {
         assert_eq!(out, text);
         assert_eq!(stop, None);
         // Text leaves only as whole characters: no piece has a replacement char the text lacks.
-        assert!(text.contains('\u{FFFD}') || pieces.iter().all(|p| !p.contains('\u{FFFD}')), "{text:?}");
+        assert!(
+            text.contains('\u{FFFD}') || pieces.iter().all(|p| !p.contains('\u{FFFD}')),
+            "{text:?}"
+        );
 
         // Every substring of up to 6 chars that starts at a char boundary, used as a stop string.
         let chars: Vec<(usize, char)> = text.char_indices().collect();
@@ -41,13 +53,25 @@ fn token_by_token_equals_whole_decode_and_stops_are_never_emitted() {
             let (out, _, stop) = stream(&tok, &ids, &[stop_str]);
             assert_eq!(out, &text[..first], "{text:?} stop {stop_str:?}");
             assert_eq!(stop, Some(StopReason::StopString(stop_str.to_string())));
-            let bounds: Vec<usize> = ids.iter().scan(0, |n, &id| { *n += tok.piece(id, false).unwrap().len(); Some(*n) }).collect();
-            if bounds.iter().any(|&b| b > first && b < first + stop_str.len()) {
+            let bounds: Vec<usize> = ids
+                .iter()
+                .scan(0, |n, &id| {
+                    *n += tok.piece(id, false).unwrap().len();
+                    Some(*n)
+                })
+                .collect();
+            if bounds
+                .iter()
+                .any(|&b| b > first && b < first + stop_str.len())
+            {
                 spanning += 1;
             }
         }
     }
-    assert!(spanning > 100, "only {spanning} stop strings spanned a token boundary");
+    assert!(
+        spanning > 100,
+        "only {spanning} stop strings spanned a token boundary"
+    );
 }
 
 #[test]
@@ -69,11 +93,24 @@ fn a_character_split_across_tokens_is_emitted_once_whole() {
 #[test]
 fn special_tokens_can_be_stops_or_skipped() {
     let tok = Tokenizer::from_gguf_file(data("glimmer-mini.gguf")).unwrap();
-    let ids = tok.encode("Hi there<|eom|><|start|>assistant to=user<|message|>Bye", false, true).unwrap();
+    let ids = tok
+        .encode(
+            "Hi there<|eom|><|start|>assistant to=user<|message|>Bye",
+            false,
+            true,
+        )
+        .unwrap();
     let (out, _, stop) = stream(&tok, &ids, &["<|eom|>"]);
-    assert_eq!((out.as_str(), stop), ("Hi there", Some(StopReason::StopString("<|eom|>".into()))));
+    assert_eq!(
+        (out.as_str(), stop),
+        ("Hi there", Some(StopReason::StopString("<|eom|>".into())))
+    );
     let mut d = StreamDecoder::new(true, Vec::<String>::new());
-    let out: String = ids.iter().map(|&id| d.push(&tok, id).unwrap()).collect::<String>() + &d.finish();
+    let out: String = ids
+        .iter()
+        .map(|&id| d.push(&tok, id).unwrap())
+        .collect::<String>()
+        + &d.finish();
     assert_eq!(out, "Hi thereassistant to=userBye");
     assert!(d.push(&tok, 99_999).is_err());
 }

@@ -5,7 +5,9 @@ use muser_text::{TextError, TokenType, Tokenizer};
 use serde_json::Value;
 
 fn data(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data").join(name)
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
 }
 
 fn golden(vocab: &str) -> Value {
@@ -14,7 +16,11 @@ fn golden(vocab: &str) -> Value {
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 fn check_vocab(vocab: &str) {
@@ -24,13 +30,27 @@ fn check_vocab(vocab: &str) {
     for case in g["cases"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
         let checks = [
-            ("ids", tok.encode(text, false, true).unwrap(), ids(&case["ids"])),
-            ("ids_no_special", tok.encode(text, false, false).unwrap(), ids(&case["ids_no_special"])),
-            ("ids_bos", tok.encode(text, true, true).unwrap(), ids(&case["ids_bos"])),
+            (
+                "ids",
+                tok.encode(text, false, true).unwrap(),
+                ids(&case["ids"]),
+            ),
+            (
+                "ids_no_special",
+                tok.encode(text, false, false).unwrap(),
+                ids(&case["ids_no_special"]),
+            ),
+            (
+                "ids_bos",
+                tok.encode(text, true, true).unwrap(),
+                ids(&case["ids_bos"]),
+            ),
         ];
         for (what, got, want) in checks {
             if got != want {
-                failures.push(format!("{what} {text:?}: got {got:?}, transformers {want:?}"));
+                failures.push(format!(
+                    "{what} {text:?}: got {got:?}, transformers {want:?}"
+                ));
             }
         }
         let want_ids = ids(&case["ids"]);
@@ -50,10 +70,18 @@ fn check_vocab(vocab: &str) {
     for case in g["decode_cases"].as_array().unwrap() {
         let got = tok.decode(&ids(&case["ids"]), false).unwrap();
         if got != case["text"].as_str().unwrap() {
-            failures.push(format!("decode {:?}: got {got:?}, want {:?}", case["ids"], case["text"]));
+            failures.push(format!(
+                "decode {:?}: got {got:?}, want {:?}",
+                case["ids"], case["text"]
+            ));
         }
     }
-    assert!(failures.is_empty(), "{vocab}: {} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{vocab}: {} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -77,7 +105,10 @@ fn gguf_keys_are_read() {
     assert_eq!(tok.eog_ids(), vec![id("<|end_of_text|>"), id("<|eot|>")]);
     assert!(tok.add_bos_default());
     assert_eq!(tok.token_type(id("<|eot|>")), Some(TokenType::Control));
-    assert_eq!(tok.token_type(id("<tool_output")), Some(TokenType::UserDefined));
+    assert_eq!(
+        tok.token_type(id("<tool_output")),
+        Some(TokenType::UserDefined)
+    );
     assert_eq!(tok.token_type(4018), Some(TokenType::Unused));
     // Unused fillers decode to nothing, as in llama.cpp and transformers (which does not know them).
     assert_eq!(tok.decode(&[4016, 4017, 4018], false).unwrap(), "");
@@ -90,19 +121,40 @@ fn bad_input_is_an_error_value() {
         Err(TextError::InvalidUtf8 { offset: 2 }) => {}
         other => panic!("{other:?}"),
     }
-    assert!(matches!(tok.decode(&[5000], false), Err(TextError::UnknownToken { id: 5000, .. })));
-    assert!(matches!(tok.check_ids(&[1, -1]), Err(TextError::UnknownToken { id: -1, .. })));
+    assert!(matches!(
+        tok.decode(&[5000], false),
+        Err(TextError::UnknownToken { id: 5000, .. })
+    ));
+    assert!(matches!(
+        tok.check_ids(&[1, -1]),
+        Err(TextError::UnknownToken { id: -1, .. })
+    ));
     tok.set_max_input_bytes(10);
-    let e = tok.encode("this is longer than ten bytes", false, false).unwrap_err();
-    assert!(e.to_string().contains("exceeds the limit of 10 bytes"), "{e}");
+    let e = tok
+        .encode("this is longer than ten bytes", false, false)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("exceeds the limit of 10 bytes"),
+        "{e}"
+    );
     // Still usable after an error.
-    assert_eq!(tok.decode(&tok.encode("fine", false, false).unwrap(), false).unwrap(), "fine");
+    assert_eq!(
+        tok.decode(&tok.encode("fine", false, false).unwrap(), false)
+            .unwrap(),
+        "fine"
+    );
 }
 
 #[test]
 fn enormous_words_and_runs_stay_linear_and_exact() {
     let tok = Tokenizer::from_gguf_file(data("glimmer-mini.gguf")).unwrap();
-    for text in ["a".repeat(300_000), " ".repeat(300_000) + "x", "中".repeat(100_000), "\u{301}".repeat(100_000), "!?".repeat(100_000)] {
+    for text in [
+        "a".repeat(300_000),
+        " ".repeat(300_000) + "x",
+        "中".repeat(100_000),
+        "\u{301}".repeat(100_000),
+        "!?".repeat(100_000),
+    ] {
         let t = std::time::Instant::now();
         let ids = tok.encode(&text, false, false).unwrap();
         assert_eq!(tok.decode(&ids, false).unwrap(), text);

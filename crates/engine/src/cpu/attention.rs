@@ -30,19 +30,34 @@ pub fn attention(
     let kv_dim = n_head_kv * head_dim;
     let q_dim = n_head * head_dim;
     let n_rep = n_head / n_head_kv;
-    let ty = caches.first().map(|c| c.ty).ok_or_else(|| Error::Backend("attention without a cache".into()))?;
+    let ty = caches
+        .first()
+        .map(|c| c.ty)
+        .ok_or_else(|| Error::Backend("attention without a cache".into()))?;
     let rb = caches[0].row_bytes;
 
     // This batch's K and V rows in the cache type: rounded once, like stored rows.
     let mut kb = vec![0u8; n * rb];
     let mut vb = vec![0u8; n * rb];
     for i in 0..n {
-        ty.store_row(&k[i * kv_dim..(i + 1) * kv_dim], &mut kb[i * rb..(i + 1) * rb]);
-        ty.store_row(&v[i * kv_dim..(i + 1) * kv_dim], &mut vb[i * rb..(i + 1) * rb]);
+        ty.store_row(
+            &k[i * kv_dim..(i + 1) * kv_dim],
+            &mut kb[i * rb..(i + 1) * rb],
+        );
+        ty.store_row(
+            &v[i * kv_dim..(i + 1) * kv_dim],
+            &mut vb[i * rb..(i + 1) * rb],
+        );
     }
     // Row of the batch holding (seq, pos), for keys this batch brings.
     let first_in_batch: Vec<Option<(u32, usize)>> = (0..caches.len())
-        .map(|s| batch.seq.iter().position(|&x| x == s).map(|i| (batch.pos[i], i)))
+        .map(|s| {
+            batch
+                .seq
+                .iter()
+                .position(|&x| x == s)
+                .map(|i| (batch.pos[i], i))
+        })
         .collect();
 
     {
@@ -57,56 +72,64 @@ pub fn attention(
             shared[s].rows(spec.layer, j)
         };
         let failed = std::sync::atomic::AtomicBool::new(false);
-        out.par_chunks_mut(n_rep * head_dim).enumerate().for_each(|(c, o)| {
-            let (i, g) = (c / n_head_kv, c % n_head_kv);
-            let (s, p) = (batch.seq[i], batch.pos[i]);
-            let lo = if spec.kind.is_sliding() { (p + 1).saturating_sub(spec.n_swa as u32) } else { 0 };
-            let qs = &q[i * q_dim + g * n_rep * head_dim..i * q_dim + (g + 1) * n_rep * head_dim];
-            let nk = (p - lo + 1) as usize;
-            let mut scores = vec![0f64; n_rep * nk];
-            let mut row = vec![0f32; kv_dim];
-            for (jj, j) in (lo..=p).enumerate() {
-                let Some((kr, _)) = key_rows(s, j) else {
-                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    return;
+        out.par_chunks_mut(n_rep * head_dim)
+            .enumerate()
+            .for_each(|(c, o)| {
+                let (i, g) = (c / n_head_kv, c % n_head_kv);
+                let (s, p) = (batch.seq[i], batch.pos[i]);
+                let lo = if spec.kind.is_sliding() {
+                    (p + 1).saturating_sub(spec.n_swa as u32)
+                } else {
+                    0
                 };
-                ty.load_row(kr, &mut row);
-                let kh = &row[g * head_dim..(g + 1) * head_dim];
-                for r in 0..n_rep {
-                    scores[r * nk + jj] = dot(&qs[r * head_dim..(r + 1) * head_dim], kh) as f64 * spec.scale as f64;
-                }
-            }
-            for r in 0..n_rep {
-                let sc = &mut scores[r * nk..(r + 1) * nk];
-                let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let mut sum = 0f64;
-                for x in sc.iter_mut() {
-                    *x = (*x - m).exp();
-                    sum += *x;
-                }
-                for x in sc.iter_mut() {
-                    *x /= sum;
-                }
-            }
-            let mut acc = vec![0f64; n_rep * head_dim];
-            for (jj, j) in (lo..=p).enumerate() {
-                let Some((_, vr)) = key_rows(s, j) else {
-                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    return;
-                };
-                ty.load_row(vr, &mut row);
-                let vh = &row[g * head_dim..(g + 1) * head_dim];
-                for r in 0..n_rep {
-                    let w = scores[r * nk + jj];
-                    for (a, &x) in acc[r * head_dim..(r + 1) * head_dim].iter_mut().zip(vh) {
-                        *a += w * x as f64;
+                let qs =
+                    &q[i * q_dim + g * n_rep * head_dim..i * q_dim + (g + 1) * n_rep * head_dim];
+                let nk = (p - lo + 1) as usize;
+                let mut scores = vec![0f64; n_rep * nk];
+                let mut row = vec![0f32; kv_dim];
+                for (jj, j) in (lo..=p).enumerate() {
+                    let Some((kr, _)) = key_rows(s, j) else {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                        return;
+                    };
+                    ty.load_row(kr, &mut row);
+                    let kh = &row[g * head_dim..(g + 1) * head_dim];
+                    for r in 0..n_rep {
+                        scores[r * nk + jj] = dot(&qs[r * head_dim..(r + 1) * head_dim], kh) as f64
+                            * spec.scale as f64;
                     }
                 }
-            }
-            for (o, a) in o.iter_mut().zip(&acc) {
-                *o = *a as f32;
-            }
-        });
+                for r in 0..n_rep {
+                    let sc = &mut scores[r * nk..(r + 1) * nk];
+                    let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let mut sum = 0f64;
+                    for x in sc.iter_mut() {
+                        *x = (*x - m).exp();
+                        sum += *x;
+                    }
+                    for x in sc.iter_mut() {
+                        *x /= sum;
+                    }
+                }
+                let mut acc = vec![0f64; n_rep * head_dim];
+                for (jj, j) in (lo..=p).enumerate() {
+                    let Some((_, vr)) = key_rows(s, j) else {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                        return;
+                    };
+                    ty.load_row(vr, &mut row);
+                    let vh = &row[g * head_dim..(g + 1) * head_dim];
+                    for r in 0..n_rep {
+                        let w = scores[r * nk + jj];
+                        for (a, &x) in acc[r * head_dim..(r + 1) * head_dim].iter_mut().zip(vh) {
+                            *a += w * x as f64;
+                        }
+                    }
+                }
+                for (o, a) in o.iter_mut().zip(&acc) {
+                    *o = *a as f32;
+                }
+            });
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::Backend(format!(
                 "layer {}: a visible key is missing from the cache (positions out of order?)",
@@ -117,7 +140,12 @@ pub fn attention(
 
     // Commit this batch's rows to the caches.
     for i in 0..n {
-        caches[batch.seq[i]].put(spec.layer, batch.pos[i], &kb[i * rb..(i + 1) * rb], &vb[i * rb..(i + 1) * rb]);
+        caches[batch.seq[i]].put(
+            spec.layer,
+            batch.pos[i],
+            &kb[i * rb..(i + 1) * rb],
+            &vb[i * rb..(i + 1) * rb],
+        );
     }
     Ok(())
 }

@@ -72,7 +72,12 @@ pub fn dot(w: &[f32], x: &[f32]) -> f32 {
 fn tile_4x2(w: [&[f32]; 4], x: [&[f32]; 2], out: &mut [[f32; 2]; 4]) {
     let n = x[0].len();
     let n8 = n / 8;
-    let (w0, w1, w2, w3) = (w[0].as_chunks::<8>().0, w[1].as_chunks::<8>().0, w[2].as_chunks::<8>().0, w[3].as_chunks::<8>().0);
+    let (w0, w1, w2, w3) = (
+        w[0].as_chunks::<8>().0,
+        w[1].as_chunks::<8>().0,
+        w[2].as_chunks::<8>().0,
+        w[3].as_chunks::<8>().0,
+    );
     let (x0, x1) = (x[0].as_chunks::<8>().0, x[1].as_chunks::<8>().0);
     let mut acc = [[[0f32; 8]; 2]; 4];
     for i in 0..n8 {
@@ -97,13 +102,29 @@ fn tile_4x2(w: [&[f32]; 4], x: [&[f32]; 2], out: &mut [[f32; 2]; 4]) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn block_avx2(w: &[f32], cols: usize, nrows: usize, x: &[f32], ntok: usize, out: &mut [f32], ldo: usize) {
+fn block_avx2(
+    w: &[f32],
+    cols: usize,
+    nrows: usize,
+    x: &[f32],
+    ntok: usize,
+    out: &mut [f32],
+    ldo: usize,
+) {
     block_generic(w, cols, nrows, x, ntok, out, ldo)
 }
 
 /// out[t * ldo + r] = dot(w row r, x row t) for r < nrows, t < ntok.
 #[inline(always)]
-fn block_generic(w: &[f32], cols: usize, nrows: usize, x: &[f32], ntok: usize, out: &mut [f32], ldo: usize) {
+fn block_generic(
+    w: &[f32],
+    cols: usize,
+    nrows: usize,
+    x: &[f32],
+    ntok: usize,
+    out: &mut [f32],
+    ldo: usize,
+) {
     let row = |r: usize| &w[r * cols..(r + 1) * cols];
     let tok = |t: usize| &x[t * cols..(t + 1) * cols];
     let mut r = 0;
@@ -111,7 +132,11 @@ fn block_generic(w: &[f32], cols: usize, nrows: usize, x: &[f32], ntok: usize, o
         let mut t = 0;
         while t + 2 <= ntok {
             let mut o = [[0f32; 2]; 4];
-            tile_4x2([row(r), row(r + 1), row(r + 2), row(r + 3)], [tok(t), tok(t + 1)], &mut o);
+            tile_4x2(
+                [row(r), row(r + 1), row(r + 2), row(r + 3)],
+                [tok(t), tok(t + 1)],
+                &mut o,
+            );
             for (dr, orow) in o.iter().enumerate() {
                 out[t * ldo + r + dr] = orow[0];
                 out[(t + 1) * ldo + r + dr] = orow[1];
@@ -136,7 +161,15 @@ fn block_generic(w: &[f32], cols: usize, nrows: usize, x: &[f32], ntok: usize, o
 /// 256-value group is dequantized into a stack buffer and accumulated at once, lane `i % 8`
 /// in increasing `i` (the canonical order: the same bits as [`dot`]).
 #[inline(always)]
-fn gemv_generic(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], nt: usize, y: &mut [f32]) {
+fn gemv_generic(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    nt: usize,
+    y: &mut [f32],
+) {
     const G: usize = 256;
     let row_bytes = w.len() / rows;
     let (bl, bs) = ty.block_geometry();
@@ -188,13 +221,29 @@ fn gemv_generic(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], nt:
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn gemv_avx2(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], nt: usize, y: &mut [f32]) {
+fn gemv_avx2(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    nt: usize,
+    y: &mut [f32],
+) {
     gemv_generic(ty, w, rows, cols, x, nt, y)
 }
 
 /// y[t][r] = W[r] . x[t] for a weight matrix of `rows` x `cols` in format `ty` and `n_tokens`
 /// activation rows; `y` is `n_tokens` x `rows`.
-pub fn matmul(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], n_tokens: usize, y: &mut [f32]) {
+pub fn matmul(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) {
     debug_assert_eq!(x.len(), n_tokens * cols);
     debug_assert_eq!(y.len(), n_tokens * rows);
     let row_bytes = w.len() / rows;
@@ -273,7 +322,9 @@ mod tests {
     use super::*;
 
     fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         ((*seed >> 40) as f32 / (1u64 << 24) as f32) - 0.5
     }
 
@@ -290,8 +341,14 @@ mod tests {
                 for t in 0..n {
                     for r in 0..rows {
                         let want = dot(&w[r * cols..(r + 1) * cols], &x[t * cols..(t + 1) * cols]);
-                        assert_eq!(y[t * rows + r].to_bits(), want.to_bits(), "rows {rows} cols {cols} n {n} t {t} r {r}");
-                        let f64sum: f64 = (0..cols).map(|i| w[r * cols + i] as f64 * x[t * cols + i] as f64).sum();
+                        assert_eq!(
+                            y[t * rows + r].to_bits(),
+                            want.to_bits(),
+                            "rows {rows} cols {cols} n {n} t {t} r {r}"
+                        );
+                        let f64sum: f64 = (0..cols)
+                            .map(|i| w[r * cols + i] as f64 * x[t * cols + i] as f64)
+                            .sum();
                         assert!((want as f64 - f64sum).abs() < 1e-5, "{want} vs {f64sum}");
                     }
                 }

@@ -37,7 +37,9 @@ impl NumericMode {
         match s {
             "accurate" => Ok(Self::Accurate),
             "parity" => Ok(Self::Parity),
-            _ => Err(Error::Input(format!("unknown numeric mode '{s}' (expected accurate or parity)"))),
+            _ => Err(Error::Input(format!(
+                "unknown numeric mode '{s}' (expected accurate or parity)"
+            ))),
         }
     }
 }
@@ -84,7 +86,12 @@ impl CpuBackend {
             .build()
             .map_err(|e| Error::Backend(format!("cannot start CPU threads: {e}")))?;
         let n_threads = pool.current_num_threads();
-        Ok(CpuBackend { mode, pool, n_threads, parity_ubatch: 512 })
+        Ok(CpuBackend {
+            mode,
+            pool,
+            n_threads,
+            parity_ubatch: 512,
+        })
     }
 
     pub fn threads(&self) -> usize {
@@ -95,12 +102,14 @@ impl CpuBackend {
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
     }
-
 }
 
 fn check(a: &CpuAct, rows: usize, cols: usize, what: &str) -> Result<()> {
     if a.rows != rows || a.cols != cols {
-        return Err(Error::Backend(format!("{what}: shape {}x{}, expected {rows}x{cols}", a.rows, a.cols)));
+        return Err(Error::Backend(format!(
+            "{what}: shape {}x{}, expected {rows}x{cols}",
+            a.rows, a.cols
+        )));
     }
     Ok(())
 }
@@ -116,7 +125,10 @@ impl Backend for CpuBackend {
     }
 
     fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<CpuMatrix> {
-        Ok(CpuMatrix { file: file.clone(), m: m.clone() })
+        Ok(CpuMatrix {
+            file: file.clone(),
+            m: m.clone(),
+        })
     }
 
     fn vector(&self, v: &[f32]) -> Result<Vec<f32>> {
@@ -124,12 +136,19 @@ impl Backend for CpuBackend {
     }
 
     fn act(&self, rows: usize, cols: usize) -> Result<CpuAct> {
-        Ok(CpuAct { rows, cols, data: vec![0.0; rows * cols] })
+        Ok(CpuAct {
+            rows,
+            cols,
+            data: vec![0.0; rows * cols],
+        })
     }
 
     fn set_rows(&self, a: &mut CpuAct, rows: usize) -> Result<()> {
         if rows * a.cols > a.data.capacity() {
-            return Err(Error::Backend(format!("activation of {} rows cannot hold {rows}", a.data.capacity() / a.cols.max(1))));
+            return Err(Error::Backend(format!(
+                "activation of {} rows cannot hold {rows}",
+                a.data.capacity() / a.cols.max(1)
+            )));
         }
         a.rows = rows;
         a.data.resize(rows * a.cols, 0.0);
@@ -171,11 +190,16 @@ impl Backend for CpuBackend {
         for (i, &t) in tokens.iter().enumerate() {
             let t = t as usize;
             if t >= table.m.rows {
-                return Err(Error::Input(format!("token id {t} is outside the vocabulary (size {})", table.m.rows)));
+                return Err(Error::Input(format!(
+                    "token id {t} is outside the vocabulary (size {})",
+                    table.m.rows
+                )));
             }
             let dst = &mut out.data[i * table.m.cols..(i + 1) * table.m.cols];
             match self.mode {
-                NumericMode::Accurate => formats::dequantize_row(table.m.ty, &bytes[t * rb..(t + 1) * rb], dst),
+                NumericMode::Accurate => {
+                    formats::dequantize_row(table.m.ty, &bytes[t * rb..(t + 1) * rb], dst)
+                }
                 NumericMode::Parity => ggml::get_row(table.m.ty, &bytes[t * rb..(t + 1) * rb], dst),
             }
         }
@@ -186,20 +210,30 @@ impl Backend for CpuBackend {
         check(out, x.rows, x.cols, "rms_norm")?;
         if let Some(w) = w {
             if w.len() != x.cols {
-                return Err(Error::Backend(format!("rms_norm weight of {} for rows of {}", w.len(), x.cols)));
+                return Err(Error::Backend(format!(
+                    "rms_norm weight of {} for rows of {}",
+                    w.len(),
+                    x.cols
+                )));
             }
         }
         match self.mode {
             NumericMode::Accurate => self.install(|| {
-                out.data.par_chunks_mut(x.cols).zip(x.data.par_chunks(x.cols)).for_each(|(o, r)| {
-                    ops::rms_norm_row(r, w.map(|v| v.as_slice()), eps, o);
-                })
+                out.data
+                    .par_chunks_mut(x.cols)
+                    .zip(x.data.par_chunks(x.cols))
+                    .for_each(|(o, r)| {
+                        ops::rms_norm_row(r, w.map(|v| v.as_slice()), eps, o);
+                    })
             }),
             NumericMode::Parity => self.install(|| {
-                out.data.par_chunks_mut(x.cols).zip(x.data.par_chunks(x.cols)).for_each(|(o, r)| match w {
-                    Some(w) => ggml::rms_norm_mul(r, w, eps, o),
-                    None => ggml::rms_norm(r, eps, o),
-                })
+                out.data
+                    .par_chunks_mut(x.cols)
+                    .zip(x.data.par_chunks(x.cols))
+                    .for_each(|(o, r)| match w {
+                        Some(w) => ggml::rms_norm_mul(r, w, eps, o),
+                        None => ggml::rms_norm(r, eps, o),
+                    })
             }),
         }
         Ok(())
@@ -207,15 +241,34 @@ impl Backend for CpuBackend {
 
     fn matmul(&self, w: &CpuMatrix, x: &CpuAct, out: &mut CpuAct) -> Result<()> {
         if x.cols != w.m.cols {
-            return Err(Error::Backend(format!("matmul {}: input width {}, expected {}", w.m.name, x.cols, w.m.cols)));
+            return Err(Error::Backend(format!(
+                "matmul {}: input width {}, expected {}",
+                w.m.name, x.cols, w.m.cols
+            )));
         }
         check(out, x.rows, w.m.rows, "matmul")?;
         match self.mode {
             NumericMode::Accurate => self.install(|| {
-                matmul::matmul(w.m.ty, w.bytes(), w.m.rows, w.m.cols, &x.data, x.rows, &mut out.data)
+                matmul::matmul(
+                    w.m.ty,
+                    w.bytes(),
+                    w.m.rows,
+                    w.m.cols,
+                    &x.data,
+                    x.rows,
+                    &mut out.data,
+                )
             }),
             NumericMode::Parity => self.install(|| {
-                ggml::mul_mat(w.m.ty, w.bytes(), w.m.rows, w.m.cols, &x.data, x.rows, &mut out.data)
+                ggml::mul_mat(
+                    w.m.ty,
+                    w.bytes(),
+                    w.m.rows,
+                    w.m.cols,
+                    &x.data,
+                    x.rows,
+                    &mut out.data,
+                )
             }),
         }
         Ok(())
@@ -224,7 +277,9 @@ impl Backend for CpuBackend {
     fn head_norm(&self, x: &mut CpuAct, head_dim: usize, eps: f32, scale: f32) -> Result<()> {
         match self.mode {
             NumericMode::Accurate => self.install(|| {
-                x.data.par_chunks_mut(x.cols).for_each(|r| ops::head_norm_row(r, head_dim, eps, scale))
+                x.data
+                    .par_chunks_mut(x.cols)
+                    .for_each(|r| ops::head_norm_row(r, head_dim, eps, scale))
             }),
             NumericMode::Parity => {
                 // QK-norm is build_norm with the (constant) q_norm / k_norm tensor as weight.
@@ -239,14 +294,18 @@ impl Backend for CpuBackend {
         check(x, batch.len(), x.cols, "rope")?;
         match self.mode {
             NumericMode::Accurate => self.install(|| {
-                x.data.par_chunks_mut(x.cols).zip(batch.pos.par_iter()).for_each(|(r, &p)| {
-                    ops::rope_row(r, head_dim, &ops::rope_table(p, head_dim, freq_base))
-                })
+                x.data
+                    .par_chunks_mut(x.cols)
+                    .zip(batch.pos.par_iter())
+                    .for_each(|(r, &p)| {
+                        ops::rope_row(r, head_dim, &ops::rope_table(p, head_dim, freq_base))
+                    })
             }),
             NumericMode::Parity => self.install(|| {
-                x.data.par_chunks_mut(x.cols).zip(batch.pos.par_iter()).for_each(|(r, &p)| {
-                    ggml::rope_norm(r, head_dim, p as i32, freq_base)
-                })
+                x.data
+                    .par_chunks_mut(x.cols)
+                    .zip(batch.pos.par_iter())
+                    .for_each(|(r, &p)| ggml::rope_norm(r, head_dim, p as i32, freq_base))
             }),
         }
         Ok(())
@@ -263,18 +322,53 @@ impl Backend for CpuBackend {
         out: &mut CpuAct,
     ) -> Result<()> {
         check(q, batch.len(), spec.n_head * spec.head_dim, "attention q")?;
-        check(k, batch.len(), spec.n_head_kv * spec.head_dim, "attention k")?;
-        check(v, batch.len(), spec.n_head_kv * spec.head_dim, "attention v")?;
-        check(out, batch.len(), spec.n_head * spec.head_dim, "attention out")?;
+        check(
+            k,
+            batch.len(),
+            spec.n_head_kv * spec.head_dim,
+            "attention k",
+        )?;
+        check(
+            v,
+            batch.len(),
+            spec.n_head_kv * spec.head_dim,
+            "attention v",
+        )?;
+        check(
+            out,
+            batch.len(),
+            spec.n_head * spec.head_dim,
+            "attention out",
+        )?;
         match self.mode {
             NumericMode::Accurate => self.install(|| {
-                attention::attention(caches, spec, batch, &q.data, &k.data, &v.data, &mut out.data)
+                attention::attention(
+                    caches,
+                    spec,
+                    batch,
+                    &q.data,
+                    &k.data,
+                    &v.data,
+                    &mut out.data,
+                )
             }),
             NumericMode::Parity => {
                 if caches.len() != 1 || batch.seq.iter().any(|&s| s != 0) {
-                    return Err(Error::Backend("parity mode reproduces llama.cpp with one sequence".into()));
+                    return Err(Error::Backend(
+                        "parity mode reproduces llama.cpp with one sequence".into(),
+                    ));
                 }
-                self.install(|| parity::attention(caches[0], spec, batch, &q.data, &k.data, &v.data, &mut out.data))
+                self.install(|| {
+                    parity::attention(
+                        caches[0],
+                        spec,
+                        batch,
+                        &q.data,
+                        &k.data,
+                        &v.data,
+                        &mut out.data,
+                    )
+                })
             }
         }
     }
@@ -283,7 +377,10 @@ impl Backend for CpuBackend {
         check(g, x.rows, x.cols, "sigmoid_gate")?;
         match self.mode {
             NumericMode::Accurate => self.install(|| {
-                x.data.par_chunks_mut(x.cols).zip(g.data.par_chunks(x.cols)).for_each(|(a, b)| ops::sigmoid_gate_row(a, b))
+                x.data
+                    .par_chunks_mut(x.cols)
+                    .zip(g.data.par_chunks(x.cols))
+                    .for_each(|(a, b)| ops::sigmoid_gate_row(a, b))
             }),
             NumericMode::Parity => {
                 // gate = ggml_sigmoid(gate); cur = ggml_mul(cur, gate)
@@ -302,40 +399,62 @@ impl Backend for CpuBackend {
             NumericMode::Accurate => self.install(|| {
                 out.data
                     .par_chunks_mut(gate.cols)
-                    .zip(gate.data.par_chunks(gate.cols).zip(up.data.par_chunks(gate.cols)))
+                    .zip(
+                        gate.data
+                            .par_chunks(gate.cols)
+                            .zip(up.data.par_chunks(gate.cols)),
+                    )
                     .for_each(|(o, (g, u))| ops::swiglu_row(g, u, o))
             }),
             NumericMode::Parity => self.install(|| {
                 out.data
                     .par_chunks_mut(gate.cols)
-                    .zip(gate.data.par_chunks(gate.cols).zip(up.data.par_chunks(gate.cols)))
+                    .zip(
+                        gate.data
+                            .par_chunks(gate.cols)
+                            .zip(up.data.par_chunks(gate.cols)),
+                    )
                     .for_each(|(o, (g, u))| ggml::swiglu_row(g, u, o))
             }),
         }
         Ok(())
     }
 
-    fn post_norm_add(&self, resid: &mut CpuAct, src: &CpuAct, w: &Vec<f32>, eps: f32) -> Result<()> {
+    fn post_norm_add(
+        &self,
+        resid: &mut CpuAct,
+        src: &CpuAct,
+        w: &Vec<f32>,
+        eps: f32,
+    ) -> Result<()> {
         check(src, resid.rows, resid.cols, "post_norm_add")?;
         match self.mode {
             NumericMode::Accurate => self.install(|| {
                 let cols = resid.cols;
-                resid.data.par_chunks_mut(cols).zip(src.data.par_chunks(cols)).for_each(|(r, s)| {
-                    let mut tmp = vec![0f32; cols];
-                    ops::rms_norm_row(s, Some(w), eps, &mut tmp);
-                    for (a, b) in r.iter_mut().zip(&tmp) {
-                        *a += *b;
-                    }
-                })
+                resid
+                    .data
+                    .par_chunks_mut(cols)
+                    .zip(src.data.par_chunks(cols))
+                    .for_each(|(r, s)| {
+                        let mut tmp = vec![0f32; cols];
+                        ops::rms_norm_row(s, Some(w), eps, &mut tmp);
+                        for (a, b) in r.iter_mut().zip(&tmp) {
+                            *a += *b;
+                        }
+                    })
             }),
             NumericMode::Parity => self.install(|| {
                 // cur = ggml_mul(ggml_rms_norm(src, eps), w); resid = ggml_add(cur, resid)
                 let cols = resid.cols;
-                resid.data.par_chunks_mut(cols).zip(src.data.par_chunks(cols)).for_each(|(r, s)| {
-                    let mut tmp = vec![0f32; cols];
-                    ggml::rms_norm_mul(s, w, eps, &mut tmp);
-                    ggml::add(r, &tmp);
-                })
+                resid
+                    .data
+                    .par_chunks_mut(cols)
+                    .zip(src.data.par_chunks(cols))
+                    .for_each(|(r, s)| {
+                        let mut tmp = vec![0f32; cols];
+                        ggml::rms_norm_mul(s, w, eps, &mut tmp);
+                        ggml::add(r, &tmp);
+                    })
             }),
         }
         Ok(())
@@ -344,7 +463,9 @@ impl Backend for CpuBackend {
     fn logit_finish(&self, x: &mut CpuAct, scale: f32, softcap: Option<f32>) -> Result<()> {
         match self.mode {
             NumericMode::Accurate => self.install(|| {
-                x.data.par_chunks_mut(x.cols).for_each(|r| ops::logit_finish_row(r, scale, softcap))
+                x.data
+                    .par_chunks_mut(x.cols)
+                    .for_each(|r| ops::logit_finish_row(r, scale, softcap))
             }),
             NumericMode::Parity => {
                 ggml::scale(&mut x.data, scale);
@@ -360,11 +481,13 @@ impl Backend for CpuBackend {
         check(out, rows.len(), x.cols, "select_rows")?;
         for (i, &r) in rows.iter().enumerate() {
             if r >= x.rows {
-                return Err(Error::Backend(format!("select_rows: row {r} of {}", x.rows)));
+                return Err(Error::Backend(format!(
+                    "select_rows: row {r} of {}",
+                    x.rows
+                )));
             }
             out.data[i * x.cols..(i + 1) * x.cols].copy_from_slice(x.row(r));
         }
         Ok(())
     }
 }
-

@@ -103,7 +103,12 @@ mod tests {
         assert_eq!(y, [(3.0 * inv) as f32, (4.0 * inv) as f32, 0.0, 0.0]);
         assert!((y[0] - 1.2).abs() < 1e-5 && (y[1] - 1.6).abs() < 1e-5);
         // gamma = [2, 0.5, 1, 1] reshapes: y = [2.4, 0.8, 0, 0].
-        rms_norm_row(&[3.0, 4.0, 0.0, 0.0], Some(&[2.0, 0.5, 1.0, 1.0]), 1e-5, &mut y);
+        rms_norm_row(
+            &[3.0, 4.0, 0.0, 0.0],
+            Some(&[2.0, 0.5, 1.0, 1.0]),
+            1e-5,
+            &mut y,
+        );
         assert!((y[0] - 2.4).abs() < 1e-5 && (y[1] - 0.8).abs() < 1e-5);
     }
 
@@ -125,7 +130,10 @@ mod tests {
         let s = 3.87f32 as f64;
         assert_eq!(x[0], (3.0 * (s / (12.5f64).sqrt())) as f32);
         assert_eq!(x[2], (30.0 * (s / (1250f64).sqrt())) as f32);
-        assert!((x[0] - x[2]).abs() < 1e-6, "each head is normalized on its own");
+        assert!(
+            (x[0] - x[2]).abs() < 1e-6,
+            "each head is normalized on its own"
+        );
     }
 
     #[test]

@@ -37,15 +37,38 @@ impl ParityKv {
                 "parity mode reproduces llama.cpp's non-flash attention, which cannot use a q8_0 V cache; use f32, f16 or bf16".into(),
             ));
         }
-        let n_swa = u32::try_from(cfg.n_swa).map_err(|_| Error::Config("sliding window too large".into()))?;
+        let n_swa = u32::try_from(cfg.n_swa)
+            .map_err(|_| Error::Config("sliding window too large".into()))?;
         let n_ubatch = n_ubatch.clamp(1, n_ctx);
         let layout = IswaLayout::new(n_ctx, n_swa, n_ubatch);
         let row_bytes = ty.row_bytes(cfg.kv_dim())?;
         let sliding: Vec<bool> = cfg.layer_kinds.iter().map(|k| k.is_sliding()).collect();
-        let cells = |s: bool| if s { layout.swa.size() } else { layout.full.size() };
-        let k = sliding.iter().map(|&s| vec![0u8; cells(s) * row_bytes]).collect();
-        let v = sliding.iter().map(|&s| vec![0u8; cells(s) * row_bytes]).collect();
-        Ok(ParityKv { layout, placed: None, k, v, row_bytes, sliding, n_ctx, n_swa, n_ubatch })
+        let cells = |s: bool| {
+            if s {
+                layout.swa.size()
+            } else {
+                layout.full.size()
+            }
+        };
+        let k = sliding
+            .iter()
+            .map(|&s| vec![0u8; cells(s) * row_bytes])
+            .collect();
+        let v = sliding
+            .iter()
+            .map(|&s| vec![0u8; cells(s) * row_bytes])
+            .collect();
+        Ok(ParityKv {
+            layout,
+            placed: None,
+            k,
+            v,
+            row_bytes,
+            sliding,
+            n_ctx,
+            n_swa,
+            n_ubatch,
+        })
     }
 
     pub fn clear(&mut self) {
@@ -56,33 +79,62 @@ impl ParityKv {
 
 /// One layer's non-flash attention for one micro-batch of one sequence, as llama.cpp:
 /// store K and V into their cells, then `ggml::attention` over the layer's cells.
-pub fn attention(kv: &mut HostKv, spec: AttnSpec, batch: &Batch, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) -> Result<()> {
+pub fn attention(
+    kv: &mut HostKv,
+    spec: AttnSpec,
+    batch: &Batch,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+) -> Result<()> {
     let ty: GgmlType = kv.ty.ggml_type();
-    let p = kv
-        .parity
-        .as_mut()
-        .ok_or_else(|| Error::Backend("parity attention on a cache made in accurate mode".into()))?;
+    let p = kv.parity.as_mut().ok_or_else(|| {
+        Error::Backend("parity attention on a cache made in accurate mode".into())
+    })?;
     let positions: Vec<i32> = batch.pos.iter().map(|&x| x as i32).collect();
     if spec.layer == 0 {
         let placed = p.layout.place(&positions).map_err(|e| {
-            Error::Input(format!("parity mode: llama.cpp's KV cache has no room for this micro-batch ({e:?})"))
+            Error::Input(format!(
+                "parity mode: llama.cpp's KV cache has no room for this micro-batch ({e:?})"
+            ))
         })?;
         p.placed = Some(placed);
     }
-    let (full, swa) = p.placed.as_ref().ok_or_else(|| Error::Backend("parity: micro-batch not placed".into()))?;
+    let (full, swa) = p
+        .placed
+        .as_ref()
+        .ok_or_else(|| Error::Backend("parity: micro-batch not placed".into()))?;
     let sliding = p.sliding[spec.layer];
     let placement = if sliding { swa } else { full };
     let kv_dim = spec.n_head_kv * spec.head_dim;
     let rb = p.row_bytes;
     for (t, &slot) in placement.slots.iter().enumerate() {
-        ggml::store_kv_row(ty, &k[t * kv_dim..(t + 1) * kv_dim], &mut p.k[spec.layer][slot * rb..(slot + 1) * rb]);
-        ggml::store_kv_row(ty, &v[t * kv_dim..(t + 1) * kv_dim], &mut p.v[spec.layer][slot * rb..(slot + 1) * rb]);
+        ggml::store_kv_row(
+            ty,
+            &k[t * kv_dim..(t + 1) * kv_dim],
+            &mut p.k[spec.layer][slot * rb..(slot + 1) * rb],
+        );
+        ggml::store_kv_row(
+            ty,
+            &v[t * kv_dim..(t + 1) * kv_dim],
+            &mut p.v[spec.layer][slot * rb..(slot + 1) * rb],
+        );
     }
-    let layout = if sliding { &p.layout.swa } else { &p.layout.full };
+    let layout = if sliding {
+        &p.layout.swa
+    } else {
+        &p.layout.full
+    };
     let (kc, vc) = (&p.k[spec.layer], &p.v[spec.layer]);
     let keys: Vec<KvKey> = layout
         .cells()
-        .map(|(slot, pos)| KvKey { slot, pos, k: &kc[slot * rb..(slot + 1) * rb], v: &vc[slot * rb..(slot + 1) * rb] })
+        .map(|(slot, pos)| KvKey {
+            slot,
+            pos,
+            k: &kc[slot * rb..(slot + 1) * rb],
+            v: &vc[slot * rb..(slot + 1) * rb],
+        })
         .collect();
     let params = AttnParams {
         n_head: spec.n_head,

@@ -6,14 +6,19 @@ use std::path::PathBuf;
 use muser_engine::{CpuBackend, KvType, Logits, ModelFile, MuseGlimmer, NumericMode, Session};
 
 pub const FAMILIES: [&str; 2] = ["tame", "sharp"];
-pub const FORMATS: [&str; 8] = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k"];
+pub const FORMATS: [&str; 8] = [
+    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k",
+];
 
 pub fn fixtures_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
 pub fn all_fixtures() -> Vec<String> {
-    FAMILIES.iter().flat_map(|f| FORMATS.iter().map(move |t| format!("{f}-{t}"))).collect()
+    FAMILIES
+        .iter()
+        .flat_map(|f| FORMATS.iter().map(move |t| format!("{f}-{t}")))
+        .collect()
 }
 
 pub fn model_path(name: &str) -> PathBuf {
@@ -26,12 +31,16 @@ pub fn golden_path(name: &str, file: &str) -> PathBuf {
 
 pub fn read_i32(path: &PathBuf) -> Vec<u32> {
     let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    b.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32).collect()
+    b.chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32)
+        .collect()
 }
 
 pub fn read_f32(path: &PathBuf) -> Vec<f32> {
     let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 pub fn load(name: &str, mode: NumericMode) -> MuseGlimmer<CpuBackend> {
@@ -46,7 +55,9 @@ pub fn logits(m: &MuseGlimmer<CpuBackend>, tokens: &[u32], kv: KvType, ubatch: u
 }
 
 pub fn log_softmax_rows(x: &[f32], n_vocab: usize) -> Vec<f64> {
-    x.chunks_exact(n_vocab).flat_map(muser_engine::sampling::log_softmax).collect()
+    x.chunks_exact(n_vocab)
+        .flat_map(muser_engine::sampling::log_softmax)
+        .collect()
 }
 
 /// max |Δ log-softmax| over every position and token.
@@ -54,9 +65,16 @@ pub fn max_dls(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
     assert_eq!(a.len(), b.len(), "logit shapes differ");
     assert!(a.iter().all(|v| v.is_finite()), "NaN or Inf in logits");
     let (la, lb) = (log_softmax_rows(a, n_vocab), log_softmax_rows(b, n_vocab));
-    la.iter().zip(&lb).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max)
+    la.iter()
+        .zip(&lb)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
 }
 
 pub fn bound(name: &str, tame: f64, sharp: f64) -> f64 {
-    if name.starts_with("tame") { tame } else { sharp }
+    if name.starts_with("tame") {
+        tame
+    } else {
+        sharp
+    }
 }

@@ -16,7 +16,9 @@ pub struct Case {
 
 impl Case {
     pub fn get(&self, k: &str) -> &str {
-        self.kv.get(k).unwrap_or_else(|| panic!("case {}: no key {k}", self.name))
+        self.kv
+            .get(k)
+            .unwrap_or_else(|| panic!("case {}: no key {k}", self.name))
     }
     pub fn usize(&self, k: &str) -> usize {
         self.get(k).parse().unwrap()
@@ -34,7 +36,10 @@ impl Case {
         GgmlType::from_name(self.get(k)).unwrap_or_else(|| panic!("unknown type {}", self.get(k)))
     }
     pub fn out_f32(&self) -> Vec<f32> {
-        self.out.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        self.out
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
     }
 }
 
@@ -45,7 +50,8 @@ fn data_dir() -> PathBuf {
 /// All cases of the manifest whose op is `op`.
 pub fn cases(op: &str) -> Vec<Case> {
     let dir = data_dir();
-    let manifest = std::fs::read_to_string(dir.join("manifest.txt")).expect("tests/data/ggml/manifest.txt");
+    let manifest =
+        std::fs::read_to_string(dir.join("manifest.txt")).expect("tests/data/ggml/manifest.txt");
     let blob = std::fs::read(dir.join("goldens.bin")).expect("tests/data/ggml/goldens.bin");
     let mut res = Vec::new();
     for line in manifest.lines() {
@@ -66,7 +72,12 @@ pub fn cases(op: &str) -> Vec<Case> {
             .collect();
         let off: usize = kv["off"].parse().unwrap();
         let len: usize = kv["len"].parse().unwrap();
-        res.push(Case { name, op: o, out: blob[off..off + len].to_vec(), kv });
+        res.push(Case {
+            name,
+            op: o,
+            out: blob[off..off + len].to_vec(),
+            kv,
+        });
     }
     assert!(!res.is_empty(), "no golden cases for op {op}");
     res
@@ -92,7 +103,13 @@ impl Rng {
     pub fn act(&mut self) -> f32 {
         let u = self.unif();
         let k = self.next() & 31;
-        let amp = if k == 0 { 8.0f32 } else if k < 8 { 2.0 } else { 0.5 };
+        let amp = if k == 0 {
+            8.0f32
+        } else if k < 8 {
+            2.0
+        } else {
+            0.5
+        };
         u * amp
     }
     pub fn acts(&mut self, n: usize) -> Vec<f32> {
@@ -179,9 +196,18 @@ pub fn assert_bits_eq(name: &str, got: &[f32], want: &[f32]) {
             let u = (g.to_bits() as i32 as i64 - w.to_bits() as i32 as i64).abs();
             max_ulp = max_ulp.max(u);
             if first.len() < 5 {
-                first.push(format!("[{i}] got {g:e} ({:08x}) want {w:e} ({:08x})", g.to_bits(), w.to_bits()));
+                first.push(format!(
+                    "[{i}] got {g:e} ({:08x}) want {w:e} ({:08x})",
+                    g.to_bits(),
+                    w.to_bits()
+                ));
             }
         }
     }
-    assert!(bad == 0, "{name}: {bad}/{} values differ (max {max_ulp} ulp): {}", got.len(), first.join("; "));
+    assert!(
+        bad == 0,
+        "{name}: {bad}/{} values differ (max {max_ulp} ulp): {}",
+        got.len(),
+        first.join("; ")
+    );
 }

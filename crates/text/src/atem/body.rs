@@ -84,7 +84,10 @@ mod tests {
         let ok = "<atem:function_calls>\n<atem:invoke name=\"f\">\n<atem:parameter name=\"a\"> x\ny </atem:parameter>\n<atem:parameter name=\"b\">1</atem:parameter>\n</atem:invoke>\n</atem:function_calls>";
         assert_eq!(
             parse(ok),
-            Some(vec![Invoke { name: "f".into(), params: vec![("a".into(), " x\ny ".into()), ("b".into(), "1".into())] }])
+            Some(vec![Invoke {
+                name: "f".into(),
+                params: vec![("a".into(), " x\ny ".into()), ("b".into(), "1".into())]
+            }])
         );
         let compact = "<atem:function_calls><atem:invoke name=\"g\"></atem:invoke><atem:invoke name=\"h\"><atem:parameter name=\"q\">z</atem:parameter></atem:invoke></atem:function_calls>\n";
         assert_eq!(parse(compact).map(|v| v.len()), Some(2));

@@ -29,7 +29,10 @@ pub enum ChatDelta {
     Content(String),
     Reasoning(String),
     /// A complete tool call (ATEM is only known to be well-formed at its closing tag).
-    ToolCall { index: usize, call: ToolCall },
+    ToolCall {
+        index: usize,
+        call: ToolCall,
+    },
 }
 
 /// The assistant message parsed from a whole generation.
@@ -45,8 +48,10 @@ impl ParsedMessage {
     pub fn into_message(self) -> Message {
         Message {
             role: "assistant".into(),
-            content: (!self.content.is_empty() || self.tool_calls.is_empty()).then_some(Value::String(self.content)),
-            reasoning_content: (!self.reasoning_content.is_empty()).then_some(self.reasoning_content),
+            content: (!self.content.is_empty() || self.tool_calls.is_empty())
+                .then_some(Value::String(self.content)),
+            reasoning_content: (!self.reasoning_content.is_empty())
+                .then_some(self.reasoning_content),
             tool_calls: self.tool_calls,
             ..Message::default()
         }
@@ -71,7 +76,10 @@ pub struct ToolCallParser {
 impl ToolCallParser {
     /// A parser for a request that offers `tools` (none: tool-call text stays content).
     pub fn new(tools: &[Tool]) -> Self {
-        let mut p = Self { tools: HashMap::new(), extract_reasoning: true };
+        let mut p = Self {
+            tools: HashMap::new(),
+            extract_reasoning: true,
+        };
         for t in tools {
             let params = t.function.parameters.clone().unwrap_or(Value::Null);
             let props = params.get("properties").and_then(Value::as_object);
@@ -130,7 +138,11 @@ impl ToolCallParser {
                     args.insert(name.clone(), typed_value(&raw, kinds.get(&name).copied()));
                 }
                 let arguments = serde_json::to_string(&Value::Object(args)).ok()?;
-                Some(ToolCall::new(Some(new_call_id(first_index + i)), inv.name, arguments))
+                Some(ToolCall::new(
+                    Some(new_call_id(first_index + i)),
+                    inv.name,
+                    arguments,
+                ))
             })
             .collect()
     }
@@ -140,7 +152,9 @@ impl ToolCallParser {
 /// that is not JSON stays a string rather than failing the call.
 fn typed_value(raw: &str, may_be_string: Option<bool>) -> Value {
     match may_be_string {
-        Some(false) => serde_json::from_str(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_string())),
+        Some(false) => {
+            serde_json::from_str(raw.trim()).unwrap_or_else(|_| Value::String(raw.to_string()))
+        }
         _ => Value::String(raw.to_string()),
     }
 }
@@ -150,7 +164,10 @@ fn typed_value(raw: &str, may_be_string: Option<bool>) -> Value {
 fn new_call_id(index: usize) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
     let mix = |mut z: u64| {
         // splitmix64
         z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);

@@ -15,15 +15,22 @@ pub fn may_be_string(schema: &Value, root: &Value) -> bool {
 }
 
 fn check(schema: &Value, root: &Value, depth: usize) -> bool {
-    let Some(s) = schema.as_object() else { return false };
+    let Some(s) = schema.as_object() else {
+        return false;
+    };
     if depth > MAX_DEPTH {
         return false;
     }
     if let Some(r) = s.get("$ref") {
-        return r.as_str().and_then(|r| resolve(r, root)).is_some_and(|t| check(t, root, depth + 1));
+        return r
+            .as_str()
+            .and_then(|r| resolve(r, root))
+            .is_some_and(|t| check(t, root, depth + 1));
     }
     if let Some(alts) = s.get("oneOf").or_else(|| s.get("anyOf")) {
-        return alts.as_array().is_some_and(|a| a.iter().any(|c| check(c, root, depth + 1)));
+        return alts
+            .as_array()
+            .is_some_and(|a| a.iter().any(|c| check(c, root, depth + 1)));
     }
     // {"type": ["a", "b"], ...} is {"anyOf": [{"type": "a", ...}, {"type": "b", ...}]}.
     if let Some(Value::Array(types)) = s.get("type") {
@@ -39,7 +46,9 @@ fn check(schema: &Value, root: &Value, depth: usize) -> bool {
     if let Some(e) = s.get("enum") {
         return e.as_array().is_some_and(|a| a.iter().any(Value::is_string));
     }
-    let has_properties = s.contains_key("properties") || s.get("additionalProperties").is_some_and(|a| *a != Value::Bool(true));
+    let has_properties = s.contains_key("properties")
+        || s.get("additionalProperties")
+            .is_some_and(|a| *a != Value::Bool(true));
     match s.get("type").and_then(Value::as_str) {
         None => {
             if has_properties {
@@ -49,18 +58,24 @@ fn check(schema: &Value, root: &Value, depth: usize) -> bool {
             } else if s.contains_key("items") || s.contains_key("prefixItems") {
                 false
             } else {
-                ["pattern", "minLength", "maxLength", "format"].iter().any(|k| s.contains_key(*k))
+                ["pattern", "minLength", "maxLength", "format"]
+                    .iter()
+                    .any(|k| s.contains_key(*k))
             }
         }
         Some("string") => s.get("allOf").is_none_or(|all| all_of(all, root, depth)),
-        Some("object") if !has_properties => s.get("allOf").is_some_and(|all| all_of(all, root, depth)),
+        Some("object") if !has_properties => {
+            s.get("allOf").is_some_and(|all| all_of(all, root, depth))
+        }
         Some(_) => false,
     }
 }
 
 /// Every child that constrains anything must allow a string, and one must.
 fn all_of(all: &Value, root: &Value, depth: usize) -> bool {
-    let Some(children) = all.as_array() else { return false };
+    let Some(children) = all.as_array() else {
+        return false;
+    };
     let mut any_string = false;
     for c in children {
         if is_any(c) {
@@ -76,12 +91,28 @@ fn all_of(all: &Value, root: &Value, depth: usize) -> bool {
 
 /// A schema that llama.cpp builds as "any": no keyword that constrains the kind of value.
 fn is_any(schema: &Value) -> bool {
-    let Some(s) = schema.as_object() else { return true };
+    let Some(s) = schema.as_object() else {
+        return true;
+    };
     const KEYS: [&str; 14] = [
-        "$ref", "oneOf", "anyOf", "allOf", "type", "const", "enum", "properties", "items", "prefixItems",
-        "pattern", "minLength", "maxLength", "format",
+        "$ref",
+        "oneOf",
+        "anyOf",
+        "allOf",
+        "type",
+        "const",
+        "enum",
+        "properties",
+        "items",
+        "prefixItems",
+        "pattern",
+        "minLength",
+        "maxLength",
+        "format",
     ];
-    !KEYS.iter().any(|k| s.contains_key(*k)) && s.get("additionalProperties").is_none_or(|a| *a == Value::Bool(true))
+    !KEYS.iter().any(|k| s.contains_key(*k))
+        && s.get("additionalProperties")
+            .is_none_or(|a| *a == Value::Bool(true))
 }
 
 /// A local JSON pointer ("#/$defs/x").
@@ -109,8 +140,14 @@ mod tests {
             (json!({"enum": ["a", "b"]}), true),
             (json!({"enum": [1, 2]}), false),
             (json!({"const": "x"}), true),
-            (json!({"anyOf": [{"type": "number"}, {"type": "string"}]}), true),
-            (json!({"oneOf": [{"type": "number"}, {"type": "boolean"}]}), false),
+            (
+                json!({"anyOf": [{"type": "number"}, {"type": "string"}]}),
+                true,
+            ),
+            (
+                json!({"oneOf": [{"type": "number"}, {"type": "boolean"}]}),
+                false,
+            ),
             (json!({}), false),
             (json!({"description": "anything"}), false),
             (json!({"format": "date"}), true),
@@ -120,8 +157,14 @@ mod tests {
             (json!({"$ref": "#/$defs/n"}), false),
             (json!({"$ref": "#/$defs/loop"}), false),
             (json!({"$ref": "#/nowhere"}), false),
-            (json!({"allOf": [{"type": "string"}, {"description": "x"}]}), true),
-            (json!({"allOf": [{"type": "string"}, {"type": "number"}]}), false),
+            (
+                json!({"allOf": [{"type": "string"}, {"description": "x"}]}),
+                true,
+            ),
+            (
+                json!({"allOf": [{"type": "string"}, {"type": "number"}]}),
+                false,
+            ),
             (json!({"type": "string", "allOf": [{"minLength": 1}]}), true),
             (json!(true), false),
         ] {

@@ -46,8 +46,19 @@ pub struct AtemStream {
 
 impl AtemStream {
     pub(super) fn new(parser: ToolCallParser) -> Self {
-        let state = if !parser.extract_reasoning && parser.tools.is_empty() { State::Raw } else { State::Header };
-        Self { parser, state, buf: String::new(), tool_body: String::new(), n_calls: 0, msg: ParsedMessage::default() }
+        let state = if !parser.extract_reasoning && parser.tools.is_empty() {
+            State::Raw
+        } else {
+            State::Header
+        };
+        Self {
+            parser,
+            state,
+            buf: String::new(),
+            tool_body: String::new(),
+            n_calls: 0,
+            msg: ParsedMessage::default(),
+        }
     }
 
     /// Adds generated text; returns what is now known.
@@ -115,7 +126,10 @@ impl AtemStream {
                     None => return,
                 },
                 State::Body(ch) => {
-                    let term = [EOM, EOT].into_iter().filter_map(|t| self.buf.find(t).map(|i| (i, t))).min();
+                    let term = [EOM, EOT]
+                        .into_iter()
+                        .filter_map(|t| self.buf.find(t).map(|i| (i, t)))
+                        .min();
                     if let Some((i, t)) = term {
                         let text = self.buf[..i].to_string();
                         self.buf.drain(..i + t.len());
@@ -126,7 +140,11 @@ impl AtemStream {
                         self.state = if t == EOM { State::Start } else { State::Done };
                         continue;
                     }
-                    let keep = if finishing { 0 } else { terminator_prefix_len(&self.buf) };
+                    let keep = if finishing {
+                        0
+                    } else {
+                        terminator_prefix_len(&self.buf)
+                    };
                     let text: String = self.buf.drain(..self.buf.len() - keep).collect();
                     self.emit(ch, text, out);
                     if finishing {
@@ -160,7 +178,9 @@ impl AtemStream {
                 return Some(State::Body(ch));
             }
             // A stray special token or an endless recipient: not a header.
-            let marker_at = rest.find("<|").filter(|&j| !MESSAGE.starts_with(&rest[j..]));
+            let marker_at = rest
+                .find("<|")
+                .filter(|&j| !MESSAGE.starts_with(&rest[j..]));
             if rest.len() > MAX_HEADER || marker_at.is_some() {
                 return Some(State::Raw);
             }
@@ -188,7 +208,10 @@ impl AtemStream {
         match self.parser.calls(&body, self.n_calls) {
             Some(calls) => {
                 for call in calls {
-                    out.push(ChatDelta::ToolCall { index: self.n_calls, call });
+                    out.push(ChatDelta::ToolCall {
+                        index: self.n_calls,
+                        call,
+                    });
                     self.n_calls += 1;
                 }
             }
@@ -202,9 +225,11 @@ impl AtemStream {
 fn terminator_prefix_len(s: &str) -> usize {
     (1..EOM.len())
         .rev()
-        .find(|&n| n <= s.len() && s.is_char_boundary(s.len() - n) && {
-            let tail = &s[s.len() - n..];
-            EOM.starts_with(tail) || EOT.starts_with(tail)
+        .find(|&n| {
+            n <= s.len() && s.is_char_boundary(s.len() - n) && {
+                let tail = &s[s.len() - n..];
+                EOM.starts_with(tail) || EOT.starts_with(tail)
+            }
         })
         .unwrap_or(0)
 }

@@ -31,7 +31,8 @@ use rayon::prelude::*;
 
 use super::kv::kv_row_bytes;
 use super::lanes::{
-    bf16_to_f32, f16_lut, f16_to_f32, f32_to_bf16, f32_to_f16, fma, hsum8, reduce4x8, v_expf, with_avx2_fma,
+    bf16_to_f32, f16_lut, f16_to_f32, f32_to_bf16, f32_to_f16, fma, hsum8, reduce4x8, v_expf,
+    with_avx2_fma,
 };
 use super::quantize::{Q8_0_BYTES, QK8_0, quantize_row_q8_0};
 use super::vec_dot::{vec_dot_f32, vec_dot_q0_q8_0};
@@ -80,27 +81,47 @@ pub fn visible(pos: i32, q_pos: i32, n_swa: Option<u32>) -> bool {
 pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: &mut [f32]) {
     let n_tokens = q_pos.len();
     let (nh, nkv, hd) = (p.n_head, p.n_head_kv, p.head_dim);
-    assert!(nh % nkv == 0, "attention: n_head {nh} not a multiple of n_head_kv {nkv}");
+    assert!(
+        nh % nkv == 0,
+        "attention: n_head {nh} not a multiple of n_head_kv {nkv}"
+    );
     assert_eq!(q.len(), n_tokens * nh * hd, "attention: q length");
     assert_eq!(out.len(), n_tokens * nh * hd, "attention: out length");
     match p.k_type {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {}
-        GgmlType::Q8_0 => assert!(hd % 32 == 0, "attention: a Q8_0 K cache needs head_dim % 32 == 0"),
-        t => panic!("ggml parity attention: K cache type {t} is not supported (f32, f16, bf16, q8_0)"),
+        GgmlType::Q8_0 => assert!(
+            hd % 32 == 0,
+            "attention: a Q8_0 K cache needs head_dim % 32 == 0"
+        ),
+        t => panic!(
+            "ggml parity attention: K cache type {t} is not supported (f32, f16, bf16, q8_0)"
+        ),
     }
     match p.v_type {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {}
-        t => panic!("ggml parity attention: V cache type {t} is not supported without flash attention"),
+        t => panic!(
+            "ggml parity attention: V cache type {t} is not supported without flash attention"
+        ),
     }
     let mut order: Vec<usize> = (0..keys.len()).collect();
     order.sort_by_key(|&i| keys[i].slot);
     for w in order.windows(2) {
-        assert!(keys[w[0]].slot != keys[w[1]].slot, "attention: two keys in slot {}", keys[w[0]].slot);
+        assert!(
+            keys[w[0]].slot != keys[w[1]].slot,
+            "attention: two keys in slot {}",
+            keys[w[0]].slot
+        );
     }
     for k in keys {
-        assert!(k.slot < p.n_kv, "attention: slot {} outside n_kv {}", k.slot, p.n_kv);
         assert!(
-            k.k.len() == kv_row_bytes(p.k_type, nkv * hd) && k.v.len() == kv_row_bytes(p.v_type, nkv * hd),
+            k.slot < p.n_kv,
+            "attention: slot {} outside n_kv {}",
+            k.slot,
+            p.n_kv
+        );
+        assert!(
+            k.k.len() == kv_row_bytes(p.k_type, nkv * hd)
+                && k.v.len() == kv_row_bytes(p.v_type, nkv * hd),
             "attention: K/V row size"
         );
     }
@@ -116,7 +137,11 @@ pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: 
         widen(p.k_type, &sorted, hd, true, &mut kf);
     }
     widen(p.v_type, &sorted, hd, false, &mut vf);
-    let kq8: Vec<&[u8]> = if q8k { sorted.iter().map(|k| k.k).collect() } else { Vec::new() };
+    let kq8: Vec<&[u8]> = if q8k {
+        sorted.iter().map(|k| k.k).collect()
+    } else {
+        Vec::new()
+    };
     let slots: Vec<usize> = sorted.iter().map(|k| k.slot).collect();
     let kpos: Vec<i32> = sorted.iter().map(|k| k.pos).collect();
 
@@ -125,10 +150,18 @@ pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: 
         let kvh = h / (nh / nkv);
         let qrow = &q[th * hd..(th + 1) * hd];
         let plane = kvh * nk * hd..(kvh + 1) * nk * hd;
-        let kp = if q8k { KPlane::Q8_0 { rows: &kq8, kvh } } else { KPlane::F32(&kf[plane.clone()]) };
+        let kp = if q8k {
+            KPlane::Q8_0 { rows: &kq8, kvh }
+        } else {
+            KPlane::F32(&kf[plane.clone()])
+        };
         with_avx2_fma(
             #[inline(always)]
-            || head(p, n_tokens, qrow, q_pos[t], &slots, &kpos, &kp, &vf[plane], o),
+            || {
+                head(
+                    p, n_tokens, qrow, q_pos[t], &slots, &kpos, &kp, &vf[plane], o,
+                )
+            },
         );
     });
 }
@@ -142,17 +175,26 @@ fn widen(ty: GgmlType, keys: &[KvKey], hd: usize, is_k: bool, out: &mut [f32]) {
         let row = if is_k { keys[j].k } else { keys[j].v };
         match ty {
             GgmlType::F32 => {
-                for (d, c) in o.iter_mut().zip(row[kvh * hd * 4..(kvh + 1) * hd * 4].chunks_exact(4)) {
+                for (d, c) in o
+                    .iter_mut()
+                    .zip(row[kvh * hd * 4..(kvh + 1) * hd * 4].chunks_exact(4))
+                {
                     *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                 }
             }
             GgmlType::F16 => {
-                for (d, c) in o.iter_mut().zip(row[kvh * hd * 2..(kvh + 1) * hd * 2].chunks_exact(2)) {
+                for (d, c) in o
+                    .iter_mut()
+                    .zip(row[kvh * hd * 2..(kvh + 1) * hd * 2].chunks_exact(2))
+                {
                     *d = lut[u16::from_le_bytes([c[0], c[1]]) as usize];
                 }
             }
             _ => {
-                for (d, c) in o.iter_mut().zip(row[kvh * hd * 2..(kvh + 1) * hd * 2].chunks_exact(2)) {
+                for (d, c) in o
+                    .iter_mut()
+                    .zip(row[kvh * hd * 2..(kvh + 1) * hd * 2].chunks_exact(2))
+                {
                     *d = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
                 }
             }
@@ -185,7 +227,11 @@ fn dot_kq(ty: GgmlType, sgemm: bool, k: &[f32], q: &[f32]) -> f32 {
         }
         if kk < n {
             for (i, a) in acc.iter_mut().enumerate() {
-                let (x, y) = if kk + i < n { (k[kk + i], q[kk + i]) } else { (0.0, 0.0) };
+                let (x, y) = if kk + i < n {
+                    (k[kk + i], q[kk + i])
+                } else {
+                    (0.0, 0.0)
+                };
                 *a = fma(x, y, *a);
             }
         }
@@ -247,8 +293,13 @@ fn head(
     let sgemm_vp = n_tokens >= 2 && hd % 4 == 0;
 
     // Q·K for the visible keys; q converted to K's vec_dot_type
-    let vis: Vec<usize> = (0..slots.len()).filter(|&i| visible(kpos[i], q_pos, p.n_swa)).collect();
-    assert!(!vis.is_empty(), "attention: a query at position {q_pos} sees no key");
+    let vis: Vec<usize> = (0..slots.len())
+        .filter(|&i| visible(kpos[i], q_pos, p.n_swa))
+        .collect();
+    assert!(
+        !vis.is_empty(),
+        "attention: a query at position {q_pos} sees no key"
+    );
     // (plain loops, not iterator closures: the closures would be compiled outside the
     // AVX2/FMA copy this function is inlined into)
     let mut s = vec![0.0f32; vis.len()];

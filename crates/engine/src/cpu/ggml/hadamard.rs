@@ -26,8 +26,16 @@ pub fn k_rotation(k_type: GgmlType, head_dim: usize) -> Option<usize> {
 
 /// Rotate every group of `n` (a power of two) consecutive values of `x` in place.
 pub fn hadamard_rotate(x: &mut [f32], n: usize) {
-    assert!(n.is_power_of_two(), "hadamard_rotate: {n} is not a power of two");
-    assert_eq!(x.len() % n, 0, "hadamard_rotate: {} values are not groups of {n}", x.len());
+    assert!(
+        n.is_power_of_two(),
+        "hadamard_rotate: {n} is not a power of two"
+    );
+    assert_eq!(
+        x.len() % n,
+        0,
+        "hadamard_rotate: {} values are not groups of {n}",
+        x.len()
+    );
     let scale = 1.0f32 / (n as f32).sqrt();
     for row in x.chunks_exact_mut(n) {
         for v in row.iter_mut() {

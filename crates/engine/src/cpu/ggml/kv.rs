@@ -26,7 +26,11 @@ pub fn kv_row_bytes(kv_type: GgmlType, n: usize) -> usize {
 /// (`kv_row_bytes(kv_type, src.len())` bytes): f32 copy, f16 nearest-even (F16C), bf16
 /// nearest-even (`GGML_FP32_TO_BF16`), Q8_0 `quantize_row_q8_0`.
 pub fn store_kv_row(kv_type: GgmlType, src: &[f32], dst: &mut [u8]) {
-    assert_eq!(dst.len(), kv_row_bytes(kv_type, src.len()), "store_kv_row: destination size");
+    assert_eq!(
+        dst.len(),
+        kv_row_bytes(kv_type, src.len()),
+        "store_kv_row: destination size"
+    );
     match kv_type {
         GgmlType::F32 => {
             for (d, &v) in dst.chunks_exact_mut(4).zip(src) {

@@ -40,7 +40,11 @@ pub struct KvFull {
 
 impl fmt::Display for KvFull {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "no room for {} tokens in a KV cache of {} cells", self.n_tokens, self.size)
+        write!(
+            f,
+            "no room for {} tokens in a KV cache of {} cells",
+            self.n_tokens, self.size
+        )
     }
 }
 
@@ -80,7 +84,13 @@ impl KvLayout {
 
     /// A cache of `size` cells; `n_swa` makes it a (standard) sliding-window cache.
     pub fn with_size(size: usize, n_swa: Option<u32>) -> KvLayout {
-        KvLayout { pos: vec![-1; size], used: BTreeSet::new(), seq_pos: BTreeMap::new(), head: 0, n_swa }
+        KvLayout {
+            pos: vec![-1; size],
+            used: BTreeSet::new(),
+            seq_pos: BTreeMap::new(),
+            head: 0,
+            n_swa,
+        }
     }
 
     pub fn size(&self) -> usize {
@@ -189,7 +199,11 @@ impl KvLayout {
 
     /// `apply_ubatch` with the cells from [`KvLayout::find_slots`].
     pub fn apply(&mut self, slots: Vec<usize>, positions: &[i32]) -> Placement {
-        assert_eq!(slots.len(), positions.len(), "KvLayout::apply: one slot per token");
+        assert_eq!(
+            slots.len(),
+            positions.len(),
+            "KvLayout::apply: one slot per token"
+        );
         let mut pos_max_rm: Option<i32> = None;
         for (&slot, &p) in slots.iter().zip(positions) {
             if self.pos[slot] >= 0 {
@@ -201,15 +215,22 @@ impl KvLayout {
         if let (Some(rm_max), Some(min)) = (pos_max_rm, self.seq_pos_min()) {
             if min <= rm_max {
                 // seq_rm(seq, min, rm_max + 1): drop every cell with a position in [min, rm_max]
-                let victims: Vec<usize> =
-                    self.used.iter().copied().filter(|&s| self.pos[s] >= min && self.pos[s] <= rm_max).collect();
+                let victims: Vec<usize> = self
+                    .used
+                    .iter()
+                    .copied()
+                    .filter(|&s| self.pos[s] >= min && self.pos[s] <= rm_max)
+                    .collect();
                 for s in victims {
                     self.rm(s);
                 }
             }
         }
         self.head = slots.last().map_or(self.head, |&s| s + 1);
-        Placement { slots, n_kv: self.n_kv() }
+        Placement {
+            slots,
+            n_kv: self.n_kv(),
+        }
     }
 
     /// Remove every cell (llama_memory_clear).
@@ -230,7 +251,10 @@ pub struct IswaLayout {
 
 impl IswaLayout {
     pub fn new(n_ctx: usize, n_swa: u32, n_ubatch: usize) -> IswaLayout {
-        IswaLayout { full: KvLayout::full(n_ctx), swa: KvLayout::swa(n_ctx, n_swa, n_ubatch) }
+        IswaLayout {
+            full: KvLayout::full(n_ctx),
+            swa: KvLayout::swa(n_ctx, n_swa, n_ubatch),
+        }
     }
 
     /// Place one ubatch in both caches: `(full, swa)`. llama.cpp prepares both before computing;
@@ -243,7 +267,12 @@ impl IswaLayout {
 
     /// Split a batch of consecutive positions `[pos0, pos0 + n)` into ubatches of `n_ubatch`
     /// (`split_simple`) and place them in order.
-    pub fn place_batch(&mut self, pos0: i32, n: usize, n_ubatch: usize) -> Result<Vec<(Placement, Placement)>, KvFull> {
+    pub fn place_batch(
+        &mut self,
+        pos0: i32,
+        n: usize,
+        n_ubatch: usize,
+    ) -> Result<Vec<(Placement, Placement)>, KvFull> {
         let mut res = Vec::new();
         let mut i = 0;
         while i < n {

@@ -67,7 +67,15 @@ pub fn v_expf(x: f32) -> f32 {
     let k = f32::from_bits(e.wrapping_add(1.0f32.to_bits()));
     let cmask = n.abs() > 126.0;
     let u = b * b;
-    let j = fma(fma(fma(c(EXP_P0), b, c(EXP_P1)), u, fma(c(EXP_P2), b, c(EXP_P3))), u, c(EXP_P4) * b);
+    let j = fma(
+        fma(
+            fma(c(EXP_P0), b, c(EXP_P1)),
+            u,
+            fma(c(EXP_P2), b, c(EXP_P3)),
+        ),
+        u,
+        c(EXP_P4) * b,
+    );
     if !cmask {
         return fma(j, k, k);
     }
@@ -160,7 +168,9 @@ pub fn has_avx2_fma() -> bool {
     {
         static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *HAS.get_or_init(|| {
-            is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+            is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

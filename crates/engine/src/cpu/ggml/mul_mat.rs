@@ -16,7 +16,8 @@ use rayon::prelude::*;
 
 use super::lanes::with_avx2_fma;
 use super::quantize::{
-    BlockQ8K, Q8_0_BYTES, QK8_0, QK_K, quantize_row_bf16, quantize_row_f16, quantize_row_q8_0, quantize_row_q8_k,
+    BlockQ8K, Q8_0_BYTES, QK_K, QK8_0, quantize_row_bf16, quantize_row_f16, quantize_row_q8_0,
+    quantize_row_q8_k,
 };
 use super::sgemm::{sgemm_dot_bf16, sgemm_dot_f16, sgemm_dot_f32};
 use super::tiled::tiled_dot_k;
@@ -38,7 +39,9 @@ pub enum MatMulPath {
 pub fn mul_mat_path(ty: GgmlType, rows: usize, n_tokens: usize) -> MatMulPath {
     match ty {
         GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K if n_tokens >= 8 => MatMulPath::Tiled,
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 if n_tokens >= 2 && rows % 4 == 0 => MatMulPath::Sgemm,
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 if n_tokens >= 2 && rows % 4 == 0 => {
+            MatMulPath::Sgemm
+        }
         GgmlType::Q8_0 | GgmlType::Q4_0 if n_tokens >= 2 => MatMulPath::Sgemm,
         _ => MatMulPath::VecDot,
     }
@@ -48,12 +51,27 @@ pub fn mul_mat_path(ty: GgmlType, rows: usize, n_tokens: usize) -> MatMulPath {
 /// work buffer. Build it once and reuse it for every weight that reads the same input (Q/K/V/gate,
 /// ffn gate/up) with [`mul_mat_act`].
 pub enum Activations {
-    F32 { x: Vec<f32>, cols: usize },
-    F16 { x: Vec<u16>, cols: usize },
-    BF16 { x: Vec<u16>, cols: usize },
+    F32 {
+        x: Vec<f32>,
+        cols: usize,
+    },
+    F16 {
+        x: Vec<u16>,
+        cols: usize,
+    },
+    BF16 {
+        x: Vec<u16>,
+        cols: usize,
+    },
     /// Q8_0 blocks in ggml's byte layout.
-    Q8_0 { x: Vec<u8>, cols: usize },
-    Q8K { x: Vec<BlockQ8K>, cols: usize },
+    Q8_0 {
+        x: Vec<u8>,
+        cols: usize,
+    },
+    Q8K {
+        x: Vec<BlockQ8K>,
+        cols: usize,
+    },
 }
 
 /// The `vec_dot_type` of a weight type (ggml-cpu.c `type_traits_cpu`).
@@ -71,9 +89,17 @@ pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
 impl Activations {
     /// Convert `n_tokens` rows of `cols` f32 values for weights of type `ty`.
     pub fn new(ty: GgmlType, x: &[f32], cols: usize, n_tokens: usize) -> Activations {
-        assert_eq!(x.len(), cols * n_tokens, "Activations::new: {} values for {n_tokens} x {cols}", x.len());
+        assert_eq!(
+            x.len(),
+            cols * n_tokens,
+            "Activations::new: {} values for {n_tokens} x {cols}",
+            x.len()
+        );
         match vec_dot_type(ty) {
-            GgmlType::F32 => Activations::F32 { x: x.to_vec(), cols },
+            GgmlType::F32 => Activations::F32 {
+                x: x.to_vec(),
+                cols,
+            },
             GgmlType::F16 => {
                 let mut v = vec![0u16; x.len()];
                 quantize_row_f16(x, &mut v);
@@ -85,17 +111,29 @@ impl Activations {
                 Activations::BF16 { x: v, cols }
             }
             GgmlType::Q8_0 => {
-                assert_eq!(cols % QK8_0, 0, "Q8_0 input: cols {cols} not a multiple of 32");
+                assert_eq!(
+                    cols % QK8_0,
+                    0,
+                    "Q8_0 input: cols {cols} not a multiple of 32"
+                );
                 let rb = cols / QK8_0 * Q8_0_BYTES;
                 let mut v = vec![0u8; rb * n_tokens];
-                v.par_chunks_mut(rb).zip(x.par_chunks(cols)).for_each(|(o, r)| quantize_row_q8_0(r, o));
+                v.par_chunks_mut(rb)
+                    .zip(x.par_chunks(cols))
+                    .for_each(|(o, r)| quantize_row_q8_0(r, o));
                 Activations::Q8_0 { x: v, cols }
             }
             GgmlType::Q8_K => {
-                assert_eq!(cols % QK_K, 0, "Q8_K input: cols {cols} not a multiple of 256");
+                assert_eq!(
+                    cols % QK_K,
+                    0,
+                    "Q8_K input: cols {cols} not a multiple of 256"
+                );
                 let nb = cols / QK_K;
                 let mut v = vec![BlockQ8K::ZERO; nb * n_tokens];
-                v.par_chunks_mut(nb).zip(x.par_chunks(cols)).for_each(|(o, r)| quantize_row_q8_k(r, o));
+                v.par_chunks_mut(nb)
+                    .zip(x.par_chunks(cols))
+                    .for_each(|(o, r)| quantize_row_q8_k(r, o));
                 Activations::Q8K { x: v, cols }
             }
             _ => unreachable!(),
@@ -132,7 +170,15 @@ struct RowBuf {
 
 /// One output element: weight row `w` (raw bytes of `ty`) against input token `t`.
 #[inline(always)]
-fn dot(ty: GgmlType, path: MatMulPath, w: &[u8], act: &Activations, t: usize, buf: &mut RowBuf, new_row: bool) -> f32 {
+fn dot(
+    ty: GgmlType,
+    path: MatMulPath,
+    w: &[u8],
+    act: &Activations,
+    t: usize,
+    buf: &mut RowBuf,
+    new_row: bool,
+) -> f32 {
     let cols = act.cols();
     match (act, ty) {
         (Activations::F32 { x, .. }, GgmlType::F32) => {
@@ -142,9 +188,16 @@ fn dot(ty: GgmlType, path: MatMulPath, w: &[u8], act: &Activations, t: usize, bu
                 }
             }
             let xr = &x[t * cols..(t + 1) * cols];
-            if path == MatMulPath::Sgemm { sgemm_dot_f32(&buf.f, xr) } else { vec_dot_f32(&buf.f, xr) }
+            if path == MatMulPath::Sgemm {
+                sgemm_dot_f32(&buf.f, xr)
+            } else {
+                vec_dot_f32(&buf.f, xr)
+            }
         }
-        (Activations::F16 { x, .. } | Activations::BF16 { x, .. }, GgmlType::F16 | GgmlType::BF16) => {
+        (
+            Activations::F16 { x, .. } | Activations::BF16 { x, .. },
+            GgmlType::F16 | GgmlType::BF16,
+        ) => {
             if new_row {
                 for (d, c) in buf.h.iter_mut().zip(w.chunks_exact(2)) {
                     *d = u16::from_le_bytes([c[0], c[1]]);
@@ -173,7 +226,11 @@ fn dot(ty: GgmlType, path: MatMulPath, w: &[u8], act: &Activations, t: usize, bu
             }
             let nb = cols / QK_K;
             let y = &x[t * nb..(t + 1) * nb];
-            if path == MatMulPath::Tiled { tiled_dot_k(ty, &buf.k, y) } else { vec_dot_k(ty, &buf.k, y) }
+            if path == MatMulPath::Tiled {
+                tiled_dot_k(ty, &buf.k, y)
+            } else {
+                vec_dot_k(ty, &buf.k, y)
+            }
         }
         _ => panic!("ggml parity: activations do not match weight type {ty}"),
     }
@@ -182,7 +239,15 @@ fn dot(ty: GgmlType, path: MatMulPath, w: &[u8], act: &Activations, t: usize, bu
 /// `y[t*rows + r] = W[r] · x[t]` exactly as ggml-cpu's GGML_OP_MUL_MAT (see the module docs).
 /// `w` is `rows` rows of `cols` values of `ty` in ggml's layout; `x` is `n_tokens` rows of `cols`.
 /// Parallel over rows (rayon); the result does not depend on the thread count.
-pub fn mul_mat(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], n_tokens: usize, y: &mut [f32]) {
+pub fn mul_mat(
+    ty: GgmlType,
+    w: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) {
     let act = Activations::new(ty, x, cols, n_tokens);
     mul_mat_act(ty, w, rows, &act, y);
 }
@@ -191,29 +256,47 @@ pub fn mul_mat(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], n_to
 pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &mut [f32]) {
     let cols = act.cols();
     let n_tokens = act.n_tokens();
-    let rb = ty.row_bytes(cols as u64).expect("ggml parity: cols not a multiple of the block size") as usize;
-    assert_eq!(w.len(), rb * rows, "mul_mat: weight is {} bytes, expected {rows} rows of {rb}", w.len());
-    assert_eq!(y.len(), rows * n_tokens, "mul_mat: output has {} values, expected {rows} x {n_tokens}", y.len());
+    let rb = ty
+        .row_bytes(cols as u64)
+        .expect("ggml parity: cols not a multiple of the block size") as usize;
+    assert_eq!(
+        w.len(),
+        rb * rows,
+        "mul_mat: weight is {} bytes, expected {rows} rows of {rb}",
+        w.len()
+    );
+    assert_eq!(
+        y.len(),
+        rows * n_tokens,
+        "mul_mat: output has {} values, expected {rows} x {n_tokens}",
+        y.len()
+    );
     let path = mul_mat_path(ty, rows, n_tokens);
 
     // rows in chunks; each chunk computes [chunk rows][n_tokens], then the result is scattered to y[t][r]
     const CHUNK: usize = 16;
     let mut tmp = vec![0.0f32; rows * n_tokens];
-    tmp.par_chunks_mut(CHUNK * n_tokens).enumerate().for_each(|(c, out)| {
-        let r0 = c * CHUNK;
-        let mut buf = RowBuf { f: vec![0.0; cols], h: vec![0; cols], k: Vec::new() };
-        with_avx2_fma(
-            #[inline(always)]
-            || {
-                for (i, o) in out.chunks_exact_mut(n_tokens).enumerate() {
-                    let wr = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
-                    for (t, v) in o.iter_mut().enumerate() {
-                        *v = dot(ty, path, wr, act, t, &mut buf, t == 0);
+    tmp.par_chunks_mut(CHUNK * n_tokens)
+        .enumerate()
+        .for_each(|(c, out)| {
+            let r0 = c * CHUNK;
+            let mut buf = RowBuf {
+                f: vec![0.0; cols],
+                h: vec![0; cols],
+                k: Vec::new(),
+            };
+            with_avx2_fma(
+                #[inline(always)]
+                || {
+                    for (i, o) in out.chunks_exact_mut(n_tokens).enumerate() {
+                        let wr = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
+                        for (t, v) in o.iter_mut().enumerate() {
+                            *v = dot(ty, path, wr, act, t, &mut buf, t == 0);
+                        }
                     }
-                }
-            },
-        )
-    });
+                },
+            )
+        });
     for r in 0..rows {
         for t in 0..n_tokens {
             y[t * rows + r] = tmp[r * n_tokens + t];

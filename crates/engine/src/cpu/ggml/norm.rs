@@ -9,7 +9,11 @@
 
 /// `ggml_rms_norm` of one row.
 pub fn rms_norm(x: &[f32], eps: f32, out: &mut [f32]) {
-    assert_eq!(x.len(), out.len(), "rms_norm: input and output lengths differ");
+    assert_eq!(
+        x.len(),
+        out.len(),
+        "rms_norm: input and output lengths differ"
+    );
     let scale = rms_scale(x, eps);
     for (o, &v) in out.iter_mut().zip(x) {
         *o = v * scale;
@@ -39,7 +43,12 @@ pub fn rms_norm_mul(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 /// [`rms_norm`] / [`rms_norm_mul`] over consecutive rows of `n` values (e.g. per head: `n =
 /// head_dim`), in place.
 pub fn rms_norm_rows(x: &mut [f32], n: usize, w: Option<&[f32]>, eps: f32) {
-    assert_eq!(x.len() % n, 0, "rms_norm_rows: {} values are not rows of {n}", x.len());
+    assert_eq!(
+        x.len() % n,
+        0,
+        "rms_norm_rows: {} values are not rows of {n}",
+        x.len()
+    );
     for row in x.chunks_exact_mut(n) {
         let scale = rms_scale(row, eps);
         match w {

@@ -25,7 +25,11 @@ pub struct BlockQ8K {
 }
 
 impl BlockQ8K {
-    pub const ZERO: BlockQ8K = BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] };
+    pub const ZERO: BlockQ8K = BlockQ8K {
+        d: 0.0,
+        qs: [0; QK_K],
+        bsums: [0; QK_K / 16],
+    };
 
     /// ggml's byte layout (for comparisons with ggml's own output).
     pub fn to_bytes(&self, out: &mut Vec<u8>) {
@@ -50,7 +54,13 @@ fn nearest_int(fval: f32) -> i32 {
 /// An all-zero block gets `d = 0`, `qs = 0` (ggml leaves its `bsums` unwritten; they only ever
 /// meet `d = 0`, so zeros are equivalent).
 pub fn quantize_row_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
-    assert_eq!(x.len(), out.len() * QK_K, "quantize_row_q8_k: {} values for {} blocks", x.len(), out.len());
+    assert_eq!(
+        x.len(),
+        out.len() * QK_K,
+        "quantize_row_q8_k: {} values for {} blocks",
+        x.len(),
+        out.len()
+    );
     for (xb, y) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
         let mut max = 0.0f32;
         let mut amax = 0.0f32;
@@ -70,7 +80,10 @@ pub fn quantize_row_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
             *q = nearest_int(iscale * v).min(127) as i8;
         }
         for (j, s) in y.bsums.iter_mut().enumerate() {
-            *s = y.qs[16 * j..16 * j + 16].iter().map(|&q| q as i32).sum::<i32>() as i16;
+            *s = y.qs[16 * j..16 * j + 16]
+                .iter()
+                .map(|&q| q as i32)
+                .sum::<i32>() as i16;
         }
         y.d = 1.0f32 / iscale;
     }

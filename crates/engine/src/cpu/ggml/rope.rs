@@ -40,7 +40,12 @@ pub fn rope_rotate(head: &mut [f32], cache: &[f32]) {
 
 /// RoPE (NORM) of one token's `n_head` heads of `head_dim` values at position `pos`, in place.
 pub fn rope_norm(x: &mut [f32], head_dim: usize, pos: i32, freq_base: f32) {
-    assert_eq!(x.len() % head_dim, 0, "rope_norm: {} values are not heads of {head_dim}", x.len());
+    assert_eq!(
+        x.len() % head_dim,
+        0,
+        "rope_norm: {} values are not heads of {head_dim}",
+        x.len()
+    );
     let mut cache = vec![0.0f32; head_dim];
     rope_cache(pos, freq_base, head_dim, &mut cache);
     with_avx2_fma(

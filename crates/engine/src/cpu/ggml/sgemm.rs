@@ -21,7 +21,11 @@ fn dot8<A: Copy, B: Copy>(a: &[A], b: &[B], fa: impl Fn(A) -> f32, fb: impl Fn(B
     }
     if kk < k {
         for (i, lane) in acc.iter_mut().enumerate() {
-            let (x, y) = if kk + i < k { (fa(a[kk + i]), fb(b[kk + i])) } else { (0.0, 0.0) };
+            let (x, y) = if kk + i < k {
+                (fa(a[kk + i]), fb(b[kk + i]))
+            } else {
+                (0.0, 0.0)
+            };
             *lane = fma(x, y, *lane);
         }
     }

@@ -24,7 +24,9 @@ pub fn soft_max_ext(x: &[f32], mask: Option<&[f32]>, scale: f32, out: &mut [f32]
         }
     }
     // ggml_vec_max_f32: `max = MAX(max, x)` with `MAX(a, b) = a > b ? a : b`
-    let max = w.iter().fold(f32::NEG_INFINITY, |m, &v| if m > v { m } else { v });
+    let max = w
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &v| if m > v { m } else { v });
     let sum = with_avx2_fma(
         #[inline(always)]
         || exp_sum(&w, max, out),

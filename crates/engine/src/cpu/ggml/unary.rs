@@ -59,7 +59,10 @@ pub fn mul(a: &mut [f32], b: &[f32]) {
 /// but the group-of-8 split restarts at every row: call it per row (`ne0`).
 pub fn swiglu_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
     let n = gate.len();
-    assert!(up.len() == n && out.len() == n, "swiglu_row: lengths differ");
+    assert!(
+        up.len() == n && out.len() == n,
+        "swiglu_row: lengths differ"
+    );
     let n8 = n & !7;
     with_avx2_fma(
         #[inline(always)]

@@ -143,7 +143,10 @@ pub fn k4_scales_mins(q: &[u8]) -> ([i32; 8], [i32; 8]) {
         let (s, m) = if j < 4 {
             (q[j] & 63, q[j + 4] & 63)
         } else {
-            ((q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+            (
+                (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4),
+                (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+            )
         };
         sc[j] = s as i32;
         mn[j] = m as i32;
@@ -154,7 +157,11 @@ pub fn k4_scales_mins(q: &[u8]) -> ([i32; 8], [i32; 8]) {
 /// Unsigned codes (0..15 or 0..31) of one Q4_K / Q5_K block in element order.
 #[inline(always)]
 pub fn k4_codes(ty5: bool, xb: &[u8], q: &mut [i32; QK_K]) {
-    let (qh, qs) = if ty5 { (&xb[16..48], &xb[48..176]) } else { (&xb[0..0], &xb[16..144]) };
+    let (qh, qs) = if ty5 {
+        (&xb[16..48], &xb[48..176])
+    } else {
+        (&xb[0..0], &xb[16..144])
+    };
     for j in 0..4 {
         for l in 0..32 {
             let b = qs[32 * j + l];
@@ -198,7 +205,13 @@ pub struct KBlock {
 }
 
 impl KBlock {
-    pub const ZERO: KBlock = KBlock { q: [0; QK_K], sc: [0; 16], mn: [0; 8], d: 0.0, dmin: 0.0 };
+    pub const ZERO: KBlock = KBlock {
+        q: [0; QK_K],
+        sc: [0; 16],
+        mn: [0; 8],
+        d: 0.0,
+        dmin: 0.0,
+    };
 
     /// Decode one block of `ty` (Q4_K, Q5_K or Q6_K).
     #[inline(always)]
@@ -242,7 +255,10 @@ fn lane_sums(q: &[i32; QK_K], y: &[i8; QK_K], sc: &[i32], sub: usize) -> [i32; 8
     let mut g = [0i32; QK_K / 4];
     for (i, gi) in g.iter_mut().enumerate() {
         let e = 4 * i;
-        *gi = q[e] * y[e] as i32 + q[e + 1] * y[e + 1] as i32 + q[e + 2] * y[e + 2] as i32 + q[e + 3] * y[e + 3] as i32;
+        *gi = q[e] * y[e] as i32
+            + q[e + 1] * y[e + 1] as i32
+            + q[e + 2] * y[e + 2] as i32
+            + q[e + 3] * y[e + 3] as i32;
     }
     let mut s = [0i32; 8];
     for c in 0..QK_K / 32 {
@@ -297,7 +313,8 @@ fn q6k_block(b: &KBlock, yb: &BlockQ8K, acc: &mut [f32; 8]) {
     let d = yb.d * b.d;
     let mut s = lane_sums(&b.q, &yb.qs, &b.sc, 16);
     for (w, lane) in s.iter_mut().enumerate() {
-        let sub = yb.bsums[2 * w] as i32 * b.sc[2 * w] + yb.bsums[2 * w + 1] as i32 * b.sc[2 * w + 1];
+        let sub =
+            yb.bsums[2 * w] as i32 * b.sc[2 * w] + yb.bsums[2 * w + 1] as i32 * b.sc[2 * w + 1];
         *lane -= sub << 5;
     }
     for w in 0..8 {
