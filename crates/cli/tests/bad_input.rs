@@ -152,3 +152,106 @@ fn logits_writes_one_row_per_position() {
     assert!(ok, "{e}");
     assert_eq!(std::fs::metadata(&out).unwrap().len(), 8 * 332 * 4);
 }
+
+fn muser_stdin(args: &[&str], input: &[u8]) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_muser"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run muser");
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!stderr.contains("panicked"), "muser panicked: {stderr}");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        stderr,
+    )
+}
+
+#[test]
+fn tokenize_and_detokenize_round_trip_and_refuse_bad_input() {
+    let m = fixture("tame-q4_k_m.gguf");
+    let (ok, ids, e) = muser_stdin(
+        &["tokenize", "-m", &m, "--no-bos"],
+        "héllo wörld <|eot|>".as_bytes(),
+    );
+    assert!(ok, "{e}");
+    let (ok, text, e) = muser_stdin(&["detokenize", "-m", &m], ids.trim().as_bytes());
+    assert!(ok, "{e}");
+    assert_eq!(text, "héllo wörld <|eot|>");
+    // --special turns the written control token into its id: one token fewer than as text.
+    let (_, special, _) = muser_stdin(
+        &["tokenize", "-m", &m, "--no-bos", "--special"],
+        "<|eot|>".as_bytes(),
+    );
+    assert_eq!(special.trim().matches(',').count(), 0, "{special}");
+    let (ok, _, e) = muser_stdin(&["tokenize", "-m", &m], &[0x66, 0xff, 0x66]);
+    assert!(!ok && e.contains("not valid UTF-8"), "{e}");
+    let (ok, _, e) = muser_stdin(&["detokenize", "-m", &m], b"[1, 2, oops]");
+    assert!(!ok && e.contains("not a JSON array"), "{e}");
+    let (ok, _, e) = muser_stdin(&["detokenize", "-m", &m], b"[1, 999999]");
+    assert!(!ok && e.contains("999999"), "{e}");
+}
+
+#[test]
+fn generate_streams_text_and_is_reproducible_with_a_seed() {
+    let m = fixture("tame-q4_k_m.gguf");
+    let run = || {
+        muser(&[
+            "generate",
+            "-m",
+            &m,
+            "-p",
+            "Once upon a time",
+            "-n",
+            "12",
+            "--seed",
+            "7",
+            "--print-ids",
+        ])
+    };
+    let a = Command::new(env!("CARGO_BIN_EXE_muser"))
+        .args([
+            "generate",
+            "-m",
+            &m,
+            "-p",
+            "Once upon a time",
+            "-n",
+            "12",
+            "--seed",
+            "7",
+            "--print-ids",
+        ])
+        .output()
+        .unwrap();
+    let b = Command::new(env!("CARGO_BIN_EXE_muser"))
+        .args([
+            "generate",
+            "-m",
+            &m,
+            "-p",
+            "Once upon a time",
+            "-n",
+            "12",
+            "--seed",
+            "7",
+            "--print-ids",
+        ])
+        .output()
+        .unwrap();
+    assert!(a.status.success() && b.status.success());
+    assert_eq!(a.stdout, b.stdout, "same seed, same tokens");
+    let ids = String::from_utf8_lossy(&a.stdout);
+    assert!(
+        ids.split_whitespace().count() >= 1 && ids.split_whitespace().count() <= 12,
+        "{ids}"
+    );
+    let (ok, e) = run();
+    assert!(ok, "{e}");
+}

@@ -149,3 +149,99 @@ pub fn attention(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{LayerKind, MuseConfig};
+    use crate::kv::KvType;
+
+    fn cfg() -> MuseConfig {
+        MuseConfig {
+            n_vocab: 8,
+            n_ctx_train: 64,
+            n_embd: 8,
+            n_ff: 8,
+            n_layer: 2,
+            n_head: 2,
+            n_head_kv: 1,
+            head_dim: 8,
+            rms_eps: 1e-5,
+            n_swa: 3,
+            layer_kinds: vec![LayerKind::SlidingRope, LayerKind::FullNope],
+            rope_freq_base: 10000.0,
+            rope_freq_base_swa: 10000.0,
+            logit_scale: 1.0,
+            softcap: None,
+        }
+    }
+
+    /// With equal scores (q = 0) attention is the mean of the visible V rows; V row p carries
+    /// 2^p in its first value, so the output names exactly which positions were visible.
+    fn visible_sets(layer: usize, kind: LayerKind, ubatch: usize) -> Vec<Vec<u32>> {
+        let c = cfg();
+        let mut kv = HostKv::new(&c, KvType::F32, 16).unwrap();
+        let n = 9u32;
+        let mut sets = Vec::new();
+        let mut p0 = 0;
+        while p0 < n {
+            let m = (ubatch as u32).min(n - p0);
+            let batch = Batch {
+                tokens: vec![0; m as usize],
+                pos: (p0..p0 + m).collect(),
+                seq: vec![0; m as usize],
+            };
+            let q = vec![0f32; m as usize * 16];
+            let k: Vec<f32> = (0..m as usize * 8).map(|i| (i % 5) as f32).collect();
+            let v: Vec<f32> = (p0..p0 + m)
+                .flat_map(|p| (0..8).map(move |d| if d == 0 { (1u32 << p) as f32 } else { 0.0 }))
+                .collect();
+            let mut out = vec![0f32; m as usize * 16];
+            let spec = AttnSpec {
+                layer,
+                kind,
+                n_swa: c.n_swa,
+                scale: 1.0,
+                n_head: 2,
+                n_head_kv: 1,
+                head_dim: 8,
+            };
+            attention(&mut [&mut kv], spec, &batch, &q, &k, &v, &mut out).unwrap();
+            for i in 0..m as usize {
+                let p = p0 + i as u32;
+                let count = (0..=p)
+                    .filter(|&j| kind == LayerKind::FullNope || p - j < 3)
+                    .count() as f32;
+                let sum = (out[i * 16] * count).round() as u32;
+                assert_eq!(
+                    out[i * 16],
+                    out[i * 16 + 8],
+                    "both query heads share the KV head"
+                );
+                sets.push((0..16).filter(|b| sum & (1 << b) != 0).collect());
+            }
+            kv.len = (p0 + m) as usize;
+            p0 += m;
+        }
+        sets
+    }
+
+    #[test]
+    fn the_sliding_window_boundary_is_exactly_0_le_i_minus_j_lt_window() {
+        for ub in [1usize, 2, 4, 9] {
+            let s = visible_sets(0, LayerKind::SlidingRope, ub);
+            for (p, set) in s.iter().enumerate() {
+                let want: Vec<u32> = (p.saturating_sub(2) as u32..=p as u32).collect();
+                assert_eq!(set, &want, "sliding, position {p}, micro-batch {ub}");
+            }
+            let f = visible_sets(1, LayerKind::FullNope, ub);
+            for (p, set) in f.iter().enumerate() {
+                assert_eq!(
+                    set,
+                    &(0..=p as u32).collect::<Vec<_>>(),
+                    "full, position {p}, micro-batch {ub}"
+                );
+            }
+        }
+    }
+}
