@@ -5,20 +5,35 @@ use std::path::PathBuf;
 
 use muser_engine::{CpuBackend, KvType, Logits, ModelFile, MuseGlimmer, NumericMode, Session};
 
-pub const FAMILIES: [&str; 2] = ["tame", "sharp"];
-pub const FORMATS: [&str; 8] = [
-    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_k_m", "q5_k_m", "q6_k",
-];
+/// Families whose measured sensitivity is tame's (tests/fixtures/MANIFEST.md, "Fixture families":
+/// max |Δ log-softmax| / eps for a relative perturbation eps = 1e-4 of the embeddings): tame 18.0,
+/// odd 19.2 (1.07x tame, median hidden gain 1.35 vs 1.36); sharp is 97.1 (5.4x). Every other
+/// family gets the sharp bound.
+pub const TAME_SENSITIVITY_FAMILIES: [&str; 2] = ["tame", "odd"];
 
 pub fn fixtures_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
 }
 
+/// Every committed fixture, sorted: each `<name>` with `models/<name>.gguf` and
+/// `golden/<name>/tokens.i32` (tame and sharp in 8 formats, odd in f32 and q4_k_m;
+/// tests/fixtures/README.md).
 pub fn all_fixtures() -> Vec<String> {
-    FAMILIES
-        .iter()
-        .flat_map(|f| FORMATS.iter().map(move |t| format!("{f}-{t}")))
-        .collect()
+    let dir = fixtures_dir();
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("golden"))
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.join("golden").display()))
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| model_path(n).is_file() && golden_path(n, "tokens.i32").is_file())
+        .collect();
+    names.sort();
+    assert!(!names.is_empty(), "no fixtures found in {}", dir.display());
+    names
+}
+
+/// The family of a fixture name (`odd-q4_k_m` -> `odd`).
+pub fn family(name: &str) -> &str {
+    name.split('-').next().unwrap_or(name)
 }
 
 pub fn model_path(name: &str) -> PathBuf {
@@ -71,8 +86,9 @@ pub fn max_dls(a: &[f32], b: &[f32], n_vocab: usize) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// `tame` for the tame-sensitivity families (TAME_SENSITIVITY_FAMILIES), `sharp` otherwise.
 pub fn bound(name: &str, tame: f64, sharp: f64) -> f64 {
-    if name.starts_with("tame") {
+    if TAME_SENSITIVITY_FAMILIES.contains(&family(name)) {
         tame
     } else {
         sharp
