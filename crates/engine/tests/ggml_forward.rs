@@ -1,7 +1,7 @@
 //! End to end: a muse-glimmer forward pass composed only of the parity kernels
 //! (`muser_engine::cpu::ggml`), in the graph order of llama.cpp's src/models/muse-glimmer.cpp, against
 //! llama.cpp b11434's own logits and greedy continuations for the committed fixture models
-//! (tests/fixtures: 2 families x 8 weight formats, KV cache f32 and f16; see tests/fixtures/README.md).
+//! (tests/fixtures: every fixture model, KV cache f32 and f16; see tests/fixtures/README.md).
 //!
 //! This is a check of the kernels, not the engine's model: it keeps everything as plain vectors.
 
