@@ -636,6 +636,18 @@ impl Backend for CudaBackend {
     }
 
     fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<CudaMatrix> {
+        self.matrix_from_bytes(m, m.bytes(file))
+    }
+
+    fn matrix_from_bytes(&self, m: &Matrix, bytes: &[u8]) -> Result<CudaMatrix> {
+        if bytes.len() != m.n_bytes() {
+            return Err(Error::Backend(format!(
+                "{}: {} bytes for a matrix of {}",
+                m.name,
+                bytes.len(),
+                m.n_bytes()
+            )));
+        }
         let fmt = matrix::fmt_code(m.ty)
             .ok_or_else(|| Error::Backend(format!("no CUDA layout for {}", m.ty)))?;
         if m.cols % 8 != 0 {
@@ -644,7 +656,7 @@ impl Backend for CudaBackend {
                 m.name, m.cols
             )));
         }
-        let bytes = matrix::device_layout(m.ty, m.bytes(file));
+        let bytes = matrix::device_layout(m.ty, bytes);
         let data = self
             .stream
             .clone_htod(&bytes)
@@ -657,6 +669,21 @@ impl Backend for CudaBackend {
             nbt: matrix::n_blocks(m.ty, m.rows, m.cols) as i64,
             data,
         })
+    }
+
+    fn write(&self, a: &mut CudaAct, values: &[f32]) -> Result<()> {
+        if values.len() > a.data.len() {
+            return Err(Error::Backend(format!(
+                "write of {} values into {}",
+                values.len(),
+                a.data.len()
+            )));
+        }
+        a.xs_ok = false;
+        let mut dst = a.data.slice_mut(..values.len());
+        self.stream
+            .memcpy_htod(values, &mut dst)
+            .map_err(dev("upload activations"))
     }
 
     fn vector(&self, v: &[f32]) -> Result<CudaSlice<f32>> {
@@ -967,17 +994,7 @@ impl Backend for CudaBackend {
         out: &mut CudaAct,
     ) -> Result<()> {
         self.timed(
-            || {
-                format!(
-                    "attention {} n={}",
-                    if spec.kind.is_sliding() {
-                        "sliding"
-                    } else {
-                        "full"
-                    },
-                    batch.len()
-                )
-            },
+            || format!("attention {} n={}", spec.kind.name(), batch.len()),
             || {
                 let kv = self.one_sequence(caches, spec, batch, q, k)?;
                 let (n, kv_dim) = (batch.len(), spec.n_head_kv * spec.head_dim);
@@ -1026,17 +1043,7 @@ impl Backend for CudaBackend {
         out: &mut CudaAct,
     ) -> Result<()> {
         self.timed(
-            || {
-                format!(
-                    "qk+attention {} n={}",
-                    if spec.kind.is_sliding() {
-                        "sliding"
-                    } else {
-                        "full"
-                    },
-                    batch.len()
-                )
-            },
+            || format!("qk+attention {} n={}", spec.kind.name(), batch.len()),
             || {
                 let kv = self.one_sequence(caches, spec, batch, q, k)?;
                 let n = batch.len();

@@ -77,7 +77,16 @@ pub trait Backend: Send + Sync {
 
     fn name(&self) -> String;
 
+    /// How many sequences one micro-batch may mix (distinct `Batch::seq` values): a scheduler
+    /// batching several sequences splits its step into `forward` calls of at most this many.
+    fn max_sequences_per_batch(&self) -> usize {
+        1
+    }
+
     fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<Self::Matrix>;
+    /// A weight matrix from bytes in ggml's layout (`m` gives its name, format and shape): the
+    /// shards of a tensor under tensor parallelism.
+    fn matrix_from_bytes(&self, m: &Matrix, bytes: &[u8]) -> Result<Self::Matrix>;
     fn vector(&self, v: &[f32]) -> Result<Self::Vector>;
     /// An activation matrix with room for `rows` rows of `cols` values (initially `rows` rows).
     fn act(&self, rows: usize, cols: usize) -> Result<Self::Act>;
@@ -92,6 +101,8 @@ pub trait Backend: Send + Sync {
     fn kv_set_len(&self, kv: &mut Self::Kv, len: usize);
     /// Forget a sequence's cache.
     fn kv_clear(&self, kv: &mut Self::Kv);
+    /// Overwrite the first `values.len() / cols` rows of an activation matrix with host values.
+    fn write(&self, a: &mut Self::Act, values: &[f32]) -> Result<()>;
     /// Copy an activation matrix to the host.
     fn read(&self, a: &Self::Act) -> Result<Vec<f32>>;
 

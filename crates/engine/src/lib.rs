@@ -20,6 +20,7 @@ pub use muse_glimmer::MuseGlimmer;
 pub mod sampling;
 pub mod session;
 pub mod synth;
+pub mod tp;
 
 pub use sampling::{Sampler, SamplingParams};
 pub use session::{Logits, Session};

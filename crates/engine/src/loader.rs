@@ -26,6 +26,35 @@ pub struct Matrix {
 }
 
 impl Matrix {
+    /// A matrix description not tied to a file (its bytes come from elsewhere: a shard).
+    pub fn detached(name: &str, ty: GgmlType, rows: usize, cols: usize) -> Result<Matrix> {
+        let row = ty.row_bytes(cols as u64).ok_or_else(|| {
+            Error::Tensor(format!(
+                "{name}: {cols} columns are not whole {} blocks",
+                ty.name()
+            ))
+        })?;
+        let info = TensorInfo {
+            name: name.to_string(),
+            dims: vec![cols as u64, rows as u64],
+            ggml_type: ty,
+            offset: 0,
+            n_bytes: row * rows as u64,
+        };
+        Ok(Matrix {
+            name: name.to_string(),
+            ty,
+            rows,
+            cols,
+            info,
+        })
+    }
+
+    /// Bytes of the whole matrix.
+    pub fn n_bytes(&self) -> usize {
+        self.info.n_bytes as usize
+    }
+
     /// The bytes of this matrix in `file`.
     pub fn bytes<'a>(&self, file: &'a Gguf) -> &'a [u8] {
         file.tensor_data(&self.info)

@@ -44,15 +44,24 @@ impl NumericMode {
     }
 }
 
-/// A weight matrix borrowed from the file's memory map.
+/// Where a matrix's bytes live: the file's memory map (no copy), or memory of its own (a shard).
+enum MatrixBytes {
+    Mapped(Arc<Gguf>),
+    Owned(Vec<u8>),
+}
+
+/// A weight matrix, borrowed from the file's memory map or owned.
 pub struct CpuMatrix {
-    file: Arc<Gguf>,
+    src: MatrixBytes,
     pub m: Matrix,
 }
 
 impl CpuMatrix {
     pub fn bytes(&self) -> &[u8] {
-        self.m.bytes(&self.file)
+        match &self.src {
+            MatrixBytes::Mapped(file) => self.m.bytes(file),
+            MatrixBytes::Owned(v) => v,
+        }
     }
 }
 
@@ -124,11 +133,47 @@ impl Backend for CpuBackend {
         format!("cpu ({} threads, {:?} mode)", self.n_threads, self.mode)
     }
 
+    /// Accurate-mode attention reads each token's own sequence (cpu/attention.rs); parity mode
+    /// keeps llama.cpp's single-sequence cell layout.
+    fn max_sequences_per_batch(&self) -> usize {
+        match self.mode {
+            NumericMode::Accurate => usize::MAX,
+            NumericMode::Parity => 1,
+        }
+    }
+
     fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<CpuMatrix> {
         Ok(CpuMatrix {
-            file: file.clone(),
+            src: MatrixBytes::Mapped(file.clone()),
             m: m.clone(),
         })
+    }
+
+    fn matrix_from_bytes(&self, m: &Matrix, bytes: &[u8]) -> Result<CpuMatrix> {
+        if bytes.len() != m.n_bytes() {
+            return Err(Error::Backend(format!(
+                "{}: {} bytes for a matrix of {}",
+                m.name,
+                bytes.len(),
+                m.n_bytes()
+            )));
+        }
+        Ok(CpuMatrix {
+            src: MatrixBytes::Owned(bytes.to_vec()),
+            m: m.clone(),
+        })
+    }
+
+    fn write(&self, a: &mut CpuAct, values: &[f32]) -> Result<()> {
+        if values.len() > a.data.len() {
+            return Err(Error::Backend(format!(
+                "write of {} values into {}",
+                values.len(),
+                a.data.len()
+            )));
+        }
+        a.data[..values.len()].copy_from_slice(values);
+        Ok(())
     }
 
     fn vector(&self, v: &[f32]) -> Result<Vec<f32>> {

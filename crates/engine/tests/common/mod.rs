@@ -64,7 +64,12 @@ pub fn load(name: &str, mode: NumericMode) -> MuseGlimmer<CpuBackend> {
 }
 
 /// Teacher-forced logits of `tokens` in micro-batches of `ubatch`.
-pub fn logits(m: &MuseGlimmer<CpuBackend>, tokens: &[u32], kv: KvType, ubatch: usize) -> Vec<f32> {
+pub fn logits<B: muser_engine::Backend>(
+    m: &MuseGlimmer<B>,
+    tokens: &[u32],
+    kv: KvType,
+    ubatch: usize,
+) -> Vec<f32> {
     let mut s = Session::new(m, kv, tokens.len() + 64).unwrap();
     s.feed(tokens, ubatch, Logits::All).unwrap()
 }

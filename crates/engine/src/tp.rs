@@ -1,0 +1,746 @@
+//! Tensor parallelism as a backend: [`TpBackend`] spreads every layer over `world` ranks, each a
+//! backend of its own (a GPU, or a CPU backend when the ranks are simulated), so the model file
+//! stays written once.
+//!
+//! The split is Megatron's, as vLLM and llama.cpp's tensor-split mode do it:
+//! - Q, gate (by query heads), K, V (by KV heads), FFN gate and up (by FFN columns) and the LM
+//!   head (by vocabulary rows) are split by output rows: each rank computes its slice.
+//! - O and FFN down are split by input columns: each rank computes a partial sum of the full
+//!   output, and one all-reduce (a sum in rank order, so the result does not depend on timing)
+//!   follows each of the two.
+//! - Norms, QK-norm, RoPE and the gate run on each rank's slice or on the replicated stream.
+//! - KV heads: with `world <= n_head_kv` each rank holds `n_head_kv / world` of them; with more
+//!   ranks than KV heads (Muse Glimmer has 2), each KV head is replicated on the ranks whose
+//!   query heads read it (`world` must then be a multiple of `n_head_kv`): K and V of that head
+//!   are computed and cached on each of those ranks, which costs 2 x 256 rows of projection per
+//!   rank and keeps attention free of communication.
+//! - Quantized tensors split only at block boundaries; a plan that would cut a block is refused.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use muser_gguf::Gguf;
+
+use crate::backend::{AttnSpec, Backend, Batch};
+use crate::config::MuseConfig;
+use crate::error::{Error, Result};
+use crate::kv::KvType;
+use crate::loader::{Matrix, Tensors};
+
+/// Which rows / columns each rank owns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShardPlan {
+    pub world: usize,
+    pub head_dim: usize,
+    /// Query heads of each rank.
+    pub heads: Vec<Range<usize>>,
+    /// KV heads of each rank (overlapping when replicated).
+    pub kv_heads: Vec<Range<usize>>,
+    /// FFN columns of each rank.
+    pub ff: Vec<Range<usize>>,
+    /// LM-head (vocabulary) rows of each rank.
+    pub vocab: Vec<Range<usize>>,
+}
+
+/// `n` units split into `world` contiguous ranges as evenly as possible (the first ranks get one
+/// more), each scaled by `unit`.
+fn even(n: usize, world: usize, unit: usize) -> Vec<Range<usize>> {
+    let (q, r) = (n / world, n % world);
+    let mut start = 0;
+    (0..world)
+        .map(|i| {
+            let len = q + usize::from(i < r);
+            let range = start * unit..(start + len) * unit;
+            start += len;
+            range
+        })
+        .collect()
+}
+
+impl ShardPlan {
+    /// Plan a split of `c` over `world` ranks for the tensors `t` (their formats decide the
+    /// block granularity of the column splits).
+    pub fn new(c: &MuseConfig, t: &Tensors, world: usize) -> Result<Self> {
+        if world == 0 {
+            return Err(Error::Config(
+                "tensor parallelism needs at least one rank".into(),
+            ));
+        }
+        if c.n_head % world != 0 {
+            return Err(Error::Config(format!(
+                "{} query heads cannot be split over {world} ranks",
+                c.n_head
+            )));
+        }
+        let heads = even(c.n_head, world, 1);
+        let rep = c.n_head / c.n_head_kv;
+        let kv_heads: Vec<Range<usize>> = if world <= c.n_head_kv {
+            if c.n_head_kv % world != 0 {
+                return Err(Error::Config(format!(
+                    "{} KV heads cannot be split over {world} ranks",
+                    c.n_head_kv
+                )));
+            }
+            even(c.n_head_kv, world, 1)
+        } else {
+            if world % c.n_head_kv != 0 {
+                return Err(Error::Config(format!(
+                    "{world} ranks are not a multiple of the {} KV heads, so KV heads cannot be replicated evenly",
+                    c.n_head_kv
+                )));
+            }
+            heads
+                .iter()
+                .map(|h| h.start / rep..h.start / rep + 1)
+                .collect()
+        };
+        for (h, g) in heads.iter().zip(&kv_heads) {
+            if h.start / rep != g.start || (h.end - 1) / rep != g.end - 1 {
+                return Err(Error::Config(
+                    "query heads and their KV heads would land on different ranks".into(),
+                ));
+            }
+        }
+        // Column splits must keep whole quantization blocks of O and FFN down.
+        let o_block = t
+            .layers
+            .iter()
+            .map(|l| l.attn_output.ty.block_size())
+            .max()
+            .unwrap_or(1);
+        let down_block = t
+            .layers
+            .iter()
+            .map(|l| l.ffn_down.ty.block_size())
+            .max()
+            .unwrap_or(1);
+        for h in &heads {
+            let cols = h.len() * c.head_dim;
+            if cols % o_block != 0 {
+                return Err(Error::Config(format!(
+                    "each rank would hold {cols} columns of attn_output, not whole blocks of {o_block}: use fewer ranks"
+                )));
+            }
+        }
+        if c.n_ff % down_block != 0 {
+            return Err(Error::Config(format!(
+                "n_ff {} is not whole blocks of {down_block}",
+                c.n_ff
+            )));
+        }
+        if c.n_ff / down_block < world {
+            return Err(Error::Config(format!(
+                "{} FFN blocks cannot be split over {world} ranks",
+                c.n_ff / down_block
+            )));
+        }
+        Ok(ShardPlan {
+            world,
+            head_dim: c.head_dim,
+            heads,
+            kv_heads,
+            ff: even(c.n_ff / down_block, world, down_block),
+            vocab: even(c.n_vocab, world, 1),
+        })
+    }
+
+    /// The configuration rank `r` computes with (its heads).
+    fn rank_config(&self, c: &MuseConfig, r: usize) -> MuseConfig {
+        let mut rc = c.clone();
+        rc.n_head = self.heads[r].len();
+        rc.n_head_kv = self.kv_heads[r].len();
+        rc
+    }
+
+    fn scaled(ranges: &[Range<usize>], unit: usize) -> Vec<Range<usize>> {
+        ranges
+            .iter()
+            .map(|r| r.start * unit..r.end * unit)
+            .collect()
+    }
+
+    /// How the tensor called `name` is split.
+    fn shard_of(&self, name: &str) -> Shard {
+        let hd = self.head_dim;
+        let suffix = name
+            .rsplit_once("blk.")
+            .map_or(name, |(_, s)| s.split_once('.').map_or(s, |(_, x)| x));
+        match suffix {
+            "attn_q.weight" | "attn_gate.weight" => Shard::Rows(Self::scaled(&self.heads, hd)),
+            "attn_k.weight" | "attn_v.weight" => Shard::Rows(Self::scaled(&self.kv_heads, hd)),
+            "attn_output.weight" => Shard::Cols(Self::scaled(&self.heads, hd)),
+            "ffn_gate.weight" | "ffn_up.weight" => Shard::Rows(self.ff.clone()),
+            "ffn_down.weight" => Shard::Cols(self.ff.clone()),
+            "output.weight" => Shard::Rows(self.vocab.clone()),
+            _ => Shard::Replicated,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Shard {
+    Replicated,
+    /// Output rows per rank.
+    Rows(Vec<Range<usize>>),
+    /// Input columns per rank (partial sums, then an all-reduce).
+    Cols(Vec<Range<usize>>),
+}
+
+/// A matrix split over the ranks.
+pub struct TpMatrix<M> {
+    shard: Shard,
+    rows: usize,
+    parts: Vec<M>,
+}
+
+/// Activations: replicated on every rank, or split by columns.
+pub struct TpAct<A> {
+    rows: usize,
+    cols: usize,
+    cap: usize,
+    /// `None`: every part holds all `cols` columns; `Some(ranges)`: part r holds columns ranges[r].
+    split: Option<Vec<Range<usize>>>,
+    parts: Vec<A>,
+}
+
+/// One sequence's cache: each rank caches the KV heads it owns.
+pub struct TpKv<K> {
+    parts: Vec<K>,
+}
+
+/// A backend of `world` ranks.
+pub struct TpBackend<B: Backend> {
+    pub ranks: Vec<B>,
+    pub plan: ShardPlan,
+}
+
+impl<B: Backend> TpBackend<B> {
+    pub fn new(ranks: Vec<B>, plan: ShardPlan) -> Result<Self> {
+        if ranks.len() != plan.world {
+            return Err(Error::Config(format!(
+                "{} ranks for a plan of {}",
+                ranks.len(),
+                plan.world
+            )));
+        }
+        Ok(TpBackend { ranks, plan })
+    }
+
+    /// Make `a` split by `ranges` (or replicated), reallocating parts whose width changes.
+    fn shape(&self, a: &mut TpAct<B::Act>, split: Option<Vec<Range<usize>>>) -> Result<()> {
+        if a.split == split {
+            return Ok(());
+        }
+        for (r, b) in self.ranks.iter().enumerate() {
+            let w = split.as_ref().map_or(a.cols, |s| s[r].len());
+            let mut part = b.act(a.cap, w)?;
+            b.set_rows(&mut part, a.rows)?;
+            a.parts[r] = part;
+        }
+        a.split = split;
+        Ok(())
+    }
+
+    fn need_replicated(a: &TpAct<B::Act>, what: &str) -> Result<()> {
+        match a.split {
+            None => Ok(()),
+            Some(_) => Err(Error::Backend(format!(
+                "tensor parallelism: {what} needs a replicated input"
+            ))),
+        }
+    }
+
+    /// Sum the ranks' full-width partial results (in rank order) into every part of `out`.
+    fn all_reduce(&self, out: &mut TpAct<B::Act>) -> Result<()> {
+        let mut sum = self.ranks[0].read(&out.parts[0])?;
+        for (b, p) in self.ranks.iter().zip(&out.parts).skip(1) {
+            for (s, v) in sum.iter_mut().zip(b.read(p)?) {
+                *s += v;
+            }
+        }
+        for (b, p) in self.ranks.iter().zip(out.parts.iter_mut()) {
+            b.write(p, &sum)?;
+        }
+        Ok(())
+    }
+
+    fn each<T>(&self, mut f: impl FnMut(usize, &B) -> Result<T>) -> Result<Vec<T>> {
+        self.ranks
+            .iter()
+            .enumerate()
+            .map(|(r, b)| f(r, b))
+            .collect()
+    }
+}
+
+fn slice_rows(m: &Matrix, bytes: &[u8], rows: &Range<usize>) -> Result<(Matrix, Vec<u8>)> {
+    let rb = m.row_bytes();
+    let sub = Matrix::detached(&m.name, m.ty, rows.len(), m.cols)?;
+    Ok((sub, bytes[rows.start * rb..rows.end * rb].to_vec()))
+}
+
+fn slice_cols(m: &Matrix, bytes: &[u8], cols: &Range<usize>) -> Result<(Matrix, Vec<u8>)> {
+    let (bl, bs) = m.ty.block_geometry();
+    if cols.start % bl != 0 || cols.end % bl != 0 {
+        return Err(Error::Config(format!(
+            "{}: columns {cols:?} cut {} blocks",
+            m.name, m.ty
+        )));
+    }
+    let rb = m.row_bytes();
+    let (a, b) = (cols.start / bl * bs, cols.end / bl * bs);
+    let mut out = Vec::with_capacity(m.rows * (b - a));
+    for row in bytes.chunks_exact(rb) {
+        out.extend_from_slice(&row[a..b]);
+    }
+    Ok((Matrix::detached(&m.name, m.ty, m.rows, cols.len())?, out))
+}
+
+impl<B: Backend> Backend for TpBackend<B> {
+    type Matrix = TpMatrix<B::Matrix>;
+    type Vector = Vec<B::Vector>;
+    type Act = TpAct<B::Act>;
+    type Kv = TpKv<B::Kv>;
+
+    fn name(&self) -> String {
+        format!(
+            "tensor-parallel x{} over {}",
+            self.plan.world,
+            self.ranks[0].name()
+        )
+    }
+
+    fn max_sequences_per_batch(&self) -> usize {
+        self.ranks
+            .iter()
+            .map(|b| b.max_sequences_per_batch())
+            .min()
+            .unwrap_or(1)
+    }
+
+    fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<TpMatrix<B::Matrix>> {
+        self.matrix_from_bytes(m, m.bytes(file))
+    }
+
+    fn matrix_from_bytes(&self, m: &Matrix, bytes: &[u8]) -> Result<TpMatrix<B::Matrix>> {
+        let shard = self.plan.shard_of(&m.name);
+        let parts = self.each(|r, b| match &shard {
+            Shard::Replicated => b.matrix_from_bytes(m, bytes),
+            Shard::Rows(rr) => {
+                let (sub, data) = slice_rows(m, bytes, &rr[r])?;
+                b.matrix_from_bytes(&sub, &data)
+            }
+            Shard::Cols(cc) => {
+                let (sub, data) = slice_cols(m, bytes, &cc[r])?;
+                b.matrix_from_bytes(&sub, &data)
+            }
+        })?;
+        Ok(TpMatrix {
+            shard,
+            rows: m.rows,
+            parts,
+        })
+    }
+
+    fn vector(&self, v: &[f32]) -> Result<Vec<B::Vector>> {
+        self.each(|_, b| b.vector(v))
+    }
+
+    fn act(&self, rows: usize, cols: usize) -> Result<TpAct<B::Act>> {
+        Ok(TpAct {
+            rows,
+            cols,
+            cap: rows,
+            split: None,
+            parts: self.each(|_, b| b.act(rows, cols))?,
+        })
+    }
+
+    fn set_rows(&self, a: &mut TpAct<B::Act>, rows: usize) -> Result<()> {
+        for (b, p) in self.ranks.iter().zip(a.parts.iter_mut()) {
+            b.set_rows(p, rows)?;
+        }
+        a.rows = rows;
+        Ok(())
+    }
+
+    fn kv_cache(&self, cfg: &MuseConfig, ty: KvType, n_ctx: usize) -> Result<TpKv<B::Kv>> {
+        Ok(TpKv {
+            parts: self.each(|r, b| b.kv_cache(&self.plan.rank_config(cfg, r), ty, n_ctx))?,
+        })
+    }
+
+    fn kv_capacity(&self, kv: &TpKv<B::Kv>) -> usize {
+        self.ranks[0].kv_capacity(&kv.parts[0])
+    }
+
+    fn kv_len(&self, kv: &TpKv<B::Kv>) -> usize {
+        self.ranks[0].kv_len(&kv.parts[0])
+    }
+
+    fn kv_set_len(&self, kv: &mut TpKv<B::Kv>, len: usize) {
+        for (b, p) in self.ranks.iter().zip(kv.parts.iter_mut()) {
+            b.kv_set_len(p, len);
+        }
+    }
+
+    fn kv_clear(&self, kv: &mut TpKv<B::Kv>) {
+        for (b, p) in self.ranks.iter().zip(kv.parts.iter_mut()) {
+            b.kv_clear(p);
+        }
+    }
+
+    fn write(&self, a: &mut TpAct<B::Act>, values: &[f32]) -> Result<()> {
+        self.shape(a, None)?;
+        for (b, p) in self.ranks.iter().zip(a.parts.iter_mut()) {
+            b.write(p, values)?;
+        }
+        Ok(())
+    }
+
+    /// Replicated: rank 0's copy; split: the columns gathered in rank order.
+    fn read(&self, a: &TpAct<B::Act>) -> Result<Vec<f32>> {
+        let Some(split) = &a.split else {
+            return self.ranks[0].read(&a.parts[0]);
+        };
+        let mut out = vec![0f32; a.rows * a.cols];
+        for ((b, p), range) in self.ranks.iter().zip(&a.parts).zip(split) {
+            let part = b.read(p)?;
+            let w = range.len();
+            for (row, src) in part.chunks_exact(w.max(1)).take(a.rows).enumerate() {
+                out[row * a.cols + range.start..row * a.cols + range.end].copy_from_slice(src);
+            }
+        }
+        Ok(out)
+    }
+
+    fn begin_batch(&self, batch: &Batch) -> Result<()> {
+        self.each(|_, b| b.begin_batch(batch)).map(|_| ())
+    }
+
+    fn get_rows(
+        &self,
+        table: &TpMatrix<B::Matrix>,
+        tokens: &[u32],
+        out: &mut TpAct<B::Act>,
+    ) -> Result<()> {
+        if table.shard != Shard::Replicated {
+            return Err(Error::Backend(
+                "tensor parallelism: the embedding table must be replicated".into(),
+            ));
+        }
+        self.shape(out, None)?;
+        for ((b, t), o) in self
+            .ranks
+            .iter()
+            .zip(&table.parts)
+            .zip(out.parts.iter_mut())
+        {
+            b.get_rows(t, tokens, o)?;
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &self,
+        x: &TpAct<B::Act>,
+        w: Option<&Vec<B::Vector>>,
+        eps: f32,
+        out: &mut TpAct<B::Act>,
+    ) -> Result<()> {
+        Self::need_replicated(x, "rms_norm")?;
+        self.shape(out, None)?;
+        for (r, b) in self.ranks.iter().enumerate() {
+            b.rms_norm(&x.parts[r], w.map(|w| &w[r]), eps, &mut out.parts[r])?;
+        }
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        w: &TpMatrix<B::Matrix>,
+        x: &TpAct<B::Act>,
+        out: &mut TpAct<B::Act>,
+    ) -> Result<()> {
+        match &w.shard {
+            Shard::Replicated => {
+                Self::need_replicated(x, "a replicated matrix")?;
+                self.shape(out, None)?;
+                for (r, b) in self.ranks.iter().enumerate() {
+                    b.matmul(&w.parts[r], &x.parts[r], &mut out.parts[r])?;
+                }
+                Ok(())
+            }
+            Shard::Rows(rows) => {
+                Self::need_replicated(x, "a row-split matrix")?;
+                self.shape(out, Some(rows.clone()))?;
+                for (r, b) in self.ranks.iter().enumerate() {
+                    b.matmul(&w.parts[r], &x.parts[r], &mut out.parts[r])?;
+                }
+                Ok(())
+            }
+            Shard::Cols(cols) => {
+                if x.split.as_ref() != Some(cols) {
+                    return Err(Error::Backend(
+                        "tensor parallelism: a column-split matrix needs the matching split input"
+                            .into(),
+                    ));
+                }
+                self.shape(out, None)?;
+                debug_assert_eq!(out.cols, w.rows);
+                for (r, b) in self.ranks.iter().enumerate() {
+                    b.matmul(&w.parts[r], &x.parts[r], &mut out.parts[r])?;
+                }
+                self.all_reduce(out)
+            }
+        }
+    }
+
+    fn head_norm(
+        &self,
+        x: &mut TpAct<B::Act>,
+        head_dim: usize,
+        eps: f32,
+        scale: f32,
+    ) -> Result<()> {
+        for (b, p) in self.ranks.iter().zip(x.parts.iter_mut()) {
+            b.head_norm(p, head_dim, eps, scale)?;
+        }
+        Ok(())
+    }
+
+    fn rope(
+        &self,
+        x: &mut TpAct<B::Act>,
+        head_dim: usize,
+        batch: &Batch,
+        freq_base: f32,
+    ) -> Result<()> {
+        for (b, p) in self.ranks.iter().zip(x.parts.iter_mut()) {
+            b.rope(p, head_dim, batch, freq_base)?;
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        caches: &mut [&mut TpKv<B::Kv>],
+        spec: AttnSpec,
+        batch: &Batch,
+        q: &TpAct<B::Act>,
+        k: &TpAct<B::Act>,
+        v: &TpAct<B::Act>,
+        out: &mut TpAct<B::Act>,
+    ) -> Result<()> {
+        self.shape(out, q.split.clone())?;
+        for (r, b) in self.ranks.iter().enumerate() {
+            let rs = AttnSpec {
+                n_head: self.plan.heads[r].len(),
+                n_head_kv: self.plan.kv_heads[r].len(),
+                ..spec
+            };
+            let mut local: Vec<&mut B::Kv> = caches.iter_mut().map(|c| &mut c.parts[r]).collect();
+            b.attention(
+                &mut local,
+                rs,
+                batch,
+                &q.parts[r],
+                &k.parts[r],
+                &v.parts[r],
+                &mut out.parts[r],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn sigmoid_gate(&self, x: &mut TpAct<B::Act>, g: &TpAct<B::Act>) -> Result<()> {
+        if x.split != g.split {
+            return Err(Error::Backend(
+                "tensor parallelism: gate and attention split differently".into(),
+            ));
+        }
+        for (r, b) in self.ranks.iter().enumerate() {
+            b.sigmoid_gate(&mut x.parts[r], &g.parts[r])?;
+        }
+        Ok(())
+    }
+
+    fn swiglu(
+        &self,
+        gate: &TpAct<B::Act>,
+        up: &TpAct<B::Act>,
+        out: &mut TpAct<B::Act>,
+    ) -> Result<()> {
+        if gate.split != up.split {
+            return Err(Error::Backend(
+                "tensor parallelism: FFN gate and up split differently".into(),
+            ));
+        }
+        self.shape(out, gate.split.clone())?;
+        for (r, b) in self.ranks.iter().enumerate() {
+            b.swiglu(&gate.parts[r], &up.parts[r], &mut out.parts[r])?;
+        }
+        Ok(())
+    }
+
+    fn post_norm_add(
+        &self,
+        resid: &mut TpAct<B::Act>,
+        src: &TpAct<B::Act>,
+        w: &Vec<B::Vector>,
+        eps: f32,
+    ) -> Result<()> {
+        Self::need_replicated(resid, "the residual stream")?;
+        Self::need_replicated(src, "a post norm")?;
+        for (r, b) in self.ranks.iter().enumerate() {
+            b.post_norm_add(&mut resid.parts[r], &src.parts[r], &w[r], eps)?;
+        }
+        Ok(())
+    }
+
+    fn norm_tail(
+        &self,
+        resid: &mut TpAct<B::Act>,
+        src: &TpAct<B::Act>,
+        w_post: &Vec<B::Vector>,
+        eps_post: f32,
+        w_next: &Vec<B::Vector>,
+        eps_next: f32,
+        next: &mut TpAct<B::Act>,
+    ) -> Result<()> {
+        Self::need_replicated(resid, "the residual stream")?;
+        Self::need_replicated(src, "the sandwich tail")?;
+        self.shape(next, None)?;
+        for (r, b) in self.ranks.iter().enumerate() {
+            b.norm_tail(
+                &mut resid.parts[r],
+                &src.parts[r],
+                &w_post[r],
+                eps_post,
+                &w_next[r],
+                eps_next,
+                &mut next.parts[r],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn logit_finish(&self, x: &mut TpAct<B::Act>, scale: f32, softcap: Option<f32>) -> Result<()> {
+        for (b, p) in self.ranks.iter().zip(x.parts.iter_mut()) {
+            b.logit_finish(p, scale, softcap)?;
+        }
+        Ok(())
+    }
+
+    fn select_rows(
+        &self,
+        x: &TpAct<B::Act>,
+        rows: &[usize],
+        out: &mut TpAct<B::Act>,
+    ) -> Result<()> {
+        self.shape(out, x.split.clone())?;
+        for (r, b) in self.ranks.iter().enumerate() {
+            b.select_rows(&x.parts[r], rows, &mut out.parts[r])?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::reference_layer_kinds;
+    use crate::loader::{LayerTensors, Tensors};
+    use muser_gguf::GgmlType;
+
+    /// The released 30B's shapes in llama.cpp's Q4_K_M mix (Q6_K ffn_down on some layers).
+    fn muse_30b() -> (MuseConfig, Tensors) {
+        let c = MuseConfig {
+            n_vocab: 202_048,
+            n_ctx_train: 131_072,
+            n_embd: 6656,
+            n_ff: 19968,
+            n_layer: 52,
+            n_head: 32,
+            n_head_kv: 2,
+            head_dim: 128,
+            rms_eps: 1e-5,
+            n_swa: 2048,
+            layer_kinds: reference_layer_kinds(52),
+            rope_freq_base: 5e5,
+            rope_freq_base_swa: 5e5,
+            logit_scale: 0.196,
+            softcap: Some(20.0),
+        };
+        let m = |name: &str, ty, rows, cols| Matrix::detached(name, ty, rows, cols).unwrap();
+        let layers = (0..52)
+            .map(|i| LayerTensors {
+                attn_norm: vec![],
+                attn_q: m("attn_q", GgmlType::Q4_K, 4096, 6656),
+                attn_k: m("attn_k", GgmlType::Q4_K, 256, 6656),
+                attn_v: m("attn_v", GgmlType::Q6_K, 256, 6656),
+                attn_gate: m("attn_gate", GgmlType::Q4_K, 4096, 6656),
+                attn_output: m("attn_output", GgmlType::Q4_K, 6656, 4096),
+                qk_scale: 3.87,
+                post_attention_norm: vec![],
+                ffn_norm: vec![],
+                ffn_gate: m("ffn_gate", GgmlType::Q4_K, 19968, 6656),
+                ffn_up: m("ffn_up", GgmlType::Q4_K, 19968, 6656),
+                ffn_down: m(
+                    "ffn_down",
+                    if i % 3 == 0 {
+                        GgmlType::Q6_K
+                    } else {
+                        GgmlType::Q4_K
+                    },
+                    6656,
+                    19968,
+                ),
+                post_ffw_norm: vec![],
+            })
+            .collect();
+        let t = Tensors {
+            token_embd: m("token_embd", GgmlType::Q4_K, 202_048, 6656),
+            output_norm: vec![],
+            output: m("output", GgmlType::Q6_K, 202_048, 6656),
+            layers,
+        };
+        (c, t)
+    }
+
+    #[test]
+    fn the_30b_splits_over_1_2_4_and_8_ranks() {
+        let (c, t) = muse_30b();
+        for world in [1, 2, 4, 8] {
+            let p = ShardPlan::new(&c, &t, world).unwrap();
+            assert_eq!(p.heads.iter().map(|h| h.len()).sum::<usize>(), 32);
+            assert_eq!(p.ff.last().unwrap().end, 19968);
+            assert!(
+                p.ff.iter().all(|r| r.start % 256 == 0 && r.end % 256 == 0),
+                "whole Q4_K/Q6_K blocks"
+            );
+            assert_eq!(p.vocab.last().unwrap().end, 202_048);
+            // Every rank's query heads read only the KV heads it holds.
+            for (h, g) in p.heads.iter().zip(&p.kv_heads) {
+                assert!(h.clone().all(|q| g.contains(&(q / 16))));
+            }
+            let kv_total: usize = p.kv_heads.iter().map(|g| g.len()).sum();
+            assert_eq!(
+                kv_total,
+                world.max(2),
+                "split at 1-2 ranks, replicated beyond"
+            );
+        }
+        // 19968 = 78 blocks of 256: four ranks get 20, 20, 19, 19.
+        let p = ShardPlan::new(&c, &t, 4).unwrap();
+        assert_eq!(
+            p.ff.iter().map(|r| r.len() / 256).collect::<Vec<_>>(),
+            vec![20, 20, 19, 19]
+        );
+        assert!(ShardPlan::new(&c, &t, 3).is_err(), "32 heads over 3 ranks");
+        assert!(
+            ShardPlan::new(&c, &t, 64).is_err(),
+            "more ranks than query heads"
+        );
+    }
+}
