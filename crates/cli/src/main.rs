@@ -6,6 +6,7 @@ mod common;
 mod generate;
 mod inspect;
 mod logits;
+mod serve;
 mod synth;
 mod text;
 
@@ -42,6 +43,8 @@ enum Command {
     Tokenize(text::TokenizeArgs),
     /// A JSON array of token ids on stdin to text on stdout.
     Detokenize(text::DetokenizeArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Command::Chat(a) => chat::run(a),
         Command::Tokenize(a) => text::tokenize(a),
         Command::Detokenize(a) => text::detokenize(a),
+        Command::Serve(a) => serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,104 @@
+//! `muser serve`: the OpenAI-compatible HTTP server (crates/server).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use muser_server::{EngineConfig, ServeConfig, TextModel};
+use muser_text::{ChatTemplate, Tokenizer};
+
+use crate::common::{BUNDLED_NAME, CliResult, ModelOpts};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelOpts,
+    /// Address to listen on (loopback by default: expose it deliberately).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Context of each sequence, prompt and completion (default: 4096, at most the model's).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx_size: Option<usize>,
+    /// Sequences decoded together (each holds a KV cache of --ctx-size).
+    #[arg(long, default_value_t = 8)]
+    pub parallel: usize,
+    /// Use this Jinja chat template instead of the GGUF's.
+    #[arg(long = "chat-template-file")]
+    pub chat_template_file: Option<PathBuf>,
+    /// Require 'Authorization: Bearer K' on every endpoint but /health.
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// Tokens one engine step runs at most: every decoding sequence's token, then prompt chunks.
+    #[arg(long, default_value_t = 256)]
+    pub ubatch: usize,
+    /// Requests (sequences) that may wait for a slot; beyond that the server answers 429.
+    #[arg(long = "max-queue", default_value_t = 256)]
+    pub max_queue: usize,
+    /// KV memory admitted sequences may reserve, counted at their worst case (default: --parallel full contexts).
+    #[arg(long = "kv-budget-mib")]
+    pub kv_budget_mib: Option<usize>,
+    /// Largest request body accepted.
+    #[arg(long = "max-body-mib", default_value_t = 8)]
+    pub max_body_mib: usize,
+    /// The model name clients send (default: the GGUF's file name without .gguf).
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Seconds in-flight requests get to finish on SIGTERM before they are cancelled.
+    #[arg(long = "shutdown-timeout", default_value_t = 30)]
+    pub shutdown_timeout: u64,
+}
+
+pub fn run(a: Args) -> CliResult {
+    muser_server::init_logging();
+    let g = a.model.gguf()?;
+    let mut tokenizer = Tokenizer::from_gguf(&g)?;
+    // Bodies are bounded by --max-body-mib; a prompt cannot be longer than one.
+    tokenizer.set_max_input_bytes(a.max_body_mib << 20);
+    let template = match &a.chat_template_file {
+        Some(p) => {
+            let mut t = ChatTemplate::from_file(p)?;
+            t.set_special_tokens(&tokenizer);
+            Some(t)
+        }
+        None => match ChatTemplate::from_gguf(&g) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("warning: {e}; chat requests will be refused with 400");
+                None
+            }
+        },
+    };
+    let model_id = a.alias.clone().unwrap_or_else(|| match &a.model.model {
+        Some(p) => p
+            .file_name()
+            .map(|f| f.to_string_lossy().trim_end_matches(".gguf").to_string())
+            .unwrap_or_else(|| p.display().to_string()),
+        None => BUNDLED_NAME.to_string(),
+    });
+    let kv_type = a.model.kv()?;
+    let loaded = a.model.load_from(g)?;
+    let n_ctx_train = crate::with_model!(&loaded, m => m.config.n_ctx_train);
+    let n_ctx = a.ctx_size.unwrap_or(4096.min(n_ctx_train));
+    let cfg = ServeConfig {
+        model_id,
+        engine: EngineConfig {
+            n_ctx,
+            parallel: a.parallel,
+            step_tokens: a.ubatch,
+            max_queue: a.max_queue,
+            kv_type,
+            kv_budget_bytes: a.kv_budget_mib.map(|m| m << 20),
+        },
+        api_key: a.api_key.clone().filter(|k| !k.is_empty()),
+        max_body_bytes: a.max_body_mib << 20,
+        shutdown_grace: Duration::from_secs(a.shutdown_timeout),
+    };
+    let text = TextModel {
+        tokenizer,
+        template,
+    };
+    let addr = format!("{}:{}", a.host, a.port);
+    crate::with_model!(loaded, m => muser_server::run(m, text, cfg, &addr))?;
+    Ok(())
+}

@@ -1,0 +1,247 @@
+//! The engine thread: it owns the model, the KV caches and the scheduler, and talks to the HTTP
+//! handlers over channels (the model is not safe to call from several threads at once).
+//!
+//! A handler validates a request, turns it into a [`Job`] (one sequence per choice) and
+//! [`EngineHandle::submit`]s it; the engine streams [`Event`]s back on the job's bounded channel.
+//! A handler that goes away (client disconnected) drops the receiver: the engine sees the
+//! channel closed at its next step, cancels the sequences and frees their KV.
+
+mod scheduler;
+mod worker;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use muser_engine::{Backend, KvType, MuseConfig, MuseGlimmer, SamplingParams};
+use muser_text::Tokenizer;
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+pub use scheduler::KvCost;
+
+/// How the engine batches and what it admits.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Positions one sequence may hold (prompt and completion).
+    pub n_ctx: usize,
+    /// Sequences decoded together (each has a KV cache of `n_ctx`).
+    pub parallel: usize,
+    /// Tokens one engine step runs at most (decode tokens first, then prompt chunks).
+    pub step_tokens: usize,
+    /// Sequences that may wait for a slot; beyond that, requests get 429.
+    pub max_queue: usize,
+    pub kv_type: KvType,
+    /// KV memory admitted sequences may reserve at their worst case (default: `parallel` full contexts).
+    pub kv_budget_bytes: Option<usize>,
+}
+
+/// One choice of a request: its prompt and its sampler.
+#[derive(Clone, Debug)]
+pub struct SeqSpec {
+    /// The index of the choice in the response.
+    pub index: usize,
+    pub prompt: Arc<[u32]>,
+    pub params: SamplingParams,
+    /// Completion tokens at most (the prompt plus this fits the context: checked at validation).
+    pub max_tokens: usize,
+}
+
+/// A validated request, as the engine runs it.
+pub struct Job {
+    pub request_id: String,
+    pub seqs: Vec<SeqSpec>,
+    pub stops: Vec<String>,
+    /// Drop control tokens from the text (completions) or keep them for the ATEM parser (chat).
+    pub skip_special: bool,
+    /// Return each token's log-probability and this many alternatives.
+    pub logprobs: Option<usize>,
+    /// Keep generating past end-of-generation tokens (they are masked out).
+    pub ignore_eos: bool,
+    pub logit_bias: Vec<(u32, f32)>,
+    pub tx: mpsc::Sender<Event>,
+}
+
+/// A token's log-probability under the model and the most likely alternatives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` reached (or the context is full).
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// What the engine sends back, per choice (`index`).
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// A generated token and the text that became final with it (often empty: held back at a
+    /// UTF-8 boundary or as a possible stop-string start).
+    Token {
+        index: usize,
+        id: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    /// The choice ended; `text` is the last held-back text.
+    Done {
+        index: usize,
+        finish: Finish,
+        text: String,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    /// The choice failed (engine error, shutdown).
+    Error { index: usize, error: ApiError },
+}
+
+pub(crate) enum Command {
+    Submit(Job),
+    /// Finish in-flight work, cancelling what is left at `deadline`.
+    Shutdown {
+        deadline: Instant,
+    },
+}
+
+/// What handlers and the engine share.
+pub(crate) struct Shared {
+    /// Sequences accepted and not yet finished (waiting or running).
+    active: AtomicUsize,
+    /// `parallel + max_queue`: more active sequences than this are refused with 429.
+    capacity: usize,
+    accepting: AtomicBool,
+    pub cost: KvCost,
+    pub budget: usize,
+    pub n_ctx: usize,
+}
+
+/// The handlers' side of the engine. Cheap to clone.
+#[derive(Clone)]
+pub struct EngineHandle {
+    cmd: std::sync::mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+}
+
+impl EngineHandle {
+    pub fn n_ctx(&self) -> usize {
+        self.shared.n_ctx
+    }
+
+    /// Queue a job, or refuse it at once: 429 when the queue is full, 503 when shutting down,
+    /// 400 when one of its sequences could never fit the KV budget.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        let n = job.seqs.len();
+        if !self.shared.accepting.load(Ordering::SeqCst) {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        let s = &self.shared;
+        for q in &job.seqs {
+            let need = s.cost.bytes((q.prompt.len() + q.max_tokens).min(s.n_ctx));
+            if need > s.budget {
+                return Err(ApiError::invalid(
+                    "max_tokens",
+                    format!(
+                        "this request needs {need} bytes of KV cache at most, above the server's budget of {} bytes; lower max_tokens or shorten the prompt",
+                        s.budget
+                    ),
+                ));
+            }
+        }
+        if s.active
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| {
+                (a + n <= s.capacity).then_some(a + n)
+            })
+            .is_err()
+        {
+            metrics::counter!("muser_rejected_total", "reason" => "queue_full").increment(1);
+            return Err(ApiError::overloaded(
+                format!(
+                    "the server is at capacity ({} sequences running or queued); retry later",
+                    s.capacity
+                ),
+                1,
+            ));
+        }
+        if self.cmd.send(Command::Submit(job)).is_err() {
+            s.active.fetch_sub(n, Ordering::SeqCst);
+            return Err(ApiError::unavailable("the engine has stopped"));
+        }
+        Ok(())
+    }
+
+    pub fn accepting(&self) -> bool {
+        self.shared.accepting.load(Ordering::SeqCst)
+    }
+
+    /// Stop accepting requests; the engine finishes in-flight ones until `deadline`, then
+    /// cancels the rest and exits.
+    pub fn shutdown(&self, deadline: Instant) {
+        self.shared.accepting.store(false, Ordering::SeqCst);
+        let _ = self.cmd.send(Command::Shutdown { deadline });
+    }
+
+    /// Sequences accepted and not finished.
+    pub fn active(&self) -> usize {
+        self.shared.active.load(Ordering::SeqCst)
+    }
+}
+
+/// Start the engine thread, which owns `model` until shutdown.
+pub fn start<B: Backend + 'static>(
+    model: MuseGlimmer<B>,
+    tok: Arc<Tokenizer>,
+    cfg: EngineConfig,
+) -> Result<(EngineHandle, std::thread::JoinHandle<()>), String> {
+    let c: &MuseConfig = &model.config;
+    if cfg.n_ctx == 0 || cfg.n_ctx > c.n_ctx_train {
+        return Err(format!(
+            "context size {} is outside 1..={} (the model's context_length)",
+            cfg.n_ctx, c.n_ctx_train
+        ));
+    }
+    if cfg.parallel == 0 {
+        return Err("--parallel must be at least 1".into());
+    }
+    if cfg.step_tokens == 0 {
+        return Err("the step size (--ubatch) must be at least 1".into());
+    }
+    let cost = KvCost::new(c, cfg.kv_type).map_err(|e| e.to_string())?;
+    let budget = cfg
+        .kv_budget_bytes
+        .unwrap_or_else(|| cost.bytes(cfg.n_ctx).saturating_mul(cfg.parallel));
+    if budget < cost.bytes(1) {
+        return Err(format!(
+            "a KV budget of {budget} bytes holds not even one position ({} bytes)",
+            cost.bytes(1)
+        ));
+    }
+    let shared = Arc::new(Shared {
+        active: AtomicUsize::new(0),
+        capacity: cfg.parallel + cfg.max_queue,
+        accepting: AtomicBool::new(true),
+        cost,
+        budget,
+        n_ctx: cfg.n_ctx,
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let worker = worker::Worker::new(model, tok, cfg, shared.clone(), rx)?;
+    let join = std::thread::Builder::new()
+        .name("muser-engine".into())
+        .spawn(move || worker.run())
+        .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+    Ok((EngineHandle { cmd: tx, shared }, join))
+}

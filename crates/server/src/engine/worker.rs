@@ -1,0 +1,676 @@
+//! The engine loop: admit, plan a step, run it, sample, send, repeat.
+//!
+//! Each sequence owns a slot (a KV cache of `n_ctx`, created on first use and cleared for reuse)
+//! from admission to its end. A step mixes the running sequences in one `forward` call where the
+//! backend attends several sequences per micro-batch (the CPU's accurate mode), and otherwise
+//! runs one call per sequence (parity mode, CUDA today): the same plan either way.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::time::{Duration, Instant};
+
+use muser_engine::muse_glimmer::Workspace;
+use muser_engine::sampling::log_softmax;
+use muser_engine::{Backend, Batch, MuseGlimmer, Sampler};
+use muser_text::{StreamDecoder, Tokenizer};
+use tokio::sync::mpsc::error::TrySendError;
+
+use super::scheduler::{self, SeqView};
+use super::{Command, EngineConfig, Event, Finish, Job, Shared, TokenLogprob};
+use crate::error::ApiError;
+
+/// What the sequences of one request share.
+struct JobCommon {
+    request_id: String,
+    tx: tokio::sync::mpsc::Sender<Event>,
+    logprobs: Option<usize>,
+    ignore_eos: bool,
+    logit_bias: Vec<(u32, f32)>,
+}
+
+struct Seq {
+    job: Arc<JobCommon>,
+    index: usize,
+    prompt: Arc<[u32]>,
+    /// Prompt tokens already run.
+    fed: usize,
+    /// The last sampled token, to run at the next step.
+    pending: Option<u32>,
+    generated: usize,
+    max_tokens: usize,
+    sampler: Sampler,
+    decoder: StreamDecoder,
+    /// Events not yet taken by the client (the channel was full): the sequence waits for them.
+    outbox: VecDeque<Event>,
+    slot: usize,
+    /// KV bytes reserved at admission (the worst case of prompt + max_tokens).
+    reserve: usize,
+    arrived: Instant,
+    first_token: Option<Instant>,
+    done: bool,
+}
+
+impl Seq {
+    fn prompt_left(&self) -> usize {
+        self.prompt.len() - self.fed
+    }
+}
+
+pub(super) struct Worker<B: Backend> {
+    model: MuseGlimmer<B>,
+    tok: Arc<Tokenizer>,
+    cfg: EngineConfig,
+    shared: Arc<Shared>,
+    rx: Receiver<Command>,
+    ws: Workspace<B>,
+    /// Most sequences one `forward` call may mix.
+    max_seqs: usize,
+    step_tokens: usize,
+    eog: Vec<u32>,
+    slots: Vec<Option<B::Kv>>,
+    free: Vec<usize>,
+    reserved: usize,
+    waiting: VecDeque<Seq>,
+    running: Vec<Seq>,
+    /// Final events of finished sequences whose clients have not read them yet.
+    draining: Vec<(tokio::sync::mpsc::Sender<Event>, VecDeque<Event>)>,
+    shutdown: Option<Instant>,
+    /// Tokens generated since `rate_since` (the tokens/s gauge).
+    rate_tokens: usize,
+    rate_since: Instant,
+}
+
+impl<B: Backend> Worker<B> {
+    pub(super) fn new(
+        model: MuseGlimmer<B>,
+        tok: Arc<Tokenizer>,
+        cfg: EngineConfig,
+        shared: Arc<Shared>,
+        rx: Receiver<Command>,
+    ) -> Result<Self, String> {
+        // Every decoding sequence plus at least one prompt token fit in a step.
+        let step_tokens = cfg.step_tokens.max(cfg.parallel + 1);
+        let ws = model
+            .workspace(step_tokens)
+            .map_err(|e| format!("cannot allocate the engine's workspace: {e}"))?;
+        let max_seqs = model.backend.max_sequences_per_batch().max(1);
+        tracing::info!(
+            backend = %model.backend.name(),
+            parallel = cfg.parallel,
+            n_ctx = cfg.n_ctx,
+            step_tokens,
+            sequences_per_forward = if max_seqs == usize::MAX { "any".to_string() } else { max_seqs.to_string() },
+            kv_budget_bytes = shared.budget,
+            "engine ready"
+        );
+        metrics::gauge!("muser_kv_cache_budget_bytes").set(shared.budget as f64);
+        metrics::gauge!("muser_tokens_per_second").set(0.0);
+        Ok(Worker {
+            eog: tok.eog_ids(),
+            slots: (0..cfg.parallel).map(|_| None).collect(),
+            free: (0..cfg.parallel).rev().collect(),
+            model,
+            tok,
+            shared,
+            rx,
+            ws,
+            max_seqs,
+            step_tokens,
+            cfg,
+            reserved: 0,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            draining: Vec::new(),
+            shutdown: None,
+            rate_tokens: 0,
+            rate_since: Instant::now(),
+        })
+    }
+
+    pub(super) fn run(mut self) {
+        loop {
+            let busy = !self.running.is_empty() || !self.waiting.is_empty();
+            if !busy && self.draining.is_empty() {
+                if self.shutdown.is_some() {
+                    break;
+                }
+                match self.rx.recv_timeout(Duration::from_millis(250)) {
+                    Ok(c) => self.command(c),
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.update_gauges();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            }
+            loop {
+                match self.rx.try_recv() {
+                    Ok(c) => self.command(c),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        // Every handle is gone: nobody can read results any more.
+                        if self.shutdown.is_none() {
+                            self.shutdown = Some(Instant::now());
+                        }
+                        break;
+                    }
+                }
+            }
+            if self.shutdown.is_some_and(|d| Instant::now() >= d) {
+                self.cancel_all();
+                break;
+            }
+            self.reap_closed();
+            self.admit();
+            let ran = self.step();
+            self.flush();
+            self.update_gauges();
+            if !ran {
+                // Nothing runnable (every stream waits for its client): wait a little.
+                if let Ok(c) = self.rx.recv_timeout(Duration::from_millis(2)) {
+                    self.command(c)
+                }
+            }
+        }
+        self.flush();
+        tracing::info!("engine stopped");
+    }
+
+    fn command(&mut self, c: Command) {
+        match c {
+            Command::Submit(job) => self.enqueue(job),
+            Command::Shutdown { deadline } => {
+                tracing::info!(
+                    running = self.running.len(),
+                    waiting = self.waiting.len(),
+                    "engine draining before shutdown"
+                );
+                self.shutdown = Some(deadline);
+            }
+        }
+    }
+
+    fn enqueue(&mut self, job: Job) {
+        let arrived = Instant::now();
+        let common = Arc::new(JobCommon {
+            request_id: job.request_id,
+            tx: job.tx,
+            logprobs: job.logprobs,
+            ignore_eos: job.ignore_eos,
+            logit_bias: job.logit_bias,
+        });
+        for spec in job.seqs {
+            let positions = (spec.prompt.len() + spec.max_tokens).min(self.cfg.n_ctx);
+            let mut params = spec.params;
+            // OpenAI's penalties count every generated token (the sampler sees only those).
+            params.penalty_last_n = usize::MAX;
+            self.waiting.push_back(Seq {
+                job: common.clone(),
+                index: spec.index,
+                prompt: spec.prompt,
+                fed: 0,
+                pending: None,
+                generated: 0,
+                max_tokens: spec.max_tokens,
+                sampler: Sampler::new(params),
+                decoder: StreamDecoder::new(job.skip_special, job.stops.iter().cloned()),
+                outbox: VecDeque::new(),
+                slot: usize::MAX,
+                reserve: self.shared.cost.bytes(positions),
+                arrived,
+                first_token: None,
+                done: false,
+            });
+        }
+        tracing::debug!(request_id = %common.request_id, waiting = self.waiting.len(), "queued");
+    }
+
+    /// Cancel the sequences whose client went away, freeing their slots.
+    fn reap_closed(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|s| !s.job.tx.is_closed());
+        let dropped = before - self.waiting.len();
+        if dropped > 0 {
+            self.shared.active.fetch_sub(dropped, Ordering::SeqCst);
+            metrics::counter!("muser_sequences_finished_total", "reason" => "cancelled")
+                .increment(dropped as u64);
+        }
+        for s in &mut self.running {
+            if !s.done && s.job.tx.is_closed() {
+                cancel(s);
+            }
+        }
+        self.release_done();
+        self.draining.retain(|(tx, _)| !tx.is_closed());
+    }
+
+    /// Move waiting sequences into free slots, oldest first, while the KV budget holds them.
+    fn admit(&mut self) {
+        while let Some(s) = self.waiting.front() {
+            if self.free.is_empty() || self.reserved + s.reserve > self.shared.budget {
+                break;
+            }
+            let Some(mut s) = self.waiting.pop_front() else {
+                break;
+            };
+            let Some(slot) = self.free.pop() else {
+                break;
+            };
+            if self.slots[slot].is_none() {
+                match self.model.new_cache(self.cfg.kv_type, self.cfg.n_ctx) {
+                    Ok(kv) => self.slots[slot] = Some(kv),
+                    Err(e) => {
+                        self.free.push(slot);
+                        tracing::error!(request_id = %s.job.request_id, "cannot allocate a KV cache: {e}");
+                        s.outbox.push_back(Event::Error {
+                            index: s.index,
+                            error: ApiError::unavailable(format!(
+                                "cannot allocate a KV cache: {e}"
+                            )),
+                        });
+                        s.done = true;
+                        s.slot = usize::MAX;
+                        self.finish_unadmitted(s);
+                        continue;
+                    }
+                }
+            }
+            s.slot = slot;
+            self.reserved += s.reserve;
+            tracing::debug!(
+                request_id = %s.job.request_id,
+                choice = s.index,
+                slot,
+                prompt_tokens = s.prompt.len(),
+                queued_ms = s.arrived.elapsed().as_millis() as u64,
+                "admitted"
+            );
+            self.running.push(s);
+        }
+    }
+
+    fn finish_unadmitted(&mut self, mut s: Seq) {
+        self.shared.active.fetch_sub(1, Ordering::SeqCst);
+        if !s.outbox.is_empty() {
+            self.draining
+                .push((s.job.tx.clone(), std::mem::take(&mut s.outbox)));
+        }
+    }
+
+    /// Plan and run one step; false if nothing could run.
+    fn step(&mut self) -> bool {
+        let views: Vec<SeqView> = self
+            .running
+            .iter()
+            .map(|s| SeqView {
+                prompt_left: s.prompt_left(),
+                ready: !s.done
+                    && s.outbox.is_empty()
+                    && (s.prompt_left() > 0 || s.pending.is_some()),
+            })
+            .collect();
+        let plan = scheduler::plan(&views, self.step_tokens);
+        if plan.is_empty() {
+            return false;
+        }
+        let t0 = Instant::now();
+        let tokens: usize = plan.iter().map(|&(_, n)| n).sum();
+        for group in plan.chunks(self.max_seqs) {
+            self.run_group(group);
+        }
+        metrics::histogram!("muser_step_seconds").record(t0.elapsed().as_secs_f64());
+        metrics::counter!("muser_step_tokens_total").increment(tokens as u64);
+        self.release_done();
+        true
+    }
+
+    /// One `forward` call over the sequences of `group` (`(index into running, n_tokens)`).
+    fn run_group(&mut self, group: &[(usize, usize)]) {
+        let mut item_of_slot: Vec<Option<usize>> = vec![None; self.slots.len()];
+        for (gi, &(ri, _)) in group.iter().enumerate() {
+            item_of_slot[self.running[ri].slot] = Some(gi);
+        }
+        let backend = &self.model.backend;
+        let mut caches: Vec<&mut B::Kv> = Vec::with_capacity(group.len());
+        let mut cache_item = Vec::with_capacity(group.len());
+        for (slot, kv) in self.slots.iter_mut().enumerate() {
+            if let (Some(gi), Some(kv)) = (item_of_slot[slot], kv.as_mut()) {
+                caches.push(kv);
+                cache_item.push(gi);
+            }
+        }
+        // Each sequence's tokens are contiguous in the batch, at the positions its cache continues.
+        let mut batch = Batch::default();
+        let mut rows = Vec::new();
+        let mut row_item = Vec::new();
+        for (ci, &gi) in cache_item.iter().enumerate() {
+            let (ri, n) = group[gi];
+            let s = &self.running[ri];
+            let start = backend.kv_len(&*caches[ci]) as u32;
+            let tokens: &[u32] = if s.prompt_left() > 0 {
+                &s.prompt[s.fed..s.fed + n]
+            } else {
+                match &s.pending {
+                    Some(t) => std::slice::from_ref(t),
+                    None => continue,
+                }
+            };
+            for (k, &t) in tokens.iter().enumerate() {
+                batch.tokens.push(t);
+                batch.pos.push(start + k as u32);
+                batch.seq.push(ci);
+            }
+            // Logits for a decode token, or a prompt chunk that ends the prompt.
+            if s.prompt_left() == 0 || s.prompt_left() == n {
+                rows.push(batch.len() - 1);
+                row_item.push(gi);
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let result = self.model.forward(&mut self.ws, &batch, &mut caches, &rows);
+        drop(caches);
+        let logits = match result {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!("forward failed for {} sequences: {e}", group.len());
+                for &(ri, _) in group {
+                    let s = &mut self.running[ri];
+                    s.outbox.clear();
+                    s.outbox.push_back(Event::Error {
+                        index: s.index,
+                        error: ApiError::internal(format!("the engine failed: {e}")),
+                    });
+                    s.done = true;
+                    metrics::counter!("muser_sequences_finished_total", "reason" => "error")
+                        .increment(1);
+                }
+                return;
+            }
+        };
+        let mut prompt_tokens = 0;
+        for &(ri, n) in group {
+            let s = &mut self.running[ri];
+            if s.prompt_left() > 0 {
+                s.fed += n;
+                prompt_tokens += n;
+            } else {
+                s.pending = None;
+            }
+        }
+        metrics::counter!("muser_prompt_tokens_total").increment(prompt_tokens as u64);
+        let n_vocab = self.model.config.n_vocab;
+        for (r, &gi) in row_item.iter().enumerate() {
+            let ri = group[gi].0;
+            match logits.get(r * n_vocab..(r + 1) * n_vocab) {
+                Some(row) => self.next_token(ri, row),
+                None => {
+                    let s = &mut self.running[ri];
+                    s.outbox.push_back(Event::Error {
+                        index: s.index,
+                        error: ApiError::internal("the engine returned too few logits"),
+                    });
+                    s.done = true;
+                }
+            }
+        }
+    }
+
+    /// Sample the next token of `running[ri]` from its logits row and emit it.
+    fn next_token(&mut self, ri: usize, row: &[f32]) {
+        let eog = &self.eog;
+        let tok = &self.tok;
+        let n_ctx = self.cfg.n_ctx;
+        let s = &mut self.running[ri];
+        let j = &s.job;
+        let id = if j.logit_bias.is_empty() && !j.ignore_eos {
+            s.sampler.sample(row)
+        } else {
+            let mut l = row.to_vec();
+            for &(t, b) in &j.logit_bias {
+                if let Some(x) = l.get_mut(t as usize) {
+                    *x += b;
+                }
+            }
+            if j.ignore_eos {
+                for &t in eog {
+                    if let Some(x) = l.get_mut(t as usize) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            s.sampler.sample(&l)
+        };
+        s.sampler.accept(id);
+        s.generated += 1;
+        self.rate_tokens += 1;
+        metrics::counter!("muser_generation_tokens_total").increment(1);
+        if s.first_token.is_none() {
+            let now = Instant::now();
+            s.first_token = Some(now);
+            metrics::histogram!("muser_time_to_first_token_seconds")
+                .record((now - s.arrived).as_secs_f64());
+        }
+        let logprob = j.logprobs.map(|n| token_logprob(row, id, n));
+        let finish = if eog.contains(&id) && !j.ignore_eos {
+            Some(Finish::Stop)
+        } else {
+            let text = match s.decoder.push(tok, id) {
+                Ok(t) => t,
+                Err(e) => {
+                    s.outbox.push_back(Event::Error {
+                        index: s.index,
+                        error: ApiError::internal(format!("cannot decode token {id}: {e}")),
+                    });
+                    s.done = true;
+                    return;
+                }
+            };
+            s.outbox.push_back(Event::Token {
+                index: s.index,
+                id,
+                text,
+                logprob,
+            });
+            if s.decoder.stopped().is_some() {
+                Some(Finish::Stop)
+            } else if s.generated >= s.max_tokens || s.prompt.len() + s.generated >= n_ctx {
+                Some(Finish::Length)
+            } else {
+                s.pending = Some(id);
+                None
+            }
+        };
+        if let Some(f) = finish {
+            let text = s.decoder.finish();
+            s.outbox.push_back(Event::Done {
+                index: s.index,
+                finish: f,
+                text,
+                prompt_tokens: s.prompt.len(),
+                completion_tokens: s.generated,
+            });
+            s.done = true;
+            let ttft = s
+                .first_token
+                .map_or(0, |t| (t - s.arrived).as_millis() as u64);
+            tracing::info!(
+                request_id = %s.job.request_id,
+                choice = s.index,
+                prompt_tokens = s.prompt.len(),
+                completion_tokens = s.generated,
+                finish = f.as_str(),
+                ttft_ms = ttft,
+                total_ms = s.arrived.elapsed().as_millis() as u64,
+                "finished"
+            );
+            metrics::counter!("muser_sequences_finished_total", "reason" => f.as_str())
+                .increment(1);
+        }
+    }
+
+    /// Free the slots of finished sequences (their KV is cleared for the next one).
+    fn release_done(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if !self.running[i].done {
+                i += 1;
+                continue;
+            }
+            let mut s = self.running.swap_remove(i);
+            if let Some(Some(kv)) = self.slots.get_mut(s.slot) {
+                self.model.backend.kv_clear(kv);
+            }
+            self.free.push(s.slot);
+            self.reserved -= s.reserve;
+            self.shared.active.fetch_sub(1, Ordering::SeqCst);
+            if !s.outbox.is_empty() {
+                self.draining
+                    .push((s.job.tx.clone(), std::mem::take(&mut s.outbox)));
+            }
+        }
+        // Keep admission order (swap_remove moved the last one): older sequences prompt first.
+        self.running.sort_by_key(|s| s.arrived);
+    }
+
+    /// Hand queued events to the clients; a closed channel cancels its sequences next step.
+    fn flush(&mut self) {
+        for s in &mut self.running {
+            if send_all(&s.job.tx, &mut s.outbox) == Sent::Closed && !s.done {
+                cancel(s);
+            }
+        }
+        self.draining
+            .retain_mut(|(tx, q)| send_all(tx, q) == Sent::Blocked);
+        self.release_done();
+    }
+
+    /// Shutdown deadline: every remaining sequence ends with a 503 error event.
+    fn cancel_all(&mut self) {
+        let n = self.running.len() + self.waiting.len();
+        if n > 0 {
+            tracing::warn!(sequences = n, "shutdown deadline: cancelling what is left");
+        }
+        for mut s in std::mem::take(&mut self.waiting) {
+            s.outbox.push_back(Event::Error {
+                index: s.index,
+                error: ApiError::unavailable("the server shut down before this request ran"),
+            });
+            self.finish_unadmitted(s);
+        }
+        for s in &mut self.running {
+            if !s.done {
+                s.outbox.push_back(Event::Error {
+                    index: s.index,
+                    error: ApiError::unavailable("the server shut down during this request"),
+                });
+                s.done = true;
+            }
+        }
+        self.release_done();
+    }
+
+    fn update_gauges(&mut self) {
+        let used: usize = self
+            .running
+            .iter()
+            .map(|s| {
+                self.slots
+                    .get(s.slot)
+                    .and_then(|k| k.as_ref())
+                    .map_or(0, |kv| {
+                        self.shared.cost.bytes(self.model.backend.kv_len(kv))
+                    })
+            })
+            .sum();
+        metrics::gauge!("muser_queue_depth").set(self.waiting.len() as f64);
+        metrics::gauge!("muser_sequences_running").set(self.running.len() as f64);
+        metrics::gauge!("muser_kv_cache_used_bytes").set(used as f64);
+        metrics::gauge!("muser_kv_cache_reserved_bytes").set(self.reserved as f64);
+        metrics::gauge!("muser_kv_cache_usage_ratio")
+            .set(used as f64 / self.shared.budget.max(1) as f64);
+        let dt = self.rate_since.elapsed();
+        if dt >= Duration::from_secs(1) {
+            metrics::gauge!("muser_tokens_per_second")
+                .set(self.rate_tokens as f64 / dt.as_secs_f64());
+            self.rate_tokens = 0;
+            self.rate_since = Instant::now();
+        }
+    }
+}
+
+/// The client went away: end the sequence (its slot is freed by `release_done`).
+fn cancel(s: &mut Seq) {
+    tracing::info!(request_id = %s.job.request_id, choice = s.index, generated = s.generated, "cancelled: client disconnected");
+    metrics::counter!("muser_sequences_finished_total", "reason" => "cancelled").increment(1);
+    s.done = true;
+    s.outbox.clear();
+}
+
+#[derive(PartialEq)]
+enum Sent {
+    All,
+    Blocked,
+    Closed,
+}
+
+fn send_all(tx: &tokio::sync::mpsc::Sender<Event>, q: &mut VecDeque<Event>) -> Sent {
+    while let Some(ev) = q.pop_front() {
+        match tx.try_send(ev) {
+            Ok(()) => {}
+            Err(TrySendError::Full(ev)) => {
+                q.push_front(ev);
+                return Sent::Blocked;
+            }
+            Err(TrySendError::Closed(_)) => {
+                q.clear();
+                return Sent::Closed;
+            }
+        }
+    }
+    Sent::All
+}
+
+/// The log-probability of `id` under the model's distribution, and the `n` most likely tokens.
+fn token_logprob(row: &[f32], id: u32, n: usize) -> TokenLogprob {
+    let ls = log_softmax(row);
+    let logprob = ls.get(id as usize).copied().unwrap_or(f64::NEG_INFINITY) as f32;
+    let mut idx: Vec<u32> = (0..ls.len() as u32).collect();
+    let n = n.min(idx.len());
+    let by_desc = |a: &u32, b: &u32| ls[*b as usize].total_cmp(&ls[*a as usize]).then(a.cmp(b));
+    if n > 0 && n < idx.len() {
+        idx.select_nth_unstable_by(n - 1, by_desc);
+    }
+    idx.truncate(n);
+    idx.sort_by(by_desc);
+    TokenLogprob {
+        logprob,
+        top: idx
+            .into_iter()
+            .map(|t| (t, ls[t as usize] as f32))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_logprobs_are_sorted_and_normalized() {
+        let row = [0.0f32, 3.0, 1.0, 3.0, -2.0];
+        let t = token_logprob(&row, 2, 3);
+        assert_eq!(
+            t.top.iter().map(|&(i, _)| i).collect::<Vec<_>>(),
+            vec![1, 3, 2]
+        );
+        let total: f64 = log_softmax(&row).iter().map(|x| x.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-9);
+        assert!((t.logprob - t.top[2].1).abs() < 1e-6);
+        assert!(token_logprob(&row, 0, 0).top.is_empty());
+        assert_eq!(token_logprob(&row, 0, 99).top.len(), 5);
+    }
+}

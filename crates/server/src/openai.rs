@@ -1,0 +1,415 @@
+//! The OpenAI request bodies of `/v1/chat/completions` and `/v1/completions`, and their
+//! validation into what the engine runs. Fields Muser does not know are ignored (clients send
+//! many); fields it knows but cannot honour are refused with a 400 naming them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use muser_engine::SamplingParams;
+use muser_text::Tokenizer;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::engine::SeqSpec;
+use crate::error::ApiError;
+
+/// Most choices (`n`) one request may ask for.
+pub const MAX_N: usize = 16;
+/// Most stop strings.
+pub const MAX_STOPS: usize = 16;
+/// Most alternatives per token (`top_logprobs`; OpenAI allows 20).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+/// Most prompts in one `/v1/completions` request.
+pub const MAX_PROMPTS: usize = 16;
+
+/// Both endpoints' body: `messages` for chat, `prompt` for completions.
+#[derive(Debug, Default, Deserialize)]
+pub struct GenRequest {
+    pub model: Option<String>,
+    pub messages: Option<Value>,
+    pub prompt: Option<Value>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    /// vLLM / llama.cpp extension; 0 or -1 disables.
+    pub top_k: Option<i64>,
+    /// vLLM / llama.cpp extension.
+    pub min_p: Option<f64>,
+    pub seed: Option<i64>,
+    pub n: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    /// vLLM extension (llama.cpp's repeat_penalty).
+    pub repetition_penalty: Option<f64>,
+    pub stop: Option<Stop>,
+    /// Chat: a boolean; completions: the number of alternatives (0..=5).
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<i64>,
+    pub logit_bias: Option<HashMap<String, f64>>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub response_format: Option<Value>,
+    /// Extension: generate `max_tokens` tokens whatever the model says (load tests).
+    pub ignore_eos: Option<bool>,
+    /// Extra chat template variables (vLLM's name).
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    pub echo: Option<bool>,
+    pub suffix: Option<Value>,
+    pub best_of: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// Which endpoint a request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+/// Sampling and output options common to every choice.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub n: usize,
+    pub params: SamplingParams,
+    /// `None`: fill the context.
+    pub max_tokens: Option<usize>,
+    pub stops: Vec<String>,
+    pub logprobs: Option<usize>,
+    pub logit_bias: Vec<(u32, f32)>,
+    pub stream: bool,
+    pub include_usage: bool,
+    pub ignore_eos: bool,
+}
+
+fn int_in(v: i64, lo: i64, hi: i64, name: &str) -> Result<i64, ApiError> {
+    if v < lo || v > hi {
+        return Err(ApiError::invalid(
+            name,
+            format!("{name} must be between {lo} and {hi}, got {v}"),
+        ));
+    }
+    Ok(v)
+}
+
+fn float_in(v: f64, lo: f64, hi: f64, name: &str) -> Result<f32, ApiError> {
+    if !v.is_finite() || v < lo || v > hi {
+        return Err(ApiError::invalid(
+            name,
+            format!("{name} must be a number between {lo} and {hi}, got {v}"),
+        ));
+    }
+    Ok(v as f32)
+}
+
+/// A seed for requests that give none: different per request, as OpenAI's.
+fn fresh_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    muser_engine::sampling::Rng::new(t ^ N.fetch_add(1, Ordering::Relaxed).rotate_left(40))
+        .next_u64()
+}
+
+impl GenRequest {
+    /// Check the model name against the one served.
+    pub fn check_model(&self, served: &str) -> Result<(), ApiError> {
+        match &self.model {
+            Some(m) if m != served => Err(ApiError::model_not_found(m, served)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Validate the sampling and output options.
+    pub fn options(&self, ep: Endpoint, tok: &Tokenizer) -> Result<Options, ApiError> {
+        if self.echo == Some(true) {
+            return Err(ApiError::unsupported("echo", "echo is not supported"));
+        }
+        if self.suffix.as_ref().is_some_and(|s| !s.is_null()) {
+            return Err(ApiError::unsupported("suffix", "suffix is not supported"));
+        }
+        if let Some(rf) = &self.response_format {
+            let kind = rf.get("type").and_then(Value::as_str);
+            if !(rf.is_null() || kind == Some("text")) {
+                return Err(ApiError::unsupported(
+                    "response_format",
+                    "only response_format {\"type\": \"text\"} is supported (no constrained decoding)",
+                ));
+            }
+        }
+        let n = int_in(self.n.unwrap_or(1), 1, MAX_N as i64, "n")? as usize;
+        if let Some(b) = self.best_of
+            && b != n as i64
+        {
+            return Err(ApiError::unsupported(
+                "best_of",
+                "best_of is not supported (it must equal n)",
+            ));
+        }
+        let (max_tokens, max_name) = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(m), _) => (Some(m), "max_completion_tokens"),
+            (None, m) => (m, "max_tokens"),
+        };
+        let max_tokens = match max_tokens {
+            None => None,
+            Some(m) if m < 1 => {
+                return Err(ApiError::invalid(
+                    max_name,
+                    format!("{max_name} must be at least 1, got {m}"),
+                ));
+            }
+            Some(m) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
+        };
+        let top_k = match self.top_k {
+            None => 0,
+            Some(k) if k <= 0 => {
+                int_in(k, -1, 0, "top_k")?;
+                0
+            }
+            Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
+        };
+        let params = SamplingParams {
+            temperature: float_in(self.temperature.unwrap_or(1.0), 0.0, 2.0, "temperature")?,
+            top_k,
+            top_p: float_in(self.top_p.unwrap_or(1.0), 0.0, 1.0, "top_p")?,
+            min_p: float_in(self.min_p.unwrap_or(0.0), 0.0, 1.0, "min_p")?,
+            repeat_penalty: float_in(
+                self.repetition_penalty.unwrap_or(1.0),
+                0.01,
+                10.0,
+                "repetition_penalty",
+            )?,
+            frequency_penalty: float_in(
+                self.frequency_penalty.unwrap_or(0.0),
+                -2.0,
+                2.0,
+                "frequency_penalty",
+            )?,
+            presence_penalty: float_in(
+                self.presence_penalty.unwrap_or(0.0),
+                -2.0,
+                2.0,
+                "presence_penalty",
+            )?,
+            penalty_last_n: usize::MAX,
+            seed: self.seed.map_or_else(fresh_seed, |s| s as u64),
+        };
+        if params.top_p == 0.0 {
+            return Err(ApiError::invalid("top_p", "top_p must be above 0"));
+        }
+        let stops = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stops.len() > MAX_STOPS {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("at most {MAX_STOPS} stop strings, got {}", stops.len()),
+            ));
+        }
+        let logprobs = match ep {
+            Endpoint::Chat => {
+                let on = match &self.logprobs {
+                    None | Some(Value::Null) => false,
+                    Some(Value::Bool(b)) => *b,
+                    Some(_) => {
+                        return Err(ApiError::invalid(
+                            "logprobs",
+                            "logprobs must be a boolean in chat completions",
+                        ));
+                    }
+                };
+                let top = match self.top_logprobs {
+                    None => 0,
+                    Some(t) => int_in(t, 0, MAX_TOP_LOGPROBS as i64, "top_logprobs")? as usize,
+                };
+                if top > 0 && !on {
+                    return Err(ApiError::invalid(
+                        "top_logprobs",
+                        "top_logprobs needs logprobs: true",
+                    ));
+                }
+                on.then_some(top)
+            }
+            Endpoint::Completions => match &self.logprobs {
+                None | Some(Value::Null) => None,
+                Some(v) => match v.as_i64() {
+                    Some(k) => Some(int_in(k, 0, MAX_TOP_LOGPROBS as i64, "logprobs")? as usize),
+                    None => {
+                        return Err(ApiError::invalid(
+                            "logprobs",
+                            "logprobs must be an integer in completions",
+                        ));
+                    }
+                },
+            },
+        };
+        let mut logit_bias = Vec::new();
+        for (k, &b) in self.logit_bias.iter().flatten() {
+            let id = k
+                .parse::<u32>()
+                .ok()
+                .filter(|&i| (i as usize) < tok.n_vocab())
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "logit_bias",
+                        format!(
+                            "logit_bias key '{k}' is not a token id below {}",
+                            tok.n_vocab()
+                        ),
+                    )
+                })?;
+            logit_bias.push((id, float_in(b, -100.0, 100.0, "logit_bias")?));
+        }
+        let stream = self.stream.unwrap_or(false);
+        Ok(Options {
+            n,
+            params,
+            max_tokens,
+            stops,
+            logprobs,
+            logit_bias,
+            stream,
+            include_usage: stream
+                && self
+                    .stream_options
+                    .as_ref()
+                    .and_then(|o| o.include_usage)
+                    .unwrap_or(false),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+        })
+    }
+
+    /// The prompts of a completions request: a string, a list of strings, a list of token ids
+    /// or a list of such lists.
+    pub fn completion_prompts(&self, tok: &Tokenizer) -> Result<Vec<Vec<u32>>, ApiError> {
+        let bad = |m: &str| ApiError::invalid("prompt", m.to_string());
+        let Some(p) = &self.prompt else {
+            return Err(bad("prompt is required"));
+        };
+        let text = |s: &str| -> Result<Vec<u32>, ApiError> {
+            Ok(tok.encode(s, tok.add_bos_default(), false)?)
+        };
+        let ids = |v: &[Value]| -> Result<Vec<u32>, ApiError> {
+            let raw: Vec<i64> = v
+                .iter()
+                .map(|x| {
+                    x.as_i64()
+                        .ok_or_else(|| bad("a token id must be an integer"))
+                })
+                .collect::<Result<_, _>>()?;
+            tok.check_ids(&raw)
+                .map_err(|e| ApiError::invalid("prompt", e.to_string()))
+        };
+        let prompts = match p {
+            Value::String(s) => vec![text(s)?],
+            Value::Array(a) if a.is_empty() => return Err(bad("prompt is an empty list")),
+            Value::Array(a) if a.iter().all(Value::is_string) => a
+                .iter()
+                .map(|s| text(s.as_str().unwrap_or_default()))
+                .collect::<Result<_, _>>()?,
+            Value::Array(a) if a.iter().all(Value::is_number) => vec![ids(a)?],
+            Value::Array(a) if a.iter().all(Value::is_array) => a
+                .iter()
+                .map(|x| ids(x.as_array().map_or(&[][..], |v| v.as_slice())))
+                .collect::<Result<_, _>>()?,
+            _ => {
+                return Err(bad(
+                    "prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids",
+                ));
+            }
+        };
+        if prompts.len() > MAX_PROMPTS {
+            return Err(bad(&format!("at most {MAX_PROMPTS} prompts per request")));
+        }
+        if prompts.iter().any(Vec::is_empty) {
+            return Err(bad("a prompt encodes to no tokens"));
+        }
+        Ok(prompts)
+    }
+
+    /// `tools` and `tool_choice` for a chat request: the tools to offer, if any. Forcing a call
+    /// (`required`, a named function) needs constrained decoding, which Muser does not have.
+    pub fn chat_tools(&self) -> Result<Option<&Value>, ApiError> {
+        let tools = match &self.tools {
+            None | Some(Value::Null) => None,
+            Some(t @ Value::Array(a)) if !a.is_empty() => Some(t),
+            Some(Value::Array(_)) => None,
+            Some(_) => return Err(ApiError::invalid("tools", "tools must be an array")),
+        };
+        match &self.tool_choice {
+            None | Some(Value::Null) => Ok(tools),
+            Some(Value::String(s)) if s == "auto" => Ok(tools),
+            Some(Value::String(s)) if s == "none" => Ok(None),
+            Some(_) => Err(ApiError::unsupported(
+                "tool_choice",
+                "tool_choice may be \"auto\" or \"none\": forcing a tool call needs constrained decoding, which this server does not have",
+            )),
+        }
+    }
+}
+
+/// One engine sequence per (prompt, choice), checked against the context.
+pub fn sequences(
+    prompts: &[Vec<u32>],
+    opts: &Options,
+    n_ctx: usize,
+    what: &str,
+) -> Result<Vec<SeqSpec>, ApiError> {
+    let mut seqs = Vec::with_capacity(prompts.len() * opts.n);
+    for (pi, p) in prompts.iter().enumerate() {
+        if p.len() >= n_ctx {
+            return Err(ApiError::context_length(
+                format!(
+                    "This model's maximum context length is {n_ctx} tokens. However, your {what} has {} tokens, leaving no room for a completion. Please shorten it.",
+                    p.len()
+                ),
+                what,
+            ));
+        }
+        let max_tokens = match opts.max_tokens {
+            None => n_ctx - p.len(),
+            Some(m) if m > n_ctx - p.len() => {
+                return Err(ApiError::context_length(
+                    format!(
+                        "This model's maximum context length is {n_ctx} tokens. However, you requested {} tokens ({} in the {what}, {m} in the completion). Please reduce the length of the {what} or the completion.",
+                        p.len().saturating_add(m),
+                        p.len()
+                    ),
+                    "max_tokens",
+                ));
+            }
+            Some(m) => m,
+        };
+        let prompt: Arc<[u32]> = p.clone().into();
+        for c in 0..opts.n {
+            let mut params = opts.params.clone();
+            // Choices of one request differ, reproducibly for a given seed.
+            params.seed = params.seed.wrapping_add(c as u64);
+            seqs.push(SeqSpec {
+                index: pi * opts.n + c,
+                prompt: prompt.clone(),
+                params,
+                max_tokens,
+            });
+        }
+    }
+    Ok(seqs)
+}

@@ -1,0 +1,528 @@
+//! Engine events to OpenAI responses: whole JSON bodies, or SSE chunks ending in `data: [DONE]`.
+//!
+//! Chat text goes through the ATEM parser (reasoning, answer, tool calls); a tool call is
+//! streamed as one `tool_calls` delta when its closing tag arrives (ATEM is only known to be
+//! well-formed then). Completions text is passed through as it comes.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::Stream;
+use muser_text::{AtemStream, ChatDelta, Tokenizer, ToolCallParser};
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+
+use crate::engine::{Event, Finish, TokenLogprob};
+use crate::error::ApiError;
+use crate::openai::Endpoint;
+
+/// What every chunk and body of one response repeats.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub endpoint: Endpoint,
+    /// Choices in the response (prompts x n).
+    pub choices: usize,
+    /// Choices per prompt: prompt tokens are counted once per prompt.
+    pub n: usize,
+    pub include_usage: bool,
+}
+
+impl Meta {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completions, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Value) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("id".into(), json!(self.id));
+        m.insert("object".into(), json!(self.object(chunk)));
+        m.insert("created".into(), json!(self.created));
+        m.insert("model".into(), json!(self.model));
+        m.insert("system_fingerprint".into(), Value::Null);
+        m.insert("choices".into(), choices);
+        if chunk && self.include_usage {
+            m.insert("usage".into(), Value::Null);
+        }
+        m
+    }
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+}
+
+/// A token's text for logprobs: what it decodes to, special tokens included.
+fn token_text(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let b = tok.piece(id, false).map(<[u8]>::to_vec).unwrap_or_default();
+    (String::from_utf8_lossy(&b).into_owned(), b)
+}
+
+/// Chat's `logprobs.content[i]`.
+fn chat_logprob(tok: &Tokenizer, id: u32, lp: &TokenLogprob) -> Value {
+    let (s, b) = token_text(tok, id);
+    let top: Vec<Value> = lp
+        .top
+        .iter()
+        .map(|&(t, l)| {
+            let (s, b) = token_text(tok, t);
+            json!({"token": s, "logprob": l, "bytes": b})
+        })
+        .collect();
+    json!({"token": s, "logprob": lp.logprob, "bytes": b, "top_logprobs": top})
+}
+
+/// Completions' logprobs: parallel lists.
+#[derive(Default)]
+struct CompletionLogprobs {
+    tokens: Vec<Value>,
+    token_logprobs: Vec<Value>,
+    top_logprobs: Vec<Value>,
+    text_offset: Vec<Value>,
+}
+
+impl CompletionLogprobs {
+    fn push(&mut self, tok: &Tokenizer, id: u32, lp: &TokenLogprob, offset: usize) {
+        self.tokens.push(json!(token_text(tok, id).0));
+        self.token_logprobs.push(json!(lp.logprob));
+        let top: Map<String, Value> = lp
+            .top
+            .iter()
+            .map(|&(t, l)| (token_text(tok, t).0, json!(l)))
+            .collect();
+        self.top_logprobs.push(Value::Object(top));
+        self.text_offset.push(json!(offset));
+    }
+
+    fn json(self) -> Value {
+        json!({"tokens": self.tokens, "token_logprobs": self.token_logprobs,
+               "top_logprobs": self.top_logprobs, "text_offset": self.text_offset})
+    }
+}
+
+/// One chat choice being built: the ATEM parser over its text, and its logprobs.
+pub struct ChatChoice {
+    atem: AtemStream,
+    tool_calls: usize,
+    started: bool,
+}
+
+impl ChatChoice {
+    pub fn new(parser: &ToolCallParser) -> Self {
+        ChatChoice {
+            atem: parser.stream(),
+            tool_calls: 0,
+            started: false,
+        }
+    }
+
+    /// The delta object of some parser output (None if it holds nothing).
+    pub fn delta(&mut self, deltas: Vec<ChatDelta>) -> Option<Value> {
+        let mut content = String::new();
+        let mut reasoning = String::new();
+        let mut calls = Vec::new();
+        for d in deltas {
+            match d {
+                ChatDelta::Content(s) => content.push_str(&s),
+                ChatDelta::Reasoning(s) => reasoning.push_str(&s),
+                ChatDelta::ToolCall { index, call } => {
+                    self.tool_calls += 1;
+                    calls.push(json!({
+                        "index": index,
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.function.name, "arguments": call.function.arguments},
+                    }));
+                }
+            }
+        }
+        let mut m = Map::new();
+        if !content.is_empty() {
+            m.insert("content".into(), json!(content));
+        }
+        if !reasoning.is_empty() {
+            m.insert("reasoning_content".into(), json!(reasoning));
+        }
+        if !calls.is_empty() {
+            m.insert("tool_calls".into(), Value::Array(calls));
+        }
+        (!m.is_empty()).then_some(Value::Object(m))
+    }
+
+    pub fn push(&mut self, text: &str) -> Option<Value> {
+        let d = self.atem.push(text);
+        self.delta(d)
+    }
+
+    /// The end of the text: what the parser still held.
+    pub fn finish(&mut self, text: &str) -> Option<Value> {
+        let mut d = self.atem.push(text);
+        d.extend(self.atem.finish());
+        self.delta(d)
+    }
+
+    pub fn finish_reason(&self, f: Finish) -> &'static str {
+        if self.tool_calls > 0 {
+            "tool_calls"
+        } else {
+            f.as_str()
+        }
+    }
+}
+
+/// Collects every choice and answers with one JSON body.
+pub async fn whole(
+    meta: Meta,
+    mut rx: mpsc::Receiver<Event>,
+    tok: Arc<Tokenizer>,
+    parser: Option<ToolCallParser>,
+) -> Response {
+    struct Acc {
+        text: String,
+        chat: Vec<Value>,
+        comp: CompletionLogprobs,
+        any_logprobs: bool,
+        finish: Option<Finish>,
+        completion_tokens: usize,
+        prompt_tokens: usize,
+    }
+    let mut acc: Vec<Acc> = (0..meta.choices)
+        .map(|_| Acc {
+            text: String::new(),
+            chat: Vec::new(),
+            comp: CompletionLogprobs::default(),
+            any_logprobs: false,
+            finish: None,
+            completion_tokens: 0,
+            prompt_tokens: 0,
+        })
+        .collect();
+    let mut left = meta.choices;
+    while left > 0 {
+        let Some(ev) = rx.recv().await else {
+            return ApiError::internal("the engine stopped before the response was complete")
+                .into_response();
+        };
+        match ev {
+            Event::Token {
+                index,
+                id,
+                text,
+                logprob,
+            } => {
+                let Some(a) = acc.get_mut(index) else {
+                    continue;
+                };
+                if let Some(lp) = &logprob {
+                    a.any_logprobs = true;
+                    match meta.endpoint {
+                        Endpoint::Chat => a.chat.push(chat_logprob(&tok, id, lp)),
+                        Endpoint::Completions => a.comp.push(&tok, id, lp, a.text.chars().count()),
+                    }
+                }
+                a.text.push_str(&text);
+            }
+            Event::Done {
+                index,
+                finish,
+                text,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                let Some(a) = acc.get_mut(index) else {
+                    continue;
+                };
+                a.text.push_str(&text);
+                a.finish = Some(finish);
+                a.prompt_tokens = prompt_tokens;
+                a.completion_tokens = completion_tokens;
+                left -= 1;
+            }
+            Event::Error { error, .. } => return error.into_response(),
+        }
+    }
+    let prompt_tokens: usize = acc
+        .iter()
+        .step_by(meta.n.max(1))
+        .map(|a| a.prompt_tokens)
+        .sum();
+    let completion_tokens: usize = acc.iter().map(|a| a.completion_tokens).sum();
+    let choices: Vec<Value> = acc
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let finish = a.finish.unwrap_or(Finish::Stop);
+            match meta.endpoint {
+                Endpoint::Chat => {
+                    let parsed = parser.clone().unwrap_or_else(|| ToolCallParser::new(&[])).parse(&a.text);
+                    let reason = if parsed.tool_calls.is_empty() {
+                        finish.as_str()
+                    } else {
+                        "tool_calls"
+                    };
+                    let msg = serde_json::to_value(parsed.into_message()).unwrap_or(Value::Null);
+                    let logprobs = if a.any_logprobs {
+                        json!({"content": a.chat})
+                    } else {
+                        Value::Null
+                    };
+                    json!({"index": i, "message": msg, "logprobs": logprobs, "finish_reason": reason})
+                }
+                Endpoint::Completions => {
+                    let logprobs = if a.any_logprobs {
+                        a.comp.json()
+                    } else {
+                        Value::Null
+                    };
+                    json!({"index": i, "text": a.text, "logprobs": logprobs, "finish_reason": finish.as_str()})
+                }
+            }
+        })
+        .collect();
+    let mut body = meta.envelope(false, Value::Array(choices));
+    body.insert("usage".into(), usage(prompt_tokens, completion_tokens));
+    axum::Json(Value::Object(body)).into_response()
+}
+
+fn data(v: &Value) -> SseEvent {
+    SseEvent::default().data(v.to_string())
+}
+
+/// Streams the choices as SSE chunks, then `[DONE]`. Dropping the stream (the client went
+/// away) drops `rx`, which cancels the request in the engine.
+pub fn stream(
+    meta: Meta,
+    mut rx: mpsc::Receiver<Event>,
+    tok: Arc<Tokenizer>,
+    parser: Option<ToolCallParser>,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let s = async_stream::stream! {
+        let parser = parser.unwrap_or_else(|| ToolCallParser::new(&[]));
+        let mut chat: Vec<ChatChoice> = (0..meta.choices).map(|_| ChatChoice::new(&parser)).collect();
+        let mut offsets = vec![0usize; meta.choices];
+        let mut prompt_tokens = 0;
+        let mut completion_tokens = 0;
+        let mut left = meta.choices;
+        let mut failed = false;
+        let chunk = |index: usize, body: Map<String, Value>| {
+            let mut c = body;
+            c.insert("index".into(), json!(index));
+            meta.envelope(true, Value::Array(vec![Value::Object(c)]))
+        };
+        while left > 0 {
+            let Some(ev) = rx.recv().await else {
+                yield Ok(data(&ApiError::internal("the engine stopped during the response").body()));
+                failed = true;
+                break;
+            };
+            match ev {
+                Event::Token { index, id, text, logprob } => {
+                    let Some(c) = chat.get_mut(index) else { continue };
+                    match meta.endpoint {
+                        Endpoint::Chat => {
+                            if !c.started {
+                                c.started = true;
+                                let mut b = Map::new();
+                                b.insert("delta".into(), json!({"role": "assistant", "content": ""}));
+                                b.insert("logprobs".into(), Value::Null);
+                                b.insert("finish_reason".into(), Value::Null);
+                                yield Ok(data(&Value::Object(chunk(index, b))));
+                            }
+                            let delta = c.push(&text);
+                            let lp = logprob.map(|l| json!({"content": [chat_logprob(&tok, id, &l)]}));
+                            if delta.is_some() || lp.is_some() {
+                                let mut b = Map::new();
+                                b.insert("delta".into(), delta.unwrap_or_else(|| json!({})));
+                                b.insert("logprobs".into(), lp.unwrap_or(Value::Null));
+                                b.insert("finish_reason".into(), Value::Null);
+                                yield Ok(data(&Value::Object(chunk(index, b))));
+                            }
+                        }
+                        Endpoint::Completions => {
+                            let lp = logprob.map(|l| {
+                                let mut c = CompletionLogprobs::default();
+                                c.push(&tok, id, &l, offsets[index]);
+                                c.json()
+                            });
+                            offsets[index] += text.chars().count();
+                            if !text.is_empty() || lp.is_some() {
+                                let mut b = Map::new();
+                                b.insert("text".into(), json!(text));
+                                b.insert("logprobs".into(), lp.unwrap_or(Value::Null));
+                                b.insert("finish_reason".into(), Value::Null);
+                                yield Ok(data(&Value::Object(chunk(index, b))));
+                            }
+                        }
+                    }
+                }
+                Event::Done { index, finish, text, prompt_tokens: p, completion_tokens: n } => {
+                    let Some(c) = chat.get_mut(index) else { continue };
+                    left -= 1;
+                    if index % meta.n.max(1) == 0 {
+                        prompt_tokens += p;
+                    }
+                    completion_tokens += n;
+                    let mut b = Map::new();
+                    match meta.endpoint {
+                        Endpoint::Chat => {
+                            let mut delta = c.finish(&text).unwrap_or_else(|| json!({}));
+                            if !c.started
+                                && let Some(d) = delta.as_object_mut() {
+                                    d.insert("role".into(), json!("assistant"));
+                                }
+                            b.insert("delta".into(), delta);
+                            b.insert("logprobs".into(), Value::Null);
+                            b.insert("finish_reason".into(), json!(c.finish_reason(finish)));
+                        }
+                        Endpoint::Completions => {
+                            b.insert("text".into(), json!(text));
+                            b.insert("logprobs".into(), Value::Null);
+                            b.insert("finish_reason".into(), json!(finish.as_str()));
+                        }
+                    }
+                    yield Ok(data(&Value::Object(chunk(index, b))));
+                }
+                Event::Error { error, .. } => {
+                    yield Ok(data(&error.body()));
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        if meta.include_usage && !failed {
+            let mut m = meta.envelope(true, Value::Array(Vec::new()));
+            m.insert("usage".into(), usage(prompt_tokens, completion_tokens));
+            yield Ok(data(&Value::Object(m)));
+        }
+        yield Ok(SseEvent::default().data("[DONE]"));
+    };
+    Sse::new(s).keep_alive(KeepAlive::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn weather() -> ToolCallParser {
+        let tools = json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]);
+        ToolCallParser::from_json(Some(&tools)).unwrap()
+    }
+
+    /// Canned model text (as the engine streams it, special tokens kept) through the chat
+    /// builder: reasoning, then an ATEM tool call, cut into small pieces.
+    #[test]
+    fn atem_text_streams_reasoning_then_one_tool_call_delta() {
+        let text = " to=self<|message|>The user wants weather.<|eom|><|start|>assistant to=get_weather<|message|><atem:function_calls>\n<atem:invoke name=\"get_weather\">\n<atem:parameter name=\"city\">Paris</atem:parameter>\n<atem:parameter name=\"days\">3</atem:parameter>\n</atem:invoke>\n</atem:function_calls>";
+        let p = weather();
+        let mut c = ChatChoice::new(&p);
+        let mut deltas = Vec::new();
+        let bytes: Vec<char> = text.chars().collect();
+        for piece in bytes.chunks(5) {
+            let s: String = piece.iter().collect();
+            deltas.extend(c.push(&s));
+        }
+        deltas.extend(c.finish(""));
+        let reasoning: String = deltas
+            .iter()
+            .filter_map(|d| d.get("reasoning_content").and_then(Value::as_str))
+            .collect();
+        assert_eq!(reasoning, "The user wants weather.");
+        let calls: Vec<&Value> = deltas
+            .iter()
+            .filter_map(|d| d.get("tool_calls"))
+            .flat_map(|v| v.as_array().into_iter().flatten())
+            .collect();
+        assert_eq!(calls.len(), 1, "{deltas:?}");
+        assert_eq!(calls[0]["index"], 0);
+        assert_eq!(calls[0]["type"], "function");
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        assert!(calls[0]["id"].as_str().unwrap().starts_with("call_"));
+        let args: Value =
+            serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args, json!({"city": "Paris", "days": 3}));
+        assert!(deltas.iter().all(|d| d.get("content").is_none()));
+        assert_eq!(c.finish_reason(Finish::Stop), "tool_calls");
+    }
+
+    #[test]
+    fn plain_answers_and_unknown_tools_stay_content() {
+        let p = weather();
+        let mut c = ChatChoice::new(&p);
+        let mut out = String::new();
+        for s in [" to=user<|message|>Hel", "lo!"] {
+            if let Some(d) = c.push(s) {
+                out += d["content"].as_str().unwrap_or("");
+            }
+        }
+        if let Some(d) = c.finish("") {
+            out += d["content"].as_str().unwrap_or("");
+        }
+        assert_eq!(out, "Hello!");
+        assert_eq!(c.finish_reason(Finish::Length), "length");
+
+        // A call to a tool that was not offered is content, not a tool call.
+        let mut c = ChatChoice::new(&ToolCallParser::default());
+        let d = c.finish(" to=rm_rf<|message|><atem:function_calls><atem:invoke name=\"rm_rf\"></atem:invoke></atem:function_calls>");
+        assert!(d.unwrap().get("tool_calls").is_none());
+        assert_eq!(c.finish_reason(Finish::Stop), "stop");
+    }
+
+    #[tokio::test]
+    async fn whole_chat_body_has_tool_calls_usage_and_finish_reason() {
+        let g = muser_gguf::Gguf::open(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/fixtures/models/tame-q4_k_m.gguf"
+        ))
+        .unwrap();
+        let tok = Arc::new(Tokenizer::from_gguf(&g).unwrap());
+        let (tx, rx) = mpsc::channel(16);
+        let meta = Meta {
+            id: "chatcmpl-test".into(),
+            created: 0,
+            model: "m".into(),
+            endpoint: Endpoint::Chat,
+            choices: 1,
+            n: 1,
+            include_usage: false,
+        };
+        let text = " to=get_weather<|message|><atem:function_calls><atem:invoke name=\"get_weather\"><atem:parameter name=\"city\">Oslo</atem:parameter></atem:invoke></atem:function_calls>";
+        tx.send(Event::Token {
+            index: 0,
+            id: 5,
+            text: text.into(),
+            logprob: None,
+        })
+        .await
+        .unwrap();
+        tx.send(Event::Done {
+            index: 0,
+            finish: Finish::Stop,
+            text: String::new(),
+            prompt_tokens: 7,
+            completion_tokens: 3,
+        })
+        .await
+        .unwrap();
+        let r = whole(meta, rx, tok, Some(weather())).await;
+        let b = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
+        let v: Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+        let call = &v["choices"][0]["message"]["tool_calls"][0];
+        assert_eq!(call["function"]["name"], "get_weather");
+        assert_eq!(call["function"]["arguments"], "{\"city\":\"Oslo\"}");
+        assert_eq!(
+            v["usage"],
+            json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10})
+        );
+    }
+}

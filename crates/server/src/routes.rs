@@ -1,0 +1,465 @@
+//! The HTTP surface: routes, the JSON extractor that turns every bad body into an OpenAI error,
+//! the API key check, request ids.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, MatchedPath, Path, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use muser_text::{ChatTemplate, Tokenizer, ToolCallParser};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
+
+use crate::engine::{EngineHandle, Job};
+use crate::error::ApiError;
+use crate::openai::{self, Endpoint, GenRequest};
+use crate::respond::{self, Meta};
+
+/// Events buffered per request before the engine holds that request's sequences back.
+const CHANNEL_EVENTS: usize = 256;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tok: Arc<Tokenizer>,
+    pub template: Option<Arc<ChatTemplate>>,
+    pub model_id: Arc<str>,
+    pub api_key: Option<Arc<str>>,
+    pub max_body_bytes: usize,
+    pub metrics: PrometheusHandle,
+    pub created: u64,
+}
+
+/// The id of one request: the client's `x-request-id` if sane, else a fresh one.
+#[derive(Clone, Debug)]
+pub struct RequestId(pub String);
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .fallback(|| async { ApiError::not_found("no such endpoint") })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
+        .layer(CatchPanicLayer::custom(|_| {
+            ApiError::internal("the server hit a bug serving this request").into_response()
+        }))
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), auth))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request| {
+                    let id = req
+                        .extensions()
+                        .get::<RequestId>()
+                        .map_or("-", |r| r.0.as_str());
+                    tracing::info_span!("request", id = %id, method = %req.method(), path = %req.uri().path())
+                })
+                .on_response(DefaultOnResponse::new().level(tracing::Level::INFO)),
+        )
+        .layer(middleware::from_fn(request_id))
+        .with_state(state)
+}
+
+fn new_request_id() -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let x = muser_engine::sampling::Rng::new(t ^ N.fetch_add(1, Ordering::Relaxed).rotate_left(32))
+        .next_u64();
+    format!("{x:016x}")
+}
+
+async fn request_id(mut req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| {
+            !s.is_empty()
+                && s.len() <= 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        })
+        .map_or_else(new_request_id, str::to_string);
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let path = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("other", |p| p.as_str())
+        .to_string();
+    let mut resp = next.run(req).await;
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    let status = resp.status().as_u16().to_string();
+    metrics::counter!("muser_http_requests_total", "path" => path, "status" => status).increment(1);
+    resp
+}
+
+/// Equal, in time independent of where the strings differ (only the key's length leaks).
+fn constant_time_eq(given: &[u8], key: &[u8]) -> bool {
+    let mut diff = (given.len() ^ key.len()) as u64;
+    for (i, &k) in key.iter().enumerate() {
+        let g = given.get(i).copied().unwrap_or(0);
+        diff |= u64::from(g ^ k);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &st.api_key
+        && req.uri().path() != "/health"
+    {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+            return ApiError::unauthorized().into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// JSON bodies whose every failure is an OpenAI error: 413 over the size limit, 400 for
+/// malformed JSON, 400 naming the field for a wrong type.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, st: &AppState) -> Result<Self, ApiError> {
+        let bytes = Bytes::from_request(req, st).await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(st.max_body_bytes)
+            } else {
+                ApiError::bad_request(format!("cannot read the request body: {}", e.body_text()))
+            }
+        })?;
+        parse_json(&bytes).map(ApiJson)
+    }
+}
+
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // serde would also read a struct from an array, positionally: only objects are requests.
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        None => return Err(ApiError::bad_request("the request body is empty").code("invalid_json")),
+        Some(_) => {
+            return Err(
+                ApiError::bad_request("the request body must be a JSON object")
+                    .code("invalid_json"),
+            );
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let v = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::bad_request(format!("the request body is not valid JSON: {inner}"))
+                .code("invalid_json")
+        } else if path == "." {
+            ApiError::bad_request(format!("the request body must be a JSON object: {inner}"))
+        } else {
+            ApiError::invalid(path.clone(), format!("{path}: {inner}"))
+        }
+    })?;
+    de.end().map_err(|e| {
+        ApiError::bad_request(format!("the request body is not valid JSON: {e}"))
+            .code("invalid_json")
+    })?;
+    Ok(v)
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn chat_completions(
+    State(st): State<AppState>,
+    Extension(rid): Extension<RequestId>,
+    ApiJson(req): ApiJson<GenRequest>,
+) -> Result<Response, ApiError> {
+    req.check_model(&st.model_id)?;
+    let template = st.template.as_ref().ok_or_else(|| {
+        ApiError::bad_request(
+            "this model has no chat template, so chat requests cannot be formatted; use /v1/completions, or start the server with --chat-template-file",
+        )
+        .code("no_chat_template")
+    })?;
+    let Some(messages) = &req.messages else {
+        return Err(ApiError::invalid("messages", "messages is required"));
+    };
+    let opts = req.options(Endpoint::Chat, &st.tok)?;
+    let tools = req.chat_tools()?;
+    let parser = ToolCallParser::from_json(tools)?;
+    let prompt = template.encode_sanitized(
+        &st.tok,
+        messages,
+        tools,
+        true,
+        req.chat_template_kwargs.as_ref(),
+    )?;
+    let seqs = openai::sequences(&[prompt], &opts, st.engine.n_ctx(), "messages")?;
+    let meta = Meta {
+        id: format!("chatcmpl-{}", rid.0),
+        created: now(),
+        model: st.model_id.to_string(),
+        endpoint: Endpoint::Chat,
+        choices: seqs.len(),
+        n: opts.n,
+        include_usage: opts.include_usage,
+    };
+    let rx = submit(&st, &rid, seqs, &opts, false)?;
+    Ok(if opts.stream {
+        respond::stream(meta, rx, st.tok.clone(), Some(parser)).into_response()
+    } else {
+        respond::whole(meta, rx, st.tok.clone(), Some(parser)).await
+    })
+}
+
+async fn completions(
+    State(st): State<AppState>,
+    Extension(rid): Extension<RequestId>,
+    ApiJson(req): ApiJson<GenRequest>,
+) -> Result<Response, ApiError> {
+    req.check_model(&st.model_id)?;
+    let opts = req.options(Endpoint::Completions, &st.tok)?;
+    let prompts = req.completion_prompts(&st.tok)?;
+    let seqs = openai::sequences(&prompts, &opts, st.engine.n_ctx(), "prompt")?;
+    let meta = Meta {
+        id: format!("cmpl-{}", rid.0),
+        created: now(),
+        model: st.model_id.to_string(),
+        endpoint: Endpoint::Completions,
+        choices: seqs.len(),
+        n: opts.n,
+        include_usage: opts.include_usage,
+    };
+    let rx = submit(&st, &rid, seqs, &opts, true)?;
+    Ok(if opts.stream {
+        respond::stream(meta, rx, st.tok.clone(), None).into_response()
+    } else {
+        respond::whole(meta, rx, st.tok.clone(), None).await
+    })
+}
+
+fn submit(
+    st: &AppState,
+    rid: &RequestId,
+    seqs: Vec<crate::engine::SeqSpec>,
+    opts: &openai::Options,
+    skip_special: bool,
+) -> Result<mpsc::Receiver<crate::engine::Event>, ApiError> {
+    let (tx, rx) = mpsc::channel(CHANNEL_EVENTS + 4 * seqs.len());
+    st.engine.submit(Job {
+        request_id: rid.0.clone(),
+        seqs,
+        stops: opts.stops.clone(),
+        skip_special,
+        logprobs: opts.logprobs,
+        ignore_eos: opts.ignore_eos,
+        logit_bias: opts.logit_bias.clone(),
+        tx,
+    })?;
+    Ok(rx)
+}
+
+fn model_object(st: &AppState) -> Value {
+    json!({"id": &*st.model_id, "object": "model", "created": st.created, "owned_by": "muser",
+           "max_model_len": st.engine.n_ctx()})
+}
+
+async fn models(State(st): State<AppState>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_object(&st)]}))
+}
+
+async fn model(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if id != *st.model_id {
+        return Err(ApiError::model_not_found(&id, &st.model_id));
+    }
+    Ok(Json(model_object(&st)))
+}
+
+async fn health(State(st): State<AppState>) -> Response {
+    if st.engine.accepting() {
+        Json(json!({"status": "ok"})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "shutting down"})),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics_text(State(st): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct TokenizeRequest {
+    model: Option<String>,
+    /// llama.cpp's name for the text.
+    content: Option<String>,
+    /// vLLM's name for the text.
+    prompt: Option<String>,
+    /// A conversation, rendered with the chat template (vLLM).
+    messages: Option<Value>,
+    tools: Option<Value>,
+    add_generation_prompt: Option<bool>,
+    /// Add BOS (default: the model's `add_bos_token`).
+    add_special: Option<bool>,
+    /// Read special-token text as special tokens (default false: it is plain text).
+    parse_special: Option<bool>,
+    /// Return `{"id", "piece"}` objects instead of ids (llama.cpp).
+    with_pieces: Option<bool>,
+}
+
+async fn tokenize(
+    State(st): State<AppState>,
+    ApiJson(r): ApiJson<TokenizeRequest>,
+) -> Result<Json<Value>, ApiError> {
+    if let Some(m) = &r.model
+        && m != &*st.model_id
+    {
+        return Err(ApiError::model_not_found(m, &st.model_id));
+    }
+    let tok = &st.tok;
+    let ids = match (&r.messages, r.content.as_ref().or(r.prompt.as_ref())) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request(
+                "give either messages or content/prompt, not both",
+            ));
+        }
+        (Some(messages), None) => {
+            let template = st.template.as_ref().ok_or_else(|| {
+                ApiError::bad_request("this model has no chat template").code("no_chat_template")
+            })?;
+            template.encode_sanitized(
+                tok,
+                messages,
+                r.tools.as_ref(),
+                r.add_generation_prompt.unwrap_or(true),
+                None,
+            )?
+        }
+        (None, Some(text)) => tok.encode(
+            text,
+            r.add_special.unwrap_or(tok.add_bos_default()),
+            r.parse_special.unwrap_or(false),
+        )?,
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "content",
+                "give the text as content (or prompt), or a conversation as messages",
+            ));
+        }
+    };
+    let tokens: Vec<Value> = if r.with_pieces.unwrap_or(false) {
+        ids.iter()
+            .map(|&id| {
+                let piece = tok
+                    .piece(id, false)
+                    .map(String::from_utf8_lossy)
+                    .unwrap_or_default();
+                json!({"id": id, "piece": piece})
+            })
+            .collect()
+    } else {
+        ids.iter().map(|&id| json!(id)).collect()
+    };
+    Ok(Json(
+        json!({"tokens": tokens, "count": ids.len(), "max_model_len": st.engine.n_ctx()}),
+    ))
+}
+
+#[derive(Deserialize)]
+struct DetokenizeRequest {
+    model: Option<String>,
+    tokens: Vec<i64>,
+    /// Drop control tokens from the text (default false).
+    skip_special: Option<bool>,
+}
+
+async fn detokenize(
+    State(st): State<AppState>,
+    ApiJson(r): ApiJson<DetokenizeRequest>,
+) -> Result<Json<Value>, ApiError> {
+    if let Some(m) = &r.model
+        && m != &*st.model_id
+    {
+        return Err(ApiError::model_not_found(m, &st.model_id));
+    }
+    let ids = st
+        .tok
+        .check_ids(&r.tokens)
+        .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    let text = st.tok.decode(&ids, r.skip_special.unwrap_or(false))?;
+    // llama.cpp answers `content`, vLLM `prompt`.
+    Ok(Json(json!({"content": text, "prompt": text})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_key_comparison() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secreT", b"secret"));
+        assert!(!constant_time_eq(b"secret1", b"secret"));
+        assert!(!constant_time_eq(b"secre", b"secret"));
+        assert!(!constant_time_eq(b"", b"secret"));
+    }
+
+    #[test]
+    fn json_errors_name_the_field() {
+        let e = parse_json::<GenRequest>(b"{\"max_tokens\": \"ten\"}").unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        let e = parse_json::<GenRequest>(b"{\"stop\": [1, 2]}").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stop"));
+        let e = parse_json::<GenRequest>(b"{\"model\": ").unwrap_err();
+        assert_eq!(e.code, Some("invalid_json"));
+        let e = parse_json::<GenRequest>(b"[1]").unwrap_err();
+        assert_eq!(e.param, None);
+        assert!(parse_json::<GenRequest>(b"").is_err());
+        let e = parse_json::<GenRequest>(b"{} trailing").unwrap_err();
+        assert_eq!(e.code, Some("invalid_json"));
+        assert!(parse_json::<GenRequest>(b"{\"unknown_field\": 1}").is_ok());
+    }
+}

@@ -1,0 +1,617 @@
+//! The OpenAI protocol against a live server on a fixture model (random weights: the text is
+//! noise, so these check shapes, counts, determinism and stop handling, not quality).
+
+mod common;
+
+use common::{MODEL, Opts, Server, long_text, request};
+use muser_engine::NumericMode;
+use serde_json::{Value, json};
+
+fn text_of(v: &Value) -> String {
+    v["choices"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_health_tokenize_detokenize() {
+    let s = Server::start(Opts::default()).await;
+    let h = s.get("/health").await;
+    assert_eq!((h.status, h.json()["status"].clone()), (200, json!("ok")));
+    let m = s.get("/v1/models").await.json();
+    assert_eq!(m["object"], "list");
+    assert_eq!(m["data"][0]["id"], MODEL);
+    assert_eq!(m["data"][0]["object"], "model");
+    assert_eq!(
+        s.get(&format!("/v1/models/{MODEL}")).await.json()["id"],
+        MODEL
+    );
+    s.get("/v1/models/gpt-4").await.openai_error(404);
+    s.get("/v1/nothing").await.openai_error(404);
+    s.get("/v1/chat/completions").await.openai_error(405);
+
+    let t = s
+        .post("/tokenize", &json!({"content": "Hello world"}))
+        .await;
+    assert_eq!(t.status, 200);
+    let t = t.json();
+    let ids: Vec<i64> = t["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .collect();
+    assert_eq!(t["count"], ids.len());
+    let no_bos = s
+        .post(
+            "/tokenize",
+            &json!({"prompt": "Hello world", "add_special": false}),
+        )
+        .await
+        .json();
+    assert_eq!(
+        no_bos["tokens"],
+        json!(ids[1..]),
+        "BOS first (the model's add_bos_token)"
+    );
+    let d = s
+        .post("/detokenize", &json!({"tokens": ids[1..]}))
+        .await
+        .json();
+    assert_eq!(d["content"], "Hello world");
+    let d = s
+        .post("/detokenize", &json!({"tokens": ids, "skip_special": true}))
+        .await
+        .json();
+    assert_eq!(d["content"], "Hello world");
+    let p = s
+        .post("/tokenize", &json!({"content": "Hi", "with_pieces": true}))
+        .await
+        .json();
+    assert!(p["tokens"][0]["piece"].is_string() && p["tokens"][0]["id"].is_number());
+    // Chat through the template: the count the chat endpoint reports as prompt_tokens.
+    let msgs = json!([{"role": "user", "content": "Hello"}]);
+    let tc = s.post("/tokenize", &json!({"messages": msgs})).await.json();
+    let c = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "max_tokens": 1}),
+        )
+        .await
+        .json();
+    assert_eq!(c["usage"]["prompt_tokens"], tc["count"]);
+    s.post("/detokenize", &json!({"tokens": [1, 99999]}))
+        .await
+        .openai_error(400);
+    s.post("/tokenize", &json!({})).await.openai_error(400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_shape_usage_and_max_tokens() {
+    let s = Server::start(Opts::default()).await;
+    let body = json!({"model": MODEL, "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}],
+                      "max_tokens": 8, "seed": 3, "ignore_eos": true});
+    let r = s.post("/v1/chat/completions", &body).await;
+    assert_eq!(r.status, 200);
+    assert!(r.header("x-request-id").is_some());
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["model"], MODEL);
+    let c = &v["choices"][0];
+    assert_eq!(c["index"], 0);
+    assert_eq!(c["message"]["role"], "assistant");
+    assert!(c["message"]["content"].is_string());
+    assert_eq!(c["finish_reason"], "length");
+    assert_eq!(c["logprobs"], Value::Null);
+    let u = &v["usage"];
+    assert_eq!(u["completion_tokens"], 8);
+    assert!(u["prompt_tokens"].as_u64().unwrap() > 5);
+    assert_eq!(
+        u["total_tokens"].as_u64(),
+        Some(u["prompt_tokens"].as_u64().unwrap() + 8)
+    );
+    // max_completion_tokens wins over max_tokens; without ignore_eos a stop token may end early.
+    let v = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 50, "max_completion_tokens": 3}),
+        )
+        .await
+        .json();
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap() <= 3);
+    assert!(["stop", "length"].contains(&v["choices"][0]["finish_reason"].as_str().unwrap()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeds_reproduce_and_n_gives_distinct_choices() {
+    let s = Server::start(Opts::default()).await;
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 24, "seed": 11, "temperature": 1.0, "ignore_eos": true});
+    let a = s.post("/v1/completions", &body).await.json();
+    let b = s.post("/v1/completions", &body).await.json();
+    assert_eq!(a["object"], "text_completion");
+    assert_eq!(text_of(&a), text_of(&b));
+    assert_eq!(a["usage"]["completion_tokens"], 24);
+    let mut other = body.clone();
+    other["seed"] = json!(12);
+    let c = s.post("/v1/completions", &other).await.json();
+    assert_ne!(text_of(&a), text_of(&c), "another seed, another text");
+
+    let mut nb = body.clone();
+    nb["n"] = json!(3);
+    let v = s.post("/v1/completions", &nb).await.json();
+    let ch = v["choices"].as_array().unwrap();
+    assert_eq!(ch.len(), 3);
+    for (i, c) in ch.iter().enumerate() {
+        assert_eq!(c["index"], i);
+    }
+    // Choice 0 uses the request's seed; the others differ from it.
+    assert_eq!(ch[0]["text"], a["choices"][0]["text"]);
+    assert_ne!(ch[0]["text"], ch[1]["text"]);
+    assert_eq!(v["usage"]["completion_tokens"], 72);
+    assert_eq!(
+        v["usage"]["prompt_tokens"], a["usage"]["prompt_tokens"],
+        "the prompt counts once"
+    );
+
+    // Several prompts: choices are prompt-major.
+    let v = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": ["one", "two"], "n": 2, "max_tokens": 2, "ignore_eos": true}),
+        )
+        .await
+        .json();
+    assert_eq!(v["choices"].as_array().unwrap().len(), 4);
+    // Token-id prompts.
+    let v = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": [1, 40, 41], "max_tokens": 2}),
+        )
+        .await
+        .json();
+    assert_eq!(v["usage"]["prompt_tokens"], 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_sequences_match_solo_runs() {
+    // The CPU accurate mode gives identical bits for any batch composition, so a seeded
+    // request must not depend on what else runs.
+    let s = Server::start(Opts::default()).await;
+    let body = |seed: u64| json!({"prompt": format!("story {seed}"), "max_tokens": 40, "seed": seed, "temperature": 0.9, "ignore_eos": true});
+    let mut solo = Vec::new();
+    for seed in 0..4 {
+        solo.push(text_of(
+            &s.post("/v1/completions", &body(seed)).await.json(),
+        ));
+    }
+    let addr = s.addr.clone();
+    let tasks: Vec<_> = (0..4)
+        .map(|seed| {
+            let addr = addr.clone();
+            let b = body(seed);
+            tokio::spawn(async move {
+                request(
+                    &addr,
+                    "POST",
+                    "/v1/completions",
+                    &[],
+                    b.to_string().as_bytes(),
+                )
+                .await
+            })
+        })
+        .collect();
+    for (seed, t) in tasks.into_iter().enumerate() {
+        let r = t.await.unwrap();
+        assert_eq!(text_of(&r.json()), solo[seed], "seed {seed}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_equals_whole_and_ends_with_done() {
+    let s = Server::start(Opts::default()).await;
+    let body = json!({"prompt": "The", "max_tokens": 30, "seed": 5, "ignore_eos": true});
+    let whole = s.post("/v1/completions", &body).await.json();
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    sb["stream_options"] = json!({"include_usage": true});
+    let mut st = s.stream("/v1/completions", &sb).await;
+    assert_eq!(st.status(), 200);
+    assert!(
+        st.body
+            .headers
+            .iter()
+            .any(|(k, v)| k == "content-type" && v.starts_with("text/event-stream"))
+    );
+    let chunks = st.collect().await;
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .filter_map(|c| c["text"].as_str())
+        .collect();
+    assert_eq!(text, text_of(&whole));
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"], whole["usage"]);
+    let fin: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"].get(0))
+        .filter(|c| !c["finish_reason"].is_null())
+        .collect();
+    assert_eq!(fin.len(), 1);
+    assert_eq!(fin[0]["finish_reason"], "length");
+    assert!(
+        chunks[..chunks.len() - 1]
+            .iter()
+            .all(|c| c["usage"].is_null())
+    );
+
+    // Chat: a role delta first, content deltas, one finish, no usage unless asked.
+    let mut st = s
+        .stream(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12, "seed": 1, "stream": true, "ignore_eos": true}),
+        )
+        .await;
+    let chunks = st.collect().await;
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks.iter().all(|c| c.get("usage").is_none()));
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let whole = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 12, "seed": 1, "ignore_eos": true}),
+        )
+        .await
+        .json();
+    assert_eq!(
+        streamed,
+        whole["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+    );
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_end_the_text_and_are_not_emitted() {
+    let s = Server::start(Opts::default()).await;
+    let body = json!({"prompt": "Hello", "max_tokens": 60, "seed": 9, "temperature": 1.0, "ignore_eos": true});
+    let full = text_of(&s.post("/v1/completions", &body).await.json());
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() > 20, "{full:?}");
+    // A piece of the middle of the text (maybe spanning tokens) as the stop string.
+    let stop: String = chars[12..15].iter().collect();
+    let at = full.find(&stop).unwrap();
+    for stream in [false, true] {
+        let mut b = body.clone();
+        b["stop"] = json!([stop, "never-appears-xyz"]);
+        b["stream"] = json!(stream);
+        let (text, reason) = if stream {
+            let mut st = s.stream("/v1/completions", &b).await;
+            let ch = st.collect().await;
+            let t: String = ch
+                .iter()
+                .filter_map(|c| c["choices"][0]["text"].as_str())
+                .collect();
+            let r = ch.last().unwrap()["choices"][0]["finish_reason"].clone();
+            (t, r)
+        } else {
+            let v = s.post("/v1/completions", &b).await.json();
+            (text_of(&v), v["choices"][0]["finish_reason"].clone())
+        };
+        assert_eq!(text, full[..at], "stream={stream}");
+        assert_eq!(reason, "stop");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_for_chat_and_completions() {
+    let s = Server::start(Opts::default()).await;
+    let v = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "A", "max_tokens": 6, "logprobs": 3, "temperature": 0, "ignore_eos": true}),
+        )
+        .await
+        .json();
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 6);
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 6);
+    assert_eq!(lp["text_offset"][0], 0);
+    for (i, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
+        let top = top.as_object().unwrap();
+        assert!(!top.is_empty() && top.len() <= 3);
+        let best = top
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        // Greedy: the chosen token is the most likely one. (Tokens with the same text share a
+        // key in this format, so the map may hold a less likely twin of the best.)
+        let chosen = lp["token_logprobs"][i].as_f64().unwrap();
+        assert!(chosen <= 0.0 && chosen >= best - 1e-5, "{chosen} vs {best}");
+    }
+
+    let v = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "logprobs": true, "top_logprobs": 2, "ignore_eos": true, "seed": 4}),
+        )
+        .await
+        .json();
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 5);
+    for e in content {
+        assert!(e["token"].is_string() && e["bytes"].is_array());
+        assert!(e["logprob"].as_f64().unwrap() <= 0.0);
+        assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2);
+    }
+    // Streamed: one logprobs entry per token across the chunks.
+    let mut st = s
+        .stream(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "logprobs": true, "ignore_eos": true, "seed": 4, "stream": true}),
+        )
+        .await;
+    let n: usize = st
+        .collect()
+        .await
+        .iter()
+        .filter_map(|c| {
+            c["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .map(Vec::len)
+        })
+        .sum();
+    assert_eq!(n, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_history_renders_and_tools_are_offered() {
+    let s = Server::start(Opts {
+        n_ctx: 4096,
+        ..Opts::default()
+    })
+    .await;
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let messages = json!([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 21}"}
+    ]);
+    let with_tools = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "tools": tools, "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(
+        with_tools.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&with_tools.body)
+    );
+    let plain = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "max_tokens": 4}),
+        )
+        .await
+        .json();
+    assert!(
+        with_tools.json()["usage"]["prompt_tokens"].as_u64()
+            > plain["usage"]["prompt_tokens"].as_u64(),
+        "the tool schema is in the prompt"
+    );
+    let none = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "tools": tools, "tool_choice": "none", "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(none.status, 200);
+    s.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "tools": tools, "tool_choice": "required"}),
+    )
+    .await
+    .openai_error(400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_prompts_are_chunked_while_streams_run() {
+    let s = Server::start(Opts {
+        step_tokens: 32,
+        ..Opts::default()
+    })
+    .await;
+    let mut st = s
+        .stream(
+            "/v1/completions",
+            &json!({"prompt": "x", "max_tokens": 200, "ignore_eos": true, "stream": true, "seed": 2}),
+        )
+        .await;
+    for _ in 0..3 {
+        st.next().await.unwrap();
+    }
+    let prompt = long_text(150);
+    let n = s
+        .post("/tokenize", &json!({"content": prompt}))
+        .await
+        .json()["count"]
+        .as_u64()
+        .unwrap();
+    assert!(n > 150 && n < 1000, "{n} tokens");
+    let v = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 2, "ignore_eos": true}),
+        )
+        .await
+        .json();
+    assert_eq!(v["usage"]["prompt_tokens"], n);
+    let chunks = st.collect().await;
+    let toks = chunks.len();
+    assert!(toks > 100, "the stream went on: {toks} chunks");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parity_mode_runs_one_sequence_per_forward() {
+    let s = Server::start(Opts {
+        mode: NumericMode::Parity,
+        ..Opts::default()
+    })
+    .await;
+    let addr = s.addr.clone();
+    let tasks: Vec<_> = (0..3)
+        .map(|i| {
+            let addr = addr.clone();
+            tokio::spawn(async move {
+                let b = json!({"prompt": format!("p{i}"), "max_tokens": 10, "ignore_eos": true, "seed": i});
+                request(&addr, "POST", "/v1/completions", &[], b.to_string().as_bytes()).await
+            })
+        })
+        .collect();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.json()["usage"]["completion_tokens"], 10);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_without_a_template_refuses_chat() {
+    let s = Server::start(Opts {
+        template: false,
+        ..Opts::default()
+    })
+    .await;
+    let e = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await
+        .openai_error(400);
+    assert_eq!(e["code"], "no_chat_template");
+    let r = s
+        .post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}))
+        .await;
+    assert_eq!(r.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_is_required_when_set() {
+    let s = Server::start(Opts {
+        api_key: Some("sekrit-key".into()),
+        ..Opts::default()
+    })
+    .await;
+    let e = s.get("/v1/models").await.openai_error(401);
+    assert_eq!(e["code"], "invalid_api_key");
+    let bad = request(
+        &s.addr,
+        "GET",
+        "/v1/models",
+        &[("Authorization", "Bearer sekrit-kez")],
+        b"",
+    )
+    .await;
+    bad.openai_error(401);
+    let short = request(
+        &s.addr,
+        "GET",
+        "/v1/models",
+        &[("Authorization", "Bearer sekrit")],
+        b"",
+    )
+    .await;
+    short.openai_error(401);
+    let ok = request(
+        &s.addr,
+        "GET",
+        "/v1/models",
+        &[("Authorization", "Bearer sekrit-key")],
+        b"",
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+    let body = json!({"prompt": "x", "max_tokens": 1}).to_string();
+    let r = request(&s.addr, "POST", "/v1/completions", &[], body.as_bytes()).await;
+    r.openai_error(401);
+    let r = request(
+        &s.addr,
+        "POST",
+        "/v1/completions",
+        &[("Authorization", "Bearer sekrit-key")],
+        body.as_bytes(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(s.get("/health").await.status, 200, "health stays open");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_finishes_in_flight_streams() {
+    let mut s = Server::start(Opts::default()).await;
+    let mut st = s
+        .stream(
+            "/v1/completions",
+            &json!({"prompt": "x", "max_tokens": 100, "ignore_eos": true, "stream": true}),
+        )
+        .await;
+    st.next().await.unwrap();
+    s.signal_stop();
+    let chunks = st.collect().await;
+    let fin = chunks.last().unwrap()["choices"][0]["finish_reason"].clone();
+    assert_eq!(fin, "length", "the in-flight stream finished");
+    s.stop().await.unwrap();
+    assert!(
+        tokio::net::TcpStream::connect(&s.addr).await.is_err(),
+        "no longer listening"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_deadline_cancels_with_an_error_event() {
+    let mut s = Server::start(Opts {
+        grace: std::time::Duration::from_millis(300),
+        n_ctx: 4096,
+        ..Opts::default()
+    })
+    .await;
+    // A stream that would outlive the grace period (and is read slowly, so it stays in flight).
+    let mut st = s
+        .stream(
+            "/v1/completions",
+            &json!({"prompt": "x", "max_tokens": 4000, "ignore_eos": true, "stream": true}),
+        )
+        .await;
+    st.next().await.unwrap();
+    s.signal_stop();
+    let mut last = String::new();
+    while let Some(d) = st.next().await {
+        if d == "[DONE]" {
+            break;
+        }
+        last = d;
+    }
+    let v: Value = serde_json::from_str(&last).unwrap();
+    assert!(
+        v["error"]["code"] == "service_unavailable" || v["choices"][0]["finish_reason"] == "length",
+        "{v}"
+    );
+    s.stop().await.unwrap();
+}

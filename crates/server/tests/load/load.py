@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Load test for `muser serve`: N concurrent streaming chat clients for a fixed time.
+
+Standard library only (asyncio and a minimal HTTP/1.1 client, so the client's own cost stays
+small next to the server's). Each client loops: one streaming chat completion with
+`stream_options.include_usage`, a random short conversation and a random max_tokens, reading
+every chunk to `data: [DONE]`; then the next. The server's memory (VmRSS of --server-pid) and a
+few /metrics gauges are sampled every --sample-every seconds.
+
+Reported: requests ok / failed (non-200, an error chunk, a stream without [DONE], a connection
+error, a usage count that disagrees with the chunks), completion tokens and tokens/s, time to
+first token (request sent -> first SSE chunk, which the server sends with the first generated
+token) p50/p90/p99, request latency, and memory over time.
+
+Targets only the loopback address given with --url; stops by itself after --duration seconds
+plus the time the last requests take to finish.
+
+    muser serve -m tests/fixtures/models/tame-q4_k_m.gguf --parallel 64 --port 8080 &
+    python3 crates/server/tests/load/load.py --url http://127.0.0.1:8080 --clients 64 \\
+        --duration 300 --server-pid $! --out /tmp/load.json
+"""
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+import urllib.parse
+
+PROMPTS = [
+    "Hello!",
+    "Write a haiku about the sea.",
+    "Explain continuous batching in two sentences.",
+    "What is the capital of France? Answer in one word.",
+    "List five prime numbers and say why each is prime, step by step, in detail.",
+    "Translate 'good morning' into French, German, Spanish and Italian.",
+    "Summarise the plot of a story about a robot who learns to paint, in a paragraph.",
+]
+
+
+def pct(xs, p):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+class Stats:
+    def __init__(self):
+        self.ok = 0
+        self.failed = 0
+        self.failures = {}
+        self.tokens = 0
+        self.ttft = []
+        self.latency = []
+        self.chunks = 0
+
+    def fail(self, why):
+        self.failed += 1
+        self.failures[why] = self.failures.get(why, 0) + 1
+
+
+async def stream_chat(host, port, path, body, headers):
+    """Returns (status, ttft_s, chunks(list of dicts), done_seen, error_body)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        data = json.dumps(body).encode()
+        head = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json",
+                f"Content-Length: {len(data)}", "Connection: close"]
+        head += [f"{k}: {v}" for k, v in headers.items()]
+        t0 = time.perf_counter()
+        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
+        await writer.drain()
+        status_line = await reader.readline()
+        status = int(status_line.split()[1])
+        hdrs = {}
+        while True:
+            line = await reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            k, _, v = line.decode().partition(":")
+            hdrs[k.strip().lower()] = v.strip()
+        if status != 200:
+            rest = await reader.read()
+            return status, None, [], False, rest[:300]
+        chunked = "chunked" in hdrs.get("transfer-encoding", "")
+        buf = b""
+        ttft = None
+        chunks = []
+        done = False
+        while True:
+            if chunked:
+                size_line = await reader.readline()
+                if not size_line:
+                    break
+                size = int(size_line.split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    break
+                piece = await reader.readexactly(size + 2)
+                buf += piece[:-2]
+            else:
+                piece = await reader.read(65536)
+                if not piece:
+                    break
+                buf += piece
+            while b"\n\n" in buf:
+                ev, buf = buf.split(b"\n\n", 1)
+                for line in ev.split(b"\n"):
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+                    if payload == b"[DONE]":
+                        done = True
+                    else:
+                        chunks.append(json.loads(payload))
+            if done:
+                break
+        return status, ttft, chunks, done, None
+    finally:
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except Exception:
+            pass
+
+
+async def client(i, args, stats, deadline):
+    u = urllib.parse.urlparse(args.url)
+    rng = random.Random(args.seed * 1000 + i)
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    while time.time() < deadline:
+        turns = [{"role": "user", "content": rng.choice(PROMPTS)}]
+        if rng.random() < 0.3:
+            turns = [{"role": "system", "content": "You are a helpful assistant."}] + turns
+        max_tokens = rng.randint(args.min_tokens, args.max_tokens)
+        body = {"model": args.model, "messages": turns, "max_tokens": max_tokens, "stream": True,
+                "stream_options": {"include_usage": True}, "temperature": 0.8, "seed": rng.randrange(1 << 30)}
+        if args.ignore_eos:
+            body["ignore_eos"] = True
+        t0 = time.perf_counter()
+        try:
+            status, ttft, chunks, done, err = await asyncio.wait_for(
+                stream_chat(u.hostname, u.port or 80, "/v1/chat/completions", body, headers), args.timeout)
+        except Exception as e:
+            stats.fail(type(e).__name__)
+            continue
+        if status != 200:
+            stats.fail(f"http {status}")
+            if args.verbose:
+                print(f"client {i}: {status} {err}", file=sys.stderr)
+            continue
+        if any("error" in c for c in chunks):
+            stats.fail("error chunk")
+            continue
+        if not done:
+            stats.fail("no [DONE]")
+            continue
+        usage = chunks[-1].get("usage") if chunks else None
+        finishes = [c["choices"][0].get("finish_reason") for c in chunks if c.get("choices")]
+        finishes = [f for f in finishes if f]
+        if not usage or len(finishes) != 1 or usage["completion_tokens"] > max_tokens:
+            stats.fail("bad usage/finish")
+            continue
+        stats.ok += 1
+        stats.tokens += usage["completion_tokens"]
+        stats.chunks += len(chunks)
+        stats.ttft.append(ttft)
+        stats.latency.append(time.perf_counter() - t0)
+
+
+def rss_kib(pid):
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    k, v = line.split(":")
+                    out[k] = int(v.split()[0])
+    except OSError:
+        pass
+    return out
+
+
+async def scrape(args):
+    u = urllib.parse.urlparse(args.url)
+    try:
+        reader, writer = await asyncio.open_connection(u.hostname, u.port or 80)
+        auth = f"Authorization: Bearer {args.api_key}\r\n" if args.api_key else ""
+        writer.write(f"GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n".encode())
+        await writer.drain()
+        text = (await reader.read()).decode(errors="replace")
+        writer.close()
+    except OSError:
+        return {}
+    want = ("muser_tokens_per_second", "muser_queue_depth", "muser_sequences_running",
+            "muser_kv_cache_used_bytes", "muser_kv_cache_reserved_bytes", "muser_generation_tokens_total")
+    out = {}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in want:
+            try:
+                out[name] = float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
+    return out
+
+
+async def sampler(args, stats, t_start, samples, stop):
+    while not stop.is_set():
+        s = {"t": round(time.time() - t_start, 1), "ok": stats.ok, "failed": stats.failed, "tokens": stats.tokens}
+        if args.server_pid:
+            s.update(rss_kib(args.server_pid))
+        s.update(await scrape(args))
+        samples.append(s)
+        if args.verbose:
+            print(json.dumps(s), file=sys.stderr)
+        try:
+            await asyncio.wait_for(stop.wait(), args.sample_every)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def main_async(args):
+    stats = Stats()
+    samples = []
+    t_start = time.time()
+    deadline = t_start + args.duration
+    stop = asyncio.Event()
+    samp = asyncio.create_task(sampler(args, stats, t_start, samples, stop))
+    await asyncio.gather(*(client(i, args, stats, deadline) for i in range(args.clients)))
+    wall = time.time() - t_start
+    stop.set()
+    await samp
+    end = {"t": round(wall, 1), "ok": stats.ok, "failed": stats.failed, "tokens": stats.tokens}
+    if args.server_pid:
+        end.update(rss_kib(args.server_pid))
+    samples.append(end)
+    rss = [s["VmRSS"] for s in samples if "VmRSS" in s]
+    # Memory after warm-up: the first minute fills caches and allocator pools.
+    steady = [s["VmRSS"] for s in samples if "VmRSS" in s and s["t"] >= min(60, args.duration / 3)]
+    ms = lambda x: None if x is None else round(x * 1000, 1)
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "url": args.url, "model": args.model, "clients": args.clients, "duration_s": round(wall, 1),
+        "max_tokens_range": [args.min_tokens, args.max_tokens], "ignore_eos": args.ignore_eos,
+        "requests_ok": stats.ok, "requests_failed": stats.failed, "failures": stats.failures,
+        "completion_tokens": stats.tokens,
+        "tokens_per_s": round(stats.tokens / wall, 1),
+        "requests_per_s": round(stats.ok / wall, 2),
+        "ttft_ms": {"p50": ms(pct(stats.ttft, 50)), "p90": ms(pct(stats.ttft, 90)), "p99": ms(pct(stats.ttft, 99)),
+                    "max": ms(max(stats.ttft) if stats.ttft else None)},
+        "latency_ms": {"p50": ms(pct(stats.latency, 50)), "p99": ms(pct(stats.latency, 99))},
+        "rss_kib": {"first": rss[0] if rss else None, "min": min(rss) if rss else None,
+                    "max": max(rss) if rss else None, "last": rss[-1] if rss else None,
+                    "steady_min": min(steady) if steady else None, "steady_max": max(steady) if steady else None},
+        "samples": samples,
+    }
+    return report
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8080")
+    p.add_argument("--model", default="tame-q4_k_m")
+    p.add_argument("--api-key", default="")
+    p.add_argument("--clients", type=int, default=64)
+    p.add_argument("--duration", type=float, default=300)
+    p.add_argument("--min-tokens", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--ignore-eos", action="store_true", help="always generate max_tokens")
+    p.add_argument("--timeout", type=float, default=120, help="seconds one request may take")
+    p.add_argument("--server-pid", type=int, default=0)
+    p.add_argument("--sample-every", type=float, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="")
+    p.add_argument("--verbose", action="store_true")
+    args = p.parse_args()
+    host = urllib.parse.urlparse(args.url).hostname
+    if host not in ("127.0.0.1", "localhost", "::1") and not host.startswith("127."):
+        sys.exit(f"refusing to load-test {host}: loopback addresses only")
+    report = asyncio.run(main_async(args))
+    summary = {k: v for k, v in report.items() if k != "samples"}
+    print(json.dumps(summary, indent=2))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+    sys.exit(1 if report["requests_failed"] else 0)
+
+
+if __name__ == "__main__":
+    main()

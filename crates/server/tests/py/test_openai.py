@@ -1,0 +1,212 @@
+"""The official `openai` Python client against a live `muser serve` on a fixture model.
+
+Run by `cargo test -p muser-server --test openai_client` (which starts the server); by hand:
+    python test_openai.py --base-url http://127.0.0.1:8080/v1 --model tame-q4_k_m
+
+The fixture model has random weights: these tests check the protocol as the client sees it
+(types, counts, streaming, tool-call history, logprobs, errors, cancellation), not text quality.
+"""
+
+import argparse
+import json
+import sys
+import time
+import traceback
+
+import httpx
+import openai
+
+ARGS = None
+
+
+def client():
+    return openai.OpenAI(base_url=ARGS.base_url, api_key=ARGS.api_key or "none", max_retries=0, timeout=60)
+
+
+def metric(name, labels=""):
+    root = ARGS.base_url.rsplit("/v1", 1)[0]
+    headers = {"Authorization": f"Bearer {ARGS.api_key}"} if ARGS.api_key else {}
+    text = httpx.get(f"{root}/metrics", headers=headers, timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head.split("{")[0] == name and labels in head:
+            total += float(value)
+    return total
+
+
+def test_models():
+    models = client().models.list()
+    ids = [m.id for m in models.data]
+    assert ids == [ARGS.model], ids
+
+
+def test_chat():
+    r = client().chat.completions.create(
+        model=ARGS.model,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}],
+        max_tokens=8,
+        seed=1,
+        extra_body={"ignore_eos": True},
+    )
+    assert r.object == "chat.completion"
+    assert r.model == ARGS.model
+    c = r.choices[0]
+    assert c.message.role == "assistant"
+    assert isinstance(c.message.content, str)
+    assert c.finish_reason == "length"
+    assert r.usage.completion_tokens == 8
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 8
+
+
+def test_chat_seed_and_n():
+    kw = dict(model=ARGS.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=10,
+              temperature=1.0, seed=42, extra_body={"ignore_eos": True})
+    a = client().chat.completions.create(**kw)
+    b = client().chat.completions.create(**kw)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    three = client().chat.completions.create(n=3, **kw)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert three.choices[0].message.content == a.choices[0].message.content
+    assert three.usage.completion_tokens == 30
+
+
+def test_completions():
+    r = client().completions.create(model=ARGS.model, prompt="Once upon a time", max_tokens=12, seed=3,
+                                    stop=["never-xyz"], extra_body={"ignore_eos": True})
+    assert r.object == "text_completion"
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 12
+    assert isinstance(r.choices[0].text, str)
+
+
+def test_streaming_chat_with_usage():
+    kw = dict(model=ARGS.model, messages=[{"role": "user", "content": "Count"}], max_tokens=16, seed=5,
+              extra_body={"ignore_eos": True})
+    whole = client().chat.completions.create(**kw)
+    stream = client().chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == (whole.choices[0].message.content or ""), (text, whole.choices[0].message.content)
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["length"], finishes
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 16
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_streaming_completions():
+    stream = client().completions.create(model=ARGS.model, prompt="The", max_tokens=10, stream=True, seed=2,
+                                         extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.object == "text_completion" for c in chunks)
+
+
+def test_tool_call_round_trip():
+    # The model's side of a tool call (ATEM markup -> tool_calls) is unit-tested with canned
+    # text in crates/server/src/respond.rs: a random-weight model does not emit ATEM. Here the
+    # client's side: offer a tool, send back the assistant's call and the tool's result, and
+    # get the next turn.
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    messages = [{"role": "user", "content": "What's the weather in Paris?"}]
+    first = client().chat.completions.create(model=ARGS.model, messages=messages, tools=tools, max_tokens=8)
+    assert first.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    call = {"id": "call_abc123", "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}
+    messages += [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_abc123", "content": json.dumps({"temp_c": 21, "sky": "clear"})},
+    ]
+    second = client().chat.completions.create(model=ARGS.model, messages=messages, tools=tools, max_tokens=8)
+    assert second.choices[0].message.role == "assistant"
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+    # Streamed, the same request works too.
+    chunks = list(client().chat.completions.create(model=ARGS.model, messages=messages, tools=tools,
+                                                   max_tokens=4, stream=True))
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_logprobs():
+    r = client().chat.completions.create(model=ARGS.model, messages=[{"role": "user", "content": "Hi"}],
+                                         max_tokens=5, logprobs=True, top_logprobs=3, seed=1,
+                                         extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 5
+    for t in content:
+        assert t.logprob <= 0
+        assert len(t.top_logprobs) == 3
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[-1].logprob
+        assert isinstance(t.token, str) and isinstance(t.bytes, list)
+    c = client().completions.create(model=ARGS.model, prompt="A", max_tokens=4, logprobs=2,
+                                    extra_body={"ignore_eos": True})
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == 4 and len(lp.token_logprobs) == 4 and len(lp.top_logprobs) == 4
+
+
+def test_errors():
+    c = client()
+    try:
+        c.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+        raise AssertionError("unknown model accepted")
+    except openai.NotFoundError as e:
+        assert e.status_code == 404
+    try:
+        c.chat.completions.create(model=ARGS.model, messages=[{"role": "user", "content": "x"}], max_tokens=-1)
+        raise AssertionError("negative max_tokens accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "max_tokens", e.body
+
+
+def test_cancellation():
+    before = metric("muser_sequences_finished_total", 'reason="cancelled"')
+    stream = client().chat.completions.create(
+        model=ARGS.model, messages=[{"role": "user", "content": "Go on forever"}],
+        max_tokens=3000, stream=True, extra_body={"ignore_eos": True})
+    seen = 0
+    for _ in stream:
+        seen += 1
+        if seen == 3:
+            break
+    stream.close()
+    deadline = time.time() + 10
+    while metric("muser_sequences_finished_total", 'reason="cancelled"') < before + 1:
+        assert time.time() < deadline, "the closed stream was not cancelled (running: %s, generated: %s)" % (
+            metric("muser_sequences_running"), metric("muser_generation_tokens_total"))
+        time.sleep(0.05)
+    while metric("muser_sequences_running") != 0:
+        assert time.time() < deadline, "the cancelled sequence still holds its slot"
+        time.sleep(0.05)
+    # The server goes on serving.
+    r = client().completions.create(model=ARGS.model, prompt="ok", max_tokens=2)
+    assert r.usage.completion_tokens <= 2
+
+
+def main():
+    global ARGS
+    p = argparse.ArgumentParser()
+    p.add_argument("--base-url", required=True)
+    p.add_argument("--model", required=True)
+    p.add_argument("--api-key", default="")
+    ARGS = p.parse_args()
+    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
+    failed = 0
+    for name, f in tests:
+        t0 = time.time()
+        try:
+            f()
+            print(f"ok     {name} ({time.time() - t0:.2f}s)")
+        except Exception:
+            failed += 1
+            print(f"FAILED {name}")
+            traceback.print_exc()
+    print(f"openai {openai.__version__}: {len(tests) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
