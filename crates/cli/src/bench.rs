@@ -187,6 +187,8 @@ pub fn run(a: Args) -> CliResult {
             let t = match &loaded {
                 Loaded::Cpu(m) => decode_test(m, kv, &a, depth)?,
                 Loaded::Cuda(m) => decode_test_graph(m, kv, &a, depth)?,
+                Loaded::TpCpu(m) => decode_test(m, kv, &a, depth)?,
+                Loaded::TpCuda(m) => decode_test(m, kv, &a, depth)?,
             };
             let at = if depth > 0 {
                 format!(" @ d{depth}")

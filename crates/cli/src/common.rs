@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use clap::Args as ClapArgs;
 use muser_cuda::CudaBackend;
+use muser_engine::tp::{ShardPlan, TpBackend};
 use muser_engine::{CpuBackend, KvType, ModelFile, MuseGlimmer, NumericMode};
 use muser_gguf::Gguf;
 
@@ -35,12 +36,18 @@ pub struct ModelOpts {
     /// Where to run: cpu, or cuda / cuda:N for an NVIDIA GPU.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Split every layer over N ranks (GPUs N..N+k with `--device cuda:N`; simulated CPU ranks
+    /// with `--device cpu`). Partial sums are all-reduced through the host.
+    #[arg(long = "tensor-parallel", default_value_t = 1)]
+    pub tensor_parallel: usize,
 }
 
 /// A loaded model on one of the backends.
 pub enum Loaded {
     Cpu(MuseGlimmer<CpuBackend>),
     Cuda(MuseGlimmer<CudaBackend>),
+    TpCpu(MuseGlimmer<TpBackend<CpuBackend>>),
+    TpCuda(MuseGlimmer<TpBackend<CudaBackend>>),
 }
 
 /// Run the same code on whichever backend holds the model.
@@ -50,6 +57,8 @@ macro_rules! with_model {
         match $loaded {
             $crate::common::Loaded::Cpu($m) => $body,
             $crate::common::Loaded::Cuda($m) => $body,
+            $crate::common::Loaded::TpCpu($m) => $body,
+            $crate::common::Loaded::TpCuda($m) => $body,
         }
     };
 }
@@ -104,20 +113,69 @@ impl ModelOpts {
         let mode = NumericMode::parse(&self.mode)?;
         let device = parse_device(&self.device)?;
         let file = ModelFile::from_gguf(g)?;
-        match device {
-            None => Ok(Loaded::Cpu(MuseGlimmer::load(
-                &file,
-                CpuBackend::new(mode, self.threads)?,
-            )?)),
+        // A progress bar while the layers load (drawn on a terminal only; GPU uploads take seconds).
+        let bar = indicatif::ProgressBar::new(file.config.n_layer as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("loading {msg} [{bar:30}] {pos}/{len} layers")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.set_message(self.model_name());
+        let mut progress = |done: usize, _total: usize| bar.set_position(done as u64);
+        let world = self.tensor_parallel;
+        if world == 0 {
+            return Err("--tensor-parallel needs at least 1 rank".into());
+        }
+        let loaded = match device {
+            None if world > 1 => {
+                let plan = ShardPlan::new(&file.config, &file.tensors, world)?;
+                let threads = (self.threads / world).max(1);
+                let ranks = (0..world)
+                    .map(|_| CpuBackend::new(mode, threads))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Loaded::TpCpu(MuseGlimmer::load_with_progress(
+                    &file,
+                    TpBackend::new(ranks, plan)?,
+                    &mut progress,
+                )?)
+            }
+            Some(ordinal) if world > 1 => {
+                if mode != NumericMode::Accurate {
+                    return Err("the CUDA backend implements the accurate mode only".into());
+                }
+                CudaBackend::supports(&file.config)?;
+                let plan = ShardPlan::new(&file.config, &file.tensors, world)?;
+                let ranks = (0..world)
+                    .map(|i| CudaBackend::new(ordinal + i))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Loaded::TpCuda(MuseGlimmer::load_with_progress(
+                    &file,
+                    TpBackend::new(ranks, plan)?,
+                    &mut progress,
+                )?)
+            }
+            None => {
+                let backend = CpuBackend::new(mode, self.threads)?;
+                Loaded::Cpu(MuseGlimmer::load_with_progress(
+                    &file,
+                    backend,
+                    &mut progress,
+                )?)
+            }
             Some(ordinal) => {
                 if mode != NumericMode::Accurate {
                     return Err("the CUDA backend implements the accurate mode only".into());
                 }
                 CudaBackend::supports(&file.config)?;
                 let backend = CudaBackend::new(ordinal)?;
-                Ok(Loaded::Cuda(MuseGlimmer::load(&file, backend)?))
+                Loaded::Cuda(MuseGlimmer::load_with_progress(
+                    &file,
+                    backend,
+                    &mut progress,
+                )?)
             }
-        }
+        };
+        bar.finish_and_clear();
+        Ok(loaded)
     }
 }
 
