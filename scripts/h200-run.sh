@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the H200 machine (repo root, after scripts/h200-prepare.sh here, carry=["carry"]).
-# Stages (select with STAGES, default all): tests, synth, muser, llama.
+# Stages (select with STAGES, default all): tests, synth, muser, llama, tp (needs 2+ GPUs).
 # Logs go to $OUT; the last lines printed are a short table.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -11,6 +11,16 @@ export MUSER_KERNEL_CACHE=/tmp/muser-kernels
 MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 summary=()
+export NCCL_NVLS_ENABLE=0
+# NCCL for tensor parallelism: the runtime (PyTorch's nvidia-nccl wheel here) ships libnccl.so.2
+# only; cudarc loads libnccl.so, so a link to it goes into a folder on the library path.
+nccl=$(find $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) /usr/lib /usr/local -name 'libnccl.so.2' 2>/dev/null | head -1)
+if [ -n "$nccl" ]; then
+  mkdir -p /tmp/nccl-link && ln -sf "$nccl" /tmp/nccl-link/libnccl.so
+  export LD_LIBRARY_PATH=/tmp/nccl-link:$(dirname "$nccl"):$LD_LIBRARY_PATH
+  echo "NCCL: $nccl"
+fi
+n_gpu=$(nvidia-smi -L | grep -c '^GPU')
 
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
 
@@ -38,6 +48,15 @@ if has llama; then
     cmake --build build -j16 --target llama-bench >> "$OUT/llama-build.log" 2>&1 ) || echo "llama.cpp build failed (see llama-build.log)"
   timeout 300 /tmp/llama/llama.cpp/build/bin/llama-bench -m "$MODEL" -ngl 99 -p ${PP:-512} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee "$OUT/llama-bench.log"
   summary+=("$(grep -E 'pp|tg' "$OUT/llama-bench.log" | grep -v '^|  *model' | sed 's/^/llama.cpp /')")
+fi
+
+if has tp && [ "$n_gpu" -ge 2 ]; then
+  # Tensor parallelism: the same file at 2 (and 4) ranks (1 rank: the muser stage), prompt and decode (eager steps).
+  for n in 2 4; do
+    [ "$n" -le "$n_gpu" ] || continue
+    timeout 300 carry/bin/muser bench -m "$MODEL" --device cuda --tensor-parallel $n -p ${PP:-512} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee "$OUT/muser-tp$n.log"
+    summary+=("$(grep -E '^\| (pp|tg)' "$OUT/muser-tp$n.log" | sed "s/^/muser TP x$n /")")
+  done
 fi
 
 echo

@@ -147,11 +147,9 @@ impl ModelOpts {
                 let ranks = (0..world)
                     .map(|i| CudaBackend::new(ordinal + i))
                     .collect::<Result<Vec<_>, _>>()?;
-                Loaded::TpCuda(MuseGlimmer::load_with_progress(
-                    &file,
-                    TpBackend::new(ranks, plan)?,
-                    &mut progress,
-                )?)
+                let nccl = Box::new(muser_cuda::nccl::NcclAllReduce::new(&ranks)?);
+                let tp = TpBackend::new(ranks, plan)?.with_all_reduce(nccl);
+                Loaded::TpCuda(MuseGlimmer::load_with_progress(&file, tp, &mut progress)?)
             }
             None => {
                 let backend = CpuBackend::new(mode, self.threads)?;

@@ -48,6 +48,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // NVLink multicast (NVLS) in NCCL can take a host's shared GPUs out of service; Muser's
+    // tensor-parallel all-reduce does not need it. Off unless the environment says otherwise.
+    if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
+        // SAFETY: the first statement of main, before any thread exists.
+        unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Inspect(a) => inspect::run(a),

@@ -9,6 +9,7 @@
 pub mod graph;
 pub mod kernels;
 pub mod matrix;
+pub mod nccl;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

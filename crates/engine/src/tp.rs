@@ -15,6 +15,9 @@
 //!   are computed and cached on each of those ranks, which costs 2 x 256 rows of projection per
 //!   rank and keeps attention free of communication.
 //! - Quantized tensors split only at block boundaries; a plan that would cut a block is refused.
+//!
+//! The all-reduce is an [`AllReduce`]: through the host by default ([`HostAllReduce`], the CPU
+//! simulation), or a device collective a backend crate supplies (NCCL in `muser-cuda`).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -208,10 +211,42 @@ pub struct TpKv<K> {
     parts: Vec<K>,
 }
 
+/// How the ranks' full-width partial sums become one sum on every rank.
+pub trait AllReduce<B: Backend>: Send + Sync {
+    /// Replace every part (`rows` x `cols` each) by the sum of all parts.
+    fn all_reduce(&self, ranks: &[B], parts: &mut [B::Act]) -> Result<()>;
+    /// For logs and `bench`: "host", "nccl".
+    fn name(&self) -> &'static str;
+}
+
+/// Sums through the host, in rank order (so the result does not depend on timing): every rank's
+/// part is read, added, and written back. Any backend; a synchronisation per all-reduce.
+pub struct HostAllReduce;
+
+impl<B: Backend> AllReduce<B> for HostAllReduce {
+    fn all_reduce(&self, ranks: &[B], parts: &mut [B::Act]) -> Result<()> {
+        let mut sum = ranks[0].read(&parts[0])?;
+        for (b, p) in ranks.iter().zip(parts.iter()).skip(1) {
+            for (s, v) in sum.iter_mut().zip(b.read(p)?) {
+                *s += v;
+            }
+        }
+        for (b, p) in ranks.iter().zip(parts.iter_mut()) {
+            b.write(p, &sum)?;
+        }
+        Ok(())
+    }
+
+    fn name(&self) -> &'static str {
+        "host"
+    }
+}
+
 /// A backend of `world` ranks.
 pub struct TpBackend<B: Backend> {
     pub ranks: Vec<B>,
     pub plan: ShardPlan,
+    reduce: Box<dyn AllReduce<B>>,
 }
 
 impl<B: Backend> TpBackend<B> {
@@ -223,7 +258,17 @@ impl<B: Backend> TpBackend<B> {
                 plan.world
             )));
         }
-        Ok(TpBackend { ranks, plan })
+        Ok(TpBackend {
+            ranks,
+            plan,
+            reduce: Box::new(HostAllReduce),
+        })
+    }
+
+    /// Use `reduce` for the two all-reduces of every layer (a device collective).
+    pub fn with_all_reduce(mut self, reduce: Box<dyn AllReduce<B>>) -> Self {
+        self.reduce = reduce;
+        self
     }
 
     /// Make `a` split by `ranges` (or replicated), reallocating parts whose width changes.
@@ -250,18 +295,9 @@ impl<B: Backend> TpBackend<B> {
         }
     }
 
-    /// Sum the ranks' full-width partial results (in rank order) into every part of `out`.
+    /// Sum the ranks' full-width partial results into every part of `out`.
     fn all_reduce(&self, out: &mut TpAct<B::Act>) -> Result<()> {
-        let mut sum = self.ranks[0].read(&out.parts[0])?;
-        for (b, p) in self.ranks.iter().zip(&out.parts).skip(1) {
-            for (s, v) in sum.iter_mut().zip(b.read(p)?) {
-                *s += v;
-            }
-        }
-        for (b, p) in self.ranks.iter().zip(out.parts.iter_mut()) {
-            b.write(p, &sum)?;
-        }
-        Ok(())
+        self.reduce.all_reduce(&self.ranks, &mut out.parts)
     }
 
     fn each<T>(&self, mut f: impl FnMut(usize, &B) -> Result<T>) -> Result<Vec<T>> {
@@ -304,9 +340,10 @@ impl<B: Backend> Backend for TpBackend<B> {
 
     fn name(&self) -> String {
         format!(
-            "tensor-parallel x{} over {}",
+            "tensor-parallel x{} over {} ({} all-reduce)",
             self.plan.world,
-            self.ranks[0].name()
+            self.ranks[0].name(),
+            self.reduce.name()
         )
     }
 

@@ -1,0 +1,93 @@
+//! The tensor-parallel all-reduce on the GPUs: NCCL (through cudarc), one communicator per rank
+//! in this process (`ncclCommInitAll`), the ranks' calls grouped so one host thread drives them
+//! all. The sum runs on the ranks' own streams: no host synchronisation per layer.
+//!
+//! NCCL adds in its own order (ring or tree, chosen by size and topology); with two ranks that is
+//! a + b, the same as the host's rank-order sum, bit for bit; with more ranks the order differs,
+//! which moves results by rounding only (the parity test bounds it).
+
+use cudarc::nccl::safe::{Comm, ReduceOp};
+use muser_engine::tp::AllReduce;
+use muser_engine::{Error, Result};
+
+use crate::{CudaAct, CudaBackend};
+
+/// Whether NCCL can be loaded (cudarc panics on first use when it cannot).
+pub fn nccl_present() -> bool {
+    // SAFETY: only tries to dlopen the library by its candidate names.
+    unsafe { cudarc::nccl::sys::is_culib_present() }
+}
+
+/// NCCL communicators for ranks `0..world`, one per backend, in rank order.
+pub struct NcclAllReduce {
+    comms: Vec<Comm>,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
+// concurrent; TpBackend calls all_reduce from one thread at a time (the model is driven by one
+// thread: `&self` methods of a backend are never run in parallel on the same model).
+unsafe impl Send for NcclAllReduce {}
+// SAFETY: as above; every use goes through `all_reduce`, which the model calls sequentially.
+unsafe impl Sync for NcclAllReduce {}
+
+impl NcclAllReduce {
+    /// Communicators over the backends' devices and streams (each backend one distinct GPU).
+    pub fn new(ranks: &[CudaBackend]) -> Result<Self> {
+        if !nccl_present() {
+            return Err(Error::Backend(
+                "tensor parallelism over GPUs needs NCCL: cannot load libnccl.so (the NCCL runtime ships libnccl.so.2 only: put a folder holding a link libnccl.so -> libnccl.so.2 on LD_LIBRARY_PATH)".into(),
+            ));
+        }
+        let mut ordinals: Vec<usize> = ranks.iter().map(|b| b.ctx.ordinal()).collect();
+        ordinals.sort_unstable();
+        ordinals.dedup();
+        if ordinals.len() != ranks.len() {
+            return Err(Error::Backend(
+                "tensor parallelism over GPUs needs one distinct GPU per rank".into(),
+            ));
+        }
+        let streams = ranks.iter().map(|b| b.stream.clone()).collect();
+        let comms =
+            Comm::from_devices(streams).map_err(|e| Error::Backend(format!("NCCL init: {e:?}")))?;
+        Ok(NcclAllReduce { comms })
+    }
+}
+
+impl AllReduce<CudaBackend> for NcclAllReduce {
+    fn all_reduce(&self, ranks: &[CudaBackend], parts: &mut [CudaAct]) -> Result<()> {
+        if ranks.len() != self.comms.len() || parts.len() != self.comms.len() {
+            return Err(Error::Backend(format!(
+                "NCCL all-reduce over {} parts with {} communicators",
+                parts.len(),
+                self.comms.len()
+            )));
+        }
+        let n = parts[0].rows * parts[0].cols;
+        if parts.iter().any(|p| p.rows * p.cols != n) {
+            return Err(Error::Backend(
+                "NCCL all-reduce: the ranks' parts differ in shape".into(),
+            ));
+        }
+        let err = |e| Error::Backend(format!("NCCL all-reduce: {e:?}"));
+        cudarc::nccl::result::group_start().map_err(err)?;
+        let mut first_err = None;
+        for (comm, p) in self.comms.iter().zip(parts.iter_mut()) {
+            p.xs_ok = false;
+            let mut view = p.data.slice_mut(0..n);
+            if let Err(e) = comm.all_reduce_in_place(&mut view, &ReduceOp::Sum) {
+                first_err.get_or_insert(e);
+            }
+        }
+        // The group must be closed even when a call failed, or later NCCL calls would hang.
+        let end = cudarc::nccl::result::group_end();
+        if let Some(e) = first_err {
+            return Err(err(e));
+        }
+        end.map_err(err)?;
+        Ok(())
+    }
+
+    fn name(&self) -> &'static str {
+        "nccl"
+    }
+}
