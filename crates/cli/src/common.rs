@@ -24,7 +24,8 @@ pub struct ModelOpts {
     /// Path to a Muse Glimmer GGUF file (default: the bundled random-weight test model).
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
-    /// Numeric mode: accurate (exact dequantization, f32) or parity (llama.cpp's CPU arithmetic).
+    /// Numeric mode: accurate (exact dequantization, f32), parity (llama.cpp's CPU arithmetic), or
+    /// fast (CUDA only: prompts on TF32 tensor cores, decode as accurate).
     #[arg(long, default_value = "accurate")]
     pub mode: String,
     /// KV cache element type: f32, f16, bf16 or q8_0.
@@ -110,8 +111,18 @@ impl ModelOpts {
     }
 
     pub fn load_from(&self, g: Arc<Gguf>) -> Result<Loaded, Box<dyn std::error::Error>> {
-        let mode = NumericMode::parse(&self.mode)?;
         let device = parse_device(&self.device)?;
+        // `fast` is accurate everywhere but in the CUDA prompt products (TF32 tensor cores).
+        let fast = self.mode == "fast";
+        if fast && device.is_none() {
+            return Err("--mode fast is a CUDA mode (TF32 tensor cores for prompts); the CPU has accurate and parity".into());
+        }
+        let mode = if fast {
+            NumericMode::Accurate
+        } else {
+            NumericMode::parse(&self.mode)
+                .map_err(|e| format!("{e} (or fast, with --device cuda)"))?
+        };
         let file = ModelFile::from_gguf(g)?;
         // A progress bar while the layers load (drawn on a terminal only; GPU uploads take seconds).
         let bar = indicatif::ProgressBar::new(file.config.n_layer as u64);
@@ -147,6 +158,9 @@ impl ModelOpts {
                 let ranks = (0..world)
                     .map(|i| CudaBackend::new(ordinal + i))
                     .collect::<Result<Vec<_>, _>>()?;
+                for r in &ranks {
+                    r.set_fast_prompts(fast)?;
+                }
                 let nccl = Box::new(muser_cuda::nccl::NcclAllReduce::new(&ranks)?);
                 let tp = TpBackend::new(ranks, plan)?.with_all_reduce(nccl);
                 Loaded::TpCuda(MuseGlimmer::load_with_progress(&file, tp, &mut progress)?)
@@ -165,6 +179,7 @@ impl ModelOpts {
                 }
                 CudaBackend::supports(&file.config)?;
                 let backend = CudaBackend::new(ordinal)?;
+                backend.set_fast_prompts(fast)?;
                 Loaded::Cuda(MuseGlimmer::load_with_progress(
                     &file,
                     backend,

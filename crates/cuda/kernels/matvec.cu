@@ -433,3 +433,271 @@ __device__ __forceinline__ void mv_float(const u8* __restrict__ W, const float* 
 MV_R(1)
 MV_R(2)
 MV_R(4)
+
+// ==== x-stationary matrix-vector products for one token (decode), integer dot products ====
+// The kernels above read the activations from L1 once per R rows and turn every 4-bit code into a
+// float with a byte permute; at decode the ALU work (permutes and masks: 10 ALU operations per 8
+// weights) and the L1 traffic, not the weights, bounded them (Nsight: issue slots 55% busy, DRAM
+// 28%). Here:
+// - a block's threads cover every column of the matrix: thread t holds the activations its lane
+//   slice of column block t >> 3 multiplies, in registers, for the whole kernel, and the block
+//   walks its rows MVQ_R at a time (loads of the next rows in flight while this step computes);
+// - the activations are held as fixed point: each run of 16 values gets the power-of-two scale
+//   2^(E-22) with |x| < 2^E, so X = round(x 2^(22-E)) is an integer of at most 23 bits
+//   (|X| <= 2^22), split into three byte planes (two unsigned, the top one signed). The error is at
+//   most 2^-23 of the largest of the 16 values, the size of an f32 rounding of that value;
+// - sum q X is computed exactly by dp4a (4 code x digit products per instruction) and becomes an
+//   f32 once per 16 weights: 65536 S2 + (256 S1 + S0), the second term below 2^24 (exact);
+// - each row's partial sums are added in a fixed order (butterfly within the warp, then warps in
+//   order): the result does not depend on timing or on what else runs.
+// Blocks take `rpb` consecutive rows; the host sizes the grid to one wave of resident blocks.
+#define MVQ_R 4
+#define MVQ_MAX_THREADS 640  // 80 column blocks of 256: columns <= 20480
+
+__device__ __forceinline__ u32 dp4a_uu(u32 a, u32 b, u32 c) { u32 d; asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
+__device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) { int d; asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
+
+// 16 activations -> digit planes d0, d1 (unsigned bytes), d2 (signed top byte), the scale
+// 2^(E-22) and their f32 sum (in order).
+__device__ __forceinline__ void x_digits(const float (&v)[16], u32 (&d0)[4], u32 (&d1)[4], u32 (&d2)[4], float& scale, float& sum) {
+    float m = 0.0f;
+    sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) { m = fmaxf(m, fabsf(v[i])); sum += v[i]; }
+    int E;
+    frexpf(m, &E);   // m = f 2^E with f in [0.5, 1), so |x| < 2^E (E = 0 when m = 0)
+    E = max(E, -100);  // values below 2^-100 count as 0 (their error is under 2^-122)
+    const float up = __int_as_float((127 + 22 - E) << 23);  // 2^(22 - E), exact
+    scale = __int_as_float((127 - 22 + E) << 23);            // 2^(E - 22)
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        u32 a = 0, b = 0, c = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int X = __float2int_rn(v[4 * w + k] * up);  // |X| <= 2^22: top digit in [-64, 64]
+            a |= (u32)(X & 0xFF) << (8 * k);
+            b |= (u32)((X >> 8) & 0xFF) << (8 * k);
+            c |= (u32)((X >> 16) & 0xFF) << (8 * k);
+        }
+        d0[w] = a; d1[w] = b; d2[w] = c;
+    }
+}
+
+__device__ __forceinline__ void mvq_load_q4k(const u8* __restrict__ W, int r0, int rows, int nb, int b, int sub,
+                                             uint4 (&hd)[MVQ_R], uint4 (&qq)[MVQ_R]) {
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) {
+        const u8* blk = W + ((long long)min(r0 + r, rows - 1) * nb + b) * 144;
+        hd[r] = __ldg((const uint4*)blk);
+        qq[r] = __ldg((const uint4*)(blk + 16 + 16 * sub));
+    }
+}
+
+// Q4_K: 8 lanes per 256-weight block, each 16 bytes of codes: weights 64j + 16h + [0, 16) from the
+// low nibbles and 32 later from the high ones (j = sub / 2, h = sub % 2).
+template <bool PF>
+__device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
+                                         int rows, int cols, int rpb) {
+    __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int nb = cols >> 8, b0 = tid >> 3, sub = tid & 7, j = sub >> 1, half = sub & 1;
+    const bool on = b0 < nb;
+    const int b = on ? b0 : 0;
+    const int e_lo = b * 256 + 64 * j + 16 * half, e_hi = e_lo + 32;
+    u32 l0[4], l1[4], l2[4], h0[4], h1[4], h2[4];
+    float lsc, lsum, hsc, hsum;
+    {
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float4 a = __ldg((const float4*)(x + e_lo) + i);
+            v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
+        }
+        x_digits(v, l0, l1, l2, lsc, lsum);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float4 a = __ldg((const float4*)(x + e_hi) + i);
+            v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
+        }
+        x_digits(v, h0, h1, h2, hsc, hsum);
+    }
+    const int r_begin = blockIdx.x * rpb, r_end = min(rows, r_begin + rpb);
+    uint4 hd[MVQ_R], qq[MVQ_R], nhd[MVQ_R], nqq[MVQ_R];
+    if (PF && r_begin < r_end) mvq_load_q4k(W, r_begin, rows, nb, b, sub, nhd, nqq);
+    int it = 0;
+    for (int r0 = r_begin; r0 < r_end; r0 += MVQ_R, it ^= 1) {
+        if (PF) {
+#pragma unroll
+            for (int r = 0; r < MVQ_R; r++) { hd[r] = nhd[r]; qq[r] = nqq[r]; }
+            if (r0 + MVQ_R < r_end) mvq_load_q4k(W, r0 + MVQ_R, rows, nb, b, sub, nhd, nqq);
+        } else {
+            mvq_load_q4k(W, r0, rows, nb, b, sub, hd, qq);
+        }
+        float acc[MVQ_R];
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            const u32 q[4] = {qq[r].x, qq[r].y, qq[r].z, qq[r].w};
+            u32 a0 = 0, a1 = 0, c0 = 0, c1 = 0;
+            int a2 = 0, c2 = 0;
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                const u32 lo = q[w] & 0x0F0F0F0Fu, hi = (q[w] >> 4) & 0x0F0F0F0Fu;
+                a0 = dp4a_uu(lo, l0[w], a0); a1 = dp4a_uu(lo, l1[w], a1); a2 = dp4a_ss(lo, l2[w], a2);
+                c0 = dp4a_uu(hi, h0[w], c0); c1 = dp4a_uu(hi, h1[w], c1); c2 = dp4a_ss(hi, h2[w], c2);
+            }
+            // sum q X = 65536 S2 + (256 S1 + S0): S0, S1 <= 16 * 15 * 255, so the second term is
+            // below 2^24 and exact in f32; one rounding in the fma.
+            const float qx_lo = fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0)) * lsc;
+            const float qx_hi = fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0)) * hsc;
+            const float d = h2f((u16)(hd[r].x & 0xFFFF)), dm = h2f((u16)(hd[r].x >> 16));
+            float sa, ma, sb, mb;
+            scale_min_pair(j, hd[r].y, hd[r].z, hd[r].w, &sa, &ma, &sb, &mb);
+            // w = d sc q - dmin m
+            acc[r] = on ? ((d * sa) * qx_lo - (dm * ma) * lsum) + ((d * sb) * qx_hi - (dm * mb) * hsum) : 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            const float v = warp_sum(acc[r]);
+            if (lane == 0) red[it][warp][r] = v;
+        }
+        // Double-buffered by step parity: a warp can only overwrite this step's slots after the
+        // next barrier, which threads 0..R-1 reach after reading them.
+        __syncthreads();
+        if (tid < MVQ_R && r0 + tid < r_end) {
+            float s = 0.0f;
+            for (int w = 0; w < nw; w++) s += red[it][w][tid];
+            y[r0 + tid] = s;
+        }
+    }
+}
+
+// Up to 256 threads (columns <= 8192): the next rows' loads in flight during this step. Wider:
+// without (its registers would spill at 640 threads).
+extern "C" __global__ void __launch_bounds__(256) mvq_q4_k(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
+    mvq_q4_k<true>(W, x, y, rows, cols, rpb);
+}
+extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q4_k_wide(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
+    mvq_q4_k<false>(W, x, y, rows, cols, rpb);
+}
+
+__device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
+
+// 8 activations -> digit planes (two words each), scale 2^(E-22), sum (unused by Q6_K).
+__device__ __forceinline__ void x_digits8(const float (&v)[8], u32 (&d0)[2], u32 (&d1)[2], u32 (&d2)[2], float& scale) {
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) m = fmaxf(m, fabsf(v[i]));
+    int E;
+    frexpf(m, &E);
+    E = max(E, -100);
+    const float up = __int_as_float((127 + 22 - E) << 23);
+    scale = __int_as_float((127 - 22 + E) << 23);
+#pragma unroll
+    for (int w = 0; w < 2; w++) {
+        u32 a = 0, b = 0, c = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const int X = __float2int_rn(v[4 * w + k] * up);
+            a |= (u32)(X & 0xFF) << (8 * k);
+            b |= (u32)((X >> 8) & 0xFF) << (8 * k);
+            c |= (u32)((X >> 16) & 0xFF) << (8 * k);
+        }
+        d0[w] = a; d1[w] = b; d2[w] = c;
+    }
+}
+
+// Q6_K (structure of arrays, as mv_q6_k): 8 lanes per block, each 8 positions x 4 quarters. The
+// codes become signed q - 32 bytes (vsub4), so sum (q - 32) X is exact in integers:
+// |S0|, |S1| <= 8 * 32 * 255, 256 S1 + S0 < 2^24 (exact in f32).
+template <bool PF>
+__device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, long long nbt, const float* __restrict__ x,
+                                         float* __restrict__ y, int rows, int cols, int rpb) {
+    __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int nb = cols >> 8, b0 = tid >> 3, sub = tid & 7, n = sub >> 2, k8 = sub & 3;
+    const bool on = b0 < nb;
+    const int b = on ? b0 : 0;
+    const u8* QL = W;
+    const u8* QH = W + nbt * 128;
+    const u8* SC = W + nbt * 192;
+    const u16* D = (const u16*)(W + nbt * 208);
+    u32 x0[4][2], x1[4][2], x2[4][2];
+    float xsc[4];
+#pragma unroll
+    for (int qt = 0; qt < 4; qt++) {
+        const int e = b * 256 + 128 * n + 32 * qt + 8 * k8;
+        const float4 a = __ldg((const float4*)(x + e)), c = __ldg((const float4*)(x + e) + 1);
+        const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+        x_digits8(v, x0[qt], x1[qt], x2[qt], xsc[qt]);
+    }
+    const int r_begin = blockIdx.x * rpb, r_end = min(rows, r_begin + rpb);
+    uint2 l0[MVQ_R], l1[MVQ_R], h[MVQ_R], nl0[MVQ_R], nl1[MVQ_R], nh[MVQ_R];
+    u32 scw[MVQ_R], nscw[MVQ_R];
+    float d[MVQ_R], nd[MVQ_R];
+    // Codes, scales and d of rows r0.. (the lane's four scales: bytes 8n + k8/2 + 2qt of 16).
+    auto load = [&](int r0, uint2 (&L0)[MVQ_R], uint2 (&L1)[MVQ_R], uint2 (&H)[MVQ_R], u32 (&S)[MVQ_R], float (&Dd)[MVQ_R]) {
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            const long long blk = (long long)min(r0 + r, rows - 1) * nb + b;
+            L0[r] = __ldg((const uint2*)(QL + blk * 128 + 64 * n + 8 * k8));
+            L1[r] = __ldg((const uint2*)(QL + blk * 128 + 64 * n + 32 + 8 * k8));
+            H[r] = __ldg((const uint2*)(QH + blk * 64 + 32 * n + 8 * k8));
+            Dd[r] = h2f(__ldg(D + blk));
+            const u32* s4 = (const u32*)(SC + blk * 16 + 8 * n);
+            const u32 w0 = __ldg(s4), w1 = __ldg(s4 + 1);
+            S[r] = (k8 >> 1) ? __byte_perm(w0, w1, 0x7531) : __byte_perm(w0, w1, 0x6420);
+        }
+    };
+    if (PF && r_begin < r_end) load(r_begin, nl0, nl1, nh, nscw, nd);
+    int it = 0;
+    for (int r0 = r_begin; r0 < r_end; r0 += MVQ_R, it ^= 1) {
+        if (PF) {
+#pragma unroll
+            for (int r = 0; r < MVQ_R; r++) { l0[r] = nl0[r]; l1[r] = nl1[r]; h[r] = nh[r]; scw[r] = nscw[r]; d[r] = nd[r]; }
+            if (r0 + MVQ_R < r_end) load(r0 + MVQ_R, nl0, nl1, nh, nscw, nd);
+        } else {
+            load(r0, l0, l1, h, scw, d);
+        }
+        float acc[MVQ_R];
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            const u32 lw0[2] = {l0[r].x, l0[r].y}, lw1[2] = {l1[r].x, l1[r].y}, hw[2] = {h[r].x, h[r].y};
+            u32 qv[4][2];
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                qv[0][w] = __vsub4((lw0[w] & 0x0F0F0F0Fu) | (((hw[w] >> 0) & 0x03030303u) << 4), 0x20202020u);
+                qv[1][w] = __vsub4((lw1[w] & 0x0F0F0F0Fu) | (((hw[w] >> 2) & 0x03030303u) << 4), 0x20202020u);
+                qv[2][w] = __vsub4(((lw0[w] >> 4) & 0x0F0F0F0Fu) | (((hw[w] >> 4) & 0x03030303u) << 4), 0x20202020u);
+                qv[3][w] = __vsub4(((lw1[w] >> 4) & 0x0F0F0F0Fu) | (((hw[w] >> 6) & 0x03030303u) << 4), 0x20202020u);
+            }
+            float a = 0.0f;
+#pragma unroll
+            for (int qt = 0; qt < 4; qt++) {
+                int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_su(qv[qt][0], x1[qt][0], 0), s2 = dp4a_ss(qv[qt][0], x2[qt][0], 0);
+                s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_su(qv[qt][1], x1[qt][1], s1); s2 = dp4a_ss(qv[qt][1], x2[qt][1], s2);
+                const float qx = fmaf(65536.0f, (float)s2, (float)(256 * s1 + s0)) * xsc[qt];
+                const float sc = (float)(signed char)((scw[r] >> (8 * qt)) & 0xFFu);
+                a = fmaf(d[r] * sc, qx, a);   // w = d sc (q - 32)
+            }
+            acc[r] = on ? a : 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            const float v = warp_sum(acc[r]);
+            if (lane == 0) red[it][warp][r] = v;
+        }
+        __syncthreads();
+        if (tid < MVQ_R && r0 + tid < r_end) {
+            float s = 0.0f;
+            for (int w = 0; w < nw; w++) s += red[it][w][tid];
+            y[r0 + tid] = s;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) mvq_q6_k(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb) {
+    mvq_q6_k<true>(W, nbt, x, y, rows, cols, rpb);
+}
+extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q6_k_wide(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb) {
+    mvq_q6_k<false>(W, nbt, x, y, rows, cols, rpb);
+}

@@ -25,8 +25,8 @@ __device__ __forceinline__ void row_sums8(const float* y, float* xs, int n) {
     }
 }
 
-// Row kernels keep their values in registers: NPT values per thread, 1024 threads, so a row of
-// up to 8192 values is read from memory once, with all loads in flight together (a loop that
+// Row kernels keep their values in registers: NPT values per thread, 1024 threads (launch them
+// with exactly 1024: NORM_THREADS in lib.rs), so a row of up to 8192 values is read from memory once, with all loads in flight together (a loop that
 // waits on each load costs ~0.5 us per step on one SM).
 #define NPT 8
 
@@ -35,12 +35,13 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm(const float* x, cons
     __shared__ double sh[32];
     const float* xr = x + (long long)blockIdx.x * n;
     float* yr = y + (long long)blockIdx.x * n;
-    float v[NPT];
+    float v[NPT], wv[NPT];
     double ss = 0.0;
 #pragma unroll
     for (int k = 0; k < NPT; k++) {
         int i = threadIdx.x + k * 1024;
         v[k] = i < n ? xr[i] : 0.0f;
+        wv[k] = (w && i < n) ? w[i] : 1.0f;
     }
 #pragma unroll
     for (int k = 0; k < NPT; k++) ss += (double)v[k] * (double)v[k];
@@ -51,7 +52,7 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm(const float* x, cons
         int i = threadIdx.x + k * 1024;
         if (i < n) {
             double t = __dmul_rn((double)v[k], scale);
-            yr[i] = (float)(w ? __dmul_rn(t, (double)w[i]) : t);
+            yr[i] = (float)(w ? __dmul_rn(t, (double)wv[k]) : t);
         }
     }
     if (xs) row_sums8(yr, xs + (long long)blockIdx.x * (n / 8), n);
@@ -66,13 +67,17 @@ extern "C" __global__ void __launch_bounds__(1024) norm_tail(float* resid, const
     long long off = (long long)blockIdx.x * n;
     const float* s = src + off;
     float* r = resid + off;
-    float sv[NPT], rv[NPT];
+    float sv[NPT], rv[NPT], a1[NPT], a2[NPT];
     double ss = 0.0;
+    // Every load first (the weights too), so their latencies overlap instead of following the
+    // reductions.
 #pragma unroll
     for (int k = 0; k < NPT; k++) {
         int i = threadIdx.x + k * 1024;
         sv[k] = i < n ? s[i] : 0.0f;
         rv[k] = i < n ? r[i] : 0.0f;
+        a1[k] = i < n ? w1[i] : 0.0f;
+        a2[k] = i < n ? w2[i] : 0.0f;
     }
 #pragma unroll
     for (int k = 0; k < NPT; k++) ss += (double)sv[k] * (double)sv[k];
@@ -83,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(1024) norm_tail(float* resid, const
     for (int k = 0; k < NPT; k++) {
         int i = threadIdx.x + k * 1024;
         if (i < n) {
-            float t = (float)__dmul_rn(__dmul_rn((double)sv[k], sc1), (double)w1[i]);
+            float t = (float)__dmul_rn(__dmul_rn((double)sv[k], sc1), (double)a1[k]);
             rv[k] = __fadd_rn(rv[k], t);
             r[i] = rv[k];
             ss2 += (double)rv[k] * (double)rv[k];
@@ -94,7 +99,7 @@ extern "C" __global__ void __launch_bounds__(1024) norm_tail(float* resid, const
 #pragma unroll
     for (int k = 0; k < NPT; k++) {
         int i = threadIdx.x + k * 1024;
-        if (i < n) y[off + i] = (float)__dmul_rn(__dmul_rn((double)rv[k], sc2), (double)w2[i]);
+        if (i < n) y[off + i] = (float)__dmul_rn(__dmul_rn((double)rv[k], sc2), (double)a2[k]);
     }
     if (xs) row_sums8(y + off, xs + (long long)blockIdx.x * (n / 8), n);
 }

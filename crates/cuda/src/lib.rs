@@ -127,6 +127,12 @@ struct Scratch {
 pub const MAX_UBATCH: usize = 512;
 /// Rows of a weight matrix dequantized at once for the cuBLAS prompt path.
 const DEQ_ROWS: usize = 4096;
+/// Threads of the row-norm kernels: kernels/norm.cu indexes `threadIdx.x + k * 1024` for
+/// k < NPT = 8, so exactly 1024 (a smaller block would leave most of a wide row untouched).
+const NORM_THREADS: u32 = 1024;
+/// The x-stationary kernels' limits (kernels/matvec.cu MVQ_R, MVQ_MAX_THREADS).
+const MVQ_R: usize = 4;
+const MVQ_MAX_COLS: usize = 640 / 8 * 256;
 /// Most (token x split) attention partials at once.
 const MAX_PARTS: usize = 4096;
 
@@ -142,6 +148,14 @@ pub struct CudaBackend {
     device_name: String,
     /// Per-operation GPU timing (eager steps only): (label, start, end) events.
     profile: Mutex<Option<Vec<(String, CudaEvent, CudaEvent)>>>,
+    sm_count: u32,
+    /// Whether some matrix's one-token kernel reads the sums of 8 activations (a format without
+    /// an `mvq_*` kernel): only then do the norms write them for single-token rows.
+    one_token_sums: std::sync::atomic::AtomicBool,
+    /// `--mode fast`: prompt products on TF32 tensor cores.
+    fast_prompts: std::sync::atomic::AtomicBool,
+    /// Resident blocks per SM of (kernel, block size), from the occupancy calculator.
+    waves: Mutex<HashMap<(String, u32), u32>>,
 }
 
 fn grid1(n: usize, threads: u32) -> LaunchConfig {
@@ -176,6 +190,12 @@ impl CudaBackend {
         let funcs = kernels::load_all(&ctx, arch)?;
         let blas = CudaBlas::new(stream.clone()).map_err(dev("cuBLAS"))?;
         let device_name = format!("{} (sm_{}{})", ctx.name().unwrap_or_default(), cc.0, cc.1);
+        let sm_count = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(dev("multiprocessor count"))?
+            .max(1) as u32;
         Ok(CudaBackend {
             ctx,
             stream,
@@ -186,7 +206,33 @@ impl CudaBackend {
             capturing: std::sync::atomic::AtomicBool::new(false),
             device_name,
             profile: Mutex::new(None),
+            sm_count,
+            one_token_sums: std::sync::atomic::AtomicBool::new(false),
+            fast_prompts: std::sync::atomic::AtomicBool::new(false),
+            waves: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Prompts (micro-batches of more than 8 tokens) multiply on the TF32 tensor cores: the
+    /// exactly dequantized weights and the activations are rounded to TF32 (10-bit mantissas)
+    /// inside cuBLAS, products accumulate in f32. Decode steps keep the accurate kernels. This is
+    /// `--mode fast`; its error against the accurate mode is measured in docs/PARITY.md.
+    pub fn set_fast_prompts(&self, on: bool) -> Result<()> {
+        use cudarc::cublas::sys::{cublasMath_t, cublasSetMathMode, cublasStatus_t};
+        let mode = if on {
+            cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
+        } else {
+            cublasMath_t::CUBLAS_DEFAULT_MATH
+        };
+        // SAFETY: the handle is this backend's live cuBLAS handle; setting its math mode only
+        // changes how later SGEMMs on it compute.
+        let st = unsafe { cublasSetMathMode(*self.blas.handle(), mode) };
+        if st != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(Error::Backend(format!("cuBLAS math mode: {st:?}")));
+        }
+        self.fast_prompts
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     fn f(&self, name: &str) -> Result<CudaFunction> {
@@ -371,6 +417,89 @@ impl CudaBackend {
         b.arg(&x.data).arg(&n8).arg(xs);
         // SAFETY: reads 8*n8 floats of x, writes n8 sums.
         unsafe { b.launch(grid1(n8 as usize, 256)) }.map_err(dev("sums8"))?;
+        Ok(())
+    }
+
+    /// Whether the norms should write sums of 8 for `rows` rows: the kernels for 2..8 tokens read
+    /// them; one token needs them only for formats without an `mvq_*` kernel (matmul computes
+    /// them itself when they are missing).
+    fn sums_wanted(&self, rows: usize) -> bool {
+        rows > 1
+            || !mvq_enabled()
+            || self
+                .one_token_sums
+                .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether an x-stationary integer kernel (`mvq_*`, kernels/matvec.cu) computes `w` for one
+    /// token: Q4_K and Q6_K matrices of at most 20480 columns. `MUSER_MVQ=0` turns them off.
+    fn mvq_for(w: &CudaMatrix) -> bool {
+        matches!(w.ty, GgmlType::Q4_K | GgmlType::Q6_K)
+            && w.cols % 256 == 0
+            && w.cols <= MVQ_MAX_COLS
+            && mvq_enabled()
+    }
+
+    /// One token through an x-stationary kernel: blocks as wide as the matrix (8 threads per
+    /// 256 columns), one wave of resident blocks, each taking a run of consecutive rows.
+    fn matvec_q(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct, t: usize) -> Result<()> {
+        let threads = ((w.cols / 256 * 8) as u32).div_ceil(32) * 32;
+        let name = match (w.ty, threads <= 256) {
+            (GgmlType::Q4_K, true) => "mvq_q4_k",
+            (GgmlType::Q4_K, false) => "mvq_q4_k_wide",
+            (_, true) => "mvq_q6_k",
+            (_, false) => "mvq_q6_k_wide",
+        };
+        let f = &self.f(name)?;
+        let per_sm = {
+            let mut g = self
+                .waves
+                .lock()
+                .map_err(|_| Error::Backend("occupancy table lock poisoned".into()))?;
+            match g.get(&(name.to_string(), threads)) {
+                Some(&n) => n,
+                None => {
+                    let n = f
+                        .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
+                        .map_err(dev("occupancy"))?
+                        .max(1);
+                    if std::env::var_os("MUSER_KERNEL_INFO").is_some() {
+                        let regs = f
+                            .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
+                            .unwrap_or(-1);
+                        let local = f
+                            .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
+                            .unwrap_or(-1);
+                        eprintln!(
+                            "{name}: {threads} threads, {regs} registers, {local} B local, {n} blocks per SM"
+                        );
+                    }
+                    g.insert((name.to_string(), threads), n);
+                    n
+                }
+            }
+        };
+        let slots = (per_sm * self.sm_count) as usize;
+        let rpb = w.rows.div_ceil(slots).div_ceil(MVQ_R) * MVQ_R;
+        let grid = w.rows.div_ceil(rpb) as u32;
+        let xv = x.data.slice(t * x.cols..(t + 1) * x.cols);
+        let mut yv = out.data.slice_mut(t * w.rows..(t + 1) * w.rows);
+        let (rows, cols, rpb) = (w.rows as i32, w.cols as i32, rpb as i32);
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&w.data);
+        if w.ty == GgmlType::Q6_K {
+            b.arg(&w.nbt);
+        }
+        b.arg(&xv).arg(&mut yv).arg(&rows).arg(&cols).arg(&rpb);
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: threads cover cols / 256 column blocks (<= MVQ_MAX_COLS, the kernel's static
+        // shared memory is sized for it); the kernel reads the matrix and one row of x and
+        // writes rows outputs of row t.
+        unsafe { b.launch(cfg) }.map_err(dev(name))?;
         Ok(())
     }
 
@@ -607,6 +736,12 @@ impl CudaBackend {
     }
 }
 
+/// The x-stationary one-token kernels are on unless `MUSER_MVQ=0`.
+fn mvq_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MUSER_MVQ").map_or(true, |v| v != "0"))
+}
+
 fn check(a: &CudaAct, rows: usize, cols: usize, what: &str) -> Result<()> {
     if a.rows != rows || a.cols != cols {
         return Err(Error::Backend(format!(
@@ -633,7 +768,11 @@ impl Backend for CudaBackend {
     type Kv = CudaKv;
 
     fn name(&self) -> String {
-        format!("cuda ({})", self.device_name)
+        if self.fast_prompts.load(std::sync::atomic::Ordering::Relaxed) {
+            format!("cuda ({}, fast: TF32 prompts)", self.device_name)
+        } else {
+            format!("cuda ({})", self.device_name)
+        }
     }
 
     fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<CudaMatrix> {
@@ -662,14 +801,19 @@ impl Backend for CudaBackend {
             .stream
             .clone_htod(&bytes)
             .map_err(dev("upload weights"))?;
-        Ok(CudaMatrix {
+        let w = CudaMatrix {
             ty: m.ty,
             fmt,
             rows: m.rows,
             cols: m.cols,
             nbt: matrix::n_blocks(m.ty, m.rows, m.cols) as i64,
             data,
-        })
+        };
+        if !Self::mvq_for(&w) {
+            self.one_token_sums
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(w)
     }
 
     fn write(&self, a: &mut CudaAct, values: &[f32]) -> Result<()> {
@@ -837,7 +981,7 @@ impl Backend for CudaBackend {
             || {
                 check(out, x.rows, x.cols, "rms_norm")?;
                 let n = x.cols as i32;
-                let with_sums = x.cols % 8 == 0;
+                let with_sums = x.cols % 8 == 0 && self.sums_wanted(x.rows);
                 let func = self.f("rms_norm")?;
                 let mut b = self.stream.launch_builder(&func);
                 let null = 0u64;
@@ -852,12 +996,15 @@ impl Backend for CudaBackend {
                 } else {
                     b.arg(&null);
                 }
+                // NORM_THREADS threads hold a row of up to 8 x NORM_THREADS values in registers
+                // (kernels/norm.cu; `supports` refuses wider models).
                 let cfg = LaunchConfig {
                     grid_dim: (x.rows as u32, 1, 1),
-                    block_dim: (256, 1, 1),
+                    block_dim: (NORM_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: one block per row of n floats; the weight (if any) has n floats.
+                // SAFETY: one block per row of n <= 8 * NORM_THREADS floats; the weight (if any)
+                // has n floats.
                 unsafe { b.launch(cfg) }.map_err(dev("rms_norm"))?;
                 out.xs_ok = with_sums;
                 Ok(())
@@ -879,6 +1026,9 @@ impl Backend for CudaBackend {
                 out.xs_ok = false;
                 if x.rows > 8 {
                     return self.gemm(w, x, out);
+                }
+                if x.rows == 1 && Self::mvq_for(w) {
+                    return self.matvec_q(w, x, out, 0);
                 }
                 let needs_sums = matches!(
                     w.ty,
@@ -1177,7 +1327,7 @@ impl Backend for CudaBackend {
                 check(src, resid.rows, resid.cols, "norm_tail")?;
                 check(next, resid.rows, resid.cols, "norm_tail")?;
                 let n = resid.cols as i32;
-                let with_sums = resid.cols % 8 == 0;
+                let with_sums = resid.cols % 8 == 0 && self.sums_wanted(resid.rows);
                 let null = 0u64;
                 let func = self.f("norm_tail")?;
                 let mut b = self.stream.launch_builder(&func);
@@ -1196,10 +1346,11 @@ impl Backend for CudaBackend {
                 }
                 let cfg = LaunchConfig {
                     grid_dim: (resid.rows as u32, 1, 1),
-                    block_dim: (256, 1, 1),
+                    block_dim: (NORM_THREADS, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: one block per row of n floats in three equal-shaped buffers.
+                // SAFETY: one block per row of n <= 8 * NORM_THREADS floats in three
+                // equal-shaped buffers.
                 unsafe { b.launch(cfg) }.map_err(dev("norm_tail"))?;
                 resid.xs_ok = false;
                 next.xs_ok = with_sums;
