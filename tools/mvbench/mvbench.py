@@ -1,5 +1,6 @@
-"""Time Q4_K matrix-vector variants (one token) on the GPU with CuPy: the engine's kernel and the
-candidates in variants.cu, at the 30B's shapes, each checked against the engine's output.
+"""Time Q4_K matrix-vector variants (one token) on the GPU with CuPy: the engine's float kernel
+(mv_q4_k_R_1), its integer ones (mvq_q4_k, mvq_q4_k_wide) and the candidates in variants.cu, at the
+30B's shapes, each checked against the float kernel's output.
 Usage (on the GPU machine, repo root): python3 tools/mvbench/mvbench.py"""
 import itertools, sys, time
 import numpy as np
@@ -70,11 +71,11 @@ for rows, cols in shapes:
         err = float(np.max(np.abs(got - ref)) / max(1e-30, np.max(np.abs(ref))))
         return err
     tthreads = (nb * 8 + 31) // 32 * 32
-    for name in ["mvx_q4_k", "t4", "t4p_s", "q4", "q4p", "q4p_s", "q8_s", "q8p_s"]:
-        if name.endswith("_s") and tthreads > 256:
+    for name in ["t4", "t4p_s", "t8_s", "mvq_q4_k_wide", "mvq_q4_k"]:
+        if (name.endswith("_s") or name == "mvq_q4_k") and tthreads > 256:
             continue
         f = mod.get_function(name)
-        rstep = 8 if name in ("t8", "t8_s", "t8p_s", "q8_s", "q8p_s") else 4
+        rstep = 8 if name in ("t8", "t8_s", "t8p_s") else 4
         best = None
         for per_sm in [1, 2, 3, 4, 6, 8]:
             slots = per_sm * n_sm
