@@ -18,17 +18,18 @@ pub fn nccl_present() -> bool {
     unsafe { cudarc::nccl::sys::is_culib_present() }
 }
 
-/// NCCL communicators for ranks `0..world`, one per backend, in rank order.
-pub struct NcclAllReduce {
-    comms: Vec<Comm>,
-}
+/// One rank's communicator, movable to another thread.
+struct RankComm(Comm);
 
-// SAFETY: an NCCL communicator may be used from any thread as long as calls on it are not
-// concurrent; TpBackend calls all_reduce from one thread at a time (the model is driven by one
-// thread: `&self` methods of a backend are never run in parallel on the same model).
-unsafe impl Send for NcclAllReduce {}
-// SAFETY: as above; every use goes through `all_reduce`, which the model calls sequentially.
-unsafe impl Sync for NcclAllReduce {}
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time (NCCL's thread-
+// safety rule); `NcclAllReduce` only touches it with the mutex below held.
+unsafe impl Send for RankComm {}
+
+/// NCCL communicators for ranks `0..world`, one per backend, in rank order. The mutex makes the
+/// calls of one all-reduce (a group over every rank) exclusive, so the type is safely `Sync`.
+pub struct NcclAllReduce {
+    comms: std::sync::Mutex<Vec<RankComm>>,
+}
 
 impl NcclAllReduce {
     /// Communicators over the backends' devices and streams (each backend one distinct GPU).
@@ -49,17 +50,23 @@ impl NcclAllReduce {
         let streams = ranks.iter().map(|b| b.stream.clone()).collect();
         let comms =
             Comm::from_devices(streams).map_err(|e| Error::Backend(format!("NCCL init: {e:?}")))?;
-        Ok(NcclAllReduce { comms })
+        Ok(NcclAllReduce {
+            comms: std::sync::Mutex::new(comms.into_iter().map(RankComm).collect()),
+        })
     }
 }
 
 impl AllReduce<CudaBackend> for NcclAllReduce {
     fn all_reduce(&self, ranks: &[CudaBackend], parts: &mut [CudaAct]) -> Result<()> {
-        if ranks.len() != self.comms.len() || parts.len() != self.comms.len() {
+        let comms = self
+            .comms
+            .lock()
+            .map_err(|_| Error::Backend("NCCL communicator lock poisoned".into()))?;
+        if ranks.len() != comms.len() || parts.len() != comms.len() {
             return Err(Error::Backend(format!(
                 "NCCL all-reduce over {} parts with {} communicators",
                 parts.len(),
-                self.comms.len()
+                comms.len()
             )));
         }
         let n = parts[0].rows * parts[0].cols;
@@ -71,10 +78,10 @@ impl AllReduce<CudaBackend> for NcclAllReduce {
         let err = |e| Error::Backend(format!("NCCL all-reduce: {e:?}"));
         cudarc::nccl::result::group_start().map_err(err)?;
         let mut first_err = None;
-        for (comm, p) in self.comms.iter().zip(parts.iter_mut()) {
+        for (comm, p) in comms.iter().zip(parts.iter_mut()) {
             p.xs_ok = false;
             let mut view = p.data.slice_mut(0..n);
-            if let Err(e) = comm.all_reduce_in_place(&mut view, &ReduceOp::Sum) {
+            if let Err(e) = comm.0.all_reduce_in_place(&mut view, &ReduceOp::Sum) {
                 first_err.get_or_insert(e);
             }
         }
