@@ -67,6 +67,30 @@ if has tp && [ "$n_gpu" -ge 2 ]; then
   done
 fi
 
+# Ratios Muser / llama.cpp for the tests both ran (Muser's accurate and fast runs separately).
+if [ -f "$OUT/muser-bench.log" ] && [ -f "$OUT/llama-bench.log" ]; then
+  ratios=$(python3 - "$OUT/muser-bench.log" "$OUT/llama-bench.log" <<'PY'
+import re, sys
+muser, mode = {}, "accurate"
+for line in open(sys.argv[1]):
+    if line.startswith("model:"):
+        mode = "fast" if "fast" in line else "accurate"
+    m = re.match(r"\|\s*((?:pp|tg)\S*(?: @ d\d+)?)\s*\|\s*([\d.]+)", line)
+    if m:
+        muser[(mode, m.group(1))] = float(m.group(2))
+llama = {}
+for line in open(sys.argv[2]):
+    cells = [c.strip() for c in line.split("|")]
+    if len(cells) > 7 and re.match(r"(pp|tg)", cells[6]):
+        llama[cells[6]] = float(cells[7].split()[0])
+for (mode, test), v in sorted(muser.items()):
+    if test in llama:
+        print(f"ratio {test} ({mode}): muser {v:.1f} / llama.cpp {llama[test]:.1f} = {v / llama[test]:.2f}")
+PY
+)
+  summary+=("$ratios")
+fi
+
 echo
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"
