@@ -483,11 +483,15 @@ __device__ __forceinline__ void x_digits(const float (&v)[16], u32 (&d0)[4], u32
     }
 }
 
-__device__ __forceinline__ void mvq_load_q4k(const u8* __restrict__ W, int r0, int rows, int nb, int b, int sub,
-                                             uint4 (&hd)[MVQ_R], uint4 (&qq)[MVQ_R]) {
+// Rows r0.. of W; FUSED: rows r0, r0 + 1 of W and of W2 (the FFN's gate and up).
+template <bool FUSED>
+__device__ __forceinline__ void mvq_load_q4k(const u8* __restrict__ W, const u8* __restrict__ W2, int r0, int rows, int nb,
+                                             int b, int sub, uint4 (&hd)[MVQ_R], uint4 (&qq)[MVQ_R]) {
 #pragma unroll
     for (int r = 0; r < MVQ_R; r++) {
-        const u8* blk = W + ((long long)min(r0 + r, rows - 1) * nb + b) * 144;
+        const u8* M = (FUSED && r >= MVQ_R / 2) ? W2 : W;
+        const int row = FUSED ? r0 + (r % (MVQ_R / 2)) : r0 + r;
+        const u8* blk = M + ((long long)min(row, rows - 1) * nb + b) * 144;
         hd[r] = __ldg((const uint4*)blk);
         qq[r] = __ldg((const uint4*)(blk + 16 + 16 * sub));
     }
@@ -495,9 +499,12 @@ __device__ __forceinline__ void mvq_load_q4k(const u8* __restrict__ W, int r0, i
 
 // Q4_K: 8 lanes per 256-weight block, each 16 bytes of codes: weights 64j + 16h + [0, 16) from the
 // low nibbles and 32 later from the high ones (j = sub / 2, h = sub % 2).
-template <bool PF>
-__device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const float* __restrict__ x, float* __restrict__ y,
-                                         int rows, int cols, int rpb) {
+// FUSED: y[r] = silu(W x)[r] * (W2 x)[r] (the FFN's gate and up with its SwiGLU), MVQ_R / 2 rows of
+// each per step; each product is summed exactly as unfused, and the SwiGLU is the swiglu kernel's.
+template <bool PF, bool FUSED>
+__device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
+                                         float* __restrict__ y, int rows, int cols, int rpb) {
+    constexpr int STEP = FUSED ? MVQ_R / 2 : MVQ_R;  // output rows per step
     __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int nb = cols >> 8, b0 = tid >> 3, sub = tid & 7, j = sub >> 1, half = sub & 1;
@@ -523,15 +530,15 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const float* 
     }
     const int r_begin = blockIdx.x * rpb, r_end = min(rows, r_begin + rpb);
     uint4 hd[MVQ_R], qq[MVQ_R], nhd[MVQ_R], nqq[MVQ_R];
-    if (PF && r_begin < r_end) mvq_load_q4k(W, r_begin, rows, nb, b, sub, nhd, nqq);
+    if (PF && r_begin < r_end) mvq_load_q4k<FUSED>(W, W2, r_begin, rows, nb, b, sub, nhd, nqq);
     int it = 0;
-    for (int r0 = r_begin; r0 < r_end; r0 += MVQ_R, it ^= 1) {
+    for (int r0 = r_begin; r0 < r_end; r0 += STEP, it ^= 1) {
         if (PF) {
 #pragma unroll
             for (int r = 0; r < MVQ_R; r++) { hd[r] = nhd[r]; qq[r] = nqq[r]; }
-            if (r0 + MVQ_R < r_end) mvq_load_q4k(W, r0 + MVQ_R, rows, nb, b, sub, nhd, nqq);
+            if (r0 + STEP < r_end) mvq_load_q4k<FUSED>(W, W2, r0 + STEP, rows, nb, b, sub, nhd, nqq);
         } else {
-            mvq_load_q4k(W, r0, rows, nb, b, sub, hd, qq);
+            mvq_load_q4k<FUSED>(W, W2, r0, rows, nb, b, sub, hd, qq);
         }
         float acc[MVQ_R];
 #pragma unroll
@@ -563,9 +570,15 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const float* 
         // Double-buffered by step parity: a warp can only overwrite this step's slots after the
         // next barrier, which threads 0..R-1 reach after reading them.
         __syncthreads();
-        if (tid < MVQ_R && r0 + tid < r_end) {
+        if (tid < STEP && r0 + tid < r_end) {
             float s = 0.0f;
             for (int w = 0; w < nw; w++) s += red[it][w][tid];
+            if (FUSED) {
+                float u = 0.0f;
+                for (int w = 0; w < nw; w++) u += red[it][w][tid + STEP];
+                const double gv = s;
+                s = (float)__dmul_rn(gv / (1.0 + exp(-gv)), (double)u);
+            }
             y[r0 + tid] = s;
         }
     }
@@ -574,10 +587,16 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const float* 
 // Up to 256 threads (columns <= 8192): the next rows' loads in flight during this step. Wider:
 // without (its registers would spill at 640 threads).
 extern "C" __global__ void __launch_bounds__(256) mvq_q4_k(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
-    mvq_q4_k<true>(W, x, y, rows, cols, rpb);
+    mvq_q4_k<true, false>(W, W, x, y, rows, cols, rpb);
 }
 extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q4_k_wide(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
-    mvq_q4_k<false>(W, x, y, rows, cols, rpb);
+    mvq_q4_k<false, false>(W, W, x, y, rows, cols, rpb);
+}
+extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_swiglu(const u8* Wg, const u8* Wu, const float* x, float* y, int rows, int cols, int rpb) {
+    mvq_q4_k<true, true>(Wg, Wu, x, y, rows, cols, rpb);
+}
+extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q4_k_swiglu_wide(const u8* Wg, const u8* Wu, const float* x, float* y, int rows, int cols, int rpb) {
+    mvq_q4_k<false, true>(Wg, Wu, x, y, rows, cols, rpb);
 }
 
 __device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }

@@ -441,15 +441,27 @@ impl CudaBackend {
     }
 
     /// One token through an x-stationary kernel: blocks as wide as the matrix (8 threads per
-    /// 256 columns), one wave of resident blocks, each taking a run of consecutive rows.
-    fn matvec_q(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct, t: usize) -> Result<()> {
+    /// 256 columns), one wave of resident blocks, each taking a run of consecutive rows. With
+    /// `up`, `w` is the FFN gate and the kernel writes silu(gate x) * (up x).
+    fn matvec_q(
+        &self,
+        w: &CudaMatrix,
+        up: Option<&CudaMatrix>,
+        x: &CudaAct,
+        out: &mut CudaAct,
+        t: usize,
+    ) -> Result<()> {
         let threads = ((w.cols / 256 * 8) as u32).div_ceil(32) * 32;
-        let name = match (w.ty, threads <= 256) {
-            (GgmlType::Q4_K, true) => "mvq_q4_k",
-            (GgmlType::Q4_K, false) => "mvq_q4_k_wide",
-            (_, true) => "mvq_q6_k",
-            (_, false) => "mvq_q6_k_wide",
+        let name = match (w.ty, threads <= 256, up.is_some()) {
+            (GgmlType::Q4_K, true, false) => "mvq_q4_k",
+            (GgmlType::Q4_K, false, false) => "mvq_q4_k_wide",
+            (GgmlType::Q4_K, true, true) => "mvq_q4_k_swiglu",
+            (GgmlType::Q4_K, false, true) => "mvq_q4_k_swiglu_wide",
+            (_, true, _) => "mvq_q6_k",
+            (_, false, _) => "mvq_q6_k_wide",
         };
+        // Output rows per step: MVQ_R, or MVQ_R / 2 of each matrix when fused.
+        let step = if up.is_some() { MVQ_R / 2 } else { MVQ_R };
         let f = &self.f(name)?;
         let per_sm = {
             let mut g = self
@@ -480,13 +492,16 @@ impl CudaBackend {
             }
         };
         let slots = (per_sm * self.sm_count) as usize;
-        let rpb = w.rows.div_ceil(slots).div_ceil(MVQ_R) * MVQ_R;
+        let rpb = w.rows.div_ceil(slots).div_ceil(step) * step;
         let grid = w.rows.div_ceil(rpb) as u32;
         let xv = x.data.slice(t * x.cols..(t + 1) * x.cols);
         let mut yv = out.data.slice_mut(t * w.rows..(t + 1) * w.rows);
         let (rows, cols, rpb) = (w.rows as i32, w.cols as i32, rpb as i32);
         let mut b = self.stream.launch_builder(f);
         b.arg(&w.data);
+        if let Some(u) = up {
+            b.arg(&u.data);
+        }
         if w.ty == GgmlType::Q6_K {
             b.arg(&w.nbt);
         }
@@ -497,8 +512,9 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         // SAFETY: threads cover cols / 256 column blocks (<= MVQ_MAX_COLS, the kernel's static
-        // shared memory is sized for it); the kernel reads the matrix and one row of x and
-        // writes rows outputs of row t.
+        // shared memory is sized for it); the kernel reads the matrix (and `up`, checked by the
+        // caller to have the same shape and format) and one row of x, and writes rows outputs
+        // of row t.
         unsafe { b.launch(cfg) }.map_err(dev(name))?;
         Ok(())
     }
@@ -734,6 +750,12 @@ impl CudaBackend {
         }
         Ok(())
     }
+}
+
+/// The fused FFN gate + up + SwiGLU kernel is on unless `MUSER_FUSE=0`.
+fn fuse_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MUSER_FUSE").map_or(true, |v| v != "0"))
 }
 
 /// The x-stationary one-token kernels are on unless `MUSER_MVQ=0`.
@@ -1028,7 +1050,7 @@ impl Backend for CudaBackend {
                     return self.gemm(w, x, out);
                 }
                 if x.rows == 1 && Self::mvq_for(w) {
-                    return self.matvec_q(w, x, out, 0);
+                    return self.matvec_q(w, None, x, out, 0);
                 }
                 let needs_sums = matches!(
                     w.ty,
@@ -1264,6 +1286,40 @@ impl Backend for CudaBackend {
         unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("sigmoid_gate"))?;
         x.xs_ok = false;
         Ok(())
+    }
+
+    fn ffn_swiglu(
+        &self,
+        w_gate: &CudaMatrix,
+        w_up: &CudaMatrix,
+        x: &CudaAct,
+        gate: &mut CudaAct,
+        up: &mut CudaAct,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        // One token of Q4_K gate and up: one launch computes both products and the SwiGLU
+        // (each product summed as the unfused kernel sums it). `MUSER_FUSE=0` turns it off.
+        let fuse = x.rows == 1
+            && w_gate.ty == GgmlType::Q4_K
+            && w_up.ty == GgmlType::Q4_K
+            && (w_gate.rows, w_gate.cols) == (w_up.rows, w_up.cols)
+            && x.cols == w_gate.cols
+            && Self::mvq_for(w_gate)
+            && fuse_enabled();
+        if !fuse {
+            self.matmul(w_gate, x, gate)?;
+            self.matmul(w_up, x, up)?;
+            return self.swiglu(gate, up, out);
+        }
+        self.timed(
+            || format!("ffn gate+up+swiglu {}x{} n=1", w_gate.rows, w_gate.cols),
+            || {
+                check(out, 1, w_gate.rows, "ffn_swiglu")?;
+                self.matvec_q(w_gate, Some(w_up), x, out, 0)?;
+                out.xs_ok = false;
+                Ok(())
+            },
+        )
     }
 
     fn swiglu(&self, gate: &CudaAct, up: &CudaAct, out: &mut CudaAct) -> Result<()> {

@@ -218,4 +218,22 @@ pub trait Backend: Send + Sync {
         self.post_norm_add(resid, src, w_post, eps_post)?;
         self.rms_norm(resid, Some(w_next), eps_next, next)
     }
+
+    /// The feed-forward's first half: `out = silu(W_gate x) * (W_up x)`. Reference composition
+    /// (`gate` and `up` are scratch for it); a backend may fuse it only if each row's two products
+    /// and the SwiGLU keep this arithmetic.
+    #[allow(clippy::too_many_arguments)]
+    fn ffn_swiglu(
+        &self,
+        w_gate: &Self::Matrix,
+        w_up: &Self::Matrix,
+        x: &Self::Act,
+        gate: &mut Self::Act,
+        up: &mut Self::Act,
+        out: &mut Self::Act,
+    ) -> Result<()> {
+        self.matmul(w_gate, x, gate)?;
+        self.matmul(w_up, x, up)?;
+        self.swiglu(gate, up, out)
+    }
 }

@@ -283,9 +283,7 @@ impl<B: Backend> MuseGlimmer<B> {
             )?;
 
             // SwiGLU feed-forward.
-            b.matmul(&l.ffn_gate, h, fg)?;
-            b.matmul(&l.ffn_up, h, fu)?;
-            b.swiglu(fg, fu, f)?;
+            b.ffn_swiglu(&l.ffn_gate, &l.ffn_up, h, fg, fu, f)?;
             b.matmul(&l.ffn_down, f, oc)?;
             // x += rms_norm(f, 1e-8) * post_ffw_norm; h = the next layer's attn_norm, or the final norm.
             let next_norm = self
