@@ -154,6 +154,8 @@ pub struct CudaBackend {
     one_token_sums: std::sync::atomic::AtomicBool,
     /// `--mode fast`: prompt products on TF32 tensor cores.
     fast_prompts: std::sync::atomic::AtomicBool,
+    /// One launch for the FFN's gate, up and SwiGLU at one token (`ffn_swiglu`).
+    fused_ffn: std::sync::atomic::AtomicBool,
     /// Resident blocks per SM of (kernel, block size), from the occupancy calculator.
     waves: Mutex<HashMap<(String, u32), u32>>,
 }
@@ -209,6 +211,9 @@ impl CudaBackend {
             sm_count,
             one_token_sums: std::sync::atomic::AtomicBool::new(false),
             fast_prompts: std::sync::atomic::AtomicBool::new(false),
+            fused_ffn: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_FUSE").is_ok_and(|v| v == "1"),
+            ),
             waves: Mutex::new(HashMap::new()),
         })
     }
@@ -233,6 +238,12 @@ impl CudaBackend {
         self.fast_prompts
             .store(on, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Compute the FFN's gate, up and SwiGLU of one token in one launch (Q4_K gate and up).
+    pub fn set_fused_ffn(&self, on: bool) {
+        self.fused_ffn
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn f(&self, name: &str) -> Result<CudaFunction> {
@@ -750,12 +761,6 @@ impl CudaBackend {
         }
         Ok(())
     }
-}
-
-/// The fused FFN gate + up + SwiGLU kernel is on unless `MUSER_FUSE=0`.
-fn fuse_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MUSER_FUSE").map_or(true, |v| v != "0"))
 }
 
 /// The x-stationary one-token kernels are on unless `MUSER_MVQ=0`.
@@ -1298,14 +1303,16 @@ impl Backend for CudaBackend {
         out: &mut CudaAct,
     ) -> Result<()> {
         // One token of Q4_K gate and up: one launch computes both products and the SwiGLU
-        // (each product summed as the unfused kernel sums it). `MUSER_FUSE=0` turns it off.
+        // (each product summed as the unfused kernel sums it). Off unless `set_fused_ffn(true)`
+        // or `MUSER_FUSE=1`: it has not run on a GPU yet (gpu.rs compares it with the unfused
+        // path bit for bit; turn it on by default once that test has passed on the H200).
         let fuse = x.rows == 1
             && w_gate.ty == GgmlType::Q4_K
             && w_up.ty == GgmlType::Q4_K
             && (w_gate.rows, w_gate.cols) == (w_up.rows, w_up.cols)
             && x.cols == w_gate.cols
             && Self::mvq_for(w_gate)
-            && fuse_enabled();
+            && self.fused_ffn.load(std::sync::atomic::Ordering::Relaxed);
         if !fuse {
             self.matmul(w_gate, x, gate)?;
             self.matmul(w_up, x, up)?;

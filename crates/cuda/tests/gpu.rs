@@ -477,3 +477,56 @@ fn fast_mode_prompts_stay_within_its_tolerance() {
     println!("{}", rows.join("\n"));
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// The fused FFN kernel (gate, up and SwiGLU of one token in one launch) must give the unfused
+/// path's bits: each product is summed in the same order and the SwiGLU is the same expression.
+/// On every fixture whose FFN is Q4_K and on the wide synthetic models, graph decode of a prompt.
+#[test]
+fn fused_ffn_gives_the_unfused_bits() {
+    let Some(_) = gpu() else { return };
+    let dir = std::env::temp_dir().join(format!("muser-fuse-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut paths: Vec<(String, PathBuf)> = names()
+        .into_iter()
+        .filter(|n| n.ends_with("q4_k_m"))
+        .map(|n| {
+            (
+                n.clone(),
+                fixtures().join("models").join(format!("{n}.gguf")),
+            )
+        })
+        .collect();
+    for preset in ["small", "mid"] {
+        let path = dir.join(format!("{preset}.gguf"));
+        let p = muser_engine::synth::preset(preset).unwrap();
+        muser_engine::synth::write(&path, p, muser_engine::synth::Layout::Q4KM, 5).unwrap();
+        paths.push((preset.to_string(), path));
+    }
+    for (name, path) in paths {
+        let file = ModelFile::open(&path).unwrap();
+        let run = |fused: bool| {
+            let b = CudaBackend::new(0).unwrap();
+            b.set_fused_ffn(fused);
+            let m = MuseGlimmer::load(&file, b).unwrap();
+            let toks: Vec<u32> = (0..24u32)
+                .map(|i| (i * 7919 + 3) % m.config.n_vocab as u32)
+                .collect();
+            let mut s = Session::new(&m, KvType::F32, 64).unwrap();
+            let mut dec = GraphDecoder::new(&m).unwrap();
+            let (mut all, mut l) = (Vec::new(), Vec::new());
+            for &t in &toks {
+                dec.step(&mut s.kv, t, Some(&mut l)).unwrap();
+                all.extend_from_slice(&l);
+            }
+            all
+        };
+        let (a, b) = (run(false), run(true));
+        let same = a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+        println!(
+            "{name:<14} fused FFN vs unfused: {}",
+            if same { "identical bits" } else { "DIFFERENT" }
+        );
+        assert!(same, "{name}: the fused FFN changed the logits");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
