@@ -457,20 +457,22 @@ MV_R(4)
 __device__ __forceinline__ u32 dp4a_uu(u32 a, u32 b, u32 c) { u32 d; asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
 __device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) { int d; asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
 
-// 16 activations -> digit planes d0, d1 (unsigned bytes), d2 (signed top byte), the scale
-// 2^(E-22) and their f32 sum (in order).
-__device__ __forceinline__ void x_digits(const float (&v)[16], u32 (&d0)[4], u32 (&d1)[4], u32 (&d2)[4], float& scale, float& sum) {
+// N activations -> digit planes d0, d1 (unsigned bytes), d2 (signed top byte), N / 4 words each,
+// the scale 2^(E-22) and their f32 sum (in order; Q6_K ignores it and the compiler drops it).
+template <int N>
+__device__ __forceinline__ void x_digits(const float (&v)[N], u32 (&d0)[N / 4], u32 (&d1)[N / 4], u32 (&d2)[N / 4],
+                                         float& scale, float& sum) {
     float m = 0.0f;
     sum = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 16; i++) { m = fmaxf(m, fabsf(v[i])); sum += v[i]; }
+    for (int i = 0; i < N; i++) { m = fmaxf(m, fabsf(v[i])); sum += v[i]; }
     int E;
     frexpf(m, &E);   // m = f 2^E with f in [0.5, 1), so |x| < 2^E (E = 0 when m = 0)
     E = max(E, -100);  // values below 2^-100 count as 0 (their error is under 2^-122)
     const float up = __int_as_float((127 + 22 - E) << 23);  // 2^(22 - E), exact
     scale = __int_as_float((127 - 22 + E) << 23);            // 2^(E - 22)
 #pragma unroll
-    for (int w = 0; w < 4; w++) {
+    for (int w = 0; w < N / 4; w++) {
         u32 a = 0, b = 0, c = 0;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
@@ -480,6 +482,33 @@ __device__ __forceinline__ void x_digits(const float (&v)[16], u32 (&d0)[4], u32
             c |= (u32)((X >> 16) & 0xFF) << (8 * k);
         }
         d0[w] = a; d1[w] = b; d2[w] = c;
+    }
+}
+
+// The end of a step: each of the MVQ_R partial rows summed over the block (butterfly within the
+// warp, then warps in order), one smem slot per warp, double-buffered by step parity (a warp can
+// only overwrite this step's slots after the next barrier, which threads 0..STEP-1 reach after
+// reading them). FUSED: slots STEP.. hold the up rows and y gets the SwiGLU (the swiglu kernel's
+// expression).
+template <int STEP, bool FUSED>
+__device__ __forceinline__ void mvq_finish(const float (&acc)[MVQ_R], float (*red)[MVQ_MAX_THREADS / 32][MVQ_R], int it,
+                                           float* __restrict__ y, int r0, int r_end, int tid, int lane, int warp, int nw) {
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0) red[it][warp][r] = v;
+    }
+    __syncthreads();
+    if (tid < STEP && r0 + tid < r_end) {
+        float s = 0.0f;
+        for (int w = 0; w < nw; w++) s += red[it][w][tid];
+        if (FUSED) {
+            float u = 0.0f;
+            for (int w = 0; w < nw; w++) u += red[it][w][tid + STEP];
+            const double gv = s;
+            s = (float)__dmul_rn(gv / (1.0 + exp(-gv)), (double)u);
+        }
+        y[r0 + tid] = s;
     }
 }
 
@@ -520,13 +549,13 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
             float4 a = __ldg((const float4*)(x + e_lo) + i);
             v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
         }
-        x_digits(v, l0, l1, l2, lsc, lsum);
+        x_digits<16>(v, l0, l1, l2, lsc, lsum);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             float4 a = __ldg((const float4*)(x + e_hi) + i);
             v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
         }
-        x_digits(v, h0, h1, h2, hsc, hsum);
+        x_digits<16>(v, h0, h1, h2, hsc, hsum);
     }
     const int r_begin = blockIdx.x * rpb, r_end = min(rows, r_begin + rpb);
     uint4 hd[MVQ_R], qq[MVQ_R], nhd[MVQ_R], nqq[MVQ_R];
@@ -562,25 +591,7 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
             // w = d sc q - dmin m
             acc[r] = on ? ((d * sa) * qx_lo - (dm * ma) * lsum) + ((d * sb) * qx_hi - (dm * mb) * hsum) : 0.0f;
         }
-#pragma unroll
-        for (int r = 0; r < MVQ_R; r++) {
-            const float v = warp_sum(acc[r]);
-            if (lane == 0) red[it][warp][r] = v;
-        }
-        // Double-buffered by step parity: a warp can only overwrite this step's slots after the
-        // next barrier, which threads 0..R-1 reach after reading them.
-        __syncthreads();
-        if (tid < STEP && r0 + tid < r_end) {
-            float s = 0.0f;
-            for (int w = 0; w < nw; w++) s += red[it][w][tid];
-            if (FUSED) {
-                float u = 0.0f;
-                for (int w = 0; w < nw; w++) u += red[it][w][tid + STEP];
-                const double gv = s;
-                s = (float)__dmul_rn(gv / (1.0 + exp(-gv)), (double)u);
-            }
-            y[r0 + tid] = s;
-        }
+        mvq_finish<STEP, FUSED>(acc, red, it, y, r0, r_end, tid, lane, warp, nw);
     }
 }
 
@@ -600,30 +611,6 @@ extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q4_k_swiglu_wi
 }
 
 __device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
-
-// 8 activations -> digit planes (two words each), scale 2^(E-22), sum (unused by Q6_K).
-__device__ __forceinline__ void x_digits8(const float (&v)[8], u32 (&d0)[2], u32 (&d1)[2], u32 (&d2)[2], float& scale) {
-    float m = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) m = fmaxf(m, fabsf(v[i]));
-    int E;
-    frexpf(m, &E);
-    E = max(E, -100);
-    const float up = __int_as_float((127 + 22 - E) << 23);
-    scale = __int_as_float((127 - 22 + E) << 23);
-#pragma unroll
-    for (int w = 0; w < 2; w++) {
-        u32 a = 0, b = 0, c = 0;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const int X = __float2int_rn(v[4 * w + k] * up);
-            a |= (u32)(X & 0xFF) << (8 * k);
-            b |= (u32)((X >> 8) & 0xFF) << (8 * k);
-            c |= (u32)((X >> 16) & 0xFF) << (8 * k);
-        }
-        d0[w] = a; d1[w] = b; d2[w] = c;
-    }
-}
 
 // Q6_K (structure of arrays, as mv_q6_k): 8 lanes per block, each 8 positions x 4 quarters. The
 // codes become signed q - 32 bytes (vsub4), so sum (q - 32) X is exact in integers:
@@ -647,7 +634,8 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, long long nbt
         const int e = b * 256 + 128 * n + 32 * qt + 8 * k8;
         const float4 a = __ldg((const float4*)(x + e)), c = __ldg((const float4*)(x + e) + 1);
         const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-        x_digits8(v, x0[qt], x1[qt], x2[qt], xsc[qt]);
+        float unused;
+        x_digits<8>(v, x0[qt], x1[qt], x2[qt], xsc[qt], unused);
     }
     const int r_begin = blockIdx.x * rpb, r_end = min(rows, r_begin + rpb);
     uint2 l0[MVQ_R], l1[MVQ_R], h[MVQ_R], nl0[MVQ_R], nl1[MVQ_R], nh[MVQ_R];
@@ -700,17 +688,7 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, long long nbt
             }
             acc[r] = on ? a : 0.0f;
         }
-#pragma unroll
-        for (int r = 0; r < MVQ_R; r++) {
-            const float v = warp_sum(acc[r]);
-            if (lane == 0) red[it][warp][r] = v;
-        }
-        __syncthreads();
-        if (tid < MVQ_R && r0 + tid < r_end) {
-            float s = 0.0f;
-            for (int w = 0; w < nw; w++) s += red[it][w][tid];
-            y[r0 + tid] = s;
-        }
+        mvq_finish<MVQ_R, false>(acc, red, it, y, r0, r_end, tid, lane, warp, nw);
     }
 }
 

@@ -157,7 +157,7 @@ pub struct CudaBackend {
     /// One launch for the FFN's gate, up and SwiGLU at one token (`ffn_swiglu`).
     fused_ffn: std::sync::atomic::AtomicBool,
     /// Resident blocks per SM of (kernel, block size), from the occupancy calculator.
-    waves: Mutex<HashMap<(String, u32), u32>>,
+    waves: Mutex<HashMap<(&'static str, u32), u32>>,
 }
 
 fn grid1(n: usize, threads: u32) -> LaunchConfig {
@@ -479,7 +479,7 @@ impl CudaBackend {
                 .waves
                 .lock()
                 .map_err(|_| Error::Backend("occupancy table lock poisoned".into()))?;
-            match g.get(&(name.to_string(), threads)) {
+            match g.get(&(name, threads)) {
                 Some(&n) => n,
                 None => {
                     let n = f
@@ -497,7 +497,7 @@ impl CudaBackend {
                             "{name}: {threads} threads, {regs} registers, {local} B local, {n} blocks per SM"
                         );
                     }
-                    g.insert((name.to_string(), threads), n);
+                    g.insert((name, threads), n);
                     n
                 }
             }
@@ -807,14 +807,7 @@ impl Backend for CudaBackend {
     }
 
     fn matrix_from_bytes(&self, m: &Matrix, bytes: &[u8]) -> Result<CudaMatrix> {
-        if bytes.len() != m.n_bytes() {
-            return Err(Error::Backend(format!(
-                "{}: {} bytes for a matrix of {}",
-                m.name,
-                bytes.len(),
-                m.n_bytes()
-            )));
-        }
+        m.check_bytes(bytes)?;
         let fmt = matrix::fmt_code(m.ty)
             .ok_or_else(|| Error::Backend(format!("no CUDA layout for {}", m.ty)))?;
         if m.cols % 8 != 0 {

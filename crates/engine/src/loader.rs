@@ -55,6 +55,19 @@ impl Matrix {
         self.info.n_bytes as usize
     }
 
+    /// Refuse `bytes` that are not exactly this matrix's size (a backend's upload from memory).
+    pub fn check_bytes(&self, bytes: &[u8]) -> Result<()> {
+        if bytes.len() != self.n_bytes() {
+            return Err(Error::Backend(format!(
+                "{}: {} bytes for a matrix of {}",
+                self.name,
+                bytes.len(),
+                self.n_bytes()
+            )));
+        }
+        Ok(())
+    }
+
     /// The bytes of this matrix in `file`.
     pub fn bytes<'a>(&self, file: &'a Gguf) -> &'a [u8] {
         file.tensor_data(&self.info)

@@ -25,16 +25,7 @@ fn time<F: FnMut()>(mut f: F) -> f64 {
 #[ignore]
 fn bench_mul_mat() {
     let (rows, cols) = (2048usize, 2048usize);
-    for ty in [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::BF16,
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-    ] {
+    for ty in muser_engine::formats::SUPPORTED {
         let mut r = Rng::new(1);
         let w = r.weights(ty, rows, cols);
         for n in [1usize, 7, 64] {

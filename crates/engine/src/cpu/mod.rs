@@ -150,14 +150,7 @@ impl Backend for CpuBackend {
     }
 
     fn matrix_from_bytes(&self, m: &Matrix, bytes: &[u8]) -> Result<CpuMatrix> {
-        if bytes.len() != m.n_bytes() {
-            return Err(Error::Backend(format!(
-                "{}: {} bytes for a matrix of {}",
-                m.name,
-                bytes.len(),
-                m.n_bytes()
-            )));
-        }
+        m.check_bytes(bytes)?;
         Ok(CpuMatrix {
             src: MatrixBytes::Owned(bytes.to_vec()),
             m: m.clone(),
@@ -292,30 +285,21 @@ impl Backend for CpuBackend {
             )));
         }
         check(out, x.rows, w.m.rows, "matmul")?;
-        match self.mode {
-            NumericMode::Accurate => self.install(|| {
-                matmul::matmul(
-                    w.m.ty,
-                    w.bytes(),
-                    w.m.rows,
-                    w.m.cols,
-                    &x.data,
-                    x.rows,
-                    &mut out.data,
-                )
-            }),
-            NumericMode::Parity => self.install(|| {
-                ggml::mul_mat(
-                    w.m.ty,
-                    w.bytes(),
-                    w.m.rows,
-                    w.m.cols,
-                    &x.data,
-                    x.rows,
-                    &mut out.data,
-                )
-            }),
-        }
+        let product = match self.mode {
+            NumericMode::Accurate => matmul::matmul,
+            NumericMode::Parity => ggml::mul_mat,
+        };
+        self.install(|| {
+            product(
+                w.m.ty,
+                w.bytes(),
+                w.m.rows,
+                w.m.cols,
+                &x.data,
+                x.rows,
+                &mut out.data,
+            )
+        });
         Ok(())
     }
 
@@ -440,28 +424,20 @@ impl Backend for CpuBackend {
     fn swiglu(&self, gate: &CpuAct, up: &CpuAct, out: &mut CpuAct) -> Result<()> {
         check(up, gate.rows, gate.cols, "swiglu")?;
         check(out, gate.rows, gate.cols, "swiglu")?;
-        match self.mode {
-            NumericMode::Accurate => self.install(|| {
-                out.data
-                    .par_chunks_mut(gate.cols)
-                    .zip(
-                        gate.data
-                            .par_chunks(gate.cols)
-                            .zip(up.data.par_chunks(gate.cols)),
-                    )
-                    .for_each(|(o, (g, u))| ops::swiglu_row(g, u, o))
-            }),
-            NumericMode::Parity => self.install(|| {
-                out.data
-                    .par_chunks_mut(gate.cols)
-                    .zip(
-                        gate.data
-                            .par_chunks(gate.cols)
-                            .zip(up.data.par_chunks(gate.cols)),
-                    )
-                    .for_each(|(o, (g, u))| ggml::swiglu_row(g, u, o))
-            }),
-        }
+        let row: fn(&[f32], &[f32], &mut [f32]) = match self.mode {
+            NumericMode::Accurate => ops::swiglu_row,
+            NumericMode::Parity => ggml::swiglu_row,
+        };
+        self.install(|| {
+            out.data
+                .par_chunks_mut(gate.cols)
+                .zip(
+                    gate.data
+                        .par_chunks(gate.cols)
+                        .zip(up.data.par_chunks(gate.cols)),
+                )
+                .for_each(|(o, (g, u))| row(g, u, o))
+        });
         Ok(())
     }
 
