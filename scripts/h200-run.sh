@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs on the H200 machine (repo root, after scripts/h200-prepare.sh here, carry=["carry"]).
-# Stages (select with STAGES, default all): tests, synth, muser, llama, tp (needs 2+ GPUs).
+# Stages (select with STAGES, default all): tests, synth, muser, batch (Muser's batched test and
+# llama-batched-bench on the same file), llama, tp (needs 2+ GPUs).
 # Logs go to $OUT; the last lines printed are a short table.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STAGES=${STAGES:-"tests synth muser llama"}
+STAGES=${STAGES:-"tests synth muser batch llama"}
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export MUSER_KERNEL_CACHE=/tmp/muser-kernels
 MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
@@ -49,11 +50,30 @@ if has muser; then
   summary+=("$(grep -E '^\| (pp|tg|\(MUSER)|^model' "$log" | sed 's/^/muser /')")
 fi
 
-if has llama; then
+if has batch; then
+  # Batched decode like llama-batched-bench -npp 512 -ntg 128 -npl 32,64: Muser, then (with
+  # BI=1) its batch-invariant mode.
+  blog="$OUT/batched.log"; : > "$blog"
+  timeout 240 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel ${NPL:-32,64} 2>&1 | tee -a "$blog"
+  if [ -n "${BI:-}" ]; then
+    timeout 200 carry/bin/muser bench -m "$MODEL" --device cuda --batch-invariant -p 512 -n ${TG:-128} -r 1 --parallel 64 2>&1 | sed 's/^| /| (invariant) /' | tee -a "$blog"
+  fi
+fi
+
+if has llama || has batch; then
   ( mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.tar.xz && cd /tmp/llama/llama.cpp &&
     cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$OUT/llama-build.log" 2>&1 &&
-    cmake --build build -j16 --target llama-bench >> "$OUT/llama-build.log" 2>&1 ) || echo "llama.cpp build failed (see llama-build.log)"
+    cmake --build build -j16 --target llama-bench llama-batched-bench >> "$OUT/llama-build.log" 2>&1 ) || echo "llama.cpp build failed (see llama-build.log)"
+fi
+
+if has batch; then
+  timeout 240 /tmp/llama/llama.cpp/build/bin/llama-batched-bench -m "$MODEL" -ngl 99 -c 42000 -b 2048 -ub 512 \
+    -npp 512 -ntg 128 -npl ${NPL:-32,64} 2>&1 | grep -E '^\|' | tee -a "$blog"
+  summary+=("$(grep -E '^\|' "$blog" | sed 's/^/batched /')")
+fi
+
+if has llama; then
   LB=/tmp/llama/llama.cpp/build/bin/llama-bench
   timeout 300 $LB -m "$MODEL" -ngl 99 -p ${PP:-512,2048} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee "$OUT/llama-bench.log"
   timeout 300 $LB -m "$MODEL" -ngl 99 -p 0 -n ${TG:-128} -d ${LDEPTH:-4096,32768} -r 1 2>&1 | tee -a "$OUT/llama-bench.log"

@@ -42,6 +42,77 @@ pub struct Args {
     /// CUDA: time every operation of a few eager decode steps and print where the time goes.
     #[arg(long)]
     pub profile: bool,
+    /// Batched test, like `llama-batched-bench -npp P -ntg G -npl N`: N sequences each get a
+    /// prompt of `--batch-prompt` tokens, then `--batch-gen` steps advance all N at once
+    /// (comma-separated list of N; empty skips).
+    #[arg(long = "parallel", value_delimiter = ',')]
+    pub parallel: Vec<usize>,
+    /// Prompt tokens per sequence in the batched test.
+    #[arg(long = "batch-prompt", default_value_t = 512)]
+    pub batch_prompt: usize,
+    /// Tokens generated per sequence in the batched test.
+    #[arg(long = "batch-gen", default_value_t = 128)]
+    pub batch_gen: usize,
+}
+
+/// The batched test: every sequence's prompt, in micro-batches of `ubatch` tokens that mix
+/// sequences (as many as the backend allows per call), then `ntg` steps of one token for each
+/// sequence in one micro-batch, with every sequence's logits copied to the host each step (as
+/// llama.cpp does for its outputs). Returns (prompt seconds, generation seconds).
+fn batched_test<B: Backend>(
+    m: &MuseGlimmer<B>,
+    kv: KvType,
+    npl: usize,
+    npp: usize,
+    ntg: usize,
+    ubatch: usize,
+) -> Result<(f64, f64), muser_engine::Error> {
+    use muser_engine::backend::Batch;
+    let max_seqs = m.backend.max_sequences_per_batch().max(1);
+    if npl > max_seqs {
+        return Err(muser_engine::Error::Input(format!(
+            "{npl} sequences: the backend mixes at most {max_seqs} per micro-batch"
+        )));
+    }
+    let mut rng = Rng::new(3);
+    let mut caches = (0..npl)
+        .map(|_| m.new_cache(kv, npp + ntg + 1))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut ws = m.workspace(ubatch.max(npl))?;
+    let prompts: Vec<Vec<u32>> = (0..npl)
+        .map(|_| random_tokens(&mut rng, npp, m.config.n_vocab))
+        .collect();
+    let all: Vec<(usize, u32, u32)> = prompts
+        .iter()
+        .enumerate()
+        .flat_map(|(s, p)| p.iter().enumerate().map(move |(i, &t)| (s, i as u32, t)))
+        .collect();
+    let t = Instant::now();
+    for chunk in all.chunks(ubatch.max(1)) {
+        let batch = Batch {
+            tokens: chunk.iter().map(|c| c.2).collect(),
+            pos: chunk.iter().map(|c| c.1).collect(),
+            seq: chunk.iter().map(|c| c.0).collect(),
+        };
+        let mut refs: Vec<&mut B::Kv> = caches.iter_mut().collect();
+        // The last row's logits: the copy waits for the micro-batch to finish.
+        m.forward(&mut ws, &batch, &mut refs, &[batch.len() - 1])?;
+    }
+    let t_pp = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for step in 0..ntg {
+        let batch = Batch {
+            tokens: (0..npl)
+                .map(|_| random_tokens(&mut rng, 1, m.config.n_vocab)[0])
+                .collect(),
+            pos: vec![(npp + step) as u32; npl],
+            seq: (0..npl).collect(),
+        };
+        let rows: Vec<usize> = (0..npl).collect();
+        let mut refs: Vec<&mut B::Kv> = caches.iter_mut().collect();
+        m.forward(&mut ws, &batch, &mut refs, &rows)?;
+    }
+    Ok((t_pp, t.elapsed().as_secs_f64()))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -204,6 +275,21 @@ pub fn run(a: Args) -> CliResult {
                 t * 1e3 / a.n_gen as f64
             );
         }
+    }
+    for &npl in a.parallel.iter().filter(|&&n| n > 0) {
+        let (tp, tg) = crate::with_model!(&loaded, m => batched_test(m, kv, npl, a.batch_prompt, a.batch_gen, a.ubatch)?);
+        println!(
+            "| pp{} x{npl} | {:.2} | {:.3} |",
+            a.batch_prompt,
+            (npl * a.batch_prompt) as f64 / tp,
+            tp * 1e3 / (npl * a.batch_prompt) as f64
+        );
+        println!(
+            "| tg{} x{npl} (aggregate) | {:.2} | {:.3} |",
+            a.batch_gen,
+            (npl * a.batch_gen) as f64 / tg,
+            tg * 1e3 / (npl * a.batch_gen) as f64
+        );
     }
     if a.profile {
         if let Loaded::Cuda(m) = &loaded {

@@ -41,6 +41,10 @@ pub struct ModelOpts {
     /// with `--device cpu`). Partial sums are all-reduced through the host.
     #[arg(long = "tensor-parallel", default_value_t = 1)]
     pub tensor_parallel: usize,
+    /// CUDA: a sequence's tokens are bit for bit the same whatever else shares its batches
+    /// (costs single-sequence decode speed: one token also runs on the tensor-core kernels).
+    #[arg(long = "batch-invariant")]
+    pub batch_invariant: bool,
 }
 
 /// A loaded model on one of the backends.
@@ -160,12 +164,16 @@ impl ModelOpts {
                     .collect::<Result<Vec<_>, _>>()?;
                 for r in &ranks {
                     r.set_fast_prompts(fast)?;
+                    r.set_batch_invariant(self.batch_invariant);
                 }
                 let nccl = Box::new(muser_cuda::nccl::NcclAllReduce::new(&ranks)?);
                 let tp = TpBackend::new(ranks, plan)?.with_all_reduce(nccl);
                 Loaded::TpCuda(MuseGlimmer::load_with_progress(&file, tp, &mut progress)?)
             }
             None => {
+                if self.batch_invariant && mode != NumericMode::Accurate {
+                    return Err("--batch-invariant: the CPU is batch-invariant in accurate mode only (parity follows llama.cpp's row-count-dependent products)".into());
+                }
                 let backend = CpuBackend::new(mode, self.threads)?;
                 Loaded::Cpu(MuseGlimmer::load_with_progress(
                     &file,
@@ -180,6 +188,7 @@ impl ModelOpts {
                 CudaBackend::supports(&file.config)?;
                 let backend = CudaBackend::new(ordinal)?;
                 backend.set_fast_prompts(fast)?;
+                backend.set_batch_invariant(self.batch_invariant);
                 Loaded::Cuda(MuseGlimmer::load_with_progress(
                     &file,
                     backend,

@@ -1,6 +1,6 @@
 // Attention over the device KV cache: split-K flash decoding.
 //
-// The cache of a layer holds rows of n_kv_head*head_dim values in the cache type; a sliding
+// Each token reads its own sequence's cache (seqtab, common.cuh kv_layer). The cache of a layer holds rows of n_kv_head*head_dim values in the cache type; a sliding
 // layer's rows live in a ring (slot = pos % ring, ring = n_swa + the largest micro-batch, so a
 // whole micro-batch is stored before it is read), a full layer's in a plane (slot = pos).
 // Key j is visible to the query at position p iff j <= p, and p - j < n_swa on sliding layers.
@@ -48,8 +48,8 @@ __device__ __forceinline__ float load1(const u8* row, int d) {
 }
 
 template <int NREP, int HD, int KT>
-__device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, const u8* __restrict__ kc,
-                                                  const u8* __restrict__ vc, long long row_bytes, int ring,
+__device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, const u64* __restrict__ seqtab,
+                                                  int layer, long long row_bytes,
                                                   const u32* __restrict__ pos, int n_swa, float scale, int n_kv_head,
                                                   float* __restrict__ part) {
     constexpr int DPL = HD / 32;
@@ -65,6 +65,11 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_head = n_kv_head * NREP;
     const int p = (int)pos[t];
+    u8 *kcm, *vcm;
+    int ring;
+    kv_layer(seqtab, t, layer, &kcm, &vcm, &ring);
+    const u8* __restrict__ kc = kcm;
+    const u8* __restrict__ vc = vcm;
     const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
     const int n_keys = p - lo + 1;
     const int chunk = (n_keys + n_split - 1) / n_split;
@@ -163,9 +168,9 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
 
 #define ATTN_ENTRY(NREP, HD, KT, NAME)                                                                          \
     extern "C" __global__ void __launch_bounds__(128) attn_##NREP##_##HD##_##NAME(                            \
-        const float* q, const u8* kc, const u8* vc, long long row_bytes, int ring, const u32* pos, int n_swa, \
+        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
         float scale, int n_kv_head, float* part) {                                                            \
-        attn_partial_impl<NREP, HD, KT>(q, kc, vc, row_bytes, ring, pos, n_swa, scale, n_kv_head, part);     \
+        attn_partial_impl<NREP, HD, KT>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part);     \
     }
 #define ATTN_TYPES(NREP, HD)                  \
     ATTN_ENTRY(NREP, HD, KV_F32, f32)         \

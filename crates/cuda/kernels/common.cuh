@@ -60,3 +60,13 @@ __device__ __forceinline__ void scale_min_k4(int j, const u8* q, int* sc, int* m
 #define FMT_Q4_K 5
 #define FMT_Q5_K 6
 #define FMT_Q6_K 7
+
+// The KV cache of token t's sequence at `layer`: seqtab[t] is the device address of that cache's
+// table of n_layer x {K base, V base, ring slots (0 for a plane)} (lib.rs CudaKv::table), so one
+// launch serves tokens of many sequences, and a captured graph any caches.
+__device__ __forceinline__ void kv_layer(const u64* seqtab, int t, int layer, u8** kc, u8** vc, int* ring) {
+    const u64* e = (const u64*)seqtab[t] + 3 * layer;
+    *kc = (u8*)e[0];
+    *vc = (u8*)e[1];
+    *ring = (int)e[2];
+}

@@ -46,9 +46,12 @@ __device__ __forceinline__ void store_vals(u8* row, int e0, const float* x, int 
 }
 
 // Store this batch's K and V rows (f32) in the cache type at their slots. grid (n_tokens).
-extern "C" __global__ void kv_store(const float* k, const float* v, u8* kc, u8* vc, long long row_bytes, int ring,
+extern "C" __global__ void kv_store(const float* k, const float* v, const u64* seqtab, int layer, long long row_bytes,
                                     const u32* pos, int kv_dim, int kt) {
     const int t = blockIdx.x;
+    u8 *kc, *vc;
+    int ring;
+    kv_layer(seqtab, t, layer, &kc, &vc, &ring);
     const long long slot = kv_slot(pos[t], ring);
     const float* ks = k + (long long)t * kv_dim;
     const float* vs = v + (long long)t * kv_dim;
@@ -71,7 +74,7 @@ extern "C" __global__ void kv_store(const float* k, const float* v, u8* kc, u8* 
 template <int HD>
 __device__ __forceinline__ void qkv_prep_impl(float* q, const float* k, const float* v, int n_head, int n_kv_head,
                                               float eps, float q_scale, const u32* pos, const double* inv_freq,
-                                              u8* kc, u8* vc, long long row_bytes, int ring, int kt) {
+                                              const u64* seqtab, int layer, long long row_bytes, int kt) {
     constexpr int DPL = HD / 32;
     const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31;
     const int kv_dim = n_kv_head * HD;
@@ -109,20 +112,23 @@ __device__ __forceinline__ void qkv_prep_impl(float* q, const float* k, const fl
 #pragma unroll
         for (int i = 0; i < DPL; i++) dst[lane * DPL + i] = x[i];
     } else {
+        u8 *kc, *vc;
+        int ring;
+        kv_layer(seqtab, t, layer, &kc, &vc, &ring);
         u8* row = (is_k ? kc : vc) + kv_slot(pos[t], ring) * row_bytes;
         store_vals<DPL>(row, hh * HD + lane * DPL, x, kt, lane);
     }
 }
 
 extern "C" __global__ void qkv_prep_64(float* q, const float* k, const float* v, int n_head, int n_kv_head, float eps,
-                                       float q_scale, const u32* pos, const double* inv_freq, u8* kc, u8* vc,
-                                       long long row_bytes, int ring, int kt) {
-    qkv_prep_impl<64>(q, k, v, n_head, n_kv_head, eps, q_scale, pos, inv_freq, kc, vc, row_bytes, ring, kt);
+                                       float q_scale, const u32* pos, const double* inv_freq, const u64* seqtab, int layer,
+                                       long long row_bytes, int kt) {
+    qkv_prep_impl<64>(q, k, v, n_head, n_kv_head, eps, q_scale, pos, inv_freq, seqtab, layer, row_bytes, kt);
 }
 extern "C" __global__ void qkv_prep_128(float* q, const float* k, const float* v, int n_head, int n_kv_head, float eps,
-                                        float q_scale, const u32* pos, const double* inv_freq, u8* kc, u8* vc,
-                                        long long row_bytes, int ring, int kt) {
-    qkv_prep_impl<128>(q, k, v, n_head, n_kv_head, eps, q_scale, pos, inv_freq, kc, vc, row_bytes, ring, kt);
+                                        float q_scale, const u32* pos, const double* inv_freq, const u64* seqtab, int layer,
+                                        long long row_bytes, int kt) {
+    qkv_prep_impl<128>(q, k, v, n_head, n_kv_head, eps, q_scale, pos, inv_freq, seqtab, layer, row_bytes, kt);
 }
 
 // grid (n_head, n_tokens), HD threads: out[t][h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M)

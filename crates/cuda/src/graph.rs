@@ -40,7 +40,8 @@ impl<'m> GraphDecoder<'m> {
         })
     }
 
-    /// Forget the captured graph (a new cache needs a new capture: the graph holds its pointers).
+    /// Forget the captured graph (a new cache gets a new capture: the graph was sized for its
+    /// context and recorded for its KV type).
     pub fn reset(&mut self) {
         self.graph = None;
     }
@@ -57,6 +58,7 @@ impl<'m> GraphDecoder<'m> {
         let pos = b.kv_len(kv) as u32;
         let batch = Batch::single(&[token], pos);
         b.upload_batch(&batch)?;
+        b.upload_seqtab(&[kv.table_addr])?;
         if !self.use_graph || !self.warmed {
             self.warmed = true;
             self.model

@@ -20,6 +20,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("elementwise", include_str!("../kernels/elementwise.cu")),
     ("matvec", include_str!("../kernels/matvec.cu")),
     ("kv", include_str!("../kernels/kv.cu")),
+    ("mmq", include_str!("../kernels/mmq.cu")),
 ];
 
 /// The attention kernels, compiled per (query heads per KV head, head_dim) with `-DNREP -DHD`.

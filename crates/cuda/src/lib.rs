@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
+    PushKernelArg,
 };
 use muser_engine::backend::{AttnSpec, Backend, Batch, QkSpec};
 use muser_engine::loader::Matrix;
@@ -97,13 +98,19 @@ struct LayerKv {
 /// One sequence's KV cache on the device: rings of `n_swa + max_ubatch` slots on sliding
 /// layers (a whole micro-batch is stored before it is read), planes of `n_ctx` on full layers.
 pub struct CudaKv {
-    /// Unique per cache: a captured graph holds one cache's device pointers.
+    /// Unique per cache: a captured graph was recorded for one cache's KV type.
     pub(crate) id: u64,
     ty: KvType,
     n_ctx: usize,
     len: usize,
     row_bytes: usize,
     layers: Vec<LayerKv>,
+    /// Per layer {K base, V base, ring slots} (kernels/common.cuh kv_layer): the kernels find a
+    /// token's cache through its address, so one launch serves many sequences.
+    #[allow(dead_code)] // owns the allocation `table_addr` points into
+    table: CudaSlice<u64>,
+    /// The device address of `table`.
+    pub(crate) table_addr: u64,
 }
 
 impl CudaKv {
@@ -115,11 +122,21 @@ impl CudaKv {
 struct Scratch {
     tokens: CudaSlice<u32>,
     pos: CudaSlice<u32>,
+    /// Per token of the micro-batch, its cache's table address (CudaKv::table).
+    seqtab: CudaSlice<u64>,
+    /// What `seqtab` holds now (uploaded again only when it changes).
+    seqtab_host: Vec<u64>,
     rows: CudaSlice<u32>,
     cap: usize,
     part: CudaSlice<f32>,
     xs: CudaSlice<f32>,
     deq: CudaSlice<f32>,
+    /// The tensor-core kernels' activation planes, run scales and run sums (kernels/mmq.cu),
+    /// and their column-range partial sums.
+    xq: CudaSlice<u8>,
+    xq_sc: CudaSlice<f32>,
+    xq_sum: CudaSlice<f32>,
+    mpart: CudaSlice<f32>,
     inv_freq: HashMap<(u32, usize), CudaSlice<f64>>,
 }
 
@@ -156,6 +173,10 @@ pub struct CudaBackend {
     fast_prompts: std::sync::atomic::AtomicBool,
     /// One launch for the FFN's gate, up and SwiGLU at one token (`ffn_swiglu`).
     fused_ffn: std::sync::atomic::AtomicBool,
+    /// Batch-invariant mode: a token's results do not depend on what else shares its micro-batch
+    /// (every Q4_K/Q6_K product on the tensor-core kernels, one token at a time for the others,
+    /// attention splits independent of the batch size).
+    batch_invariant: std::sync::atomic::AtomicBool,
     /// Resident blocks per SM of (kernel, block size), from the occupancy calculator.
     waves: Mutex<HashMap<(&'static str, u32), u32>>,
 }
@@ -215,6 +236,9 @@ impl CudaBackend {
                 std::env::var("MUSER_FUSE").is_ok_and(|v| v == "1"),
             ),
             waves: Mutex::new(HashMap::new()),
+            batch_invariant: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_BATCH_INVARIANT").is_ok_and(|v| v == "1"),
+            ),
         })
     }
 
@@ -238,6 +262,19 @@ impl CudaBackend {
         self.fast_prompts
             .store(on, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Batch-invariant mode (`--batch-invariant`): a sequence's tokens come out bit for bit the
+    /// same whatever else shares its micro-batches (with caches of one context size). Costs the
+    /// one-token kernels: decode steps use the tensor-core kernels for a single token too.
+    pub fn set_batch_invariant(&self, on: bool) {
+        self.batch_invariant
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn invariant(&self) -> bool {
+        self.batch_invariant
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Compute the FFN's gate, up and SwiGLU of one token in one launch (Q4_K gate and up).
@@ -308,11 +345,17 @@ impl CudaBackend {
             *g = Some(Scratch {
                 tokens: s.alloc_zeros(MAX_UBATCH).map_err(dev("alloc"))?,
                 pos: s.alloc_zeros(MAX_UBATCH).map_err(dev("alloc"))?,
+                seqtab: s.alloc_zeros(MAX_UBATCH).map_err(dev("alloc"))?,
+                seqtab_host: Vec::new(),
                 rows: s.alloc_zeros(MAX_UBATCH).map_err(dev("alloc"))?,
                 cap: MAX_UBATCH,
                 part: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 xs: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 deq: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                xq: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                xq_sc: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                xq_sum: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                mpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 inv_freq: HashMap::new(),
             });
         }
@@ -590,6 +633,123 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Whether the tensor-core kernels (kernels/mmq.cu) compute `w` for several tokens: Q4_K and
+    /// Q6_K matrices. `MUSER_MMQ=0` turns them off.
+    fn mmq_for(w: &CudaMatrix) -> bool {
+        matches!(w.ty, GgmlType::Q4_K | GgmlType::Q6_K) && w.cols % 256 == 0 && mmq_enabled()
+    }
+
+    /// Column ranges of a tensor-core product: enough (rows / 64) x ranges blocks for two waves,
+    /// from the matrix shape alone (a token's sums must not depend on the batch). Returns
+    /// (ranges, 256-column blocks per range).
+    fn mmq_split(&self, w: &CudaMatrix) -> (usize, usize) {
+        let nb = w.cols / 256;
+        let row_blocks = w.rows.div_ceil(64);
+        let want = (2 * self.sm_count as usize)
+            .div_ceil(row_blocks)
+            .clamp(1, nb.max(1));
+        let per = nb.div_ceil(want).max(1);
+        (nb.div_ceil(per).max(1), per)
+    }
+
+    /// out = W x for every row of x on the int8 tensor cores: x to digit planes (xq_planes), then
+    /// launches of up to 64 tokens (mmq_*), then the column ranges added in order (mmq_reduce).
+    fn mmq(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
+        let n = x.rows;
+        let pad = n.div_ceil(8) * 8;
+        let runs = w.cols / 32;
+        let mut g = self.scratch()?;
+        let s = g
+            .as_mut()
+            .ok_or_else(|| Error::Backend("no scratch".into()))?;
+        if s.xq.len() < runs * 3 * pad * 32 {
+            s.xq = self
+                .stream
+                .alloc_zeros(runs * 3 * pad * 32)
+                .map_err(dev("alloc"))?;
+        }
+        self.grow(&mut s.xq_sc, runs * pad)?;
+        self.grow(&mut s.xq_sum, runs * pad)?;
+        {
+            let (cols, ntok, ntok_pad) = (w.cols as i32, n as i32, pad as i32);
+            let f = self.f("xq_planes")?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&x.data)
+                .arg(&cols)
+                .arg(&ntok)
+                .arg(&ntok_pad)
+                .arg(&mut s.xq)
+                .arg(&mut s.xq_sc)
+                .arg(&mut s.xq_sum);
+            let cfg = LaunchConfig {
+                grid_dim: (runs.div_ceil(4) as u32, pad as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads n rows of cols floats of x; writes runs x 3 x pad x 32 plane bytes and
+            // runs x pad scales and sums, all within the buffers grown above.
+            unsafe { b.launch(cfg) }.map_err(dev("xq_planes"))?;
+        }
+        let (ks, per) = self.mmq_split(w);
+        if ks > 1 {
+            self.grow(&mut s.mpart, ks * n * w.rows)?;
+        }
+        let q6 = w.ty == GgmlType::Q6_K;
+        let (rows, cols, ntok_pad, ntok_total, per_i) = (
+            w.rows as i32,
+            w.cols as i32,
+            pad as i32,
+            n as i32,
+            per as i32,
+        );
+        let mut tok0 = 0;
+        while tok0 < n {
+            let chunk = (n - tok0).min(64);
+            let nt = chunk.div_ceil(8);
+            let name = format!("mmq_{}_{nt}", if q6 { "q6_k" } else { "q4_k" });
+            let f = self.f(&name)?;
+            let (t0, nk) = (tok0 as i32, chunk as i32);
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&w.data);
+            if q6 {
+                b.arg(&w.nbt);
+            }
+            b.arg(&s.xq).arg(&s.xq_sc);
+            if !q6 {
+                b.arg(&s.xq_sum);
+            }
+            b.arg(&mut out.data)
+                .arg(&mut s.mpart)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&t0)
+                .arg(&nk)
+                .arg(&ntok_pad)
+                .arg(&ntok_total)
+                .arg(&per_i);
+            let cfg = LaunchConfig {
+                grid_dim: (w.rows.div_ceil(64) as u32, ks as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads the matrix (rows x cols, device layout), the planes, scales and sums
+            // of tokens tok0..tok0 + 8 nt <= pad; writes tokens tok0..tok0 + chunk of out (n x
+            // rows, checked by the caller) or of mpart (ks x n x rows, grown above).
+            unsafe { b.launch(cfg) }.map_err(dev(&name))?;
+            tok0 += chunk;
+        }
+        if ks > 1 {
+            let total = (n * w.rows) as i64;
+            let ks_i = ks as i32;
+            let f = self.f("mmq_reduce")?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&s.mpart).arg(&ks_i).arg(&total).arg(&mut out.data);
+            // SAFETY: reads ks x total partial sums (written above), writes total outputs.
+            unsafe { b.launch(grid1(n * w.rows, 256)) }.map_err(dev("mmq_reduce"))?;
+        }
+        Ok(())
+    }
+
     fn gemm(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
         let mut g = self.scratch()?;
         let s = g
@@ -634,37 +794,76 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The one sequence this backend attends for, after checking shapes.
-    fn one_sequence<'a>(
+    /// Check the caches of a micro-batch and point each token at its sequence's cache
+    /// (`seqtab`, uploaded when it changed; while a graph is captured the decoder has already
+    /// uploaded it). Returns what the attention launch needs: the cache type, the row size and
+    /// the longest context among the batch's sequences.
+    fn bind_caches(
         &self,
-        caches: &'a mut [&mut CudaKv],
+        caches: &[&mut CudaKv],
         spec: AttnSpec,
         batch: &Batch,
         q: &CudaAct,
         k: &CudaAct,
-    ) -> Result<&'a mut CudaKv> {
+    ) -> Result<SeqView> {
         let n = batch.len();
-        if caches.len() != 1 || batch.seq.iter().any(|&s| s != 0) {
-            return Err(Error::Backend(
-                "the CUDA backend runs one sequence per micro-batch".into(),
-            ));
-        }
         check(k, n, spec.n_head_kv * spec.head_dim, "attention k")?;
         check(q, n, spec.n_head * spec.head_dim, "attention q")?;
-        let kv = &mut *caches[0];
-        if kv.layers[spec.layer].ring > 0 && n > MAX_UBATCH {
+        if n > MAX_UBATCH {
             return Err(Error::Input(format!(
-                "micro-batch of {n} exceeds {MAX_UBATCH} on a sliding layer"
+                "micro-batch of {n} exceeds the CUDA limit {MAX_UBATCH}"
             )));
         }
-        Ok(kv)
+        let first = caches
+            .first()
+            .ok_or_else(|| Error::Input("attention without a cache".into()))?;
+        let view = SeqView {
+            ty: first.ty,
+            row_bytes: first.row_bytes,
+            max_ctx: caches.iter().map(|c| c.n_ctx).max().unwrap_or(0),
+        };
+        if let Some(c) = caches.iter().find(|c| c.ty != view.ty) {
+            return Err(Error::Input(format!(
+                "one micro-batch mixes KV cache types {} and {}",
+                view.ty.name(),
+                c.ty.name()
+            )));
+        }
+        let table: Vec<u64> = batch
+            .seq
+            .iter()
+            .map(|&s| {
+                caches.get(s).map(|c| c.table_addr).ok_or_else(|| {
+                    Error::Input(format!("batch names sequence {s} without a cache"))
+                })
+            })
+            .collect::<Result<_>>()?;
+        if !self.capturing.load(std::sync::atomic::Ordering::SeqCst) {
+            self.upload_seqtab(&table)?;
+        }
+        Ok(view)
+    }
+
+    /// Point the tokens of the next micro-batch at these cache tables (CudaKv::table_addr).
+    pub(crate) fn upload_seqtab(&self, table: &[u64]) -> Result<()> {
+        let mut g = self.scratch()?;
+        let s = g
+            .as_mut()
+            .ok_or_else(|| Error::Backend("no scratch".into()))?;
+        if s.seqtab_host != table {
+            self.stream
+                .memcpy_htod(table, &mut s.seqtab)
+                .map_err(dev("upload cache table"))?;
+            s.seqtab_host = table.to_vec();
+        }
+        Ok(())
     }
 
     /// Attention of `n` queries over a layer's stored keys (split-K partials, then the merge
     /// with the output gate).
     fn attend_cached(
         &self,
-        kv: &CudaKv,
+        kv: &SeqView,
         spec: AttnSpec,
         n: usize,
         q: &CudaAct,
@@ -676,17 +875,20 @@ impl CudaBackend {
         let s = g
             .as_mut()
             .ok_or_else(|| Error::Backend("no scratch".into()))?;
-        let layer = &kv.layers[spec.layer];
-        let (row_bytes, ring) = (kv.row_bytes as i64, layer.ring as i32);
+        let row_bytes = kv.row_bytes as i64;
+        let layer_i = spec.layer as i32;
         let max_keys = if spec.kind.is_sliding() {
-            spec.n_swa.min(kv.n_ctx)
+            spec.n_swa.min(kv.max_ctx)
         } else {
-            kv.n_ctx
+            kv.max_ctx
         };
-        let n_split = max_keys
-            .div_ceil(32)
-            .clamp(1, 64)
-            .min((MAX_PARTS / n).max(1));
+        let n_split = max_keys.div_ceil(32).clamp(1, 64);
+        // Bounded scratch for long prompts, unless the splits must not depend on the batch.
+        let n_split = if self.invariant() {
+            n_split
+        } else {
+            n_split.min((MAX_PARTS / n).max(1))
+        };
         self.grow(
             &mut s.part,
             n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2),
@@ -702,10 +904,9 @@ impl CudaBackend {
             let func = self.f(&name)?;
             let mut b = self.stream.launch_builder(&func);
             b.arg(&q.data)
-                .arg(&layer.k)
-                .arg(&layer.v)
+                .arg(&s.seqtab)
+                .arg(&layer_i)
                 .arg(&row_bytes)
-                .arg(&ring)
                 .arg(&s.pos)
                 .arg(&n_swa)
                 .arg(&spec.scale)
@@ -716,8 +917,9 @@ impl CudaBackend {
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: reads visible cache rows (slots derived from device positions, within the
-            // layer's capacity) and writes n x n_kv_head x n_split partials into `part`.
+            // SAFETY: each token reads visible rows of its own cache (seqtab holds live caches'
+            // tables, bound by bind_caches for this batch; slots derive from positions checked
+            // against each cache's n_ctx) and writes n x n_kv_head x n_split partials into `part`.
             unsafe { b.launch(cfg) }.map_err(dev(&name))?;
         }
         let (ns, nr, hd) = (n_split as i32, nrep as i32, spec.head_dim as i32);
@@ -763,6 +965,12 @@ impl CudaBackend {
     }
 }
 
+/// The tensor-core kernels for several tokens are on unless `MUSER_MMQ=0`.
+fn mmq_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MUSER_MMQ").map_or(true, |v| v != "0"))
+}
+
 /// The x-stationary one-token kernels are on unless `MUSER_MVQ=0`.
 fn mvq_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -777,6 +985,13 @@ fn check(a: &CudaAct, rows: usize, cols: usize, what: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// What one attention launch needs to know about the caches of a micro-batch.
+struct SeqView {
+    ty: KvType,
+    row_bytes: usize,
+    max_ctx: usize,
 }
 
 fn kv_code(ty: KvType) -> i32 {
@@ -800,6 +1015,11 @@ impl Backend for CudaBackend {
         } else {
             format!("cuda ({})", self.device_name)
         }
+    }
+
+    /// Any sequences up to the micro-batch limit: each token finds its own cache (seqtab).
+    fn max_sequences_per_batch(&self) -> usize {
+        MAX_UBATCH
     }
 
     fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<CudaMatrix> {
@@ -905,6 +1125,19 @@ impl Backend for CudaBackend {
                 ring,
             });
         }
+        let host: Vec<u64> = layers
+            .iter()
+            .flat_map(|l| {
+                let (k, _) = l.k.device_ptr(&self.stream);
+                let (v, _) = l.v.device_ptr(&self.stream);
+                [k, v, l.ring as u64]
+            })
+            .collect();
+        let table = self
+            .stream
+            .clone_htod(&host)
+            .map_err(dev("upload KV table"))?;
+        let table_addr = table.device_ptr(&self.stream).0;
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(CudaKv {
@@ -914,6 +1147,8 @@ impl Backend for CudaBackend {
             len: 0,
             row_bytes,
             layers,
+            table,
+            table_addr,
         })
     }
 
@@ -1044,7 +1279,11 @@ impl Backend for CudaBackend {
                 }
                 check(out, x.rows, w.rows, "matmul")?;
                 out.xs_ok = false;
-                if x.rows > 8 {
+                let invariant = self.invariant();
+                if Self::mmq_for(w) && (x.rows > 1 || invariant) {
+                    return self.mmq(w, x, out);
+                }
+                if x.rows > 8 && !invariant {
                     return self.gemm(w, x, out);
                 }
                 if x.rows == 1 && Self::mvq_for(w) {
@@ -1066,7 +1305,9 @@ impl Backend for CudaBackend {
                     &s.xs
                 };
                 let mut t0 = 0;
-                for nt in [8usize, 4, 2, 1] {
+                // Batch-invariant: one token per launch, the same kernel whatever the batch.
+                let widths: &[usize] = if invariant { &[1] } else { &[8, 4, 2, 1] };
+                for &nt in widths {
                     while x.rows - t0 >= nt {
                         self.matvec(w, x, xs, out, t0, nt)?;
                         t0 += nt;
@@ -1167,23 +1408,21 @@ impl Backend for CudaBackend {
         self.timed(
             || format!("attention {} n={}", spec.kind.name(), batch.len()),
             || {
-                let kv = self.one_sequence(caches, spec, batch, q, k)?;
+                let kv = self.bind_caches(caches, spec, batch, q, k)?;
                 let (n, kv_dim) = (batch.len(), spec.n_head_kv * spec.head_dim);
                 let (row_bytes, kvd, kt) = (kv.row_bytes as i64, kv_dim as i32, kv_code(kv.ty));
                 let g = self.scratch()?;
                 let s = g
                     .as_ref()
                     .ok_or_else(|| Error::Backend("no scratch".into()))?;
-                let layer = &mut kv.layers[spec.layer];
-                let ring = layer.ring as i32;
+                let layer_i = spec.layer as i32;
                 let func = self.f("kv_store")?;
                 let mut b = self.stream.launch_builder(&func);
                 b.arg(&k.data)
                     .arg(&v.data)
-                    .arg(&mut layer.k)
-                    .arg(&mut layer.v)
+                    .arg(&s.seqtab)
+                    .arg(&layer_i)
                     .arg(&row_bytes)
-                    .arg(&ring)
                     .arg(&s.pos)
                     .arg(&kvd)
                     .arg(&kt);
@@ -1192,11 +1431,12 @@ impl Backend for CudaBackend {
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: writes one K and one V row per token at slots < the layer's capacity
-                // (positions were checked against n_ctx; ring slots are pos % ring).
+                // SAFETY: writes one K and one V row per token into its own cache (seqtab, bound
+                // above) at slots < the layer's capacity (positions were checked against the
+                // cache's n_ctx; ring slots are pos % ring). One stream orders it before the reads.
                 unsafe { b.launch(cfg) }.map_err(dev("kv_store"))?;
                 drop(g);
-                self.attend_cached(kv, spec, n, q, gate, out)
+                self.attend_cached(&kv, spec, n, q, gate, out)
             },
         )
     }
@@ -1216,7 +1456,7 @@ impl Backend for CudaBackend {
         self.timed(
             || format!("qk+attention {} n={}", spec.kind.name(), batch.len()),
             || {
-                let kv = self.one_sequence(caches, spec, batch, q, k)?;
+                let kv = self.bind_caches(caches, spec, batch, q, k)?;
                 let n = batch.len();
                 let mut g = self.scratch()?;
                 let s = g
@@ -1228,8 +1468,7 @@ impl Backend for CudaBackend {
                 let null = 0u64;
                 let (nh, nkv) = (spec.n_head as i32, spec.n_head_kv as i32);
                 let (row_bytes, kt) = (kv.row_bytes as i64, kv_code(kv.ty));
-                let layer = &mut kv.layers[spec.layer];
-                let ring = layer.ring as i32;
+                let layer_i = spec.layer as i32;
                 let func = self.f(&format!("qkv_prep_{}", spec.head_dim))?;
                 let mut b = self.stream.launch_builder(&func);
                 b.arg(&mut q.data)
@@ -1248,22 +1487,19 @@ impl Backend for CudaBackend {
                     ),
                     None => b.arg(&null),
                 };
-                b.arg(&mut layer.k)
-                    .arg(&mut layer.v)
-                    .arg(&row_bytes)
-                    .arg(&ring)
-                    .arg(&kt);
+                b.arg(&s.seqtab).arg(&layer_i).arg(&row_bytes).arg(&kt);
                 let cfg = LaunchConfig {
                     grid_dim: ((spec.n_head + 2 * spec.n_head_kv) as u32, n as u32, 1),
                     block_dim: (32, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: one warp per head of every token: q rewritten in place, k and v rows
-                // stored at slots within the layer's capacity (positions checked against n_ctx).
+                // stored in the token's own cache (seqtab, bound above) at slots within the
+                // layer's capacity (positions checked against the cache's n_ctx).
                 unsafe { b.launch(cfg) }.map_err(dev("qkv_prep"))?;
                 drop(g);
                 q.xs_ok = false;
-                self.attend_cached(kv, spec, n, q, Some(gate), out)
+                self.attend_cached(&kv, spec, n, q, Some(gate), out)
             },
         )
     }
@@ -1300,6 +1536,7 @@ impl Backend for CudaBackend {
         // or `MUSER_FUSE=1`: it has not run on a GPU yet (gpu.rs compares it with the unfused
         // path bit for bit; turn it on by default once that test has passed on the H200).
         let fuse = x.rows == 1
+            && !self.invariant()
             && w_gate.ty == GgmlType::Q4_K
             && w_up.ty == GgmlType::Q4_K
             && (w_gate.rows, w_gate.cols) == (w_up.rows, w_up.cols)
