@@ -20,39 +20,62 @@
 //   B (16 x 8, column-major): k 4t..4t+3 of column (token) g.
 //   C (16 x 8, s32): c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8, same tokens.
 
-#define MMQ_WARPS 4      // warps per block, 16 rows each
-#define MMQ_MAX_NT 8     // 8-token tiles per launch: 64 tokens
+// A block: 4 row groups of 16 rows; 1 warp each for up to 32 tokens (128 threads), or 2 warps
+// each (256 threads: tokens 0..31 and 32..63 of the launch, the same weights, read once from HBM).
+// NT: 8-token tiles per warp (1..4).
 
-// Plane layout: planes[((run * 3 + p) * ntok_pad + tok) * 8 + w], 8 words (32 bytes) per run and
-// token; xsc and xsum: [run * ntok_pad + tok]. Tokens ntok..ntok_pad - 1 are zero.
-// grid (ceil(runs / 4), ntok_pad), 4 warps: one warp per run.
-extern "C" __global__ void __launch_bounds__(128) xq_planes(const float* __restrict__ x, int cols, int ntok, int ntok_pad,
-                                                            u8* __restrict__ planes, float* __restrict__ xsc,
-                                                            float* __restrict__ xsum) {
-    const int lane = threadIdx.x & 31;
-    const int run = blockIdx.x * 4 + (threadIdx.x >> 5);
-    const int tok = blockIdx.y;
-    const int runs = cols >> 5;
-    if (run >= runs) return;
-    const float v = tok < ntok ? x[(long long)tok * cols + run * 32 + lane] : 0.0f;
-    float m = fabsf(v), s = v;
+// Activation layout, per 256-column block kb and token (ntok_pad tokens, a multiple of 64; the pad
+// ones zero):
+//   xq:   48 words per (kb, token, t): word j = (run * 2 + h) * 3 + p holds plane p of the four
+//         values 32 run + 16 h + 4 t .. + 3 (t = 0..3, the B fragment of lane t), stored as
+//         xq[(((kb * 12 + j / 4) * ntok_pad + tok) * 4 + t) * 4 + j % 4], so that one 16-byte
+//         load per lane fetches 512 contiguous bytes for 8 tokens;
+//   xsc:  [kb * ntok_pad + tok], the block's scale 2^(E - 22) (|x| < 2^E over its 256 values);
+//   xsum: [(kb * 8 + run) * ntok_pad + tok], the f32 sum of the run's 32 values.
+// grid (cols / 256, ntok_pad), one warp per (block, token): lane l holds values 8l .. 8l + 7.
+extern "C" __global__ void __launch_bounds__(32) xq_planes(const float* __restrict__ x, int cols, int ntok, int ntok_pad,
+                                                           u32* __restrict__ xq, float* __restrict__ xsc,
+                                                           float* __restrict__ xsum) {
+    const int lane = threadIdx.x, kb = blockIdx.x, tok = blockIdx.y;
+    float v[8];
+    if (tok < ntok) {
+        const float4 a = __ldg((const float4*)(x + (long long)tok * cols + kb * 256 + 8 * lane));
+        const float4 b = __ldg((const float4*)(x + (long long)tok * cols + kb * 256 + 8 * lane) + 1);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        s += __shfl_xor_sync(0xffffffffu, s, o);
+        for (int i = 0; i < 8; i++) v[i] = 0.0f;
     }
+    float m = 0.0f, s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) { m = fmaxf(m, fabsf(v[i])); s += v[i]; }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    // The run's sum: this lane's 8 in order, then its 4 lanes (a fixed butterfly).
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
     int E;
     frexpf(m, &E);     // m = f 2^E with f in [0.5, 1), so |x| < 2^E (E = 0 when m = 0)
     E = max(E, -100);  // values below 2^-100 count as 0
     const float up = __int_as_float((127 + 22 - E) << 23);  // 2^(22 - E), exact
-    const int X = __float2int_rn(v * up);                   // |X| <= 2^22
+    u32 w[3][2] = {{0, 0}, {0, 0}, {0, 0}};
 #pragma unroll
-    for (int p = 0; p < 3; p++)
-        planes[(((long long)run * 3 + p) * ntok_pad + tok) * 32 + lane] = (u8)((X >> (8 * p)) & 0xFF);
-    if (lane == 0) {
-        xsc[(long long)run * ntok_pad + tok] = __int_as_float((127 - 22 + E) << 23);  // 2^(E - 22)
-        xsum[(long long)run * ntok_pad + tok] = s;
+    for (int i = 0; i < 8; i++) {
+        const int X = __float2int_rn(v[i] * up);  // |X| <= 2^22
+#pragma unroll
+        for (int p = 0; p < 3; p++) w[p][i >> 2] |= (u32)((X >> (8 * p)) & 0xFF) << (8 * (i & 3));
     }
+    // Values 8l .. 8l + 7 = run l / 4, half (l % 4) / 2, t = 2 (l % 2) and 2 (l % 2) + 1.
+    const int run = lane >> 2, h = (lane & 3) >> 1, t0 = 2 * (lane & 1);
+#pragma unroll
+    for (int p = 0; p < 3; p++) {
+        const int j = (run * 2 + h) * 3 + p;
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+            xq[((((long long)kb * 12 + (j >> 2)) * ntok_pad + tok) * 4 + t0 + q) * 4 + (j & 3)] = w[p][q];
+    }
+    if ((lane & 3) == 0) xsum[((long long)kb * 8 + run) * ntok_pad + tok] = s;
+    if (lane == 0) xsc[(long long)kb * ntok_pad + tok] = __int_as_float((127 - 22 + E) << 23);  // 2^(E - 22)
 }
 
 // d += A (s8 weights) x B (u8 or s8 digits).
@@ -65,6 +88,12 @@ __device__ __forceinline__ void mma_s8s8(int (&d)[4], u32 a0, u32 a1, u32 b) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
                  : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
                  : "r"(a0), "r"(a1), "r"(b));
+}
+// Plane p of the digits: the top plane is signed.
+template <int P>
+__device__ __forceinline__ void mma_plane(int (&d)[4], u32 a0, u32 a1, u32 b) {
+    if (P == 2) mma_s8s8(d, a0, a1, b);
+    else mma_s8u8(d, a0, a1, b);
 }
 
 // Byte i (0..11) of the 12 scale bytes of a Q4_K block held in three words.
@@ -83,36 +112,54 @@ __device__ __forceinline__ void q4k_sm(int s, u32 y, u32 z, u32 w, int* sc, int*
     }
 }
 
-// The B words of token tile `nt` for run `run`, plane p, half h (k 16h + 4t..).
-__device__ __forceinline__ u32 bword(const u32* __restrict__ xq, int run, int p, int ntok_pad, int tok, int h, int t) {
-    return __ldg(xq + (((long long)run * 3 + p) * ntok_pad + tok) * 8 + 4 * h + t);
+// The 12 B words (runs 2i, 2i + 1; both halves; three planes) of 256-column block kb for the
+// 8-token tile starting at `tok`: word j = (r * 2 + h) * 3 + p with r = 0, 1 the pair's runs.
+__device__ __forceinline__ void b_pair(const u32* __restrict__ xq, int kb, int i, int ntok_pad, int tok, int t, u32 (&b)[12]) {
+#pragma unroll
+    for (int c = 0; c < 3; c++) {
+        const uint4 u = __ldg((const uint4*)(xq + ((((long long)kb * 12 + 3 * i + c) * ntok_pad + tok) * 4 + t) * 4));
+        b[4 * c] = u.x; b[4 * c + 1] = u.y; b[4 * c + 2] = u.z; b[4 * c + 3] = u.w;
+    }
+}
+
+// The end of a 256-column block: T = (T2 256 + T1) 256 + T0 exactly (64 bits), one rounding
+// to f32, times d (the row's) and the block scale (the token's), into the f32 sums.
+__device__ __forceinline__ float block_value(const int (&T)[3], int e) {
+    const long long v = ((long long)T[2] * 65536 + (long long)T[1] * 256) + (long long)T[0];
+    return __ll2float_rn(v);
+    (void)e;
 }
 
 // Where a block's sums go: straight to y when the columns are not split, else its range's slice
-// of `part` ([split][ntok_total][rows]).
+// of `part` ([split][ntok_total][rows]). `tw`: the warp's first token within the launch.
 template <int NT>
 __device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], float* __restrict__ y, float* __restrict__ part,
-                                          int rows, int r0, int tok0, int ntok, int ntok_total, int g, int t) {
+                                          int rows, int r0, int tok0, int tw, int ntok, int ntok_total, int g, int t) {
     float* out = gridDim.y == 1 ? y : part + (long long)blockIdx.y * ntok_total * rows;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int row = r0 + g + (e >> 1) * 8, tok = nt * 8 + 2 * t + (e & 1);
+            const int row = r0 + g + (e >> 1) * 8, tok = tw + nt * 8 + 2 * t + (e & 1);
             if (row < rows && tok < ntok) out[(long long)(tok0 + tok) * rows + row] = acc[nt][e];
         }
     }
 }
 
 // Q4_K (blocks of 144 bytes as in the file): run s of a block = weights 32s..32s+31 = nibble
-// s % 2 of code bytes 32 (s / 2) + 0..31; w = d sc q - dmin m.
+// s % 2 of code bytes 32 (s / 2) + 0..31; w = d sc q - dmin m. Per block and plane p, the
+// integer T_p = sum_s sc_s sum_{i in s} q_i X_i,p (|T_p| <= 8 * 63 * 32 * 15 * 255 < 2^26);
+// sum w x = d 2^(E-22) (T2 2^16 + T1 2^8 + T0) - sum_s dmin m_s xsum_s.
 template <int NT>
 __device__ __forceinline__ void mmq_q4_k_impl(const u8* __restrict__ W, const u32* __restrict__ xq,
                                               const float* __restrict__ xsc, const float* __restrict__ xsum,
                                               float* __restrict__ y, float* __restrict__ part, int rows, int cols,
                                               int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int r0 = (blockIdx.x * MMQ_WARPS + warp) * 16;
+    const int r0 = (blockIdx.x * 4 + (warp & 3)) * 16;
+    const int tw = 32 * (warp >> 2);  // this warp's tokens: tok0 + tw ..
+    tok0 += tw;
+    ntok -= tw;
     const int nb = cols >> 8;
     const int kb0 = blockIdx.y * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
     const u8* Wa = W + (long long)min(r0 + g, rows - 1) * nb * 144;
@@ -126,70 +173,99 @@ __device__ __forceinline__ void mmq_q4_k_impl(const u8* __restrict__ W, const u3
         const uint4 ha = __ldg((const uint4*)(Wa + kb * 144)), hb = __ldg((const uint4*)(Wb + kb * 144));
         const u32* qa = (const u32*)(Wa + kb * 144 + 16);
         const u32* qb = (const u32*)(Wb + kb * 144 + 16);
-        const float da = h2f((u16)(ha.x & 0xFFFF)), dma = h2f((u16)(ha.x >> 16));
-        const float db = h2f((u16)(hb.x & 0xFFFF)), dmb = h2f((u16)(hb.x >> 16));
+        int T[NT][3][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int p = 0; p < 3; p++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) T[nt][p][e] = 0;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const u32 a_lo = __ldg(qa + 8 * j + t), a_hi = __ldg(qa + 8 * j + 4 + t);
             const u32 b_lo = __ldg(qb + 8 * j + t), b_hi = __ldg(qb + 8 * j + 4 + t);
+            int sc[2][2], mn[2][2];  // [run of the pair][row a, b]
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int s = 2 * j + hf, sh = 4 * hf;
-                const u32 A0 = (a_lo >> sh) & 0x0F0F0F0Fu, A1 = (b_lo >> sh) & 0x0F0F0F0Fu;  // k 0..15
-                const u32 A2 = (a_hi >> sh) & 0x0F0F0F0Fu, A3 = (b_hi >> sh) & 0x0F0F0F0Fu;  // k 16..31
-                int sa, ma, sb, mb;
-                q4k_sm(s, ha.y, ha.z, ha.w, &sa, &ma);
-                q4k_sm(s, hb.y, hb.z, hb.w, &sb, &mb);
-                const float dsa = da * (float)sa, dsb = db * (float)sb;
-                const float mma_ = dma * (float)ma, mmb = dmb * (float)mb;
-                const int run = kb * 8 + s;
+            for (int r = 0; r < 2; r++) {
+                q4k_sm(2 * j + r, ha.y, ha.z, ha.w, &sc[r][0], &mn[r][0]);
+                q4k_sm(2 * j + r, hb.y, hb.z, hb.w, &sc[r][1], &mn[r][1]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                u32 b[12];
+                b_pair(xq, kb, j, ntok_pad, tok0 + nt * 8 + g, t, b);
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int sh = 4 * r;
+                    const u32 A0 = (a_lo >> sh) & 0x0F0F0F0Fu, A1 = (b_lo >> sh) & 0x0F0F0F0Fu;  // k 0..15
+                    const u32 A2 = (a_hi >> sh) & 0x0F0F0F0Fu, A3 = (b_hi >> sh) & 0x0F0F0F0Fu;  // k 16..31
+                    int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
+                    mma_plane<0>(c0, A0, A1, b[(r * 2 + 0) * 3 + 0]);
+                    mma_plane<0>(c0, A2, A3, b[(r * 2 + 1) * 3 + 0]);
+                    mma_plane<1>(c1, A0, A1, b[(r * 2 + 0) * 3 + 1]);
+                    mma_plane<1>(c1, A2, A3, b[(r * 2 + 1) * 3 + 1]);
+                    mma_plane<2>(c2, A0, A1, b[(r * 2 + 0) * 3 + 2]);
+                    mma_plane<2>(c2, A2, A3, b[(r * 2 + 1) * 3 + 2]);
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int s_ = sc[r][e >> 1];
+                        T[nt][0][e] += s_ * c0[e];
+                        T[nt][1][e] += s_ * c1[e];
+                        T[nt][2][e] += s_ * c2[e];
+                    }
+                }
+            }
+            // The mins: acc -= dmin m_s xsum_s, runs in order.
+            const float dma = h2f((u16)(ha.x >> 16)), dmb = h2f((u16)(hb.x >> 16));
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float ma = dma * (float)mn[r][0], mb = dmb * (float)mn[r][1];
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
-                    const int tok = tok0 + nt * 8 + g;
-                    // sum q X = (S2 256 + S1) 256 + S0, accumulated in that order in the s32
-                    // accumulators: |sum| <= 32 * 15 * 2^22 < 2^31.
-                    int c[4] = {0, 0, 0, 0};
-                    mma_s8s8(c, A0, A1, bword(xq, run, 2, ntok_pad, tok, 0, t));
-                    mma_s8s8(c, A2, A3, bword(xq, run, 2, ntok_pad, tok, 1, t));
-#pragma unroll
-                    for (int e = 0; e < 4; e++) c[e] *= 256;
-                    mma_s8u8(c, A0, A1, bword(xq, run, 1, ntok_pad, tok, 0, t));
-                    mma_s8u8(c, A2, A3, bword(xq, run, 1, ntok_pad, tok, 1, t));
-#pragma unroll
-                    for (int e = 0; e < 4; e++) c[e] *= 256;
-                    mma_s8u8(c, A0, A1, bword(xq, run, 0, ntok_pad, tok, 0, t));
-                    mma_s8u8(c, A2, A3, bword(xq, run, 0, ntok_pad, tok, 1, t));
-                    const long long si = (long long)run * ntok_pad + tok0 + nt * 8 + 2 * t;
-                    const float2 sc2 = __ldg((const float2*)(xsc + si)), sm2 = __ldg((const float2*)(xsum + si));
-                    acc[nt][0] += dsa * ((float)c[0] * sc2.x) - mma_ * sm2.x;
-                    acc[nt][1] += dsa * ((float)c[1] * sc2.y) - mma_ * sm2.y;
-                    acc[nt][2] += dsb * ((float)c[2] * sc2.x) - mmb * sm2.x;
-                    acc[nt][3] += dsb * ((float)c[3] * sc2.y) - mmb * sm2.y;
+                    const float2 xs = __ldg((const float2*)(xsum + ((long long)kb * 8 + 2 * j + r) * ntok_pad + tok0 + nt * 8 + 2 * t));
+                    acc[nt][0] = fmaf(-ma, xs.x, acc[nt][0]);
+                    acc[nt][1] = fmaf(-ma, xs.y, acc[nt][1]);
+                    acc[nt][2] = fmaf(-mb, xs.x, acc[nt][2]);
+                    acc[nt][3] = fmaf(-mb, xs.y, acc[nt][3]);
                 }
             }
         }
+        const float da = h2f((u16)(ha.x & 0xFFFF)), db = h2f((u16)(hb.x & 0xFFFF));
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const float2 s2 = __ldg((const float2*)(xsc + (long long)kb * ntok_pad + tok0 + nt * 8 + 2 * t));
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int Te[3] = {T[nt][0][e], T[nt][1][e], T[nt][2][e]};
+                acc[nt][e] = fmaf((e < 2 ? da : db) * ((e & 1) ? s2.y : s2.x), block_value(Te, e), acc[nt][e]);
+            }
+        }
     }
-    mmq_store<NT>(acc, y, part, rows, r0, tok0, ntok, ntok_total, g, t);
+    mmq_store<NT>(acc, y, part, rows, r0, tok0 - tw, tw, ntok + tw, ntok_total, g, t);
 }
 
 // Q6_K (structure of arrays: ql[nbt][128], qh[nbt][64], sc[nbt][16] int8, d[nbt] f16): run s of a
 // block = quarter qt = s % 4 of half n = s / 4; weight l (0..31) has its low nibble in
 // ql[64n + 32 (qt & 1) + l] (bits 4 (qt >> 1)..), its top two bits in qh[32n + l] (bits 2qt..),
-// and the scale sc[8n + 2qt + l / 16]: each 16-weight half is summed on its own
-// (256 S1 + S0 and S2 apart, |.| <= 16 * 32 * 65535 and 16 * 32 * 64) and joined in 64 bits.
+// and the scale sc[8n + 2qt + l / 16]. Per block and plane, T_p = sum over the 16 halves of
+// sc_h sum_{i in h} (q_i - 32) X_i,p (|T_p| <= 16 * 128 * 16 * 32 * 255 < 2^28);
+// sum w x = d 2^(E-22) (T2 2^16 + T1 2^8 + T0).
 template <int NT>
 __device__ __forceinline__ void mmq_q6_k_impl(const u8* __restrict__ W, long long nbt, const u32* __restrict__ xq,
                                               const float* __restrict__ xsc, float* __restrict__ y,
                                               float* __restrict__ part, int rows, int cols, int tok0, int ntok,
                                               int ntok_pad, int ntok_total, int kb_per_split) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int r0 = (blockIdx.x * MMQ_WARPS + warp) * 16;
+    const int r0 = (blockIdx.x * 4 + (warp & 3)) * 16;
+    const int tw = 32 * (warp >> 2);  // this warp's tokens: tok0 + tw ..
+    tok0 += tw;
+    ntok -= tw;
     const int nb = cols >> 8;
     const int kb0 = blockIdx.y * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
     const long long ba = (long long)min(r0 + g, rows - 1) * nb, bb = (long long)min(r0 + g + 8, rows - 1) * nb;
     const u8* QL = W;
     const u8* QH = W + nbt * 128;
-    const signed char* SC = (const signed char*)(W + nbt * 192);
+    const u8* SC = W + nbt * 192;
     const u16* D = (const u16*)(W + nbt * 208);
     float acc[NT][4];
 #pragma unroll
@@ -198,53 +274,79 @@ __device__ __forceinline__ void mmq_q6_k_impl(const u8* __restrict__ W, long lon
         for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
     for (int kb = kb0; kb < kb1; kb++) {
         const long long blka = ba + kb, blkb = bb + kb;
-        const float da = h2f(__ldg(D + blka)), db = h2f(__ldg(D + blkb));
+        const uint4 sca4 = __ldg((const uint4*)(SC + blka * 16)), scb4 = __ldg((const uint4*)(SC + blkb * 16));
+        const u32 sca[4] = {sca4.x, sca4.y, sca4.z, sca4.w}, scb[4] = {scb4.x, scb4.y, scb4.z, scb4.w};
+        int T[NT][3][4];
 #pragma unroll
-        for (int s = 0; s < 8; s++) {
-            const int n = s >> 2, qt = s & 3;
-            const int run = kb * 8 + s;
+        for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int lo_off = 64 * n + 32 * (qt & 1) + 16 * hf + 4 * t, hi_off = 32 * n + 16 * hf + 4 * t;
-                const u32 la = __ldg((const u32*)(QL + blka * 128 + lo_off)), lb = __ldg((const u32*)(QL + blkb * 128 + lo_off));
-                const u32 qa = __ldg((const u32*)(QH + blka * 64 + hi_off)), qb = __ldg((const u32*)(QH + blkb * 64 + hi_off));
-                const int nsh = 4 * (qt >> 1), hsh = 2 * qt;
-                const u32 A0 = __vsub4(((la >> nsh) & 0x0F0F0F0Fu) | (((qa >> hsh) & 0x03030303u) << 4), 0x20202020u);
-                const u32 A1 = __vsub4(((lb >> nsh) & 0x0F0F0F0Fu) | (((qb >> hsh) & 0x03030303u) << 4), 0x20202020u);
-                const float dsa = da * (float)__ldg(SC + blka * 16 + 8 * n + 2 * qt + hf);
-                const float dsb = db * (float)__ldg(SC + blkb * 16 + 8 * n + 2 * qt + hf);
+            for (int p = 0; p < 3; p++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const int tok = tok0 + nt * 8 + g;
-                    int c[4] = {0, 0, 0, 0}, ch[4] = {0, 0, 0, 0};
-                    mma_s8u8(c, A0, A1, bword(xq, run, 1, ntok_pad, tok, hf, t));
+                for (int e = 0; e < 4; e++) T[nt][p][e] = 0;
 #pragma unroll
-                    for (int e = 0; e < 4; e++) c[e] *= 256;
-                    mma_s8u8(c, A0, A1, bword(xq, run, 0, ntok_pad, tok, hf, t));
-                    mma_s8s8(ch, A0, A1, bword(xq, run, 2, ntok_pad, tok, hf, t));
-                    const long long si = (long long)run * ntok_pad + tok0 + nt * 8 + 2 * t;
-                    const float2 sc2 = __ldg((const float2*)(xsc + si));
-                    float q[4];
+        for (int i = 0; i < 4; i++) {  // run pairs (2i, 2i + 1)
+            u32 A[2][2][2];             // [run of the pair][half][row a, b]
+            int S[2][2][2];             // scales, same indices
 #pragma unroll
-                    for (int e = 0; e < 4; e++) q[e] = __ll2float_rn((long long)ch[e] * 65536 + c[e]);
-                    acc[nt][0] += dsa * (q[0] * sc2.x);
-                    acc[nt][1] += dsa * (q[1] * sc2.y);
-                    acc[nt][2] += dsb * (q[2] * sc2.x);
-                    acc[nt][3] += dsb * (q[3] * sc2.y);
+            for (int r = 0; r < 2; r++) {
+                const int s = 2 * i + r, n = s >> 2, qt = s & 3;
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int lo_off = 64 * n + 32 * (qt & 1) + 16 * hf + 4 * t, hi_off = 32 * n + 16 * hf + 4 * t;
+                    const u32 la = __ldg((const u32*)(QL + blka * 128 + lo_off)), lb = __ldg((const u32*)(QL + blkb * 128 + lo_off));
+                    const u32 qa = __ldg((const u32*)(QH + blka * 64 + hi_off)), qb = __ldg((const u32*)(QH + blkb * 64 + hi_off));
+                    const int nsh = 4 * (qt >> 1), hsh = 2 * qt;
+                    A[r][hf][0] = __vsub4(((la >> nsh) & 0x0F0F0F0Fu) | (((qa >> hsh) & 0x03030303u) << 4), 0x20202020u);
+                    A[r][hf][1] = __vsub4(((lb >> nsh) & 0x0F0F0F0Fu) | (((qb >> hsh) & 0x03030303u) << 4), 0x20202020u);
+                    const int si = 8 * n + 2 * qt + hf;
+                    S[r][hf][0] = (int)(signed char)((sca[si >> 2] >> (8 * (si & 3))) & 0xFFu);
+                    S[r][hf][1] = (int)(signed char)((scb[si >> 2] >> (8 * (si & 3))) & 0xFFu);
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                u32 b[12];
+                b_pair(xq, kb, i, ntok_pad, tok0 + nt * 8 + g, t, b);
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
+                        mma_plane<0>(c0, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 0]);
+                        mma_plane<1>(c1, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 1]);
+                        mma_plane<2>(c2, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 2]);
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int s_ = S[r][hf][e >> 1];
+                            T[nt][0][e] += s_ * c0[e];
+                            T[nt][1][e] += s_ * c1[e];
+                            T[nt][2][e] += s_ * c2[e];
+                        }
+                    }
                 }
             }
         }
+        const float da = h2f(__ldg(D + blka)), db = h2f(__ldg(D + blkb));
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const float2 s2 = __ldg((const float2*)(xsc + (long long)kb * ntok_pad + tok0 + nt * 8 + 2 * t));
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int Te[3] = {T[nt][0][e], T[nt][1][e], T[nt][2][e]};
+                acc[nt][e] = fmaf((e < 2 ? da : db) * ((e & 1) ? s2.y : s2.x), block_value(Te, e), acc[nt][e]);
+            }
+        }
     }
-    mmq_store<NT>(acc, y, part, rows, r0, tok0, ntok, ntok_total, g, t);
+    mmq_store<NT>(acc, y, part, rows, r0, tok0 - tw, tw, ntok + tw, ntok_total, g, t);
 }
 
 #define MMQ_ENTRIES(NT)                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(MMQ_WARPS * 32) mmq_q4_k_##NT(                                             \
+    extern "C" __global__ void __launch_bounds__(256) mmq_q4_k_##NT(                                             \
         const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,       \
         int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                               \
         mmq_q4_k_impl<NT>(W, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total, kb_per_split);       \
     }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(MMQ_WARPS * 32) mmq_q6_k_##NT(                                             \
+    extern "C" __global__ void __launch_bounds__(256) mmq_q6_k_##NT(                                             \
         const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols, int tok0, \
         int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                                         \
         mmq_q6_k_impl<NT>(W, nbt, xq, xsc, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total, kb_per_split);        \
@@ -253,10 +355,6 @@ MMQ_ENTRIES(1)
 MMQ_ENTRIES(2)
 MMQ_ENTRIES(3)
 MMQ_ENTRIES(4)
-MMQ_ENTRIES(5)
-MMQ_ENTRIES(6)
-MMQ_ENTRIES(7)
-MMQ_ENTRIES(8)
 
 // y[i] = part[0][i] + part[1][i] + ... in split order (n = ntok_total * rows).
 extern "C" __global__ void mmq_reduce(const float* __restrict__ part, int ksplit, long long n, float* __restrict__ y) {

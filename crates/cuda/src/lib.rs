@@ -656,8 +656,10 @@ impl CudaBackend {
     /// launches of up to 64 tokens (mmq_*), then the column ranges added in order (mmq_reduce).
     fn mmq(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
         let n = x.rows;
-        let pad = n.div_ceil(8) * 8;
+        // Room for a launch's full 64 tokens (the pad tokens' planes are zero).
+        let pad = n.div_ceil(64) * 64;
         let runs = w.cols / 32;
+        let nb = w.cols / 256;
         let mut g = self.scratch()?;
         let s = g
             .as_mut()
@@ -668,7 +670,7 @@ impl CudaBackend {
                 .alloc_zeros(runs * 3 * pad * 32)
                 .map_err(dev("alloc"))?;
         }
-        self.grow(&mut s.xq_sc, runs * pad)?;
+        self.grow(&mut s.xq_sc, nb * pad)?;
         self.grow(&mut s.xq_sum, runs * pad)?;
         {
             let (cols, ntok, ntok_pad) = (w.cols as i32, n as i32, pad as i32);
@@ -682,12 +684,12 @@ impl CudaBackend {
                 .arg(&mut s.xq_sc)
                 .arg(&mut s.xq_sum);
             let cfg = LaunchConfig {
-                grid_dim: (runs.div_ceil(4) as u32, pad as u32, 1),
-                block_dim: (128, 1, 1),
+                grid_dim: (nb as u32, pad as u32, 1),
+                block_dim: (32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: reads n rows of cols floats of x; writes runs x 3 x pad x 32 plane bytes and
-            // runs x pad scales and sums, all within the buffers grown above.
+            // SAFETY: reads n rows of cols floats of x; writes 3 x cols x pad plane bytes, nb x pad
+            // scales and runs x pad sums, all within the buffers grown above.
             unsafe { b.launch(cfg) }.map_err(dev("xq_planes"))?;
         }
         let (ks, per) = self.mmq_split(w);
@@ -705,7 +707,13 @@ impl CudaBackend {
         let mut tok0 = 0;
         while tok0 < n {
             let chunk = (n - tok0).min(64);
-            let nt = chunk.div_ceil(8);
+            // Up to 4 tiles of 8 tokens per warp; past 32 tokens a second warp per row group.
+            let tiles = chunk.div_ceil(8);
+            let (threads, nt) = if tiles <= 4 {
+                (128, tiles)
+            } else {
+                (256, tiles.div_ceil(2))
+            };
             let name = format!("mmq_{}_{nt}", if q6 { "q6_k" } else { "q4_k" });
             let f = self.f(&name)?;
             let (t0, nk) = (tok0 as i32, chunk as i32);
@@ -729,11 +737,11 @@ impl CudaBackend {
                 .arg(&per_i);
             let cfg = LaunchConfig {
                 grid_dim: (w.rows.div_ceil(64) as u32, ks as u32, 1),
-                block_dim: (128, 1, 1),
+                block_dim: (threads, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: reads the matrix (rows x cols, device layout), the planes, scales and sums
-            // of tokens tok0..tok0 + 8 nt <= pad; writes tokens tok0..tok0 + chunk of out (n x
+            // of tokens tok0..tok0 + 64 <= pad; writes tokens tok0..tok0 + chunk of out (n x
             // rows, checked by the caller) or of mpart (ks x n x rows, grown above).
             unsafe { b.launch(cfg) }.map_err(dev(&name))?;
             tok0 += chunk;
