@@ -21,7 +21,8 @@
 //   C (16 x 8, s32): c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8, same tokens.
 
 // A block: 4 row groups of 16 rows; 1 warp each for up to 32 tokens (128 threads), or 2 warps
-// each (256 threads: tokens 0..31 and 32..63 of the launch, the same weights, read once from HBM).
+// each (256 threads: tiles 0..NT-1 and NT..2NT-1 of the launch, the same weights, read once
+// from HBM).
 // NT: 8-token tiles per warp (1..4).
 
 // Activation layout, per 256-column block kb and token (ntok_pad tokens, a multiple of 64; the pad
@@ -157,7 +158,7 @@ __device__ __forceinline__ void mmq_q4_k_impl(const u8* __restrict__ W, const u3
                                               int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int r0 = (blockIdx.x * 4 + (warp & 3)) * 16;
-    const int tw = 32 * (warp >> 2);  // this warp's tokens: tok0 + tw ..
+    const int tw = 8 * NT * (warp >> 2);  // this warp's tokens: tok0 + tw .. + 8 NT
     tok0 += tw;
     ntok -= tw;
     const int nb = cols >> 8;
@@ -257,7 +258,7 @@ __device__ __forceinline__ void mmq_q6_k_impl(const u8* __restrict__ W, long lon
                                               int ntok_pad, int ntok_total, int kb_per_split) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int r0 = (blockIdx.x * 4 + (warp & 3)) * 16;
-    const int tw = 32 * (warp >> 2);  // this warp's tokens: tok0 + tw ..
+    const int tw = 8 * NT * (warp >> 2);  // this warp's tokens: tok0 + tw .. + 8 NT
     tok0 += tw;
     ntok -= tw;
     const int nb = cols >> 8;
