@@ -150,6 +150,8 @@ const NORM_THREADS: u32 = 1024;
 /// The x-stationary kernels' limits (kernels/matvec.cu MVQ_R, MVQ_MAX_THREADS).
 const MVQ_R: usize = 4;
 const MVQ_MAX_COLS: usize = 640 / 8 * 256;
+/// Most tokens a product takes on the tensor-core kernels outside the batch-invariant mode.
+const MMQ_MAX_TOKENS: usize = 64;
 /// Most (token x split) attention partials at once.
 const MAX_PARTS: usize = 4096;
 
@@ -1288,7 +1290,11 @@ impl Backend for CudaBackend {
                 check(out, x.rows, w.rows, "matmul")?;
                 out.xs_ok = false;
                 let invariant = self.invariant();
-                if Self::mmq_for(w) && (x.rows > 1 || invariant) {
+                // The tensor-core kernels for 2..=64 tokens (batched decode); past one launch
+                // of 64, the cuBLAS path is faster today (H200, 2026-11-29: 729 vs 557 tokens/s
+                // at 512; at 64 sequences the tensor-core kernels give 394 vs 202).
+                // Batch-invariant: always, one token included.
+                if Self::mmq_for(w) && (invariant || (2..=MMQ_MAX_TOKENS).contains(&x.rows)) {
                     return self.mmq(w, x, out);
                 }
                 if x.rows > 8 && !invariant {

@@ -200,7 +200,15 @@ fn matvec_kernels_match_the_cpu_per_format() {
         let file = ModelFile::open(&path).unwrap();
         let m = &file.tensors.layers[0].ffn_down; // 6656 rows x n_ff cols
         let up = &file.tensors.layers[0].ffn_up; // n_ff rows x 6656 cols
-        for mat in [m, up] {
+        // Batch-invariant too for Q4_K/Q6_K: every token count on the tensor-core kernels
+        // (100 tokens: two launches).
+        let modes: &[bool] = if matches!(layout, "q4_k" | "q6_k") {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for (&invariant, mat) in modes.iter().flat_map(|i| [(i, m), (i, up)]) {
+            gpu_b.set_batch_invariant(invariant);
             let cpu = CpuBackend::new(NumericMode::Accurate, 0).unwrap();
             let wc = cpu.matrix(&file.gguf, mat).unwrap();
             let wg = gpu_b.matrix(&file.gguf, mat).unwrap();
@@ -227,8 +235,10 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     .fold(0f32, f32::max)
                     / scale;
                 report.push(format!(
-                    "{layout:<5} {}x{} n={n:<2} max rel err {err:.2e}",
-                    mat.rows, mat.cols
+                    "{layout:<5} {}x{} n={n:<3} max rel err {err:.2e}{}",
+                    mat.rows,
+                    mat.cols,
+                    if invariant { " (batch-invariant)" } else { "" }
                 ));
                 assert!(err < 2e-5, "{layout} n={n}: {err}");
             }
