@@ -68,12 +68,17 @@ fn batched_test<B: Backend>(
     ubatch: usize,
 ) -> Result<(f64, f64), muser_engine::Error> {
     use muser_engine::backend::Batch;
-    let max_seqs = m.backend.max_sequences_per_batch().max(1);
+    let max_seqs = m
+        .backend
+        .max_sequences_per_batch()
+        .min(m.backend.max_batch_tokens())
+        .max(1);
     if npl > max_seqs {
         return Err(muser_engine::Error::Input(format!(
-            "{npl} sequences: the backend mixes at most {max_seqs} per micro-batch"
+            "{npl} sequences: the backend takes at most {max_seqs} per micro-batch"
         )));
     }
+    let ubatch = ubatch.min(m.backend.max_batch_tokens()).max(1);
     let mut rng = Rng::new(3);
     let mut caches = (0..npl)
         .map(|_| m.new_cache(kv, npp + ntg + 1))

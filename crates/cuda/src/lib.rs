@@ -1032,6 +1032,10 @@ impl Backend for CudaBackend {
         MAX_UBATCH
     }
 
+    fn max_batch_tokens(&self) -> usize {
+        MAX_UBATCH
+    }
+
     fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<CudaMatrix> {
         self.matrix_from_bytes(m, m.bytes(file))
     }

@@ -83,6 +83,12 @@ pub trait Backend: Send + Sync {
         1
     }
 
+    /// Most tokens one micro-batch may hold (a device backend sizes its caches' rings and its
+    /// scratch for it).
+    fn max_batch_tokens(&self) -> usize {
+        usize::MAX
+    }
+
     fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<Self::Matrix>;
     /// A weight matrix from bytes in ggml's layout (`m` gives its name, format and shape): the
     /// shards of a tensor under tensor parallelism.

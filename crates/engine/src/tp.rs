@@ -355,6 +355,14 @@ impl<B: Backend> Backend for TpBackend<B> {
             .unwrap_or(1)
     }
 
+    fn max_batch_tokens(&self) -> usize {
+        self.ranks
+            .iter()
+            .map(|b| b.max_batch_tokens())
+            .min()
+            .unwrap_or(usize::MAX)
+    }
+
     fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<TpMatrix<B::Matrix>> {
         self.matrix_from_bytes(m, m.bytes(file))
     }

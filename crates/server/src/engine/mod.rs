@@ -219,6 +219,16 @@ pub fn start<B: Backend + 'static>(
     if cfg.step_tokens == 0 {
         return Err("the step size (--ubatch) must be at least 1".into());
     }
+    // Every running sequence decodes in each step, with room for one prompt token.
+    let max_tokens = model.backend.max_batch_tokens();
+    if cfg.parallel >= max_tokens {
+        return Err(format!(
+            "--parallel {}: the {} backend takes at most {max_tokens} tokens per step, so at most {} sequences",
+            cfg.parallel,
+            model.backend.name(),
+            max_tokens - 1
+        ));
+    }
     let cost = KvCost::new(c, cfg.kv_type).map_err(|e| e.to_string())?;
     let budget = cfg
         .kv_budget_bytes

@@ -91,7 +91,11 @@ impl<B: Backend> Worker<B> {
         rx: Receiver<Command>,
     ) -> Result<Self, String> {
         // Every decoding sequence plus at least one prompt token fit in a step.
-        let step_tokens = cfg.step_tokens.max(cfg.parallel + 1);
+        // (new() has checked parallel < max_batch_tokens.)
+        let step_tokens = cfg
+            .step_tokens
+            .max(cfg.parallel + 1)
+            .min(model.backend.max_batch_tokens());
         let ws = model
             .workspace(step_tokens)
             .map_err(|e| format!("cannot allocate the engine's workspace: {e}"))?;
