@@ -68,6 +68,8 @@ if has batch; then
   if [ -n "${AB:-}" ]; then
     # The same without the tensor-core kernels (f32 cuBLAS on dequantized weights past 8 tokens).
     MUSER_MMQ=0 timeout 200 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel 64 2>&1 | sed 's/^| /| (MUSER_MMQ=0) /' | tee -a "$blog"
+    # Fewer token tiles per warp: fewer registers, more warps (the same bits; gpu.rs checks).
+    MUSER_MMQ_NT=2 timeout 200 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel 32,64 2>&1 | sed 's/^| /| (MUSER_MMQ_NT=2) /' | tee -a "$blog"
   fi
   if [ -n "${BI:-}" ]; then
     timeout 200 carry/bin/muser bench -m "$MODEL" --device cuda --batch-invariant -p 512 -n ${TG:-128} -r 1 --parallel 64 2>&1 | sed 's/^| /| (invariant) /' | tee -a "$blog"

@@ -20,9 +20,8 @@
 //   B (16 x 8, column-major): k 4t..4t+3 of column (token) g.
 //   C (16 x 8, s32): c0, c1 = row g, tokens 2t, 2t + 1; c2, c3 = row g + 8, same tokens.
 
-// A block: 4 row groups of 16 rows; 1 warp each for up to 32 tokens (128 threads), or 2 warps
-// each (256 threads: tiles 0..NT-1 and NT..2NT-1 of the launch, the same weights, read once
-// from HBM).
+// A block: 4 row groups of 16 rows, each with W = 1..4 warps (128 W threads) that take tiles
+// 0..NT-1, NT..2NT-1, ... of the launch's tokens: the same weights, read once from HBM.
 // NT: 8-token tiles per warp (1..4).
 
 // Activation layout, per 256-column block kb and token (ntok_pad tokens, a multiple of 64; the pad
@@ -341,13 +340,15 @@ __device__ __forceinline__ void mmq_q6_k_impl(const u8* __restrict__ W, long lon
     mmq_store<NT>(acc, y, part, rows, r0, tok0 - tw, tw, ntok + tw, ntok_total, g, t);
 }
 
+// Blocks of up to 512 threads (4 warps per row group) for 1 or 2 tiles per warp, 256 for 3 or 4.
+#define MMQ_THREADS(NT) ((NT) <= 2 ? 512 : 256)
 #define MMQ_ENTRIES(NT)                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(256) mmq_q4_k_##NT(                                             \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_q4_k_##NT(                                             \
         const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,       \
         int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                               \
         mmq_q4_k_impl<NT>(W, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total, kb_per_split);       \
     }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256) mmq_q6_k_##NT(                                             \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_q6_k_##NT(                                             \
         const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols, int tok0, \
         int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                                         \
         mmq_q6_k_impl<NT>(W, nbt, xq, xsc, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total, kb_per_split);        \

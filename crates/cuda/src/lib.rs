@@ -179,6 +179,9 @@ pub struct CudaBackend {
     /// (every Q4_K/Q6_K product on the tensor-core kernels, one token at a time for the others,
     /// attention splits independent of the batch size).
     batch_invariant: std::sync::atomic::AtomicBool,
+    /// Most 8-token tiles per warp in the tensor-core kernels (1..=4; `MUSER_MMQ_NT`): fewer
+    /// means fewer registers and more warps per row group. Every choice gives the same bits.
+    mmq_tiles: std::sync::atomic::AtomicUsize,
     /// Resident blocks per SM of (kernel, block size), from the occupancy calculator.
     waves: Mutex<HashMap<(&'static str, u32), u32>>,
 }
@@ -241,6 +244,13 @@ impl CudaBackend {
             batch_invariant: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_BATCH_INVARIANT").is_ok_and(|v| v == "1"),
             ),
+            mmq_tiles: std::sync::atomic::AtomicUsize::new(
+                std::env::var("MUSER_MMQ_NT")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|n| (1..=4).contains(n))
+                    .unwrap_or(4),
+            ),
         })
     }
 
@@ -272,6 +282,13 @@ impl CudaBackend {
     pub fn set_batch_invariant(&self, on: bool) {
         self.batch_invariant
             .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// At most `n` (1..=4) tiles of 8 tokens per warp in the tensor-core kernels (a launch of
+    /// 64 tokens then takes 8 / n warps per row group). Results do not change; speed may.
+    pub fn set_mmq_tiles_per_warp(&self, n: usize) {
+        self.mmq_tiles
+            .store(n.clamp(1, 4), std::sync::atomic::Ordering::Relaxed);
     }
 
     fn invariant(&self) -> bool {
@@ -709,13 +726,16 @@ impl CudaBackend {
         let mut tok0 = 0;
         while tok0 < n {
             let chunk = (n - tok0).min(64);
-            // Up to 4 tiles of 8 tokens per warp; past 32 tokens a second warp per row group.
+            // Tiles of 8 tokens: at most `max_nt` per warp (and at least tiles / 4: a block
+            // holds 4 warps per row group at most), as many warps per row group as that takes.
             let tiles = chunk.div_ceil(8);
-            let (threads, nt) = if tiles <= 4 {
-                (128, tiles)
-            } else {
-                (256, tiles.div_ceil(2))
-            };
+            let max_nt = self.mmq_tiles.load(std::sync::atomic::Ordering::Relaxed);
+            let mut nt = tiles.min(max_nt).max(tiles.div_ceil(4));
+            if nt >= 3 {
+                // Kernels of 3 or 4 tiles per warp are built for 256 threads (mmq.cu MMQ_THREADS).
+                nt = nt.max(tiles.div_ceil(2));
+            }
+            let threads = 128 * tiles.div_ceil(nt) as u32;
             let name = format!("mmq_{}_{nt}", if q6 { "q6_k" } else { "q4_k" });
             let f = self.f(&name)?;
             let (t0, nk) = (tok0 as i32, chunk as i32);

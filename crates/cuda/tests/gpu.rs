@@ -226,6 +226,21 @@ fn matvec_kernels_match_the_cpu_per_format() {
                 let mut yg = gpu_b.act(n, mat.rows).unwrap();
                 gpu_b.matmul(&wg, &xg, &mut yg).unwrap();
                 let y = gpu_b.read(&yg).unwrap();
+                if invariant {
+                    // Fewer token tiles per warp (more warps): the same arithmetic, the same bits.
+                    for tiles in [1, 2] {
+                        gpu_b.set_mmq_tiles_per_warp(tiles);
+                        gpu_b.matmul(&wg, &xg, &mut yg).unwrap();
+                        let other = gpu_b.read(&yg).unwrap();
+                        assert!(
+                            y.iter()
+                                .zip(&other)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{layout} n={n}: {tiles} tiles per warp changed the bits"
+                        );
+                    }
+                    gpu_b.set_mmq_tiles_per_warp(4);
+                }
                 let scale = yc.data.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
                 let err = yc
                     .data
