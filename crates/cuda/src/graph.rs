@@ -14,7 +14,8 @@ pub struct GraphDecoder<'m> {
     model: &'m MuseGlimmer<CudaBackend>,
     ws: Workspace<CudaBackend>,
     out: CudaSlice<u32>,
-    graph: Option<(u64, cudarc::driver::CudaGraph)>,
+    /// The graph, the cache it was captured for and the backend's scratch epoch then.
+    graph: Option<(u64, u64, cudarc::driver::CudaGraph)>,
     /// One eager step has run: every lazily grown scratch buffer and table exists, so a
     /// capture allocates nothing.
     warmed: bool,
@@ -64,7 +65,11 @@ impl<'m> GraphDecoder<'m> {
             self.model
                 .forward_device(&mut self.ws, &batch, &mut [kv], &[0])?;
             b.argmax(&self.ws.logits, &mut self.out)?;
-        } else if let Some((_, g)) = self.graph.as_ref().filter(|(id, _)| *id == kv.id) {
+        } else if let Some((_, _, g)) = self
+            .graph
+            .as_ref()
+            .filter(|(id, epoch, _)| *id == kv.id && *epoch == b.scratch_epoch())
+        {
             // Host-side bookkeeping the captured kernels do not do.
             b.kv_set_len(kv, pos as usize + 1);
             g.launch().map_err(dev("graph launch"))?;
@@ -90,7 +95,7 @@ impl<'m> GraphDecoder<'m> {
             let graph =
                 graph?.ok_or_else(|| Error::Backend("CUDA capture produced no graph".into()))?;
             graph.launch().map_err(dev("graph launch"))?;
-            self.graph = Some((kv.id, graph));
+            self.graph = Some((kv.id, b.scratch_epoch(), graph));
         }
         if let Some(l) = logits {
             *l = b.read(&self.ws.logits)?;

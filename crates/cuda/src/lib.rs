@@ -182,6 +182,8 @@ pub struct CudaBackend {
     /// Most 8-token tiles per warp in the tensor-core kernels (1..=4; `MUSER_MMQ_NT`): fewer
     /// means fewer registers and more warps per row group. Every choice gives the same bits.
     mmq_tiles: std::sync::atomic::AtomicUsize,
+    /// Bumped when a scratch buffer is reallocated (`scratch_epoch`).
+    scratch_epoch: std::sync::atomic::AtomicU64,
     /// Resident blocks per SM of (kernel, block size), from the occupancy calculator.
     waves: Mutex<HashMap<(&'static str, u32), u32>>,
 }
@@ -244,6 +246,7 @@ impl CudaBackend {
             batch_invariant: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_BATCH_INVARIANT").is_ok_and(|v| v == "1"),
             ),
+            scratch_epoch: std::sync::atomic::AtomicU64::new(0),
             mmq_tiles: std::sync::atomic::AtomicUsize::new(
                 std::env::var("MUSER_MMQ_NT")
                     .ok()
@@ -384,8 +387,16 @@ impl CudaBackend {
     fn grow(&self, buf: &mut CudaSlice<f32>, n: usize) -> Result<()> {
         if buf.len() < n {
             *buf = self.stream.alloc_zeros(n).map_err(dev("alloc"))?;
+            self.scratch_epoch
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         Ok(())
+    }
+
+    /// Changes whenever a scratch buffer is replaced by a larger one: a graph captured before
+    /// holds the old buffer's address and must be captured again (graph.rs checks).
+    pub fn scratch_epoch(&self) -> u64 {
+        self.scratch_epoch.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Start (or stop, returning nothing) timing every operation with CUDA events.
@@ -688,6 +699,8 @@ impl CudaBackend {
                 .stream
                 .alloc_zeros(runs * 3 * pad * 32)
                 .map_err(dev("alloc"))?;
+            self.scratch_epoch
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
         self.grow(&mut s.xq_sc, nb * pad)?;
         self.grow(&mut s.xq_sum, runs * pad)?;
