@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the H200 machine (repo root, after scripts/h200-prepare.sh here, carry=["carry"]).
 # Stages (select with STAGES, default all): tests, synth, muser, batch (Muser's batched test and
-# llama-batched-bench on the same file), llama, tp (needs 2+ GPUs).
+# llama-batched-bench on the same file), llama, tp (needs 2+ GPUs); serve (not in the default: 64
+# streaming clients against `muser serve` and then `llama-server -np 64`; written 2026-11-29 and
+# not yet run on the GPU machine).
 # Logs go to $OUT; the last lines printed are a short table.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -27,11 +29,11 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 
 # llama.cpp builds on the CPU while the GPU stages run (it takes minutes; the GPU work does not
 # wait on the host much, and the llama.cpp runs start only once the build is done).
-if has llama || has batch; then
+if has llama || has batch || has serve; then
   ( mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.tar.xz && cd /tmp/llama/llama.cpp &&
-    cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TESTS=OFF \
+    cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=$(has serve && echo ON || echo OFF) -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$OUT/llama-build.log" 2>&1 &&
-    nice cmake --build build -j14 --target llama-bench llama-batched-bench >> "$OUT/llama-build.log" 2>&1 ) &
+    nice cmake --build build -j14 --target llama-bench llama-batched-bench $(has serve && echo llama-server) >> "$OUT/llama-build.log" 2>&1 ) &
   llama_build=$!
 fi
 
@@ -88,7 +90,7 @@ if has ncu; then
   done
 fi
 
-if has llama || has batch; then
+if has llama || has batch || has serve; then
   wait "$llama_build" || echo "llama.cpp build failed (see llama-build.log)"
 fi
 
@@ -96,6 +98,28 @@ if has batch; then
   timeout 240 /tmp/llama/llama.cpp/build/bin/llama-batched-bench -m "$MODEL" -ngl 99 -c 42000 -b 2048 -ub 512 \
     -npp 512 -ntg 128 -npl ${NPL:-32,64} 2>&1 | grep -E '^\|' | tee -a "$blog"
   summary+=("$(grep -E '^\|' "$blog" | sed 's/^/batched /')")
+fi
+
+if has serve; then
+  # The issue's server comparison: 64 concurrent streaming chat clients for SERVE_SECONDS, every
+  # request generating 128 tokens (ignore_eos), first against Muser, then llama-server, same file.
+  # The synthetic file has no chat template: both get the real one from the text tests.
+  up() { for _ in $(seq 120); do curl -sf "$1/health" > /dev/null && return 0; sleep 1; done; return 1; }
+  tmpl=crates/text/tests/data/muse-glimmer.jinja
+  LOAD="python3 crates/server/tests/load/load.py --clients 64 --duration ${SERVE_SECONDS:-60} --ignore-eos --min-tokens 128 --max-tokens 128"
+  carry/bin/muser serve -m "$MODEL" --device cuda --parallel 64 --ctx-size 1024 --port 8081 --chat-template-file $tmpl > "$OUT/serve-muser.log" 2>&1 &
+  spid=$!
+  if up http://127.0.0.1:8081; then
+    timeout 300 $LOAD --url http://127.0.0.1:8081 --model muser --server-pid $spid --out /tmp/load-muser.json 2>&1 | tail -15 | sed 's/^/muser serve: /' | tee -a "$OUT/serve.log"
+  else echo "muser serve did not come up" | tee -a "$OUT/serve.log"; fi
+  kill $spid; wait $spid 2>/dev/null
+  /tmp/llama/llama.cpp/build/bin/llama-server -m "$MODEL" -ngl 99 -np 64 -c 65536 --port 8082 --chat-template-file $tmpl > "$OUT/serve-llama.log" 2>&1 &
+  lpid=$!
+  if up http://127.0.0.1:8082; then
+    timeout 300 $LOAD --url http://127.0.0.1:8082 --model llama --server-pid $lpid --out /tmp/load-llama.json 2>&1 | tail -15 | sed 's/^/llama-server: /' | tee -a "$OUT/serve.log"
+  else echo "llama-server did not come up" | tee -a "$OUT/serve.log"; fi
+  kill $lpid; wait $lpid 2>/dev/null
+  summary+=("$(grep -iE 'tokens/s|failed|ttft' "$OUT/serve.log")")
 fi
 
 if has llama; then
