@@ -464,13 +464,16 @@ __device__ __forceinline__ void x_digits(const float (&v)[N], u32 (&d0)[N / 4], 
                                          float& scale, float& sum) {
     float m = 0.0f;
     sum = 0.0f;
+    bool bad = false;
 #pragma unroll
-    for (int i = 0; i < N; i++) { m = fmaxf(m, fabsf(v[i])); sum += v[i]; }
+    for (int i = 0; i < N; i++) { m = fmaxf(m, fabsf(v[i])); sum += v[i]; bad |= !isfinite(v[i]); }
     int E;
     frexpf(m, &E);   // m = f 2^E with f in [0.5, 1), so |x| < 2^E (E = 0 when m = 0)
-    E = max(E, -100);  // values below 2^-100 count as 0 (their error is under 2^-122)
+    E = bad ? 0 : max(E, -100);  // runs below 2^-100: quantized in steps of 2^-122
     const float up = __int_as_float((127 + 22 - E) << 23);  // 2^(22 - E), exact
-    scale = __int_as_float((127 - 22 + E) << 23);            // 2^(E - 22)
+    // A non-finite activation makes the run's scale NaN: the products that read it are NaN, as
+    // a float product would be.
+    scale = bad ? __int_as_float(0x7fc00000) : __int_as_float((127 - 22 + E) << 23);  // 2^(E - 22)
 #pragma unroll
     for (int w = 0; w < N / 4; w++) {
         u32 a = 0, b = 0, c = 0;

@@ -1,16 +1,18 @@
 // ==== Products of many tokens on the int8 tensor cores, exact integer sums (Q4_K, Q6_K) ====
 //
-// For micro-batches of 2 or more tokens (batched decode, prompts), and for every token in the
-// batch-invariant mode. The arithmetic is that of the x-stationary kernels (matvec.cu) on the
-// tensor cores instead of dp4a:
-// - xq_planes: each run of 32 activations of a token gets the power-of-two scale 2^(E-22) with
-//   |x| < 2^E and becomes X = round(x 2^(22-E)), |X| <= 2^22, split into three byte planes
-//   (two unsigned, the top one signed); the error is at most 2^-23 of the run's largest value,
-//   the size of an f32 rounding of it. The run's f32 sum (a fixed butterfly) feeds Q4_K's mins.
+// For micro-batches of 2 to 64 tokens (batched decode), and for every token in the batch-invariant
+// mode. The idea of the x-stationary kernels (matvec.cu) on the tensor cores instead of dp4a:
+// - xq_planes: each block of 256 activations of a token gets the power-of-two scale 2^(E-22) with
+//   |x| < 2^E over the block and becomes X = round(x 2^(22-E)), |X| <= 2^22, split into three
+//   byte planes (two unsigned, the top one signed); the error of a value is at most 2^(E-23), at
+//   most 2^-22 of the block's largest value. Each run of 32 also gets its f32 sum (a fixed
+//   order) for Q4_K's mins. A non-finite activation makes the block's scale NaN, so the products
+//   that read it are NaN, as a float product would be.
 // - mmq_*: the weight codes are the A operand and the digit planes the B operand of
-//   mma.sync.m16n8k16 (s32 accumulators): sum q X over a run is exact in integers and becomes an
-//   f32 with one rounding, then times the run's scale and the weights' d * scale.
-// - Each (row, token) output is accumulated over the runs in column order; the columns are cut
+//   mma.sync.m16n8k16 (s32 accumulators): per block and plane, sum_s sc_s sum q X is exact in
+//   integers; the planes join in 64 bits and become an f32 with one rounding, then times d and the
+//   block's scale.
+// - Each (row, token) output is accumulated over the blocks in column order; the columns are cut
 //   into `ksplit` ranges chosen from the matrix shape alone, and mmq_reduce adds the ranges in
 //   order. Nothing depends on how many tokens share the launch or which: a token's result is the
 //   same in any batch.
@@ -47,16 +49,18 @@ extern "C" __global__ void __launch_bounds__(32) xq_planes(const float* __restri
         for (int i = 0; i < 8; i++) v[i] = 0.0f;
     }
     float m = 0.0f, s = 0.0f;
+    bool bad = false;
 #pragma unroll
-    for (int i = 0; i < 8; i++) { m = fmaxf(m, fabsf(v[i])); s += v[i]; }
+    for (int i = 0; i < 8; i++) { m = fmaxf(m, fabsf(v[i])); s += v[i]; bad |= !isfinite(v[i]); }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    bad = __any_sync(0xffffffffu, bad);
     // The run's sum: this lane's 8 in order, then its 4 lanes (a fixed butterfly).
     s += __shfl_xor_sync(0xffffffffu, s, 1);
     s += __shfl_xor_sync(0xffffffffu, s, 2);
     int E;
     frexpf(m, &E);     // m = f 2^E with f in [0.5, 1), so |x| < 2^E (E = 0 when m = 0)
-    E = max(E, -100);  // values below 2^-100 count as 0
+    E = bad ? 0 : max(E, -100);  // blocks below 2^-100: quantized in steps of 2^-122
     const float up = __int_as_float((127 + 22 - E) << 23);  // 2^(22 - E), exact
     u32 w[3][2] = {{0, 0}, {0, 0}, {0, 0}};
 #pragma unroll
@@ -75,7 +79,8 @@ extern "C" __global__ void __launch_bounds__(32) xq_planes(const float* __restri
             xq[((((long long)kb * 12 + (j >> 2)) * ntok_pad + tok) * 4 + t0 + q) * 4 + (j & 3)] = w[p][q];
     }
     if ((lane & 3) == 0) xsum[((long long)kb * 8 + run) * ntok_pad + tok] = s;
-    if (lane == 0) xsc[(long long)kb * ntok_pad + tok] = __int_as_float((127 - 22 + E) << 23);  // 2^(E - 22)
+    if (lane == 0)
+        xsc[(long long)kb * ntok_pad + tok] = bad ? __int_as_float(0x7fc00000) : __int_as_float((127 - 22 + E) << 23);  // 2^(E - 22)
 }
 
 // d += A (s8 weights) x B (u8 or s8 digits).
@@ -124,10 +129,9 @@ __device__ __forceinline__ void b_pair(const u32* __restrict__ xq, int kb, int i
 
 // The end of a 256-column block: T = (T2 256 + T1) 256 + T0 exactly (64 bits), one rounding
 // to f32, times d (the row's) and the block scale (the token's), into the f32 sums.
-__device__ __forceinline__ float block_value(const int (&T)[3], int e) {
+__device__ __forceinline__ float block_value(const int (&T)[3]) {
     const long long v = ((long long)T[2] * 65536 + (long long)T[1] * 256) + (long long)T[0];
     return __ll2float_rn(v);
-    (void)e;
 }
 
 // Where a block's sums go: straight to y when the columns are not split, else its range's slice
@@ -237,7 +241,7 @@ __device__ __forceinline__ void mmq_q4_k_impl(const u8* __restrict__ W, const u3
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int Te[3] = {T[nt][0][e], T[nt][1][e], T[nt][2][e]};
-                acc[nt][e] = fmaf((e < 2 ? da : db) * ((e & 1) ? s2.y : s2.x), block_value(Te, e), acc[nt][e]);
+                acc[nt][e] = fmaf((e < 2 ? da : db) * ((e & 1) ? s2.y : s2.x), block_value(Te), acc[nt][e]);
             }
         }
     }
@@ -333,7 +337,7 @@ __device__ __forceinline__ void mmq_q6_k_impl(const u8* __restrict__ W, long lon
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int Te[3] = {T[nt][0][e], T[nt][1][e], T[nt][2][e]};
-                acc[nt][e] = fmaf((e < 2 ? da : db) * ((e & 1) ? s2.y : s2.x), block_value(Te, e), acc[nt][e]);
+                acc[nt][e] = fmaf((e < 2 ? da : db) * ((e & 1) ? s2.y : s2.x), block_value(Te), acc[nt][e]);
             }
         }
     }

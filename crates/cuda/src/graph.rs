@@ -16,9 +16,9 @@ pub struct GraphDecoder<'m> {
     out: CudaSlice<u32>,
     /// The graph, the cache it was captured for and the backend's scratch epoch then.
     graph: Option<(u64, u64, cudarc::driver::CudaGraph)>,
-    /// One eager step has run: every lazily grown scratch buffer and table exists, so a
-    /// capture allocates nothing.
-    warmed: bool,
+    /// The cache and scratch epoch of the last eager step: a capture for that cache while the
+    /// epoch is unchanged finds every lazily grown buffer sized, so it allocates nothing.
+    warm: Option<(u64, u64)>,
     /// Capture a graph (true) or launch kernel by kernel (false, for comparison).
     pub use_graph: bool,
 }
@@ -36,7 +36,7 @@ impl<'m> GraphDecoder<'m> {
             ws,
             out,
             graph: None,
-            warmed: false,
+            warm: None,
             use_graph: true,
         })
     }
@@ -45,6 +45,7 @@ impl<'m> GraphDecoder<'m> {
     /// context and recorded for its KV type).
     pub fn reset(&mut self) {
         self.graph = None;
+        self.warm = None;
     }
 
     /// Run one token at the cache's next position; returns the greedy next token. When
@@ -57,23 +58,26 @@ impl<'m> GraphDecoder<'m> {
     ) -> Result<u32> {
         let b = &self.model.backend;
         let pos = b.kv_len(kv) as u32;
+        // A replay skips the model's batch checks: this is the one that matters for it.
+        if pos as usize >= b.kv_capacity(kv) {
+            return Err(Error::Input(format!(
+                "position {pos} is past the context size {}",
+                b.kv_capacity(kv)
+            )));
+        }
         let batch = Batch::single(&[token], pos);
         b.upload_batch(&batch)?;
         b.upload_seqtab(&[kv.table_addr])?;
-        if !self.use_graph || !self.warmed {
-            self.warmed = true;
-            self.model
-                .forward_device(&mut self.ws, &batch, &mut [kv], &[0])?;
-            b.argmax(&self.ws.logits, &mut self.out)?;
-        } else if let Some((_, _, g)) = self
+        let epoch = b.scratch_epoch();
+        let current = self
             .graph
             .as_ref()
-            .filter(|(id, epoch, _)| *id == kv.id && *epoch == b.scratch_epoch())
-        {
+            .filter(|(id, e, _)| self.use_graph && *id == kv.id && *e == epoch);
+        if let Some((_, _, g)) = current {
             // Host-side bookkeeping the captured kernels do not do.
             b.kv_set_len(kv, pos as usize + 1);
             g.launch().map_err(dev("graph launch"))?;
-        } else {
+        } else if self.use_graph && self.warm == Some((kv.id, epoch)) {
             b.sync()?;
             b.capturing.store(true, std::sync::atomic::Ordering::SeqCst);
             let begun = b
@@ -94,8 +98,19 @@ impl<'m> GraphDecoder<'m> {
             run?;
             let graph =
                 graph?.ok_or_else(|| Error::Backend("CUDA capture produced no graph".into()))?;
+            if b.scratch_epoch() != epoch {
+                return Err(Error::Backend(
+                    "a scratch buffer was reallocated during a graph capture".into(),
+                ));
+            }
             graph.launch().map_err(dev("graph launch"))?;
-            self.graph = Some((kv.id, b.scratch_epoch(), graph));
+            self.graph = Some((kv.id, epoch, graph));
+        } else {
+            // Eager: the first step of a cache, after a reallocation, or without graphs.
+            self.model
+                .forward_device(&mut self.ws, &batch, &mut [kv], &[0])?;
+            b.argmax(&self.ws.logits, &mut self.out)?;
+            self.warm = Some((kv.id, b.scratch_epoch()));
         }
         if let Some(l) = logits {
             *l = b.read(&self.ws.logits)?;

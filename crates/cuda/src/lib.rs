@@ -285,6 +285,9 @@ impl CudaBackend {
     pub fn set_batch_invariant(&self, on: bool) {
         self.batch_invariant
             .store(on, std::sync::atomic::Ordering::Relaxed);
+        // A captured graph recorded the other mode's kernels.
+        self.scratch_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// At most `n` (1..=4) tiles of 8 tokens per warp in the tensor-core kernels (a launch of
@@ -393,8 +396,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Changes whenever a scratch buffer is replaced by a larger one: a graph captured before
-    /// holds the old buffer's address and must be captured again (graph.rs checks).
+    /// Changes whenever a scratch buffer is replaced by a larger one (or the kernel choice
+    /// changes): a graph captured before holds the old buffer's address and must be captured
+    /// again (graph.rs checks).
     pub fn scratch_epoch(&self) -> u64 {
         self.scratch_epoch.load(std::sync::atomic::Ordering::SeqCst)
     }
@@ -1337,7 +1341,7 @@ impl Backend for CudaBackend {
                 if x.rows > 8 && !invariant {
                     return self.gemm(w, x, out);
                 }
-                if x.rows == 1 && Self::mvq_for(w) {
+                if x.rows == 1 && !invariant && Self::mvq_for(w) {
                     return self.matvec_q(w, None, x, out, 0);
                 }
                 let needs_sums = matches!(

@@ -226,7 +226,7 @@ pub fn start<B: Backend + 'static>(
             "--parallel {}: the {} backend takes at most {max_tokens} tokens per step, so at most {} sequences",
             cfg.parallel,
             model.backend.name(),
-            max_tokens - 1
+            max_tokens.saturating_sub(1)
         ));
     }
     let cost = KvCost::new(c, cfg.kv_type).map_err(|e| e.to_string())?;
