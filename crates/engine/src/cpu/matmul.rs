@@ -159,7 +159,9 @@ fn block_generic(
 
 /// Matrix-vector products for up to 4 tokens without materializing dequantized rows: each
 /// 256-value group is dequantized into a stack buffer and accumulated at once, lane `i % 8`
-/// in increasing `i` (the canonical order: the same bits as [`dot`]).
+/// in increasing `i` (the canonical order: the same bits as [`dot`]). Rows go `R` at a time so
+/// their FMA chains (one per row, lane and token, each a strict sequence) interleave: a single
+/// chain waits the FMA latency at every step.
 #[inline(always)]
 fn gemv_generic(
     ty: GgmlType,
@@ -170,51 +172,110 @@ fn gemv_generic(
     nt: usize,
     y: &mut [f32],
 ) {
-    const G: usize = 256;
+    const R: usize = 4;
     let row_bytes = w.len() / rows;
+    let mut r = 0;
+    while r + R <= rows {
+        gemv_rows::<R>(ty, w, row_bytes, r, rows, cols, x, nt, y);
+        r += R;
+    }
+    while r < rows {
+        gemv_rows::<1>(ty, w, row_bytes, r, rows, cols, x, nt, y);
+        r += 1;
+    }
+}
+
+/// A hint that `b` will be read soon (no effect on results).
+#[inline(always)]
+fn prefetch(b: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it reads nothing architecturally and cannot fault; the
+    // pointer comes from a live slice.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(b.as_ptr() as *const i8);
+        if b.len() > 64 {
+            _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().add(64) as *const i8);
+        }
+        if b.len() > 128 {
+            _mm_prefetch::<_MM_HINT_T0>(b.as_ptr().add(128) as *const i8);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = b;
+}
+
+/// Rows r0..r0 + R of `gemv_generic`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn gemv_rows<const R: usize>(
+    ty: GgmlType,
+    w: &[u8],
+    row_bytes: usize,
+    r0: usize,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    nt: usize,
+    y: &mut [f32],
+) {
+    const G: usize = 256;
     let (bl, bs) = ty.block_geometry();
-    let per_g = G / bl; // blocks per group of 256 values
-    let mut buf = [0f32; G];
-    for (r, row) in w.chunks_exact(row_bytes).enumerate() {
-        let mut acc = [[0f32; 8]; 4];
-        let mut c0 = 0;
-        while c0 < cols {
-            let g = G.min(cols - c0);
-            let nb = g / bl;
+    let mut buf = [[0f32; G]; R];
+    let mut acc = [[[0f32; 8]; 4]; R];
+    let mut c0 = 0;
+    while c0 < cols {
+        let g = G.min(cols - c0);
+        let nb = g / bl;
+        // The weights stream from memory: ask for the group after next while this one runs.
+        let ahead = (c0 + 2 * G) / bl * bs;
+        for k in 0..R {
+            let off = (r0 + k) * row_bytes + ahead;
+            if ahead < row_bytes {
+                prefetch(&w[off..]);
+            }
+        }
+        for (k, b) in buf.iter_mut().enumerate() {
+            let row = &w[(r0 + k) * row_bytes..(r0 + k + 1) * row_bytes];
             let bytes = &row[c0 / bl * bs..(c0 / bl + nb) * bs];
             if bl == 1 {
-                formats::dequantize_row(ty, bytes, &mut buf[..g]);
+                formats::dequantize_row(ty, bytes, &mut b[..g]);
             } else {
-                for (o, b) in buf[..g].chunks_exact_mut(bl).zip(bytes.chunks_exact(bs)) {
-                    formats::dequantize_block(ty, b, o);
+                for (o, blk) in b[..g].chunks_exact_mut(bl).zip(bytes.chunks_exact(bs)) {
+                    formats::dequantize_block(ty, blk, o);
                 }
             }
-            let _ = per_g;
-            let (wc, _) = buf[..g].as_chunks::<8>();
-            for t in 0..nt {
-                let (xc, _) = x[t * cols + c0..t * cols + c0 + g].as_chunks::<8>();
-                let a = &mut acc[t];
-                for (wv, xv) in wc.iter().zip(xc) {
+        }
+        for t in 0..nt {
+            let (xc, _) = x[t * cols + c0..t * cols + c0 + g].as_chunks::<8>();
+            for (i, xv) in xc.iter().enumerate() {
+                for k in 0..R {
+                    let wv = &buf[k][8 * i..8 * i + 8];
+                    let a = &mut acc[k][t];
                     for l in 0..8 {
                         a[l] = wv[l].mul_add(xv[l], a[l]);
                     }
                 }
             }
-            // A tail shorter than 8 only occurs at the end of a row (widths are multiples of 8
-            // for every format but F32/F16/BF16 with odd widths).
-            let tail = g % 8;
-            if tail != 0 {
+        }
+        // A tail shorter than 8 only occurs at the end of a row (widths are multiples of 8
+        // for every format but F32/F16/BF16 with odd widths).
+        let tail = g % 8;
+        if tail != 0 {
+            for k in 0..R {
                 for t in 0..nt {
                     for j in 0..tail {
                         let i = g - tail + j;
-                        acc[t][j] = buf[i].mul_add(x[t * cols + c0 + i], acc[t][j]);
+                        acc[k][t][j] = buf[k][i].mul_add(x[t * cols + c0 + i], acc[k][t][j]);
                     }
                 }
             }
-            c0 += g;
         }
+        c0 += g;
+    }
+    for k in 0..R {
         for t in 0..nt {
-            y[t * rows + r] = reduce(acc[t]);
+            y[t * rows + r0 + k] = reduce(acc[k][t]);
         }
     }
 }
