@@ -227,11 +227,16 @@ fn gemv_rows<const R: usize>(
     while c0 < cols {
         let g = G.min(cols - c0);
         let nb = g / bl;
-        // The weights stream from memory: ask for the group after next while this one runs.
-        let ahead = (c0 + 2 * G) / bl * bs;
+        // The weights stream from memory: ask for the group 4 ahead while this one runs (past
+        // the end of these rows, the same place in the next R rows).
+        let ahead = (c0 + 4 * G) / bl * bs;
         for k in 0..R {
-            let off = (r0 + k) * row_bytes + ahead;
-            if ahead < row_bytes {
+            let off = if ahead < row_bytes {
+                (r0 + k) * row_bytes + ahead
+            } else {
+                (r0 + R + k) * row_bytes + (ahead - row_bytes)
+            };
+            if off < w.len() {
                 prefetch(&w[off..]);
             }
         }
