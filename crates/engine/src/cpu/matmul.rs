@@ -296,7 +296,103 @@ fn gemv_avx2(
     nt: usize,
     y: &mut [f32],
 ) {
+    if ty == GgmlType::Q4_K && nt == 1 && cols % 256 == 0 {
+        return q4k_one_token(w, rows, cols, x, y);
+    }
     gemv_generic(ty, w, rows, cols, x, nt, y)
+}
+
+/// Q4_K, one token: `gemv_generic`'s arithmetic with the dequantization in registers (no
+/// buffer): y = (d sc) q - (dmin m) by a multiply then a subtraction, as `formats::dequant_q4_k`,
+/// then one FMA per 8 weights into lane `i % 8`, in increasing `i`: the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4k_one_token(w: &[u8], rows: usize, cols: usize, x: &[f32], y: &mut [f32]) {
+    const R: usize = 4;
+    let row_bytes = w.len() / rows;
+    let mut r = 0;
+    while r + R <= rows {
+        q4k_rows::<R>(w, row_bytes, r, rows, cols, x, y);
+        r += R;
+    }
+    while r < rows {
+        q4k_rows::<1>(w, row_bytes, r, rows, cols, x, y);
+        r += 1;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4k_rows<const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    r0: usize,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let nb = cols / 256;
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mask = _mm_set1_epi8(0x0F);
+    for b in 0..nb {
+        // The block 4 ahead (or the same place in the next R rows), as gemv_rows.
+        let ahead = (b + 4) * 144;
+        for k in 0..R {
+            let off = if ahead < row_bytes {
+                (r0 + k) * row_bytes + ahead
+            } else {
+                (r0 + R + k) * row_bytes + (ahead - row_bytes)
+            };
+            if off < w.len() {
+                prefetch(&w[off..]);
+            }
+        }
+        let mut dm = [[(0f32, 0f32); 8]; R];
+        let mut qs: [&[u8]; R] = [&[]; R];
+        for k in 0..R {
+            let blk = &w[(r0 + k) * row_bytes + b * 144..(r0 + k) * row_bytes + (b + 1) * 144];
+            let d = formats::f16_at(blk, 0);
+            let dmin = formats::f16_at(blk, 2);
+            for (s, e) in dm[k].iter_mut().enumerate() {
+                let (sc, m) = formats::scale_min_k4(s, &blk[4..16]);
+                *e = (d * sc as f32, dmin * m as f32);
+            }
+            qs[k] = &blk[16..144];
+        }
+        let xb = &x[b * 256..(b + 1) * 256];
+        for s in 0..8 {
+            let (j, shift) = (s / 2, 4 * (s % 2) as i32);
+            for c in 0..4 {
+                let xs = &xb[32 * s + 8 * c..32 * s + 8 * c + 8];
+                // SAFETY: `xs` holds 8 floats (a checked slice); loadu reads exactly 8.
+                let xv = unsafe { _mm256_loadu_ps(xs.as_ptr()) };
+                for k in 0..R {
+                    let src = &qs[k][32 * j + 8 * c..32 * j + 8 * c + 8];
+                    // SAFETY: `src` holds 8 bytes (a checked slice); loadl reads exactly 8.
+                    let v = unsafe { _mm_loadl_epi64(src.as_ptr() as *const __m128i) };
+                    let v = if shift == 4 {
+                        _mm_srli_epi16::<4>(v)
+                    } else {
+                        v
+                    };
+                    let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(v, mask)));
+                    let (dd, mm) = dm[k][s];
+                    let wv =
+                        _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dd), q), _mm256_set1_ps(mm));
+                    acc[k] = _mm256_fmadd_ps(wv, xv, acc[k]);
+                }
+            }
+        }
+    }
+    for k in 0..R {
+        let mut a = [0f32; 8];
+        // SAFETY: `a` holds 8 floats.
+        unsafe { _mm256_storeu_ps(a.as_mut_ptr(), acc[k]) };
+        y[r0 + k] = reduce(a);
+    }
+    let _ = rows;
 }
 
 /// y[t][r] = W[r] . x[t] for a weight matrix of `rows` x `cols` in format `ty` and `n_tokens`
@@ -418,6 +514,56 @@ mod tests {
                         assert!((want as f64 - f64sum).abs() < 1e-5, "{want} vs {f64sum}");
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn quantized_one_token_products_give_the_reference_bits() {
+        // Every format's one-token path (Q4_K's in-register dequantization included) against
+        // the canonical dot of the exactly dequantized rows; 7 rows: a block of 4 and a tail.
+        let mut s = 11u64;
+        for ty in [
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+            GgmlType::Q8_0,
+            GgmlType::F16,
+        ] {
+            let (rows, cols) = (7usize, 512usize);
+            let (bl, bs) = ty.block_geometry();
+            let mut wb: Vec<u8> = (0..rows * cols / bl * bs)
+                .map(|_| ((lcg(&mut s) + 0.5) * 255.0) as u8)
+                .collect();
+            // Sane f16 scales (d, dmin, ...): overwrite every 2-byte field a block starts with.
+            for blk in wb.chunks_exact_mut(bs) {
+                let d = half::f16::from_f32(0.01 + 0.02 * (lcg(&mut s) + 0.5))
+                    .to_bits()
+                    .to_le_bytes();
+                match ty {
+                    GgmlType::Q4_K => {
+                        blk[0..2].copy_from_slice(&d);
+                        blk[2..4].copy_from_slice(&d);
+                    }
+                    GgmlType::Q6_K => blk[208..210].copy_from_slice(&d),
+                    GgmlType::Q8_0 => blk[0..2].copy_from_slice(&d),
+                    _ => {
+                        for v in blk.chunks_exact_mut(2) {
+                            v.copy_from_slice(
+                                &half::f16::from_f32(lcg(&mut s)).to_bits().to_le_bytes(),
+                            );
+                        }
+                    }
+                }
+            }
+            let x: Vec<f32> = (0..cols).map(|_| lcg(&mut s)).collect();
+            let mut y = vec![0f32; rows];
+            matmul(ty, &wb, rows, cols, &x, 1, &mut y);
+            let row_bytes = wb.len() / rows;
+            for r in 0..rows {
+                let mut wr = vec![0f32; cols];
+                formats::dequantize_row(ty, &wb[r * row_bytes..(r + 1) * row_bytes], &mut wr);
+                assert_eq!(y[r].to_bits(), dot(&wr, &x).to_bits(), "{ty} row {r}");
+                assert!(y[r].is_finite());
             }
         }
     }
