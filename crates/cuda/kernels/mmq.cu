@@ -134,6 +134,51 @@ __device__ __forceinline__ float block_value(const int (&T)[3]) {
     return __ll2float_rn(v);
 }
 
+template <int NT>
+__device__ __forceinline__ void zero_acc(float (&acc)[NT][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+}
+
+template <int NT>
+__device__ __forceinline__ void zero_sums(int (&T)[NT][3][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int p = 0; p < 3; p++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) T[nt][p][e] = 0;
+}
+
+// T_p += sc c_p for the three planes of one tile (sa: the scale of row g, sb: of row g + 8).
+__device__ __forceinline__ void add_scaled(int (&T)[3][4], const int (&c0)[4], const int (&c1)[4], const int (&c2)[4],
+                                           int sa, int sb) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int s_ = e < 2 ? sa : sb;
+        T[0][e] += s_ * c0[e];
+        T[1][e] += s_ * c1[e];
+        T[2][e] += s_ * c2[e];
+    }
+}
+
+// The end of 256-column block kb: acc += (d of the row) (the token's block scale) T.
+template <int NT>
+__device__ __forceinline__ void end_block(float (&acc)[NT][4], const int (&T)[NT][3][4], float da, float db,
+                                          const float* __restrict__ xsc, int kb, int ntok_pad, int tok0, int t) {
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const float2 s2 = __ldg((const float2*)(xsc + (long long)kb * ntok_pad + tok0 + nt * 8 + 2 * t));
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int Te[3] = {T[nt][0][e], T[nt][1][e], T[nt][2][e]};
+            acc[nt][e] = fmaf((e < 2 ? da : db) * ((e & 1) ? s2.y : s2.x), block_value(Te), acc[nt][e]);
+        }
+    }
+}
+
 // Where a block's sums go: straight to y when the columns are not split, else its range's slice
 // of `part` ([split][ntok_total][rows]). `tw`: the warp's first token within the launch.
 template <int NT>
@@ -169,21 +214,13 @@ __device__ __forceinline__ void mmq_q4_k_impl(const u8* __restrict__ W, const u3
     const u8* Wa = W + (long long)min(r0 + g, rows - 1) * nb * 144;
     const u8* Wb = W + (long long)min(r0 + g + 8, rows - 1) * nb * 144;
     float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+    zero_acc<NT>(acc);
     for (int kb = kb0; kb < kb1; kb++) {
         const uint4 ha = __ldg((const uint4*)(Wa + kb * 144)), hb = __ldg((const uint4*)(Wb + kb * 144));
         const u32* qa = (const u32*)(Wa + kb * 144 + 16);
         const u32* qb = (const u32*)(Wb + kb * 144 + 16);
         int T[NT][3][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int p = 0; p < 3; p++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) T[nt][p][e] = 0;
+        zero_sums<NT>(T);
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const u32 a_lo = __ldg(qa + 8 * j + t), a_hi = __ldg(qa + 8 * j + 4 + t);
@@ -210,13 +247,7 @@ __device__ __forceinline__ void mmq_q4_k_impl(const u8* __restrict__ W, const u3
                     mma_plane<1>(c1, A2, A3, b[(r * 2 + 1) * 3 + 1]);
                     mma_plane<2>(c2, A0, A1, b[(r * 2 + 0) * 3 + 2]);
                     mma_plane<2>(c2, A2, A3, b[(r * 2 + 1) * 3 + 2]);
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int s_ = sc[r][e >> 1];
-                        T[nt][0][e] += s_ * c0[e];
-                        T[nt][1][e] += s_ * c1[e];
-                        T[nt][2][e] += s_ * c2[e];
-                    }
+                    add_scaled(T[nt], c0, c1, c2, sc[r][0], sc[r][1]);
                 }
             }
             // The mins: acc -= dmin m_s xsum_s, runs in order.
@@ -235,15 +266,7 @@ __device__ __forceinline__ void mmq_q4_k_impl(const u8* __restrict__ W, const u3
             }
         }
         const float da = h2f((u16)(ha.x & 0xFFFF)), db = h2f((u16)(hb.x & 0xFFFF));
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const float2 s2 = __ldg((const float2*)(xsc + (long long)kb * ntok_pad + tok0 + nt * 8 + 2 * t));
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int Te[3] = {T[nt][0][e], T[nt][1][e], T[nt][2][e]};
-                acc[nt][e] = fmaf((e < 2 ? da : db) * ((e & 1) ? s2.y : s2.x), block_value(Te), acc[nt][e]);
-            }
-        }
+        end_block<NT>(acc, T, da, db, xsc, kb, ntok_pad, tok0, t);
     }
     mmq_store<NT>(acc, y, part, rows, r0, tok0 - tw, tw, ntok + tw, ntok_total, g, t);
 }
@@ -272,21 +295,13 @@ __device__ __forceinline__ void mmq_q6_k_impl(const u8* __restrict__ W, long lon
     const u8* SC = W + nbt * 192;
     const u16* D = (const u16*)(W + nbt * 208);
     float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+    zero_acc<NT>(acc);
     for (int kb = kb0; kb < kb1; kb++) {
         const long long blka = ba + kb, blkb = bb + kb;
         const uint4 sca4 = __ldg((const uint4*)(SC + blka * 16)), scb4 = __ldg((const uint4*)(SC + blkb * 16));
         const u32 sca[4] = {sca4.x, sca4.y, sca4.z, sca4.w}, scb[4] = {scb4.x, scb4.y, scb4.z, scb4.w};
         int T[NT][3][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int p = 0; p < 3; p++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) T[nt][p][e] = 0;
+        zero_sums<NT>(T);
 #pragma unroll
         for (int i = 0; i < 4; i++) {  // run pairs (2i, 2i + 1)
             u32 A[2][2][2];             // [run of the pair][half][row a, b]
@@ -319,27 +334,13 @@ __device__ __forceinline__ void mmq_q6_k_impl(const u8* __restrict__ W, long lon
                         mma_plane<0>(c0, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 0]);
                         mma_plane<1>(c1, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 1]);
                         mma_plane<2>(c2, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 2]);
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int s_ = S[r][hf][e >> 1];
-                            T[nt][0][e] += s_ * c0[e];
-                            T[nt][1][e] += s_ * c1[e];
-                            T[nt][2][e] += s_ * c2[e];
-                        }
+                        add_scaled(T[nt], c0, c1, c2, S[r][hf][0], S[r][hf][1]);
                     }
                 }
             }
         }
         const float da = h2f(__ldg(D + blka)), db = h2f(__ldg(D + blkb));
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-            const float2 s2 = __ldg((const float2*)(xsc + (long long)kb * ntok_pad + tok0 + nt * 8 + 2 * t));
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int Te[3] = {T[nt][0][e], T[nt][1][e], T[nt][2][e]};
-                acc[nt][e] = fmaf((e < 2 ? da : db) * ((e & 1) ? s2.y : s2.x), block_value(Te), acc[nt][e]);
-            }
-        }
+        end_block<NT>(acc, T, da, db, xsc, kb, ntok_pad, tok0, t);
     }
     mmq_store<NT>(acc, y, part, rows, r0, tok0 - tw, tw, ntok + tw, ntok_total, g, t);
 }
