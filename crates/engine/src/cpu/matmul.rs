@@ -205,6 +205,23 @@ fn prefetch(b: &[u8]) {
     let _ = b;
 }
 
+/// The weights stream from memory: ask for byte `ahead` of rows r0..r0 + R (4 groups ahead of
+/// the one being multiplied), or past the end of these rows the same place in the next R rows
+/// (a row block's start was where the loads stalled).
+#[inline(always)]
+fn prefetch_rows<const R: usize>(w: &[u8], row_bytes: usize, r0: usize, ahead: usize) {
+    for k in 0..R {
+        let off = if ahead < row_bytes {
+            (r0 + k) * row_bytes + ahead
+        } else {
+            (r0 + R + k) * row_bytes + (ahead - row_bytes)
+        };
+        if off < w.len() {
+            prefetch(&w[off..]);
+        }
+    }
+}
+
 /// Rows r0..r0 + R of `gemv_generic`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -227,19 +244,7 @@ fn gemv_rows<const R: usize>(
     while c0 < cols {
         let g = G.min(cols - c0);
         let nb = g / bl;
-        // The weights stream from memory: ask for the group 4 ahead while this one runs (past
-        // the end of these rows, the same place in the next R rows).
-        let ahead = (c0 + 4 * G) / bl * bs;
-        for k in 0..R {
-            let off = if ahead < row_bytes {
-                (r0 + k) * row_bytes + ahead
-            } else {
-                (r0 + R + k) * row_bytes + (ahead - row_bytes)
-            };
-            if off < w.len() {
-                prefetch(&w[off..]);
-            }
-        }
+        prefetch_rows::<R>(w, row_bytes, r0, (c0 + 4 * G) / bl * bs);
         for (k, b) in buf.iter_mut().enumerate() {
             let row = &w[(r0 + k) * row_bytes..(r0 + k + 1) * row_bytes];
             let bytes = &row[c0 / bl * bs..(c0 / bl + nb) * bs];
@@ -337,18 +342,7 @@ fn q4k_rows<const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     let mask = _mm_set1_epi8(0x0F);
     for b in 0..nb {
-        // The block 4 ahead (or the same place in the next R rows), as gemv_rows.
-        let ahead = (b + 4) * 144;
-        for k in 0..R {
-            let off = if ahead < row_bytes {
-                (r0 + k) * row_bytes + ahead
-            } else {
-                (r0 + R + k) * row_bytes + (ahead - row_bytes)
-            };
-            if off < w.len() {
-                prefetch(&w[off..]);
-            }
-        }
+        prefetch_rows::<R>(w, row_bytes, r0, (b + 4) * 144);
         let mut dm = [[(0f32, 0f32); 8]; R];
         let mut qs: [&[u8]; R] = [&[]; R];
         for k in 0..R {
