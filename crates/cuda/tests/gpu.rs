@@ -557,81 +557,8 @@ fn fused_ffn_gives_the_unfused_bits() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// One sequence's teacher-forced decode logits, alone: its prompt in one micro-batch, then one
-/// token per step.
-fn alone(
-    m: &MuseGlimmer<CudaBackend>,
-    seq: &[u32],
-    prompt: usize,
-) -> Result<Vec<Vec<f32>>, muser_engine::Error> {
-    use muser_engine::backend::Batch;
-    let mut kv = m.new_cache(KvType::F32, 256)?;
-    let mut ws = m.workspace(64)?;
-    m.forward(
-        &mut ws,
-        &Batch::single(&seq[..prompt], 0),
-        &mut [&mut kv],
-        &[],
-    )?;
-    let mut out = Vec::new();
-    for (k, &t) in seq.iter().enumerate().skip(prompt) {
-        out.push(m.forward(
-            &mut ws,
-            &Batch::single(&[t], k as u32),
-            &mut [&mut kv],
-            &[0],
-        )?);
-    }
-    Ok(out)
-}
-
-/// The same sequences together: all prompts in one micro-batch, then steps that advance every
-/// sequence with tokens left (the batch shrinks as sequences finish).
-fn together(
-    m: &MuseGlimmer<CudaBackend>,
-    seqs: &[Vec<u32>],
-    prompts: &[usize],
-) -> Result<Vec<Vec<Vec<f32>>>, muser_engine::Error> {
-    use muser_engine::backend::Batch;
-    let nv = m.config.n_vocab;
-    let mut caches = (0..seqs.len())
-        .map(|_| m.new_cache(KvType::F32, 256))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut ws = m.workspace(128)?;
-    let mut b = Batch::default();
-    for (i, s) in seqs.iter().enumerate() {
-        for (k, &t) in s[..prompts[i]].iter().enumerate() {
-            b.tokens.push(t);
-            b.pos.push(k as u32);
-            b.seq.push(i);
-        }
-    }
-    let mut refs: Vec<&mut muser_cuda::CudaKv> = caches.iter_mut().collect();
-    m.forward(&mut ws, &b, &mut refs, &[])?;
-    let mut out = vec![Vec::new(); seqs.len()];
-    let mut next = prompts.to_vec();
-    loop {
-        let live: Vec<usize> = (0..seqs.len())
-            .filter(|&i| next[i] < seqs[i].len())
-            .collect();
-        if live.is_empty() {
-            break;
-        }
-        let b = Batch {
-            tokens: live.iter().map(|&i| seqs[i][next[i]]).collect(),
-            pos: live.iter().map(|&i| next[i] as u32).collect(),
-            seq: live.clone(),
-        };
-        let rows: Vec<usize> = (0..live.len()).collect();
-        let mut refs: Vec<&mut muser_cuda::CudaKv> = caches.iter_mut().collect();
-        let l = m.forward(&mut ws, &b, &mut refs, &rows)?;
-        for (j, &i) in live.iter().enumerate() {
-            out[i].push(l[j * nv..(j + 1) * nv].to_vec());
-            next[i] += 1;
-        }
-    }
-    Ok(out)
-}
+#[path = "../../engine/tests/common/batched.rs"]
+mod batched;
 
 #[test]
 fn batched_sequences_match_one_at_a_time() {
@@ -659,11 +586,11 @@ fn batched_sequences_match_one_at_a_time() {
             b.set_batch_invariant(invariant);
             let m = MuseGlimmer::load(&file, b).unwrap();
             let nv = m.config.n_vocab;
-            let got = together(&m, &seqs, &prompts).unwrap();
+            let got = batched::together(&m, &seqs, &prompts, KvType::F32, 256).unwrap();
             let mut worst = 0f64;
             let mut identical = true;
             for (i, s) in seqs.iter().enumerate() {
-                let want = alone(&m, s, prompts[i]).unwrap();
+                let want = batched::alone(&m, s, prompts[i], KvType::F32, 256).unwrap();
                 assert_eq!(want.len(), got[i].len());
                 for (w, g) in want.iter().zip(&got[i]) {
                     worst = worst.max(max_dls(g, w, nv));

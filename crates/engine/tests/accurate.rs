@@ -96,13 +96,12 @@ fn bf16_and_q8_0_caches_run_and_stay_finite() {
 /// gets alone. The server relies on it; the CUDA backend offers the same as `--batch-invariant`.
 #[test]
 fn sequences_batched_together_give_each_its_own_bits() {
-    use muser_engine::backend::Batch;
+    use common::batched::{alone, together};
     for name in all_fixtures()
         .into_iter()
         .filter(|n| n.ends_with("q4_k_m") || n.ends_with("f16"))
     {
         let m = load(&name, NumericMode::Accurate);
-        let nv = m.config.n_vocab;
         let tokens = read_i32(&golden_path(&name, "tokens.i32"));
         let seqs: Vec<Vec<u32>> = (0..4)
             .map(|i| {
@@ -116,73 +115,17 @@ fn sequences_batched_together_give_each_its_own_bits() {
             })
             .collect();
         let prompts = [6usize, 1, 13, 9];
-        // Alone: the prompt in one micro-batch, then one token per step.
-        let mut alone = Vec::new();
-        for (s, &p) in seqs.iter().zip(&prompts) {
-            let mut kv = m.new_cache(KvType::F16, 128).unwrap();
-            let mut ws = m.workspace(64).unwrap();
-            m.forward(&mut ws, &Batch::single(&s[..p], 0), &mut [&mut kv], &[])
-                .unwrap();
-            let mut out = Vec::new();
-            for (k, &t) in s.iter().enumerate().skip(p) {
-                out.push(
-                    m.forward(
-                        &mut ws,
-                        &Batch::single(&[t], k as u32),
-                        &mut [&mut kv],
-                        &[0],
-                    )
-                    .unwrap(),
-                );
-            }
-            alone.push(out);
-        }
-        // Together.
-        let mut caches: Vec<_> = (0..seqs.len())
-            .map(|_| m.new_cache(KvType::F16, 128).unwrap())
-            .collect();
-        let mut ws = m.workspace(64).unwrap();
-        let mut b = Batch::default();
+        let got = together(&m, &seqs, &prompts, KvType::F16, 128).unwrap();
         for (i, s) in seqs.iter().enumerate() {
-            for (k, &t) in s[..prompts[i]].iter().enumerate() {
-                b.tokens.push(t);
-                b.pos.push(k as u32);
-                b.seq.push(i);
-            }
-        }
-        let mut refs: Vec<_> = caches.iter_mut().collect();
-        m.forward(&mut ws, &b, &mut refs, &[]).unwrap();
-        let mut next = prompts.to_vec();
-        let mut seen = vec![0usize; seqs.len()];
-        loop {
-            let live: Vec<usize> = (0..seqs.len())
-                .filter(|&i| next[i] < seqs[i].len())
-                .collect();
-            if live.is_empty() {
-                break;
-            }
-            let b = Batch {
-                tokens: live.iter().map(|&i| seqs[i][next[i]]).collect(),
-                pos: live.iter().map(|&i| next[i] as u32).collect(),
-                seq: live.clone(),
-            };
-            let rows: Vec<usize> = (0..live.len()).collect();
-            let mut refs: Vec<_> = caches.iter_mut().collect();
-            let l = m.forward(&mut ws, &b, &mut refs, &rows).unwrap();
-            for (j, &i) in live.iter().enumerate() {
-                let want = &alone[i][seen[i]];
-                let got = &l[j * nv..(j + 1) * nv];
+            let want = alone(&m, s, prompts[i], KvType::F16, 128).unwrap();
+            assert_eq!(want.len(), got[i].len(), "{name}: sequence {i}: step count");
+            for (step, (w, g)) in want.iter().zip(&got[i]).enumerate() {
                 assert!(
-                    want.iter()
-                        .zip(got)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    w.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{name}: sequence {i}, position {}: batched logits differ from alone",
-                    next[i]
+                    prompts[i] + step
                 );
-                seen[i] += 1;
-                next[i] += 1;
             }
         }
-        assert_eq!(seen, alone.iter().map(|a| a.len()).collect::<Vec<_>>());
     }
 }

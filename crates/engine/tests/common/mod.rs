@@ -1,6 +1,8 @@
 //! Shared helpers for the fixture tests: paths, golden readers, log-softmax distances.
 #![allow(dead_code)]
 
+pub mod batched;
+
 use std::path::PathBuf;
 
 use muser_engine::{CpuBackend, KvType, Logits, ModelFile, MuseGlimmer, NumericMode, Session};
