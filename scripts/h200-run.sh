@@ -67,12 +67,13 @@ if has batch; then
   # BI=1) its batch-invariant mode.
   blog="$OUT/batched.log"; : > "$blog"
   timeout 240 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel ${NPL:-32,64} 2>&1 | tee -a "$blog"
-  if [ -n "${AB:-}" ]; then
-    # The same without the tensor-core kernels (f32 cuBLAS on dequantized weights past 8 tokens).
-    MUSER_MMQ=0 timeout 200 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel 64 2>&1 | sed 's/^| /| (MUSER_MMQ=0) /' | tee -a "$blog"
-    # Fewer token tiles per warp: fewer registers, more warps (the same bits; gpu.rs checks).
-    MUSER_MMQ_NT=2 timeout 200 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel 32,64 2>&1 | sed 's/^| /| (MUSER_MMQ_NT=2) /' | tee -a "$blog"
-  fi
+  # Variants at 64 sequences for comparison (VARIANTS: space-separated VAR=VALUE; AB=1 adds the
+  # classic ones). Each is one `muser bench` with that environment.
+  variants=${VARIANTS:-}
+  [ -n "${AB:-}" ] && variants="$variants MUSER_MMQ=0 MUSER_MMQ_NT=2"
+  for v in $variants; do
+    env "$v" timeout 200 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel ${VNPL:-64} 2>&1 | sed "s/^| /| ($v) /" | tee -a "$blog"
+  done
   if [ -n "${BI:-}" ]; then
     timeout 200 carry/bin/muser bench -m "$MODEL" --device cuda --batch-invariant -p 512 -n ${TG:-128} -r 1 --parallel 64 2>&1 | sed 's/^| /| (invariant) /' | tee -a "$blog"
   fi

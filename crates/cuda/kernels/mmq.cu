@@ -117,12 +117,33 @@ __device__ __forceinline__ void q4k_sm(int s, u32 y, u32 z, u32 w, int* sc, int*
     }
 }
 
-// The 12 B words (runs 2i, 2i + 1; both halves; three planes) of 256-column block kb for the
-// 8-token tile starting at `tok`: word j = (r * 2 + h) * 3 + p with r = 0, 1 the pair's runs.
-__device__ __forceinline__ void b_pair(const u32* __restrict__ xq, int kb, int i, int ntok_pad, int tok, int t, u32 (&b)[12]) {
+// A load from global memory through the read-only path (G) or a plain one (shared memory).
+template <bool G, typename T>
+__device__ __forceinline__ T ld(const T* p) {
+    if constexpr (G) return __ldg(p);
+    else return *p;
+}
+
+// Where a warp's operands for one 256-column block live: the same code reads them from global
+// memory (the one-stage kernels) or from the block's shared-memory stage (the staged kernels).
+// xq: plane word 0 of (group jj = 0, the warp's first token, t = 0); group jj's words are
+// jj * xq_jj further, token k's 16 k further. xsum: run 0 of the warp's first token (run r is r *
+// xsum_run further). xsc: the warp's first token's block scale.
+struct XSrc {
+    const u32* xq;
+    long long xq_jj;
+    const float* xsum;
+    long long xsum_run;
+    const float* xsc;
+};
+
+// The 12 B words (runs 2i, 2i + 1; both halves; three planes) of the block for 8-token tile nt
+// of the warp: word j = (r * 2 + h) * 3 + p with r = 0, 1 the pair's runs.
+template <bool G>
+__device__ __forceinline__ void b_pair(const XSrc& x, int i, int nt, int g, int t, u32 (&b)[12]) {
 #pragma unroll
     for (int c = 0; c < 3; c++) {
-        const uint4 u = __ldg((const uint4*)(xq + ((((long long)kb * 12 + 3 * i + c) * ntok_pad + tok) * 4 + t) * 4));
+        const uint4 u = ld<G>((const uint4*)(x.xq + (3 * i + c) * x.xq_jj + ((nt * 8 + g) * 4 + t) * 4));
         b[4 * c] = u.x; b[4 * c + 1] = u.y; b[4 * c + 2] = u.z; b[4 * c + 3] = u.w;
     }
 }
@@ -164,13 +185,13 @@ __device__ __forceinline__ void add_scaled(int (&T)[3][4], const int (&c0)[4], c
     }
 }
 
-// The end of 256-column block kb: acc += (d of the row) (the token's block scale) T.
-template <int NT>
+// The end of a 256-column block: acc += (d of the row) (the token's block scale) T.
+template <int NT, bool G>
 __device__ __forceinline__ void end_block(float (&acc)[NT][4], const int (&T)[NT][3][4], float da, float db,
-                                          const float* __restrict__ xsc, int kb, int ntok_pad, int tok0, int t) {
+                                          const XSrc& x, int t) {
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
-        const float2 s2 = __ldg((const float2*)(xsc + (long long)kb * ntok_pad + tok0 + nt * 8 + 2 * t));
+        const float2 s2 = ld<G>((const float2*)(x.xsc + nt * 8 + 2 * t));
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int Te[3] = {T[nt][0][e], T[nt][1][e], T[nt][2][e]};
@@ -199,76 +220,62 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], float* __re
 // s % 2 of code bytes 32 (s / 2) + 0..31; w = d sc q - dmin m. Per block and plane p, the
 // integer T_p = sum_s sc_s sum_{i in s} q_i X_i,p (|T_p| <= 8 * 63 * 32 * 15 * 255 < 2^26);
 // sum w x = d 2^(E-22) (T2 2^16 + T1 2^8 + T0) - sum_s dmin m_s xsum_s.
-template <int NT>
-__device__ __forceinline__ void mmq_q4_k_impl(const u8* __restrict__ W, const u32* __restrict__ xq,
-                                              const float* __restrict__ xsc, const float* __restrict__ xsum,
-                                              float* __restrict__ y, float* __restrict__ part, int rows, int cols,
-                                              int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int r0 = (blockIdx.x * 4 + (warp & 3)) * 16;
-    const int tw = 8 * NT * (warp >> 2);  // this warp's tokens: tok0 + tw .. + 8 NT
-    tok0 += tw;
-    ntok -= tw;
-    const int nb = cols >> 8;
-    const int kb0 = blockIdx.y * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
-    const u8* Wa = W + (long long)min(r0 + g, rows - 1) * nb * 144;
-    const u8* Wb = W + (long long)min(r0 + g + 8, rows - 1) * nb * 144;
-    float acc[NT][4];
-    zero_acc<NT>(acc);
-    for (int kb = kb0; kb < kb1; kb++) {
-        const uint4 ha = __ldg((const uint4*)(Wa + kb * 144)), hb = __ldg((const uint4*)(Wb + kb * 144));
-        const u32* qa = (const u32*)(Wa + kb * 144 + 16);
-        const u32* qb = (const u32*)(Wb + kb * 144 + 16);
-        int T[NT][3][4];
-        zero_sums<NT>(T);
+// One block of the warp's 16 rows (wa: row g's 144 bytes, wb: row g + 8's) and 8 NT tokens; the
+// order of every sum is fixed here, so both kernels give the same bits.
+template <int NT, bool G>
+__device__ __forceinline__ void q4k_block(float (&acc)[NT][4], const u8* wa, const u8* wb, const XSrc& x, int g,
+                                          int t) {
+    const uint4 ha = ld<G>((const uint4*)wa), hb = ld<G>((const uint4*)wb);
+    const u32* qa = (const u32*)(wa + 16);
+    const u32* qb = (const u32*)(wb + 16);
+    int T[NT][3][4];
+    zero_sums<NT>(T);
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const u32 a_lo = __ldg(qa + 8 * j + t), a_hi = __ldg(qa + 8 * j + 4 + t);
-            const u32 b_lo = __ldg(qb + 8 * j + t), b_hi = __ldg(qb + 8 * j + 4 + t);
-            int sc[2][2], mn[2][2];  // [run of the pair][row a, b]
+    for (int j = 0; j < 4; j++) {
+        const u32 a_lo = ld<G>(qa + 8 * j + t), a_hi = ld<G>(qa + 8 * j + 4 + t);
+        const u32 b_lo = ld<G>(qb + 8 * j + t), b_hi = ld<G>(qb + 8 * j + 4 + t);
+        int sc[2][2], mn[2][2];  // [run of the pair][row a, b]
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            q4k_sm(2 * j + r, ha.y, ha.z, ha.w, &sc[r][0], &mn[r][0]);
+            q4k_sm(2 * j + r, hb.y, hb.z, hb.w, &sc[r][1], &mn[r][1]);
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            u32 b[12];
+            b_pair<G>(x, j, nt, g, t, b);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                q4k_sm(2 * j + r, ha.y, ha.z, ha.w, &sc[r][0], &mn[r][0]);
-                q4k_sm(2 * j + r, hb.y, hb.z, hb.w, &sc[r][1], &mn[r][1]);
-            }
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                u32 b[12];
-                b_pair(xq, kb, j, ntok_pad, tok0 + nt * 8 + g, t, b);
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const int sh = 4 * r;
-                    const u32 A0 = (a_lo >> sh) & 0x0F0F0F0Fu, A1 = (b_lo >> sh) & 0x0F0F0F0Fu;  // k 0..15
-                    const u32 A2 = (a_hi >> sh) & 0x0F0F0F0Fu, A3 = (b_hi >> sh) & 0x0F0F0F0Fu;  // k 16..31
-                    int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
-                    mma_plane<0>(c0, A0, A1, b[(r * 2 + 0) * 3 + 0]);
-                    mma_plane<0>(c0, A2, A3, b[(r * 2 + 1) * 3 + 0]);
-                    mma_plane<1>(c1, A0, A1, b[(r * 2 + 0) * 3 + 1]);
-                    mma_plane<1>(c1, A2, A3, b[(r * 2 + 1) * 3 + 1]);
-                    mma_plane<2>(c2, A0, A1, b[(r * 2 + 0) * 3 + 2]);
-                    mma_plane<2>(c2, A2, A3, b[(r * 2 + 1) * 3 + 2]);
-                    add_scaled(T[nt], c0, c1, c2, sc[r][0], sc[r][1]);
-                }
-            }
-            // The mins: acc -= dmin m_s xsum_s, runs in order.
-            const float dma = h2f((u16)(ha.x >> 16)), dmb = h2f((u16)(hb.x >> 16));
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const float ma = dma * (float)mn[r][0], mb = dmb * (float)mn[r][1];
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    const float2 xs = __ldg((const float2*)(xsum + ((long long)kb * 8 + 2 * j + r) * ntok_pad + tok0 + nt * 8 + 2 * t));
-                    acc[nt][0] = fmaf(-ma, xs.x, acc[nt][0]);
-                    acc[nt][1] = fmaf(-ma, xs.y, acc[nt][1]);
-                    acc[nt][2] = fmaf(-mb, xs.x, acc[nt][2]);
-                    acc[nt][3] = fmaf(-mb, xs.y, acc[nt][3]);
-                }
+                const int sh = 4 * r;
+                const u32 A0 = (a_lo >> sh) & 0x0F0F0F0Fu, A1 = (b_lo >> sh) & 0x0F0F0F0Fu;  // k 0..15
+                const u32 A2 = (a_hi >> sh) & 0x0F0F0F0Fu, A3 = (b_hi >> sh) & 0x0F0F0F0Fu;  // k 16..31
+                int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
+                mma_plane<0>(c0, A0, A1, b[(r * 2 + 0) * 3 + 0]);
+                mma_plane<0>(c0, A2, A3, b[(r * 2 + 1) * 3 + 0]);
+                mma_plane<1>(c1, A0, A1, b[(r * 2 + 0) * 3 + 1]);
+                mma_plane<1>(c1, A2, A3, b[(r * 2 + 1) * 3 + 1]);
+                mma_plane<2>(c2, A0, A1, b[(r * 2 + 0) * 3 + 2]);
+                mma_plane<2>(c2, A2, A3, b[(r * 2 + 1) * 3 + 2]);
+                add_scaled(T[nt], c0, c1, c2, sc[r][0], sc[r][1]);
             }
         }
-        const float da = h2f((u16)(ha.x & 0xFFFF)), db = h2f((u16)(hb.x & 0xFFFF));
-        end_block<NT>(acc, T, da, db, xsc, kb, ntok_pad, tok0, t);
+        // The mins: acc -= dmin m_s xsum_s, runs in order.
+        const float dma = h2f((u16)(ha.x >> 16)), dmb = h2f((u16)(hb.x >> 16));
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const float ma = dma * (float)mn[r][0], mb = dmb * (float)mn[r][1];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const float2 xs = ld<G>((const float2*)(x.xsum + (2 * j + r) * x.xsum_run + nt * 8 + 2 * t));
+                acc[nt][0] = fmaf(-ma, xs.x, acc[nt][0]);
+                acc[nt][1] = fmaf(-ma, xs.y, acc[nt][1]);
+                acc[nt][2] = fmaf(-mb, xs.x, acc[nt][2]);
+                acc[nt][3] = fmaf(-mb, xs.y, acc[nt][3]);
+            }
+        }
     }
-    mmq_store<NT>(acc, y, part, rows, r0, tok0 - tw, tw, ntok + tw, ntok_total, g, t);
+    const float da = h2f((u16)(ha.x & 0xFFFF)), db = h2f((u16)(hb.x & 0xFFFF));
+    end_block<NT, G>(acc, T, da, db, x, t);
 }
 
 // Q6_K (structure of arrays: ql[nbt][128], qh[nbt][64], sc[nbt][16] int8, d[nbt] f16): run s of a
@@ -276,19 +283,91 @@ __device__ __forceinline__ void mmq_q4_k_impl(const u8* __restrict__ W, const u3
 // ql[64n + 32 (qt & 1) + l] (bits 4 (qt >> 1)..), its top two bits in qh[32n + l] (bits 2qt..),
 // and the scale sc[8n + 2qt + l / 16]. Per block and plane, T_p = sum over the 16 halves of
 // sc_h sum_{i in h} (q_i - 32) X_i,p (|T_p| <= 16 * 128 * 16 * 32 * 255 < 2^28);
-// sum w x = d 2^(E-22) (T2 2^16 + T1 2^8 + T0).
+// sum w x = d 2^(E-22) (T2 2^16 + T1 2^8 + T0). One block of the warp's rows (qla/qha/sca: row
+// g's 128 + 64 + 16 bytes; qlb/qhb/scb: row g + 8's; da, db their d) and 8 NT tokens.
+template <int NT, bool G>
+__device__ __forceinline__ void q6k_block(float (&acc)[NT][4], const u8* qla, const u8* qha, const u8* sca_p,
+                                          const u8* qlb, const u8* qhb, const u8* scb_p, float da, float db,
+                                          const XSrc& x, int g, int t) {
+    const uint4 sca4 = ld<G>((const uint4*)sca_p), scb4 = ld<G>((const uint4*)scb_p);
+    const u32 sca[4] = {sca4.x, sca4.y, sca4.z, sca4.w}, scb[4] = {scb4.x, scb4.y, scb4.z, scb4.w};
+    int T[NT][3][4];
+    zero_sums<NT>(T);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {  // run pairs (2i, 2i + 1)
+        u32 A[2][2][2];             // [run of the pair][half][row a, b]
+        int S[2][2][2];             // scales, same indices
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int s = 2 * i + r, n = s >> 2, qt = s & 3;
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int lo_off = 64 * n + 32 * (qt & 1) + 16 * hf + 4 * t, hi_off = 32 * n + 16 * hf + 4 * t;
+                const u32 la = ld<G>((const u32*)(qla + lo_off)), lb = ld<G>((const u32*)(qlb + lo_off));
+                const u32 qa = ld<G>((const u32*)(qha + hi_off)), qb = ld<G>((const u32*)(qhb + hi_off));
+                const int nsh = 4 * (qt >> 1), hsh = 2 * qt;
+                A[r][hf][0] = __vsub4(((la >> nsh) & 0x0F0F0F0Fu) | (((qa >> hsh) & 0x03030303u) << 4), 0x20202020u);
+                A[r][hf][1] = __vsub4(((lb >> nsh) & 0x0F0F0F0Fu) | (((qb >> hsh) & 0x03030303u) << 4), 0x20202020u);
+                const int si = 8 * n + 2 * qt + hf;
+                S[r][hf][0] = (int)(signed char)((sca[si >> 2] >> (8 * (si & 3))) & 0xFFu);
+                S[r][hf][1] = (int)(signed char)((scb[si >> 2] >> (8 * (si & 3))) & 0xFFu);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            u32 b[12];
+            b_pair<G>(x, i, nt, g, t, b);
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
+                    mma_plane<0>(c0, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 0]);
+                    mma_plane<1>(c1, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 1]);
+                    mma_plane<2>(c2, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 2]);
+                    add_scaled(T[nt], c0, c1, c2, S[r][hf][0], S[r][hf][1]);
+                }
+            }
+        }
+    }
+    end_block<NT, G>(acc, T, da, db, x, t);
+}
+
+// The warp's rows and tokens: row group warp % 4 of the block's 64 rows, tokens 8 NT (warp / 4)
+// onwards of the block's.
+#define MMQ_WARP_SETUP                                                                           \
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;     \
+    const int r0 = (blockIdx.x * 4 + (warp & 3)) * 16;                                           \
+    const int tw = 8 * NT * (warp >> 2); /* this warp's tokens: tok0 + tw .. + 8 NT */           \
+    const int nb = cols >> 8;                                                                    \
+    const int kb0 = blockIdx.y * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
+
+// One-stage kernels: every warp reads its operands from global memory (through L1).
+template <int NT>
+__device__ __forceinline__ void mmq_q4_k_impl(const u8* __restrict__ W, const u32* __restrict__ xq,
+                                              const float* __restrict__ xsc, const float* __restrict__ xsum,
+                                              float* __restrict__ y, float* __restrict__ part, int rows, int cols,
+                                              int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {
+    MMQ_WARP_SETUP
+    const u8* Wa = W + (long long)min(r0 + g, rows - 1) * nb * 144;
+    const u8* Wb = W + (long long)min(r0 + g + 8, rows - 1) * nb * 144;
+    float acc[NT][4];
+    zero_acc<NT>(acc);
+    for (int kb = kb0; kb < kb1; kb++) {
+        const XSrc x = {xq + ((long long)kb * 12 * ntok_pad + tok0 + tw) * 16, (long long)ntok_pad * 16,
+                        xsum + (long long)kb * 8 * ntok_pad + tok0 + tw, ntok_pad,
+                        xsc + (long long)kb * ntok_pad + tok0 + tw};
+        q4k_block<NT, true>(acc, Wa + kb * 144, Wb + kb * 144, x, g, t);
+    }
+    mmq_store<NT>(acc, y, part, rows, r0, tok0, tw, ntok, ntok_total, g, t);
+}
+
 template <int NT>
 __device__ __forceinline__ void mmq_q6_k_impl(const u8* __restrict__ W, long long nbt, const u32* __restrict__ xq,
                                               const float* __restrict__ xsc, float* __restrict__ y,
                                               float* __restrict__ part, int rows, int cols, int tok0, int ntok,
                                               int ntok_pad, int ntok_total, int kb_per_split) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int r0 = (blockIdx.x * 4 + (warp & 3)) * 16;
-    const int tw = 8 * NT * (warp >> 2);  // this warp's tokens: tok0 + tw .. + 8 NT
-    tok0 += tw;
-    ntok -= tw;
-    const int nb = cols >> 8;
-    const int kb0 = blockIdx.y * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
+    MMQ_WARP_SETUP
     const long long ba = (long long)min(r0 + g, rows - 1) * nb, bb = (long long)min(r0 + g + 8, rows - 1) * nb;
     const u8* QL = W;
     const u8* QH = W + nbt * 128;
@@ -298,51 +377,127 @@ __device__ __forceinline__ void mmq_q6_k_impl(const u8* __restrict__ W, long lon
     zero_acc<NT>(acc);
     for (int kb = kb0; kb < kb1; kb++) {
         const long long blka = ba + kb, blkb = bb + kb;
-        const uint4 sca4 = __ldg((const uint4*)(SC + blka * 16)), scb4 = __ldg((const uint4*)(SC + blkb * 16));
-        const u32 sca[4] = {sca4.x, sca4.y, sca4.z, sca4.w}, scb[4] = {scb4.x, scb4.y, scb4.z, scb4.w};
-        int T[NT][3][4];
-        zero_sums<NT>(T);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {  // run pairs (2i, 2i + 1)
-            u32 A[2][2][2];             // [run of the pair][half][row a, b]
-            int S[2][2][2];             // scales, same indices
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int s = 2 * i + r, n = s >> 2, qt = s & 3;
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    const int lo_off = 64 * n + 32 * (qt & 1) + 16 * hf + 4 * t, hi_off = 32 * n + 16 * hf + 4 * t;
-                    const u32 la = __ldg((const u32*)(QL + blka * 128 + lo_off)), lb = __ldg((const u32*)(QL + blkb * 128 + lo_off));
-                    const u32 qa = __ldg((const u32*)(QH + blka * 64 + hi_off)), qb = __ldg((const u32*)(QH + blkb * 64 + hi_off));
-                    const int nsh = 4 * (qt >> 1), hsh = 2 * qt;
-                    A[r][hf][0] = __vsub4(((la >> nsh) & 0x0F0F0F0Fu) | (((qa >> hsh) & 0x03030303u) << 4), 0x20202020u);
-                    A[r][hf][1] = __vsub4(((lb >> nsh) & 0x0F0F0F0Fu) | (((qb >> hsh) & 0x03030303u) << 4), 0x20202020u);
-                    const int si = 8 * n + 2 * qt + hf;
-                    S[r][hf][0] = (int)(signed char)((sca[si >> 2] >> (8 * (si & 3))) & 0xFFu);
-                    S[r][hf][1] = (int)(signed char)((scb[si >> 2] >> (8 * (si & 3))) & 0xFFu);
-                }
-            }
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                u32 b[12];
-                b_pair(xq, kb, i, ntok_pad, tok0 + nt * 8 + g, t, b);
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-#pragma unroll
-                    for (int hf = 0; hf < 2; hf++) {
-                        int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
-                        mma_plane<0>(c0, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 0]);
-                        mma_plane<1>(c1, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 1]);
-                        mma_plane<2>(c2, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 2]);
-                        add_scaled(T[nt], c0, c1, c2, S[r][hf][0], S[r][hf][1]);
-                    }
-                }
-            }
-        }
+        const XSrc x = {xq + ((long long)kb * 12 * ntok_pad + tok0 + tw) * 16, (long long)ntok_pad * 16, nullptr, 0,
+                        xsc + (long long)kb * ntok_pad + tok0 + tw};
         const float da = h2f(__ldg(D + blka)), db = h2f(__ldg(D + blkb));
-        end_block<NT>(acc, T, da, db, xsc, kb, ntok_pad, tok0, t);
+        q6k_block<NT, true>(acc, QL + blka * 128, QH + blka * 64, SC + blka * 16, QL + blkb * 128, QH + blkb * 64,
+                            SC + blkb * 16, da, db, x, g, t);
     }
-    mmq_store<NT>(acc, y, part, rows, r0, tok0 - tw, tw, ntok + tw, ntok_total, g, t);
+    mmq_store<NT>(acc, y, part, rows, r0, tok0, tw, ntok, ntok_total, g, t);
+}
+
+// ---- Staged kernels: the block's operands for a 256-column block go to shared memory ahead of use ----
+//
+// All warps of a block read the same activation planes (its tokens) and the warps of a row
+// group the same weights; the one-stage kernels leave each warp waiting on its own loads (one
+// 8-warp block per SM: nothing else to run meanwhile). Here the block copies the operands of
+// block kb + MMQ_STAGES - 1 with cp.async while it computes block kb from shared memory. The
+// arithmetic is q4k_block / q6k_block, the same as the one-stage kernels': the same bits.
+// Stage layout (TB = the block's tokens = 8 NT (blockDim.x / 128)):
+//   xq    12 groups x TB tokens x 16 words (group jj, token k, lane t, word w at (jj TB + k) 16 + 4t + w)
+//   xsum  8 runs x TB floats (Q4_K only)
+//   xsc   TB floats
+//   W     64 rows x 144 bytes (Q4_K as in the file) or 208 (Q6_K: ql 128, qh 64, sc 16; d is read
+//         from global memory)
+#define MMQ_STAGES 3
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+    const u32 sa = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(src));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// Bytes of one stage (the launch sizes its dynamic shared memory as MMQ_STAGES of these).
+__device__ __forceinline__ int mmq_stage_bytes(int TB, bool q6) { return TB * 768 + (q6 ? 0 : TB * 32) + TB * 4 + 64 * (q6 ? 208 : 144); }
+
+// Copy the operands of 256-column block kb into stage `st` (every thread of the block takes part).
+template <bool Q6>
+__device__ __forceinline__ void mmq_stage_load(u8* st, int TB, const u8* __restrict__ W, long long nbt,
+                                               const u32* __restrict__ xq, const float* __restrict__ xsc,
+                                               const float* __restrict__ xsum, int rows, int nb, int kb, int tok0,
+                                               int ntok_pad) {
+    u32* Bs = (u32*)st;
+    float* Xs = (float*)(st + TB * 768);
+    float* Ss = Xs + (Q6 ? 0 : 8 * TB);
+    u8* Ws = (u8*)(Ss + TB);
+    const int tid = threadIdx.x, nth = blockDim.x;
+    const int per_group = TB * 4;  // 16-byte pieces per plane group
+    for (int p = tid; p < 12 * per_group; p += nth) {
+        const int jj = p / per_group, r = p - jj * per_group;
+        cp16(Bs + (jj * per_group + r) * 4, xq + (((long long)kb * 12 + jj) * ntok_pad + tok0) * 16 + r * 4);
+    }
+    const int q4 = TB / 4;
+    if (!Q6) {
+        for (int p = tid; p < 8 * q4; p += nth) {
+            const int run = p / q4, q = p - run * q4;
+            cp16(Xs + run * TB + 4 * q, xsum + ((long long)kb * 8 + run) * ntok_pad + tok0 + 4 * q);
+        }
+    }
+    for (int p = tid; p < q4; p += nth) cp16(Ss + 4 * p, xsc + (long long)kb * ntok_pad + tok0 + 4 * p);
+    if (!Q6) {
+        for (int p = tid; p < 64 * 9; p += nth) {
+            const int row = p / 9, q = p - row * 9;
+            const long long grow = min((int)blockIdx.x * 64 + row, rows - 1);
+            cp16(Ws + row * 144 + 16 * q, W + (grow * nb + kb) * 144 + 16 * q);
+        }
+    } else {
+        for (int p = tid; p < 64 * 13; p += nth) {
+            const int row = p / 13, q = p - row * 13;
+            const long long blk = (long long)min((int)blockIdx.x * 64 + row, rows - 1) * nb + kb;
+            const u8* src = q < 8 ? W + blk * 128 + 16 * q : (q < 12 ? W + nbt * 128 + blk * 64 + 16 * (q - 8) : W + nbt * 192 + blk * 16);
+            cp16(Ws + row * 208 + 16 * q, src);
+        }
+    }
+}
+
+template <int NT, bool Q6>
+__device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long long nbt, const u32* __restrict__ xq,
+                                                const float* __restrict__ xsc, const float* __restrict__ xsum,
+                                                float* __restrict__ y, float* __restrict__ part, int rows, int cols,
+                                                int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {
+    extern __shared__ __align__(16) u8 mmq_smem[];
+    MMQ_WARP_SETUP
+    const int TB = 8 * NT * (blockDim.x >> 7);
+    const int sb = mmq_stage_bytes(TB, Q6);
+    const int rw = (warp & 3) * 16 + g;  // row g of the warp within the block's 64
+    const u16* D = (const u16*)(W + nbt * 208);
+    const long long ba = (long long)min(r0 + g, rows - 1) * nb, bb = (long long)min(r0 + g + 8, rows - 1) * nb;
+    float acc[NT][4];
+    zero_acc<NT>(acc);
+    // Prologue: the first MMQ_STAGES - 1 blocks in flight (a group is committed even when empty,
+    // so that group i always holds block kb0 + i).
+#pragma unroll
+    for (int s = 0; s < MMQ_STAGES - 1; s++) {
+        if (kb0 + s < kb1)
+            mmq_stage_load<Q6>(mmq_smem + s * sb, TB, W, nbt, xq, xsc, xsum, rows, nb, kb0 + s, tok0, ntok_pad);
+        cp_commit();
+    }
+    for (int kb = kb0; kb < kb1; kb++) {
+        const int i = kb - kb0;
+        cp_wait<MMQ_STAGES - 2>();  // block kb's group has landed (this thread's copies) ...
+        __syncthreads();            // ... everyone's; and every warp is done with stage (i - 1)
+        if (kb + MMQ_STAGES - 1 < kb1)
+            mmq_stage_load<Q6>(mmq_smem + ((i + MMQ_STAGES - 1) % MMQ_STAGES) * sb, TB, W, nbt, xq, xsc, xsum, rows,
+                               nb, kb + MMQ_STAGES - 1, tok0, ntok_pad);
+        cp_commit();
+        const u8* st = mmq_smem + (i % MMQ_STAGES) * sb;
+        const u32* Bs = (const u32*)st;
+        const float* Xs = (const float*)(st + TB * 768);
+        const float* Ss = Xs + (Q6 ? 0 : 8 * TB);
+        const u8* Ws = (const u8*)(Ss + TB);
+        const XSrc x = {Bs + tw * 16, (long long)TB * 16, Xs + tw, TB, Ss + tw};
+        if (!Q6) {
+            q4k_block<NT, false>(acc, Ws + rw * 144, Ws + (rw + 8) * 144, x, g, t);
+        } else {
+            const float da = h2f(__ldg(D + ba + kb)), db = h2f(__ldg(D + bb + kb));
+            const u8* wa = Ws + rw * 208;
+            const u8* wb = Ws + (rw + 8) * 208;
+            q6k_block<NT, false>(acc, wa, wa + 128, wa + 192, wb, wb + 128, wb + 192, da, db, x, g, t);
+        }
+    }
+    cp_wait<0>();
+    mmq_store<NT>(acc, y, part, rows, r0, tok0, tw, ntok, ntok_total, g, t);
 }
 
 // Blocks of up to 512 threads (4 warps per row group) for 1 or 2 tiles per warp, 256 for 3 or 4.
@@ -357,6 +512,18 @@ __device__ __forceinline__ void mmq_q6_k_impl(const u8* __restrict__ W, long lon
         const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols, int tok0, \
         int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                                         \
         mmq_q6_k_impl<NT>(W, nbt, xq, xsc, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total, kb_per_split);        \
+    }                                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_s_q4_k_##NT(                                           \
+        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,       \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                               \
+        mmq_staged_impl<NT, false>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,           \
+                                   kb_per_split);                                                                           \
+    }                                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_s_q6_k_##NT(                                           \
+        const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols, int tok0, \
+        int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                                         \
+        mmq_staged_impl<NT, true>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,        \
+                                  kb_per_split);                                                                            \
     }
 MMQ_ENTRIES(1)
 MMQ_ENTRIES(2)

@@ -152,6 +152,10 @@ const MVQ_R: usize = 4;
 const MVQ_MAX_COLS: usize = 640 / 8 * 256;
 /// Most tokens a product takes on the tensor-core kernels outside the batch-invariant mode.
 const MMQ_MAX_TOKENS: usize = 64;
+/// The most shared memory a staged tensor-core launch uses: 3 stages of 64 tokens of Q6_K
+/// (64 x 768 + 64 x 4 + 64 x 208 bytes each). Devices that cannot give a block this much
+/// (before Hopper: A100 gives 163 KiB) take the one-stage kernels.
+const MMQ_STAGED_MAX_SMEM: u32 = 3 * (64 * 768 + 64 * 4 + 64 * 208);
 /// Most (token x split) attention partials at once.
 const MAX_PARTS: usize = 4096;
 
@@ -182,6 +186,14 @@ pub struct CudaBackend {
     /// Most 8-token tiles per warp in the tensor-core kernels (1..=4; `MUSER_MMQ_NT`): fewer
     /// means fewer registers and more warps per row group. Every choice gives the same bits.
     mmq_tiles: std::sync::atomic::AtomicUsize,
+    /// Whether the tensor-core kernels stage their operands in shared memory (`mmq_s_*`; off
+    /// with `MUSER_MMQ_STAGED=0` or when the device's shared memory per block is too small).
+    /// Both variants give the same bits.
+    mmq_staged: std::sync::atomic::AtomicBool,
+    /// The most dynamic shared memory one block may opt into (bytes).
+    smem_optin: u32,
+    /// Staged kernels whose shared-memory limit has been raised (once each).
+    smem_raised: Mutex<std::collections::HashSet<String>>,
     /// Bumped when a scratch buffer is reallocated (`scratch_epoch`).
     scratch_epoch: std::sync::atomic::AtomicU64,
     /// Resident blocks per SM of (kernel, block size), from the occupancy calculator.
@@ -226,6 +238,12 @@ impl CudaBackend {
             )
             .map_err(dev("multiprocessor count"))?
             .max(1) as u32;
+        let smem_optin = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(dev("shared memory per block"))?
+            .max(0) as u32;
         Ok(CudaBackend {
             ctx,
             stream,
@@ -247,6 +265,11 @@ impl CudaBackend {
                 std::env::var("MUSER_BATCH_INVARIANT").is_ok_and(|v| v == "1"),
             ),
             scratch_epoch: std::sync::atomic::AtomicU64::new(0),
+            mmq_staged: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_MMQ_STAGED").map_or(true, |v| v != "0"),
+            ),
+            smem_optin,
+            smem_raised: Mutex::new(std::collections::HashSet::new()),
             mmq_tiles: std::sync::atomic::AtomicUsize::new(
                 std::env::var("MUSER_MMQ_NT")
                     .ok()
@@ -295,6 +318,33 @@ impl CudaBackend {
     pub fn set_mmq_tiles_per_warp(&self, n: usize) {
         self.mmq_tiles
             .store(n.clamp(1, 4), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the tensor-core kernels stage their operands in shared memory (same bits either
+    /// way; for tests and comparisons).
+    pub fn set_mmq_staged(&self, on: bool) {
+        self.mmq_staged
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.scratch_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Raise kernel `name`'s dynamic shared memory limit to `bytes` (once; `bytes` is the most
+    /// any launch of it asks for).
+    fn raise_smem(&self, name: &str, f: &CudaFunction, bytes: u32) -> Result<()> {
+        let mut g = self
+            .smem_raised
+            .lock()
+            .map_err(|_| Error::Backend("shared memory table lock poisoned".into()))?;
+        if !g.contains(name) {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(dev("shared memory limit"))?;
+            g.insert(name.to_string());
+        }
+        Ok(())
     }
 
     fn invariant(&self) -> bool {
@@ -753,8 +803,22 @@ impl CudaBackend {
                 nt = nt.max(tiles.div_ceil(2));
             }
             let threads = 128 * tiles.div_ceil(nt) as u32;
-            let name = format!("mmq_{}_{nt}", if q6 { "q6_k" } else { "q4_k" });
+            // The staged kernels hold MMQ_STAGES (3) stages of the block's operands: its tokens'
+            // planes (768 bytes each), sums (32, Q4_K), scales (4) and 64 rows of weights.
+            let tb = 8 * nt * (threads as usize / 128);
+            let stage = tb * 768 + if q6 { 0 } else { tb * 32 } + tb * 4 + 64 * if q6 { 208 } else { 144 };
+            let smem = 3 * stage as u32;
+            let staged = self.mmq_staged.load(std::sync::atomic::Ordering::Relaxed)
+                && MMQ_STAGED_MAX_SMEM <= self.smem_optin;
+            let name = format!(
+                "mmq_{}{}_{nt}",
+                if staged { "s_" } else { "" },
+                if q6 { "q6_k" } else { "q4_k" }
+            );
             let f = self.f(&name)?;
+            if staged {
+                self.raise_smem(&name, &f, MMQ_STAGED_MAX_SMEM)?;
+            }
             let (t0, nk) = (tok0 as i32, chunk as i32);
             let mut b = self.stream.launch_builder(&f);
             b.arg(&w.data);
@@ -777,11 +841,13 @@ impl CudaBackend {
             let cfg = LaunchConfig {
                 grid_dim: (w.rows.div_ceil(64) as u32, ks as u32, 1),
                 block_dim: (threads, 1, 1),
-                shared_mem_bytes: 0,
+                shared_mem_bytes: if staged { smem } else { 0 },
             };
             // SAFETY: reads the matrix (rows x cols, device layout), the planes, scales and sums
-            // of tokens tok0..tok0 + 64 <= pad; writes tokens tok0..tok0 + chunk of out (n x
-            // rows, checked by the caller) or of mpart (ks x n x rows, grown above).
+            // of tokens tok0..tok0 + 64 <= pad (the staged kernels copy tokens tok0..tok0 + tb,
+            // tb <= 64, into `smem` bytes of shared memory, within the limit raised above);
+            // writes tokens tok0..tok0 + chunk of out (n x rows, checked by the caller) or of
+            // mpart (ks x n x rows, grown above).
             unsafe { b.launch(cfg) }.map_err(dev(&name))?;
             tok0 += chunk;
         }
@@ -1010,6 +1076,13 @@ impl CudaBackend {
         }
         Ok(())
     }
+}
+
+/// Prompts (more than 64 tokens) on the tensor-core kernels too (`MUSER_MMQ_PROMPTS=1`;
+/// comparison runs).
+fn mmq_prompts() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MUSER_MMQ_PROMPTS").is_ok_and(|v| v == "1"))
 }
 
 /// The tensor-core kernels for several tokens are on unless `MUSER_MMQ=0`.
@@ -1335,7 +1408,11 @@ impl Backend for CudaBackend {
                 // of 64, the cuBLAS path is faster today (H200, 2026-11-29: 729 vs 557 tokens/s
                 // at 512; at 64 sequences the tensor-core kernels give 394 vs 202).
                 // Batch-invariant: always, one token included.
-                if Self::mmq_for(w) && (invariant || (2..=MMQ_MAX_TOKENS).contains(&x.rows)) {
+                if Self::mmq_for(w)
+                    && (invariant
+                        || (2..=MMQ_MAX_TOKENS).contains(&x.rows)
+                        || (x.rows > 1 && mmq_prompts()))
+                {
                     return self.mmq(w, x, out);
                 }
                 if x.rows > 8 && !invariant {

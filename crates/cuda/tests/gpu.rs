@@ -240,6 +240,18 @@ fn matvec_kernels_match_the_cpu_per_format() {
                         );
                     }
                     gpu_b.set_mmq_tiles_per_warp(4);
+                    // Operands read from global memory instead of staged in shared memory: the
+                    // same arithmetic, the same bits.
+                    gpu_b.set_mmq_staged(false);
+                    gpu_b.matmul(&wg, &xg, &mut yg).unwrap();
+                    let other = gpu_b.read(&yg).unwrap();
+                    gpu_b.set_mmq_staged(true);
+                    assert!(
+                        y.iter()
+                            .zip(&other)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{layout} n={n}: the one-stage kernels changed the bits"
+                    );
                 }
                 let scale = yc.data.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
                 let err = yc
