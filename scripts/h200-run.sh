@@ -2,8 +2,7 @@
 # Runs on the H200 machine (repo root, after scripts/h200-prepare.sh here, carry=["carry"]).
 # Stages (select with STAGES, default all): tests, synth, muser, batch (Muser's batched test and
 # llama-batched-bench on the same file), llama, tp (needs 2+ GPUs); serve (not in the default: 64
-# streaming clients against `muser serve` and then `llama-server -np 64`; written 2026-11-29 and
-# not yet run on the GPU machine).
+# streaming clients against `muser serve` and then `llama-server -np 64`).
 # Logs go to $OUT; the last lines printed are a short table.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -13,6 +12,11 @@ export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRAR
 export MUSER_KERNEL_CACHE=/tmp/muser-kernels
 MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
+# The server comparison (serve): wait for /health; the chat template both servers get (the
+# synthetic file has none); 64 streaming clients, 128 tokens per request (ignore_eos).
+up() { for _ in $(seq 120); do curl -sf "$1/health" > /dev/null && return 0; sleep 1; done; return 1; }
+tmpl=crates/text/tests/data/muse-glimmer.jinja
+LOAD="python3 crates/server/tests/load/load.py --clients 64 --duration ${SERVE_SECONDS:-60} --ignore-eos --min-tokens 128 --max-tokens 128"
 summary=()
 export NCCL_NVLS_ENABLE=0
 # NCCL for tensor parallelism: the runtime (PyTorch's nvidia-nccl wheel here) ships libnccl.so.2
@@ -33,7 +37,7 @@ if has llama || has batch || has serve; then
   ( mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.tar.xz && cd /tmp/llama/llama.cpp &&
     cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=$(has serve && echo ON || echo OFF) -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$OUT/llama-build.log" 2>&1 &&
-    nice cmake --build build -j14 --target llama-bench llama-batched-bench $(has serve && echo llama-server) >> "$OUT/llama-build.log" 2>&1 ) &
+    nice cmake --build build -j$(( $(nproc) - 2 )) --target llama-bench llama-batched-bench $(has serve && echo llama-server) >> "$OUT/llama-build.log" 2>&1 ) &
   llama_build=$!
 fi
 
@@ -66,7 +70,7 @@ if has batch; then
   # Batched decode like llama-batched-bench -npp 512 -ntg 128 -npl 32,64: Muser, then (with
   # BI=1) its batch-invariant mode.
   blog="$OUT/batched.log"; : > "$blog"
-  timeout 240 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel ${NPL:-32,64} 2>&1 | tee -a "$blog"
+  timeout 240 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel ${NPL:-32,64} ${BATCH_FLAGS:-} 2>&1 | tee -a "$blog"
   # Variants at 64 sequences for comparison (VARIANTS: space-separated VAR=VALUE; AB=1 adds the
   # classic ones). Each is one `muser bench` with that environment.
   variants=${VARIANTS:-}
@@ -91,6 +95,27 @@ if has ncu; then
   done
 fi
 
+if has tp && [ "$n_gpu" -ge 2 ]; then
+  # Tensor parallelism: the same file at 2 (and 4) ranks (1 rank: the muser stage), prompt and decode (eager steps).
+  for n in 2 4; do
+    [ "$n" -le "$n_gpu" ] || continue
+    timeout 300 carry/bin/muser bench -m "$MODEL" --device cuda --tensor-parallel $n -p ${PP:-512} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee "$OUT/muser-tp$n.log"
+    summary+=("$(grep -E '^\| (pp|tg)' "$OUT/muser-tp$n.log" | sed "s/^/muser TP x$n /")")
+  done
+fi
+
+if has serve; then
+  # The issue's server comparison: 64 concurrent streaming chat clients for SERVE_SECONDS, every
+  # request generating 128 tokens (ignore_eos), first against Muser, then llama-server, same file.
+  # Muser's half runs while llama.cpp still builds.
+  carry/bin/muser serve -m "$MODEL" --device cuda --parallel 64 --ctx-size 1024 --port 8081 --alias muser --chat-template-file $tmpl > "$OUT/serve-muser.log" 2>&1 &
+  spid=$!
+  if up http://127.0.0.1:8081; then
+    timeout 300 $LOAD --url http://127.0.0.1:8081 --model muser --server-pid $spid --out /tmp/load-muser.json 2>&1 | tail -15 | sed 's/^/muser serve: /' | tee -a "$OUT/serve.log"
+  else echo "muser serve did not come up" | tee -a "$OUT/serve.log"; fi
+  kill $spid; wait $spid 2>/dev/null
+fi
+
 if has llama || has batch || has serve; then
   wait "$llama_build" || echo "llama.cpp build failed (see llama-build.log)"
 fi
@@ -102,26 +127,23 @@ if has batch; then
 fi
 
 if has serve; then
-  # The issue's server comparison: 64 concurrent streaming chat clients for SERVE_SECONDS, every
-  # request generating 128 tokens (ignore_eos), first against Muser, then llama-server, same file.
-  # The synthetic file has no chat template: both get the real one from the text tests.
-  up() { for _ in $(seq 120); do curl -sf "$1/health" > /dev/null && return 0; sleep 1; done; return 1; }
-  tmpl=crates/text/tests/data/muse-glimmer.jinja
-  LOAD="python3 crates/server/tests/load/load.py --clients 64 --duration ${SERVE_SECONDS:-60} --ignore-eos --min-tokens 128 --max-tokens 128"
-  carry/bin/muser serve -m "$MODEL" --device cuda --parallel 64 --ctx-size 1024 --port 8081 --chat-template-file $tmpl > "$OUT/serve-muser.log" 2>&1 &
-  spid=$!
-  if up http://127.0.0.1:8081; then
-    timeout 300 $LOAD --url http://127.0.0.1:8081 --model muser --server-pid $spid --out /tmp/load-muser.json 2>&1 | tail -15 | sed 's/^/muser serve: /' | tee -a "$OUT/serve.log"
-  else echo "muser serve did not come up" | tee -a "$OUT/serve.log"; fi
-  kill $spid; wait $spid 2>/dev/null
   /tmp/llama/llama.cpp/build/bin/llama-server -m "$MODEL" -ngl 99 -np 64 -c 65536 --port 8082 --chat-template-file $tmpl > "$OUT/serve-llama.log" 2>&1 &
   lpid=$!
   if up http://127.0.0.1:8082; then
     timeout 300 $LOAD --url http://127.0.0.1:8082 --model llama --server-pid $lpid --out /tmp/load-llama.json 2>&1 | tail -15 | sed 's/^/llama-server: /' | tee -a "$OUT/serve.log"
   else echo "llama-server did not come up" | tee -a "$OUT/serve.log"; fi
   kill $lpid; wait $lpid 2>/dev/null
-  summary+=("$(grep -iE 'tokens/s|failed|ttft' "$OUT/serve.log")")
+  for f in /tmp/load-muser.json /tmp/load-llama.json; do
+    [ -f "$f" ] && python3 - "$f" <<'PY' | tee -a "$OUT/serve.log"
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = r["ttft_ms"]
+print(f"{sys.argv[1]}: ok {r['requests_ok']} failed {r['requests_failed']} completion tokens/s {r['tokens_per_s']} ttft p50 {t['p50']} ms p99 {t['p99']} ms")
+PY
+  done
+  summary+=("$(grep -E 'load-' "$OUT/serve.log")")
 fi
+
 
 if has llama; then
   LB=/tmp/llama/llama.cpp/build/bin/llama-bench
@@ -130,14 +152,6 @@ if has llama; then
   summary+=("$(grep -E 'pp|tg' "$OUT/llama-bench.log" | grep -v '^|  *model' | sed 's/^/llama.cpp /')")
 fi
 
-if has tp && [ "$n_gpu" -ge 2 ]; then
-  # Tensor parallelism: the same file at 2 (and 4) ranks (1 rank: the muser stage), prompt and decode (eager steps).
-  for n in 2 4; do
-    [ "$n" -le "$n_gpu" ] || continue
-    timeout 300 carry/bin/muser bench -m "$MODEL" --device cuda --tensor-parallel $n -p ${PP:-512} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee "$OUT/muser-tp$n.log"
-    summary+=("$(grep -E '^\| (pp|tg)' "$OUT/muser-tp$n.log" | sed "s/^/muser TP x$n /")")
-  done
-fi
 
 # Ratios Muser / llama.cpp for the tests both ran (Muser's accurate and fast runs separately).
 if [ -f "$OUT/muser-bench.log" ] && [ -f "$OUT/llama-bench.log" ]; then

@@ -66,8 +66,11 @@ fn batched_test<B: Backend>(
     npp: usize,
     ntg: usize,
     ubatch: usize,
+    profile: Option<&dyn Fn(bool)>,
 ) -> Result<(f64, f64), muser_engine::Error> {
     use muser_engine::backend::Batch;
+    // With `profile`: PROFILE_STEPS more steps, untimed, with profiling on.
+    let extra = if profile.is_some() { PROFILE_STEPS } else { 0 };
     let max_seqs = m
         .backend
         .max_sequences_per_batch()
@@ -81,7 +84,7 @@ fn batched_test<B: Backend>(
     let ubatch = ubatch.min(m.backend.max_batch_tokens()).max(1);
     let mut rng = Rng::new(3);
     let mut caches = (0..npl)
-        .map(|_| m.new_cache(kv, npp + ntg + 1))
+        .map(|_| m.new_cache(kv, npp + ntg + extra + 1))
         .collect::<Result<Vec<_>, _>>()?;
     let mut ws = m.workspace(ubatch.max(npl))?;
     let prompts: Vec<Vec<u32>> = (0..npl)
@@ -117,8 +120,27 @@ fn batched_test<B: Backend>(
         let mut refs: Vec<&mut B::Kv> = caches.iter_mut().collect();
         m.forward(&mut ws, &batch, &mut refs, &rows)?;
     }
-    Ok((t_pp, t.elapsed().as_secs_f64()))
+    let t_tg = t.elapsed().as_secs_f64();
+    if let Some(set) = profile {
+        set(true);
+        for step in ntg..ntg + extra {
+            let batch = Batch {
+                tokens: (0..npl)
+                    .map(|_| random_tokens(&mut rng, 1, m.config.n_vocab)[0])
+                    .collect(),
+                pos: vec![(npp + step) as u32; npl],
+                seq: (0..npl).collect(),
+            };
+            let rows: Vec<usize> = (0..npl).collect();
+            let mut refs: Vec<&mut B::Kv> = caches.iter_mut().collect();
+            m.forward(&mut ws, &batch, &mut refs, &rows)?;
+        }
+    }
+    Ok((t_pp, t_tg))
 }
+
+/// Steps profiled after a batched test (`--profile`).
+const PROFILE_STEPS: usize = 2;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -225,10 +247,19 @@ fn profile_decode(
     for _ in 0..steps {
         tok = dec.step(&mut s.kv, tok, None)?;
     }
+    print_profile(m, &format!("per decode step (eager, {steps} steps)"), steps)
+}
+
+/// The profile gathered since profiling was turned on, per step, by operation; turns it off.
+fn print_profile(
+    m: &MuseGlimmer<muser_cuda::CudaBackend>,
+    what: &str,
+    steps: usize,
+) -> Result<(), muser_engine::Error> {
     let report = m.backend.profile_report()?;
     m.backend.set_profiling(false);
     let total: f64 = report.iter().map(|r| r.2).sum();
-    println!("\nper decode step (eager, {steps} steps), GPU time by operation:");
+    println!("\n{what}, GPU time by operation:");
     println!("| op | calls/step | ms/step | share |");
     println!("|---|---|---|---|");
     for (label, n, ms) in &report {
@@ -284,7 +315,29 @@ pub fn run(a: Args) -> CliResult {
         }
     }
     for &npl in a.parallel.iter().filter(|&&n| n > 0) {
-        let (tp, tg) = crate::with_model!(&loaded, m => batched_test(m, kv, npl, a.batch_prompt, a.batch_gen, a.ubatch)?);
+        let (tp, tg) = match &loaded {
+            Loaded::Cuda(m) if a.profile => {
+                let set = |on: bool| m.backend.set_profiling(on);
+                let r = batched_test(
+                    m,
+                    kv,
+                    npl,
+                    a.batch_prompt,
+                    a.batch_gen,
+                    a.ubatch,
+                    Some(&set),
+                )?;
+                print_profile(
+                    m,
+                    &format!("per batched step of {npl} sequences (eager, {PROFILE_STEPS} steps)"),
+                    PROFILE_STEPS,
+                )?;
+                r
+            }
+            _ => {
+                crate::with_model!(&loaded, m => batched_test(m, kv, npl, a.batch_prompt, a.batch_gen, a.ubatch, None)?)
+            }
+        };
         println!(
             "| pp{} x{npl} | {:.2} | {:.3} |",
             a.batch_prompt,

@@ -806,7 +806,8 @@ impl CudaBackend {
             // The staged kernels hold MMQ_STAGES (3) stages of the block's operands: its tokens'
             // planes (768 bytes each), sums (32, Q4_K), scales (4) and 64 rows of weights.
             let tb = 8 * nt * (threads as usize / 128);
-            let stage = tb * 768 + if q6 { 0 } else { tb * 32 } + tb * 4 + 64 * if q6 { 208 } else { 144 };
+            let stage =
+                tb * 768 + if q6 { 0 } else { tb * 32 } + tb * 4 + 64 * if q6 { 208 } else { 144 };
             let smem = 3 * stage as u32;
             let staged = self.mmq_staged.load(std::sync::atomic::Ordering::Relaxed)
                 && MMQ_STAGED_MAX_SMEM <= self.smem_optin;
@@ -1078,11 +1079,10 @@ impl CudaBackend {
     }
 }
 
-/// Prompts (more than 64 tokens) on the tensor-core kernels too (`MUSER_MMQ_PROMPTS=1`;
-/// comparison runs).
+/// Prompts (more than 64 tokens) on the tensor-core kernels too, unless `MUSER_MMQ_PROMPTS=0`.
 fn mmq_prompts() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MUSER_MMQ_PROMPTS").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("MUSER_MMQ_PROMPTS").map_or(true, |v| v != "0"))
 }
 
 /// The tensor-core kernels for several tokens are on unless `MUSER_MMQ=0`.
@@ -1404,14 +1404,17 @@ impl Backend for CudaBackend {
                 check(out, x.rows, w.rows, "matmul")?;
                 out.xs_ok = false;
                 let invariant = self.invariant();
-                // The tensor-core kernels for 2..=64 tokens (batched decode); past one launch
-                // of 64, the cuBLAS path is faster today (H200, 2026-11-29: 729 vs 557 tokens/s
-                // at 512; at 64 sequences the tensor-core kernels give 394 vs 202).
-                // Batch-invariant: always, one token included.
+                // The tensor-core kernels for 2 or more tokens: batched decode and, in the
+                // accurate mode, prompts (H200, 2026-11-29, staged kernels, 64 x 512 prompt
+                // tokens in micro-batches of 512: 983 tokens/s against 730 for f32 cuBLAS;
+                // `MUSER_MMQ_PROMPTS=0` keeps cuBLAS past 64 tokens). `--mode fast` keeps TF32
+                // cuBLAS past 64 (1,833 tokens/s). Batch-invariant: always, one token included.
+                let prompts_too =
+                    mmq_prompts() && !self.fast_prompts.load(std::sync::atomic::Ordering::Relaxed);
                 if Self::mmq_for(w)
                     && (invariant
                         || (2..=MMQ_MAX_TOKENS).contains(&x.rows)
-                        || (x.rows > 1 && mmq_prompts()))
+                        || (x.rows > 1 && prompts_too))
                 {
                     return self.mmq(w, x, out);
                 }
