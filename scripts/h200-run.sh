@@ -16,7 +16,9 @@ has() { [[ " $STAGES " == *" $1 "* ]]; }
 # synthetic file has none); 64 streaming clients, 128 tokens per request (ignore_eos).
 up() { for _ in $(seq 120); do curl -sf "$1/health" > /dev/null && return 0; sleep 1; done; return 1; }
 tmpl=crates/text/tests/data/muse-glimmer.jinja
-LOAD="python3 crates/server/tests/load/load.py --clients 64 --duration ${SERVE_SECONDS:-60} --ignore-eos --min-tokens 128 --max-tokens 128"
+# /v1/completions: llama-server parses chat output with the template's own grammar, which the
+# random weights' text fails (every request an error, 2026-11-29), so both get plain text.
+LOAD="python3 crates/server/tests/load/load.py --clients 64 --duration ${SERVE_SECONDS:-60} --ignore-eos --min-tokens 128 --max-tokens 128 --endpoint completions"
 summary=()
 export NCCL_NVLS_ENABLE=0
 # NCCL for tensor parallelism: the runtime (PyTorch's nvidia-nccl wheel here) ships libnccl.so.2
@@ -28,6 +30,8 @@ if [ -n "$nccl" ]; then
   echo "NCCL: $nccl"
 fi
 n_gpu=$(nvidia-smi -L | grep -c '^GPU')
+# llama.cpp spreads a model over every GPU it sees: its runs get GPU 0 only (CUDA_VISIBLE_DEVICES),
+# as Muser's single-GPU runs use GPU 0.
 
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
 
@@ -121,16 +125,16 @@ if has llama || has batch || has serve; then
 fi
 
 if has batch; then
-  timeout 240 /tmp/llama/llama.cpp/build/bin/llama-batched-bench -m "$MODEL" -ngl 99 -c 42000 -b 2048 -ub 512 \
+  CUDA_VISIBLE_DEVICES=0 timeout 240 /tmp/llama/llama.cpp/build/bin/llama-batched-bench -m "$MODEL" -ngl 99 -c 42000 -b 2048 -ub 512 \
     -npp 512 -ntg 128 -npl ${NPL:-32,64} 2>&1 | grep -E '^\|' | tee -a "$blog"
   summary+=("$(grep -E '^\|' "$blog" | sed 's/^/batched /')")
 fi
 
 if has serve; then
-  /tmp/llama/llama.cpp/build/bin/llama-server -m "$MODEL" -ngl 99 -np 64 -c 65536 --port 8082 --chat-template-file $tmpl > "$OUT/serve-llama.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-server -m "$MODEL" -ngl 99 -np 64 -c 65536 --port 8082 --chat-template-file $tmpl > "$OUT/serve-llama.log" 2>&1 &
   lpid=$!
   if up http://127.0.0.1:8082; then
-    timeout 300 $LOAD --url http://127.0.0.1:8082 --model llama --server-pid $lpid --out /tmp/load-llama.json 2>&1 | tail -15 | sed 's/^/llama-server: /' | tee -a "$OUT/serve.log"
+    timeout 300 $LOAD --url http://127.0.0.1:8082 --model llama --usage-from-chunks --server-pid $lpid --out /tmp/load-llama.json 2>&1 | tail -15 | sed 's/^/llama-server: /' | tee -a "$OUT/serve.log"
   else echo "llama-server did not come up" | tee -a "$OUT/serve.log"; fi
   kill $lpid; wait $lpid 2>/dev/null
   for f in /tmp/load-muser.json /tmp/load-llama.json; do
@@ -138,7 +142,7 @@ if has serve; then
 import json, sys
 r = json.load(open(sys.argv[1]))
 t = r["ttft_ms"]
-print(f"{sys.argv[1]}: ok {r['requests_ok']} failed {r['requests_failed']} completion tokens/s {r['tokens_per_s']} ttft p50 {t['p50']} ms p99 {t['p99']} ms")
+print(f"{sys.argv[1]}: ok {r['requests_ok']} failed {r['requests_failed']} {r['failures']} completion tokens/s {r['tokens_per_s']} ttft p50 {t['p50']} ms p99 {t['p99']} ms")
 PY
   done
   summary+=("$(grep -E 'load-' "$OUT/serve.log")")
@@ -146,7 +150,7 @@ fi
 
 
 if has llama; then
-  LB=/tmp/llama/llama.cpp/build/bin/llama-bench
+  LB="env CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-bench"
   timeout 300 $LB -m "$MODEL" -ngl 99 -p ${PP:-512,2048} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee "$OUT/llama-bench.log"
   timeout 300 $LB -m "$MODEL" -ngl 99 -p 0 -n ${TG:-128} -d ${LDEPTH:-4096,32768} -r 1 2>&1 | tee -a "$OUT/llama-bench.log"
   summary+=("$(grep -E 'pp|tg' "$OUT/llama-bench.log" | grep -v '^|  *model' | sed 's/^/llama.cpp /')")

@@ -66,11 +66,16 @@ fn batched_test<B: Backend>(
     npp: usize,
     ntg: usize,
     ubatch: usize,
-    profile: Option<&dyn Fn(bool)>,
+    profile: Option<&dyn Fn(usize)>,
 ) -> Result<(f64, f64), muser_engine::Error> {
     use muser_engine::backend::Batch;
-    // With `profile`: PROFILE_STEPS more steps, untimed, with profiling on.
-    let extra = if profile.is_some() { PROFILE_STEPS } else { 0 };
+    // With `profile`: 2 x PROFILE_STEPS more steps, untimed; `profile(k)` is called before
+    // pass k = 0, 1 of PROFILE_STEPS steps and after the last (k = 2).
+    let extra = if profile.is_some() {
+        2 * PROFILE_STEPS
+    } else {
+        0
+    };
     let max_seqs = m
         .backend
         .max_sequences_per_batch()
@@ -121,9 +126,11 @@ fn batched_test<B: Backend>(
         m.forward(&mut ws, &batch, &mut refs, &rows)?;
     }
     let t_tg = t.elapsed().as_secs_f64();
-    if let Some(set) = profile {
-        set(true);
+    if let Some(phase) = profile {
         for step in ntg..ntg + extra {
+            if (step - ntg) % PROFILE_STEPS == 0 {
+                phase((step - ntg) / PROFILE_STEPS);
+            }
             let batch = Batch {
                 tokens: (0..npl)
                     .map(|_| random_tokens(&mut rng, 1, m.config.n_vocab)[0])
@@ -135,6 +142,7 @@ fn batched_test<B: Backend>(
             let mut refs: Vec<&mut B::Kv> = caches.iter_mut().collect();
             m.forward(&mut ws, &batch, &mut refs, &rows)?;
         }
+        phase(2);
     }
     Ok((t_pp, t_tg))
 }
@@ -317,22 +325,35 @@ pub fn run(a: Args) -> CliResult {
     for &npl in a.parallel.iter().filter(|&&n| n > 0) {
         let (tp, tg) = match &loaded {
             Loaded::Cuda(m) if a.profile => {
-                let set = |on: bool| m.backend.set_profiling(on);
-                let r = batched_test(
+                // Two passes: as the steps run (an operation's time includes any wait for the
+                // host to launch it), then each operation alone (the stream drained first).
+                let phase = |k: usize| {
+                    if k > 0 {
+                        let what = if k == 1 {
+                            format!(
+                                "per batched step of {npl} sequences (eager, {PROFILE_STEPS} steps)"
+                            )
+                        } else {
+                            format!(
+                                "per batched step of {npl} sequences, each operation alone (stream drained before it)"
+                            )
+                        };
+                        if let Err(e) = print_profile(m, &what, PROFILE_STEPS) {
+                            eprintln!("profile: {e}");
+                        }
+                    }
+                    m.backend.set_profile_sync(k == 1);
+                    m.backend.set_profiling(k < 2);
+                };
+                batched_test(
                     m,
                     kv,
                     npl,
                     a.batch_prompt,
                     a.batch_gen,
                     a.ubatch,
-                    Some(&set),
-                )?;
-                print_profile(
-                    m,
-                    &format!("per batched step of {npl} sequences (eager, {PROFILE_STEPS} steps)"),
-                    PROFILE_STEPS,
-                )?;
-                r
+                    Some(&phase),
+                )?
             }
             _ => {
                 crate::with_model!(&loaded, m => batched_test(m, kv, npl, a.batch_prompt, a.batch_gen, a.ubatch, None)?)

@@ -171,6 +171,8 @@ pub struct CudaBackend {
     device_name: String,
     /// Per-operation GPU timing (eager steps only): (label, start, end) events.
     profile: Mutex<Option<Vec<(String, CudaEvent, CudaEvent)>>>,
+    /// Drain the stream before each profiled operation (`set_profile_sync`).
+    profile_sync: std::sync::atomic::AtomicBool,
     sm_count: u32,
     /// Whether some matrix's one-token kernel reads the sums of 8 activations (a format without
     /// an `mvq_*` kernel): only then do the norms write them for single-token rows.
@@ -254,6 +256,7 @@ impl CudaBackend {
             capturing: std::sync::atomic::AtomicBool::new(false),
             device_name,
             profile: Mutex::new(None),
+            profile_sync: std::sync::atomic::AtomicBool::new(false),
             sm_count,
             one_token_sums: std::sync::atomic::AtomicBool::new(false),
             fast_prompts: std::sync::atomic::AtomicBool::new(false),
@@ -453,6 +456,13 @@ impl CudaBackend {
         self.scratch_epoch.load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// With profiling on, drain the stream before each operation, so that its events time it
+    /// alone (otherwise an operation's time includes any wait for the host to launch it).
+    pub fn set_profile_sync(&self, on: bool) {
+        self.profile_sync
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Start (or stop, returning nothing) timing every operation with CUDA events.
     pub fn set_profiling(&self, on: bool) {
         if let Ok(mut p) = self.profile.lock() {
@@ -485,6 +495,9 @@ impl CudaBackend {
         let on = self.profile.lock().map(|p| p.is_some()).unwrap_or(false);
         if !on || self.capturing.load(std::sync::atomic::Ordering::SeqCst) {
             return f();
+        }
+        if self.profile_sync.load(std::sync::atomic::Ordering::Relaxed) {
+            self.sync()?;
         }
         let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
         let a = self.ctx.new_event(flags).map_err(dev("event"))?;

@@ -407,11 +407,32 @@ impl<B: Backend> Worker<B> {
         }
         metrics::counter!("muser_prompt_tokens_total").increment(prompt_tokens as u64);
         let n_vocab = self.model.config.n_vocab;
+        // Each sequence's draw is its own (its sampler, its row): drawn in parallel, a
+        // 202,048-token vocabulary times 64 sequences is otherwise a large part of a step.
+        let mut row_of: Vec<Option<usize>> = vec![None; self.running.len()];
+        for (r, &gi) in row_item.iter().enumerate() {
+            if let Some(slot) = row_of.get_mut(group[gi].0) {
+                *slot = Some(r);
+            }
+        }
+        let eog = &self.eog;
+        let ids: Vec<Option<u32>> = {
+            use rayon::prelude::*;
+            self.running
+                .par_iter_mut()
+                .zip(row_of.par_iter())
+                .map(|(s, r)| {
+                    let row = r.and_then(|r| logits.get(r * n_vocab..(r + 1) * n_vocab))?;
+                    Some(choose(s, row, eog))
+                })
+                .collect()
+        };
         for (r, &gi) in row_item.iter().enumerate() {
             let ri = group[gi].0;
-            match logits.get(r * n_vocab..(r + 1) * n_vocab) {
-                Some(row) => self.next_token(ri, row),
-                None => {
+            let row = logits.get(r * n_vocab..(r + 1) * n_vocab);
+            match (row, ids.get(ri).copied().flatten()) {
+                (Some(row), Some(id)) => self.next_token(ri, row, id),
+                _ => {
                     let s = &mut self.running[ri];
                     s.outbox.push_back(Event::Error {
                         index: s.index,
@@ -423,31 +444,13 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Sample the next token of `running[ri]` from its logits row and emit it.
-    fn next_token(&mut self, ri: usize, row: &[f32]) {
+    /// Emit `id`, the token drawn (`choose`) for `running[ri]` from its logits row.
+    fn next_token(&mut self, ri: usize, row: &[f32], id: u32) {
         let eog = &self.eog;
         let tok = &self.tok;
         let n_ctx = self.cfg.n_ctx;
         let s = &mut self.running[ri];
         let j = &s.job;
-        let id = if j.logit_bias.is_empty() && !j.ignore_eos {
-            s.sampler.sample(row)
-        } else {
-            let mut l = row.to_vec();
-            for &(t, b) in &j.logit_bias {
-                if let Some(x) = l.get_mut(t as usize) {
-                    *x += b;
-                }
-            }
-            if j.ignore_eos {
-                for &t in eog {
-                    if let Some(x) = l.get_mut(t as usize) {
-                        *x = f32::NEG_INFINITY;
-                    }
-                }
-            }
-            s.sampler.sample(&l)
-        };
         s.sampler.accept(id);
         s.generated += 1;
         self.rate_tokens += 1;
@@ -677,4 +680,27 @@ mod tests {
         assert!(token_logprob(&row, 0, 0).top.is_empty());
         assert_eq!(token_logprob(&row, 0, 99).top.len(), 5);
     }
+}
+
+/// Draw the next token of `s` from its logits row (its logit bias applied, end-of-generation
+/// tokens masked when it ignores them).
+fn choose(s: &mut Seq, row: &[f32], eog: &[u32]) -> u32 {
+    let j = &s.job;
+    if j.logit_bias.is_empty() && !j.ignore_eos {
+        return s.sampler.sample(row);
+    }
+    let mut l = row.to_vec();
+    for &(t, b) in &j.logit_bias {
+        if let Some(x) = l.get_mut(t as usize) {
+            *x += b;
+        }
+    }
+    if j.ignore_eos {
+        for &t in eog {
+            if let Some(x) = l.get_mut(t as usize) {
+                *x = f32::NEG_INFINITY;
+            }
+        }
+    }
+    s.sampler.sample(&l)
 }

@@ -139,14 +139,21 @@ async def client(i, args, stats, deadline):
         if rng.random() < 0.3:
             turns = [{"role": "system", "content": "You are a helpful assistant."}] + turns
         max_tokens = rng.randint(args.min_tokens, args.max_tokens)
-        body = {"model": args.model, "messages": turns, "max_tokens": max_tokens, "stream": True,
+        body = {"model": args.model, "max_tokens": max_tokens, "stream": True,
                 "stream_options": {"include_usage": True}, "temperature": 0.8, "seed": rng.randrange(1 << 30)}
+        if args.endpoint == "chat":
+            body["messages"] = turns
+            path = "/v1/chat/completions"
+        else:
+            # The same conversation as plain text: no chat template, no parsing of the output.
+            body["prompt"] = "".join(f"{t['role']}: {t['content']}\n" for t in turns) + "assistant:"
+            path = "/v1/completions"
         if args.ignore_eos:
             body["ignore_eos"] = True
         t0 = time.perf_counter()
         try:
             status, ttft, chunks, done, err = await asyncio.wait_for(
-                stream_chat(u.hostname, u.port or 80, "/v1/chat/completions", body, headers), args.timeout)
+                stream_chat(u.hostname, u.port or 80, path, body, headers), args.timeout)
         except Exception as e:
             stats.fail(type(e).__name__)
             continue
@@ -164,6 +171,11 @@ async def client(i, args, stats, deadline):
         usage = chunks[-1].get("usage") if chunks else None
         finishes = [c["choices"][0].get("finish_reason") for c in chunks if c.get("choices")]
         finishes = [f for f in finishes if f]
+        if not usage and args.usage_from_chunks:
+            # Servers that leave usage out: one token per chunk that carries text.
+            n = sum(1 for c in chunks if c.get("choices") and (c["choices"][0].get("text") or
+                    (c["choices"][0].get("delta") or {}).get("content")))
+            usage = {"completion_tokens": n}
         if not usage or len(finishes) != 1 or usage["completion_tokens"] > max_tokens:
             stats.fail("bad usage/finish")
             continue
@@ -249,6 +261,7 @@ async def main_async(args):
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "url": args.url, "model": args.model, "clients": args.clients, "duration_s": round(wall, 1),
         "max_tokens_range": [args.min_tokens, args.max_tokens], "ignore_eos": args.ignore_eos,
+        "endpoint": args.endpoint,
         "requests_ok": stats.ok, "requests_failed": stats.failed, "failures": stats.failures,
         "completion_tokens": stats.tokens,
         "tokens_per_s": round(stats.tokens / wall, 1),
@@ -274,6 +287,10 @@ def main():
     p.add_argument("--min-tokens", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--ignore-eos", action="store_true", help="always generate max_tokens")
+    p.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
+                   help="chat: /v1/chat/completions; completions: /v1/completions with the conversation as text")
+    p.add_argument("--usage-from-chunks", action="store_true",
+                   help="count tokens from the chunks when a server sends no usage (other servers only)")
     p.add_argument("--timeout", type=float, default=120, help="seconds one request may take")
     p.add_argument("--server-pid", type=int, default=0)
     p.add_argument("--sample-every", type=float, default=10)
