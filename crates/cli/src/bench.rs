@@ -100,6 +100,8 @@ fn batched_test<B: Backend>(
         .enumerate()
         .flat_map(|(s, p)| p.iter().enumerate().map(move |(i, &t)| (s, i as u32, t)))
         .collect();
+    // One logits buffer for every step, as a server keeps one (llama.cpp's batched bench too).
+    let mut logits = Vec::new();
     let t = Instant::now();
     for chunk in all.chunks(ubatch.max(1)) {
         let batch = Batch {
@@ -109,7 +111,7 @@ fn batched_test<B: Backend>(
         };
         let mut refs: Vec<&mut B::Kv> = caches.iter_mut().collect();
         // The last row's logits: the copy waits for the micro-batch to finish.
-        m.forward(&mut ws, &batch, &mut refs, &[batch.len() - 1])?;
+        m.forward_into(&mut ws, &batch, &mut refs, &[batch.len() - 1], &mut logits)?;
     }
     let t_pp = t.elapsed().as_secs_f64();
     let t = Instant::now();
@@ -123,7 +125,7 @@ fn batched_test<B: Backend>(
         };
         let rows: Vec<usize> = (0..npl).collect();
         let mut refs: Vec<&mut B::Kv> = caches.iter_mut().collect();
-        m.forward(&mut ws, &batch, &mut refs, &rows)?;
+        m.forward_into(&mut ws, &batch, &mut refs, &rows, &mut logits)?;
     }
     let t_tg = t.elapsed().as_secs_f64();
     if let Some(phase) = profile {
@@ -140,7 +142,7 @@ fn batched_test<B: Backend>(
             };
             let rows: Vec<usize> = (0..npl).collect();
             let mut refs: Vec<&mut B::Kv> = caches.iter_mut().collect();
-            m.forward(&mut ws, &batch, &mut refs, &rows)?;
+            m.forward_into(&mut ws, &batch, &mut refs, &rows, &mut logits)?;
         }
         phase(2);
     }

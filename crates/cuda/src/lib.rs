@@ -1313,6 +1313,15 @@ impl Backend for CudaBackend {
         Ok(v)
     }
 
+    fn read_into(&self, a: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
+        let n = a.rows * a.cols;
+        out.resize(n, 0.0);
+        // A copy to pageable memory returns once it is complete.
+        self.stream
+            .memcpy_dtoh(&a.data.slice(..n), &mut out[..])
+            .map_err(dev("download"))
+    }
+
     fn begin_batch(&self, batch: &Batch) -> Result<()> {
         if self.capturing.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(());

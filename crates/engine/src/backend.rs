@@ -111,6 +111,13 @@ pub trait Backend: Send + Sync {
     fn write(&self, a: &mut Self::Act, values: &[f32]) -> Result<()>;
     /// Copy an activation matrix to the host.
     fn read(&self, a: &Self::Act) -> Result<Vec<f32>>;
+    /// Copy an activation matrix into `out` (resized to fit), reusing its memory: a step's
+    /// logits are tens of megabytes at 64 sequences, and a fresh allocation of that size is
+    /// new pages every time.
+    fn read_into(&self, a: &Self::Act, out: &mut Vec<f32>) -> Result<()> {
+        *out = self.read(a)?;
+        Ok(())
+    }
 
     /// Make the batch's token ids and positions available to the operations that follow
     /// (a device backend uploads them here).

@@ -182,6 +182,23 @@ impl<B: Backend> MuseGlimmer<B> {
         self.backend.read(&ws.logits)
     }
 
+    /// As [`MuseGlimmer::forward`], the logits written into `out` (its memory reused).
+    pub fn forward_into(
+        &self,
+        ws: &mut Workspace<B>,
+        batch: &Batch,
+        caches: &mut [&mut B::Kv],
+        logit_rows: &[usize],
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.forward_device(ws, batch, caches, logit_rows)?;
+        if logit_rows.is_empty() {
+            out.clear();
+            return Ok(());
+        }
+        self.backend.read_into(&ws.logits, out)
+    }
+
     /// As [`MuseGlimmer::forward`], leaving the logits in `ws.logits` on the backend.
     pub fn forward_device(
         &self,

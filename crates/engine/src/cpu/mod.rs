@@ -221,6 +221,12 @@ impl Backend for CpuBackend {
         Ok(a.data.clone())
     }
 
+    fn read_into(&self, a: &CpuAct, out: &mut Vec<f32>) -> Result<()> {
+        out.clear();
+        out.extend_from_slice(&a.data);
+        Ok(())
+    }
+
     fn get_rows(&self, table: &CpuMatrix, tokens: &[u32], out: &mut CpuAct) -> Result<()> {
         check(out, tokens.len(), table.m.cols, "get_rows")?;
         let rb = table.m.row_bytes();

@@ -74,6 +74,8 @@ pub(super) struct Worker<B: Backend> {
     reserved: usize,
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
+    /// The last step's logits (reused: `forward_into`).
+    logits: Vec<f32>,
     /// Final events of finished sequences whose clients have not read them yet.
     draining: Vec<(tokio::sync::mpsc::Sender<Event>, VecDeque<Event>)>,
     shutdown: Option<Instant>,
@@ -126,6 +128,7 @@ impl<B: Backend> Worker<B> {
             reserved: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            logits: Vec::new(),
             draining: Vec::new(),
             shutdown: None,
             rate_tokens: 0,
@@ -375,10 +378,14 @@ impl<B: Backend> Worker<B> {
         if batch.is_empty() {
             return;
         }
-        let result = self.model.forward(&mut self.ws, &batch, &mut caches, &rows);
+        // The logits buffer is reused from step to step (tens of megabytes at 64 sequences).
+        let mut logits = std::mem::take(&mut self.logits);
+        let result = self
+            .model
+            .forward_into(&mut self.ws, &batch, &mut caches, &rows, &mut logits);
         drop(caches);
-        let logits = match result {
-            Ok(l) => l,
+        match result {
+            Ok(()) => {}
             Err(e) => {
                 tracing::error!("forward failed for {} sequences: {e}", group.len());
                 for &(ri, _) in group {
@@ -392,9 +399,10 @@ impl<B: Backend> Worker<B> {
                     metrics::counter!("muser_sequences_finished_total", "reason" => "error")
                         .increment(1);
                 }
+                self.logits = logits;
                 return;
             }
-        };
+        }
         let mut prompt_tokens = 0;
         for &(ri, n) in group {
             let s = &mut self.running[ri];
@@ -442,6 +450,7 @@ impl<B: Backend> Worker<B> {
                 }
             }
         }
+        self.logits = logits;
     }
 
     /// Emit `id`, the token drawn (`choose`) for `running[ri]` from its logits row.
