@@ -736,17 +736,25 @@ impl CudaBackend {
         matches!(w.ty, GgmlType::Q4_K | GgmlType::Q6_K) && w.cols % 256 == 0 && mmq_enabled()
     }
 
-    /// Column ranges of a tensor-core product: enough (rows / 64) x ranges blocks for two waves,
-    /// from the matrix shape alone (a token's sums must not depend on the batch). Returns
-    /// (ranges, 256-column blocks per range).
+    /// Column ranges of a tensor-core product, from the matrix shape alone (a token's sums must
+    /// not depend on the batch). With one block per multiprocessor (a 64-token launch of the
+    /// staged kernels fills an SM), a launch lasts about waves x (column blocks per range + 2,
+    /// the pipeline's fill): the split that makes this least, the fewest ranges on a tie (each
+    /// range costs a pass over partial sums). Returns (ranges, 256-column blocks per range).
     fn mmq_split(&self, w: &CudaMatrix) -> (usize, usize) {
-        let nb = w.cols / 256;
+        let nb = (w.cols / 256).max(1);
         let row_blocks = w.rows.div_ceil(64);
-        let want = (2 * self.sm_count as usize)
-            .div_ceil(row_blocks)
-            .clamp(1, nb.max(1));
-        let per = nb.div_ceil(want).max(1);
-        (nb.div_ceil(per).max(1), per)
+        let sm = self.sm_count.max(1) as usize;
+        let mut best = (usize::MAX, 1, nb);
+        for want in 1..=nb.min(64) {
+            let per = nb.div_ceil(want);
+            let ks = nb.div_ceil(per);
+            let cost = (row_blocks * ks).div_ceil(sm) * (per + 2);
+            if cost < best.0 {
+                best = (cost, ks, per);
+            }
+        }
+        (best.1, best.2)
     }
 
     /// out = W x for every row of x on the int8 tensor cores: x to digit planes (xq_planes), then
@@ -1009,7 +1017,12 @@ impl CudaBackend {
         } else {
             kv.max_ctx
         };
-        let n_split = max_keys.div_ceil(32).clamp(1, 64);
+        // A block's four warps take 32 keys each per pass. One token (decode) splits the keys
+        // finely, 32 per split, for blocks enough to fill the GPU; 8 or more tokens give blocks
+        // enough by themselves, so a split takes 128 keys (every warp busy, a quarter of the
+        // partials to write and merge). The batch-invariant mode keeps 32 whatever the batch.
+        let per_split = if self.invariant() || n < 8 { 32 } else { 128 };
+        let n_split = max_keys.div_ceil(per_split).clamp(1, 64);
         // Bounded scratch for long prompts, unless the splits must not depend on the batch.
         let n_split = if self.invariant() {
             n_split
