@@ -18,6 +18,15 @@ up() { for _ in $(seq 120); do curl -sf "$1/health" > /dev/null && return 0; sle
 tmpl=crates/text/tests/data/muse-glimmer.jinja
 # /v1/completions: llama-server parses chat output with the template's own grammar, which the
 # random weights' text fails (every request an error, 2026-11-29), so both get plain text.
+load_summary() {
+  [ -f "$1" ] && python3 - "$1" <<'PY' | tee -a "$OUT/serve.log"
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = r["ttft_ms"]
+print(f"{sys.argv[1]}: ok {r['requests_ok']} failed {r['requests_failed']} {r['failures']} completion tokens/s {r['tokens_per_s']} ttft p50 {t['p50']} ms p99 {t['p99']} ms")
+PY
+  summary+=("$(grep -E "$1" "$OUT/serve.log" | tail -1)")
+}
 LOAD="python3 crates/server/tests/load/load.py --clients 64 --duration ${SERVE_SECONDS:-60} --ignore-eos --min-tokens 128 --max-tokens 128 --endpoint completions"
 summary=()
 export NCCL_NVLS_ENABLE=0
@@ -37,7 +46,9 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 
 # llama.cpp builds on the CPU while the GPU stages run (it takes minutes; the GPU work does not
 # wait on the host much, and the llama.cpp runs start only once the build is done).
-if has llama || has batch || has serve; then
+# NO_LLAMA=1: Muser's halves only (no llama.cpp build, no llama.cpp runs).
+llama_too() { [ -z "${NO_LLAMA:-}" ] && { has llama || has batch || has serve; }; }
+if llama_too; then
   ( mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.tar.xz && cd /tmp/llama/llama.cpp &&
     cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=$(has serve && echo ON || echo OFF) -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$OUT/llama-build.log" 2>&1 &&
@@ -118,38 +129,31 @@ if has serve; then
     timeout 300 $LOAD --url http://127.0.0.1:8081 --model muser --server-pid $spid --out /tmp/load-muser.json 2>&1 | tail -15 | sed 's/^/muser serve: /' | tee -a "$OUT/serve.log"
   else echo "muser serve did not come up" | tee -a "$OUT/serve.log"; fi
   kill $spid; wait $spid 2>/dev/null
+  load_summary /tmp/load-muser.json
 fi
 
-if has llama || has batch || has serve; then
+if llama_too; then
   wait "$llama_build" || echo "llama.cpp build failed (see llama-build.log)"
 fi
 
-if has batch; then
+if has batch && [ -z "${NO_LLAMA:-}" ]; then
   CUDA_VISIBLE_DEVICES=0 timeout 240 /tmp/llama/llama.cpp/build/bin/llama-batched-bench -m "$MODEL" -ngl 99 -c 42000 -b 2048 -ub 512 \
     -npp 512 -ntg 128 -npl ${NPL:-32,64} 2>&1 | grep -E '^\|' | tee -a "$blog"
   summary+=("$(grep -E '^\|' "$blog" | sed 's/^/batched /')")
 fi
 
-if has serve; then
+if has serve && [ -z "${NO_LLAMA:-}" ]; then
   CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-server -m "$MODEL" -ngl 99 -np 64 -c 65536 --port 8082 --chat-template-file $tmpl > "$OUT/serve-llama.log" 2>&1 &
   lpid=$!
   if up http://127.0.0.1:8082; then
     timeout 300 $LOAD --url http://127.0.0.1:8082 --model llama --usage-from-chunks --server-pid $lpid --out /tmp/load-llama.json 2>&1 | tail -15 | sed 's/^/llama-server: /' | tee -a "$OUT/serve.log"
   else echo "llama-server did not come up" | tee -a "$OUT/serve.log"; fi
   kill $lpid; wait $lpid 2>/dev/null
-  for f in /tmp/load-muser.json /tmp/load-llama.json; do
-    [ -f "$f" ] && python3 - "$f" <<'PY' | tee -a "$OUT/serve.log"
-import json, sys
-r = json.load(open(sys.argv[1]))
-t = r["ttft_ms"]
-print(f"{sys.argv[1]}: ok {r['requests_ok']} failed {r['requests_failed']} {r['failures']} completion tokens/s {r['tokens_per_s']} ttft p50 {t['p50']} ms p99 {t['p99']} ms")
-PY
-  done
-  summary+=("$(grep -E 'load-' "$OUT/serve.log")")
+  load_summary /tmp/load-llama.json
 fi
 
 
-if has llama; then
+if has llama && [ -z "${NO_LLAMA:-}" ]; then
   LB="env CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-bench"
   timeout 300 $LB -m "$MODEL" -ngl 99 -p ${PP:-512,2048} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee "$OUT/llama-bench.log"
   timeout 300 $LB -m "$MODEL" -ngl 99 -p 0 -n ${TG:-128} -d ${LDEPTH:-4096,32768} -r 1 2>&1 | tee -a "$OUT/llama-bench.log"
