@@ -182,12 +182,25 @@ impl Sampler {
         if p.temperature <= 0.0 {
             return argmax(&l) as u32;
         }
-        // Candidates sorted by logit (ties: the lower id first), the top_k best only when
-        // top_k is set: found in one pass (a 202,048-token vocabulary takes a full sort about
-        // 15 ms, which at 64 sequences per step was most of a server step).
+        // Candidates sorted by logit (ties: the lower id first). A full sort of a 202,048-token
+        // vocabulary takes about 15 ms, which at 64 sequences was most of a server step, so
+        // it is avoided: the top_k best are found in one pass; with every token a candidate
+        // (OpenAI's default top_k = 0), top_p takes the shortest sorted prefix that reaches
+        // it, min_p the tokens above its threshold, and with neither the draw runs over the
+        // logits in id order (the same distribution as over the sorted ones).
+        let top = l.iter().copied().max_by(|a, b| a.total_cmp(b));
         let cand = if p.top_k > 0 && p.top_k < l.len() {
             top_k_sorted(&l, p.top_k)
+        } else if let Some(m) = top.filter(|m| m.is_finite()) {
+            if p.top_p < 1.0 {
+                top_p_prefix(&l, m, p.top_p)
+            } else if p.min_p > 0.0 {
+                min_p_sorted(&l, m, p.min_p)
+            } else {
+                return draw_in_id_order(&l, m, p.temperature, &mut self.rng);
+            }
         } else {
+            // A NaN or infinite logit: the plain sort's order, whatever it makes of it.
             let mut c: Vec<(u32, f32)> =
                 l.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
             c.sort_by(candidate_order);
@@ -244,6 +257,74 @@ fn candidate_order(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
+/// With every token a candidate: the shortest prefix of the sorted candidates whose share of
+/// the whole distribution (exp(v - m) over the sum of all, m the largest logit) reaches `top_p`,
+/// or all of them; found with ever larger top-k passes rather than a full sort.
+fn top_p_prefix(logits: &[f32], m: f32, top_p: f32) -> Vec<(u32, f32)> {
+    let m = m as f64;
+    let total: f64 = logits.iter().map(|&v| (v as f64 - m).exp()).sum();
+    let n = logits.len();
+    let mut k = 64;
+    loop {
+        let mut c = if k < n / 4 {
+            top_k_sorted(logits, k)
+        } else {
+            let mut c: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (i as u32, v))
+                .collect();
+            c.sort_by(candidate_order);
+            c
+        };
+        let mut cum = 0.0;
+        for i in 0..c.len() {
+            cum += (c[i].1 as f64 - m).exp() / total;
+            if cum >= top_p as f64 {
+                c.truncate(i + 1);
+                return c;
+            }
+        }
+        if c.len() == n {
+            return c;
+        }
+        k *= 4;
+    }
+}
+
+/// With every token a candidate: those whose probability is at least `min_p` times the top
+/// one's (exp(v - m) >= min_p), sorted.
+fn min_p_sorted(logits: &[f32], m: f32, min_p: f32) -> Vec<(u32, f32)> {
+    let m = m as f64;
+    let mut c: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|&(_, &v)| (v as f64 - m).exp() >= min_p as f64)
+        .map(|(i, &v)| (i as u32, v))
+        .collect();
+    c.sort_by(candidate_order);
+    c
+}
+
+/// A draw over every token with weights exp((v - m) / t), walked in id order.
+fn draw_in_id_order(logits: &[f32], m: f32, t: f32, rng: &mut Rng) -> u32 {
+    let (m, t) = (m as f64, t as f64);
+    let weights: Vec<f64> = logits.iter().map(|&v| ((v as f64 - m) / t).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let mut r = rng.next_f64() * total;
+    let mut last = 0;
+    for (i, &w) in weights.iter().enumerate() {
+        if w > 0.0 {
+            last = i;
+            if r < w {
+                return i as u32;
+            }
+            r -= w;
+        }
+    }
+    last as u32
+}
+
 /// The first `k` (0 < k < len) candidates of `logits` in `candidate_order`, as a full sort
 /// would give them: one pass keeping the best `k` in a heap whose top is the worst kept.
 fn top_k_sorted(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
@@ -288,6 +369,100 @@ fn top_k_sorted(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sorted candidates and their probabilities over the whole vocabulary, the slow way.
+    fn sorted_with_probs(l: &[f32]) -> (Vec<(u32, f32)>, Vec<f64>) {
+        let mut c: Vec<(u32, f32)> = l.iter().enumerate().map(|(i, &v)| (i as u32, v)).collect();
+        c.sort_by(candidate_order);
+        let m = c[0].1 as f64;
+        let e: Vec<f64> = c.iter().map(|&(_, v)| (v as f64 - m).exp()).collect();
+        let s: f64 = e.iter().sum();
+        (c, e.into_iter().map(|x| x / s).collect())
+    }
+
+    #[test]
+    fn top_p_and_min_p_without_top_k_keep_what_a_full_sort_keeps() {
+        let mut rng = Rng::new(5);
+        for &(n, spread) in &[
+            (5000usize, 8.0f32),
+            (5000, 0.5),
+            (300, 20.0),
+            (202_048, 12.0),
+        ] {
+            let l: Vec<f32> = (0..n)
+                .map(|_| (rng.next_f64() as f32 - 0.5) * spread)
+                .collect();
+            let m = l.iter().copied().fold(f32::MIN, f32::max);
+            let (full, pr) = sorted_with_probs(&l);
+            for &top_p in &[0.05f32, 0.5, 0.9, 0.999] {
+                let mut cum = 0.0;
+                let keep = pr
+                    .iter()
+                    .position(|q| {
+                        cum += q;
+                        cum >= top_p as f64
+                    })
+                    .map_or(n, |i| i + 1);
+                let got = top_p_prefix(&l, m, top_p);
+                assert_eq!(got.len(), keep, "n={n} spread={spread} top_p={top_p}");
+                assert!(got.iter().zip(&full).all(|(a, b)| a.0 == b.0));
+            }
+            for &min_p in &[0.01f32, 0.2, 0.9] {
+                let keep = pr
+                    .iter()
+                    .take_while(|&&q| q >= min_p as f64 * pr[0])
+                    .count();
+                let got = min_p_sorted(&l, m, min_p);
+                assert_eq!(got.len(), keep, "n={n} spread={spread} min_p={min_p}");
+                assert!(got.iter().zip(&full).all(|(a, b)| a.0 == b.0));
+            }
+        }
+    }
+
+    #[test]
+    fn a_draw_over_every_token_follows_the_softmax() {
+        let l = [1.0f32, 3.0, -2.0, 2.5, 0.0];
+        let t = 0.8f32;
+        let m = 3.0f32;
+        let w: Vec<f64> = l
+            .iter()
+            .map(|&v| ((v - m) as f64 / t as f64).exp())
+            .collect();
+        let s: f64 = w.iter().sum();
+        let mut rng = Rng::new(9);
+        let mut counts = [0usize; 5];
+        let draws = 40_000;
+        for _ in 0..draws {
+            counts[draw_in_id_order(&l, m, t, &mut rng) as usize] += 1;
+        }
+        for i in 0..5 {
+            let got = counts[i] as f64 / draws as f64;
+            assert!(
+                (got - w[i] / s).abs() < 0.01,
+                "token {i}: {got} vs {}",
+                w[i] / s
+            );
+        }
+        // Through the sampler: OpenAI's defaults (every token a candidate, no truncation).
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 3,
+            ..Default::default()
+        };
+        let a: Vec<u32> = {
+            let mut s = Sampler::new(params.clone());
+            (0..50).map(|_| s.sample(&l)).collect()
+        };
+        let b: Vec<u32> = {
+            let mut s = Sampler::new(params);
+            (0..50).map(|_| s.sample(&l)).collect()
+        };
+        assert_eq!(a, b, "one seed, one sequence of draws");
+        assert!(a.iter().any(|&t| t != 1), "not greedy");
+    }
 
     #[test]
     fn top_k_selection_equals_a_full_sort() {
