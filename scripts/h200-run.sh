@@ -101,9 +101,9 @@ fi
 if has ncu; then
   # Where the batched step's time goes: one launch of the tensor-core kernel (64 tokens) and of
   # the cuBLAS path for comparison.
-  for k in ${NCU_KERNELS:-mmq_q4_k_4 xq_planes}; do
+  for k in ${NCU_KERNELS:-mmq_s_q4_k_4 xq_planes}; do
     echo "=== $k" | tee -a "$OUT/ncu.log"
-    timeout 150 ncu --kernel-name "$k" --launch-skip 60 --launch-count 1 \
+    timeout 150 ncu --clock-control none --kernel-name "$k" --launch-skip 60 --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section SchedulerStats \
       carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel 64 --batch-prompt 64 --batch-gen 2 2>&1 |
       grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Warp Cycles Per Issued|No Eligible|Eligible Warps|Issued Warp|Executed Ipc Active|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Mem Pipes Busy|Issue Slots Busy|SM Busy|est. speedup|is stalled|on average|Block Size|Grid Size" | head -45 | tee -a "$OUT/ncu.log"
