@@ -114,8 +114,9 @@ fn batched_test<B: Backend>(
         m.forward_into(&mut ws, &batch, &mut refs, &[batch.len() - 1], &mut logits)?;
     }
     let t_pp = t.elapsed().as_secs_f64();
-    let t = Instant::now();
-    for step in 0..ntg {
+    // One step: every sequence advances by a random token at position npp + step.
+    let rows: Vec<usize> = (0..npl).collect();
+    let mut decode_step = |step: usize| -> Result<(), muser_engine::Error> {
         let batch = Batch {
             tokens: (0..npl)
                 .map(|_| random_tokens(&mut rng, 1, m.config.n_vocab)[0])
@@ -123,9 +124,12 @@ fn batched_test<B: Backend>(
             pos: vec![(npp + step) as u32; npl],
             seq: (0..npl).collect(),
         };
-        let rows: Vec<usize> = (0..npl).collect();
         let mut refs: Vec<&mut B::Kv> = caches.iter_mut().collect();
-        m.forward_into(&mut ws, &batch, &mut refs, &rows, &mut logits)?;
+        m.forward_into(&mut ws, &batch, &mut refs, &rows, &mut logits)
+    };
+    let t = Instant::now();
+    for step in 0..ntg {
+        decode_step(step)?;
     }
     let t_tg = t.elapsed().as_secs_f64();
     if let Some(phase) = profile {
@@ -133,16 +137,7 @@ fn batched_test<B: Backend>(
             if (step - ntg) % PROFILE_STEPS == 0 {
                 phase((step - ntg) / PROFILE_STEPS);
             }
-            let batch = Batch {
-                tokens: (0..npl)
-                    .map(|_| random_tokens(&mut rng, 1, m.config.n_vocab)[0])
-                    .collect(),
-                pos: vec![(npp + step) as u32; npl],
-                seq: (0..npl).collect(),
-            };
-            let rows: Vec<usize> = (0..npl).collect();
-            let mut refs: Vec<&mut B::Kv> = caches.iter_mut().collect();
-            m.forward_into(&mut ws, &batch, &mut refs, &rows, &mut logits)?;
+            decode_step(step)?;
         }
         phase(2);
     }

@@ -175,11 +175,9 @@ impl<B: Backend> MuseGlimmer<B> {
         caches: &mut [&mut B::Kv],
         logit_rows: &[usize],
     ) -> Result<Vec<f32>> {
-        self.forward_device(ws, batch, caches, logit_rows)?;
-        if logit_rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.backend.read(&ws.logits)
+        let mut out = Vec::new();
+        self.forward_into(ws, batch, caches, logit_rows, &mut out)?;
+        Ok(out)
     }
 
     /// As [`MuseGlimmer::forward`], the logits written into `out` (its memory reused).
