@@ -422,19 +422,25 @@ __device__ __forceinline__ void mmq_stage_load(u8* st, int TB, const u8* __restr
     float* Ss = Xs + (Q6 ? 0 : 8 * TB);
     u8* Ws = (u8*)(Ss + TB);
     const int tid = threadIdx.x, nth = blockDim.x;
-    const int per_group = TB * 4;  // 16-byte pieces per plane group
-    for (int p = tid; p < 12 * per_group; p += nth) {
-        const int jj = p / per_group, r = p - jj * per_group;
-        cp16(Bs + (jj * per_group + r) * 4, xq + (((long long)kb * 12 + jj) * ntok_pad + tok0) * 16 + r * 4);
+    // No division by a run-time value here (each costs some twenty instructions, per copy):
+    // a plane group is TB * 4 pieces of 16 bytes, at most one per thread (TB = 8 NT (blockDim.x
+    // / 128) with NT <= 4), so thread tid copies piece tid of each of the 12 groups.
+    const int per_group = TB * 4;
+    if (tid < per_group) {
+        const u32* src = xq + ((long long)kb * 12 * ntok_pad + tok0) * 16 + tid * 4;
+#pragma unroll
+        for (int jj = 0; jj < 12; jj++) cp16(Bs + (jj * per_group + tid) * 4, src + (long long)jj * ntok_pad * 16);
     }
-    const int q4 = TB / 4;
-    if (!Q6) {
-        for (int p = tid; p < 8 * q4; p += nth) {
-            const int run = p / q4, q = p - run * q4;
-            cp16(Xs + run * TB + 4 * q, xsum + ((long long)kb * 8 + run) * ntok_pad + tok0 + 4 * q);
+    // Run sums (8 runs) and scales: TB / 4 pieces each, the block's last threads.
+    const int q4 = TB / 4, q = tid - (nth - q4);
+    if (q >= 0) {
+        if (!Q6) {
+#pragma unroll
+            for (int run = 0; run < 8; run++)
+                cp16(Xs + run * TB + 4 * q, xsum + ((long long)kb * 8 + run) * ntok_pad + tok0 + 4 * q);
         }
+        cp16(Ss + 4 * q, xsc + (long long)kb * ntok_pad + tok0 + 4 * q);
     }
-    for (int p = tid; p < q4; p += nth) cp16(Ss + 4 * p, xsc + (long long)kb * ntok_pad + tok0 + 4 * p);
     if (!Q6) {
         for (int p = tid; p < 64 * 9; p += nth) {
             const int row = p / 9, q = p - row * 9;
