@@ -44,15 +44,15 @@ n_gpu=$(nvidia-smi -L | grep -c '^GPU')
 
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
 
-# llama.cpp builds on the CPU while the GPU stages run (it takes minutes; the GPU work does not
-# wait on the host much, and the llama.cpp runs start only once the build is done).
+# llama.cpp builds on the CPU while the tests run and the synthetic file is written; the timed
+# stages wait for it.
 # NO_LLAMA=1: Muser's halves only (no llama.cpp build, no llama.cpp runs).
 llama_too() { [ -z "${NO_LLAMA:-}" ] && { has llama || has batch || has serve; }; }
 if llama_too; then
   ( mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.tar.xz && cd /tmp/llama/llama.cpp &&
     cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=$(has serve && echo ON || echo OFF) -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$OUT/llama-build.log" 2>&1 &&
-    nice cmake --build build -j$(( $(nproc) - 2 )) --target llama-bench llama-batched-bench $(has serve && echo llama-server) >> "$OUT/llama-build.log" 2>&1 ) &
+    nice cmake --build build -j$(( $(nproc) > 3 ? $(nproc) - 2 : 1 )) --target llama-bench llama-batched-bench $(has serve && echo llama-server) >> "$OUT/llama-build.log" 2>&1 ) &
   llama_build=$!
 fi
 
@@ -63,6 +63,13 @@ fi
 
 if has synth; then
   /usr/bin/time -f "synth: %e s" carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m 2>&1 | tee "$OUT/synth.log"
+fi
+
+# Every timing runs after the llama.cpp build: a compile beside it takes the host's cores and
+# memory from the process that launches the GPU work (the tests and the synthetic file do not
+# mind).
+if llama_too; then
+  wait "$llama_build" || echo "llama.cpp build failed (see llama-build.log)"
 fi
 
 if has muser; then
@@ -119,10 +126,12 @@ if has tp && [ "$n_gpu" -ge 2 ]; then
   done
 fi
 
+
+
 if has serve; then
   # The server comparison: 64 concurrent streaming chat clients for SERVE_SECONDS, every
   # request generating 128 tokens (ignore_eos), first against Muser, then llama-server, same file.
-  # Muser's half runs while llama.cpp still builds.
+  rm -f /tmp/load-muser.json
   carry/bin/muser serve -m "$MODEL" --device cuda --parallel 64 --ctx-size 1024 --port 8081 --alias muser --chat-template-file $tmpl > "$OUT/serve-muser.log" 2>&1 &
   spid=$!
   if up http://127.0.0.1:8081; then
@@ -132,10 +141,6 @@ if has serve; then
   load_summary /tmp/load-muser.json
 fi
 
-if llama_too; then
-  wait "$llama_build" || echo "llama.cpp build failed (see llama-build.log)"
-fi
-
 if has batch && [ -z "${NO_LLAMA:-}" ]; then
   CUDA_VISIBLE_DEVICES=0 timeout 240 /tmp/llama/llama.cpp/build/bin/llama-batched-bench -m "$MODEL" -ngl 99 -c 42000 -b 2048 -ub 512 \
     -npp 512 -ntg 128 -npl ${NPL:-32,64} 2>&1 | grep -E '^\|' | tee -a "$blog"
@@ -143,6 +148,7 @@ if has batch && [ -z "${NO_LLAMA:-}" ]; then
 fi
 
 if has serve && [ -z "${NO_LLAMA:-}" ]; then
+  rm -f /tmp/load-llama.json
   CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-server -m "$MODEL" -ngl 99 -np 64 -c 65536 --port 8082 --chat-template-file $tmpl > "$OUT/serve-llama.log" 2>&1 &
   lpid=$!
   if up http://127.0.0.1:8082; then

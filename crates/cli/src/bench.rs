@@ -322,8 +322,8 @@ pub fn run(a: Args) -> CliResult {
     for &npl in a.parallel.iter().filter(|&&n| n > 0) {
         let (tp, tg) = match &loaded {
             Loaded::Cuda(m) if a.profile => {
-                // Two passes: as the steps run (an operation's time includes any wait for the
-                // host to launch it), then each operation alone (the stream drained first).
+                // Two passes: as the steps run, then each operation alone (the stream drained
+                // first: its kernels plus its own launch work, nothing queued ahead).
                 let phase = |k: usize| {
                     if k > 0 {
                         let what = if k == 1 {

@@ -456,8 +456,9 @@ impl CudaBackend {
         self.scratch_epoch.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// With profiling on, drain the stream before each operation, so that its events time it
-    /// alone (otherwise an operation's time includes any wait for the host to launch it).
+    /// With profiling on, drain the stream before each operation: its events then time it with
+    /// nothing queued ahead, its kernels plus the host's own launch work for it (as the steps
+    /// run, an operation's time can include waits for the host to launch the ones before).
     pub fn set_profile_sync(&self, on: bool) {
         self.profile_sync
             .store(on, std::sync::atomic::Ordering::Relaxed);

@@ -189,12 +189,17 @@ impl Sampler {
         // it, min_p the tokens above its threshold, and with neither the draw runs over the
         // logits in id order (the same distribution as over the sorted ones).
         let top = l.iter().copied().max_by(|a, b| a.total_cmp(b));
+        // Whether the candidates already went through top_p (or, without it, min_p): those
+        // passes must not run again on the shorter, renormalized list.
+        let (mut top_p_done, mut min_p_done) = (false, false);
         let cand = if p.top_k > 0 && p.top_k < l.len() {
             top_k_sorted(&l, p.top_k)
         } else if let Some(m) = top.filter(|m| m.is_finite()) {
             if p.top_p < 1.0 {
+                top_p_done = true;
                 top_p_prefix(&l, m, p.top_p)
             } else if p.min_p > 0.0 {
+                min_p_done = true;
                 min_p_sorted(&l, m, p.min_p)
             } else {
                 return draw_in_id_order(&l, m, p.temperature, &mut self.rng);
@@ -213,7 +218,7 @@ impl Sampler {
             let s: f64 = e.iter().sum();
             e.into_iter().map(|x| x / s).collect()
         };
-        if p.top_p < 1.0 {
+        if p.top_p < 1.0 && !top_p_done {
             let pr = probs(&cand);
             let mut cum = 0.0;
             let mut keep = cand.len();
@@ -226,7 +231,7 @@ impl Sampler {
             }
             cand.truncate(keep.max(1));
         }
-        if p.min_p > 0.0 {
+        if p.min_p > 0.0 && !min_p_done {
             let pr = probs(&cand);
             let keep = pr
                 .iter()
@@ -303,6 +308,10 @@ fn min_p_sorted(logits: &[f32], m: f32, min_p: f32) -> Vec<(u32, f32)> {
         .map(|(i, &v)| (i as u32, v))
         .collect();
     c.sort_by(candidate_order);
+    if c.is_empty() {
+        // min_p above 1 keeps nothing: the top candidate stays, as in the sorted chain.
+        c = top_k_sorted(logits, 1);
+    }
     c
 }
 
@@ -325,7 +334,7 @@ fn draw_in_id_order(logits: &[f32], m: f32, t: f32, rng: &mut Rng) -> u32 {
     last as u32
 }
 
-/// The first `k` (0 < k < len) candidates of `logits` in `candidate_order`, as a full sort
+/// The first `k` (k > 0) candidates of `logits` in `candidate_order`, as a full sort
 /// would give them: one pass keeping the best `k` in a heap whose top is the worst kept.
 fn top_k_sorted(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
     use std::cmp::Ordering;
@@ -415,6 +424,93 @@ mod tests {
                 let got = min_p_sorted(&l, m, min_p);
                 assert_eq!(got.len(), keep, "n={n} spread={spread} min_p={min_p}");
                 assert!(got.iter().zip(&full).all(|(a, b)| a.0 == b.0));
+            }
+        }
+    }
+
+    /// The sampling chain with a full sort of the vocabulary (the code before the one-pass
+    /// selections): penalties aside, top_k, top_p, min_p, temperature, the draw.
+    fn full_sort_sample(p: &SamplingParams, rng: &mut Rng, l: &[f32]) -> u32 {
+        let (mut cand, _) = sorted_with_probs(l);
+        if p.top_k > 0 && p.top_k < cand.len() {
+            cand.truncate(p.top_k);
+        }
+        let probs = |c: &[(u32, f32)]| -> Vec<f64> {
+            let m = c[0].1 as f64;
+            let e: Vec<f64> = c.iter().map(|&(_, v)| (v as f64 - m).exp()).collect();
+            let s: f64 = e.iter().sum();
+            e.into_iter().map(|x| x / s).collect()
+        };
+        if p.top_p < 1.0 {
+            let pr = probs(&cand);
+            let mut cum = 0.0;
+            let keep = pr
+                .iter()
+                .position(|q| {
+                    cum += q;
+                    cum >= p.top_p as f64
+                })
+                .map_or(cand.len(), |i| i + 1);
+            cand.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 {
+            let pr = probs(&cand);
+            let keep = pr
+                .iter()
+                .take_while(|&&q| q >= p.min_p as f64 * pr[0])
+                .count();
+            cand.truncate(keep.max(1));
+        }
+        let t = p.temperature as f64;
+        let m = cand[0].1 as f64;
+        let w: Vec<f64> = cand
+            .iter()
+            .map(|&(_, v)| ((v as f64 - m) / t).exp())
+            .collect();
+        let mut r = rng.next_f64() * w.iter().sum::<f64>();
+        for (i, wi) in w.iter().enumerate() {
+            if r < *wi {
+                return cand[i].0;
+            }
+            r -= wi;
+        }
+        cand[cand.len() - 1].0
+    }
+
+    #[test]
+    fn the_sampler_draws_what_the_full_sort_chain_draws() {
+        let mut source = Rng::new(21);
+        for &(n, spread) in &[(3000usize, 10.0f32), (3000, 1.0), (40, 4.0)] {
+            let l: Vec<f32> = (0..n)
+                .map(|_| (source.next_f64() as f32 - 0.5) * spread)
+                .collect();
+            for &(top_k, top_p, min_p) in &[
+                (0usize, 0.62f32, 0.0f32),
+                (0, 0.9, 0.0),
+                (0, 0.3, 0.05),
+                (0, 1.0, 0.1),
+                (0, 1.0, 1.0),
+                (40, 0.95, 0.05),
+                (5, 1.0, 0.0),
+            ] {
+                let p = SamplingParams {
+                    temperature: 0.8,
+                    top_k,
+                    top_p,
+                    min_p,
+                    seed: 17,
+                    ..Default::default()
+                };
+                let mut s = Sampler::new(p.clone());
+                let mut rng = Rng::new(17);
+                for i in 0..30 {
+                    let want = full_sort_sample(&p, &mut rng, &l);
+                    assert_eq!(
+                        s.sample(&l),
+                        want,
+                        "n={n} spread={spread} top_k={top_k} top_p={top_p} min_p={min_p} draw {i}"
+                    );
+                }
             }
         }
     }

@@ -172,9 +172,13 @@ async def client(i, args, stats, deadline):
         finishes = [c["choices"][0].get("finish_reason") for c in chunks if c.get("choices")]
         finishes = [f for f in finishes if f]
         if not usage and args.usage_from_chunks:
-            # Servers that leave usage out: one token per chunk that carries text.
-            n = sum(1 for c in chunks if c.get("choices") and (c["choices"][0].get("text") or
-                    (c["choices"][0].get("delta") or {}).get("content")))
+            # Servers that leave usage out: llama-server's own count (timings.predicted_n) when
+            # it sends one, else one token per chunk that carries text (an undercount where a
+            # token is part of a character).
+            timed = [c["timings"]["predicted_n"] for c in chunks
+                     if isinstance(c.get("timings"), dict) and "predicted_n" in c["timings"]]
+            n = timed[-1] if timed else sum(1 for c in chunks if c.get("choices") and (
+                c["choices"][0].get("text") or (c["choices"][0].get("delta") or {}).get("content")))
             usage = {"completion_tokens": n}
         if not usage or len(finishes) != 1 or usage["completion_tokens"] > max_tokens:
             stats.fail("bad usage/finish")
