@@ -220,62 +220,83 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], float* __re
 // s % 2 of code bytes 32 (s / 2) + 0..31; w = d sc q - dmin m. Per block and plane p, the
 // integer T_p = sum_s sc_s sum_{i in s} q_i X_i,p (|T_p| <= 8 * 63 * 32 * 15 * 255 < 2^26);
 // sum w x = d 2^(E-22) (T2 2^16 + T1 2^8 + T0) - sum_s dmin m_s xsum_s.
-// One block of the warp's 16 rows (wa: row g's 144 bytes, wb: row g + 8's) and 8 NT tokens; the
-// order of every sum is fixed here, so both kernels give the same bits.
-template <int NT, bool G>
-__device__ __forceinline__ void q4k_block(float (&acc)[NT][4], const u8* wa, const u8* wb, const XSrc& x, int g,
+// One block of the warp's MR tiles of 16 rows (w[mr][0]: row g's 144 bytes of tile mr, w[mr][1]:
+// row g + 8's) and 8 NT tokens. The order of every sum of one (row, token) is fixed here (runs in
+// order, then the block's end), whatever MR, NT or the kernel: every variant gives the same bits.
+template <int NT, int MR, bool G>
+__device__ __forceinline__ void q4k_block(float (&acc)[MR][NT][4], const u8* (&w)[MR][2], const XSrc& x, int g,
                                           int t) {
-    const uint4 ha = ld<G>((const uint4*)wa), hb = ld<G>((const uint4*)wb);
-    const u32* qa = (const u32*)(wa + 16);
-    const u32* qb = (const u32*)(wb + 16);
-    int T[NT][3][4];
-    zero_sums<NT>(T);
+    uint4 h[MR][2];
+#pragma unroll
+    for (int mr = 0; mr < MR; mr++)
+#pragma unroll
+        for (int ab = 0; ab < 2; ab++) h[mr][ab] = ld<G>((const uint4*)w[mr][ab]);
+    int T[MR][NT][3][4];
+#pragma unroll
+    for (int mr = 0; mr < MR; mr++) zero_sums<NT>(T[mr]);
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        const u32 a_lo = ld<G>(qa + 8 * j + t), a_hi = ld<G>(qa + 8 * j + 4 + t);
-        const u32 b_lo = ld<G>(qb + 8 * j + t), b_hi = ld<G>(qb + 8 * j + 4 + t);
-        int sc[2][2], mn[2][2];  // [run of the pair][row a, b]
+        u32 lo[MR][2], hi[MR][2];   // code words of k 0..15 and 16..31, rows a and b
+        int sc[MR][2][2], mn[MR][2][2];  // [tile][run of the pair][row a, b]
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            q4k_sm(2 * j + r, ha.y, ha.z, ha.w, &sc[r][0], &mn[r][0]);
-            q4k_sm(2 * j + r, hb.y, hb.z, hb.w, &sc[r][1], &mn[r][1]);
+        for (int mr = 0; mr < MR; mr++) {
+#pragma unroll
+            for (int ab = 0; ab < 2; ab++) {
+                const u32* q = (const u32*)(w[mr][ab] + 16);
+                lo[mr][ab] = ld<G>(q + 8 * j + t);
+                hi[mr][ab] = ld<G>(q + 8 * j + 4 + t);
+            }
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                q4k_sm(2 * j + r, h[mr][0].y, h[mr][0].z, h[mr][0].w, &sc[mr][r][0], &mn[mr][r][0]);
+                q4k_sm(2 * j + r, h[mr][1].y, h[mr][1].z, h[mr][1].w, &sc[mr][r][1], &mn[mr][r][1]);
+            }
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             u32 b[12];
             b_pair<G>(x, j, nt, g, t, b);
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const int sh = 4 * r;
-                const u32 A0 = (a_lo >> sh) & 0x0F0F0F0Fu, A1 = (b_lo >> sh) & 0x0F0F0F0Fu;  // k 0..15
-                const u32 A2 = (a_hi >> sh) & 0x0F0F0F0Fu, A3 = (b_hi >> sh) & 0x0F0F0F0Fu;  // k 16..31
-                int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
-                mma_plane<0>(c0, A0, A1, b[(r * 2 + 0) * 3 + 0]);
-                mma_plane<0>(c0, A2, A3, b[(r * 2 + 1) * 3 + 0]);
-                mma_plane<1>(c1, A0, A1, b[(r * 2 + 0) * 3 + 1]);
-                mma_plane<1>(c1, A2, A3, b[(r * 2 + 1) * 3 + 1]);
-                mma_plane<2>(c2, A0, A1, b[(r * 2 + 0) * 3 + 2]);
-                mma_plane<2>(c2, A2, A3, b[(r * 2 + 1) * 3 + 2]);
-                add_scaled(T[nt], c0, c1, c2, sc[r][0], sc[r][1]);
+            for (int mr = 0; mr < MR; mr++) {
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int sh = 4 * r;
+                    const u32 A0 = (lo[mr][0] >> sh) & 0x0F0F0F0Fu, A1 = (lo[mr][1] >> sh) & 0x0F0F0F0Fu;  // k 0..15
+                    const u32 A2 = (hi[mr][0] >> sh) & 0x0F0F0F0Fu, A3 = (hi[mr][1] >> sh) & 0x0F0F0F0Fu;  // k 16..31
+                    int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
+                    mma_plane<0>(c0, A0, A1, b[(r * 2 + 0) * 3 + 0]);
+                    mma_plane<0>(c0, A2, A3, b[(r * 2 + 1) * 3 + 0]);
+                    mma_plane<1>(c1, A0, A1, b[(r * 2 + 0) * 3 + 1]);
+                    mma_plane<1>(c1, A2, A3, b[(r * 2 + 1) * 3 + 1]);
+                    mma_plane<2>(c2, A0, A1, b[(r * 2 + 0) * 3 + 2]);
+                    mma_plane<2>(c2, A2, A3, b[(r * 2 + 1) * 3 + 2]);
+                    add_scaled(T[mr][nt], c0, c1, c2, sc[mr][r][0], sc[mr][r][1]);
+                }
             }
         }
         // The mins: acc -= dmin m_s xsum_s, runs in order.
-        const float dma = h2f((u16)(ha.x >> 16)), dmb = h2f((u16)(hb.x >> 16));
 #pragma unroll
         for (int r = 0; r < 2; r++) {
-            const float ma = dma * (float)mn[r][0], mb = dmb * (float)mn[r][1];
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 const float2 xs = ld<G>((const float2*)(x.xsum + (2 * j + r) * x.xsum_run + nt * 8 + 2 * t));
-                acc[nt][0] = fmaf(-ma, xs.x, acc[nt][0]);
-                acc[nt][1] = fmaf(-ma, xs.y, acc[nt][1]);
-                acc[nt][2] = fmaf(-mb, xs.x, acc[nt][2]);
-                acc[nt][3] = fmaf(-mb, xs.y, acc[nt][3]);
+#pragma unroll
+                for (int mr = 0; mr < MR; mr++) {
+                    const float ma = h2f((u16)(h[mr][0].x >> 16)) * (float)mn[mr][r][0];
+                    const float mb = h2f((u16)(h[mr][1].x >> 16)) * (float)mn[mr][r][1];
+                    acc[mr][nt][0] = fmaf(-ma, xs.x, acc[mr][nt][0]);
+                    acc[mr][nt][1] = fmaf(-ma, xs.y, acc[mr][nt][1]);
+                    acc[mr][nt][2] = fmaf(-mb, xs.x, acc[mr][nt][2]);
+                    acc[mr][nt][3] = fmaf(-mb, xs.y, acc[mr][nt][3]);
+                }
             }
         }
     }
-    const float da = h2f((u16)(ha.x & 0xFFFF)), db = h2f((u16)(hb.x & 0xFFFF));
-    end_block<NT, G>(acc, T, da, db, x, t);
+#pragma unroll
+    for (int mr = 0; mr < MR; mr++) {
+        const float da = h2f((u16)(h[mr][0].x & 0xFFFF)), db = h2f((u16)(h[mr][1].x & 0xFFFF));
+        end_block<NT, G>(acc[mr], T[mr], da, db, x, t);
+    }
 }
 
 // Q6_K (structure of arrays: ql[nbt][128], qh[nbt][64], sc[nbt][16] int8, d[nbt] f16): run s of a
@@ -283,34 +304,50 @@ __device__ __forceinline__ void q4k_block(float (&acc)[NT][4], const u8* wa, con
 // ql[64n + 32 (qt & 1) + l] (bits 4 (qt >> 1)..), its top two bits in qh[32n + l] (bits 2qt..),
 // and the scale sc[8n + 2qt + l / 16]. Per block and plane, T_p = sum over the 16 halves of
 // sc_h sum_{i in h} (q_i - 32) X_i,p (|T_p| <= 16 * 128 * 16 * 32 * 255 < 2^28);
-// sum w x = d 2^(E-22) (T2 2^16 + T1 2^8 + T0). One block of the warp's rows (qla/qha/sca: row
-// g's 128 + 64 + 16 bytes; qlb/qhb/scb: row g + 8's; da, db their d) and 8 NT tokens.
-template <int NT, bool G>
-__device__ __forceinline__ void q6k_block(float (&acc)[NT][4], const u8* qla, const u8* qha, const u8* sca_p,
-                                          const u8* qlb, const u8* qhb, const u8* scb_p, float da, float db,
-                                          const XSrc& x, int g, int t) {
-    const uint4 sca4 = ld<G>((const uint4*)sca_p), scb4 = ld<G>((const uint4*)scb_p);
-    const u32 sca[4] = {sca4.x, sca4.y, sca4.z, sca4.w}, scb[4] = {scb4.x, scb4.y, scb4.z, scb4.w};
-    int T[NT][3][4];
-    zero_sums<NT>(T);
+// sum w x = d 2^(E-22) (T2 2^16 + T1 2^8 + T0). One block of the warp's MR tiles of rows (for tile
+// mr and row ab = 0 (g), 1 (g + 8): its 128 + 64 + 16 bytes in r[mr][ab] and its d) and 8 NT
+// tokens; as for Q4_K, the same order of sums for every variant.
+struct Q6Row {
+    const u8* ql;
+    const u8* qh;
+    const u8* sc;
+    float d;
+};
+template <int NT, int MR, bool G>
+__device__ __forceinline__ void q6k_block(float (&acc)[MR][NT][4], Q6Row (&rw)[MR][2], const XSrc& x, int g,
+                                          int t) {
+    u32 scw[MR][2][4];
+#pragma unroll
+    for (int mr = 0; mr < MR; mr++)
+#pragma unroll
+        for (int ab = 0; ab < 2; ab++) {
+            const uint4 v = ld<G>((const uint4*)rw[mr][ab].sc);
+            scw[mr][ab][0] = v.x; scw[mr][ab][1] = v.y; scw[mr][ab][2] = v.z; scw[mr][ab][3] = v.w;
+        }
+    int T[MR][NT][3][4];
+#pragma unroll
+    for (int mr = 0; mr < MR; mr++) zero_sums<NT>(T[mr]);
 #pragma unroll
     for (int i = 0; i < 4; i++) {  // run pairs (2i, 2i + 1)
-        u32 A[2][2][2];             // [run of the pair][half][row a, b]
-        int S[2][2][2];             // scales, same indices
+        u32 A[MR][2][2][2];         // [tile][run of the pair][half][row a, b]
+        int S[MR][2][2][2];         // scales, same indices
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int s = 2 * i + r, n = s >> 2, qt = s & 3;
+        for (int mr = 0; mr < MR; mr++) {
 #pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int lo_off = 64 * n + 32 * (qt & 1) + 16 * hf + 4 * t, hi_off = 32 * n + 16 * hf + 4 * t;
-                const u32 la = ld<G>((const u32*)(qla + lo_off)), lb = ld<G>((const u32*)(qlb + lo_off));
-                const u32 qa = ld<G>((const u32*)(qha + hi_off)), qb = ld<G>((const u32*)(qhb + hi_off));
-                const int nsh = 4 * (qt >> 1), hsh = 2 * qt;
-                A[r][hf][0] = __vsub4(((la >> nsh) & 0x0F0F0F0Fu) | (((qa >> hsh) & 0x03030303u) << 4), 0x20202020u);
-                A[r][hf][1] = __vsub4(((lb >> nsh) & 0x0F0F0F0Fu) | (((qb >> hsh) & 0x03030303u) << 4), 0x20202020u);
-                const int si = 8 * n + 2 * qt + hf;
-                S[r][hf][0] = (int)(signed char)((sca[si >> 2] >> (8 * (si & 3))) & 0xFFu);
-                S[r][hf][1] = (int)(signed char)((scb[si >> 2] >> (8 * (si & 3))) & 0xFFu);
+            for (int r = 0; r < 2; r++) {
+                const int s = 2 * i + r, n = s >> 2, qt = s & 3;
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int lo_off = 64 * n + 32 * (qt & 1) + 16 * hf + 4 * t, hi_off = 32 * n + 16 * hf + 4 * t;
+                    const int nsh = 4 * (qt >> 1), hsh = 2 * qt, si = 8 * n + 2 * qt + hf;
+#pragma unroll
+                    for (int ab = 0; ab < 2; ab++) {
+                        const u32 l = ld<G>((const u32*)(rw[mr][ab].ql + lo_off));
+                        const u32 q = ld<G>((const u32*)(rw[mr][ab].qh + hi_off));
+                        A[mr][r][hf][ab] = __vsub4(((l >> nsh) & 0x0F0F0F0Fu) | (((q >> hsh) & 0x03030303u) << 4), 0x20202020u);
+                        S[mr][r][hf][ab] = (int)(signed char)((scw[mr][ab][si >> 2] >> (8 * (si & 3))) & 0xFFu);
+                    }
+                }
             }
         }
 #pragma unroll
@@ -318,19 +355,23 @@ __device__ __forceinline__ void q6k_block(float (&acc)[NT][4], const u8* qla, co
             u32 b[12];
             b_pair<G>(x, i, nt, g, t, b);
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
+            for (int mr = 0; mr < MR; mr++) {
 #pragma unroll
-                for (int hf = 0; hf < 2; hf++) {
-                    int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
-                    mma_plane<0>(c0, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 0]);
-                    mma_plane<1>(c1, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 1]);
-                    mma_plane<2>(c2, A[r][hf][0], A[r][hf][1], b[(r * 2 + hf) * 3 + 2]);
-                    add_scaled(T[nt], c0, c1, c2, S[r][hf][0], S[r][hf][1]);
+                for (int r = 0; r < 2; r++) {
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
+                        mma_plane<0>(c0, A[mr][r][hf][0], A[mr][r][hf][1], b[(r * 2 + hf) * 3 + 0]);
+                        mma_plane<1>(c1, A[mr][r][hf][0], A[mr][r][hf][1], b[(r * 2 + hf) * 3 + 1]);
+                        mma_plane<2>(c2, A[mr][r][hf][0], A[mr][r][hf][1], b[(r * 2 + hf) * 3 + 2]);
+                        add_scaled(T[mr][nt], c0, c1, c2, S[mr][r][hf][0], S[mr][r][hf][1]);
+                    }
                 }
             }
         }
     }
-    end_block<NT, G>(acc, T, da, db, x, t);
+#pragma unroll
+    for (int mr = 0; mr < MR; mr++) end_block<NT, G>(acc[mr], T[mr], rw[mr][0].d, rw[mr][1].d, x, t);
 }
 
 // The warp's rows and tokens: row group warp % 4 of the block's 64 rows, tokens 8 NT (warp / 4)
@@ -351,15 +392,16 @@ __device__ __forceinline__ void mmq_q4_k_impl(const u8* __restrict__ W, const u3
     MMQ_WARP_SETUP
     const u8* Wa = W + (long long)min(r0 + g, rows - 1) * nb * 144;
     const u8* Wb = W + (long long)min(r0 + g + 8, rows - 1) * nb * 144;
-    float acc[NT][4];
-    zero_acc<NT>(acc);
+    float acc[1][NT][4];
+    zero_acc<NT>(acc[0]);
     for (int kb = kb0; kb < kb1; kb++) {
         const XSrc x = {xq + ((long long)kb * 12 * ntok_pad + tok0 + tw) * 16, (long long)ntok_pad * 16,
                         xsum + (long long)kb * 8 * ntok_pad + tok0 + tw, ntok_pad,
                         xsc + (long long)kb * ntok_pad + tok0 + tw};
-        q4k_block<NT, true>(acc, Wa + kb * 144, Wb + kb * 144, x, g, t);
+        const u8* w[1][2] = {{Wa + kb * 144, Wb + kb * 144}};
+        q4k_block<NT, 1, true>(acc, w, x, g, t);
     }
-    mmq_store<NT>(acc, y, part, rows, r0, tok0, tw, ntok, ntok_total, g, t);
+    mmq_store<NT>(acc[0], y, part, rows, r0, tok0, tw, ntok, ntok_total, g, t);
 }
 
 template <int NT>
@@ -373,17 +415,17 @@ __device__ __forceinline__ void mmq_q6_k_impl(const u8* __restrict__ W, long lon
     const u8* QH = W + nbt * 128;
     const u8* SC = W + nbt * 192;
     const u16* D = (const u16*)(W + nbt * 208);
-    float acc[NT][4];
-    zero_acc<NT>(acc);
+    float acc[1][NT][4];
+    zero_acc<NT>(acc[0]);
     for (int kb = kb0; kb < kb1; kb++) {
         const long long blka = ba + kb, blkb = bb + kb;
         const XSrc x = {xq + ((long long)kb * 12 * ntok_pad + tok0 + tw) * 16, (long long)ntok_pad * 16, nullptr, 0,
                         xsc + (long long)kb * ntok_pad + tok0 + tw};
-        const float da = h2f(__ldg(D + blka)), db = h2f(__ldg(D + blkb));
-        q6k_block<NT, true>(acc, QL + blka * 128, QH + blka * 64, SC + blka * 16, QL + blkb * 128, QH + blkb * 64,
-                            SC + blkb * 16, da, db, x, g, t);
+        Q6Row rw[1][2] = {{{QL + blka * 128, QH + blka * 64, SC + blka * 16, h2f(__ldg(D + blka))},
+                           {QL + blkb * 128, QH + blkb * 64, SC + blkb * 16, h2f(__ldg(D + blkb))}}};
+        q6k_block<NT, 1, true>(acc, rw, x, g, t);
     }
-    mmq_store<NT>(acc, y, part, rows, r0, tok0, tw, ntok, ntok_total, g, t);
+    mmq_store<NT>(acc[0], y, part, rows, r0, tok0, tw, ntok, ntok_total, g, t);
 }
 
 // ---- Staged kernels: the block's operands for a 256-column block go to shared memory ahead of use ----
@@ -393,7 +435,7 @@ __device__ __forceinline__ void mmq_q6_k_impl(const u8* __restrict__ W, long lon
 // 8-warp block per SM: nothing else to run meanwhile). Here the block copies the operands of
 // block kb + MMQ_STAGES - 1 with cp.async while it computes block kb from shared memory. The
 // arithmetic is q4k_block / q6k_block, the same as the one-stage kernels': the same bits.
-// Stage layout (TB = the block's tokens = 8 NT (blockDim.x / 128)):
+// Stage layout (TB = the block's tokens = 8 NT x the warps across the tokens):
 //   xq    12 groups x TB tokens x 16 words (group jj, token k, lane t, word w at (jj TB + k) 16 + 4t + w)
 //   xsum  8 runs x TB floats (Q4_K only)
 //   xsc   TB floats
@@ -423,8 +465,9 @@ __device__ __forceinline__ void mmq_stage_load(u8* st, int TB, const u8* __restr
     u8* Ws = (u8*)(Ss + TB);
     const int tid = threadIdx.x, nth = blockDim.x;
     // No division by a run-time value here (each costs some twenty instructions, per copy):
-    // a plane group is TB * 4 pieces of 16 bytes, at most one per thread (TB = 8 NT (blockDim.x
-    // / 128) with NT <= 4), so thread tid copies piece tid of each of the 12 groups.
+    // a plane group is TB * 4 pieces of 16 bytes, at most one per thread (TB = 8 NT WT with WT
+    // warps across the tokens out of blockDim.x / 32 = 4 WT / MR, and NT <= 4 / MR), so thread
+    // tid copies piece tid of each of the 12 groups.
     const int per_group = TB * 4;
     if (tid < per_group) {
         const u32* src = xq + ((long long)kb * 12 * ntok_pad + tok0) * 16 + tid * 4;
@@ -457,20 +500,32 @@ __device__ __forceinline__ void mmq_stage_load(u8* st, int TB, const u8* __restr
     }
 }
 
-template <int NT, bool Q6>
+// MR tiles of 16 rows per warp: 4 / MR warps cover the block's 64 rows, the others take further
+// tokens; with MR = 2 every activation fragment read from shared memory serves twice the rows.
+template <int NT, int MR, bool Q6>
 __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long long nbt, const u32* __restrict__ xq,
                                                 const float* __restrict__ xsc, const float* __restrict__ xsum,
                                                 float* __restrict__ y, float* __restrict__ part, int rows, int cols,
                                                 int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {
     extern __shared__ __align__(16) u8 mmq_smem[];
-    MMQ_WARP_SETUP
-    const int TB = 8 * NT * (blockDim.x >> 7);
+    constexpr int RG = 4 / MR;  // warps across the block's rows
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int rb = (warp % RG) * 16 * MR;          // the warp's first row within the block
+    const int r0 = blockIdx.x * 64 + rb;
+    const int tw = 8 * NT * (warp / RG);           // the warp's first token within the block
+    const int nb = cols >> 8;
+    const int kb0 = blockIdx.y * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
+    const int TB = 8 * NT * ((blockDim.x >> 5) / RG);
     const int sb = mmq_stage_bytes(TB, Q6);
-    const int rw = (warp & 3) * 16 + g;  // row g of the warp within the block's 64
     const u16* D = (const u16*)(W + nbt * 208);
-    const long long ba = (long long)min(r0 + g, rows - 1) * nb, bb = (long long)min(r0 + g + 8, rows - 1) * nb;
-    float acc[NT][4];
-    zero_acc<NT>(acc);
+    long long bd[MR][2];  // Q6_K: the d index of rows g and g + 8 of each tile (block 0)
+#pragma unroll
+    for (int mr = 0; mr < MR; mr++)
+#pragma unroll
+        for (int ab = 0; ab < 2; ab++) bd[mr][ab] = (long long)min(r0 + 16 * mr + 8 * ab + g, rows - 1) * nb;
+    float acc[MR][NT][4];
+#pragma unroll
+    for (int mr = 0; mr < MR; mr++) zero_acc<NT>(acc[mr]);
     // Prologue: the first MMQ_STAGES - 1 blocks in flight (a group is committed even when empty,
     // so that group i always holds block kb0 + i).
 #pragma unroll
@@ -494,16 +549,27 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
         const u8* Ws = (const u8*)(Ss + TB);
         const XSrc x = {Bs + tw * 16, (long long)TB * 16, Xs + tw, TB, Ss + tw};
         if (!Q6) {
-            q4k_block<NT, false>(acc, Ws + rw * 144, Ws + (rw + 8) * 144, x, g, t);
+            const u8* w[MR][2];
+#pragma unroll
+            for (int mr = 0; mr < MR; mr++)
+#pragma unroll
+                for (int ab = 0; ab < 2; ab++) w[mr][ab] = Ws + (rb + 16 * mr + 8 * ab + g) * 144;
+            q4k_block<NT, MR, false>(acc, w, x, g, t);
         } else {
-            const float da = h2f(__ldg(D + ba + kb)), db = h2f(__ldg(D + bb + kb));
-            const u8* wa = Ws + rw * 208;
-            const u8* wb = Ws + (rw + 8) * 208;
-            q6k_block<NT, false>(acc, wa, wa + 128, wa + 192, wb, wb + 128, wb + 192, da, db, x, g, t);
+            Q6Row rw[MR][2];
+#pragma unroll
+            for (int mr = 0; mr < MR; mr++)
+#pragma unroll
+                for (int ab = 0; ab < 2; ab++) {
+                    const u8* base = Ws + (rb + 16 * mr + 8 * ab + g) * 208;
+                    rw[mr][ab] = {base, base + 128, base + 192, h2f(__ldg(D + bd[mr][ab] + kb))};
+                }
+            q6k_block<NT, MR, false>(acc, rw, x, g, t);
         }
     }
     cp_wait<0>();
-    mmq_store<NT>(acc, y, part, rows, r0, tok0, tw, ntok, ntok_total, g, t);
+#pragma unroll
+    for (int mr = 0; mr < MR; mr++) mmq_store<NT>(acc[mr], y, part, rows, r0 + 16 * mr, tok0, tw, ntok, ntok_total, g, t);
 }
 
 // Blocks of up to 512 threads (4 warps per row group) for 1 or 2 tiles per warp, 256 for 3 or 4.
@@ -522,19 +588,37 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_s_q4_k_##NT(                                           \
         const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,       \
         int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                               \
-        mmq_staged_impl<NT, false>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,           \
-                                   kb_per_split);                                                                           \
+        mmq_staged_impl<NT, 1, false>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,        \
+                                      kb_per_split);                                                                        \
     }                                                                                                                       \
     extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_s_q6_k_##NT(                                           \
         const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols, int tok0, \
         int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                                         \
-        mmq_staged_impl<NT, true>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,        \
-                                  kb_per_split);                                                                            \
+        mmq_staged_impl<NT, 1, true>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,     \
+                                     kb_per_split);                                                                         \
     }
 MMQ_ENTRIES(1)
 MMQ_ENTRIES(2)
 MMQ_ENTRIES(3)
 MMQ_ENTRIES(4)
+
+// Staged, two tiles of 16 rows per warp (`MUSER_MMQ_MR=2`): 2 warps across the rows, up to 4
+// across the tokens (256 threads), 1 or 2 token tiles per warp.
+#define MMQ_ENTRIES_MR2(NT)                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) mmq_s2_q4_k_##NT(                                                     \
+        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,       \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                               \
+        mmq_staged_impl<NT, 2, false>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,        \
+                                      kb_per_split);                                                                        \
+    }                                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256) mmq_s2_q6_k_##NT(                                                     \
+        const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols, int tok0, \
+        int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                                         \
+        mmq_staged_impl<NT, 2, true>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,     \
+                                     kb_per_split);                                                                         \
+    }
+MMQ_ENTRIES_MR2(1)
+MMQ_ENTRIES_MR2(2)
 
 // y[i] = part[0][i] + part[1][i] + ... in split order (n = ntok_total * rows).
 extern "C" __global__ void mmq_reduce(const float* __restrict__ part, int ksplit, long long n, float* __restrict__ y) {

@@ -192,6 +192,9 @@ pub struct CudaBackend {
     /// with `MUSER_MMQ_STAGED=0` or when the device's shared memory per block is too small).
     /// Both variants give the same bits.
     mmq_staged: std::sync::atomic::AtomicBool,
+    /// Rows per warp in the staged tensor-core kernels: 16, or 32 (`MUSER_MMQ_MR=2`, the
+    /// `mmq_s2_*` kernels: each activation fragment serves two tiles of rows). Same bits.
+    mmq_rows_per_warp: std::sync::atomic::AtomicUsize,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
     /// Staged kernels whose shared-memory limit has been raised (once each).
@@ -272,6 +275,13 @@ impl CudaBackend {
                 std::env::var("MUSER_MMQ_STAGED").map_or(true, |v| v != "0"),
             ),
             smem_optin,
+            mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
+                if std::env::var("MUSER_MMQ_MR").is_ok_and(|v| v == "2") {
+                    32
+                } else {
+                    16
+                },
+            ),
             smem_raised: Mutex::new(std::collections::HashSet::new()),
             mmq_tiles: std::sync::atomic::AtomicUsize::new(
                 std::env::var("MUSER_MMQ_NT")
@@ -328,6 +338,16 @@ impl CudaBackend {
     pub fn set_mmq_staged(&self, on: bool) {
         self.mmq_staged
             .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.scratch_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// 16 or 32 rows per warp in the staged tensor-core kernels (results do not change).
+    pub fn set_mmq_rows_per_warp(&self, rows: usize) {
+        self.mmq_rows_per_warp.store(
+            if rows == 32 { 32 } else { 16 },
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.scratch_epoch
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
@@ -818,24 +838,44 @@ impl CudaBackend {
             // Tiles of 8 tokens: at most `max_nt` per warp (and at least tiles / 4: a block
             // holds 4 warps per row group at most), as many warps per row group as that takes.
             let tiles = chunk.div_ceil(8);
-            let max_nt = self.mmq_tiles.load(std::sync::atomic::Ordering::Relaxed);
-            let mut nt = tiles.min(max_nt).max(tiles.div_ceil(4));
-            if nt >= 3 {
-                // Kernels of 3 or 4 tiles per warp are built for 256 threads (mmq.cu MMQ_THREADS).
-                nt = nt.max(tiles.div_ceil(2));
-            }
-            let threads = 128 * tiles.div_ceil(nt) as u32;
+            let staged = self.mmq_staged.load(std::sync::atomic::Ordering::Relaxed)
+                && MMQ_STAGED_MAX_SMEM <= self.smem_optin;
+            let two_tiles = staged
+                && self
+                    .mmq_rows_per_warp
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    == 32;
+            // (tiles of 8 tokens per warp, threads, the block's tokens)
+            let (nt, threads, tb) = if two_tiles {
+                // 32 rows per warp (mmq_s2_*): 2 warps across the rows, up to 4 across the
+                // tokens, 1 or 2 token tiles each.
+                let nt = tiles.div_ceil(4);
+                let wt = tiles.div_ceil(nt);
+                (nt, 64 * wt as u32, 8 * nt * wt)
+            } else {
+                let max_nt = self.mmq_tiles.load(std::sync::atomic::Ordering::Relaxed);
+                let mut nt = tiles.min(max_nt).max(tiles.div_ceil(4));
+                if nt >= 3 {
+                    // Kernels of 3 or 4 tiles per warp are built for 256 threads (mmq.cu MMQ_THREADS).
+                    nt = nt.max(tiles.div_ceil(2));
+                }
+                let wt = tiles.div_ceil(nt);
+                (nt, 128 * wt as u32, 8 * nt * wt)
+            };
             // The staged kernels hold MMQ_STAGES (3) stages of the block's operands: its tokens'
             // planes (768 bytes each), sums (32, Q4_K), scales (4) and 64 rows of weights.
-            let tb = 8 * nt * (threads as usize / 128);
             let stage =
                 tb * 768 + if q6 { 0 } else { tb * 32 } + tb * 4 + 64 * if q6 { 208 } else { 144 };
             let smem = 3 * stage as u32;
-            let staged = self.mmq_staged.load(std::sync::atomic::Ordering::Relaxed)
-                && MMQ_STAGED_MAX_SMEM <= self.smem_optin;
             let name = format!(
                 "mmq_{}{}_{nt}",
-                if staged { "s_" } else { "" },
+                if two_tiles {
+                    "s2_"
+                } else if staged {
+                    "s_"
+                } else {
+                    ""
+                },
                 if q6 { "q6_k" } else { "q4_k" }
             );
             let f = self.f(&name)?;

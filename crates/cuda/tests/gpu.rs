@@ -240,6 +240,17 @@ fn matvec_kernels_match_the_cpu_per_format() {
                         );
                     }
                     gpu_b.set_mmq_tiles_per_warp(4);
+                    // Two tiles of 16 rows per warp (mmq_s2_*): the same arithmetic per row.
+                    gpu_b.set_mmq_rows_per_warp(32);
+                    gpu_b.matmul(&wg, &xg, &mut yg).unwrap();
+                    let other = gpu_b.read(&yg).unwrap();
+                    gpu_b.set_mmq_rows_per_warp(16);
+                    assert!(
+                        y.iter()
+                            .zip(&other)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{layout} n={n}: 32 rows per warp changed the bits"
+                    );
                     // Operands read from global memory instead of staged in shared memory: the
                     // same arithmetic, the same bits.
                     gpu_b.set_mmq_staged(false);
