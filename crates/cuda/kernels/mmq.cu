@@ -223,7 +223,11 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], float* __re
 // One block of the warp's MR tiles of 16 rows (w[mr][0]: row g's 144 bytes of tile mr, w[mr][1]:
 // row g + 8's) and 8 NT tokens. The order of every sum of one (row, token) is fixed here (runs in
 // order, then the block's end), whatever MR, NT or the kernel: every variant gives the same bits.
-template <int NT, int MR, bool G>
+// SA (`MUSER_MMQ_SCALEA=1`): the 6-bit sub-block scale s = 8 s_hi + s_lo rides in the A operand
+// instead: the packed codes times s_lo and times s_hi (q s <= 15 * 7 = 105 per byte, no carry into
+// the next) feed two mma into two sums that run over the whole block, T = T_lo + 8 T_hi: the same
+// exact integer as sum_s s (sum q X), with twice the mma and no multiply-add per run and tile.
+template <int NT, int MR, bool G, bool SA = false>
 __device__ __forceinline__ void q4k_block(float (&acc)[MR][NT][4], const u8* (&w)[MR][2], const XSrc& x, int g,
                                           int t) {
     uint4 h[MR][2];
@@ -234,6 +238,11 @@ __device__ __forceinline__ void q4k_block(float (&acc)[MR][NT][4], const u8* (&w
     int T[MR][NT][3][4];
 #pragma unroll
     for (int mr = 0; mr < MR; mr++) zero_sums<NT>(T[mr]);
+    int TH[SA ? MR : 1][SA ? NT : 1][3][4];  // SA: the s_hi sums (T holds the s_lo ones)
+    if constexpr (SA) {
+#pragma unroll
+        for (int mr = 0; mr < MR; mr++) zero_sums<NT>(TH[mr]);
+    }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         u32 lo[MR][2], hi[MR][2];   // code words of k 0..15 and 16..31, rows a and b
@@ -252,6 +261,24 @@ __device__ __forceinline__ void q4k_block(float (&acc)[MR][NT][4], const u8* (&w
                 q4k_sm(2 * j + r, h[mr][1].y, h[mr][1].z, h[mr][1].w, &sc[mr][r][1], &mn[mr][r][1]);
             }
         }
+        // SA: the codes times the scale halves, once for all token tiles: [tile][run][lo, hi][A0..A3].
+        u32 AS[SA ? MR : 1][2][2][4];
+        if constexpr (SA) {
+#pragma unroll
+            for (int mr = 0; mr < MR; mr++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const int sh = 4 * r;
+                    const u32 A[4] = {(lo[mr][0] >> sh) & 0x0F0F0F0Fu, (lo[mr][1] >> sh) & 0x0F0F0F0Fu,
+                                      (hi[mr][0] >> sh) & 0x0F0F0F0Fu, (hi[mr][1] >> sh) & 0x0F0F0F0Fu};
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const u32 s_ = (u32)sc[mr][r][k & 1];  // A0, A2: row a; A1, A3: row b
+                        AS[mr][r][0][k] = A[k] * (s_ & 7);
+                        AS[mr][r][1][k] = A[k] * (s_ >> 3);
+                    }
+                }
+        }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
             u32 b[12];
@@ -260,6 +287,25 @@ __device__ __forceinline__ void q4k_block(float (&acc)[MR][NT][4], const u8* (&w
             for (int mr = 0; mr < MR; mr++) {
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
+                    if constexpr (SA) {
+#pragma unroll
+                        for (int p = 0; p < 3; p++) {
+                            const u32 b0 = b[(r * 2 + 0) * 3 + p], b1 = b[(r * 2 + 1) * 3 + p];
+#pragma unroll
+                            for (int hl = 0; hl < 2; hl++) {
+                                int (&d)[4] = hl == 0 ? T[mr][nt][p] : TH[mr][nt][p];
+                                const u32* a = AS[mr][r][hl];
+                                if (p == 2) {
+                                    mma_s8s8(d, a[0], a[1], b0);
+                                    mma_s8s8(d, a[2], a[3], b1);
+                                } else {
+                                    mma_s8u8(d, a[0], a[1], b0);
+                                    mma_s8u8(d, a[2], a[3], b1);
+                                }
+                            }
+                        }
+                        continue;
+                    }
                     const int sh = 4 * r;
                     const u32 A0 = (lo[mr][0] >> sh) & 0x0F0F0F0Fu, A1 = (lo[mr][1] >> sh) & 0x0F0F0F0Fu;  // k 0..15
                     const u32 A2 = (hi[mr][0] >> sh) & 0x0F0F0F0Fu, A3 = (hi[mr][1] >> sh) & 0x0F0F0F0Fu;  // k 16..31
@@ -291,6 +337,16 @@ __device__ __forceinline__ void q4k_block(float (&acc)[MR][NT][4], const u8* (&w
                 }
             }
         }
+    }
+    if constexpr (SA) {
+#pragma unroll
+        for (int mr = 0; mr < MR; mr++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int p = 0; p < 3; p++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) T[mr][nt][p][e] += 8 * TH[mr][nt][p][e];
     }
 #pragma unroll
     for (int mr = 0; mr < MR; mr++) {
@@ -502,7 +558,7 @@ __device__ __forceinline__ void mmq_stage_load(u8* st, int TB, const u8* __restr
 
 // MR tiles of 16 rows per warp: 4 / MR warps cover the block's 64 rows, the others take further
 // tokens; with MR = 2 every activation fragment read from shared memory serves twice the rows.
-template <int NT, int MR, bool Q6>
+template <int NT, int MR, bool Q6, bool SA = false>
 __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long long nbt, const u32* __restrict__ xq,
                                                 const float* __restrict__ xsc, const float* __restrict__ xsum,
                                                 float* __restrict__ y, float* __restrict__ part, int rows, int cols,
@@ -554,7 +610,7 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
             for (int mr = 0; mr < MR; mr++)
 #pragma unroll
                 for (int ab = 0; ab < 2; ab++) w[mr][ab] = Ws + (rb + 16 * mr + 8 * ab + g) * 144;
-            q4k_block<NT, MR, false>(acc, w, x, g, t);
+            q4k_block<NT, MR, false, SA>(acc, w, x, g, t);
         } else {
             Q6Row rw[MR][2];
 #pragma unroll
@@ -619,6 +675,19 @@ MMQ_ENTRIES(4)
     }
 MMQ_ENTRIES_MR2(1)
 MMQ_ENTRIES_MR2(2)
+
+// Staged Q4_K with the sub-block scales in the A operand (`MUSER_MMQ_SCALEA=1`, q4k_block SA).
+#define MMQ_ENTRIES_SA(NT)                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_sa_q4_k_##NT(                                          \
+        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,       \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                               \
+        mmq_staged_impl<NT, 1, false, true>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,  \
+                                            kb_per_split);                                                                  \
+    }
+MMQ_ENTRIES_SA(1)
+MMQ_ENTRIES_SA(2)
+MMQ_ENTRIES_SA(3)
+MMQ_ENTRIES_SA(4)
 
 // y[i] = part[0][i] + part[1][i] + ... in split order (n = ntok_total * rows).
 extern "C" __global__ void mmq_reduce(const float* __restrict__ part, int ksplit, long long n, float* __restrict__ y) {

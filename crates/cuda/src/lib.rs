@@ -195,6 +195,9 @@ pub struct CudaBackend {
     /// Rows per warp in the staged tensor-core kernels: 16, or 32 (`MUSER_MMQ_MR=2`, the
     /// `mmq_s2_*` kernels: each activation fragment serves two tiles of rows). Same bits.
     mmq_rows_per_warp: std::sync::atomic::AtomicUsize,
+    /// Q4_K's sub-block scales multiplied into the weight operand (`MUSER_MMQ_SCALEA=1`, the
+    /// `mmq_sa_*` kernels: twice the mma, no integer multiply-add per run). Same bits.
+    mmq_scale_in_a: std::sync::atomic::AtomicBool,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
     /// Staged kernels whose shared-memory limit has been raised (once each).
@@ -275,6 +278,9 @@ impl CudaBackend {
                 std::env::var("MUSER_MMQ_STAGED").map_or(true, |v| v != "0"),
             ),
             smem_optin,
+            mmq_scale_in_a: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_MMQ_SCALEA").is_ok_and(|v| v == "1"),
+            ),
             mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
                 if std::env::var("MUSER_MMQ_MR").is_ok_and(|v| v == "2") {
                     32
@@ -348,6 +354,15 @@ impl CudaBackend {
             if rows == 32 { 32 } else { 16 },
             std::sync::atomic::Ordering::Relaxed,
         );
+        self.scratch_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Q4_K's sub-block scales in the weight operand of the staged kernels (results do not
+    /// change).
+    pub fn set_mmq_scale_in_a(&self, on: bool) {
+        self.mmq_scale_in_a
+            .store(on, std::sync::atomic::Ordering::Relaxed);
         self.scratch_epoch
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
@@ -867,10 +882,19 @@ impl CudaBackend {
             let stage =
                 tb * 768 + if q6 { 0 } else { tb * 32 } + tb * 4 + 64 * if q6 { 208 } else { 144 };
             let smem = 3 * stage as u32;
+            // Q4_K's sub-block scales in the A operand (mmq_sa_*): staged, 16 rows per warp.
+            let scale_in_a = staged
+                && !two_tiles
+                && !q6
+                && self
+                    .mmq_scale_in_a
+                    .load(std::sync::atomic::Ordering::Relaxed);
             let name = format!(
                 "mmq_{}{}_{nt}",
                 if two_tiles {
                     "s2_"
+                } else if scale_in_a {
+                    "sa_"
                 } else if staged {
                     "s_"
                 } else {

@@ -251,6 +251,18 @@ fn matvec_kernels_match_the_cpu_per_format() {
                             .all(|(a, b)| a.to_bits() == b.to_bits()),
                         "{layout} n={n}: 32 rows per warp changed the bits"
                     );
+                    // Q4_K's scales in the weight operand (Q6_K keeps its kernels): the same
+                    // exact integers, the same bits.
+                    gpu_b.set_mmq_scale_in_a(true);
+                    gpu_b.matmul(&wg, &xg, &mut yg).unwrap();
+                    let other = gpu_b.read(&yg).unwrap();
+                    gpu_b.set_mmq_scale_in_a(false);
+                    assert!(
+                        y.iter()
+                            .zip(&other)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{layout} n={n}: scales in the weight operand changed the bits"
+                    );
                     // Operands read from global memory instead of staged in shared memory: the
                     // same arithmetic, the same bits.
                     gpu_b.set_mmq_staged(false);
