@@ -227,54 +227,37 @@ fn matvec_kernels_match_the_cpu_per_format() {
                 gpu_b.matmul(&wg, &xg, &mut yg).unwrap();
                 let y = gpu_b.read(&yg).unwrap();
                 if invariant {
-                    // Fewer token tiles per warp (more warps): the same arithmetic, the same bits.
-                    for tiles in [1, 2] {
-                        gpu_b.set_mmq_tiles_per_warp(tiles);
+                    // Every variant of the tensor-core kernels does the same arithmetic per
+                    // (row, token): the same bits as the default launch.
+                    let mut same_bits = |what: &str| {
                         gpu_b.matmul(&wg, &xg, &mut yg).unwrap();
                         let other = gpu_b.read(&yg).unwrap();
                         assert!(
                             y.iter()
                                 .zip(&other)
                                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{layout} n={n}: {tiles} tiles per warp changed the bits"
+                            "{layout} n={n}: {what} changed the bits"
                         );
+                    };
+                    // Fewer token tiles per warp (more warps), each also with Q4_K's scales in
+                    // the weight operand (mmq_sa_*; Q6_K keeps its kernels).
+                    for tiles in [1, 2, 4] {
+                        gpu_b.set_mmq_tiles_per_warp(tiles);
+                        if tiles != 4 {
+                            same_bits(&format!("{tiles} tiles per warp"));
+                        }
+                        gpu_b.set_mmq_scale_in_a(true);
+                        same_bits(&format!("{tiles} tiles per warp, scales in the weights"));
+                        gpu_b.set_mmq_scale_in_a(false);
                     }
-                    gpu_b.set_mmq_tiles_per_warp(4);
-                    // Two tiles of 16 rows per warp (mmq_s2_*): the same arithmetic per row.
+                    // Two tiles of 16 rows per warp (mmq_s2_*).
                     gpu_b.set_mmq_rows_per_warp(32);
-                    gpu_b.matmul(&wg, &xg, &mut yg).unwrap();
-                    let other = gpu_b.read(&yg).unwrap();
+                    same_bits("32 rows per warp");
                     gpu_b.set_mmq_rows_per_warp(16);
-                    assert!(
-                        y.iter()
-                            .zip(&other)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{layout} n={n}: 32 rows per warp changed the bits"
-                    );
-                    // Q4_K's scales in the weight operand (Q6_K keeps its kernels): the same
-                    // exact integers, the same bits.
-                    gpu_b.set_mmq_scale_in_a(true);
-                    gpu_b.matmul(&wg, &xg, &mut yg).unwrap();
-                    let other = gpu_b.read(&yg).unwrap();
-                    gpu_b.set_mmq_scale_in_a(false);
-                    assert!(
-                        y.iter()
-                            .zip(&other)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{layout} n={n}: scales in the weight operand changed the bits"
-                    );
-                    // Operands read from global memory instead of staged in shared memory: the
-                    // same arithmetic, the same bits.
+                    // Operands read from global memory instead of staged in shared memory.
                     gpu_b.set_mmq_staged(false);
-                    gpu_b.matmul(&wg, &xg, &mut yg).unwrap();
-                    let other = gpu_b.read(&yg).unwrap();
+                    same_bits("the one-stage kernels");
                     gpu_b.set_mmq_staged(true);
-                    assert!(
-                        y.iter()
-                            .zip(&other)
-                            .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{layout} n={n}: the one-stage kernels changed the bits"
-                    );
                 }
                 let scale = yc.data.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
                 let err = yc
