@@ -23,7 +23,7 @@ load_summary() {
 import json, sys
 r = json.load(open(sys.argv[1]))
 t = r["ttft_ms"]
-print(f"{sys.argv[1]}: ok {r['requests_ok']} failed {r['requests_failed']} {r['failures']} completion tokens/s {r['tokens_per_s']} ttft p50 {t['p50']} ms p99 {t['p99']} ms")
+print(f"{sys.argv[1]}: ok {r['requests_ok']} failed {r['requests_failed']} {r['failures']} completion tokens/s {r['tokens_per_s']} ttft p50 {t['p50']} ms p99 {t['p99']} ms, engine step {r.get('step_ms_mean')} ms")
 PY
   summary+=("$(grep -E "$1" "$OUT/serve.log" | tail -1)")
 }

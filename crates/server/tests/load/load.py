@@ -215,7 +215,8 @@ async def scrape(args):
     except OSError:
         return {}
     want = ("muser_tokens_per_second", "muser_queue_depth", "muser_sequences_running",
-            "muser_kv_cache_used_bytes", "muser_kv_cache_reserved_bytes", "muser_generation_tokens_total")
+            "muser_kv_cache_used_bytes", "muser_kv_cache_reserved_bytes", "muser_generation_tokens_total",
+            "muser_step_seconds_sum", "muser_step_seconds_count")
     out = {}
     for line in text.splitlines():
         name = line.split("{")[0].split(" ")[0]
@@ -225,6 +226,16 @@ async def scrape(args):
             except ValueError:
                 pass
     return out
+
+
+def step_ms_mean(samples):
+    """Mean engine step time between the first and last /metrics samples that have it."""
+    have = [s for s in samples if "muser_step_seconds_count" in s and "muser_step_seconds_sum" in s]
+    if len(have) < 2:
+        return None
+    n = have[-1]["muser_step_seconds_count"] - have[0]["muser_step_seconds_count"]
+    t = have[-1]["muser_step_seconds_sum"] - have[0]["muser_step_seconds_sum"]
+    return round(1000 * t / n, 2) if n > 0 else None
 
 
 async def sampler(args, stats, t_start, samples, stop):
@@ -273,6 +284,8 @@ async def main_async(args):
         "ttft_ms": {"p50": ms(pct(stats.ttft, 50)), "p90": ms(pct(stats.ttft, 90)), "p99": ms(pct(stats.ttft, 99)),
                     "max": ms(max(stats.ttft) if stats.ttft else None)},
         "latency_ms": {"p50": ms(pct(stats.latency, 50)), "p99": ms(pct(stats.latency, 99))},
+        # The server's own engine steps over the run (Muser's /metrics): mean milliseconds a step.
+        "step_ms_mean": step_ms_mean(samples),
         "rss_kib": {"first": rss[0] if rss else None, "min": min(rss) if rss else None,
                     "max": max(rss) if rss else None, "last": rss[-1] if rss else None,
                     "steady_min": min(steady) if steady else None, "steady_max": max(steady) if steady else None},
