@@ -152,10 +152,16 @@ const MVQ_R: usize = 4;
 const MVQ_MAX_COLS: usize = 640 / 8 * 256;
 /// Most tokens a product takes on the tensor-core kernels outside the batch-invariant mode.
 const MMQ_MAX_TOKENS: usize = 64;
-/// The most shared memory a staged tensor-core launch uses: 3 stages of 64 tokens of Q6_K
-/// (64 x 768 + 64 x 4 + 64 x 208 bytes each). Devices that cannot give a block this much
-/// (before Hopper: A100 gives 163 KiB) take the one-stage kernels.
-const MMQ_STAGED_MAX_SMEM: u32 = 3 * (64 * 768 + 64 * 4 + 64 * 208);
+/// Bytes of one stage of a staged tensor-core block with `tb` tokens (kernels/mmq.cu
+/// mmq_stage_bytes): the tokens' planes (768 bytes each), run sums (32, Q4_K only), block scales
+/// (4) and 64 rows of weights (144 bytes of Q4_K, 208 of Q6_K). A launch holds 3 stages.
+const fn mmq_stage_bytes(tb: usize, q6: bool) -> usize {
+    tb * 768 + if q6 { 0 } else { tb * 32 } + tb * 4 + 64 * if q6 { 208 } else { 144 }
+}
+/// The most shared memory a staged tensor-core launch uses: 3 stages of 64 tokens of Q6_K.
+/// Devices that cannot give a block this much (before Hopper: A100 gives 163 KiB) take the
+/// one-stage kernels.
+const MMQ_STAGED_MAX_SMEM: u32 = 3 * mmq_stage_bytes(64, true) as u32;
 /// Most (token x split) attention partials at once.
 const MAX_PARTS: usize = 4096;
 
@@ -328,8 +334,7 @@ impl CudaBackend {
         self.batch_invariant
             .store(on, std::sync::atomic::Ordering::Relaxed);
         // A captured graph recorded the other mode's kernels.
-        self.scratch_epoch
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.bump_epoch();
     }
 
     /// At most `n` (1..=4) tiles of 8 tokens per warp in the tensor-core kernels (a launch of
@@ -344,8 +349,7 @@ impl CudaBackend {
     pub fn set_mmq_staged(&self, on: bool) {
         self.mmq_staged
             .store(on, std::sync::atomic::Ordering::Relaxed);
-        self.scratch_epoch
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.bump_epoch();
     }
 
     /// 16 or 32 rows per warp in the staged tensor-core kernels (results do not change).
@@ -354,8 +358,7 @@ impl CudaBackend {
             if rows == 32 { 32 } else { 16 },
             std::sync::atomic::Ordering::Relaxed,
         );
-        self.scratch_epoch
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.bump_epoch();
     }
 
     /// Q4_K's sub-block scales in the weight operand of the staged kernels (results do not
@@ -363,8 +366,7 @@ impl CudaBackend {
     pub fn set_mmq_scale_in_a(&self, on: bool) {
         self.mmq_scale_in_a
             .store(on, std::sync::atomic::Ordering::Relaxed);
-        self.scratch_epoch
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.bump_epoch();
     }
 
     /// Raise kernel `name`'s dynamic shared memory limit to `bytes` (once; `bytes` is the most
@@ -475,13 +477,22 @@ impl CudaBackend {
         Ok(g)
     }
 
-    fn grow(&self, buf: &mut CudaSlice<f32>, n: usize) -> Result<()> {
+    fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        buf: &mut CudaSlice<T>,
+        n: usize,
+    ) -> Result<()> {
         if buf.len() < n {
             *buf = self.stream.alloc_zeros(n).map_err(dev("alloc"))?;
-            self.scratch_epoch
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.bump_epoch();
         }
         Ok(())
+    }
+
+    /// A scratch buffer was replaced or the kernel choice changed: captured graphs are stale.
+    fn bump_epoch(&self) {
+        self.scratch_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Changes whenever a scratch buffer is replaced by a larger one (or the kernel choice
@@ -805,14 +816,7 @@ impl CudaBackend {
         let s = g
             .as_mut()
             .ok_or_else(|| Error::Backend("no scratch".into()))?;
-        if s.xq.len() < runs * 3 * pad * 32 {
-            s.xq = self
-                .stream
-                .alloc_zeros(runs * 3 * pad * 32)
-                .map_err(dev("alloc"))?;
-            self.scratch_epoch
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
+        self.grow(&mut s.xq, runs * 3 * pad * 32)?;
         self.grow(&mut s.xq_sc, nb * pad)?;
         self.grow(&mut s.xq_sum, runs * pad)?;
         {
@@ -877,11 +881,7 @@ impl CudaBackend {
                 let wt = tiles.div_ceil(nt);
                 (nt, 128 * wt as u32, 8 * nt * wt)
             };
-            // The staged kernels hold MMQ_STAGES (3) stages of the block's operands: its tokens'
-            // planes (768 bytes each), sums (32, Q4_K), scales (4) and 64 rows of weights.
-            let stage =
-                tb * 768 + if q6 { 0 } else { tb * 32 } + tb * 4 + 64 * if q6 { 208 } else { 144 };
-            let smem = 3 * stage as u32;
+            let smem = 3 * mmq_stage_bytes(tb, q6) as u32;
             // Q4_K's sub-block scales in the A operand (mmq_sa_*): staged, 16 rows per warp.
             let scale_in_a = staged
                 && !two_tiles

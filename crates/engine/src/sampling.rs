@@ -176,7 +176,11 @@ impl Sampler {
 
     /// Choose the next token from one row of logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        let mut l = logits.to_vec();
+        self.sample_owned(logits.to_vec())
+    }
+
+    /// As `sample`, on a row the caller already copied (and may have adjusted).
+    pub fn sample_owned(&mut self, mut l: Vec<f32>) -> u32 {
         self.apply_penalties(&mut l);
         let p = &self.params;
         if p.temperature <= 0.0 {
@@ -188,13 +192,13 @@ impl Sampler {
         // (OpenAI's default top_k = 0), top_p takes the shortest sorted prefix that reaches
         // it, min_p the tokens above its threshold, and with neither the draw runs over the
         // logits in id order (the same distribution as over the sorted ones).
-        let top = l.iter().copied().max_by(|a, b| a.total_cmp(b));
         // Whether the candidates already went through top_p (or, without it, min_p): those
         // passes must not run again on the shorter, renormalized list.
         let (mut top_p_done, mut min_p_done) = (false, false);
+        let top = || l.iter().copied().max_by(|a, b| a.total_cmp(b));
         let cand = if p.top_k > 0 && p.top_k < l.len() {
             top_k_sorted(&l, p.top_k)
-        } else if let Some(m) = top.filter(|m| m.is_finite()) {
+        } else if let Some(m) = top().filter(|m| m.is_finite()) {
             if p.top_p < 1.0 {
                 top_p_done = true;
                 top_p_prefix(&l, m, p.top_p)

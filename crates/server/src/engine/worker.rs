@@ -711,5 +711,5 @@ fn choose(s: &mut Seq, row: &[f32], eog: &[u32]) -> u32 {
             }
         }
     }
-    s.sampler.sample(&l)
+    s.sampler.sample_owned(l)
 }
