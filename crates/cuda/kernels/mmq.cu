@@ -28,7 +28,7 @@
 
 // Activation layout, per 256-column block kb and token (ntok_pad tokens, a multiple of 64; the pad
 // ones zero):
-//   xq:   48 words per (kb, token, t): word j = (run * 2 + h) * 3 + p holds plane p of the four
+//   xq:   48 words per (kb, token, t): word j = (run * 3 + p) * 2 + h holds plane p of the four
 //         values 32 run + 16 h + 4 t .. + 3 (t = 0..3, the B fragment of lane t), stored as
 //         xq[(((kb * 12 + j / 4) * ntok_pad + tok) * 4 + t) * 4 + j % 4], so that one 16-byte
 //         load per lane fetches 512 contiguous bytes for 8 tokens;
@@ -73,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(32) xq_planes(const float* __restri
     const int run = lane >> 2, h = (lane & 3) >> 1, t0 = 2 * (lane & 1);
 #pragma unroll
     for (int p = 0; p < 3; p++) {
-        const int j = (run * 2 + h) * 3 + p;
+        const int j = (run * 3 + p) * 2 + h;
 #pragma unroll
         for (int q = 0; q < 2; q++)
             xq[((((long long)kb * 12 + (j >> 2)) * ntok_pad + tok) * 4 + t0 + q) * 4 + (j & 3)] = w[p][q];
@@ -83,16 +83,35 @@ extern "C" __global__ void __launch_bounds__(32) xq_planes(const float* __restri
         xsc[(long long)kb * ntok_pad + tok] = bad ? __int_as_float(0x7fc00000) : __int_as_float((127 - 22 + E) << 23);  // 2^(E - 22)
 }
 
-// d += A (s8 weights) x B (u8 or s8 digits).
+// d += A (s8 weights) x B (u8 or s8 digits). Not volatile: pure functions of their operands, so
+// the compiler may interleave them with the rest.
 __device__ __forceinline__ void mma_s8u8(int (&d)[4], u32 a0, u32 a1, u32 b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                 : "r"(a0), "r"(a1), "r"(b));
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b));
 }
 __device__ __forceinline__ void mma_s8s8(int (&d)[4], u32 a0, u32 a1, u32 b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
-                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-                 : "r"(a0), "r"(a1), "r"(b));
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(b));
+}
+// The same over 32 k (m16n8k32): A regs a0, a1 = rows g, g + 8 at k 4t..4t+3, a2, a3 = the same
+// rows at k 16 + 4t..; B regs b0 = k 4t..4t+3, b1 = k 16 + 4t.. of column g. One instruction for
+// what two k16 ones do, the same exact integer sum (PTX ISA, mma.m16n8k32 .s8/.u8 fragments).
+__device__ __forceinline__ void mma32_s8u8(int (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma32_s8s8(int (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+template <int P>
+__device__ __forceinline__ void mma32_plane(int (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    if (P == 2) mma32_s8s8(d, a0, a1, a2, a3, b0, b1);
+    else mma32_s8u8(d, a0, a1, a2, a3, b0, b1);
 }
 // Plane p of the digits: the top plane is signed.
 template <int P>
@@ -138,7 +157,8 @@ struct XSrc {
 };
 
 // The 12 B words (runs 2i, 2i + 1; both halves; three planes) of the block for 8-token tile nt
-// of the warp: word j = (r * 2 + h) * 3 + p with r = 0, 1 the pair's runs.
+// of the warp: word j = (r * 3 + p) * 2 + h with r = 0, 1 the pair's runs (a plane's two halves
+// adjacent: the register pair of a k32 B operand).
 template <bool G>
 __device__ __forceinline__ void b_pair(const XSrc& x, int i, int nt, int g, int t, u32 (&b)[12]) {
 #pragma unroll
@@ -290,18 +310,13 @@ __device__ __forceinline__ void q4k_block(float (&acc)[MR][NT][4], const u8* (&w
                     if constexpr (SA) {
 #pragma unroll
                         for (int p = 0; p < 3; p++) {
-                            const u32 b0 = b[(r * 2 + 0) * 3 + p], b1 = b[(r * 2 + 1) * 3 + p];
+                            const u32 b0 = b[(r * 3 + p) * 2], b1 = b[(r * 3 + p) * 2 + 1];
 #pragma unroll
                             for (int hl = 0; hl < 2; hl++) {
                                 int (&d)[4] = hl == 0 ? T[mr][nt][p] : TH[mr][nt][p];
                                 const u32* a = AS[mr][r][hl];
-                                if (p == 2) {
-                                    mma_s8s8(d, a[0], a[1], b0);
-                                    mma_s8s8(d, a[2], a[3], b1);
-                                } else {
-                                    mma_s8u8(d, a[0], a[1], b0);
-                                    mma_s8u8(d, a[2], a[3], b1);
-                                }
+                                if (p == 2) mma32_s8s8(d, a[0], a[1], a[2], a[3], b0, b1);
+                                else mma32_s8u8(d, a[0], a[1], a[2], a[3], b0, b1);
                             }
                         }
                         continue;
@@ -310,12 +325,9 @@ __device__ __forceinline__ void q4k_block(float (&acc)[MR][NT][4], const u8* (&w
                     const u32 A0 = (lo[mr][0] >> sh) & 0x0F0F0F0Fu, A1 = (lo[mr][1] >> sh) & 0x0F0F0F0Fu;  // k 0..15
                     const u32 A2 = (hi[mr][0] >> sh) & 0x0F0F0F0Fu, A3 = (hi[mr][1] >> sh) & 0x0F0F0F0Fu;  // k 16..31
                     int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
-                    mma_plane<0>(c0, A0, A1, b[(r * 2 + 0) * 3 + 0]);
-                    mma_plane<0>(c0, A2, A3, b[(r * 2 + 1) * 3 + 0]);
-                    mma_plane<1>(c1, A0, A1, b[(r * 2 + 0) * 3 + 1]);
-                    mma_plane<1>(c1, A2, A3, b[(r * 2 + 1) * 3 + 1]);
-                    mma_plane<2>(c2, A0, A1, b[(r * 2 + 0) * 3 + 2]);
-                    mma_plane<2>(c2, A2, A3, b[(r * 2 + 1) * 3 + 2]);
+                    mma32_plane<0>(c0, A0, A1, A2, A3, b[r * 6], b[r * 6 + 1]);
+                    mma32_plane<1>(c1, A0, A1, A2, A3, b[r * 6 + 2], b[r * 6 + 3]);
+                    mma32_plane<2>(c2, A0, A1, A2, A3, b[r * 6 + 4], b[r * 6 + 5]);
                     add_scaled(T[mr][nt], c0, c1, c2, sc[mr][r][0], sc[mr][r][1]);
                 }
             }
@@ -417,9 +429,9 @@ __device__ __forceinline__ void q6k_block(float (&acc)[MR][NT][4], Q6Row (&rw)[M
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
                         int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
-                        mma_plane<0>(c0, A[mr][r][hf][0], A[mr][r][hf][1], b[(r * 2 + hf) * 3 + 0]);
-                        mma_plane<1>(c1, A[mr][r][hf][0], A[mr][r][hf][1], b[(r * 2 + hf) * 3 + 1]);
-                        mma_plane<2>(c2, A[mr][r][hf][0], A[mr][r][hf][1], b[(r * 2 + hf) * 3 + 2]);
+                        mma_plane<0>(c0, A[mr][r][hf][0], A[mr][r][hf][1], b[(r * 3 + 0) * 2 + hf]);
+                        mma_plane<1>(c1, A[mr][r][hf][0], A[mr][r][hf][1], b[(r * 3 + 1) * 2 + hf]);
+                        mma_plane<2>(c2, A[mr][r][hf][0], A[mr][r][hf][1], b[(r * 3 + 2) * 2 + hf]);
                         add_scaled(T[mr][nt], c0, c1, c2, S[mr][r][hf][0], S[mr][r][hf][1]);
                     }
                 }
@@ -432,11 +444,11 @@ __device__ __forceinline__ void q6k_block(float (&acc)[MR][NT][4], Q6Row (&rw)[M
 
 // The warp's rows and tokens: row group warp % 4 of the block's 64 rows, tokens 8 NT (warp / 4)
 // onwards of the block's.
-#define MMQ_WARP_SETUP                                                                           \
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;     \
-    const int r0 = (blockIdx.x * 4 + (warp & 3)) * 16;                                           \
-    const int tw = 8 * NT * (warp >> 2); /* this warp's tokens: tok0 + tw .. + 8 NT */           \
-    const int nb = cols >> 8;                                                                    \
+#define MMQ_WARP_SETUP                                                                                                  \
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;                            \
+    const int r0 = (blockIdx.x * 4 + (warp & 3)) * 16;                                                                  \
+    const int tw = 8 * NT * (warp >> 2); /* this warp's tokens: tok0 + tw .. + 8 NT */                                  \
+    const int nb = cols >> 8;                                                                                           \
     const int kb0 = blockIdx.y * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
 
 // One-stage kernels: every warp reads its operands from global memory (through L1).
@@ -514,7 +526,7 @@ template <bool Q6>
 __device__ __forceinline__ void mmq_stage_load(u8* st, int TB, const u8* __restrict__ W, long long nbt,
                                                const u32* __restrict__ xq, const float* __restrict__ xsc,
                                                const float* __restrict__ xsum, int rows, int nb, int kb, int tok0,
-                                               int ntok_pad) {
+                                               int ntok_pad, int rblk) {
     u32* Bs = (u32*)st;
     float* Xs = (float*)(st + TB * 768);
     float* Ss = Xs + (Q6 ? 0 : 8 * TB);
@@ -543,13 +555,13 @@ __device__ __forceinline__ void mmq_stage_load(u8* st, int TB, const u8* __restr
     if (!Q6) {
         for (int p = tid; p < 64 * 9; p += nth) {
             const int row = p / 9, q = p - row * 9;
-            const long long grow = min((int)blockIdx.x * 64 + row, rows - 1);
+            const long long grow = min(rblk * 64 + row, rows - 1);
             cp16(Ws + row * 144 + 16 * q, W + (grow * nb + kb) * 144 + 16 * q);
         }
     } else {
         for (int p = tid; p < 64 * 13; p += nth) {
             const int row = p / 13, q = p - row * 13;
-            const long long blk = (long long)min((int)blockIdx.x * 64 + row, rows - 1) * nb + kb;
+            const long long blk = (long long)min(rblk * 64 + row, rows - 1) * nb + kb;
             const u8* src = q < 8 ? W + blk * 128 + 16 * q : (q < 12 ? W + nbt * 128 + blk * 64 + 16 * (q - 8) : W + nbt * 192 + blk * 16);
             cp16(Ws + row * 208 + 16 * q, src);
         }
@@ -562,12 +574,24 @@ template <int NT, int MR, bool Q6, bool SA = false>
 __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long long nbt, const u32* __restrict__ xq,
                                                 const float* __restrict__ xsc, const float* __restrict__ xsum,
                                                 float* __restrict__ y, float* __restrict__ part, int rows, int cols,
-                                                int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {
+                                                int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split,
+                                                const u8* __restrict__ W2, float* __restrict__ y2) {
     extern __shared__ __align__(16) u8 mmq_smem[];
+    // A pair launch (W2 set: two matrices of one shape and format, the same activations, e.g. the
+    // FFN's gate and up): the second half of the row blocks computes W2 into y2 (its column
+    // ranges after W's in `part`), each block exactly as a launch of its matrix alone would.
+    int rblk = blockIdx.x;
+    const int rbs = (rows + 63) >> 6;
+    if (W2 != nullptr && rblk >= rbs) {
+        rblk -= rbs;
+        W = W2;
+        y = y2;
+        part += (long long)gridDim.y * ntok_total * rows;
+    }
     constexpr int RG = 4 / MR;  // warps across the block's rows
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int rb = (warp % RG) * 16 * MR;          // the warp's first row within the block
-    const int r0 = blockIdx.x * 64 + rb;
+    const int r0 = rblk * 64 + rb;
     const int tw = 8 * NT * (warp / RG);           // the warp's first token within the block
     const int nb = cols >> 8;
     const int kb0 = blockIdx.y * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
@@ -587,7 +611,7 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
 #pragma unroll
     for (int s = 0; s < MMQ_STAGES - 1; s++) {
         if (kb0 + s < kb1)
-            mmq_stage_load<Q6>(mmq_smem + s * sb, TB, W, nbt, xq, xsc, xsum, rows, nb, kb0 + s, tok0, ntok_pad);
+            mmq_stage_load<Q6>(mmq_smem + s * sb, TB, W, nbt, xq, xsc, xsum, rows, nb, kb0 + s, tok0, ntok_pad, rblk);
         cp_commit();
     }
     for (int kb = kb0; kb < kb1; kb++) {
@@ -596,7 +620,7 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
         __syncthreads();            // ... everyone's; and every warp is done with stage (i - 1)
         if (kb + MMQ_STAGES - 1 < kb1)
             mmq_stage_load<Q6>(mmq_smem + ((i + MMQ_STAGES - 1) % MMQ_STAGES) * sb, TB, W, nbt, xq, xsc, xsum, rows,
-                               nb, kb + MMQ_STAGES - 1, tok0, ntok_pad);
+                               nb, kb + MMQ_STAGES - 1, tok0, ntok_pad, rblk);
         cp_commit();
         const u8* st = mmq_smem + (i % MMQ_STAGES) * sb;
         const u32* Bs = (const u32*)st;
@@ -630,28 +654,28 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
 
 // Blocks of up to 512 threads (4 warps per row group) for 1 or 2 tiles per warp, 256 for 3 or 4.
 #define MMQ_THREADS(NT) ((NT) <= 2 ? 512 : 256)
-#define MMQ_ENTRIES(NT)                                                                                                     \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_q4_k_##NT(                                             \
-        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,       \
-        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                               \
+#define MMQ_ENTRIES(NT)                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_q4_k_##NT(                                        \
+        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,     \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                           \
         mmq_q4_k_impl<NT>(W, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total, kb_per_split);       \
-    }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_q6_k_##NT(                                             \
+    }                                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_q6_k_##NT(                                        \
         const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols, int tok0, \
-        int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                                         \
+        int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                                     \
         mmq_q6_k_impl<NT>(W, nbt, xq, xsc, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total, kb_per_split);        \
-    }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_s_q4_k_##NT(                                           \
-        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,       \
-        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                               \
-        mmq_staged_impl<NT, 1, false>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,        \
-                                      kb_per_split);                                                                        \
-    }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_s_q6_k_##NT(                                           \
+    }                                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_s_q4_k_##NT(                                      \
+        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,     \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
+        mmq_staged_impl<NT, 1, false>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,       \
+                                      kb_per_split, W2, y2);                                                            \
+    }                                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_s_q6_k_##NT(                                      \
         const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols, int tok0, \
-        int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                                         \
-        mmq_staged_impl<NT, 1, true>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,     \
-                                     kb_per_split);                                                                         \
+        int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                            \
+        mmq_staged_impl<NT, 1, true>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,   \
+                                     kb_per_split, W2, y2);                                                             \
     }
 MMQ_ENTRIES(1)
 MMQ_ENTRIES(2)
@@ -660,29 +684,29 @@ MMQ_ENTRIES(4)
 
 // Staged, two tiles of 16 rows per warp (`MUSER_MMQ_MR=2`): 2 warps across the rows, up to 4
 // across the tokens (256 threads), 1 or 2 token tiles per warp.
-#define MMQ_ENTRIES_MR2(NT)                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(256) mmq_s2_q4_k_##NT(                                                     \
-        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,       \
-        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                               \
-        mmq_staged_impl<NT, 2, false>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,        \
-                                      kb_per_split);                                                                        \
-    }                                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(256) mmq_s2_q6_k_##NT(                                                     \
+#define MMQ_ENTRIES_MR2(NT)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256) mmq_s2_q4_k_##NT(                                                 \
+        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,     \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
+        mmq_staged_impl<NT, 2, false>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,       \
+                                      kb_per_split, W2, y2);                                                            \
+    }                                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) mmq_s2_q6_k_##NT(                                                 \
         const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols, int tok0, \
-        int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                                         \
-        mmq_staged_impl<NT, 2, true>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,     \
-                                     kb_per_split);                                                                         \
+        int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                            \
+        mmq_staged_impl<NT, 2, true>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,   \
+                                     kb_per_split, W2, y2);                                                             \
     }
 MMQ_ENTRIES_MR2(1)
 MMQ_ENTRIES_MR2(2)
 
 // Staged Q4_K with the sub-block scales in the A operand (`MUSER_MMQ_SCALEA=1`, q4k_block SA).
-#define MMQ_ENTRIES_SA(NT)                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_sa_q4_k_##NT(                                          \
-        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,       \
-        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                               \
-        mmq_staged_impl<NT, 1, false, true>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,  \
-                                            kb_per_split);                                                                  \
+#define MMQ_ENTRIES_SA(NT)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_sa_q4_k_##NT(                                     \
+        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,     \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
+        mmq_staged_impl<NT, 1, false, true>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total, \
+                                            kb_per_split, W2, y2);                                                      \
     }
 MMQ_ENTRIES_SA(1)
 MMQ_ENTRIES_SA(2)

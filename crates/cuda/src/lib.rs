@@ -204,6 +204,9 @@ pub struct CudaBackend {
     /// Q4_K's sub-block scales multiplied into the weight operand (`MUSER_MMQ_SCALEA=1`, the
     /// `mmq_sa_*` kernels: twice the mma, no integer multiply-add per run). Same bits.
     mmq_scale_in_a: std::sync::atomic::AtomicBool,
+    /// Whether the FFN's gate and up run as one pair launch of the staged kernels (off with
+    /// `MUSER_MMQ_PAIR=0`). Batch-invariant: the same bits either way.
+    mmq_pairs: std::sync::atomic::AtomicBool,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
     /// Staged kernels whose shared-memory limit has been raised (once each).
@@ -287,6 +290,9 @@ impl CudaBackend {
             mmq_scale_in_a: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_MMQ_SCALEA").is_ok_and(|v| v == "1"),
             ),
+            mmq_pairs: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_MMQ_PAIR").map_or(true, |v| v != "0"),
+            ),
             mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
                 if std::env::var("MUSER_MMQ_MR").is_ok_and(|v| v == "2") {
                     32
@@ -366,6 +372,13 @@ impl CudaBackend {
     pub fn set_mmq_scale_in_a(&self, on: bool) {
         self.mmq_scale_in_a
             .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
+    }
+
+    /// The FFN's gate and up in one pair launch of the tensor-core kernels, or one after the
+    /// other.
+    pub fn set_mmq_pairs(&self, on: bool) {
+        self.mmq_pairs.store(on, std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
     }
 
@@ -789,8 +802,26 @@ impl CudaBackend {
     /// the pipeline's fill): the split that makes this least, the fewest ranges on a tie (each
     /// range costs a pass over partial sums). Returns (ranges, 256-column blocks per range).
     fn mmq_split(&self, w: &CudaMatrix) -> (usize, usize) {
-        let nb = (w.cols / 256).max(1);
-        let row_blocks = w.rows.div_ceil(64);
+        self.mmq_split_blocks(w.cols, w.rows.div_ceil(64))
+    }
+
+    /// Whether a product of `w` with `rows` tokens runs on the tensor-core kernels: batched decode
+    /// and, in the accurate mode, prompts (H200, 2026-11-29, staged kernels, 64 x 512 prompt
+    /// tokens in micro-batches of 512: 983 tokens/s against 730 for f32 cuBLAS;
+    /// `MUSER_MMQ_PROMPTS=0` keeps cuBLAS past 64 tokens). `--mode fast` keeps TF32 cuBLAS past
+    /// 64 (1,833 tokens/s). Batch-invariant: always, one token included.
+    fn mmq_route(&self, w: &CudaMatrix, rows: usize) -> bool {
+        let prompts_too =
+            mmq_prompts() && !self.fast_prompts.load(std::sync::atomic::Ordering::Relaxed);
+        Self::mmq_for(w)
+            && (self.invariant()
+                || (2..=MMQ_MAX_TOKENS).contains(&rows)
+                || (rows > 1 && prompts_too))
+    }
+
+    /// The same for a launch of `row_blocks` blocks of 64 rows over `cols` columns.
+    fn mmq_split_blocks(&self, cols: usize, row_blocks: usize) -> (usize, usize) {
+        let nb = (cols / 256).max(1);
         let sm = self.sm_count.max(1) as usize;
         let mut best = (usize::MAX, 1, nb);
         for want in 1..=nb.min(64) {
@@ -806,8 +837,36 @@ impl CudaBackend {
 
     /// out = W x for every row of x on the int8 tensor cores: x to digit planes (xq_planes), then
     /// launches of up to 64 tokens (mmq_*), then the column ranges added in order (mmq_reduce).
-    fn mmq(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
+    /// With `second` = (W2, out2), a matrix of W's shape and format: out2 = W2 x in the same
+    /// launches (the staged kernels' pair mode; one conversion of x, twice the blocks per launch).
+    /// Each matrix keeps the column split it has alone in the batch-invariant mode (its bits do
+    /// not depend on the pairing); otherwise the split suits the pair's blocks.
+    fn mmq(
+        &self,
+        w: &CudaMatrix,
+        x: &CudaAct,
+        out: &mut CudaAct,
+        mut second: Option<(&CudaMatrix, &mut CudaAct)>,
+    ) -> Result<()> {
         let n = x.rows;
+        if let Some((w2, o2)) = &second {
+            if (w2.ty, w2.rows, w2.cols) != (w.ty, w.rows, w.cols) || o2.rows != n || o2.cols != w.rows {
+                return Err(Error::Backend(format!(
+                    "mmq pair: {} {}x{} with {} {}x{} (out {}x{})",
+                    w.ty, w.rows, w.cols, w2.ty, w2.rows, w2.cols, o2.rows, o2.cols
+                )));
+            }
+        }
+        let staged = self.mmq_staged.load(std::sync::atomic::Ordering::Relaxed)
+            && MMQ_STAGED_MAX_SMEM <= self.smem_optin;
+        if !staged {
+            // The one-stage kernels have no pair mode: one matrix after the other.
+            if let Some((w2, o2)) = second.take() {
+                self.mmq(w, x, out, None)?;
+                return self.mmq(w2, x, o2, None);
+            }
+        }
+        let mats = if second.is_some() { 2 } else { 1 };
         // Room for a launch's full 64 tokens (the pad tokens' planes are zero).
         let pad = n.div_ceil(64) * 64;
         let runs = w.cols / 32;
@@ -839,9 +898,13 @@ impl CudaBackend {
             // scales and runs x pad sums, all within the buffers grown above.
             unsafe { b.launch(cfg) }.map_err(dev("xq_planes"))?;
         }
-        let (ks, per) = self.mmq_split(w);
+        let (ks, per) = if mats == 2 && !self.invariant() {
+            self.mmq_split_blocks(w.cols, 2 * w.rows.div_ceil(64))
+        } else {
+            self.mmq_split(w)
+        };
         if ks > 1 {
-            self.grow(&mut s.mpart, ks * n * w.rows)?;
+            self.grow(&mut s.mpart, mats * ks * n * w.rows)?;
         }
         let q6 = w.ty == GgmlType::Q6_K;
         let (rows, cols, ntok_pad, ntok_total, per_i) = (
@@ -857,8 +920,6 @@ impl CudaBackend {
             // Tiles of 8 tokens: at most `max_nt` per warp (and at least tiles / 4: a block
             // holds 4 warps per row group at most), as many warps per row group as that takes.
             let tiles = chunk.div_ceil(8);
-            let staged = self.mmq_staged.load(std::sync::atomic::Ordering::Relaxed)
-                && MMQ_STAGED_MAX_SMEM <= self.smem_optin;
             let two_tiles = staged
                 && self
                     .mmq_rows_per_warp
@@ -925,8 +986,21 @@ impl CudaBackend {
                 .arg(&ntok_pad)
                 .arg(&ntok_total)
                 .arg(&per_i);
+            // The pair's second matrix and output, or null (the staged kernels' last two
+            // parameters).
+            let null = 0u64;
+            if staged {
+                match &mut second {
+                    Some((w2, o2)) => {
+                        b.arg(&w2.data).arg(&mut o2.data);
+                    }
+                    None => {
+                        b.arg(&null).arg(&null);
+                    }
+                }
+            }
             let cfg = LaunchConfig {
-                grid_dim: (w.rows.div_ceil(64) as u32, ks as u32, 1),
+                grid_dim: ((mats * w.rows.div_ceil(64)) as u32, ks as u32, 1),
                 block_dim: (threads, 1, 1),
                 shared_mem_bytes: if staged { smem } else { 0 },
             };
@@ -934,7 +1008,8 @@ impl CudaBackend {
             // of tokens tok0..tok0 + 64 <= pad (the staged kernels copy tokens tok0..tok0 + tb,
             // tb <= 64, into `smem` bytes of shared memory, within the limit raised above);
             // writes tokens tok0..tok0 + chunk of out (n x rows, checked by the caller) or of
-            // mpart (ks x n x rows, grown above).
+            // mpart (ks x n x rows, grown above); a pair also reads W2 (W's shape and format,
+            // checked above) and writes out2 (n x rows, checked) or mpart's second ks x n x rows.
             unsafe { b.launch(cfg) }.map_err(dev(&name))?;
             tok0 += chunk;
         }
@@ -942,10 +1017,18 @@ impl CudaBackend {
             let total = (n * w.rows) as i64;
             let ks_i = ks as i32;
             let f = self.f("mmq_reduce")?;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&s.mpart).arg(&ks_i).arg(&total).arg(&mut out.data);
-            // SAFETY: reads ks x total partial sums (written above), writes total outputs.
-            unsafe { b.launch(grid1(n * w.rows, 256)) }.map_err(dev("mmq_reduce"))?;
+            let outs: Vec<&mut CudaSlice<f32>> = match second {
+                Some((_, o2)) => vec![&mut out.data, &mut o2.data],
+                None => vec![&mut out.data],
+            };
+            for (m, o) in outs.into_iter().enumerate() {
+                let part = s.mpart.slice(m * ks * n * w.rows..);
+                let mut b = self.stream.launch_builder(&f);
+                b.arg(&part).arg(&ks_i).arg(&total).arg(o);
+                // SAFETY: reads ks x total partial sums of matrix m (written above), writes
+                // total outputs.
+                unsafe { b.launch(grid1(n * w.rows, 256)) }.map_err(dev("mmq_reduce"))?;
+            }
         }
         Ok(())
     }
@@ -1504,19 +1587,8 @@ impl Backend for CudaBackend {
                 check(out, x.rows, w.rows, "matmul")?;
                 out.xs_ok = false;
                 let invariant = self.invariant();
-                // The tensor-core kernels for 2 or more tokens: batched decode and, in the
-                // accurate mode, prompts (H200, 2026-11-29, staged kernels, 64 x 512 prompt
-                // tokens in micro-batches of 512: 983 tokens/s against 730 for f32 cuBLAS;
-                // `MUSER_MMQ_PROMPTS=0` keeps cuBLAS past 64 tokens). `--mode fast` keeps TF32
-                // cuBLAS past 64 (1,833 tokens/s). Batch-invariant: always, one token included.
-                let prompts_too =
-                    mmq_prompts() && !self.fast_prompts.load(std::sync::atomic::Ordering::Relaxed);
-                if Self::mmq_for(w)
-                    && (invariant
-                        || (2..=MMQ_MAX_TOKENS).contains(&x.rows)
-                        || (x.rows > 1 && prompts_too))
-                {
-                    return self.mmq(w, x, out);
+                if self.mmq_route(w, x.rows) {
+                    return self.mmq(w, x, out, None);
                 }
                 if x.rows > 8 && !invariant {
                     return self.gemm(w, x, out);
@@ -1778,6 +1850,26 @@ impl Backend for CudaBackend {
             && x.cols == w_gate.cols
             && Self::mvq_for(w_gate)
             && self.fused_ffn.load(std::sync::atomic::Ordering::Relaxed);
+        // Several tokens on the tensor-core kernels: gate and up in the same launches (one
+        // conversion of x; each product's bits as alone in the batch-invariant mode).
+        let pair = !fuse
+            && x.cols == w_gate.cols
+            && (w_gate.ty, w_gate.rows, w_gate.cols) == (w_up.ty, w_up.rows, w_up.cols)
+            && self.mmq_route(w_gate, x.rows)
+            && self.mmq_pairs.load(std::sync::atomic::Ordering::Relaxed);
+        if pair {
+            self.timed(
+                || format!("matmul pair {} {}x{} n={}", w_gate.ty, w_gate.rows, w_gate.cols, x.rows),
+                || {
+                    check(gate, x.rows, w_gate.rows, "ffn gate")?;
+                    check(up, x.rows, w_up.rows, "ffn up")?;
+                    gate.xs_ok = false;
+                    up.xs_ok = false;
+                    self.mmq(w_gate, x, gate, Some((w_up, up)))
+                },
+            )?;
+            return self.swiglu(gate, up, out);
+        }
         if !fuse {
             self.matmul(w_gate, x, gate)?;
             self.matmul(w_up, x, up)?;

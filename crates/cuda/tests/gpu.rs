@@ -259,6 +259,45 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     same_bits("the one-stage kernels");
                     gpu_b.set_mmq_staged(true);
                 }
+                if std::ptr::eq(mat, up) {
+                    // The FFN's gate and up as one pair launch (ffn_swiglu): each product as
+                    // alone (the same bits in the batch-invariant mode, else within the bound
+                    // against the CPU below), the pair off for comparison.
+                    let gm = &file.tensors.layers[0].ffn_gate;
+                    let gg = gpu_b.matrix(&file.gguf, gm).unwrap();
+                    let mut g_alone = gpu_b.act(n, gm.rows).unwrap();
+                    gpu_b.matmul(&gg, &xg, &mut g_alone).unwrap();
+                    let g_alone = gpu_b.read(&g_alone).unwrap();
+                    let mut g_cpu = cpu.act(n, gm.rows).unwrap();
+                    cpu.matmul(&cpu.matrix(&file.gguf, gm).unwrap(), &xc, &mut g_cpu)
+                        .unwrap();
+                    for pairs in [true, false] {
+                        gpu_b.set_mmq_pairs(pairs);
+                        let mut pg = gpu_b.act(n, gm.rows).unwrap();
+                        let mut pu = gpu_b.act(n, mat.rows).unwrap();
+                        let mut po = gpu_b.act(n, mat.rows).unwrap();
+                        gpu_b
+                            .ffn_swiglu(&gg, &wg, &xg, &mut pg, &mut pu, &mut po)
+                            .unwrap();
+                        let (pg, pu) = (gpu_b.read(&pg).unwrap(), gpu_b.read(&pu).unwrap());
+                        let rel = |a: &[f32], b: &[f32]| {
+                            let sc = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+                            a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max) / sc
+                        };
+                        let bits = |a: &[f32], b: &[f32]| {
+                            a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
+                        };
+                        if invariant {
+                            assert!(
+                                bits(&pg, &g_alone) && bits(&pu, &y),
+                                "{layout} n={n} pairs={pairs}: gate/up bits differ from alone"
+                            );
+                        }
+                        let (eg, eu) = (rel(&pg, &g_cpu.data), rel(&pu, &yc.data));
+                        assert!(eg < 2e-5 && eu < 2e-5, "{layout} n={n} pairs={pairs}: gate {eg} up {eu}");
+                    }
+                    gpu_b.set_mmq_pairs(true);
+                }
                 let scale = yc.data.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
                 let err = yc
                     .data
