@@ -7,6 +7,10 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+# AUX: where the build, synth and server logs go (default $OUT; elsewhere, only their last lines
+# come back in $OUT/aux-tails.log: the device tool returns 8 files at most).
+AUX=${AUX:-$OUT}
+mkdir -p "$AUX"
 STAGES=${STAGES:-"tests synth muser batch llama"}
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export MUSER_KERNEL_CACHE=/tmp/muser-kernels
@@ -51,8 +55,8 @@ llama_too() { [ -z "${NO_LLAMA:-}" ] && { has llama || has batch || has serve; }
 if llama_too; then
   ( mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.tar.xz && cd /tmp/llama/llama.cpp &&
     cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=$(has serve && echo ON || echo OFF) -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$OUT/llama-build.log" 2>&1 &&
-    nice cmake --build build -j$(( $(nproc) > 3 ? $(nproc) - 2 : 1 )) --target llama-bench llama-batched-bench $(has serve && echo llama-server) >> "$OUT/llama-build.log" 2>&1 ) &
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$AUX/llama-build.log" 2>&1 &&
+    nice cmake --build build -j$(( $(nproc) > 3 ? $(nproc) - 2 : 1 )) --target llama-bench llama-batched-bench $(has serve && echo llama-server) >> "$AUX/llama-build.log" 2>&1 ) &
   llama_build=$!
 fi
 
@@ -62,7 +66,7 @@ if has tests; then
 fi
 
 if has synth; then
-  /usr/bin/time -f "synth: %e s" carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m 2>&1 | tee "$OUT/synth.log"
+  /usr/bin/time -f "synth: %e s" carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m 2>&1 | tee "$AUX/synth.log"
 fi
 
 # Every timing runs after the llama.cpp build: a compile beside it takes the host's cores and
@@ -132,7 +136,7 @@ if has serve; then
   # The issue's server comparison: 64 concurrent streaming chat clients for SERVE_SECONDS, every
   # request generating 128 tokens (ignore_eos), first against Muser, then llama-server, same file.
   rm -f /tmp/load-muser.json
-  carry/bin/muser serve -m "$MODEL" --device cuda --parallel 64 --ctx-size 1024 --port 8081 --alias muser --chat-template-file $tmpl > "$OUT/serve-muser.log" 2>&1 &
+  carry/bin/muser serve -m "$MODEL" --device cuda --parallel 64 --ctx-size 1024 --port 8081 --alias muser --chat-template-file $tmpl > "$AUX/serve-muser.log" 2>&1 &
   spid=$!
   if up http://127.0.0.1:8081; then
     timeout 300 $LOAD --url http://127.0.0.1:8081 --model muser --server-pid $spid --out /tmp/load-muser.json 2>&1 | tail -15 | sed 's/^/muser serve: /' | tee -a "$OUT/serve.log"
@@ -149,7 +153,7 @@ fi
 
 if has serve && [ -z "${NO_LLAMA:-}" ]; then
   rm -f /tmp/load-llama.json
-  CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-server -m "$MODEL" -ngl 99 -np 64 -c 65536 --port 8082 --chat-template-file $tmpl > "$OUT/serve-llama.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-server -m "$MODEL" -ngl 99 -np 64 -c 65536 --port 8082 --chat-template-file $tmpl > "$AUX/serve-llama.log" 2>&1 &
   lpid=$!
   if up http://127.0.0.1:8082; then
     timeout 300 $LOAD --url http://127.0.0.1:8082 --model llama --usage-from-chunks --server-pid $lpid --out /tmp/load-llama.json 2>&1 | tail -15 | sed 's/^/llama-server: /' | tee -a "$OUT/serve.log"
@@ -162,7 +166,7 @@ fi
 if has llama && [ -z "${NO_LLAMA:-}" ]; then
   LB="env CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-bench"
   timeout 300 $LB -m "$MODEL" -ngl 99 -p ${PP:-512,2048} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee "$OUT/llama-bench.log"
-  timeout 300 $LB -m "$MODEL" -ngl 99 -p 0 -n ${TG:-128} -d ${LDEPTH:-4096,32768} -r 1 2>&1 | tee -a "$OUT/llama-bench.log"
+  [ -n "${QUICK:-}" ] || timeout 300 $LB -m "$MODEL" -ngl 99 -p 0 -n ${TG:-128} -d ${LDEPTH:-4096,32768} -r 1 2>&1 | tee -a "$OUT/llama-bench.log"
   summary+=("$(grep -E 'pp|tg' "$OUT/llama-bench.log" | grep -v '^|  *model' | sed 's/^/llama.cpp /')")
 fi
 
@@ -194,3 +198,6 @@ fi
 echo
 echo "==== summary ===="
 printf '%s\n' "${summary[@]}"
+if [ "$AUX" != "$OUT" ]; then
+  for f in "$AUX"/*; do [ -f "$f" ] && { echo "=== $f"; tail -25 "$f"; }; done > "$OUT/aux-tails.log"
+fi

@@ -1625,6 +1625,36 @@ impl Backend for CudaBackend {
         )
     }
 
+    fn matmul_pair(
+        &self,
+        w1: &CudaMatrix,
+        w2: &CudaMatrix,
+        x: &CudaAct,
+        out1: &mut CudaAct,
+        out2: &mut CudaAct,
+    ) -> Result<()> {
+        // Two matrices of one shape and format on the tensor-core kernels: one pair launch
+        // (each product's bits as alone in the batch-invariant mode), else one after the other.
+        let pair = x.cols == w1.cols
+            && (w1.ty, w1.rows, w1.cols) == (w2.ty, w2.rows, w2.cols)
+            && self.mmq_route(w1, x.rows)
+            && self.mmq_pairs.load(std::sync::atomic::Ordering::Relaxed);
+        if !pair {
+            self.matmul(w1, x, out1)?;
+            return self.matmul(w2, x, out2);
+        }
+        self.timed(
+            || format!("matmul pair {} {}x{} n={}", w1.ty, w1.rows, w1.cols, x.rows),
+            || {
+                check(out1, x.rows, w1.rows, "matmul pair")?;
+                check(out2, x.rows, w2.rows, "matmul pair")?;
+                out1.xs_ok = false;
+                out2.xs_ok = false;
+                self.mmq(w1, x, out1, Some((w2, out2)))
+            },
+        )
+    }
+
     fn head_norm(&self, x: &mut CudaAct, head_dim: usize, eps: f32, scale: f32) -> Result<()> {
         self.timed(
             || "head_norm".to_string(),
@@ -1850,29 +1880,9 @@ impl Backend for CudaBackend {
             && x.cols == w_gate.cols
             && Self::mvq_for(w_gate)
             && self.fused_ffn.load(std::sync::atomic::Ordering::Relaxed);
-        // Several tokens on the tensor-core kernels: gate and up in the same launches (one
-        // conversion of x; each product's bits as alone in the batch-invariant mode).
-        let pair = !fuse
-            && x.cols == w_gate.cols
-            && (w_gate.ty, w_gate.rows, w_gate.cols) == (w_up.ty, w_up.rows, w_up.cols)
-            && self.mmq_route(w_gate, x.rows)
-            && self.mmq_pairs.load(std::sync::atomic::Ordering::Relaxed);
-        if pair {
-            self.timed(
-                || format!("matmul pair {} {}x{} n={}", w_gate.ty, w_gate.rows, w_gate.cols, x.rows),
-                || {
-                    check(gate, x.rows, w_gate.rows, "ffn gate")?;
-                    check(up, x.rows, w_up.rows, "ffn up")?;
-                    gate.xs_ok = false;
-                    up.xs_ok = false;
-                    self.mmq(w_gate, x, gate, Some((w_up, up)))
-                },
-            )?;
-            return self.swiglu(gate, up, out);
-        }
         if !fuse {
-            self.matmul(w_gate, x, gate)?;
-            self.matmul(w_up, x, up)?;
+            // Several tokens: gate and up in one pair launch where they qualify.
+            self.matmul_pair(w_gate, w_up, x, gate, up)?;
             return self.swiglu(gate, up, out);
         }
         self.timed(

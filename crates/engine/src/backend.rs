@@ -136,6 +136,19 @@ pub trait Backend: Send + Sync {
     ) -> Result<()>;
     /// out[i] = W x[i] for every row of x.
     fn matmul(&self, w: &Self::Matrix, x: &Self::Act, out: &mut Self::Act) -> Result<()>;
+    /// out1 = W1 x and out2 = W2 x for every row of x: two products of the same input (the
+    /// attention's Q and gate, K and V), which a device backend may compute in one launch.
+    fn matmul_pair(
+        &self,
+        w1: &Self::Matrix,
+        w2: &Self::Matrix,
+        x: &Self::Act,
+        out1: &mut Self::Act,
+        out2: &mut Self::Act,
+    ) -> Result<()> {
+        self.matmul(w1, x, out1)?;
+        self.matmul(w2, x, out2)
+    }
     /// Per-head RMSNorm of each `head_dim` slice of every row, times the constant `scale`.
     fn head_norm(&self, x: &mut Self::Act, head_dim: usize, eps: f32, scale: f32) -> Result<()>;
     /// NORM-convention RoPE (pairs `(x[2j], x[2j+1])`) of every head of every row, at the row's

@@ -244,10 +244,8 @@ impl<B: Backend> MuseGlimmer<B> {
         for (il, l) in self.layers.iter().enumerate() {
             let kind = c.layer_kinds[il];
             // Projections from the pre-normed stream; the gate reads the same input.
-            b.matmul(&l.attn_q, h, q)?;
-            b.matmul(&l.attn_k, h, k)?;
-            b.matmul(&l.attn_v, h, v)?;
-            b.matmul(&l.attn_gate, h, g)?;
+            b.matmul_pair(&l.attn_q, &l.attn_gate, h, q, g)?;
+            b.matmul_pair(&l.attn_k, &l.attn_v, h, k, v)?;
             let spec = AttnSpec {
                 layer: il,
                 kind,
