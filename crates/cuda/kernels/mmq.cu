@@ -28,16 +28,20 @@
 
 // Activation layout, per 256-column block kb and token (ntok_pad tokens, a multiple of 64; the pad
 // ones zero):
-//   xq:   48 words per (kb, token, t): word j = (run * 3 + p) * 2 + h holds plane p of the four
-//         values 32 run + 16 h + 4 t .. + 3 (t = 0..3, the B fragment of lane t), stored as
-//         xq[(((kb * 12 + j / 4) * ntok_pad + tok) * 4 + t) * 4 + j % 4], so that one 16-byte
+//   xq:   16 P words per (kb, token, t) with P planes (3; 2 in the `MUSER_MMQ_PLANES=2` kernels):
+//         word j = (run * P + p) * 2 + h holds plane p of the four values 32 run + 16 h + 4 t .. + 3
+//         (t = 0..3, the B fragment of lane t), stored as
+//         xq[(((kb * 4 P + j / 4) * ntok_pad + tok) * 4 + t) * 4 + j % 4], so that one 16-byte
 //         load per lane fetches 512 contiguous bytes for 8 tokens;
 //   xsc:  [kb * ntok_pad + tok], the block's scale 2^(E - 22) (|x| < 2^E over its 256 values);
 //   xsum: [(kb * 8 + run) * ntok_pad + tok], the f32 sum of the run's 32 values.
 // grid (cols / 256, ntok_pad), one warp per (block, token): lane l holds values 8l .. 8l + 7.
+// P (2 or 3): the number of planes; with P = 2, X = round(x 2^(14-E)), |X| <= 2^14 (error at
+// most 2^-15 of the block's largest value, the `MUSER_MMQ_PLANES=2` kernels), 32 P words per
+// (kb, token, t), 4 P groups per kb.
 extern "C" __global__ void __launch_bounds__(32) xq_planes(const float* __restrict__ x, int cols, int ntok, int ntok_pad,
                                                            u32* __restrict__ xq, float* __restrict__ xsc,
-                                                           float* __restrict__ xsum) {
+                                                           float* __restrict__ xsum, int P) {
     const int lane = threadIdx.x, kb = blockIdx.x, tok = blockIdx.y;
     float v[8];
     if (tok < ntok) {
@@ -61,26 +65,29 @@ extern "C" __global__ void __launch_bounds__(32) xq_planes(const float* __restri
     int E;
     frexpf(m, &E);     // m = f 2^E with f in [0.5, 1), so |x| < 2^E (E = 0 when m = 0)
     E = bad ? 0 : max(E, -100);  // blocks below 2^-100: quantized in steps of 2^-122
-    const float up = __int_as_float((127 + 22 - E) << 23);  // 2^(22 - E), exact
+    const int bits = 8 * P - 2;                               // 22 (three planes) or 14 (two)
+    const float up = __int_as_float((127 + bits - E) << 23);  // 2^(bits - E), exact
     u32 w[3][2] = {{0, 0}, {0, 0}, {0, 0}};
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const int X = __float2int_rn(v[i] * up);  // |X| <= 2^22
+        const int X = __float2int_rn(v[i] * up);  // |X| <= 2^bits
 #pragma unroll
-        for (int p = 0; p < 3; p++) w[p][i >> 2] |= (u32)((X >> (8 * p)) & 0xFF) << (8 * (i & 3));
+        for (int p = 0; p < 3; p++)
+            if (p < P) w[p][i >> 2] |= (u32)((X >> (8 * p)) & 0xFF) << (8 * (i & 3));
     }
     // Values 8l .. 8l + 7 = run l / 4, half (l % 4) / 2, t = 2 (l % 2) and 2 (l % 2) + 1.
     const int run = lane >> 2, h = (lane & 3) >> 1, t0 = 2 * (lane & 1);
 #pragma unroll
     for (int p = 0; p < 3; p++) {
-        const int j = (run * 3 + p) * 2 + h;
+        if (p >= P) break;
+        const int j = (run * P + p) * 2 + h;
 #pragma unroll
         for (int q = 0; q < 2; q++)
-            xq[((((long long)kb * 12 + (j >> 2)) * ntok_pad + tok) * 4 + t0 + q) * 4 + (j & 3)] = w[p][q];
+            xq[((((long long)kb * 4 * P + (j >> 2)) * ntok_pad + tok) * 4 + t0 + q) * 4 + (j & 3)] = w[p][q];
     }
     if ((lane & 3) == 0) xsum[((long long)kb * 8 + run) * ntok_pad + tok] = s;
     if (lane == 0)
-        xsc[(long long)kb * ntok_pad + tok] = bad ? __int_as_float(0x7fc00000) : __int_as_float((127 - 22 + E) << 23);  // 2^(E - 22)
+        xsc[(long long)kb * ntok_pad + tok] = bad ? __int_as_float(0x7fc00000) : __int_as_float((127 - bits + E) << 23);  // 2^(E - bits)
 }
 
 // d += A (s8 weights) x B (u8 or s8 digits). Not volatile: pure functions of their operands, so
@@ -108,15 +115,15 @@ __device__ __forceinline__ void mma32_s8s8(int (&d)[4], u32 a0, u32 a1, u32 a2, 
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-template <int P>
+// Plane p of NP planes of the digits: the top plane (p = NP - 1) is signed, the others not.
+template <int NP, int p>
 __device__ __forceinline__ void mma32_plane(int (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    if (P == 2) mma32_s8s8(d, a0, a1, a2, a3, b0, b1);
+    if (p == NP - 1) mma32_s8s8(d, a0, a1, a2, a3, b0, b1);
     else mma32_s8u8(d, a0, a1, a2, a3, b0, b1);
 }
-// Plane p of the digits: the top plane is signed.
-template <int P>
+template <int NP, int p>
 __device__ __forceinline__ void mma_plane(int (&d)[4], u32 a0, u32 a1, u32 b) {
-    if (P == 2) mma_s8s8(d, a0, a1, b);
+    if (p == NP - 1) mma_s8s8(d, a0, a1, b);
     else mma_s8u8(d, a0, a1, b);
 }
 
@@ -156,22 +163,26 @@ struct XSrc {
     const float* xsc;
 };
 
-// The 12 B words (runs 2i, 2i + 1; both halves; three planes) of the block for 8-token tile nt
-// of the warp: word j = (r * 3 + p) * 2 + h with r = 0, 1 the pair's runs (a plane's two halves
+// The 4 NP B words (runs 2i, 2i + 1; both halves; NP planes) of the block for 8-token tile nt
+// of the warp: word j = (r * NP + p) * 2 + h with r = 0, 1 the pair's runs (a plane's two halves
 // adjacent: the register pair of a k32 B operand).
-template <bool G>
-__device__ __forceinline__ void b_pair(const XSrc& x, int i, int nt, int g, int t, u32 (&b)[12]) {
+template <bool G, int NP>
+__device__ __forceinline__ void b_pair(const XSrc& x, int i, int nt, int g, int t, u32 (&b)[4 * NP]) {
 #pragma unroll
-    for (int c = 0; c < 3; c++) {
-        const uint4 u = ld<G>((const uint4*)(x.xq + (3 * i + c) * x.xq_jj + ((nt * 8 + g) * 4 + t) * 4));
+    for (int c = 0; c < NP; c++) {
+        const uint4 u = ld<G>((const uint4*)(x.xq + (NP * i + c) * x.xq_jj + ((nt * 8 + g) * 4 + t) * 4));
         b[4 * c] = u.x; b[4 * c + 1] = u.y; b[4 * c + 2] = u.z; b[4 * c + 3] = u.w;
     }
 }
 
-// The end of a 256-column block: T = (T2 256 + T1) 256 + T0 exactly (64 bits), one rounding
-// to f32, times d (the row's) and the block scale (the token's), into the f32 sums.
-__device__ __forceinline__ float block_value(const int (&T)[3]) {
-    const long long v = ((long long)T[2] * 65536 + (long long)T[1] * 256) + (long long)T[0];
+// The end of a 256-column block: T = (T2 256 + T1) 256 + T0 (three planes) or T1 256 + T0 (two)
+// exactly (64 bits), one rounding to f32, times d (the row's) and the block scale (the token's),
+// into the f32 sums.
+template <int NP>
+__device__ __forceinline__ float block_value(const int (&T)[NP]) {
+    long long v;
+    if constexpr (NP == 3) v = ((long long)T[2] * 65536 + (long long)T[1] * 256) + (long long)T[0];
+    else v = (long long)T[1] * 256 + (long long)T[0];
     return __ll2float_rn(v);
 }
 
@@ -183,39 +194,40 @@ __device__ __forceinline__ void zero_acc(float (&acc)[NT][4]) {
         for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
 }
 
-template <int NT>
-__device__ __forceinline__ void zero_sums(int (&T)[NT][3][4]) {
+template <int NT, int NP>
+__device__ __forceinline__ void zero_sums(int (&T)[NT][NP][4]) {
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-        for (int p = 0; p < 3; p++)
+        for (int p = 0; p < NP; p++)
 #pragma unroll
             for (int e = 0; e < 4; e++) T[nt][p][e] = 0;
 }
 
-// T_p += sc c_p for the three planes of one tile (sa: the scale of row g, sb: of row g + 8).
-__device__ __forceinline__ void add_scaled(int (&T)[3][4], const int (&c0)[4], const int (&c1)[4], const int (&c2)[4],
-                                           int sa, int sb) {
+// T_p += sc c_p for the planes of one tile (sa: the scale of row g, sb: of row g + 8).
+template <int NP>
+__device__ __forceinline__ void add_scaled(int (&T)[NP][4], const int (&c)[NP][4], int sa, int sb) {
 #pragma unroll
     for (int e = 0; e < 4; e++) {
         const int s_ = e < 2 ? sa : sb;
-        T[0][e] += s_ * c0[e];
-        T[1][e] += s_ * c1[e];
-        T[2][e] += s_ * c2[e];
+#pragma unroll
+        for (int p = 0; p < NP; p++) T[p][e] += s_ * c[p][e];
     }
 }
 
 // The end of a 256-column block: acc += (d of the row) (the token's block scale) T.
-template <int NT, bool G>
-__device__ __forceinline__ void end_block(float (&acc)[NT][4], const int (&T)[NT][3][4], float da, float db,
+template <int NT, bool G, int NP>
+__device__ __forceinline__ void end_block(float (&acc)[NT][4], const int (&T)[NT][NP][4], float da, float db,
                                           const XSrc& x, int t) {
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         const float2 s2 = ld<G>((const float2*)(x.xsc + nt * 8 + 2 * t));
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            const int Te[3] = {T[nt][0][e], T[nt][1][e], T[nt][2][e]};
-            acc[nt][e] = fmaf((e < 2 ? da : db) * ((e & 1) ? s2.y : s2.x), block_value(Te), acc[nt][e]);
+            int Te[NP];
+#pragma unroll
+            for (int p = 0; p < NP; p++) Te[p] = T[nt][p][e];
+            acc[nt][e] = fmaf((e < 2 ? da : db) * ((e & 1) ? s2.y : s2.x), block_value<NP>(Te), acc[nt][e]);
         }
     }
 }
@@ -247,7 +259,7 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], float* __re
 // instead: the packed codes times s_lo and times s_hi (q s <= 15 * 7 = 105 per byte, no carry into
 // the next) feed two mma into two sums that run over the whole block, T = T_lo + 8 T_hi: the same
 // exact integer as sum_s s (sum q X), with twice the mma and no multiply-add per run and tile.
-template <int NT, int MR, bool G, bool SA = false>
+template <int NT, int MR, bool G, bool SA = false, int NP = 3>
 __device__ __forceinline__ void q4k_block(float (&acc)[MR][NT][4], const u8* (&w)[MR][2], const XSrc& x, int g,
                                           int t) {
     uint4 h[MR][2];
@@ -255,13 +267,13 @@ __device__ __forceinline__ void q4k_block(float (&acc)[MR][NT][4], const u8* (&w
     for (int mr = 0; mr < MR; mr++)
 #pragma unroll
         for (int ab = 0; ab < 2; ab++) h[mr][ab] = ld<G>((const uint4*)w[mr][ab]);
-    int T[MR][NT][3][4];
+    int T[MR][NT][NP][4];
 #pragma unroll
-    for (int mr = 0; mr < MR; mr++) zero_sums<NT>(T[mr]);
-    int TH[SA ? MR : 1][SA ? NT : 1][3][4];  // SA: the s_hi sums (T holds the s_lo ones)
+    for (int mr = 0; mr < MR; mr++) zero_sums<NT, NP>(T[mr]);
+    int TH[SA ? MR : 1][SA ? NT : 1][NP][4];  // SA: the s_hi sums (T holds the s_lo ones)
     if constexpr (SA) {
 #pragma unroll
-        for (int mr = 0; mr < MR; mr++) zero_sums<NT>(TH[mr]);
+        for (int mr = 0; mr < MR; mr++) zero_sums<SA ? NT : 1, NP>(TH[mr]);
     }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -301,21 +313,21 @@ __device__ __forceinline__ void q4k_block(float (&acc)[MR][NT][4], const u8* (&w
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            u32 b[12];
-            b_pair<G>(x, j, nt, g, t, b);
+            u32 b[4 * NP];
+            b_pair<G, NP>(x, j, nt, g, t, b);
 #pragma unroll
             for (int mr = 0; mr < MR; mr++) {
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     if constexpr (SA) {
 #pragma unroll
-                        for (int p = 0; p < 3; p++) {
-                            const u32 b0 = b[(r * 3 + p) * 2], b1 = b[(r * 3 + p) * 2 + 1];
+                        for (int p = 0; p < NP; p++) {
+                            const u32 b0 = b[(r * NP + p) * 2], b1 = b[(r * NP + p) * 2 + 1];
 #pragma unroll
                             for (int hl = 0; hl < 2; hl++) {
                                 int (&d)[4] = hl == 0 ? T[mr][nt][p] : TH[mr][nt][p];
                                 const u32* a = AS[mr][r][hl];
-                                if (p == 2) mma32_s8s8(d, a[0], a[1], a[2], a[3], b0, b1);
+                                if (p == NP - 1) mma32_s8s8(d, a[0], a[1], a[2], a[3], b0, b1);
                                 else mma32_s8u8(d, a[0], a[1], a[2], a[3], b0, b1);
                             }
                         }
@@ -324,11 +336,13 @@ __device__ __forceinline__ void q4k_block(float (&acc)[MR][NT][4], const u8* (&w
                     const int sh = 4 * r;
                     const u32 A0 = (lo[mr][0] >> sh) & 0x0F0F0F0Fu, A1 = (lo[mr][1] >> sh) & 0x0F0F0F0Fu;  // k 0..15
                     const u32 A2 = (hi[mr][0] >> sh) & 0x0F0F0F0Fu, A3 = (hi[mr][1] >> sh) & 0x0F0F0F0Fu;  // k 16..31
-                    int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
-                    mma32_plane<0>(c0, A0, A1, A2, A3, b[r * 6], b[r * 6 + 1]);
-                    mma32_plane<1>(c1, A0, A1, A2, A3, b[r * 6 + 2], b[r * 6 + 3]);
-                    mma32_plane<2>(c2, A0, A1, A2, A3, b[r * 6 + 4], b[r * 6 + 5]);
-                    add_scaled(T[mr][nt], c0, c1, c2, sc[mr][r][0], sc[mr][r][1]);
+                    int c[NP][4];
+#pragma unroll
+                    for (int p = 0; p < NP; p++) c[p][0] = c[p][1] = c[p][2] = c[p][3] = 0;
+                    mma32_plane<NP, 0>(c[0], A0, A1, A2, A3, b[r * 2 * NP], b[r * 2 * NP + 1]);
+                    mma32_plane<NP, 1>(c[1], A0, A1, A2, A3, b[r * 2 * NP + 2], b[r * 2 * NP + 3]);
+                    if constexpr (NP == 3) mma32_plane<NP, 2>(c[NP - 1], A0, A1, A2, A3, b[r * 6 + 4], b[r * 6 + 5]);
+                    add_scaled<NP>(T[mr][nt], c, sc[mr][r][0], sc[mr][r][1]);
                 }
             }
         }
@@ -356,14 +370,14 @@ __device__ __forceinline__ void q4k_block(float (&acc)[MR][NT][4], const u8* (&w
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int p = 0; p < 3; p++)
+                for (int p = 0; p < NP; p++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) T[mr][nt][p][e] += 8 * TH[mr][nt][p][e];
     }
 #pragma unroll
     for (int mr = 0; mr < MR; mr++) {
         const float da = h2f((u16)(h[mr][0].x & 0xFFFF)), db = h2f((u16)(h[mr][1].x & 0xFFFF));
-        end_block<NT, G>(acc[mr], T[mr], da, db, x, t);
+        end_block<NT, G, NP>(acc[mr], T[mr], da, db, x, t);
     }
 }
 
@@ -381,7 +395,7 @@ struct Q6Row {
     const u8* sc;
     float d;
 };
-template <int NT, int MR, bool G>
+template <int NT, int MR, bool G, int NP = 3>
 __device__ __forceinline__ void q6k_block(float (&acc)[MR][NT][4], Q6Row (&rw)[MR][2], const XSrc& x, int g,
                                           int t) {
     u32 scw[MR][2][4];
@@ -392,9 +406,9 @@ __device__ __forceinline__ void q6k_block(float (&acc)[MR][NT][4], Q6Row (&rw)[M
             const uint4 v = ld<G>((const uint4*)rw[mr][ab].sc);
             scw[mr][ab][0] = v.x; scw[mr][ab][1] = v.y; scw[mr][ab][2] = v.z; scw[mr][ab][3] = v.w;
         }
-    int T[MR][NT][3][4];
+    int T[MR][NT][NP][4];
 #pragma unroll
-    for (int mr = 0; mr < MR; mr++) zero_sums<NT>(T[mr]);
+    for (int mr = 0; mr < MR; mr++) zero_sums<NT, NP>(T[mr]);
 #pragma unroll
     for (int i = 0; i < 4; i++) {  // run pairs (2i, 2i + 1)
         u32 A[MR][2][2][2];         // [tile][run of the pair][half][row a, b]
@@ -420,26 +434,29 @@ __device__ __forceinline__ void q6k_block(float (&acc)[MR][NT][4], Q6Row (&rw)[M
         }
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            u32 b[12];
-            b_pair<G>(x, i, nt, g, t, b);
+            u32 b[4 * NP];
+            b_pair<G, NP>(x, i, nt, g, t, b);
 #pragma unroll
             for (int mr = 0; mr < MR; mr++) {
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
-                        int c0[4] = {0, 0, 0, 0}, c1[4] = {0, 0, 0, 0}, c2[4] = {0, 0, 0, 0};
-                        mma_plane<0>(c0, A[mr][r][hf][0], A[mr][r][hf][1], b[(r * 3 + 0) * 2 + hf]);
-                        mma_plane<1>(c1, A[mr][r][hf][0], A[mr][r][hf][1], b[(r * 3 + 1) * 2 + hf]);
-                        mma_plane<2>(c2, A[mr][r][hf][0], A[mr][r][hf][1], b[(r * 3 + 2) * 2 + hf]);
-                        add_scaled(T[mr][nt], c0, c1, c2, S[mr][r][hf][0], S[mr][r][hf][1]);
+                        int c[NP][4];
+#pragma unroll
+                        for (int p = 0; p < NP; p++) c[p][0] = c[p][1] = c[p][2] = c[p][3] = 0;
+                        const u32 a0 = A[mr][r][hf][0], a1 = A[mr][r][hf][1];
+                        mma_plane<NP, 0>(c[0], a0, a1, b[(r * NP + 0) * 2 + hf]);
+                        mma_plane<NP, 1>(c[1], a0, a1, b[(r * NP + 1) * 2 + hf]);
+                        if constexpr (NP == 3) mma_plane<NP, 2>(c[NP - 1], a0, a1, b[(r * NP + 2) * 2 + hf]);
+                        add_scaled<NP>(T[mr][nt], c, S[mr][r][hf][0], S[mr][r][hf][1]);
                     }
                 }
             }
         }
     }
 #pragma unroll
-    for (int mr = 0; mr < MR; mr++) end_block<NT, G>(acc[mr], T[mr], rw[mr][0].d, rw[mr][1].d, x, t);
+    for (int mr = 0; mr < MR; mr++) end_block<NT, G, NP>(acc[mr], T[mr], rw[mr][0].d, rw[mr][1].d, x, t);
 }
 
 // The warp's rows and tokens: row group warp % 4 of the block's 64 rows, tokens 8 NT (warp / 4)
@@ -519,28 +536,28 @@ template <int N>
 __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 // Bytes of one stage (the launch sizes its dynamic shared memory as MMQ_STAGES of these).
-__device__ __forceinline__ int mmq_stage_bytes(int TB, bool q6) { return TB * 768 + (q6 ? 0 : TB * 32) + TB * 4 + 64 * (q6 ? 208 : 144); }
+__device__ __forceinline__ int mmq_stage_bytes(int TB, bool q6, int NP) { return TB * 256 * NP + (q6 ? 0 : TB * 32) + TB * 4 + 64 * (q6 ? 208 : 144); }
 
 // Copy the operands of 256-column block kb into stage `st` (every thread of the block takes part).
-template <bool Q6>
+template <bool Q6, int NP>
 __device__ __forceinline__ void mmq_stage_load(u8* st, int TB, const u8* __restrict__ W, long long nbt,
                                                const u32* __restrict__ xq, const float* __restrict__ xsc,
                                                const float* __restrict__ xsum, int rows, int nb, int kb, int tok0,
                                                int ntok_pad, int rblk) {
     u32* Bs = (u32*)st;
-    float* Xs = (float*)(st + TB * 768);
+    float* Xs = (float*)(st + TB * 256 * NP);
     float* Ss = Xs + (Q6 ? 0 : 8 * TB);
     u8* Ws = (u8*)(Ss + TB);
     const int tid = threadIdx.x, nth = blockDim.x;
     // No division by a run-time value here (each costs some twenty instructions, per copy):
     // a plane group is TB * 4 pieces of 16 bytes, at most one per thread (TB = 8 NT WT with WT
     // warps across the tokens out of blockDim.x / 32 = 4 WT / MR, and NT <= 4 / MR), so thread
-    // tid copies piece tid of each of the 12 groups.
+    // tid copies piece tid of each of the 4 NP groups.
     const int per_group = TB * 4;
     if (tid < per_group) {
-        const u32* src = xq + ((long long)kb * 12 * ntok_pad + tok0) * 16 + tid * 4;
+        const u32* src = xq + ((long long)kb * 4 * NP * ntok_pad + tok0) * 16 + tid * 4;
 #pragma unroll
-        for (int jj = 0; jj < 12; jj++) cp16(Bs + (jj * per_group + tid) * 4, src + (long long)jj * ntok_pad * 16);
+        for (int jj = 0; jj < 4 * NP; jj++) cp16(Bs + (jj * per_group + tid) * 4, src + (long long)jj * ntok_pad * 16);
     }
     // Run sums (8 runs) and scales: TB / 4 pieces each, the block's last threads.
     const int q4 = TB / 4, q = tid - (nth - q4);
@@ -570,7 +587,7 @@ __device__ __forceinline__ void mmq_stage_load(u8* st, int TB, const u8* __restr
 
 // MR tiles of 16 rows per warp: 4 / MR warps cover the block's 64 rows, the others take further
 // tokens; with MR = 2 every activation fragment read from shared memory serves twice the rows.
-template <int NT, int MR, bool Q6, bool SA = false>
+template <int NT, int MR, bool Q6, bool SA = false, int NP = 3>
 __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long long nbt, const u32* __restrict__ xq,
                                                 const float* __restrict__ xsc, const float* __restrict__ xsum,
                                                 float* __restrict__ y, float* __restrict__ part, int rows, int cols,
@@ -596,7 +613,7 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
     const int nb = cols >> 8;
     const int kb0 = blockIdx.y * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
     const int TB = 8 * NT * ((blockDim.x >> 5) / RG);
-    const int sb = mmq_stage_bytes(TB, Q6);
+    const int sb = mmq_stage_bytes(TB, Q6, NP);
     const u16* D = (const u16*)(W + nbt * 208);
     long long bd[MR][2];  // Q6_K: the d index of rows g and g + 8 of each tile (block 0)
 #pragma unroll
@@ -611,7 +628,7 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
 #pragma unroll
     for (int s = 0; s < MMQ_STAGES - 1; s++) {
         if (kb0 + s < kb1)
-            mmq_stage_load<Q6>(mmq_smem + s * sb, TB, W, nbt, xq, xsc, xsum, rows, nb, kb0 + s, tok0, ntok_pad, rblk);
+            mmq_stage_load<Q6, NP>(mmq_smem + s * sb, TB, W, nbt, xq, xsc, xsum, rows, nb, kb0 + s, tok0, ntok_pad, rblk);
         cp_commit();
     }
     for (int kb = kb0; kb < kb1; kb++) {
@@ -619,12 +636,12 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
         cp_wait<MMQ_STAGES - 2>();  // block kb's group has landed (this thread's copies) ...
         __syncthreads();            // ... everyone's; and every warp is done with stage (i - 1)
         if (kb + MMQ_STAGES - 1 < kb1)
-            mmq_stage_load<Q6>(mmq_smem + ((i + MMQ_STAGES - 1) % MMQ_STAGES) * sb, TB, W, nbt, xq, xsc, xsum, rows,
+            mmq_stage_load<Q6, NP>(mmq_smem + ((i + MMQ_STAGES - 1) % MMQ_STAGES) * sb, TB, W, nbt, xq, xsc, xsum, rows,
                                nb, kb + MMQ_STAGES - 1, tok0, ntok_pad, rblk);
         cp_commit();
         const u8* st = mmq_smem + (i % MMQ_STAGES) * sb;
         const u32* Bs = (const u32*)st;
-        const float* Xs = (const float*)(st + TB * 768);
+        const float* Xs = (const float*)(st + TB * 256 * NP);
         const float* Ss = Xs + (Q6 ? 0 : 8 * TB);
         const u8* Ws = (const u8*)(Ss + TB);
         const XSrc x = {Bs + tw * 16, (long long)TB * 16, Xs + tw, TB, Ss + tw};
@@ -634,7 +651,7 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
             for (int mr = 0; mr < MR; mr++)
 #pragma unroll
                 for (int ab = 0; ab < 2; ab++) w[mr][ab] = Ws + (rb + 16 * mr + 8 * ab + g) * 144;
-            q4k_block<NT, MR, false, SA>(acc, w, x, g, t);
+            q4k_block<NT, MR, false, SA, NP>(acc, w, x, g, t);
         } else {
             Q6Row rw[MR][2];
 #pragma unroll
@@ -644,7 +661,7 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
                     const u8* base = Ws + (rb + 16 * mr + 8 * ab + g) * 208;
                     rw[mr][ab] = {base, base + 128, base + 192, h2f(__ldg(D + bd[mr][ab] + kb))};
                 }
-            q6k_block<NT, MR, false>(acc, rw, x, g, t);
+            q6k_block<NT, MR, false, NP>(acc, rw, x, g, t);
         }
     }
     cp_wait<0>();
@@ -712,6 +729,26 @@ MMQ_ENTRIES_SA(1)
 MMQ_ENTRIES_SA(2)
 MMQ_ENTRIES_SA(3)
 MMQ_ENTRIES_SA(4)
+
+// Staged, two digit planes (`MUSER_MMQ_PLANES=2`: activations to 2^-15 of their block's largest
+// value, two thirds of the mma and multiply-adds of three planes).
+#define MMQ_ENTRIES_P2(NT)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_p2_q4_k_##NT(                                     \
+        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,   \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
+        mmq_staged_impl<NT, 1, false, false, 2>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad,      \
+                                                ntok_total, kb_per_split, W2, y2);                                      \
+    }                                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_p2_q6_k_##NT(                                     \
+        const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols,       \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
+        mmq_staged_impl<NT, 1, true, false, 2>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok, ntok_pad,  \
+                                               ntok_total, kb_per_split, W2, y2);                                       \
+    }
+MMQ_ENTRIES_P2(1)
+MMQ_ENTRIES_P2(2)
+MMQ_ENTRIES_P2(3)
+MMQ_ENTRIES_P2(4)
 
 // y[i] = part[0][i] + part[1][i] + ... in split order (n = ntok_total * rows).
 extern "C" __global__ void mmq_reduce(const float* __restrict__ part, int ksplit, long long n, float* __restrict__ y) {

@@ -153,15 +153,17 @@ const MVQ_MAX_COLS: usize = 640 / 8 * 256;
 /// Most tokens a product takes on the tensor-core kernels outside the batch-invariant mode.
 const MMQ_MAX_TOKENS: usize = 64;
 /// Bytes of one stage of a staged tensor-core block with `tb` tokens (kernels/mmq.cu
-/// mmq_stage_bytes): the tokens' planes (768 bytes each), run sums (32, Q4_K only), block scales
-/// (4) and 64 rows of weights (144 bytes of Q4_K, 208 of Q6_K). A launch holds 3 stages.
-const fn mmq_stage_bytes(tb: usize, q6: bool) -> usize {
-    tb * 768 + if q6 { 0 } else { tb * 32 } + tb * 4 + 64 * if q6 { 208 } else { 144 }
+/// mmq_stage_bytes): the tokens' `planes` digit planes (256 bytes each), run sums (32, Q4_K only),
+/// block scales (4) and 64 rows of weights (144 bytes of Q4_K, 208 of Q6_K). A launch holds 3
+/// stages.
+const fn mmq_stage_bytes(tb: usize, q6: bool, planes: usize) -> usize {
+    tb * 256 * planes + if q6 { 0 } else { tb * 32 } + tb * 4 + 64 * if q6 { 208 } else { 144 }
 }
-/// The most shared memory a staged tensor-core launch uses: 3 stages of 64 tokens of Q6_K.
+/// The most shared memory a staged tensor-core launch uses: 3 stages of 64 tokens of Q6_K, three
+/// planes.
 /// Devices that cannot give a block this much (before Hopper: A100 gives 163 KiB) take the
 /// one-stage kernels.
-const MMQ_STAGED_MAX_SMEM: u32 = 3 * mmq_stage_bytes(64, true) as u32;
+const MMQ_STAGED_MAX_SMEM: u32 = 3 * mmq_stage_bytes(64, true, 3) as u32;
 /// Most (token x split) attention partials at once.
 const MAX_PARTS: usize = 4096;
 
@@ -207,6 +209,11 @@ pub struct CudaBackend {
     /// Whether the FFN's gate and up run as one pair launch of the staged kernels (off with
     /// `MUSER_MMQ_PAIR=0`). Batch-invariant: the same bits either way.
     mmq_pairs: std::sync::atomic::AtomicBool,
+    /// Digit planes of the activations in the tensor-core kernels: 3 (exact to 2^-22 of a
+    /// 256-value block's largest value; the accurate default), or 2 (`MUSER_MMQ_PLANES=2`, the
+    /// staged `mmq_p2_*` kernels: to 2^-15 of it, two thirds of the tensor-core work; the
+    /// variants MR = 2 and scales-in-A keep three).
+    mmq_planes: std::sync::atomic::AtomicUsize,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
     /// Staged kernels whose shared-memory limit has been raised (once each).
@@ -293,6 +300,13 @@ impl CudaBackend {
             mmq_pairs: std::sync::atomic::AtomicBool::new(
                 std::env::var("MUSER_MMQ_PAIR").map_or(true, |v| v != "0"),
             ),
+            mmq_planes: std::sync::atomic::AtomicUsize::new(
+                if std::env::var("MUSER_MMQ_PLANES").is_ok_and(|v| v == "2") {
+                    2
+                } else {
+                    3
+                },
+            ),
             mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
                 if std::env::var("MUSER_MMQ_MR").is_ok_and(|v| v == "2") {
                     32
@@ -372,6 +386,16 @@ impl CudaBackend {
     pub fn set_mmq_scale_in_a(&self, on: bool) {
         self.mmq_scale_in_a
             .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
+    }
+
+    /// Digit planes of the tensor-core kernels' activations: 3 (exact to 2^-22 of a block's
+    /// largest value) or 2 (to 2^-15; faster). Anything else is taken as 3.
+    pub fn set_mmq_planes(&self, planes: usize) {
+        self.mmq_planes.store(
+            if planes == 2 { 2 } else { 3 },
+            std::sync::atomic::Ordering::Relaxed,
+        );
         self.bump_epoch();
     }
 
@@ -875,11 +899,36 @@ impl CudaBackend {
         let s = g
             .as_mut()
             .ok_or_else(|| Error::Backend("no scratch".into()))?;
-        self.grow(&mut s.xq, runs * 3 * pad * 32)?;
+        // The variant of the kernels (the same for every launch of this product): 32 rows per
+        // warp (mmq_s2_*), Q4_K's scales in the weight operand (mmq_sa_*), two digit planes
+        // (mmq_p2_*; the other variants and the one-stage kernels have three).
+        let q6 = w.ty == GgmlType::Q6_K;
+        let two_tiles = staged
+            && self
+                .mmq_rows_per_warp
+                .load(std::sync::atomic::Ordering::Relaxed)
+                == 32;
+        let scale_in_a = staged
+            && !two_tiles
+            && !q6
+            && self
+                .mmq_scale_in_a
+                .load(std::sync::atomic::Ordering::Relaxed);
+        let planes = if staged
+            && !two_tiles
+            && !scale_in_a
+            && self.mmq_planes.load(std::sync::atomic::Ordering::Relaxed) == 2
+        {
+            2
+        } else {
+            3
+        };
+        self.grow(&mut s.xq, runs * planes * pad * 32)?;
         self.grow(&mut s.xq_sc, nb * pad)?;
         self.grow(&mut s.xq_sum, runs * pad)?;
         {
             let (cols, ntok, ntok_pad) = (w.cols as i32, n as i32, pad as i32);
+            let np = planes as i32;
             let f = self.f("xq_planes")?;
             let mut b = self.stream.launch_builder(&f);
             b.arg(&x.data)
@@ -888,13 +937,14 @@ impl CudaBackend {
                 .arg(&ntok_pad)
                 .arg(&mut s.xq)
                 .arg(&mut s.xq_sc)
-                .arg(&mut s.xq_sum);
+                .arg(&mut s.xq_sum)
+                .arg(&np);
             let cfg = LaunchConfig {
                 grid_dim: (nb as u32, pad as u32, 1),
                 block_dim: (32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: reads n rows of cols floats of x; writes 3 x cols x pad plane bytes, nb x pad
+            // SAFETY: reads n rows of cols floats of x; writes planes x cols x pad plane bytes, nb x pad
             // scales and runs x pad sums, all within the buffers grown above.
             unsafe { b.launch(cfg) }.map_err(dev("xq_planes"))?;
         }
@@ -906,7 +956,6 @@ impl CudaBackend {
         if ks > 1 {
             self.grow(&mut s.mpart, mats * ks * n * w.rows)?;
         }
-        let q6 = w.ty == GgmlType::Q6_K;
         let (rows, cols, ntok_pad, ntok_total, per_i) = (
             w.rows as i32,
             w.cols as i32,
@@ -920,11 +969,6 @@ impl CudaBackend {
             // Tiles of 8 tokens: at most `max_nt` per warp (and at least tiles / 4: a block
             // holds 4 warps per row group at most), as many warps per row group as that takes.
             let tiles = chunk.div_ceil(8);
-            let two_tiles = staged
-                && self
-                    .mmq_rows_per_warp
-                    .load(std::sync::atomic::Ordering::Relaxed)
-                    == 32;
             // (tiles of 8 tokens per warp, threads, the block's tokens)
             let (nt, threads, tb) = if two_tiles {
                 // 32 rows per warp (mmq_s2_*): 2 warps across the rows, up to 4 across the
@@ -942,20 +986,15 @@ impl CudaBackend {
                 let wt = tiles.div_ceil(nt);
                 (nt, 128 * wt as u32, 8 * nt * wt)
             };
-            let smem = 3 * mmq_stage_bytes(tb, q6) as u32;
-            // Q4_K's sub-block scales in the A operand (mmq_sa_*): staged, 16 rows per warp.
-            let scale_in_a = staged
-                && !two_tiles
-                && !q6
-                && self
-                    .mmq_scale_in_a
-                    .load(std::sync::atomic::Ordering::Relaxed);
+            let smem = 3 * mmq_stage_bytes(tb, q6, planes) as u32;
             let name = format!(
                 "mmq_{}{}_{nt}",
                 if two_tiles {
                     "s2_"
                 } else if scale_in_a {
                     "sa_"
+                } else if planes == 2 {
+                    "p2_"
                 } else if staged {
                     "s_"
                 } else {

@@ -259,6 +259,26 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     same_bits("the one-stage kernels");
                     gpu_b.set_mmq_staged(true);
                 }
+                if !invariant && (n == 17 || n == 100) {
+                    // Two digit planes (mmq_p2_*): the activations to 2^-15 of their block's
+                    // largest value, so each (token, row) may move from the exact product by at
+                    // most sum over blocks of 2^(E - 15) sum |d sc q| (|x| < 2^E over the
+                    // block; d sc q the part of a weight the planes multiply), beyond the
+                    // rounding the three-plane check above allows.
+                    let bounds = two_plane_weight_sums(layout, mat, &file, &cpu, &wc);
+                    gpu_b.set_mmq_planes(2);
+                    let mut y2 = gpu_b.act(n, mat.rows).unwrap();
+                    gpu_b.matmul(&wg, &xg, &mut y2).unwrap();
+                    gpu_b.set_mmq_planes(3);
+                    let y2 = gpu_b.read(&y2).unwrap();
+                    let scale = yc.data.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+                    let worst = two_plane_excess(&y2, &yc.data, &x, n, mat.rows, mat.cols, &bounds, scale);
+                    report.push(format!(
+                        "{layout:<5} {}x{} n={n:<3} two planes: largest error / its bound {worst:.3}",
+                        mat.rows, mat.cols
+                    ));
+                    assert!(worst <= 1.0, "{layout} n={n}: two planes beyond their bound ({worst})");
+                }
                 if std::ptr::eq(mat, up) {
                     // The FFN's gate and up as one pair launch (ffn_swiglu): each product as
                     // alone (the same bits in the batch-invariant mode, else within the bound
@@ -318,6 +338,80 @@ fn matvec_kernels_match_the_cpu_per_format() {
     }
     println!("{}", report.join("\n"));
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Per row and 256-column block of `mat`: the sum over the block of |d sc q|, the part of each
+/// weight the tensor-core kernels multiply by the activations' digit planes (Q4_K: |d| sc 15 per
+/// value, from the file's blocks, a bound; Q6_K: |w| itself, dequantized by the CPU backend).
+fn two_plane_weight_sums(
+    layout: &str,
+    mat: &muser_engine::loader::Matrix,
+    file: &ModelFile,
+    cpu: &CpuBackend,
+    wc: &<CpuBackend as Backend>::Matrix,
+) -> Vec<f64> {
+    let nb = mat.cols / 256;
+    let mut out = vec![0f64; mat.rows * nb];
+    if layout == "q4_k" {
+        let raw = mat.bytes(&file.gguf);
+        for (i, blk) in raw.chunks_exact(144).enumerate() {
+            let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32().abs() as f64;
+            let sc = &blk[4..16];
+            let total: u32 = (0..8)
+                .map(|j| {
+                    if j < 4 {
+                        (sc[j] & 63) as u32
+                    } else {
+                        ((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4)) as u32
+                    }
+                })
+                .sum();
+            out[i] = d * 15.0 * 32.0 * total as f64;
+        }
+    } else {
+        let ids: Vec<u32> = (0..mat.rows as u32).collect();
+        let mut w = cpu.act(mat.rows, mat.cols).unwrap();
+        cpu.get_rows(wc, &ids, &mut w).unwrap();
+        for (i, chunk) in w.data.chunks_exact(256).enumerate() {
+            out[i] = chunk.iter().map(|v| v.abs() as f64).sum();
+        }
+    }
+    out
+}
+
+/// The largest |y2 - y| / bound over tokens and rows, bound = sum over blocks of 2^(E - 15) times
+/// the block's weight sum (`sums`) plus the three-plane check's 2e-5 of the largest |y|.
+#[allow(clippy::too_many_arguments)]
+fn two_plane_excess(
+    y2: &[f32],
+    y: &[f32],
+    x: &[f32],
+    n: usize,
+    rows: usize,
+    cols: usize,
+    sums: &[f64],
+    scale: f32,
+) -> f64 {
+    let nb = cols / 256;
+    let mut worst = 0f64;
+    for tok in 0..n {
+        // |x| < 2^E over each block: E from the largest value's f32 exponent.
+        let step: Vec<f64> = (0..nb)
+            .map(|b| {
+                let m = x[tok * cols + b * 256..][..256]
+                    .iter()
+                    .fold(0f32, |m, v| m.max(v.abs()));
+                let e = if m == 0.0 { 0 } else { ((m.to_bits() >> 23) & 0xff) as i32 - 126 };
+                2f64.powi(e - 15)
+            })
+            .collect();
+        for r in 0..rows {
+            let bound: f64 = (0..nb).map(|b| step[b] * sums[r * nb + b]).sum::<f64>() + 2e-5 * scale as f64;
+            let err = (y2[tok * rows + r] as f64 - y[tok * rows + r] as f64).abs();
+            worst = worst.max(err / bound);
+        }
+    }
+    worst
 }
 
 fn xg_data(a: &mut muser_cuda::CudaAct) -> &mut cudarc::driver::CudaSlice<f32> {
