@@ -33,7 +33,8 @@
 //         (t = 0..3, the B fragment of lane t), stored as
 //         xq[(((kb * 4 P + j / 4) * ntok_pad + tok) * 4 + t) * 4 + j % 4], so that one 16-byte
 //         load per lane fetches 512 contiguous bytes for 8 tokens;
-//   xsc:  [kb * ntok_pad + tok], the block's scale 2^(E - 22) (|x| < 2^E over its 256 values);
+//   xsc:  [kb * ntok_pad + tok], the block's scale 2^(E - 22) (two planes: 2^(E - 14); |x| < 2^E
+//         over its 256 values);
 //   xsum: [(kb * 8 + run) * ntok_pad + tok], the f32 sum of the run's 32 values.
 // grid (cols / 256, ntok_pad), one warp per (block, token): lane l holds values 8l .. 8l + 7.
 // P (2 or 3): the number of planes; with P = 2, X = round(x 2^(14-E)), |X| <= 2^14 (error at
@@ -521,7 +522,8 @@ __device__ __forceinline__ void mmq_q6_k_impl(const u8* __restrict__ W, long lon
 // block kb + MMQ_STAGES - 1 with cp.async while it computes block kb from shared memory. The
 // arithmetic is q4k_block / q6k_block, the same as the one-stage kernels': the same bits.
 // Stage layout (TB = the block's tokens = 8 NT x the warps across the tokens):
-//   xq    12 groups x TB tokens x 16 words (group jj, token k, lane t, word w at (jj TB + k) 16 + 4t + w)
+//   xq    4 NP groups (12; 8 with two planes) x TB tokens x 16 words (group jj, token k, lane t,
+//         word w at (jj TB + k) 16 + 4t + w)
 //   xsum  8 runs x TB floats (Q4_K only)
 //   xsc   TB floats
 //   W     64 rows x 144 bytes (Q4_K as in the file) or 208 (Q6_K: ql 128, qh 64, sc 16; d is read

@@ -402,7 +402,8 @@ impl CudaBackend {
     /// The FFN's gate and up in one pair launch of the tensor-core kernels, or one after the
     /// other.
     pub fn set_mmq_pairs(&self, on: bool) {
-        self.mmq_pairs.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.mmq_pairs
+            .store(on, std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
     }
 
@@ -874,7 +875,10 @@ impl CudaBackend {
     ) -> Result<()> {
         let n = x.rows;
         if let Some((w2, o2)) = &second {
-            if (w2.ty, w2.rows, w2.cols) != (w.ty, w.rows, w.cols) || o2.rows != n || o2.cols != w.rows {
+            if (w2.ty, w2.rows, w2.cols) != (w.ty, w.rows, w.cols)
+                || o2.rows != n
+                || o2.cols != w.rows
+            {
                 return Err(Error::Backend(format!(
                     "mmq pair: {} {}x{} with {} {}x{} (out {}x{})",
                     w.ty, w.rows, w.cols, w2.ty, w2.rows, w2.cols, o2.rows, o2.cols

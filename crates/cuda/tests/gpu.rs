@@ -259,7 +259,7 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     same_bits("the one-stage kernels");
                     gpu_b.set_mmq_staged(true);
                 }
-                if !invariant && (n == 17 || n == 100) {
+                if !invariant && (n == 17 || n == 100) && matches!(layout, "q4_k" | "q6_k") {
                     // Two digit planes (mmq_p2_*): the activations to 2^-15 of their block's
                     // largest value, so each (token, row) may move from the exact product by at
                     // most sum over blocks of 2^(E - 15) sum |d sc q| (|x| < 2^E over the
@@ -272,12 +272,16 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     gpu_b.set_mmq_planes(3);
                     let y2 = gpu_b.read(&y2).unwrap();
                     let scale = yc.data.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-                    let worst = two_plane_excess(&y2, &yc.data, &x, n, mat.rows, mat.cols, &bounds, scale);
+                    let worst =
+                        two_plane_excess(&y2, &yc.data, &x, n, mat.rows, mat.cols, &bounds, scale);
                     report.push(format!(
                         "{layout:<5} {}x{} n={n:<3} two planes: largest error / its bound {worst:.3}",
                         mat.rows, mat.cols
                     ));
-                    assert!(worst <= 1.0, "{layout} n={n}: two planes beyond their bound ({worst})");
+                    assert!(
+                        worst <= 1.0,
+                        "{layout} n={n}: two planes beyond their bound ({worst})"
+                    );
                 }
                 if std::ptr::eq(mat, up) {
                     // The FFN's gate and up as one pair launch (ffn_swiglu): each product as
@@ -302,7 +306,11 @@ fn matvec_kernels_match_the_cpu_per_format() {
                         let (pg, pu) = (gpu_b.read(&pg).unwrap(), gpu_b.read(&pu).unwrap());
                         let rel = |a: &[f32], b: &[f32]| {
                             let sc = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-                            a.iter().zip(b).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max) / sc
+                            a.iter()
+                                .zip(b)
+                                .map(|(p, q)| (p - q).abs())
+                                .fold(0f32, f32::max)
+                                / sc
                         };
                         let bits = |a: &[f32], b: &[f32]| {
                             a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
@@ -314,7 +322,10 @@ fn matvec_kernels_match_the_cpu_per_format() {
                             );
                         }
                         let (eg, eu) = (rel(&pg, &g_cpu.data), rel(&pu, &yc.data));
-                        assert!(eg < 2e-5 && eu < 2e-5, "{layout} n={n} pairs={pairs}: gate {eg} up {eu}");
+                        assert!(
+                            eg < 2e-5 && eu < 2e-5,
+                            "{layout} n={n} pairs={pairs}: gate {eg} up {eu}"
+                        );
                     }
                     gpu_b.set_mmq_pairs(true);
                 }
@@ -401,12 +412,18 @@ fn two_plane_excess(
                 let m = x[tok * cols + b * 256..][..256]
                     .iter()
                     .fold(0f32, |m, v| m.max(v.abs()));
-                let e = if m == 0.0 { 0 } else { ((m.to_bits() >> 23) & 0xff) as i32 - 126 };
+                // (xq_planes takes E >= -100: blocks below 2^-100 share that step)
+                let e = if m == 0.0 {
+                    0
+                } else {
+                    (((m.to_bits() >> 23) & 0xff) as i32 - 126).max(-100)
+                };
                 2f64.powi(e - 15)
             })
             .collect();
         for r in 0..rows {
-            let bound: f64 = (0..nb).map(|b| step[b] * sums[r * nb + b]).sum::<f64>() + 2e-5 * scale as f64;
+            let bound: f64 =
+                (0..nb).map(|b| step[b] * sums[r * nb + b]).sum::<f64>() + 2e-5 * scale as f64;
             let err = (y2[tok * rows + r] as f64 - y[tok * rows + r] as f64).abs();
             worst = worst.max(err / bound);
         }
