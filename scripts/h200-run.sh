@@ -97,12 +97,13 @@ if has batch; then
   # BI=1) its batch-invariant mode.
   blog="$OUT/batched.log"; : > "$blog"
   timeout 240 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel ${NPL:-32,64} ${BATCH_FLAGS:-} 2>&1 | tee -a "$blog"
-  # Variants at 64 sequences for comparison (VARIANTS: space-separated VAR=VALUE; AB=1 adds the
-  # classic ones). Each is one `muser bench` with that environment.
+  # Variants at 64 sequences for comparison (VARIANTS: space-separated entries, each one or more
+  # comma-separated VAR=VALUE, e.g. "MUSER_MMQ_PLANES=2 MUSER_MMQ_PLANES=2,MUSER_MMQ_OCC=2"; AB=1
+  # adds the classic ones). Each is one `muser bench` with that environment.
   variants=${VARIANTS:-}
   [ -n "${AB:-}" ] && variants="$variants MUSER_MMQ=0 MUSER_MMQ_NT=2"
   for v in $variants; do
-    env "$v" timeout 200 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel ${VNPL:-64} 2>&1 | sed "s/^| /| ($v) /" | tee -a "$blog"
+    env ${v//,/ } timeout 200 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel ${VNPL:-64} 2>&1 | sed "s/^| /| ($v) /" | tee -a "$blog"
   done
   if [ -n "${BI:-}" ]; then
     timeout 200 carry/bin/muser bench -m "$MODEL" --device cuda --batch-invariant -p 512 -n ${TG:-128} -r 1 --parallel 64 2>&1 | sed 's/^| /| (invariant) /' | tee -a "$blog"

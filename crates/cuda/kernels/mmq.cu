@@ -589,7 +589,8 @@ __device__ __forceinline__ void mmq_stage_load(u8* st, int TB, const u8* __restr
 
 // MR tiles of 16 rows per warp: 4 / MR warps cover the block's 64 rows, the others take further
 // tokens; with MR = 2 every activation fragment read from shared memory serves twice the rows.
-template <int NT, int MR, bool Q6, bool SA = false, int NP = 3>
+// S: stages in flight (MMQ_STAGES; 2 in the kernels that fit two blocks per SM).
+template <int NT, int MR, bool Q6, bool SA = false, int NP = 3, int S = MMQ_STAGES>
 __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long long nbt, const u32* __restrict__ xq,
                                                 const float* __restrict__ xsc, const float* __restrict__ xsum,
                                                 float* __restrict__ y, float* __restrict__ part, int rows, int cols,
@@ -625,23 +626,23 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
     float acc[MR][NT][4];
 #pragma unroll
     for (int mr = 0; mr < MR; mr++) zero_acc<NT>(acc[mr]);
-    // Prologue: the first MMQ_STAGES - 1 blocks in flight (a group is committed even when empty,
+    // Prologue: the first S - 1 blocks in flight (a group is committed even when empty,
     // so that group i always holds block kb0 + i).
 #pragma unroll
-    for (int s = 0; s < MMQ_STAGES - 1; s++) {
+    for (int s = 0; s < S - 1; s++) {
         if (kb0 + s < kb1)
             mmq_stage_load<Q6, NP>(mmq_smem + s * sb, TB, W, nbt, xq, xsc, xsum, rows, nb, kb0 + s, tok0, ntok_pad, rblk);
         cp_commit();
     }
     for (int kb = kb0; kb < kb1; kb++) {
         const int i = kb - kb0;
-        cp_wait<MMQ_STAGES - 2>();  // block kb's group has landed (this thread's copies) ...
+        cp_wait<S - 2>();  // block kb's group has landed (this thread's copies) ...
         __syncthreads();            // ... everyone's; and every warp is done with stage (i - 1)
-        if (kb + MMQ_STAGES - 1 < kb1)
-            mmq_stage_load<Q6, NP>(mmq_smem + ((i + MMQ_STAGES - 1) % MMQ_STAGES) * sb, TB, W, nbt, xq, xsc, xsum, rows,
-                               nb, kb + MMQ_STAGES - 1, tok0, ntok_pad, rblk);
+        if (kb + S - 1 < kb1)
+            mmq_stage_load<Q6, NP>(mmq_smem + ((i + S - 1) % S) * sb, TB, W, nbt, xq, xsc, xsum, rows, nb, kb + S - 1,
+                                   tok0, ntok_pad, rblk);
         cp_commit();
-        const u8* st = mmq_smem + (i % MMQ_STAGES) * sb;
+        const u8* st = mmq_smem + (i % S) * sb;
         const u32* Bs = (const u32*)st;
         const float* Xs = (const float*)(st + TB * 256 * NP);
         const float* Ss = Xs + (Q6 ? 0 : 8 * TB);
@@ -751,6 +752,25 @@ MMQ_ENTRIES_P2(1)
 MMQ_ENTRIES_P2(2)
 MMQ_ENTRIES_P2(3)
 MMQ_ENTRIES_P2(4)
+
+// Two planes, two stages, two blocks per SM (`MUSER_MMQ_PLANES=2 MUSER_MMQ_OCC=2`): 16 warps per
+// SM instead of 8 to hide the latencies the kernels wait on (at most 128 registers, 2 x 89 KB of
+// shared memory at 64 tokens of Q4_K); 256-thread blocks only (3 or 4 token tiles per warp).
+#define MMQ_ENTRIES_P2O(NT)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256, 2) mmq_p2o_q4_k_##NT(                                            \
+        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,   \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
+        mmq_staged_impl<NT, 1, false, false, 2, 2>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad,   \
+                                                   ntok_total, kb_per_split, W2, y2);                                   \
+    }                                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256, 2) mmq_p2o_q6_k_##NT(                                            \
+        const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols,       \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
+        mmq_staged_impl<NT, 1, true, false, 2, 2>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok,         \
+                                                  ntok_pad, ntok_total, kb_per_split, W2, y2);                          \
+    }
+MMQ_ENTRIES_P2O(3)
+MMQ_ENTRIES_P2O(4)
 
 // y[i] = part[0][i] + part[1][i] + ... in split order (n = ntok_total * rows).
 extern "C" __global__ void mmq_reduce(const float* __restrict__ part, int ksplit, long long n, float* __restrict__ y) {

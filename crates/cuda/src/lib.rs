@@ -214,6 +214,9 @@ pub struct CudaBackend {
     /// staged `mmq_p2_*` kernels: to 2^-15 of it, two thirds of the tensor-core work; the
     /// variants MR = 2 and scales-in-A keep three).
     mmq_planes: std::sync::atomic::AtomicUsize,
+    /// Blocks per SM of the two-plane kernels: 1, or 2 (`MUSER_MMQ_OCC=2`, `mmq_p2o_*`: two
+    /// stages, at most 128 registers, 16 warps per SM).
+    mmq_occ: std::sync::atomic::AtomicUsize,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
     /// Staged kernels whose shared-memory limit has been raised (once each).
@@ -307,6 +310,13 @@ impl CudaBackend {
                     3
                 },
             ),
+            mmq_occ: std::sync::atomic::AtomicUsize::new(
+                if std::env::var("MUSER_MMQ_OCC").is_ok_and(|v| v == "2") {
+                    2
+                } else {
+                    1
+                },
+            ),
             mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
                 if std::env::var("MUSER_MMQ_MR").is_ok_and(|v| v == "2") {
                     32
@@ -394,6 +404,15 @@ impl CudaBackend {
     pub fn set_mmq_planes(&self, planes: usize) {
         self.mmq_planes.store(
             if planes == 2 { 2 } else { 3 },
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.bump_epoch();
+    }
+
+    /// Blocks per SM of the two-plane kernels (1, or 2: `mmq_p2o_*`). Anything else is taken as 1.
+    pub fn set_mmq_blocks_per_sm(&self, n: usize) {
+        self.mmq_occ.store(
+            if n == 2 { 2 } else { 1 },
             std::sync::atomic::Ordering::Relaxed,
         );
         self.bump_epoch();
@@ -826,8 +845,8 @@ impl CudaBackend {
     /// staged kernels fills an SM), a launch lasts about waves x (column blocks per range + 2,
     /// the pipeline's fill): the split that makes this least, the fewest ranges on a tie (each
     /// range costs a pass over partial sums). Returns (ranges, 256-column blocks per range).
-    fn mmq_split(&self, w: &CudaMatrix) -> (usize, usize) {
-        self.mmq_split_blocks(w.cols, w.rows.div_ceil(64))
+    fn mmq_split(&self, w: &CudaMatrix, per_sm: usize) -> (usize, usize) {
+        self.mmq_split_blocks(w.cols, w.rows.div_ceil(64), per_sm)
     }
 
     /// Whether a product of `w` with `rows` tokens runs on the tensor-core kernels: batched decode
@@ -844,10 +863,11 @@ impl CudaBackend {
                 || (rows > 1 && prompts_too))
     }
 
-    /// The same for a launch of `row_blocks` blocks of 64 rows over `cols` columns.
-    fn mmq_split_blocks(&self, cols: usize, row_blocks: usize) -> (usize, usize) {
+    /// The same for a launch of `row_blocks` blocks of 64 rows over `cols` columns, `per_sm`
+    /// blocks resident per multiprocessor.
+    fn mmq_split_blocks(&self, cols: usize, row_blocks: usize, per_sm: usize) -> (usize, usize) {
         let nb = (cols / 256).max(1);
-        let sm = self.sm_count.max(1) as usize;
+        let sm = self.sm_count.max(1) as usize * per_sm.max(1);
         let mut best = (usize::MAX, 1, nb);
         for want in 1..=nb.min(64) {
             let per = nb.div_ceil(want);
@@ -927,6 +947,10 @@ impl CudaBackend {
         } else {
             3
         };
+        // Two planes may also run two blocks per SM (mmq_p2o_*: two stages, 128 registers) for
+        // launches of 3 or 4 token tiles per warp.
+        let occ2 = planes == 2 && self.mmq_occ.load(std::sync::atomic::Ordering::Relaxed) == 2;
+        let per_sm = if occ2 { 2 } else { 1 };
         self.grow(&mut s.xq, runs * planes * pad * 32)?;
         self.grow(&mut s.xq_sc, nb * pad)?;
         self.grow(&mut s.xq_sum, runs * pad)?;
@@ -953,9 +977,9 @@ impl CudaBackend {
             unsafe { b.launch(cfg) }.map_err(dev("xq_planes"))?;
         }
         let (ks, per) = if mats == 2 && !self.invariant() {
-            self.mmq_split_blocks(w.cols, 2 * w.rows.div_ceil(64))
+            self.mmq_split_blocks(w.cols, 2 * w.rows.div_ceil(64), per_sm)
         } else {
-            self.mmq_split(w)
+            self.mmq_split(w, per_sm)
         };
         if ks > 1 {
             self.grow(&mut s.mpart, mats * ks * n * w.rows)?;
@@ -990,13 +1014,17 @@ impl CudaBackend {
                 let wt = tiles.div_ceil(nt);
                 (nt, 128 * wt as u32, 8 * nt * wt)
             };
-            let smem = 3 * mmq_stage_bytes(tb, q6, planes) as u32;
+            let two_per_sm = occ2 && nt >= 3;
+            let stages = if two_per_sm { 2 } else { 3 };
+            let smem = (stages * mmq_stage_bytes(tb, q6, planes)) as u32;
             let name = format!(
                 "mmq_{}{}_{nt}",
                 if two_tiles {
                     "s2_"
                 } else if scale_in_a {
                     "sa_"
+                } else if two_per_sm {
+                    "p2o_"
                 } else if planes == 2 {
                     "p2_"
                 } else if staged {

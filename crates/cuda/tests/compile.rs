@@ -70,6 +70,8 @@ fn every_kernel_source_compiles_for_sm_90() {
         "mmq_sa_q4_k_4",
         "mmq_p2_q4_k_4",
         "mmq_p2_q6_k_4",
+        "mmq_p2o_q4_k_3",
+        "mmq_p2o_q6_k_4",
         "mmq_reduce",
         "attn_16_128_f16",
         "attn_4_64_q8_0",

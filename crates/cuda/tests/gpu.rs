@@ -266,22 +266,28 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     // block; d sc q the part of a weight the planes multiply), beyond the
                     // rounding the three-plane check above allows.
                     let bounds = two_plane_weight_sums(layout, mat, &file, &cpu, &wc);
-                    gpu_b.set_mmq_planes(2);
-                    let mut y2 = gpu_b.act(n, mat.rows).unwrap();
-                    gpu_b.matmul(&wg, &xg, &mut y2).unwrap();
-                    gpu_b.set_mmq_planes(3);
-                    let y2 = gpu_b.read(&y2).unwrap();
                     let scale = yc.data.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-                    let worst =
-                        two_plane_excess(&y2, &yc.data, &x, n, mat.rows, mat.cols, &bounds, scale);
-                    report.push(format!(
-                        "{layout:<5} {}x{} n={n:<3} two planes: largest error / its bound {worst:.3}",
-                        mat.rows, mat.cols
-                    ));
-                    assert!(
-                        worst <= 1.0,
-                        "{layout} n={n}: two planes beyond their bound ({worst})"
-                    );
+                    gpu_b.set_mmq_planes(2);
+                    // One block per SM (three stages) and two (mmq_p2o_*, two stages).
+                    for per_sm in [1, 2] {
+                        gpu_b.set_mmq_blocks_per_sm(per_sm);
+                        let mut y2 = gpu_b.act(n, mat.rows).unwrap();
+                        gpu_b.matmul(&wg, &xg, &mut y2).unwrap();
+                        let y2 = gpu_b.read(&y2).unwrap();
+                        let worst = two_plane_excess(
+                            &y2, &yc.data, &x, n, mat.rows, mat.cols, &bounds, scale,
+                        );
+                        report.push(format!(
+                            "{layout:<5} {}x{} n={n:<3} two planes, {per_sm} block(s) per SM: largest error / its bound {worst:.3}",
+                            mat.rows, mat.cols
+                        ));
+                        assert!(
+                            worst <= 1.0,
+                            "{layout} n={n} {per_sm} per SM: two planes beyond their bound ({worst})"
+                        );
+                    }
+                    gpu_b.set_mmq_blocks_per_sm(1);
+                    gpu_b.set_mmq_planes(3);
                 }
                 if std::ptr::eq(mat, up) {
                     // The FFN's gate and up as one pair launch (ffn_swiglu): each product as
