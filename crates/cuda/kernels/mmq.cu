@@ -616,6 +616,9 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
     const int nb = cols >> 8;
     const int kb0 = blockIdx.y * kb_per_split, kb1 = min(nb, kb0 + kb_per_split);
     const int TB = 8 * NT * ((blockDim.x >> 5) / RG);
+    // Grid layer z: the launch's tokens TB z onwards (one launch for many tokens).
+    tok0 += blockIdx.z * TB;
+    ntok -= blockIdx.z * TB;
     const int sb = mmq_stage_bytes(TB, Q6, NP);
     const u16* D = (const u16*)(W + nbt * 208);
     long long bd[MR][2];  // Q6_K: the d index of rows g and g + 8 of each tile (block 0)

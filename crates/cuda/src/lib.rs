@@ -217,6 +217,9 @@ pub struct CudaBackend {
     /// Blocks per SM of the two-plane kernels: 1, or 2 (`MUSER_MMQ_OCC=2`, `mmq_p2o_*`: two
     /// stages, at most 128 registers, 16 warps per SM).
     mmq_occ: std::sync::atomic::AtomicUsize,
+    /// Products of more than 64 tokens in one launch of the staged kernels, 64 tokens per grid
+    /// layer (`MUSER_MMQ_ZGRID=1`), instead of one launch per 64 tokens. Same bits per token.
+    mmq_zgrid: std::sync::atomic::AtomicBool,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
     /// Staged kernels whose shared-memory limit has been raised (once each).
@@ -309,6 +312,9 @@ impl CudaBackend {
                 } else {
                     3
                 },
+            ),
+            mmq_zgrid: std::sync::atomic::AtomicBool::new(
+                std::env::var("MUSER_MMQ_ZGRID").is_ok_and(|v| v == "1"),
             ),
             mmq_occ: std::sync::atomic::AtomicUsize::new(
                 if std::env::var("MUSER_MMQ_OCC").is_ok_and(|v| v == "2") {
@@ -406,6 +412,14 @@ impl CudaBackend {
             if planes == 2 { 2 } else { 3 },
             std::sync::atomic::Ordering::Relaxed,
         );
+        self.bump_epoch();
+    }
+
+    /// Products of more than 64 tokens in one launch (grid layers of 64 tokens) or a launch per
+    /// 64 tokens (results do not change).
+    pub fn set_mmq_zgrid(&self, on: bool) {
+        self.mmq_zgrid
+            .store(on, std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
     }
 
@@ -976,10 +990,20 @@ impl CudaBackend {
             // scales and runs x pad sums, all within the buffers grown above.
             unsafe { b.launch(cfg) }.map_err(dev("xq_planes"))?;
         }
-        let (ks, per) = if mats == 2 && !self.invariant() {
-            self.mmq_split_blocks(w.cols, 2 * w.rows.div_ceil(64), per_sm)
-        } else {
+        // More than 64 tokens (prompts, mixed server steps): with `MUSER_MMQ_ZGRID=1` one launch
+        // covers them all, a grid layer (blockIdx.z) per 64 tokens, instead of a launch per 64.
+        let z_layers =
+            if staged && n > 64 && self.mmq_zgrid.load(std::sync::atomic::Ordering::Relaxed) {
+                n.div_ceil(64)
+            } else {
+                1
+            };
+        // The column split: from the matrix shape alone in the batch-invariant mode (each
+        // matrix's, paired or not), else for the launch's blocks.
+        let (ks, per) = if self.invariant() {
             self.mmq_split(w, per_sm)
+        } else {
+            self.mmq_split_blocks(w.cols, mats * w.rows.div_ceil(64) * z_layers, per_sm)
         };
         if ks > 1 {
             self.grow(&mut s.mpart, mats * ks * n * w.rows)?;
@@ -993,10 +1017,12 @@ impl CudaBackend {
         );
         let mut tok0 = 0;
         while tok0 < n {
-            let chunk = (n - tok0).min(64);
+            // A launch's tokens: up to 64, or all of them in z layers of 64 (the last one padded
+            // with the planes' zero tokens; what is stored stops at n).
+            let chunk = if z_layers > 1 { n } else { (n - tok0).min(64) };
             // Tiles of 8 tokens: at most `max_nt` per warp (and at least tiles / 4: a block
             // holds 4 warps per row group at most), as many warps per row group as that takes.
-            let tiles = chunk.div_ceil(8);
+            let tiles = chunk.min(64).div_ceil(8);
             // (tiles of 8 tokens per warp, threads, the block's tokens)
             let (nt, threads, tb) = if two_tiles {
                 // 32 rows per warp (mmq_s2_*): 2 warps across the rows, up to 4 across the
@@ -1071,13 +1097,18 @@ impl CudaBackend {
                 }
             }
             let cfg = LaunchConfig {
-                grid_dim: ((mats * w.rows.div_ceil(64)) as u32, ks as u32, 1),
+                grid_dim: (
+                    (mats * w.rows.div_ceil(64)) as u32,
+                    ks as u32,
+                    chunk.div_ceil(tb) as u32,
+                ),
                 block_dim: (threads, 1, 1),
                 shared_mem_bytes: if staged { smem } else { 0 },
             };
             // SAFETY: reads the matrix (rows x cols, device layout), the planes, scales and sums
-            // of tokens tok0..tok0 + 64 <= pad (the staged kernels copy tokens tok0..tok0 + tb,
-            // tb <= 64, into `smem` bytes of shared memory, within the limit raised above);
+            // of tokens tok0..tok0 + 64 z_layers <= pad (grid layer z of the staged kernels
+            // copies tokens tok0 + z tb..tok0 + (z + 1) tb, tb <= 64, into `smem` bytes of shared
+            // memory, within the limit raised above);
             // writes tokens tok0..tok0 + chunk of out (n x rows, checked by the caller) or of
             // mpart (ks x n x rows, grown above); a pair also reads W2 (W's shape and format,
             // checked above) and writes out2 (n x rows, checked) or mpart's second ks x n x rows.

@@ -258,6 +258,32 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     gpu_b.set_mmq_staged(false);
                     same_bits("the one-stage kernels");
                     gpu_b.set_mmq_staged(true);
+                    // More than 64 tokens in one launch (grid layers of 64).
+                    gpu_b.set_mmq_zgrid(true);
+                    same_bits("one launch in grid layers");
+                    gpu_b.set_mmq_zgrid(false);
+                }
+                if !invariant && n > 64 && matches!(layout, "q4_k" | "q6_k") {
+                    // One launch in grid layers of 64 tokens (its own column split here): within
+                    // the same bound against the CPU as the launch per 64 tokens.
+                    gpu_b.set_mmq_zgrid(true);
+                    let mut yz = gpu_b.act(n, mat.rows).unwrap();
+                    gpu_b.matmul(&wg, &xg, &mut yz).unwrap();
+                    gpu_b.set_mmq_zgrid(false);
+                    let yz = gpu_b.read(&yz).unwrap();
+                    let scale = yc.data.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+                    let err = yc
+                        .data
+                        .iter()
+                        .zip(&yz)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0f32, f32::max)
+                        / scale;
+                    report.push(format!(
+                        "{layout:<5} {}x{} n={n:<3} one launch in grid layers: max rel err {err:.2e}",
+                        mat.rows, mat.cols
+                    ));
+                    assert!(err < 2e-5, "{layout} n={n} grid layers: {err}");
                 }
                 if !invariant && (n == 17 || n == 100) && matches!(layout, "q4_k" | "q6_k") {
                     // Two digit planes (mmq_p2_*): the activations to 2^-15 of their block's
