@@ -19,7 +19,7 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
     PushKernelArg,
 };
-use muser_engine::backend::{AttnSpec, Backend, Batch, QkSpec};
+use muser_engine::backend::{AttnSpec, Backend, Batch, QkSpec, StepRecord};
 use muser_engine::loader::Matrix;
 use muser_engine::{Error, KvType, MuseConfig, Result};
 use muser_gguf::{GgmlType, Gguf};
@@ -167,6 +167,61 @@ const MMQ_STAGED_MAX_SMEM: u32 = 3 * mmq_stage_bytes(64, true, 3) as u32;
 /// Most (token x split) attention partials at once.
 const MAX_PARTS: usize = 4096;
 
+/// What makes two decode steps replayable by one CUDA graph: the token count, the workspace
+/// (its buffers are in the graph), the caches' largest context and KV layout (the attention's
+/// splits and kernels), and the scratch epoch (every scratch buffer's address and the kernel
+/// choices; `scratch_epoch`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct StepKey {
+    n: usize,
+    ws: u64,
+    max_ctx: usize,
+    kv: i32,
+    row_bytes: usize,
+    epoch: u64,
+}
+
+/// A captured step.
+struct StepGraph(cudarc::driver::CudaGraph);
+// SAFETY: a CUDA graph and its executable are driver handles that any thread may use while
+// the owning context is current; cudarc binds the context in `launch` and in `Drop`, and the
+// graphs live behind the backend's Mutex, so one thread at a time touches them.
+unsafe impl Send for StepGraph {}
+
+/// Decode steps as CUDA graphs: a shape seen twice in a row is recorded (the first eager step
+/// grew every lazily sized buffer), later steps of that shape replay it.
+#[derive(Default)]
+struct StepGraphs {
+    on: bool,
+    /// The shape of the last eager step.
+    warm: Option<StepKey>,
+    /// The shape being recorded.
+    recording: Option<StepKey>,
+    /// The shape `step_record` found recorded (the next `record_replay` launches it).
+    replay: Option<StepKey>,
+    /// Steps replayed so far.
+    replays: u64,
+    graphs: HashMap<StepKey, StepGraph>,
+}
+
+/// The cache table address of each token of `batch` (`CudaKv::table_addr` of its sequence).
+fn seq_table(batch: &Batch, caches: &[&mut CudaKv]) -> Result<Vec<u64>> {
+    batch
+        .seq
+        .iter()
+        .map(|&s| {
+            caches
+                .get(s)
+                .map(|c| c.table_addr)
+                .ok_or_else(|| Error::Input(format!("batch names sequence {s} without a cache")))
+        })
+        .collect()
+}
+
+/// Most step graphs kept (a new shape past this drops them all; the server's shapes are the
+/// running-sequence counts, at most a few dozen).
+const MAX_STEP_GRAPHS: usize = 96;
+
 pub struct CudaBackend {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
@@ -176,6 +231,8 @@ pub struct CudaBackend {
     scratch: Mutex<Option<Scratch>>,
     /// While a graph is being captured, `begin_batch` must not upload (the decoder does it).
     pub(crate) capturing: std::sync::atomic::AtomicBool,
+    /// Decode steps recorded as CUDA graphs, one per step shape (`MUSER_BATCH_GRAPHS=1`).
+    step_graphs: Mutex<StepGraphs>,
     device_name: String,
     /// Per-operation GPU timing (eager steps only): (label, start, end) events.
     profile: Mutex<Option<Vec<(String, CudaEvent, CudaEvent)>>>,
@@ -282,6 +339,10 @@ impl CudaBackend {
             blas,
             scratch: Mutex::new(None),
             capturing: std::sync::atomic::AtomicBool::new(false),
+            step_graphs: Mutex::new(StepGraphs {
+                on: std::env::var("MUSER_BATCH_GRAPHS").is_ok_and(|v| v == "1"),
+                ..StepGraphs::default()
+            }),
             device_name,
             profile: Mutex::new(None),
             profile_sync: std::sync::atomic::AtomicBool::new(false),
@@ -413,6 +474,23 @@ impl CudaBackend {
             std::sync::atomic::Ordering::Relaxed,
         );
         self.bump_epoch();
+    }
+
+    /// Decode steps recorded as CUDA graphs and replayed (or every step launched kernel by
+    /// kernel). Turning them off drops the recordings.
+    pub fn set_batch_graphs(&self, on: bool) {
+        if let Ok(mut g) = self.step_graphs.lock() {
+            g.on = on;
+            if !on {
+                g.graphs.clear();
+                g.warm = None;
+            }
+        }
+    }
+
+    /// Decode steps replayed from recordings since the backend was made.
+    pub fn step_graph_replays(&self) -> u64 {
+        self.step_graphs.lock().map(|g| g.replays).unwrap_or(0)
     }
 
     /// Products of more than 64 tokens in one launch (grid layers of 64 tokens) or a launch per
@@ -1214,15 +1292,7 @@ impl CudaBackend {
                 c.ty.name()
             )));
         }
-        let table: Vec<u64> = batch
-            .seq
-            .iter()
-            .map(|&s| {
-                caches.get(s).map(|c| c.table_addr).ok_or_else(|| {
-                    Error::Input(format!("batch names sequence {s} without a cache"))
-                })
-            })
-            .collect::<Result<_>>()?;
+        let table = seq_table(batch, caches)?;
         if !self.capturing.load(std::sync::atomic::Ordering::SeqCst) {
             self.upload_seqtab(&table)?;
         }
@@ -1230,6 +1300,14 @@ impl CudaBackend {
     }
 
     /// Point the tokens of the next micro-batch at these cache tables (CudaKv::table_addr).
+    /// A step's token ids, positions and per-token cache tables, to the device (what a recorded
+    /// step reads).
+    fn upload_step(&self, batch: &Batch, caches: &[&mut CudaKv]) -> Result<()> {
+        self.upload_batch(batch)?;
+        let table = seq_table(batch, caches)?;
+        self.upload_seqtab(&table)
+    }
+
     pub(crate) fn upload_seqtab(&self, table: &[u64]) -> Result<()> {
         let mut g = self.scratch()?;
         let s = g
@@ -1583,6 +1661,105 @@ impl Backend for CudaBackend {
         self.stream
             .memcpy_dtoh(&a.data.slice(..n), &mut out[..])
             .map_err(dev("download"))
+    }
+
+    fn step_record(&self, batch: &Batch, caches: &[&mut CudaKv], ws_id: u64) -> Result<StepRecord> {
+        let mut g = self
+            .step_graphs
+            .lock()
+            .map_err(|_| Error::Backend("step graphs poisoned".into()))?;
+        let profiling = self.profile.lock().map(|p| p.is_some()).unwrap_or(true);
+        if !g.on || profiling || self.capturing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(StepRecord::Eager);
+        }
+        let Some(first) = caches.first() else {
+            return Ok(StepRecord::Eager);
+        };
+        if caches.iter().any(|c| c.ty != first.ty) {
+            return Ok(StepRecord::Eager);
+        }
+        let key = StepKey {
+            n: batch.len(),
+            ws: ws_id,
+            max_ctx: caches.iter().map(|c| c.n_ctx).max().unwrap_or(0),
+            kv: kv_code(first.ty),
+            row_bytes: first.row_bytes,
+            epoch: self.scratch_epoch(),
+        };
+        if g.graphs.contains_key(&key) {
+            g.replay = Some(key);
+            return Ok(StepRecord::Replay);
+        }
+        if g.warm == Some(key) {
+            g.recording = Some(key);
+            return Ok(StepRecord::Record);
+        }
+        g.warm = Some(key);
+        Ok(StepRecord::Eager)
+    }
+
+    fn record_begin(&self, batch: &Batch, caches: &[&mut CudaKv]) -> Result<()> {
+        // The recorded kernels read the batch from device memory; the uploads stay outside.
+        self.upload_step(batch, caches)?;
+        self.sync()?;
+        self.capturing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let begun = self
+            .stream
+            .begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+            .map_err(dev("begin capture"));
+        if begun.is_err() {
+            self.capturing
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+        }
+        begun
+    }
+
+    fn record_end(&self, ok: bool) -> Result<bool> {
+        let graph = self
+            .stream
+            .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
+            .map_err(dev("end capture"));
+        self.capturing
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        let mut g = self
+            .step_graphs
+            .lock()
+            .map_err(|_| Error::Backend("step graphs poisoned".into()))?;
+        let key = g.recording.take();
+        // A graph is kept only if the recorded operations succeeded and no scratch buffer was
+        // replaced while recording (the graph would hold the old address).
+        let (Some(key), true, Ok(Some(graph))) = (key, ok, graph) else {
+            g.warm = None;
+            return Ok(false);
+        };
+        if self.scratch_epoch() != key.epoch {
+            g.warm = None;
+            return Ok(false);
+        }
+        graph.launch().map_err(dev("graph launch"))?;
+        if g.graphs.len() >= MAX_STEP_GRAPHS {
+            g.graphs.clear();
+        }
+        g.graphs.insert(key, StepGraph(graph));
+        Ok(true)
+    }
+
+    fn record_replay(&self, batch: &Batch, caches: &[&mut CudaKv]) -> Result<()> {
+        self.upload_step(batch, caches)?;
+        let mut g = self
+            .step_graphs
+            .lock()
+            .map_err(|_| Error::Backend("step graphs poisoned".into()))?;
+        let key = g.replay.take();
+        match key.and_then(|k| g.graphs.get(&k)) {
+            Some(StepGraph(graph)) => graph.launch().map_err(dev("graph launch"))?,
+            None => return Err(Error::Backend("no recorded step for this batch".into())),
+        }
+        g.replays += 1;
+        Ok(())
     }
 
     fn begin_batch(&self, batch: &Batch) -> Result<()> {

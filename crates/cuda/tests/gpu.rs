@@ -760,6 +760,55 @@ fn fused_ffn_gives_the_unfused_bits() {
 #[path = "../../engine/tests/common/batched.rs"]
 mod batched;
 
+/// Decode steps recorded as CUDA graphs and replayed (`set_batch_graphs`) give the bits of the
+/// same steps launched kernel by kernel: 5 sequences sharing micro-batches whose size shrinks as
+/// they finish (each size recorded on its second step, replayed after), then each alone.
+#[test]
+fn recorded_steps_give_the_eager_bits() {
+    let Some(_) = gpu() else { return };
+    let mut rows = Vec::new();
+    for name in names() {
+        let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).unwrap();
+        let toks = tokens(&name);
+        let seqs: Vec<Vec<u32>> = (0..5)
+            .map(|i| {
+                toks.iter()
+                    .cycle()
+                    .skip(5 * i)
+                    .take(20 + 4 * i)
+                    .copied()
+                    .collect()
+            })
+            .collect();
+        let prompts = [3usize, 9, 1, 14, 6];
+        let m = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
+        m.backend.set_batch_graphs(false);
+        let eager = batched::together(&m, &seqs, &prompts, KvType::F32, 256).unwrap();
+        let eager_alone = batched::alone(&m, &seqs[4], prompts[4], KvType::F16, 256).unwrap();
+        m.backend.set_batch_graphs(true);
+        let before = m.backend.step_graph_replays();
+        let graphs = batched::together(&m, &seqs, &prompts, KvType::F32, 256).unwrap();
+        let graphs_alone = batched::alone(&m, &seqs[4], prompts[4], KvType::F16, 256).unwrap();
+        let replays = m.backend.step_graph_replays() - before;
+        m.backend.set_batch_graphs(false);
+        let bits = |a: &Vec<Vec<f32>>, b: &Vec<Vec<f32>>| {
+            a.len() == b.len()
+                && a.iter().zip(b).all(|(x, y)| {
+                    x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
+                })
+        };
+        let same =
+            eager.iter().zip(&graphs).all(|(a, b)| bits(a, b)) && bits(&eager_alone, &graphs_alone);
+        rows.push(format!(
+            "{name:<14} {replays} steps replayed: {}",
+            if same { "identical bits" } else { "DIFFERENT" }
+        ));
+        assert!(replays > 0, "{name}: no step was replayed");
+        assert!(same, "{name}: replayed steps changed the logits");
+    }
+    println!("recorded decode steps vs eager:\n{}", rows.join("\n"));
+}
+
 #[test]
 fn batched_sequences_match_one_at_a_time() {
     let Some(_) = gpu() else { return };

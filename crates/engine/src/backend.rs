@@ -10,7 +10,7 @@ use std::sync::Arc;
 use muser_gguf::Gguf;
 
 use crate::config::{LayerKind, MuseConfig};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::kv::KvType;
 use crate::loader::Matrix;
 
@@ -41,6 +41,18 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.tokens.is_empty()
     }
+}
+
+/// How a backend runs one forward pass of a decode micro-batch (`Backend::step_record`): kernel
+/// by kernel, or recorded once (a CUDA graph) and replayed for later steps of the same shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepRecord {
+    /// Run the operations as they come (and remember the shape: the next such step records).
+    Eager,
+    /// Record the operations (`record_begin` .. `record_end`), then run the recording.
+    Record,
+    /// Replay the recording of this shape (`record_replay`) instead of running the operations.
+    Replay,
 }
 
 /// How a layer attends: its kind and, for sliding layers, the window.
@@ -119,6 +131,33 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// How to run the forward pass of `batch` (validated: positions continue the caches, token
+    /// ids in the vocabulary) with every row's logits wanted, into the workspace `ws_id`
+    /// (`Workspace::id`: a recording uses that workspace's buffers). Default: eager, always.
+    fn step_record(
+        &self,
+        _batch: &Batch,
+        _caches: &[&mut Self::Kv],
+        _ws_id: u64,
+    ) -> Result<StepRecord> {
+        Ok(StepRecord::Eager)
+    }
+    /// Start recording the step of `batch` (after `step_record` answered `Record`): its token
+    /// ids, positions and caches are made available first (the recording does not do it).
+    fn record_begin(&self, _batch: &Batch, _caches: &[&mut Self::Kv]) -> Result<()> {
+        Ok(())
+    }
+    /// End the recording begun by `record_begin` (`ok`: whether the recorded operations all
+    /// succeeded). Returns whether the recording was kept and has run; if not, the caller runs
+    /// the step again without recording.
+    fn record_end(&self, _ok: bool) -> Result<bool> {
+        Ok(false)
+    }
+    /// Replay the recording for `batch`'s shape (after `step_record` answered `Replay`): the
+    /// batch's token ids, positions and caches are made available, then the recording runs.
+    fn record_replay(&self, _batch: &Batch, _caches: &[&mut Self::Kv]) -> Result<()> {
+        Err(Error::Backend("this backend records no steps".into()))
+    }
     /// Make the batch's token ids and positions available to the operations that follow
     /// (a device backend uploads them here).
     fn begin_batch(&self, _batch: &Batch) -> Result<()> {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use muser_gguf::Gguf;
 
-use crate::backend::{AttnSpec, Backend, Batch, QkSpec};
+use crate::backend::{AttnSpec, Backend, Batch, QkSpec, StepRecord};
 use crate::config::{MuseConfig, POST_NORM_EPS};
 use crate::error::{Error, Result};
 use crate::kv::KvType;
@@ -213,6 +213,54 @@ impl<B: Backend> MuseGlimmer<B> {
                 ws.max_tokens
             )));
         }
+        // Every row's logits: a step a backend may record once and replay (CUDA graphs).
+        let all_rows =
+            logit_rows.len() == batch.len() && logit_rows.iter().enumerate().all(|(i, &r)| i == r);
+        let mode = if all_rows {
+            self.backend.step_record(batch, caches, ws.id)?
+        } else {
+            StepRecord::Eager
+        };
+        match mode {
+            StepRecord::Eager => self.forward_ops(ws, batch, caches, logit_rows),
+            StepRecord::Replay => {
+                self.backend.record_replay(batch, caches)?;
+                ws.set_rows(&self.backend, batch.len(), logit_rows.len())?;
+                self.set_cache_lengths(batch, caches);
+                Ok(())
+            }
+            StepRecord::Record => {
+                self.backend.record_begin(batch, caches)?;
+                let run = self.forward_ops(ws, batch, caches, logit_rows);
+                let kept = self.backend.record_end(run.is_ok())?;
+                run?;
+                if kept {
+                    Ok(())
+                } else {
+                    // Nothing ran while recording: run the step now.
+                    self.forward_ops(ws, batch, caches, logit_rows)
+                }
+            }
+        }
+    }
+
+    /// Each cache's stored length after `batch` (host bookkeeping; a replayed step needs it too).
+    fn set_cache_lengths(&self, batch: &Batch, caches: &mut [&mut B::Kv]) {
+        for (s, cache) in caches.iter_mut().enumerate() {
+            if let Some(last) = (0..batch.len()).rev().find(|&i| batch.seq[i] == s) {
+                self.backend.kv_set_len(cache, batch.pos[last] as usize + 1);
+            }
+        }
+    }
+
+    /// The operations of a forward pass (`batch` validated by the caller).
+    fn forward_ops(
+        &self,
+        ws: &mut Workspace<B>,
+        batch: &Batch,
+        caches: &mut [&mut B::Kv],
+        logit_rows: &[usize],
+    ) -> Result<()> {
         let c = &self.config;
         let b = &self.backend;
         let eps = c.rms_eps;
@@ -305,11 +353,7 @@ impl<B: Backend> MuseGlimmer<B> {
                 .map_or(&self.output_norm, |nl| &nl.attn_norm);
             b.norm_tail(xc, oc, &l.post_ffw_norm, POST_NORM_EPS, next_norm, eps, h)?;
         }
-        for (s, cache) in caches.iter_mut().enumerate() {
-            if let Some(last) = (0..batch.len()).rev().find(|&i| batch.seq[i] == s) {
-                b.kv_set_len(cache, batch.pos[last] as usize + 1);
-            }
-        }
+        self.set_cache_lengths(batch, caches);
         if logit_rows.is_empty() {
             return Ok(());
         }
@@ -321,6 +365,8 @@ impl<B: Backend> MuseGlimmer<B> {
 
 /// The activation buffers of a forward pass.
 pub struct Workspace<B: Backend> {
+    /// Unique in the process: a recorded step (a CUDA graph) belongs to one workspace's buffers.
+    pub id: u64,
     pub max_tokens: usize,
     pub e: B::Act, // [n][n_embd] token embeddings; at the last layer, the selected residual rows
     pub x: B::Act, // [n][n_embd] the residual stream
@@ -345,7 +391,9 @@ impl<B: Backend> Workspace<B> {
                 "a workspace needs room for at least one token".into(),
             ));
         }
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Workspace {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             max_tokens: n,
             e: b.act(n, c.n_embd)?,
             x: b.act(n, c.n_embd)?,
