@@ -183,9 +183,10 @@ struct StepKey {
 
 /// A captured step.
 struct StepGraph(cudarc::driver::CudaGraph);
-// SAFETY: a CUDA graph and its executable are driver handles that any thread may use while
-// the owning context is current; cudarc binds the context in `launch` and in `Drop`, and the
-// graphs live behind the backend's Mutex, so one thread at a time touches them.
+// SAFETY: a CUDA graph and its executable are driver handles, not tied to the thread that
+// made them: cudarc's `launch` makes the owning context current first, destroying them (`Drop`)
+// needs no current context and records rather than panics on an error, and the graphs live
+// behind the backend's Mutex, so one thread at a time touches them.
 unsafe impl Send for StepGraph {}
 
 /// Decode steps as CUDA graphs: a shape seen twice in a row is recorded (the first eager step
@@ -193,8 +194,12 @@ unsafe impl Send for StepGraph {}
 #[derive(Default)]
 struct StepGraphs {
     on: bool,
-    /// The shape of the last eager step.
+    /// The shape of the last eager step that succeeded.
     warm: Option<StepKey>,
+    /// The shape of the eager step under way (becomes `warm` if it succeeds: `step_ran`).
+    warming: Option<StepKey>,
+    /// Shapes whose recording failed: always eager.
+    failed: std::collections::HashSet<StepKey>,
     /// The shape being recorded.
     recording: Option<StepKey>,
     /// The shape `step_record` found recorded (the next `record_replay` launches it).
@@ -421,6 +426,8 @@ impl CudaBackend {
         }
         self.fast_prompts
             .store(on, std::sync::atomic::Ordering::Relaxed);
+        // A recorded step holds the other mode's kernels.
+        self.bump_epoch();
         Ok(())
     }
 
@@ -439,6 +446,7 @@ impl CudaBackend {
     pub fn set_mmq_tiles_per_warp(&self, n: usize) {
         self.mmq_tiles
             .store(n.clamp(1, 4), std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
     }
 
     /// Whether the tensor-core kernels stage their operands in shared memory (same bits either
@@ -484,6 +492,7 @@ impl CudaBackend {
             if !on {
                 g.graphs.clear();
                 g.warm = None;
+                g.failed.clear();
             }
         }
     }
@@ -545,6 +554,7 @@ impl CudaBackend {
     pub fn set_fused_ffn(&self, on: bool) {
         self.fused_ffn
             .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
     }
 
     fn f(&self, name: &str) -> Result<CudaFunction> {
@@ -1690,12 +1700,23 @@ impl Backend for CudaBackend {
             g.replay = Some(key);
             return Ok(StepRecord::Replay);
         }
-        if g.warm == Some(key) {
+        if g.warm == Some(key) && !g.failed.contains(&key) {
             g.recording = Some(key);
             return Ok(StepRecord::Record);
         }
-        g.warm = Some(key);
+        g.warm = None;
+        g.warming = Some(key);
         Ok(StepRecord::Eager)
+    }
+
+    fn step_ran(&self, ok: bool) {
+        if let Ok(mut g) = self.step_graphs.lock() {
+            let key = g.warming.take();
+            // Only a step that ran to the end has grown every buffer its shape needs.
+            if ok {
+                g.warm = key;
+            }
+        }
     }
 
     fn record_begin(&self, batch: &Batch, caches: &[&mut CudaKv]) -> Result<()> {
@@ -1732,7 +1753,11 @@ impl Backend for CudaBackend {
         // A graph is kept only if the recorded operations succeeded and no scratch buffer was
         // replaced while recording (the graph would hold the old address).
         let (Some(key), true, Ok(Some(graph))) = (key, ok, graph) else {
+            // Not again for this shape (the caller runs the step without recording).
             g.warm = None;
+            if let Some(k) = key {
+                g.failed.insert(k);
+            }
             return Ok(false);
         };
         if self.scratch_epoch() != key.epoch {

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use muser_cuda::CudaBackend;
 use muser_cuda::graph::GraphDecoder;
-use muser_engine::backend::Backend;
+use muser_engine::backend::{Backend, Batch};
 use muser_engine::sampling::{argmax, log_softmax};
 use muser_engine::{CpuBackend, KvType, Logits, ModelFile, MuseGlimmer, NumericMode, Session};
 
@@ -782,13 +782,28 @@ fn recorded_steps_give_the_eager_bits() {
             .collect();
         let prompts = [3usize, 9, 1, 14, 6];
         let m = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
+        // A 12-token prompt with every row's logits (the prompt kernels inside a recording),
+        // three times into fresh caches: eager, recorded, replayed.
+        let score = |m: &MuseGlimmer<CudaBackend>| -> Vec<Vec<f32>> {
+            let mut ws = m.workspace(16).unwrap();
+            let rows: Vec<usize> = (0..12).collect();
+            (0..3)
+                .map(|_| {
+                    let mut cache = m.new_cache(KvType::F32, 256).unwrap();
+                    let b = Batch::single(&seqs[3][..12], 0);
+                    m.forward(&mut ws, &b, &mut [&mut cache], &rows).unwrap()
+                })
+                .collect()
+        };
         m.backend.set_batch_graphs(false);
         let eager = batched::together(&m, &seqs, &prompts, KvType::F32, 256).unwrap();
         let eager_alone = batched::alone(&m, &seqs[4], prompts[4], KvType::F16, 256).unwrap();
+        let eager_score = score(&m);
         m.backend.set_batch_graphs(true);
         let before = m.backend.step_graph_replays();
         let graphs = batched::together(&m, &seqs, &prompts, KvType::F32, 256).unwrap();
         let graphs_alone = batched::alone(&m, &seqs[4], prompts[4], KvType::F16, 256).unwrap();
+        let graphs_score = score(&m);
         let replays = m.backend.step_graph_replays() - before;
         m.backend.set_batch_graphs(false);
         let bits = |a: &Vec<Vec<f32>>, b: &Vec<Vec<f32>>| {
@@ -797,8 +812,9 @@ fn recorded_steps_give_the_eager_bits() {
                     x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits())
                 })
         };
-        let same =
-            eager.iter().zip(&graphs).all(|(a, b)| bits(a, b)) && bits(&eager_alone, &graphs_alone);
+        let same = eager.iter().zip(&graphs).all(|(a, b)| bits(a, b))
+            && bits(&eager_alone, &graphs_alone)
+            && bits(&eager_score, &graphs_score);
         rows.push(format!(
             "{name:<14} {replays} steps replayed: {}",
             if same { "identical bits" } else { "DIFFERENT" }

@@ -142,6 +142,8 @@ pub trait Backend: Send + Sync {
     ) -> Result<StepRecord> {
         Ok(StepRecord::Eager)
     }
+    /// After an eager step that `step_record` was asked about: whether it ran to the end.
+    fn step_ran(&self, _ok: bool) {}
     /// Start recording the step of `batch` (after `step_record` answered `Record`): its token
     /// ids, positions and caches are made available first (the recording does not do it).
     fn record_begin(&self, _batch: &Batch, _caches: &[&mut Self::Kv]) -> Result<()> {

@@ -222,7 +222,13 @@ impl<B: Backend> MuseGlimmer<B> {
             StepRecord::Eager
         };
         match mode {
-            StepRecord::Eager => self.forward_ops(ws, batch, caches, logit_rows),
+            StepRecord::Eager => {
+                let run = self.forward_ops(ws, batch, caches, logit_rows);
+                if all_rows {
+                    self.backend.step_ran(run.is_ok());
+                }
+                run
+            }
             StepRecord::Replay => {
                 self.backend.record_replay(batch, caches)?;
                 ws.set_rows(&self.backend, batch.len(), logit_rows.len())?;
@@ -232,14 +238,11 @@ impl<B: Backend> MuseGlimmer<B> {
             StepRecord::Record => {
                 self.backend.record_begin(batch, caches)?;
                 let run = self.forward_ops(ws, batch, caches, logit_rows);
-                let kept = self.backend.record_end(run.is_ok())?;
-                run?;
-                if kept {
-                    Ok(())
-                } else {
-                    // Nothing ran while recording: run the step now.
-                    self.forward_ops(ws, batch, caches, logit_rows)
+                if self.backend.record_end(run.is_ok())? {
+                    return Ok(());
                 }
+                // Nothing ran while recording (or the recording failed): run the step now.
+                self.forward_ops(ws, batch, caches, logit_rows)
             }
         }
     }
