@@ -677,29 +677,38 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
 
 // Blocks of up to 512 threads (4 warps per row group) for 1 or 2 tiles per warp, 256 for 3 or 4.
 #define MMQ_THREADS(NT) ((NT) <= 2 ? 512 : 256)
+
+// A staged entry point of Q4_K / Q6_K: BOUNDS its launch bounds in parentheses, the rest
+// mmq_staged_impl's template arguments (the last two parameters, W2 and y2: the pair launch).
+#define MMQ_STAGED_Q4(NAME, BOUNDS, NT, MR, SA, NP, S)                                                                \
+    extern "C" __global__ void __launch_bounds__ BOUNDS NAME(                                                         \
+        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,     \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
+        mmq_staged_impl<NT, MR, false, SA, NP, S>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad,      \
+                                                  ntok_total, kb_per_split, W2, y2);                                    \
+    }
+#define MMQ_STAGED_Q6(NAME, BOUNDS, NT, MR, NP, S)                                                                     \
+    extern "C" __global__ void __launch_bounds__ BOUNDS NAME(                                                         \
+        const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols,         \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
+        mmq_staged_impl<NT, MR, true, false, NP, S>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok,         \
+                                                    ntok_pad, ntok_total, kb_per_split, W2, y2);                        \
+    }
+
+// The one-stage kernels and the staged ones (`mmq_s_*`), NT tiles of 8 tokens per warp.
 #define MMQ_ENTRIES(NT)                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_q4_k_##NT(                                        \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_q4_k_##NT(                                         \
         const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,     \
         int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                           \
         mmq_q4_k_impl<NT>(W, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total, kb_per_split);       \
     }                                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_q6_k_##NT(                                        \
+    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_q6_k_##NT(                                         \
         const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols, int tok0, \
         int ntok, int ntok_pad, int ntok_total, int kb_per_split) {                                                     \
         mmq_q6_k_impl<NT>(W, nbt, xq, xsc, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total, kb_per_split);        \
     }                                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_s_q4_k_##NT(                                      \
-        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,     \
-        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
-        mmq_staged_impl<NT, 1, false>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,       \
-                                      kb_per_split, W2, y2);                                                            \
-    }                                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_s_q6_k_##NT(                                      \
-        const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols, int tok0, \
-        int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                            \
-        mmq_staged_impl<NT, 1, true>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,   \
-                                     kb_per_split, W2, y2);                                                             \
-    }
+    MMQ_STAGED_Q4(mmq_s_q4_k_##NT, (MMQ_THREADS(NT)), NT, 1, false, 3, MMQ_STAGES)                                     \
+    MMQ_STAGED_Q6(mmq_s_q6_k_##NT, (MMQ_THREADS(NT)), NT, 1, 3, MMQ_STAGES)
 MMQ_ENTRIES(1)
 MMQ_ENTRIES(2)
 MMQ_ENTRIES(3)
@@ -707,50 +716,22 @@ MMQ_ENTRIES(4)
 
 // Staged, two tiles of 16 rows per warp (`MUSER_MMQ_MR=2`): 2 warps across the rows, up to 4
 // across the tokens (256 threads), 1 or 2 token tiles per warp.
-#define MMQ_ENTRIES_MR2(NT)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256) mmq_s2_q4_k_##NT(                                                 \
-        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,     \
-        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
-        mmq_staged_impl<NT, 2, false>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,       \
-                                      kb_per_split, W2, y2);                                                            \
-    }                                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256) mmq_s2_q6_k_##NT(                                                 \
-        const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols, int tok0, \
-        int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                            \
-        mmq_staged_impl<NT, 2, true>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total,   \
-                                     kb_per_split, W2, y2);                                                             \
-    }
-MMQ_ENTRIES_MR2(1)
-MMQ_ENTRIES_MR2(2)
+MMQ_STAGED_Q4(mmq_s2_q4_k_1, (256), 1, 2, false, 3, MMQ_STAGES)
+MMQ_STAGED_Q4(mmq_s2_q4_k_2, (256), 2, 2, false, 3, MMQ_STAGES)
+MMQ_STAGED_Q6(mmq_s2_q6_k_1, (256), 1, 2, 3, MMQ_STAGES)
+MMQ_STAGED_Q6(mmq_s2_q6_k_2, (256), 2, 2, 3, MMQ_STAGES)
 
 // Staged Q4_K with the sub-block scales in the A operand (`MUSER_MMQ_SCALEA=1`, q4k_block SA).
-#define MMQ_ENTRIES_SA(NT)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_sa_q4_k_##NT(                                     \
-        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,     \
-        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
-        mmq_staged_impl<NT, 1, false, true>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad, ntok_total, \
-                                            kb_per_split, W2, y2);                                                      \
-    }
-MMQ_ENTRIES_SA(1)
-MMQ_ENTRIES_SA(2)
-MMQ_ENTRIES_SA(3)
-MMQ_ENTRIES_SA(4)
+MMQ_STAGED_Q4(mmq_sa_q4_k_1, (MMQ_THREADS(1)), 1, 1, true, 3, MMQ_STAGES)
+MMQ_STAGED_Q4(mmq_sa_q4_k_2, (MMQ_THREADS(2)), 2, 1, true, 3, MMQ_STAGES)
+MMQ_STAGED_Q4(mmq_sa_q4_k_3, (MMQ_THREADS(3)), 3, 1, true, 3, MMQ_STAGES)
+MMQ_STAGED_Q4(mmq_sa_q4_k_4, (MMQ_THREADS(4)), 4, 1, true, 3, MMQ_STAGES)
 
 // Staged, two digit planes (`MUSER_MMQ_PLANES=2`: activations to 2^-15 of their block's largest
 // value, two thirds of the mma and multiply-adds of three planes).
 #define MMQ_ENTRIES_P2(NT)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_p2_q4_k_##NT(                                     \
-        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,   \
-        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
-        mmq_staged_impl<NT, 1, false, false, 2>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad,      \
-                                                ntok_total, kb_per_split, W2, y2);                                      \
-    }                                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(MMQ_THREADS(NT)) mmq_p2_q6_k_##NT(                                     \
-        const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols,       \
-        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
-        mmq_staged_impl<NT, 1, true, false, 2>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok, ntok_pad,  \
-                                               ntok_total, kb_per_split, W2, y2);                                       \
-    }
+    MMQ_STAGED_Q4(mmq_p2_q4_k_##NT, (MMQ_THREADS(NT)), NT, 1, false, 2, MMQ_STAGES)                                    \
+    MMQ_STAGED_Q6(mmq_p2_q6_k_##NT, (MMQ_THREADS(NT)), NT, 1, 2, MMQ_STAGES)
 MMQ_ENTRIES_P2(1)
 MMQ_ENTRIES_P2(2)
 MMQ_ENTRIES_P2(3)
@@ -759,21 +740,10 @@ MMQ_ENTRIES_P2(4)
 // Two planes, two stages, two blocks per SM (`MUSER_MMQ_PLANES=2 MUSER_MMQ_OCC=2`): 16 warps per
 // SM instead of 8 to hide the latencies the kernels wait on (at most 128 registers, 2 x 89 KB of
 // shared memory at 64 tokens of Q4_K); 256-thread blocks only (3 or 4 token tiles per warp).
-#define MMQ_ENTRIES_P2O(NT)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256, 2) mmq_p2o_q4_k_##NT(                                            \
-        const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,   \
-        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
-        mmq_staged_impl<NT, 1, false, false, 2, 2>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad,   \
-                                                   ntok_total, kb_per_split, W2, y2);                                   \
-    }                                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, 2) mmq_p2o_q6_k_##NT(                                            \
-        const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols,       \
-        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
-        mmq_staged_impl<NT, 1, true, false, 2, 2>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok,         \
-                                                  ntok_pad, ntok_total, kb_per_split, W2, y2);                          \
-    }
-MMQ_ENTRIES_P2O(3)
-MMQ_ENTRIES_P2O(4)
+MMQ_STAGED_Q4(mmq_p2o_q4_k_3, (256, 2), 3, 1, false, 2, 2)
+MMQ_STAGED_Q4(mmq_p2o_q4_k_4, (256, 2), 4, 1, false, 2, 2)
+MMQ_STAGED_Q6(mmq_p2o_q6_k_3, (256, 2), 3, 1, 2, 2)
+MMQ_STAGED_Q6(mmq_p2o_q6_k_4, (256, 2), 4, 1, 2, 2)
 
 // y[i] = part[0][i] + part[1][i] + ... in split order (n = ntok_total * rows).
 extern "C" __global__ void mmq_reduce(const float* __restrict__ part, int ksplit, long long n, float* __restrict__ y) {

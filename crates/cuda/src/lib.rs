@@ -209,6 +209,11 @@ struct StepGraphs {
     graphs: HashMap<StepKey, StepGraph>,
 }
 
+/// Whether environment variable `name` is set to `value` (the kernel-choice switches).
+fn env_is(name: &str, value: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == value)
+}
+
 /// The cache table address of each token of `batch` (`CudaKv::table_addr` of its sequence).
 fn seq_table(batch: &Batch, caches: &[&mut CudaKv]) -> Result<Vec<u64>> {
     batch
@@ -345,7 +350,7 @@ impl CudaBackend {
             scratch: Mutex::new(None),
             capturing: std::sync::atomic::AtomicBool::new(false),
             step_graphs: Mutex::new(StepGraphs {
-                on: std::env::var("MUSER_BATCH_GRAPHS").is_ok_and(|v| v == "1"),
+                on: env_is("MUSER_BATCH_GRAPHS", "1"),
                 ..StepGraphs::default()
             }),
             device_name,
@@ -354,47 +359,30 @@ impl CudaBackend {
             sm_count,
             one_token_sums: std::sync::atomic::AtomicBool::new(false),
             fast_prompts: std::sync::atomic::AtomicBool::new(false),
-            fused_ffn: std::sync::atomic::AtomicBool::new(
-                std::env::var("MUSER_FUSE").is_ok_and(|v| v == "1"),
-            ),
+            fused_ffn: std::sync::atomic::AtomicBool::new(env_is("MUSER_FUSE", "1")),
             waves: Mutex::new(HashMap::new()),
-            batch_invariant: std::sync::atomic::AtomicBool::new(
-                std::env::var("MUSER_BATCH_INVARIANT").is_ok_and(|v| v == "1"),
-            ),
+            batch_invariant: std::sync::atomic::AtomicBool::new(env_is(
+                "MUSER_BATCH_INVARIANT",
+                "1",
+            )),
             scratch_epoch: std::sync::atomic::AtomicU64::new(0),
-            mmq_staged: std::sync::atomic::AtomicBool::new(
-                std::env::var("MUSER_MMQ_STAGED").map_or(true, |v| v != "0"),
-            ),
+            mmq_staged: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_STAGED", "0")),
             smem_optin,
-            mmq_scale_in_a: std::sync::atomic::AtomicBool::new(
-                std::env::var("MUSER_MMQ_SCALEA").is_ok_and(|v| v == "1"),
-            ),
-            mmq_pairs: std::sync::atomic::AtomicBool::new(
-                std::env::var("MUSER_MMQ_PAIR").map_or(true, |v| v != "0"),
-            ),
-            mmq_planes: std::sync::atomic::AtomicUsize::new(
-                if std::env::var("MUSER_MMQ_PLANES").is_ok_and(|v| v == "2") {
-                    2
-                } else {
-                    3
-                },
-            ),
-            mmq_zgrid: std::sync::atomic::AtomicBool::new(
-                std::env::var("MUSER_MMQ_ZGRID").is_ok_and(|v| v == "1"),
-            ),
-            mmq_occ: std::sync::atomic::AtomicUsize::new(
-                if std::env::var("MUSER_MMQ_OCC").is_ok_and(|v| v == "2") {
-                    2
-                } else {
-                    1
-                },
-            ),
+            mmq_scale_in_a: std::sync::atomic::AtomicBool::new(env_is("MUSER_MMQ_SCALEA", "1")),
+            mmq_pairs: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_PAIR", "0")),
+            mmq_planes: std::sync::atomic::AtomicUsize::new(if env_is("MUSER_MMQ_PLANES", "2") {
+                2
+            } else {
+                3
+            }),
+            mmq_zgrid: std::sync::atomic::AtomicBool::new(env_is("MUSER_MMQ_ZGRID", "1")),
+            mmq_occ: std::sync::atomic::AtomicUsize::new(if env_is("MUSER_MMQ_OCC", "2") {
+                2
+            } else {
+                1
+            }),
             mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
-                if std::env::var("MUSER_MMQ_MR").is_ok_and(|v| v == "2") {
-                    32
-                } else {
-                    16
-                },
+                if env_is("MUSER_MMQ_MR", "2") { 32 } else { 16 },
             ),
             smem_raised: Mutex::new(std::collections::HashSet::new()),
             mmq_tiles: std::sync::atomic::AtomicUsize::new(
@@ -1446,19 +1434,19 @@ impl CudaBackend {
 /// Prompts (more than 64 tokens) on the tensor-core kernels too, unless `MUSER_MMQ_PROMPTS=0`.
 fn mmq_prompts() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MUSER_MMQ_PROMPTS").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| !env_is("MUSER_MMQ_PROMPTS", "0"))
 }
 
 /// The tensor-core kernels for several tokens are on unless `MUSER_MMQ=0`.
 fn mmq_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MUSER_MMQ").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| !env_is("MUSER_MMQ", "0"))
 }
 
 /// The x-stationary one-token kernels are on unless `MUSER_MVQ=0`.
 fn mvq_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MUSER_MVQ").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| !env_is("MUSER_MVQ", "0"))
 }
 
 fn check(a: &CudaAct, rows: usize, cols: usize, what: &str) -> Result<()> {

@@ -271,14 +271,7 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     gpu_b.matmul(&wg, &xg, &mut yz).unwrap();
                     gpu_b.set_mmq_zgrid(false);
                     let yz = gpu_b.read(&yz).unwrap();
-                    let scale = yc.data.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-                    let err = yc
-                        .data
-                        .iter()
-                        .zip(&yz)
-                        .map(|(a, b)| (a - b).abs())
-                        .fold(0f32, f32::max)
-                        / scale;
+                    let err = max_rel_err(&yz, &yc.data);
                     report.push(format!(
                         "{layout:<5} {}x{} n={n:<3} one launch in grid layers: max rel err {err:.2e}",
                         mat.rows, mat.cols
@@ -292,7 +285,7 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     // block; d sc q the part of a weight the planes multiply), beyond the
                     // rounding the three-plane check above allows.
                     let bounds = two_plane_weight_sums(layout, mat, &file, &cpu, &wc);
-                    let scale = yc.data.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+                    let scale = max_abs(&yc.data);
                     gpu_b.set_mmq_planes(2);
                     // One block per SM (three stages) and two (mmq_p2o_*, two stages).
                     for per_sm in [1, 2] {
@@ -336,14 +329,6 @@ fn matvec_kernels_match_the_cpu_per_format() {
                             .ffn_swiglu(&gg, &wg, &xg, &mut pg, &mut pu, &mut po)
                             .unwrap();
                         let (pg, pu) = (gpu_b.read(&pg).unwrap(), gpu_b.read(&pu).unwrap());
-                        let rel = |a: &[f32], b: &[f32]| {
-                            let sc = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-                            a.iter()
-                                .zip(b)
-                                .map(|(p, q)| (p - q).abs())
-                                .fold(0f32, f32::max)
-                                / sc
-                        };
                         let bits = |a: &[f32], b: &[f32]| {
                             a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
                         };
@@ -353,7 +338,7 @@ fn matvec_kernels_match_the_cpu_per_format() {
                                 "{layout} n={n} pairs={pairs}: gate/up bits differ from alone"
                             );
                         }
-                        let (eg, eu) = (rel(&pg, &g_cpu.data), rel(&pu, &yc.data));
+                        let (eg, eu) = (max_rel_err(&pg, &g_cpu.data), max_rel_err(&pu, &yc.data));
                         assert!(
                             eg < 2e-5 && eu < 2e-5,
                             "{layout} n={n} pairs={pairs}: gate {eg} up {eu}"
@@ -361,14 +346,7 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     }
                     gpu_b.set_mmq_pairs(true);
                 }
-                let scale = yc.data.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-                let err = yc
-                    .data
-                    .iter()
-                    .zip(&y)
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0f32, f32::max)
-                    / scale;
+                let err = max_rel_err(&y, &yc.data);
                 report.push(format!(
                     "{layout:<5} {}x{} n={n:<3} max rel err {err:.2e}{}",
                     mat.rows,
@@ -381,6 +359,20 @@ fn matvec_kernels_match_the_cpu_per_format() {
     }
     println!("{}", report.join("\n"));
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The largest |value|, at least 1e-30 (the scale of a relative error).
+fn max_abs(v: &[f32]) -> f32 {
+    v.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30)
+}
+
+/// The largest |got - want| over the largest |want|.
+fn max_rel_err(got: &[f32], want: &[f32]) -> f32 {
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max)
+        / max_abs(want)
 }
 
 /// Per row and 256-column block of `mat`: the sum over the block of |d sc q|, the part of each

@@ -214,8 +214,7 @@ impl<B: Backend> MuseGlimmer<B> {
             )));
         }
         // Every row's logits: a step a backend may record once and replay (CUDA graphs).
-        let all_rows =
-            logit_rows.len() == batch.len() && logit_rows.iter().enumerate().all(|(i, &r)| i == r);
+        let all_rows = every_row(batch, logit_rows);
         let mode = if all_rows {
             self.backend.step_record(batch, caches, ws.id)?
         } else {
@@ -318,9 +317,7 @@ impl<B: Backend> MuseGlimmer<B> {
 
             // inp_out_ids: the last layer continues with the rows whose logits are wanted only
             // (llama.cpp selects them here, and its matrix products depend on the row count).
-            let all_rows = logit_rows.len() == batch.len()
-                && logit_rows.iter().enumerate().all(|(i, &r)| i == r);
-            let (xc, oc) = if il + 1 == self.layers.len() && !all_rows {
+            let (xc, oc) = if il + 1 == self.layers.len() && !every_row(batch, logit_rows) {
                 if logit_rows.is_empty() {
                     // Nothing past this point touches the caches.
                     break;
@@ -364,6 +361,11 @@ impl<B: Backend> MuseGlimmer<B> {
         b.matmul(&self.output, h, logits)?;
         b.logit_finish(logits, c.logit_scale, c.softcap)
     }
+}
+
+/// Whether `logit_rows` names every row of `batch`, in order.
+fn every_row(batch: &Batch, logit_rows: &[usize]) -> bool {
+    logit_rows.len() == batch.len() && logit_rows.iter().enumerate().all(|(i, &r)| i == r)
 }
 
 /// The activation buffers of a forward pass.

@@ -216,14 +216,8 @@ impl Sampler {
             c
         };
         let mut cand = cand;
-        let probs = |c: &[(u32, f32)]| -> Vec<f64> {
-            let m = c[0].1 as f64;
-            let e: Vec<f64> = c.iter().map(|&(_, v)| (v as f64 - m).exp()).collect();
-            let s: f64 = e.iter().sum();
-            e.into_iter().map(|x| x / s).collect()
-        };
         if p.top_p < 1.0 && !top_p_done {
-            let pr = probs(&cand);
+            let pr = sorted_probs(&cand);
             let mut cum = 0.0;
             let mut keep = cand.len();
             for (i, q) in pr.iter().enumerate() {
@@ -236,29 +230,42 @@ impl Sampler {
             cand.truncate(keep.max(1));
         }
         if p.min_p > 0.0 && !min_p_done {
-            let pr = probs(&cand);
+            let pr = sorted_probs(&cand);
             let keep = pr
                 .iter()
                 .take_while(|&&q| q >= p.min_p as f64 * pr[0])
                 .count();
             cand.truncate(keep.max(1));
         }
-        let t = p.temperature as f64;
-        let m = cand[0].1 as f64;
-        let w: Vec<f64> = cand
-            .iter()
-            .map(|&(_, v)| ((v as f64 - m) / t).exp())
-            .collect();
-        let total: f64 = w.iter().sum();
-        let mut r = self.rng.next_f64() * total;
-        for (i, wi) in w.iter().enumerate() {
-            if r < *wi {
-                return cand[i].0;
-            }
-            r -= wi;
-        }
-        cand[cand.len() - 1].0
+        draw_sorted(&cand, p.temperature, &mut self.rng)
     }
+}
+
+/// The probabilities of sorted candidates (softmax at temperature 1, in f64).
+fn sorted_probs(c: &[(u32, f32)]) -> Vec<f64> {
+    let m = c[0].1 as f64;
+    let e: Vec<f64> = c.iter().map(|&(_, v)| (v as f64 - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / s).collect()
+}
+
+/// One draw from sorted candidates at temperature `t`: weights exp((v - max) / t), a uniform
+/// point on their sum, walked in candidate order.
+fn draw_sorted(cand: &[(u32, f32)], t: f32, rng: &mut Rng) -> u32 {
+    let t = t as f64;
+    let m = cand[0].1 as f64;
+    let w: Vec<f64> = cand
+        .iter()
+        .map(|&(_, v)| ((v as f64 - m) / t).exp())
+        .collect();
+    let mut r = rng.next_f64() * w.iter().sum::<f64>();
+    for (i, wi) in w.iter().enumerate() {
+        if r < *wi {
+            return cand[i].0;
+        }
+        r -= wi;
+    }
+    cand[cand.len() - 1].0
 }
 
 /// The sampler's candidate order: higher logit first (`total_cmp`), ties by lower id.
@@ -433,20 +440,16 @@ mod tests {
     }
 
     /// The sampling chain with a full sort of the vocabulary (the code before the one-pass
-    /// selections): penalties aside, top_k, top_p, min_p, temperature, the draw.
+    /// selections): penalties aside, top_k, top_p, min_p over the fully sorted list, then the
+    /// sampler's own draw (`draw_sorted`, unchanged by them): what is compared is the choice of
+    /// candidates.
     fn full_sort_sample(p: &SamplingParams, rng: &mut Rng, l: &[f32]) -> u32 {
         let (mut cand, _) = sorted_with_probs(l);
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.truncate(p.top_k);
         }
-        let probs = |c: &[(u32, f32)]| -> Vec<f64> {
-            let m = c[0].1 as f64;
-            let e: Vec<f64> = c.iter().map(|&(_, v)| (v as f64 - m).exp()).collect();
-            let s: f64 = e.iter().sum();
-            e.into_iter().map(|x| x / s).collect()
-        };
         if p.top_p < 1.0 {
-            let pr = probs(&cand);
+            let pr = sorted_probs(&cand);
             let mut cum = 0.0;
             let keep = pr
                 .iter()
@@ -458,27 +461,14 @@ mod tests {
             cand.truncate(keep.max(1));
         }
         if p.min_p > 0.0 {
-            let pr = probs(&cand);
+            let pr = sorted_probs(&cand);
             let keep = pr
                 .iter()
                 .take_while(|&&q| q >= p.min_p as f64 * pr[0])
                 .count();
             cand.truncate(keep.max(1));
         }
-        let t = p.temperature as f64;
-        let m = cand[0].1 as f64;
-        let w: Vec<f64> = cand
-            .iter()
-            .map(|&(_, v)| ((v as f64 - m) / t).exp())
-            .collect();
-        let mut r = rng.next_f64() * w.iter().sum::<f64>();
-        for (i, wi) in w.iter().enumerate() {
-            if r < *wi {
-                return cand[i].0;
-            }
-            r -= wi;
-        }
-        cand[cand.len() - 1].0
+        draw_sorted(&cand, p.temperature, rng)
     }
 
     #[test]
