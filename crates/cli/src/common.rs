@@ -25,7 +25,9 @@ pub struct ModelOpts {
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
     /// Numeric mode: accurate (exact dequantization, f32), parity (llama.cpp's CPU arithmetic), or
-    /// fast (CUDA only: prompts on TF32 tensor cores, decode as accurate).
+    /// fast (CUDA only: products of several tokens with activations to 2^-15 of their block's
+    /// largest value on the int8 tensor cores, other formats' prompts on TF32; one-token decode as
+    /// accurate).
     #[arg(long, default_value = "accurate")]
     pub mode: String,
     /// KV cache element type: f32, f16, bf16 or q8_0.
@@ -116,10 +118,11 @@ impl ModelOpts {
 
     pub fn load_from(&self, g: Arc<Gguf>) -> Result<Loaded, Box<dyn std::error::Error>> {
         let device = parse_device(&self.device)?;
-        // `fast` is accurate everywhere but in the CUDA prompt products (TF32 tensor cores).
+        // `fast` is accurate everywhere but in the CUDA products of several tokens (two-plane
+        // int8 tensor-core kernels; TF32 for the formats without them).
         let fast = self.mode == "fast";
         if fast && device.is_none() {
-            return Err("--mode fast is a CUDA mode (TF32 tensor cores for prompts); the CPU has accurate and parity".into());
+            return Err("--mode fast is a CUDA mode (coarser activations in products of several tokens); the CPU has accurate and parity".into());
         }
         let mode = if fast {
             NumericMode::Accurate

@@ -5,9 +5,12 @@
 // whole micro-batch is stored before it is read), a full layer's in a plane (slot = pos).
 // Key j is visible to the query at position p iff j <= p, and p - j < n_swa on sliding layers.
 //
-// attn_partial: grid (n_kv_head, n_split, n_tokens), 4 warps. Each block takes one split of
-// the visible keys for the NREP query heads that share one KV head (one read of K and V
-// serves all of them). Scores: lanes own keys; V: lanes own dimensions. Online softmax in f32.
+// attn_partial: grid (n_kv_head x NREP / HPB, n_split, n_tokens), 4 warps. Each block takes one
+// split of the visible keys for HPB of the NREP query heads that share one KV head (one read of
+// K and V serves them): HPB = NREP (`attn_*`) for prompts and batches, where the blocks are many;
+// HPB = NREP / 4 (`attn_*_g4`) for a few tokens, four times the blocks and a quarter of each
+// one's chain of dependent work. A head's arithmetic is the same in both. Scores: lanes own
+// keys; V: lanes own dimensions. Online softmax in f32.
 // attn_combine merges the splits and applies the output gate: out = attn * sigmoid(gate).
 
 #define KV_F32 0
@@ -47,21 +50,24 @@ __device__ __forceinline__ float load1(const u8* row, int d) {
     return __fmul_rn((float)(signed char)blk[2 + (d & 31)], h2f((u16)(blk[0] | (blk[1] << 8))));
 }
 
-template <int NREP, int HD, int KT>
+template <int NREP, int HD, int KT, int HPB>
 __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, const u64* __restrict__ seqtab,
                                                   int layer, long long row_bytes,
                                                   const u32* __restrict__ pos, int n_swa, float scale, int n_kv_head,
                                                   float* __restrict__ part) {
+    static_assert(NREP % HPB == 0, "head groups must divide the query heads of a KV head");
     constexpr int DPL = HD / 32;
     // One buffer, two lives: the scaled queries and the warps' probabilities during the key
     // loop, then the four warps' accumulators for the merge (static shared memory is 48 KB).
-    constexpr int LOOP = NREP * HD + 4 * NREP * 32, MERGE = 4 * NREP * HD;
+    constexpr int LOOP = HPB * HD + 4 * HPB * 32, MERGE = 4 * HPB * HD;
     __shared__ __align__(16) float smem[LOOP > MERGE ? LOOP : MERGE];
-    __shared__ float wm[4][NREP], wl[4][NREP];
+    __shared__ float wm[4][HPB], wl[4][HPB];
     float* qs = smem;
-    float (*ps)[NREP][32] = (float (*)[NREP][32])(smem + NREP * HD);
-    float (*wacc)[NREP * HD] = (float (*)[NREP * HD])smem;
-    const int g = blockIdx.x, split = blockIdx.y, t = blockIdx.z, n_split = gridDim.y;
+    float (*ps)[HPB][32] = (float (*)[HPB][32])(smem + HPB * HD);
+    float (*wacc)[HPB * HD] = (float (*)[HPB * HD])smem;
+    // KV head g, its query heads h0 .. h0 + HPB - 1 (of NREP).
+    const int g = blockIdx.x / (NREP / HPB), h0 = (blockIdx.x % (NREP / HPB)) * HPB;
+    const int split = blockIdx.y, t = blockIdx.z, n_split = gridDim.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_head = n_kv_head * NREP;
     const int p = (int)pos[t];
@@ -75,13 +81,13 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     const int chunk = (n_keys + n_split - 1) / n_split;
     const int k0 = lo + split * chunk, k1 = min(p + 1, k0 + chunk);
     if (k0 >= k1) return;  // an empty split: attn_combine skips it (same arithmetic on pos)
-    for (int i = threadIdx.x; i < NREP * HD; i += blockDim.x)
-        qs[i] = q[(long long)t * n_head * HD + (long long)g * NREP * HD + i] * scale;
+    for (int i = threadIdx.x; i < HPB * HD; i += blockDim.x)
+        qs[i] = q[(long long)t * n_head * HD + ((long long)g * NREP + h0) * HD + i] * scale;
     __syncthreads();
 
-    float m[NREP], l[NREP], acc[NREP][DPL];
+    float m[HPB], l[HPB], acc[HPB][DPL];
 #pragma unroll
-    for (int h = 0; h < NREP; h++) {
+    for (int h = 0; h < HPB; h++) {
         m[h] = -__int_as_float(0x7f800000);
         l[h] = 0.0f;
 #pragma unroll
@@ -89,9 +95,9 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     }
     for (int base = k0 + 32 * warp; base < k1; base += 128) {
         const int kp = base + lane;
-        float s[NREP];
+        float s[HPB];
 #pragma unroll
-        for (int h = 0; h < NREP; h++) s[h] = 0.0f;
+        for (int h = 0; h < HPB; h++) s[h] = 0.0f;
         if (kp < k1) {
             const int slot = ring > 0 ? kp % ring : kp;
             const u8* kr = kc + (long long)slot * row_bytes + (KT == KV_Q8_0 ? (long long)g * (HD / 32) * 34 : (long long)g * HD * (KT == KV_F32 ? 4 : 2));
@@ -100,7 +106,7 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
                 float kv[8];
                 load8<KT>(kr, d, kv);
 #pragma unroll
-                for (int h = 0; h < NREP; h++) {
+                for (int h = 0; h < HPB; h++) {
                     const float4 a = *(const float4*)&qs[h * HD + d], b = *(const float4*)&qs[h * HD + d + 4];
                     s[h] = fmaf(a.x, kv[0], fmaf(a.y, kv[1], fmaf(a.z, kv[2], fmaf(a.w, kv[3], s[h]))));
                     s[h] = fmaf(b.x, kv[4], fmaf(b.y, kv[5], fmaf(b.z, kv[6], fmaf(b.w, kv[7], s[h]))));
@@ -108,10 +114,10 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
             }
         } else {
 #pragma unroll
-            for (int h = 0; h < NREP; h++) s[h] = -__int_as_float(0x7f800000);
+            for (int h = 0; h < HPB; h++) s[h] = -__int_as_float(0x7f800000);
         }
 #pragma unroll
-        for (int h = 0; h < NREP; h++) {
+        for (int h = 0; h < HPB; h++) {
             float mn = fmaxf(m[h], warp_max(s[h]));
             float corr = expf(m[h] - mn);
             float pv = kp < k1 ? expf(s[h] - mn) : 0.0f;
@@ -131,7 +137,7 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
 #pragma unroll
             for (int i = 0; i < DPL; i++) vv[i] = load1<KT>(vr, g * HD + lane * DPL + i);
 #pragma unroll
-            for (int h = 0; h < NREP; h++) {
+            for (int h = 0; h < HPB; h++) {
                 float pj = ps[warp][h][j];
 #pragma unroll
                 for (int i = 0; i < DPL; i++) acc[h][i] = fmaf(pj, vv[i], acc[h][i]);
@@ -142,22 +148,22 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     // Merge the four warps.
     __syncthreads();
 #pragma unroll
-    for (int h = 0; h < NREP; h++) {
+    for (int h = 0; h < HPB; h++) {
         if (lane == 0) { wm[warp][h] = m[h]; wl[warp][h] = l[h]; }
 #pragma unroll
         for (int i = 0; i < DPL; i++) wacc[warp][h * HD + lane * DPL + i] = acc[h][i];
     }
     __syncthreads();
-    // part layout: [t][g][split][NREP][HD + 2] (acc..., m, l)
-    float* out = part + ((((long long)t * n_kv_head + g) * n_split + split) * NREP) * (HD + 2);
-    for (int i = threadIdx.x; i < NREP * HD; i += blockDim.x) {
+    // part layout: [t][g][split][NREP][HD + 2] (acc..., m, l); this block's heads from h0.
+    float* out = part + ((((long long)t * n_kv_head + g) * n_split + split) * NREP + h0) * (HD + 2);
+    for (int i = threadIdx.x; i < HPB * HD; i += blockDim.x) {
         int h = i / HD;
         float M = fmaxf(fmaxf(wm[0][h], wm[1][h]), fmaxf(wm[2][h], wm[3][h]));
         float a = 0.0f;
         for (int w = 0; w < 4; w++) if (wl[w][h] > 0.0f) a += wacc[w][i] * expf(wm[w][h] - M);
         out[h * (HD + 2) + (i % HD)] = a;
     }
-    for (int h = threadIdx.x; h < NREP; h += blockDim.x) {
+    for (int h = threadIdx.x; h < HPB; h += blockDim.x) {
         float M = fmaxf(fmaxf(wm[0][h], wm[1][h]), fmaxf(wm[2][h], wm[3][h]));
         float L = 0.0f;
         for (int w = 0; w < 4; w++) if (wl[w][h] > 0.0f) L += wl[w][h] * expf(wm[w][h] - M);
@@ -166,11 +172,20 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     }
 }
 
+// attn_<NREP>_<HD>_<kv type>: all NREP heads per block; `_g4`: NREP / 4 (NREP a multiple of 4;
+// otherwise NREP again, and the host launches it as groups of NREP).
+#define ATTN_HPB4(NREP) ((NREP) % 4 == 0 ? (NREP) / 4 : (NREP))
 #define ATTN_ENTRY(NREP, HD, KT, NAME)                                                                          \
     extern "C" __global__ void __launch_bounds__(128) attn_##NREP##_##HD##_##NAME(                            \
         const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
         float scale, int n_kv_head, float* part) {                                                            \
-        attn_partial_impl<NREP, HD, KT>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part);     \
+        attn_partial_impl<NREP, HD, KT, NREP>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part); \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) attn_##NREP##_##HD##_##NAME##_g4(                       \
+        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
+        float scale, int n_kv_head, float* part) {                                                            \
+        attn_partial_impl<NREP, HD, KT, ATTN_HPB4(NREP)>(q, seqtab, layer, row_bytes, pos, n_swa, scale,      \
+                                                          n_kv_head, part);                                    \
     }
 #define ATTN_TYPES(NREP, HD)                  \
     ATTN_ENTRY(NREP, HD, KV_F32, f32)         \

@@ -43,34 +43,67 @@ extern "C" __global__ void select_rows(const float* x, const u32* rows, int cols
     for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) out[dst + c] = x[src + c];
 }
 
-// Greedy selection on the device: the index of each row's largest value (lowest among ties).
-extern "C" __global__ void argmax_rows(const float* x, int cols, u32* out) {
+// Greedy selection on the device: the index of each row's largest value (lowest among ties;
+// NaN never wins). grid (chunks, rows), 1024 threads: each block finds its chunk's best into
+// part (value, index); the last block of a row to finish (a counter per row, reset by it) takes
+// the best of the chunks. Largest-then-lowest-index is associative, so any grouping gives the
+// same answer.
+__device__ __forceinline__ void amax_pick(float& best, int& idx, float v, int i) {
+    if (v > best || (v == best && i < idx)) { best = v; idx = i; }
+}
+__device__ __forceinline__ void amax_block(float& best, int& idx) {
     __shared__ float bv[32];
     __shared__ int bi[32];
-    const float* r = x + (long long)blockIdx.x * cols;
-    float best = -__int_as_float(0x7f800000);
-    int idx = 0x7fffffff;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float v = r[c];
-        if (v > best || (v == best && c < idx)) { best = v; idx = c; }
-    }
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, best, o);
         int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
+        amax_pick(best, idx, ov, oi);
     }
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    __syncthreads();
     if (lane == 0) { bv[w] = best; bi[w] = idx; }
     __syncthreads();
-    if (w == 0) {
-        int nw = blockDim.x >> 5;
-        best = lane < nw ? bv[lane] : -__int_as_float(0x7f800000);
-        idx = lane < nw ? bi[lane] : 0x7fffffff;
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-            if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
-        }
-        if (lane == 0) out[blockIdx.x] = (u32)idx;
+    int nw = blockDim.x >> 5;
+    best = lane < nw ? bv[lane] : -__int_as_float(0x7f800000);
+    idx = lane < nw ? bi[lane] : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        amax_pick(best, idx, ov, oi);
+    }
+}
+extern "C" __global__ void argmax_rows(const float* x, int cols, u32* out, float* pv, int* pi, unsigned* cnt) {
+    __shared__ bool last;
+    const float* r = x + (long long)blockIdx.y * cols;
+    const int per = (cols + gridDim.x - 1) / gridDim.x;
+    const int c0 = blockIdx.x * per, c1 = min(cols, c0 + per);
+    float best = -__int_as_float(0x7f800000);
+    int idx = 0x7fffffff;
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) amax_pick(best, idx, r[c], c);
+    amax_block(best, idx);
+    if (gridDim.x == 1) {
+        if (threadIdx.x == 0) out[blockIdx.y] = (u32)idx;
+        return;
+    }
+    const long long slot = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0) {
+        pv[slot] = best;
+        pi[slot] = idx;
+        __threadfence();
+        last = atomicAdd(&cnt[blockIdx.y], 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    best = -__int_as_float(0x7f800000);
+    idx = 0x7fffffff;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
+        const long long k = (long long)blockIdx.y * gridDim.x + b;
+        amax_pick(best, idx, __ldcg(pv + k), __ldcg(pi + k));
+    }
+    amax_block(best, idx);
+    if (threadIdx.x == 0) {
+        out[blockIdx.y] = (u32)idx;
+        cnt[blockIdx.y] = 0u;
     }
 }

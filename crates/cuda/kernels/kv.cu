@@ -133,32 +133,46 @@ extern "C" __global__ void qkv_prep_128(float* q, const float* k, const float* v
 
 // grid (n_head, n_tokens), HD threads: out[t][h] = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M)
 // over the splits that hold keys (the partial kernel's arithmetic on the position), times
-// sigmoid(gate) (f64, as the CPU's sigmoid_gate).
+// sigmoid(gate) (f64, as the CPU's sigmoid_gate). The splits' (m, l) are loaded together into
+// shared memory and one thread forms M, the weights and L in split order; then each thread adds
+// its dimension over the splits in order (loads independent of each other).
+#define COMBINE_MAX_SPLITS 64  // the host's clamp on n_split (attend_cached)
 extern "C" __global__ void attn_combine(const float* part, int n_split, int nrep, int hd, int n_kv_head,
                                         const u32* pos, int n_swa, const float* gate, float* out) {
+    __shared__ float sm[COMBINE_MAX_SPLITS], sl[COMBINE_MAX_SPLITS], sc[COMBINE_MAX_SPLITS];
+    __shared__ float sL;
     const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
     const int g = h / nrep, r = h % nrep;
     const int p = (int)pos[t];
     const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
     const int n_keys = p - lo + 1;
     const int chunk = (n_keys + n_split - 1) / n_split;
-    const int used = (n_keys + chunk - 1) / chunk;
+    const int used = min((n_keys + chunk - 1) / chunk, COMBINE_MAX_SPLITS);
     const float* base = part + (((long long)t * n_kv_head + g) * n_split * nrep) * (hd + 2);
-    float M = -__int_as_float(0x7f800000);
-    for (int s = 0; s < used; s++) {
+    for (int s = d; s < used; s += blockDim.x) {
         const float* e = base + ((long long)s * nrep + r) * (hd + 2);
-        if (e[hd + 1] > 0.0f) M = fmaxf(M, e[hd]);
+        sm[s] = e[hd];
+        sl[s] = e[hd + 1];
     }
-    float L = 0.0f, a = 0.0f;
-    for (int s = 0; s < used; s++) {
-        const float* e = base + ((long long)s * nrep + r) * (hd + 2);
-        if (e[hd + 1] > 0.0f) {
-            float c = expf(e[hd] - M);
-            L += e[hd + 1] * c;
-            a += e[d] * c;
+    __syncthreads();
+    if (d == 0) {
+        float M = -__int_as_float(0x7f800000);
+        for (int s = 0; s < used; s++)
+            if (sl[s] > 0.0f) M = fmaxf(M, sm[s]);
+        float L = 0.0f;
+        for (int s = 0; s < used; s++) {
+            const float c = sl[s] > 0.0f ? expf(sm[s] - M) : 0.0f;
+            sc[s] = c;
+            if (sl[s] > 0.0f) L += sl[s] * c;
         }
+        sL = L;
     }
+    __syncthreads();
+    float a = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < used; s++)
+        if (sl[s] > 0.0f) a += base[((long long)s * nrep + r) * (hd + 2) + d] * sc[s];
     long long o = (long long)t * nrep * n_kv_head * hd + (long long)h * hd + d;
-    float v = a / L;
+    float v = a / sL;
     out[o] = gate ? (float)((double)v / (1.0 + exp(-(double)gate[o]))) : v;
 }

@@ -515,15 +515,49 @@ __device__ __forceinline__ void mvq_finish(const float (&acc)[MVQ_R], float (*re
     }
 }
 
-// Rows r0.. of W; FUSED: rows r0, r0 + 1 of W and of W2 (the FFN's gate and up).
-template <bool FUSED>
+// Column-split launches (SPLIT, the matrices wider than 256 threads cover): blockIdx.y takes
+// column blocks [y nbs, (y + 1) nbs) of every row (nbs <= 32: the prefetching kernels' 256
+// threads), and writes its partial rows to part[y][rows]. The last block of a row range to finish
+// (a counter per range, reset by that block for the next launch) adds the ranges in order,
+// ((p0 + p1) + p2) ..., into y: a fixed order whatever the timing.
+__device__ __forceinline__ void mvq_split_sum(const float* __restrict__ part, float* __restrict__ y, unsigned* cnt, int rows,
+                                              int r_begin, int r_end) {
+    __shared__ bool last;
+    __threadfence();  // this block's partial rows, visible to the block that adds them
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&cnt[blockIdx.x], 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int r = r_begin + (int)threadIdx.x; r < r_end; r += blockDim.x) {
+        float s = 0.0f;
+        for (int k = 0; k < (int)gridDim.y; k++) s += __ldcg(part + (long long)k * rows + r);
+        y[r] = s;
+    }
+    if (threadIdx.x == 0) cnt[blockIdx.x] = 0u;
+}
+
+// Pair launches (PAIR): the rows of two matrices of one shape, W's then W2's, as 2 x rows
+// virtual rows; a step of MVQ_R rows never straddles the two (the host checks rows % MVQ_R == 0).
+// Virtual row v -> the matrix holding it, and v becomes its row there.
+template <bool PAIR>
+__device__ __forceinline__ const u8* mvq_seg(const u8* W, const u8* W2, int& v, int rows) {
+    if (PAIR && v >= rows) { v -= rows; return W2; }
+    return W;
+}
+
+// Rows r0.. of W; FUSED: rows r0, r0 + 1 of W and of W2 (the FFN's gate and up); PAIR: virtual
+// rows r0.. (of vrows = 2 rows).
+template <bool FUSED, bool PAIR>
 __device__ __forceinline__ void mvq_load_q4k(const u8* __restrict__ W, const u8* __restrict__ W2, int r0, int rows, int nb,
                                              int b, int sub, uint4 (&hd)[MVQ_R], uint4 (&qq)[MVQ_R]) {
+    const int vrows = PAIR ? 2 * rows : rows;
 #pragma unroll
     for (int r = 0; r < MVQ_R; r++) {
-        const u8* M = (FUSED && r >= MVQ_R / 2) ? W2 : W;
-        const int row = FUSED ? r0 + (r % (MVQ_R / 2)) : r0 + r;
-        const u8* blk = M + ((long long)min(row, rows - 1) * nb + b) * 144;
+        int row = FUSED ? r0 + (r % (MVQ_R / 2)) : r0 + r;
+        row = min(row, vrows - 1);
+        const u8* M = (FUSED && r >= MVQ_R / 2) ? W2 : mvq_seg<PAIR>(W, W2, row, rows);
+        const u8* blk = M + ((long long)row * nb + b) * 144;
         hd[r] = __ldg((const uint4*)blk);
         qq[r] = __ldg((const uint4*)(blk + 16 + 16 * sub));
     }
@@ -533,16 +567,24 @@ __device__ __forceinline__ void mvq_load_q4k(const u8* __restrict__ W, const u8*
 // low nibbles and 32 later from the high ones (j = sub / 2, h = sub % 2).
 // FUSED: y[r] = silu(W x)[r] * (W2 x)[r] (the FFN's gate and up with its SwiGLU), MVQ_R / 2 rows of
 // each per step; each product is summed exactly as unfused, and the SwiGLU is the swiglu kernel's.
-template <bool PF, bool FUSED>
+// PAIR: y = W x and y2 = W2 x in one launch (each row's arithmetic as alone: the same bits).
+// SPLIT: column range blockIdx.y (nbs blocks each), partial rows to part, mvq_split_sum.
+template <bool PF, bool FUSED, bool PAIR = false, bool SPLIT = false>
 __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
-                                         float* __restrict__ y, int rows, int cols, int rpb) {
+                                         float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
+                                         float* __restrict__ part = nullptr, unsigned* cnt = nullptr, int nbs = 0) {
     constexpr int STEP = FUSED ? MVQ_R / 2 : MVQ_R;  // output rows per step
     __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int nb = cols >> 8, b0 = tid >> 3, sub = tid & 7, j = sub >> 1, half = sub & 1;
-    const bool on = b0 < nb;
-    const int b = on ? b0 : 0;
+    const int b_off = SPLIT ? blockIdx.y * nbs : 0;
+    const bool on = b0 < (SPLIT ? min(nbs, nb - b_off) : nb);
+    const int b = (on ? b0 : 0) + b_off;
     const int e_lo = b * 256 + 64 * j + 16 * half, e_hi = e_lo + 32;
+    const int r_begin = blockIdx.x * rpb, r_end = min(PAIR ? 2 * rows : rows, r_begin + rpb);
+    uint4 hd[MVQ_R], qq[MVQ_R], nhd[MVQ_R], nqq[MVQ_R];
+    // The first rows' weights (they do not depend on x) in flight while x becomes digits.
+    if (PF && r_begin < r_end) mvq_load_q4k<FUSED, PAIR>(W, W2, r_begin, rows, nb, b, sub, nhd, nqq);
     u32 l0[4], l1[4], l2[4], h0[4], h1[4], h2[4];
     float lsc, lsum, hsc, hsum;
     {
@@ -560,17 +602,15 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
         }
         x_digits<16>(v, h0, h1, h2, hsc, hsum);
     }
-    const int r_begin = blockIdx.x * rpb, r_end = min(rows, r_begin + rpb);
-    uint4 hd[MVQ_R], qq[MVQ_R], nhd[MVQ_R], nqq[MVQ_R];
-    if (PF && r_begin < r_end) mvq_load_q4k<FUSED>(W, W2, r_begin, rows, nb, b, sub, nhd, nqq);
+    float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;  // this launch's rows of W
     int it = 0;
     for (int r0 = r_begin; r0 < r_end; r0 += STEP, it ^= 1) {
         if (PF) {
 #pragma unroll
             for (int r = 0; r < MVQ_R; r++) { hd[r] = nhd[r]; qq[r] = nqq[r]; }
-            if (r0 + STEP < r_end) mvq_load_q4k<FUSED>(W, W2, r0 + STEP, rows, nb, b, sub, nhd, nqq);
+            if (r0 + STEP < r_end) mvq_load_q4k<FUSED, PAIR>(W, W2, r0 + STEP, rows, nb, b, sub, nhd, nqq);
         } else {
-            mvq_load_q4k<FUSED>(W, W2, r0, rows, nb, b, sub, hd, qq);
+            mvq_load_q4k<FUSED, PAIR>(W, W2, r0, rows, nb, b, sub, hd, qq);
         }
         float acc[MVQ_R];
 #pragma unroll
@@ -594,23 +634,36 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
             // w = d sc q - dmin m
             acc[r] = on ? ((d * sa) * qx_lo - (dm * ma) * lsum) + ((d * sb) * qx_hi - (dm * mb) * hsum) : 0.0f;
         }
-        mvq_finish<STEP, FUSED>(acc, red, it, y, r0, r_end, tid, lane, warp, nw);
+        if (PAIR && r0 >= rows) mvq_finish<STEP, FUSED>(acc, red, it, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
+        else mvq_finish<STEP, FUSED>(acc, red, it, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
     }
+    if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
 }
 
 // Up to 256 threads (columns <= 8192): the next rows' loads in flight during this step. Wider:
 // without (its registers would spill at 640 threads).
 extern "C" __global__ void __launch_bounds__(256) mvq_q4_k(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
-    mvq_q4_k<true, false>(W, W, x, y, rows, cols, rpb);
+    mvq_q4_k<true, false>(W, W, x, y, y, rows, cols, rpb);
 }
 extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q4_k_wide(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
-    mvq_q4_k<false, false>(W, W, x, y, rows, cols, rpb);
+    mvq_q4_k<false, false>(W, W, x, y, y, rows, cols, rpb);
 }
 extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_swiglu(const u8* Wg, const u8* Wu, const float* x, float* y, int rows, int cols, int rpb) {
-    mvq_q4_k<true, true>(Wg, Wu, x, y, rows, cols, rpb);
+    mvq_q4_k<true, true>(Wg, Wu, x, y, y, rows, cols, rpb);
 }
 extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q4_k_swiglu_wide(const u8* Wg, const u8* Wu, const float* x, float* y, int rows, int cols, int rpb) {
-    mvq_q4_k<false, true>(Wg, Wu, x, y, rows, cols, rpb);
+    mvq_q4_k<false, true>(Wg, Wu, x, y, y, rows, cols, rpb);
+}
+// Matrices wider than 8192 columns in column ranges of nbs blocks (grid.y ranges): prefetching
+// like mvq_q4_k, where mvq_q4_k_wide cannot (its registers would spill at 640 threads).
+extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_split(const u8* W, const float* x, float* y, int rows, int cols, int rpb,
+                                                                 float* part, unsigned* cnt, int nbs) {
+    mvq_q4_k<true, false, false, true>(W, W, x, y, y, rows, cols, rpb, part, cnt, nbs);
+}
+// y = W x and y2 = W2 x, two matrices of one shape (Q and the attention gate, K and V, the FFN's
+// gate and up): one launch, each row's bits as alone. Up to 256 threads.
+extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_pair(const u8* W, const u8* W2, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
+    mvq_q4_k<true, false, true>(W, W2, x, y, y2, rows, cols, rpb);
 }
 
 __device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
@@ -618,18 +671,43 @@ __device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s
 // Q6_K (structure of arrays, as mv_q6_k): 8 lanes per block, each 8 positions x 4 quarters. The
 // codes become signed q - 32 bytes (vsub4), so sum (q - 32) X is exact in integers:
 // |S0|, |S1| <= 8 * 32 * 255, 256 S1 + S0 < 2^24 (exact in f32).
-template <bool PF>
-__device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, long long nbt, const float* __restrict__ x,
-                                         float* __restrict__ y, int rows, int cols, int rpb) {
+template <bool PF, bool PAIR = false, bool SPLIT = false>
+__device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __restrict__ W2, long long nbt, const float* __restrict__ x,
+                                         float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
+                                         float* __restrict__ part = nullptr, unsigned* cnt = nullptr, int nbs = 0) {
     __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int nb = cols >> 8, b0 = tid >> 3, sub = tid & 7, n = sub >> 2, k8 = sub & 3;
-    const bool on = b0 < nb;
-    const int b = on ? b0 : 0;
-    const u8* QL = W;
-    const u8* QH = W + nbt * 128;
-    const u8* SC = W + nbt * 192;
-    const u16* D = (const u16*)(W + nbt * 208);
+    const int b_off = SPLIT ? blockIdx.y * nbs : 0;
+    const bool on = b0 < (SPLIT ? min(nbs, nb - b_off) : nb);
+    const int b = (on ? b0 : 0) + b_off;
+    const int r_begin = blockIdx.x * rpb, r_end = min(PAIR ? 2 * rows : rows, r_begin + rpb);
+    uint2 l0[MVQ_R], l1[MVQ_R], h[MVQ_R], nl0[MVQ_R], nl1[MVQ_R], nh[MVQ_R];
+    u32 scw[MVQ_R], nscw[MVQ_R];
+    float d[MVQ_R], nd[MVQ_R];
+    // Codes, scales and d of (virtual) rows r0.. (the lane's four scales: bytes 8n + k8/2 + 2qt
+    // of 16).
+    auto load = [&](int r0, uint2 (&L0)[MVQ_R], uint2 (&L1)[MVQ_R], uint2 (&H)[MVQ_R], u32 (&S)[MVQ_R], float (&Dd)[MVQ_R]) {
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            int row = min(r0 + r, (PAIR ? 2 * rows : rows) - 1);
+            const u8* M = mvq_seg<PAIR>(W, W2, row, rows);
+            const u8* QL = M;
+            const u8* QH = M + nbt * 128;
+            const u8* SC = M + nbt * 192;
+            const u16* D = (const u16*)(M + nbt * 208);
+            const long long blk = (long long)row * nb + b;
+            L0[r] = __ldg((const uint2*)(QL + blk * 128 + 64 * n + 8 * k8));
+            L1[r] = __ldg((const uint2*)(QL + blk * 128 + 64 * n + 32 + 8 * k8));
+            H[r] = __ldg((const uint2*)(QH + blk * 64 + 32 * n + 8 * k8));
+            Dd[r] = h2f(__ldg(D + blk));
+            const u32* s4 = (const u32*)(SC + blk * 16 + 8 * n);
+            const u32 w0 = __ldg(s4), w1 = __ldg(s4 + 1);
+            S[r] = (k8 >> 1) ? __byte_perm(w0, w1, 0x7531) : __byte_perm(w0, w1, 0x6420);
+        }
+    };
+    // The first rows' weights (they do not depend on x) in flight while x becomes digits.
+    if (PF && r_begin < r_end) load(r_begin, nl0, nl1, nh, nscw, nd);
     u32 x0[4][2], x1[4][2], x2[4][2];
     float xsc[4];
 #pragma unroll
@@ -640,25 +718,7 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, long long nbt
         float unused;
         x_digits<8>(v, x0[qt], x1[qt], x2[qt], xsc[qt], unused);
     }
-    const int r_begin = blockIdx.x * rpb, r_end = min(rows, r_begin + rpb);
-    uint2 l0[MVQ_R], l1[MVQ_R], h[MVQ_R], nl0[MVQ_R], nl1[MVQ_R], nh[MVQ_R];
-    u32 scw[MVQ_R], nscw[MVQ_R];
-    float d[MVQ_R], nd[MVQ_R];
-    // Codes, scales and d of rows r0.. (the lane's four scales: bytes 8n + k8/2 + 2qt of 16).
-    auto load = [&](int r0, uint2 (&L0)[MVQ_R], uint2 (&L1)[MVQ_R], uint2 (&H)[MVQ_R], u32 (&S)[MVQ_R], float (&Dd)[MVQ_R]) {
-#pragma unroll
-        for (int r = 0; r < MVQ_R; r++) {
-            const long long blk = (long long)min(r0 + r, rows - 1) * nb + b;
-            L0[r] = __ldg((const uint2*)(QL + blk * 128 + 64 * n + 8 * k8));
-            L1[r] = __ldg((const uint2*)(QL + blk * 128 + 64 * n + 32 + 8 * k8));
-            H[r] = __ldg((const uint2*)(QH + blk * 64 + 32 * n + 8 * k8));
-            Dd[r] = h2f(__ldg(D + blk));
-            const u32* s4 = (const u32*)(SC + blk * 16 + 8 * n);
-            const u32 w0 = __ldg(s4), w1 = __ldg(s4 + 1);
-            S[r] = (k8 >> 1) ? __byte_perm(w0, w1, 0x7531) : __byte_perm(w0, w1, 0x6420);
-        }
-    };
-    if (PF && r_begin < r_end) load(r_begin, nl0, nl1, nh, nscw, nd);
+    float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;  // this launch's rows of W
     int it = 0;
     for (int r0 = r_begin; r0 < r_end; r0 += MVQ_R, it ^= 1) {
         if (PF) {
@@ -691,13 +751,24 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, long long nbt
             }
             acc[r] = on ? a : 0.0f;
         }
-        mvq_finish<MVQ_R, false>(acc, red, it, y, r0, r_end, tid, lane, warp, nw);
+        if (PAIR && r0 >= rows) mvq_finish<MVQ_R, false>(acc, red, it, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
+        else mvq_finish<MVQ_R, false>(acc, red, it, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
     }
+    if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
 }
 
 extern "C" __global__ void __launch_bounds__(256) mvq_q6_k(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb) {
-    mvq_q6_k<true>(W, nbt, x, y, rows, cols, rpb);
+    mvq_q6_k<true>(W, W, nbt, x, y, y, rows, cols, rpb);
 }
 extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q6_k_wide(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb) {
-    mvq_q6_k<false>(W, nbt, x, y, rows, cols, rpb);
+    mvq_q6_k<false>(W, W, nbt, x, y, y, rows, cols, rpb);
+}
+// The column-split form of mvq_q6_k (as mvq_q4_k_split).
+extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_split(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb,
+                                                                 float* part, unsigned* cnt, int nbs) {
+    mvq_q6_k<true, false, true>(W, W, nbt, x, y, y, rows, cols, rpb, part, cnt, nbs);
+}
+// The pair form of mvq_q6_k (two matrices of one shape; nbt is each one's block count).
+extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_pair(const u8* W, const u8* W2, long long nbt, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
+    mvq_q6_k<true, true>(W, W2, nbt, x, y, y2, rows, cols, rpb);
 }

@@ -137,6 +137,14 @@ struct Scratch {
     xq_sc: CudaSlice<f32>,
     xq_sum: CudaSlice<f32>,
     mpart: CudaSlice<f32>,
+    /// The column-split one-token kernels' partial rows, and their per-row-range counters
+    /// (zero between launches: the last block of a range resets its own).
+    vpart: CudaSlice<f32>,
+    vcnt: CudaSlice<u32>,
+    /// Greedy selection's per-chunk best values and indices, and its per-row counters.
+    amax_v: CudaSlice<f32>,
+    amax_i: CudaSlice<i32>,
+    amax_cnt: CudaSlice<u32>,
     inv_freq: HashMap<(u32, usize), CudaSlice<f64>>,
 }
 
@@ -241,7 +249,7 @@ pub struct CudaBackend {
     scratch: Mutex<Option<Scratch>>,
     /// While a graph is being captured, `begin_batch` must not upload (the decoder does it).
     pub(crate) capturing: std::sync::atomic::AtomicBool,
-    /// Decode steps recorded as CUDA graphs, one per step shape (`MUSER_BATCH_GRAPHS=1`).
+    /// Decode steps recorded as CUDA graphs, one per step shape (on unless `MUSER_BATCH_GRAPHS=0`).
     step_graphs: Mutex<StepGraphs>,
     device_name: String,
     /// Per-operation GPU timing (eager steps only): (label, start, end) events.
@@ -252,7 +260,7 @@ pub struct CudaBackend {
     /// Whether some matrix's one-token kernel reads the sums of 8 activations (a format without
     /// an `mvq_*` kernel): only then do the norms write them for single-token rows.
     one_token_sums: std::sync::atomic::AtomicBool,
-    /// `--mode fast`: prompt products on TF32 tensor cores.
+    /// `--mode fast`: two-plane tensor-core kernels for Q4_K and Q6_K, TF32 cuBLAS for the rest.
     fast_prompts: std::sync::atomic::AtomicBool,
     /// One launch for the FFN's gate, up and SwiGLU at one token (`ffn_swiglu`).
     fused_ffn: std::sync::atomic::AtomicBool,
@@ -285,7 +293,7 @@ pub struct CudaBackend {
     /// stages, at most 128 registers, 16 warps per SM).
     mmq_occ: std::sync::atomic::AtomicUsize,
     /// Products of more than 64 tokens in one launch of the staged kernels, 64 tokens per grid
-    /// layer (`MUSER_MMQ_ZGRID=1`), instead of one launch per 64 tokens. Same bits per token.
+    /// layer (on unless `MUSER_MMQ_ZGRID=0`), instead of one launch per 64 tokens. Same bits per token.
     mmq_zgrid: std::sync::atomic::AtomicBool,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
@@ -350,7 +358,7 @@ impl CudaBackend {
             scratch: Mutex::new(None),
             capturing: std::sync::atomic::AtomicBool::new(false),
             step_graphs: Mutex::new(StepGraphs {
-                on: env_is("MUSER_BATCH_GRAPHS", "1"),
+                on: !env_is("MUSER_BATCH_GRAPHS", "0"),
                 ..StepGraphs::default()
             }),
             device_name,
@@ -370,17 +378,9 @@ impl CudaBackend {
             smem_optin,
             mmq_scale_in_a: std::sync::atomic::AtomicBool::new(env_is("MUSER_MMQ_SCALEA", "1")),
             mmq_pairs: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_PAIR", "0")),
-            mmq_planes: std::sync::atomic::AtomicUsize::new(if env_is("MUSER_MMQ_PLANES", "2") {
-                2
-            } else {
-                3
-            }),
-            mmq_zgrid: std::sync::atomic::AtomicBool::new(env_is("MUSER_MMQ_ZGRID", "1")),
-            mmq_occ: std::sync::atomic::AtomicUsize::new(if env_is("MUSER_MMQ_OCC", "2") {
-                2
-            } else {
-                1
-            }),
+            mmq_planes: std::sync::atomic::AtomicUsize::new(env_planes()),
+            mmq_zgrid: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_ZGRID", "0")),
+            mmq_occ: std::sync::atomic::AtomicUsize::new(env_blocks_per_sm()),
             mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
                 if env_is("MUSER_MMQ_MR", "2") { 32 } else { 16 },
             ),
@@ -395,10 +395,14 @@ impl CudaBackend {
         })
     }
 
-    /// Prompts (micro-batches of more than 8 tokens) multiply on the TF32 tensor cores: the
-    /// exactly dequantized weights and the activations are rounded to TF32 (10-bit mantissas)
-    /// inside cuBLAS, products accumulate in f32. Decode steps keep the accurate kernels. This is
-    /// `--mode fast`; its error against the accurate mode is measured in docs/PARITY.md.
+    /// `--mode fast`: products of several tokens (prompts and batched decode steps) in Q4_K and
+    /// Q6_K run on the two-plane tensor-core kernels (activations to 2^-15 of a 256-value
+    /// block's largest value instead of 2^-22) at two blocks per multiprocessor; the other
+    /// formats' prompt products multiply on the TF32 tensor cores (the exactly dequantized
+    /// weights and the activations rounded to 10-bit mantissas inside cuBLAS, f32 sums).
+    /// One-token decode keeps the accurate kernels. Off: the planes and blocks per SM go back
+    /// to their defaults (3 and 1, or what `MUSER_MMQ_PLANES` / `MUSER_MMQ_OCC` say). Its error
+    /// against the accurate mode is measured in docs/PARITY.md.
     pub fn set_fast_prompts(&self, on: bool) -> Result<()> {
         use cudarc::cublas::sys::{cublasMath_t, cublasSetMathMode, cublasStatus_t};
         let mode = if on {
@@ -414,6 +418,8 @@ impl CudaBackend {
         }
         self.fast_prompts
             .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.set_mmq_planes(if on { 2 } else { env_planes() });
+        self.set_mmq_blocks_per_sm(if on { 2 } else { env_blocks_per_sm() });
         // A recorded step holds the other mode's kernels.
         self.bump_epoch();
         Ok(())
@@ -618,6 +624,11 @@ impl CudaBackend {
                 xq_sc: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 xq_sum: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 mpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                vpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                vcnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                amax_v: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                amax_i: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                amax_cnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 inv_freq: HashMap::new(),
             });
         }
@@ -740,17 +751,37 @@ impl CudaBackend {
     }
 
     /// Greedy token of each row of `logits`, computed on the device.
+    /// Chunks of 4096 values per row, at most two per SM: a vocabulary of 202,048 takes 50
+    /// blocks instead of one (one block: 79 us per token on the H200, Nsight Compute, 2026-11-29).
     pub fn argmax(&self, logits: &CudaAct, out: &mut CudaSlice<u32>) -> Result<()> {
         let cols = logits.cols as i32;
+        let chunks = logits
+            .cols
+            .div_ceil(4096)
+            .clamp(1, 2 * self.sm_count.max(1) as usize);
+        let mut g = self.scratch()?;
+        let s = g
+            .as_mut()
+            .ok_or_else(|| Error::Backend("no scratch".into()))?;
+        self.grow(&mut s.amax_v, chunks * logits.rows)?;
+        self.grow(&mut s.amax_i, chunks * logits.rows)?;
+        self.grow(&mut s.amax_cnt, logits.rows)?;
         let func = self.f("argmax_rows")?;
         let mut b = self.stream.launch_builder(&func);
-        b.arg(&logits.data).arg(&cols).arg(out);
+        b.arg(&logits.data)
+            .arg(&cols)
+            .arg(out)
+            .arg(&mut s.amax_v)
+            .arg(&mut s.amax_i)
+            .arg(&mut s.amax_cnt);
         let cfg = LaunchConfig {
-            grid_dim: (logits.rows as u32, 1, 1),
+            grid_dim: (chunks as u32, logits.rows as u32, 1),
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: the kernel reads rows*cols floats of `logits` and writes `rows` ids to `out`.
+        // SAFETY: the kernel reads rows*cols floats of `logits`, writes `rows` ids to `out` and
+        // chunks x rows partial results, and reads and resets one counter per row (all grown
+        // above).
         unsafe { b.launch(cfg) }.map_err(dev("argmax"))?;
         Ok(())
     }
@@ -785,9 +816,26 @@ impl CudaBackend {
             && mvq_enabled()
     }
 
+    /// Threads of an x-stationary kernel's block for `w`: 8 per 256 columns, whole warps.
+    fn mvq_threads(w: &CudaMatrix) -> u32 {
+        ((w.cols / 256 * 8) as u32).div_ceil(32) * 32
+    }
+
+    /// Whether `w` and `w2` can share a pair launch of the x-stationary kernels at one token:
+    /// one shape and format, blocks of at most 256 threads (the `_pair` kernels), and rows a
+    /// multiple of the kernels' step so no step straddles the two matrices.
+    fn mvq_pair_for(w: &CudaMatrix, w2: &CudaMatrix) -> bool {
+        Self::mvq_for(w)
+            && (w.ty, w.rows, w.cols) == (w2.ty, w2.rows, w2.cols)
+            && Self::mvq_threads(w) <= 256
+            && w.rows % MVQ_R == 0
+    }
+
     /// One token through an x-stationary kernel: blocks as wide as the matrix (8 threads per
     /// 256 columns), one wave of resident blocks, each taking a run of consecutive rows. With
-    /// `up`, `w` is the FFN gate and the kernel writes silu(gate x) * (up x).
+    /// `up`, `w` is the FFN gate and the kernel writes silu(gate x) * (up x). With `second` =
+    /// (W2, out2) (`mvq_pair_for`), out2 = W2 x in the same launch, the blocks' rows running over
+    /// W's and then W2's (each row's bits as alone).
     fn matvec_q(
         &self,
         w: &CudaMatrix,
@@ -795,18 +843,53 @@ impl CudaBackend {
         x: &CudaAct,
         out: &mut CudaAct,
         t: usize,
+        second: Option<(&CudaMatrix, &mut CudaAct)>,
     ) -> Result<()> {
-        let threads = ((w.cols / 256 * 8) as u32).div_ceil(32) * 32;
-        let name = match (w.ty, threads <= 256, up.is_some()) {
-            (GgmlType::Q4_K, true, false) => "mvq_q4_k",
-            (GgmlType::Q4_K, false, false) => "mvq_q4_k_wide",
-            (GgmlType::Q4_K, true, true) => "mvq_q4_k_swiglu",
-            (GgmlType::Q4_K, false, true) => "mvq_q4_k_swiglu_wide",
-            (_, true, _) => "mvq_q6_k",
-            (_, false, _) => "mvq_q6_k_wide",
+        // Wider than 256 threads cover (more than 8192 columns), unfused and alone: column
+        // ranges of at most 32 blocks (`_split`, prefetching), unless `MUSER_MVQ_SPLIT=0`.
+        let wide = Self::mvq_threads(w) > 256;
+        let ranges = if wide && up.is_none() && second.is_none() && mvq_split() {
+            (w.cols / 256).div_ceil(32)
+        } else {
+            1
         };
+        let nbs = (w.cols / 256).div_ceil(ranges);
+        let threads = if ranges > 1 {
+            ((nbs * 8) as u32).div_ceil(32) * 32
+        } else {
+            Self::mvq_threads(w)
+        };
+        let name = match (w.ty, threads <= 256, up.is_some(), second.is_some()) {
+            (GgmlType::Q4_K, true, false, false) if ranges > 1 => "mvq_q4_k_split",
+            (GgmlType::Q6_K, true, false, false) if ranges > 1 => "mvq_q6_k_split",
+            (GgmlType::Q4_K, true, false, true) => "mvq_q4_k_pair",
+            (GgmlType::Q4_K, true, false, false) => "mvq_q4_k",
+            (GgmlType::Q4_K, false, false, false) => "mvq_q4_k_wide",
+            (GgmlType::Q4_K, true, true, false) => "mvq_q4_k_swiglu",
+            (GgmlType::Q4_K, false, true, false) => "mvq_q4_k_swiglu_wide",
+            (GgmlType::Q6_K, true, false, true) => "mvq_q6_k_pair",
+            (GgmlType::Q6_K, true, false, false) => "mvq_q6_k",
+            (GgmlType::Q6_K, false, false, false) => "mvq_q6_k_wide",
+            (ty, ..) => {
+                return Err(Error::Backend(format!(
+                    "no x-stationary kernel for {ty} with {threads} threads{}{}",
+                    if up.is_some() { ", fused" } else { "" },
+                    if second.is_some() { ", pair" } else { "" }
+                )));
+            }
+        };
+        if let Some((w2, _)) = &second {
+            if !Self::mvq_pair_for(w, w2) {
+                return Err(Error::Backend(format!(
+                    "mvq pair: {} {}x{} with {} {}x{}",
+                    w.ty, w.rows, w.cols, w2.ty, w2.rows, w2.cols
+                )));
+            }
+        }
         // Output rows per step: MVQ_R, or MVQ_R / 2 of each matrix when fused.
         let step = if up.is_some() { MVQ_R / 2 } else { MVQ_R };
+        // Rows the blocks run over: W's, then W2's in a pair launch.
+        let vrows = if second.is_some() { 2 * w.rows } else { w.rows };
         let f = &self.f(name)?;
         let per_sm = {
             let mut g = self
@@ -836,9 +919,26 @@ impl CudaBackend {
                 }
             }
         };
-        let slots = (per_sm * self.sm_count) as usize;
-        let rpb = w.rows.div_ceil(slots).div_ceil(step) * step;
-        let grid = w.rows.div_ceil(rpb) as u32;
+        // One wave of resident blocks: `ranges` blocks per range of rows.
+        let slots = ((per_sm * self.sm_count) as usize / ranges).max(1);
+        let rpb = vrows.div_ceil(slots).div_ceil(step) * step;
+        let grid = vrows.div_ceil(rpb) as u32;
+        let mut g = if ranges > 1 {
+            Some(self.scratch()?)
+        } else {
+            None
+        };
+        let split = match g.as_mut() {
+            Some(g) => {
+                let s = g
+                    .as_mut()
+                    .ok_or_else(|| Error::Backend("no scratch".into()))?;
+                self.grow(&mut s.vpart, ranges * w.rows)?;
+                self.grow(&mut s.vcnt, grid as usize)?;
+                Some((&mut s.vpart, &mut s.vcnt))
+            }
+            None => None,
+        };
         let xv = x.data.slice(t * x.cols..(t + 1) * x.cols);
         let mut yv = out.data.slice_mut(t * w.rows..(t + 1) * w.rows);
         let (rows, cols, rpb) = (w.rows as i32, w.cols as i32, rpb as i32);
@@ -847,19 +947,34 @@ impl CudaBackend {
         if let Some(u) = up {
             b.arg(&u.data);
         }
+        let mut y2v = None;
+        if let Some((w2, o2)) = second {
+            b.arg(&w2.data);
+            y2v = Some(o2.data.slice_mut(t * w.rows..(t + 1) * w.rows));
+        }
         if w.ty == GgmlType::Q6_K {
             b.arg(&w.nbt);
         }
-        b.arg(&xv).arg(&mut yv).arg(&rows).arg(&cols).arg(&rpb);
+        b.arg(&xv).arg(&mut yv);
+        if let Some(y2) = y2v.as_mut() {
+            b.arg(y2);
+        }
+        b.arg(&rows).arg(&cols).arg(&rpb);
+        let nbs_arg = nbs as i32;
+        if let Some((part, cnt)) = split {
+            b.arg(part).arg(cnt).arg(&nbs_arg);
+        }
         let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
+            grid_dim: (grid, ranges as u32, 1),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: threads cover cols / 256 column blocks (<= MVQ_MAX_COLS, the kernel's static
-        // shared memory is sized for it); the kernel reads the matrix (and `up`, checked by the
-        // caller to have the same shape and format) and one row of x, and writes rows outputs
-        // of row t.
+        // SAFETY: threads cover cols / 256 column blocks, or nbs of them per range in a split
+        // launch (<= MVQ_MAX_COLS, the kernel's static shared memory is sized for it); the kernel
+        // reads the matrix (and `up` or W2, checked above or by the caller to have the same shape
+        // and format) and one row of x, and writes rows outputs of row t (of each output in a
+        // pair launch; both checked by the caller); a split launch also writes ranges x rows
+        // partial sums and reads and resets one counter per block row (both grown above).
         unsafe { b.launch(cfg) }.map_err(dev(name))?;
         Ok(())
     }
@@ -940,17 +1055,16 @@ impl CudaBackend {
     }
 
     /// Whether a product of `w` with `rows` tokens runs on the tensor-core kernels: batched decode
-    /// and, in the accurate mode, prompts (H200, 2026-11-29, staged kernels, 64 x 512 prompt
-    /// tokens in micro-batches of 512: 983 tokens/s against 730 for f32 cuBLAS;
-    /// `MUSER_MMQ_PROMPTS=0` keeps cuBLAS past 64 tokens). `--mode fast` keeps TF32 cuBLAS past
-    /// 64 (1,833 tokens/s). Batch-invariant: always, one token included.
+    /// and prompts (H200, 2026-11-29, staged kernels, 64 x 512 prompt tokens in micro-batches of
+    /// 512: 983 tokens/s against 730 for f32 cuBLAS; `MUSER_MMQ_PROMPTS=0` keeps cuBLAS past 64
+    /// tokens). In `--mode fast` the two-plane kernels (2,169 tokens/s at commit 9f63aa8
+    /// against 1,833 for TF32 cuBLAS in an earlier call). Batch-invariant: always, one token
+    /// included.
     fn mmq_route(&self, w: &CudaMatrix, rows: usize) -> bool {
-        let prompts_too =
-            mmq_prompts() && !self.fast_prompts.load(std::sync::atomic::Ordering::Relaxed);
         Self::mmq_for(w)
             && (self.invariant()
                 || (2..=MMQ_MAX_TOKENS).contains(&rows)
-                || (rows > 1 && prompts_too))
+                || (rows > 1 && mmq_prompts()))
     }
 
     /// The same for a launch of `row_blocks` blocks of 64 rows over `cols` columns, `per_sm`
@@ -1066,7 +1180,7 @@ impl CudaBackend {
             // scales and runs x pad sums, all within the buffers grown above.
             unsafe { b.launch(cfg) }.map_err(dev("xq_planes"))?;
         }
-        // More than 64 tokens (prompts, mixed server steps): with `MUSER_MMQ_ZGRID=1` one launch
+        // More than 64 tokens (prompts, mixed server steps): one launch (unless `MUSER_MMQ_ZGRID=0`)
         // covers them all, a grid layer (blockIdx.z) per 64 tokens, instead of a launch per 64.
         let z_layers =
             if staged && n > 64 && self.mmq_zgrid.load(std::sync::atomic::Ordering::Relaxed) {
@@ -1359,7 +1473,15 @@ impl CudaBackend {
             &mut s.part,
             n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2),
         )?;
-        let name = format!("attn_{nrep}_{}_{}", spec.head_dim, kv.ty.name());
+        // A few tokens: each block takes a quarter of a KV head's query heads (`_g4`, four
+        // times the blocks; a head's arithmetic is the same either way, so the bits too).
+        let groups = if n < 8 && nrep % 4 == 0 { 4 } else { 1 };
+        let name = format!(
+            "attn_{nrep}_{}_{}{}",
+            spec.head_dim,
+            kv.ty.name(),
+            if groups > 1 { "_g4" } else { "" }
+        );
         let n_swa = if spec.kind.is_sliding() {
             spec.n_swa as i32
         } else {
@@ -1379,7 +1501,7 @@ impl CudaBackend {
                 .arg(&n_kv_head)
                 .arg(&mut s.part);
             let cfg = LaunchConfig {
-                grid_dim: (spec.n_head_kv as u32, n_split as u32, n as u32),
+                grid_dim: ((spec.n_head_kv * groups) as u32, n_split as u32, n as u32),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
@@ -1431,6 +1553,20 @@ impl CudaBackend {
     }
 }
 
+/// The tensor-core kernels' digit planes outside `--mode fast`: 3, or 2 with `MUSER_MMQ_PLANES=2`.
+fn env_planes() -> usize {
+    if env_is("MUSER_MMQ_PLANES", "2") {
+        2
+    } else {
+        3
+    }
+}
+
+/// Blocks per SM of the two-plane kernels outside `--mode fast`: 1, or 2 with `MUSER_MMQ_OCC=2`.
+fn env_blocks_per_sm() -> usize {
+    if env_is("MUSER_MMQ_OCC", "2") { 2 } else { 1 }
+}
+
 /// Prompts (more than 64 tokens) on the tensor-core kernels too, unless `MUSER_MMQ_PROMPTS=0`.
 fn mmq_prompts() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -1441,6 +1577,13 @@ fn mmq_prompts() -> bool {
 fn mmq_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| !env_is("MUSER_MMQ", "0"))
+}
+
+/// Column-split launches of the one-token kernels for matrices wider than 8192 columns, unless
+/// `MUSER_MVQ_SPLIT=0` (then one block spans the row: `mvq_*_wide`).
+fn mvq_split() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !env_is("MUSER_MVQ_SPLIT", "0"))
 }
 
 /// The x-stationary one-token kernels are on unless `MUSER_MVQ=0`.
@@ -1886,7 +2029,7 @@ impl Backend for CudaBackend {
                     return self.gemm(w, x, out);
                 }
                 if x.rows == 1 && !invariant && Self::mvq_for(w) {
-                    return self.matvec_q(w, None, x, out, 0);
+                    return self.matvec_q(w, None, x, out, 0, None);
                 }
                 let needs_sums = matches!(
                     w.ty,
@@ -1925,6 +2068,26 @@ impl Backend for CudaBackend {
         out1: &mut CudaAct,
         out2: &mut CudaAct,
     ) -> Result<()> {
+        // One token, two matrices of one shape: a pair launch of the x-stationary kernels (each
+        // row's bits as alone).
+        if x.rows == 1
+            && x.cols == w1.cols
+            && !self.invariant()
+            && !self.mmq_route(w1, 1)
+            && Self::mvq_pair_for(w1, w2)
+            && self.mmq_pairs.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return self.timed(
+                || format!("matmul pair {} {}x{} n=1", w1.ty, w1.rows, w1.cols),
+                || {
+                    check(out1, 1, w1.rows, "matmul pair")?;
+                    check(out2, 1, w2.rows, "matmul pair")?;
+                    out1.xs_ok = false;
+                    out2.xs_ok = false;
+                    self.matvec_q(w1, None, x, out1, 0, Some((w2, out2)))
+                },
+            );
+        }
         // Two matrices of one shape and format on the tensor-core kernels: one pair launch
         // (each product's bits as alone in the batch-invariant mode), else one after the other.
         let pair = x.cols == w1.cols
@@ -2181,7 +2344,7 @@ impl Backend for CudaBackend {
             || format!("ffn gate+up+swiglu {}x{} n=1", w_gate.rows, w_gate.cols),
             || {
                 check(out, 1, w_gate.rows, "ffn_swiglu")?;
-                self.matvec_q(w_gate, Some(w_up), x, out, 0)?;
+                self.matvec_q(w_gate, Some(w_up), x, out, 0, None)?;
                 out.xs_ok = false;
                 Ok(())
             },
