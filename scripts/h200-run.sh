@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the H200 machine (repo root, after scripts/h200-prepare.sh here, carry=["carry"]).
 # Stages (select with STAGES, default all): tests, synth, muser, batch (Muser's batched test and
-# llama-batched-bench on the same file), llama, tp (needs 2+ GPUs); serve (not in the default: 64
-# streaming clients against `muser serve` and then `llama-server -np 64`).
+# llama-batched-bench on the same file; FAST=1 adds Muser's --mode fast), llama, tp (needs 2+
+# GPUs); serve (not in the default: 64 streaming clients against `muser serve` (SERVE_FLAGS, e.g.
+# "--mode fast") and then `llama-server -np 64`).
 # Logs go to $OUT; the last lines printed are a short table.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -27,7 +28,7 @@ load_summary() {
 import json, sys
 r = json.load(open(sys.argv[1]))
 t = r["ttft_ms"]
-print(f"{sys.argv[1]}: ok {r['requests_ok']} failed {r['requests_failed']} {r['failures']} completion tokens/s {r['tokens_per_s']} ttft p50 {t['p50']} ms p99 {t['p99']} ms, engine step {r.get('step_ms_mean')} ms")
+print(f"{sys.argv[1]}: ok {r['requests_ok']} failed {r['requests_failed']} {r['failures']} completion tokens/s {r['tokens_per_s']} ttft p50 {t['p50']} ms p99 {t['p99']} ms, engine step {r.get('step_ms_mean')} ms (forward {r.get('forward_ms_mean')} ms, sampling {r.get('sample_ms_mean')} ms)")
 PY
   summary+=("$(grep -E "$1" "$OUT/serve.log" | tail -1)")
 }
@@ -85,6 +86,8 @@ if has muser; then
   log="$OUT/muser-bench.log"; : > "$log"
   timeout 300 $B -p ${PP:-512,2048} -n ${TG:-128} --depth ${DEPTH:-0,4096} -r ${REPS:-3} ${BENCH_FLAGS:-} 2>&1 | tee -a "$log"
   [ -n "${QUICK:-}" ] || timeout 300 $B --mode fast -p ${PP:-512,2048} -n ${TG:-128} --depth ${DEEP:-4096,32768} -r 1 2>&1 | tee -a "$log"
+  # QUICK with FAST=1: fast mode's prompts only (its decode is the accurate mode's).
+  [ -z "${QUICK:-}" ] || [ -z "${FAST:-}" ] || timeout 300 $B --mode fast -p ${PP:-512,2048} -n 0 -r ${REPS:-3} 2>&1 | tee -a "$log"
   if [ -n "${AB:-}" ]; then
     MUSER_MVQ=0 timeout 300 $B -p 0 -n ${TG:-128} -r ${REPS:-3} 2>&1 | sed 's/^| tg/| (MUSER_MVQ=0) tg/' | tee -a "$log"
     MUSER_FUSE=1 timeout 300 $B -p 0 -n ${TG:-128} -r ${REPS:-3} 2>&1 | sed 's/^| tg/| (MUSER_FUSE=1) tg/' | tee -a "$log"
@@ -97,6 +100,8 @@ if has batch; then
   # BI=1) its batch-invariant mode.
   blog="$OUT/batched.log"; : > "$blog"
   timeout 240 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel ${NPL:-32,64} ${BATCH_FLAGS:-} 2>&1 | tee -a "$blog"
+  # FAST=1: the same in --mode fast (two-plane tensor-core kernels for products of several tokens).
+  [ -z "${FAST:-}" ] || timeout 240 carry/bin/muser bench -m "$MODEL" --device cuda --mode fast -p 0 -n 0 --parallel ${NPL:-32,64} 2>&1 | sed 's/^| /| (fast) /' | tee -a "$blog"
   # Variants at 64 sequences for comparison (VARIANTS: space-separated entries, each one or more
   # comma-separated VAR=VALUE, e.g. "MUSER_MMQ_PLANES=2 MUSER_MMQ_PLANES=2,MUSER_MMQ_OCC=2"; AB=1
   # adds the classic ones). Each is one `muser bench` with that environment.
@@ -137,7 +142,7 @@ if has serve; then
   # The issue's server comparison: 64 concurrent streaming chat clients for SERVE_SECONDS, every
   # request generating 128 tokens (ignore_eos), first against Muser, then llama-server, same file.
   rm -f /tmp/load-muser.json
-  carry/bin/muser serve -m "$MODEL" --device cuda --parallel 64 --ctx-size 1024 --port 8081 --alias muser --chat-template-file $tmpl > "$AUX/serve-muser.log" 2>&1 &
+  carry/bin/muser serve -m "$MODEL" --device cuda ${SERVE_FLAGS:-} --parallel 64 --ctx-size 1024 --port 8081 --alias muser --chat-template-file $tmpl > "$AUX/serve-muser.log" 2>&1 &
   spid=$!
   if up http://127.0.0.1:8081; then
     timeout 300 $LOAD --url http://127.0.0.1:8081 --model muser --server-pid $spid --out /tmp/load-muser.json 2>&1 | tail -15 | sed 's/^/muser serve: /' | tee -a "$OUT/serve.log"

@@ -284,9 +284,10 @@ pub fn run(a: Args) -> CliResult {
     let kv = a.model.kv()?;
     let backend_name = crate::with_model!(&loaded, m => m.backend.name());
     println!(
-        "model: {}  backend: {backend_name}  kv: {}",
+        "model: {}  backend: {backend_name}  kv: {}  mode: {}",
         a.model.model_name(),
-        kv.name()
+        kv.name(),
+        a.model.mode
     );
     println!("| test | tokens/s | ms/token |");
     println!("|---|---|---|");

@@ -120,6 +120,14 @@ fn describe_metrics() {
         "From arrival to the first generated token"
     );
     describe_histogram!("muser_step_seconds", "Duration of one engine step");
+    describe_histogram!(
+        "muser_forward_seconds",
+        "One forward pass of a step's sequences, their logits on the host included"
+    );
+    describe_histogram!(
+        "muser_sample_seconds",
+        "Drawing a forward pass's tokens and emitting them"
+    );
 }
 
 /// Log to stderr (`RUST_LOG` filters; default `info`).

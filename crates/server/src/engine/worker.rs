@@ -380,9 +380,12 @@ impl<B: Backend> Worker<B> {
         }
         // The logits buffer is reused from step to step (tens of megabytes at 64 sequences).
         let mut logits = std::mem::take(&mut self.logits);
+        let t_forward = Instant::now();
         let result = self
             .model
             .forward_into(&mut self.ws, &batch, &mut caches, &rows, &mut logits);
+        // The model's part of a step (its logits on the host included), apart from sampling.
+        metrics::histogram!("muser_forward_seconds").record(t_forward.elapsed().as_secs_f64());
         drop(caches);
         match result {
             Ok(()) => {}
@@ -424,6 +427,7 @@ impl<B: Backend> Worker<B> {
             }
         }
         let eog = &self.eog;
+        let t_sample = Instant::now();
         let ids: Vec<Option<u32>> = {
             use rayon::prelude::*;
             self.running
@@ -450,6 +454,8 @@ impl<B: Backend> Worker<B> {
                 }
             }
         }
+        // Drawing the tokens and turning them into events (logprobs, stop strings, text).
+        metrics::histogram!("muser_sample_seconds").record(t_sample.elapsed().as_secs_f64());
         self.logits = logits;
     }
 

@@ -216,7 +216,9 @@ async def scrape(args):
         return {}
     want = ("muser_tokens_per_second", "muser_queue_depth", "muser_sequences_running",
             "muser_kv_cache_used_bytes", "muser_kv_cache_reserved_bytes", "muser_generation_tokens_total",
-            "muser_step_seconds_sum", "muser_step_seconds_count")
+            "muser_step_seconds_sum", "muser_step_seconds_count",
+            "muser_forward_seconds_sum", "muser_forward_seconds_count",
+            "muser_sample_seconds_sum", "muser_sample_seconds_count")
     out = {}
     for line in text.splitlines():
         name = line.split("{")[0].split(" ")[0]
@@ -228,13 +230,14 @@ async def scrape(args):
     return out
 
 
-def step_ms_mean(samples):
-    """Mean engine step time between the first and last /metrics samples that have it."""
-    have = [s for s in samples if "muser_step_seconds_count" in s and "muser_step_seconds_sum" in s]
+def step_ms_mean(samples, name="muser_step_seconds"):
+    """Mean milliseconds of a Muser histogram (engine steps by default) between the first and
+    last /metrics samples that have it."""
+    have = [s for s in samples if f"{name}_count" in s and f"{name}_sum" in s]
     if len(have) < 2:
         return None
-    n = have[-1]["muser_step_seconds_count"] - have[0]["muser_step_seconds_count"]
-    t = have[-1]["muser_step_seconds_sum"] - have[0]["muser_step_seconds_sum"]
+    n = have[-1][f"{name}_count"] - have[0][f"{name}_count"]
+    t = have[-1][f"{name}_sum"] - have[0][f"{name}_sum"]
     return round(1000 * t / n, 2) if n > 0 else None
 
 
@@ -286,6 +289,10 @@ async def main_async(args):
         "latency_ms": {"p50": ms(pct(stats.latency, 50)), "p99": ms(pct(stats.latency, 99))},
         # The server's own engine steps over the run (Muser's /metrics): mean milliseconds a step.
         "step_ms_mean": step_ms_mean(samples),
+        # Its parts: the model's forward passes (logits on the host included) and the sampling,
+        # per forward call (a step makes one per group of sequences).
+        "forward_ms_mean": step_ms_mean(samples, "muser_forward_seconds"),
+        "sample_ms_mean": step_ms_mean(samples, "muser_sample_seconds"),
         "rss_kib": {"first": rss[0] if rss else None, "min": min(rss) if rss else None,
                     "max": max(rss) if rss else None, "last": rss[-1] if rss else None,
                     "steady_min": min(steady) if steady else None, "steady_max": max(steady) if steady else None},
