@@ -78,16 +78,16 @@ if llama_too; then
 fi
 
 if has muser; then
-  # Accurate mode (the default): prompts and decode; then --mode fast (TF32 prompts; decode
-  # kernels unchanged) for prompts and for decode after 4k and 32k tokens of context (filled
+  # Accurate mode (the default): prompts and decode; then --mode fast (two-plane activations in
+  # the int8 kernels) for prompts and for decode after 4k and 32k tokens of context (filled
   # quickly); with AB=1 also the previous one-token kernels (MUSER_MVQ=0) and the fused FFN
   # kernel (MUSER_FUSE=1) for comparison.
   B="carry/bin/muser bench -m $MODEL --device cuda"
   log="$OUT/muser-bench.log"; : > "$log"
   timeout 300 $B -p ${PP:-512,2048} -n ${TG:-128} --depth ${DEPTH:-0,4096} -r ${REPS:-3} ${BENCH_FLAGS:-} 2>&1 | tee -a "$log"
   [ -n "${QUICK:-}" ] || timeout 300 $B --mode fast -p ${PP:-512,2048} -n ${TG:-128} --depth ${DEEP:-4096,32768} -r 1 2>&1 | tee -a "$log"
-  # QUICK with FAST=1: fast mode's prompts only (its decode is the accurate mode's).
-  [ -z "${QUICK:-}" ] || [ -z "${FAST:-}" ] || timeout 300 $B --mode fast -p ${PP:-512,2048} -n 0 -r ${REPS:-3} 2>&1 | tee -a "$log"
+  # QUICK with FAST=1: fast mode's prompts and decode at the start of the context.
+  [ -z "${QUICK:-}" ] || [ -z "${FAST:-}" ] || timeout 300 $B --mode fast -p ${PP:-512,2048} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee -a "$log"
   if [ -n "${AB:-}" ]; then
     MUSER_MVQ=0 timeout 300 $B -p 0 -n ${TG:-128} -r ${REPS:-3} 2>&1 | sed 's/^| tg/| (MUSER_MVQ=0) tg/' | tee -a "$log"
     MUSER_FUSE=1 timeout 300 $B -p 0 -n ${TG:-128} -r ${REPS:-3} 2>&1 | sed 's/^| tg/| (MUSER_FUSE=1) tg/' | tee -a "$log"

@@ -459,9 +459,12 @@ __device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) { int d; asm("dp4a.s
 
 // N activations -> digit planes d0, d1 (unsigned bytes), d2 (signed top byte), N / 4 words each,
 // the scale 2^(E-22) and their f32 sum (in order; Q6_K ignores it and the compiler drops it).
-template <int N>
+// P = 2 (`--mode fast`): X = round(x 2^(14-E)), |X| <= 2^14, planes d0 (unsigned) and d1 (the
+// signed top byte), scale 2^(E-14): an error of at most 2^-15 of the run's largest value; d2 is 0.
+template <int N, int P = 3>
 __device__ __forceinline__ void x_digits(const float (&v)[N], u32 (&d0)[N / 4], u32 (&d1)[N / 4], u32 (&d2)[N / 4],
                                          float& scale, float& sum) {
+    constexpr int BITS = 8 * P - 2;  // 22 or 14
     float m = 0.0f;
     sum = 0.0f;
     bool bad = false;
@@ -469,20 +472,20 @@ __device__ __forceinline__ void x_digits(const float (&v)[N], u32 (&d0)[N / 4], 
     for (int i = 0; i < N; i++) { m = fmaxf(m, fabsf(v[i])); sum += v[i]; bad |= !isfinite(v[i]); }
     int E;
     frexpf(m, &E);   // m = f 2^E with f in [0.5, 1), so |x| < 2^E (E = 0 when m = 0)
-    E = bad ? 0 : max(E, -100);  // runs below 2^-100: quantized in steps of 2^-122
-    const float up = __int_as_float((127 + 22 - E) << 23);  // 2^(22 - E), exact
+    E = bad ? 0 : max(E, -100);  // runs below 2^-100: quantized in steps of 2^-(100 + BITS)
+    const float up = __int_as_float((127 + BITS - E) << 23);  // 2^(BITS - E), exact
     // A non-finite activation makes the run's scale NaN: the products that read it are NaN, as
     // a float product would be.
-    scale = bad ? __int_as_float(0x7fc00000) : __int_as_float((127 - 22 + E) << 23);  // 2^(E - 22)
+    scale = bad ? __int_as_float(0x7fc00000) : __int_as_float((127 - BITS + E) << 23);  // 2^(E - BITS)
 #pragma unroll
     for (int w = 0; w < N / 4; w++) {
         u32 a = 0, b = 0, c = 0;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            const int X = __float2int_rn(v[4 * w + k] * up);  // |X| <= 2^22: top digit in [-64, 64]
+            const int X = __float2int_rn(v[4 * w + k] * up);  // |X| <= 2^BITS: top digit in [-64, 64]
             a |= (u32)(X & 0xFF) << (8 * k);
             b |= (u32)((X >> 8) & 0xFF) << (8 * k);
-            c |= (u32)((X >> 16) & 0xFF) << (8 * k);
+            if (P == 3) c |= (u32)((X >> 16) & 0xFF) << (8 * k);
         }
         d0[w] = a; d1[w] = b; d2[w] = c;
     }
@@ -569,7 +572,8 @@ __device__ __forceinline__ void mvq_load_q4k(const u8* __restrict__ W, const u8*
 // each per step; each product is summed exactly as unfused, and the SwiGLU is the swiglu kernel's.
 // PAIR: y = W x and y2 = W2 x in one launch (each row's arithmetic as alone: the same bits).
 // SPLIT: column range blockIdx.y (nbs blocks each), partial rows to part, mvq_split_sum.
-template <bool PF, bool FUSED, bool PAIR = false, bool SPLIT = false>
+// P: digit planes of the activations (3; 2 in `--mode fast`, x_digits).
+template <bool PF, bool FUSED, bool PAIR = false, bool SPLIT = false, int P = 3>
 __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
                                          float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
                                          float* __restrict__ part = nullptr, unsigned* cnt = nullptr, int nbs = 0) {
@@ -594,13 +598,13 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
             float4 a = __ldg((const float4*)(x + e_lo) + i);
             v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
         }
-        x_digits<16>(v, l0, l1, l2, lsc, lsum);
+        x_digits<16, P>(v, l0, l1, l2, lsc, lsum);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             float4 a = __ldg((const float4*)(x + e_hi) + i);
             v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
         }
-        x_digits<16>(v, h0, h1, h2, hsc, hsum);
+        x_digits<16, P>(v, h0, h1, h2, hsc, hsum);
     }
     float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;  // this launch's rows of W
     int it = 0;
@@ -621,13 +625,21 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
 #pragma unroll
             for (int w = 0; w < 4; w++) {
                 const u32 lo = q[w] & 0x0F0F0F0Fu, hi = (q[w] >> 4) & 0x0F0F0F0Fu;
-                a0 = dp4a_uu(lo, l0[w], a0); a1 = dp4a_uu(lo, l1[w], a1); a2 = dp4a_ss(lo, l2[w], a2);
-                c0 = dp4a_uu(hi, h0[w], c0); c1 = dp4a_uu(hi, h1[w], c1); c2 = dp4a_ss(hi, h2[w], c2);
+                if (P == 3) {
+                    a0 = dp4a_uu(lo, l0[w], a0); a1 = dp4a_uu(lo, l1[w], a1); a2 = dp4a_ss(lo, l2[w], a2);
+                    c0 = dp4a_uu(hi, h0[w], c0); c1 = dp4a_uu(hi, h1[w], c1); c2 = dp4a_ss(hi, h2[w], c2);
+                } else {  // the top plane (signed) is d1
+                    a0 = dp4a_uu(lo, l0[w], a0); a2 = dp4a_ss(lo, l1[w], a2);
+                    c0 = dp4a_uu(hi, h0[w], c0); c2 = dp4a_ss(hi, h1[w], c2);
+                }
             }
-            // sum q X = 65536 S2 + (256 S1 + S0): S0, S1 <= 16 * 15 * 255, so the second term is
-            // below 2^24 and exact in f32; one rounding in the fma.
-            const float qx_lo = fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0)) * lsc;
-            const float qx_hi = fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0)) * hsc;
+            // Three planes: sum q X = 65536 S2 + (256 S1 + S0): S0, S1 <= 16 * 15 * 255, so the
+            // second term is below 2^24 and exact in f32; one rounding in the fma. Two: 256 S1 +
+            // S0 with |S1| <= 16 * 15 * 64, exact.
+            const float qx_lo = (P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0))
+                                        : fmaf(256.0f, (float)a2, (float)(int)a0)) * lsc;
+            const float qx_hi = (P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0))
+                                        : fmaf(256.0f, (float)c2, (float)(int)c0)) * hsc;
             const float d = h2f((u16)(hd[r].x & 0xFFFF)), dm = h2f((u16)(hd[r].x >> 16));
             float sa, ma, sb, mb;
             scale_min_pair(j, hd[r].y, hd[r].z, hd[r].w, &sa, &ma, &sb, &mb);
@@ -665,13 +677,27 @@ extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_split(const u8* W, co
 extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_pair(const u8* W, const u8* W2, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
     mvq_q4_k<true, false, true>(W, W2, x, y, y2, rows, cols, rpb);
 }
+// `--mode fast`: the same kernels with two digit planes (P = 2).
+extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_p2(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
+    mvq_q4_k<true, false, false, false, 2>(W, W, x, y, y, rows, cols, rpb);
+}
+extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q4_k_wide_p2(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
+    mvq_q4_k<false, false, false, false, 2>(W, W, x, y, y, rows, cols, rpb);
+}
+extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_split_p2(const u8* W, const float* x, float* y, int rows, int cols, int rpb,
+                                                                    float* part, unsigned* cnt, int nbs) {
+    mvq_q4_k<true, false, false, true, 2>(W, W, x, y, y, rows, cols, rpb, part, cnt, nbs);
+}
+extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_pair_p2(const u8* W, const u8* W2, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
+    mvq_q4_k<true, false, true, false, 2>(W, W2, x, y, y2, rows, cols, rpb);
+}
 
 __device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
 
 // Q6_K (structure of arrays, as mv_q6_k): 8 lanes per block, each 8 positions x 4 quarters. The
 // codes become signed q - 32 bytes (vsub4), so sum (q - 32) X is exact in integers:
 // |S0|, |S1| <= 8 * 32 * 255, 256 S1 + S0 < 2^24 (exact in f32).
-template <bool PF, bool PAIR = false, bool SPLIT = false>
+template <bool PF, bool PAIR = false, bool SPLIT = false, int P = 3>
 __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __restrict__ W2, long long nbt, const float* __restrict__ x,
                                          float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
                                          float* __restrict__ part = nullptr, unsigned* cnt = nullptr, int nbs = 0) {
@@ -716,7 +742,7 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __r
         const float4 a = __ldg((const float4*)(x + e)), c = __ldg((const float4*)(x + e) + 1);
         const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
         float unused;
-        x_digits<8>(v, x0[qt], x1[qt], x2[qt], xsc[qt], unused);
+        x_digits<8, P>(v, x0[qt], x1[qt], x2[qt], xsc[qt], unused);
     }
     float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;  // this launch's rows of W
     int it = 0;
@@ -743,9 +769,16 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __r
             float a = 0.0f;
 #pragma unroll
             for (int qt = 0; qt < 4; qt++) {
-                int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_su(qv[qt][0], x1[qt][0], 0), s2 = dp4a_ss(qv[qt][0], x2[qt][0], 0);
-                s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_su(qv[qt][1], x1[qt][1], s1); s2 = dp4a_ss(qv[qt][1], x2[qt][1], s2);
-                const float qx = fmaf(65536.0f, (float)s2, (float)(256 * s1 + s0)) * xsc[qt];
+                float qx;
+                if (P == 3) {
+                    int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_su(qv[qt][0], x1[qt][0], 0), s2 = dp4a_ss(qv[qt][0], x2[qt][0], 0);
+                    s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_su(qv[qt][1], x1[qt][1], s1); s2 = dp4a_ss(qv[qt][1], x2[qt][1], s2);
+                    qx = fmaf(65536.0f, (float)s2, (float)(256 * s1 + s0)) * xsc[qt];
+                } else {  // two planes: the top one (signed) is x1; |S1| <= 8 * 32 * 64, exact
+                    int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_ss(qv[qt][0], x1[qt][0], 0);
+                    s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_ss(qv[qt][1], x1[qt][1], s1);
+                    qx = fmaf(256.0f, (float)s1, (float)s0) * xsc[qt];
+                }
                 const float sc = (float)(signed char)((scw[r] >> (8 * qt)) & 0xFFu);
                 a = fmaf(d[r] * sc, qx, a);   // w = d sc (q - 32)
             }
@@ -771,4 +804,18 @@ extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_split(const u8* W, lo
 // The pair form of mvq_q6_k (two matrices of one shape; nbt is each one's block count).
 extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_pair(const u8* W, const u8* W2, long long nbt, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
     mvq_q6_k<true, true>(W, W2, nbt, x, y, y2, rows, cols, rpb);
+}
+// `--mode fast`: the same kernels with two digit planes (P = 2).
+extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_p2(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb) {
+    mvq_q6_k<true, false, false, 2>(W, W, nbt, x, y, y, rows, cols, rpb);
+}
+extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q6_k_wide_p2(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb) {
+    mvq_q6_k<false, false, false, 2>(W, W, nbt, x, y, y, rows, cols, rpb);
+}
+extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_split_p2(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb,
+                                                                    float* part, unsigned* cnt, int nbs) {
+    mvq_q6_k<true, false, true, 2>(W, W, nbt, x, y, y, rows, cols, rpb, part, cnt, nbs);
+}
+extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_pair_p2(const u8* W, const u8* W2, long long nbt, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
+    mvq_q6_k<true, true, false, 2>(W, W2, nbt, x, y, y2, rows, cols, rpb);
 }

@@ -292,6 +292,10 @@ pub struct CudaBackend {
     /// Blocks per SM of the two-plane kernels: 1, or 2 (`MUSER_MMQ_OCC=2`, `mmq_p2o_*`: two
     /// stages, at most 128 registers, 16 warps per SM).
     mmq_occ: std::sync::atomic::AtomicUsize,
+    /// Digit planes of the one-token x-stationary kernels' activations: 3 (to 2^-22 of a run's
+    /// largest value), or 2 in `--mode fast` (to 2^-15; `MUSER_MVQ_PLANES=2` in the accurate mode,
+    /// for comparison).
+    mvq_planes: std::sync::atomic::AtomicUsize,
     /// Products of more than 64 tokens in one launch of the staged kernels, 64 tokens per grid
     /// layer (on unless `MUSER_MMQ_ZGRID=0`), instead of one launch per 64 tokens. Same bits per token.
     mmq_zgrid: std::sync::atomic::AtomicBool,
@@ -379,6 +383,7 @@ impl CudaBackend {
             mmq_scale_in_a: std::sync::atomic::AtomicBool::new(env_is("MUSER_MMQ_SCALEA", "1")),
             mmq_pairs: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_PAIR", "0")),
             mmq_planes: std::sync::atomic::AtomicUsize::new(env_planes()),
+            mvq_planes: std::sync::atomic::AtomicUsize::new(env_mvq_planes()),
             mmq_zgrid: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_ZGRID", "0")),
             mmq_occ: std::sync::atomic::AtomicUsize::new(env_blocks_per_sm()),
             mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
@@ -400,9 +405,11 @@ impl CudaBackend {
     /// block's largest value instead of 2^-22) at two blocks per multiprocessor; the other
     /// formats' prompt products multiply on the TF32 tensor cores (the exactly dequantized
     /// weights and the activations rounded to 10-bit mantissas inside cuBLAS, f32 sums).
-    /// One-token decode keeps the accurate kernels. Off: the planes and blocks per SM go back
-    /// to their defaults (3 and 1, or what `MUSER_MMQ_PLANES` / `MUSER_MMQ_OCC` say). Its error
-    /// against the accurate mode is measured in docs/PARITY.md.
+    /// One-token decode runs the x-stationary kernels with two planes too (2^-15 of a 16- or
+    /// 8-value run's largest value; the fused FFN kernel keeps three). Off: the planes and
+    /// blocks per SM go back to their defaults (3 and 1, or what `MUSER_MMQ_PLANES`,
+    /// `MUSER_MMQ_OCC` and `MUSER_MVQ_PLANES` say). Its error against the accurate mode is
+    /// measured in docs/PARITY.md.
     pub fn set_fast_prompts(&self, on: bool) -> Result<()> {
         use cudarc::cublas::sys::{cublasMath_t, cublasSetMathMode, cublasStatus_t};
         let mode = if on {
@@ -420,6 +427,7 @@ impl CudaBackend {
             .store(on, std::sync::atomic::Ordering::Relaxed);
         self.set_mmq_planes(if on { 2 } else { env_planes() });
         self.set_mmq_blocks_per_sm(if on { 2 } else { env_blocks_per_sm() });
+        self.set_mvq_planes(if on { 2 } else { env_mvq_planes() });
         // A recorded step holds the other mode's kernels.
         self.bump_epoch();
         Ok(())
@@ -472,6 +480,16 @@ impl CudaBackend {
     /// largest value) or 2 (to 2^-15; faster). Anything else is taken as 3.
     pub fn set_mmq_planes(&self, planes: usize) {
         self.mmq_planes.store(
+            if planes == 2 { 2 } else { 3 },
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.bump_epoch();
+    }
+
+    /// Digit planes of the one-token kernels' activations: 2 (`--mode fast`) or 3. Anything
+    /// else is taken as 3.
+    pub fn set_mvq_planes(&self, planes: usize) {
+        self.mvq_planes.store(
             if planes == 2 { 2 } else { 3 },
             std::sync::atomic::Ordering::Relaxed,
         );
@@ -859,7 +877,7 @@ impl CudaBackend {
         } else {
             Self::mvq_threads(w)
         };
-        let name = match (w.ty, threads <= 256, up.is_some(), second.is_some()) {
+        let name: &'static str = match (w.ty, threads <= 256, up.is_some(), second.is_some()) {
             (GgmlType::Q4_K, true, false, false) if ranges > 1 => "mvq_q4_k_split",
             (GgmlType::Q6_K, true, false, false) if ranges > 1 => "mvq_q6_k_split",
             (GgmlType::Q4_K, true, false, true) => "mvq_q4_k_pair",
@@ -878,6 +896,23 @@ impl CudaBackend {
                 )));
             }
         };
+        // `--mode fast` (or `MUSER_MVQ_PLANES=2`): the two-plane forms (not of the fused FFN).
+        let name =
+            if up.is_none() && self.mvq_planes.load(std::sync::atomic::Ordering::Relaxed) == 2 {
+                match name {
+                    "mvq_q4_k" => "mvq_q4_k_p2",
+                    "mvq_q4_k_wide" => "mvq_q4_k_wide_p2",
+                    "mvq_q4_k_split" => "mvq_q4_k_split_p2",
+                    "mvq_q4_k_pair" => "mvq_q4_k_pair_p2",
+                    "mvq_q6_k" => "mvq_q6_k_p2",
+                    "mvq_q6_k_wide" => "mvq_q6_k_wide_p2",
+                    "mvq_q6_k_split" => "mvq_q6_k_split_p2",
+                    "mvq_q6_k_pair" => "mvq_q6_k_pair_p2",
+                    other => other,
+                }
+            } else {
+                name
+            };
         if let Some((w2, _)) = &second {
             if !Self::mvq_pair_for(w, w2) {
                 return Err(Error::Backend(format!(
@@ -1180,11 +1215,14 @@ impl CudaBackend {
             // scales and runs x pad sums, all within the buffers grown above.
             unsafe { b.launch(cfg) }.map_err(dev("xq_planes"))?;
         }
-        // More than 64 tokens (prompts, mixed server steps): one launch (unless `MUSER_MMQ_ZGRID=0`)
-        // covers them all, a grid layer (blockIdx.z) per 64 tokens, instead of a launch per 64.
+        // Two or more full 64-token layers (prompts, large mixed server steps): one launch (unless
+        // `MUSER_MMQ_ZGRID=0`) covers them, a grid layer (blockIdx.z) per 64 tokens, instead of a
+        // launch per 64. A remainder of fewer than 64 tokens gets a launch of its own, sized for
+        // it (in a grid layer it would cost a full 64: a server step of 64 decode tokens and a
+        // 30-token prompt chunk would pay for 128).
         let z_layers =
-            if staged && n > 64 && self.mmq_zgrid.load(std::sync::atomic::Ordering::Relaxed) {
-                n.div_ceil(64)
+            if staged && n >= 128 && self.mmq_zgrid.load(std::sync::atomic::Ordering::Relaxed) {
+                n / 64
             } else {
                 1
             };
@@ -1207,9 +1245,12 @@ impl CudaBackend {
         );
         let mut tok0 = 0;
         while tok0 < n {
-            // A launch's tokens: up to 64, or all of them in z layers of 64 (the last one padded
-            // with the planes' zero tokens; what is stored stops at n).
-            let chunk = if z_layers > 1 { n } else { (n - tok0).min(64) };
+            // A launch's tokens: the full layers of 64 in z layers, then up to 64.
+            let chunk = if z_layers > 1 && tok0 == 0 {
+                64 * z_layers
+            } else {
+                (n - tok0).min(64)
+            };
             // Tiles of 8 tokens: at most `max_nt` per warp (and at least tiles / 4: a block
             // holds 4 warps per row group at most), as many warps per row group as that takes.
             let tiles = chunk.min(64).div_ceil(8);
@@ -1473,9 +1514,14 @@ impl CudaBackend {
             &mut s.part,
             n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2),
         )?;
-        // A few tokens: each block takes a quarter of a KV head's query heads (`_g4`, four
-        // times the blocks; a head's arithmetic is the same either way, so the bits too).
-        let groups = if n < 8 && nrep % 4 == 0 { 4 } else { 1 };
+        // A few tokens (fewer than `MUSER_ATTN_G4_BELOW`, default 8): each block takes a quarter
+        // of a KV head's query heads (`_g4`, four times the blocks, a third of the registers; a
+        // head's arithmetic is the same either way, so the bits too).
+        let groups = if n < attn_g4_below() && nrep % 4 == 0 {
+            4
+        } else {
+            1
+        };
         let name = format!(
             "attn_{nrep}_{}_{}{}",
             spec.head_dim,
@@ -1562,6 +1608,15 @@ fn env_planes() -> usize {
     }
 }
 
+/// The one-token kernels' digit planes outside `--mode fast`: 3, or 2 with `MUSER_MVQ_PLANES=2`.
+fn env_mvq_planes() -> usize {
+    if env_is("MUSER_MVQ_PLANES", "2") {
+        2
+    } else {
+        3
+    }
+}
+
 /// Blocks per SM of the two-plane kernels outside `--mode fast`: 1, or 2 with `MUSER_MMQ_OCC=2`.
 fn env_blocks_per_sm() -> usize {
     if env_is("MUSER_MMQ_OCC", "2") { 2 } else { 1 }
@@ -1577,6 +1632,18 @@ fn mmq_prompts() -> bool {
 fn mmq_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| !env_is("MUSER_MMQ", "0"))
+}
+
+/// Micro-batches of fewer tokens than this run the attention kernels that take a quarter of a KV
+/// head's query heads per block (`MUSER_ATTN_G4_BELOW`, default 8).
+fn attn_g4_below() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("MUSER_ATTN_G4_BELOW")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8)
+    })
 }
 
 /// Column-split launches of the one-token kernels for matrices wider than 8192 columns, unless

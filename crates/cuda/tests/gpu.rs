@@ -212,8 +212,9 @@ fn matvec_kernels_match_the_cpu_per_format() {
             let cpu = CpuBackend::new(NumericMode::Accurate, 0).unwrap();
             let wc = cpu.matrix(&file.gguf, mat).unwrap();
             let wg = gpu_b.matrix(&file.gguf, mat).unwrap();
-            // 2.. tokens: the tensor-core kernels for Q4_K/Q6_K (64 per launch: 100 takes two).
-            for n in [1usize, 3, 8, 17, 64, 100] {
+            // 2.. tokens: the tensor-core kernels for Q4_K/Q6_K (64 per launch: 100 takes two;
+            // 160 two grid layers of 64 in one launch and a launch of 32).
+            for n in [1usize, 3, 8, 17, 64, 100, 160] {
                 let x: Vec<f32> = (0..n * mat.cols)
                     .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7)
                     .collect();
@@ -275,27 +276,63 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     gpu_b.set_mmq_staged(false);
                     same_bits("the one-stage kernels");
                     gpu_b.set_mmq_staged(true);
-                    // More than 64 tokens in one launch (grid layers of 64).
-                    gpu_b.set_mmq_zgrid(true);
-                    same_bits("one launch in grid layers");
+                    // A launch per 64 tokens instead of grid layers of 64 (the default).
                     gpu_b.set_mmq_zgrid(false);
+                    same_bits("a launch per 64 tokens");
+                    gpu_b.set_mmq_zgrid(true);
                 }
                 if !invariant && n > 64 && matches!(layout, "q4_k" | "q6_k") {
-                    // One launch in grid layers of 64 tokens (its own column split here): within
-                    // the same bound against the CPU as the launch per 64 tokens.
-                    gpu_b.set_mmq_zgrid(true);
+                    // A launch per 64 tokens (its own column split here; the default puts full
+                    // layers of 64 in one launch): within the same bound against the CPU.
+                    gpu_b.set_mmq_zgrid(false);
                     let mut yz = gpu_b.act(n, mat.rows).unwrap();
                     gpu_b.matmul(&wg, &xg, &mut yz).unwrap();
-                    gpu_b.set_mmq_zgrid(false);
+                    gpu_b.set_mmq_zgrid(true);
                     let yz = gpu_b.read(&yz).unwrap();
                     let err = max_rel_err(&yz, &yc.data);
                     report.push(format!(
-                        "{layout:<5} {}x{} n={n:<3} one launch in grid layers: max rel err {err:.2e}",
+                        "{layout:<5} {}x{} n={n:<3} a launch per 64 tokens: max rel err {err:.2e}",
                         mat.rows, mat.cols
                     ));
-                    assert!(err < 2e-5, "{layout} n={n} grid layers: {err}");
+                    assert!(err < 2e-5, "{layout} n={n} a launch per 64: {err}");
                 }
-                if !invariant && (n == 17 || n == 100) && matches!(layout, "q4_k" | "q6_k") {
+                if !invariant && n == 1 && matches!(layout, "q4_k" | "q6_k") {
+                    // One token, two digit planes (`--mode fast`, the x-stationary kernels'
+                    // `_p2` forms): each run of 16 (Q4_K) or 8 (Q6_K) values to 2^-15 of its
+                    // largest value, within the bound below taken over the 256-value blocks
+                    // (a run's largest value is at most its block's). A pair launch of the
+                    // matrix with itself gives the same bits twice.
+                    let bounds = two_plane_weight_sums(layout, mat, &file, &cpu, &wc);
+                    let scale = max_abs(&yc.data);
+                    gpu_b.set_mvq_planes(2);
+                    let mut y2 = gpu_b.act(n, mat.rows).unwrap();
+                    gpu_b.matmul(&wg, &xg, &mut y2).unwrap();
+                    let y2h = gpu_b.read(&y2).unwrap();
+                    let worst =
+                        two_plane_excess(&y2h, &yc.data, &x, n, mat.rows, mat.cols, &bounds, scale);
+                    report.push(format!(
+                        "{layout:<5} {}x{} n=1   two planes (one token): largest error / its bound {worst:.3}",
+                        mat.rows, mat.cols
+                    ));
+                    assert!(
+                        worst <= 1.0,
+                        "{layout} one token: two planes beyond their bound ({worst})"
+                    );
+                    let (mut pa, mut pb) = (
+                        gpu_b.act(n, mat.rows).unwrap(),
+                        gpu_b.act(n, mat.rows).unwrap(),
+                    );
+                    gpu_b.matmul_pair(&wg, &wg, &xg, &mut pa, &mut pb).unwrap();
+                    let (pa, pb) = (gpu_b.read(&pa).unwrap(), gpu_b.read(&pb).unwrap());
+                    let same =
+                        |a: &[f32]| a.iter().zip(&y2h).all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(
+                        same(&pa) && same(&pb),
+                        "{layout} one token, two planes: pair bits differ"
+                    );
+                    gpu_b.set_mvq_planes(3);
+                }
+                if !invariant && (n == 17 || n == 160) && matches!(layout, "q4_k" | "q6_k") {
                     // Two digit planes (mmq_p2_*): the activations to 2^-15 of their block's
                     // largest value, so each (token, row) may move from the exact product by at
                     // most sum over blocks of 2^(E - 15) sum |d sc q| (|x| < 2^E over the
