@@ -704,18 +704,19 @@ fn choose(s: &mut Seq, row: &[f32], eog: &[u32]) -> u32 {
     if j.logit_bias.is_empty() && !j.ignore_eos {
         return s.sampler.sample(row);
     }
-    let mut l = row.to_vec();
-    for &(t, b) in &j.logit_bias {
-        if let Some(x) = l.get_mut(t as usize) {
-            *x += b;
-        }
-    }
-    if j.ignore_eos {
-        for &t in eog {
+    let (bias, ignore_eos) = (&j.logit_bias, j.ignore_eos);
+    s.sampler.sample_adjusted(row, |l| {
+        for &(t, b) in bias {
             if let Some(x) = l.get_mut(t as usize) {
-                *x = f32::NEG_INFINITY;
+                *x += b;
             }
         }
-    }
-    s.sampler.sample_owned(l)
+        if ignore_eos {
+            for &t in eog {
+                if let Some(x) = l.get_mut(t as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+    })
 }
