@@ -25,9 +25,8 @@ pub struct ModelOpts {
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
     /// Numeric mode: accurate (exact dequantization, f32), parity (llama.cpp's CPU arithmetic), or
-    /// fast (CUDA only: products of several tokens with activations to 2^-15 of their block's
-    /// largest value on the int8 tensor cores, other formats' prompts on TF32; one-token decode as
-    /// accurate).
+    /// fast (CUDA only: Q4_K/Q6_K products with activations to within 2^-14 of their block's
+    /// largest value (two digit planes, one token and several), other formats' prompts on TF32).
     #[arg(long, default_value = "accurate")]
     pub mode: String,
     /// KV cache element type: f32, f16, bf16 or q8_0.

@@ -136,7 +136,7 @@ extern "C" __global__ void qkv_prep_128(float* q, const float* k, const float* v
 // sigmoid(gate) (f64, as the CPU's sigmoid_gate). The splits' (m, l) are loaded together into
 // shared memory and one thread forms M, the weights and L in split order; then each thread adds
 // its dimension over the splits in order (loads independent of each other).
-#define COMBINE_MAX_SPLITS 64  // the host's clamp on n_split (attend_cached)
+#define COMBINE_MAX_SPLITS 64  // lib.rs ATTN_MAX_SPLITS, the host's clamp on n_split (attend_cached)
 extern "C" __global__ void attn_combine(const float* part, int n_split, int nrep, int hd, int n_kv_head,
                                         const u32* pos, int n_swa, const float* gate, float* out) {
     __shared__ float sm[COMBINE_MAX_SPLITS], sl[COMBINE_MAX_SPLITS], sc[COMBINE_MAX_SPLITS];

@@ -460,7 +460,7 @@ __device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) { int d; asm("dp4a.s
 // N activations -> digit planes d0, d1 (unsigned bytes), d2 (signed top byte), N / 4 words each,
 // the scale 2^(E-22) and their f32 sum (in order; Q6_K ignores it and the compiler drops it).
 // P = 2 (`--mode fast`): X = round(x 2^(14-E)), |X| <= 2^14, planes d0 (unsigned) and d1 (the
-// signed top byte), scale 2^(E-14): an error of at most 2^-15 of the run's largest value; d2 is 0.
+// signed top byte), scale 2^(E-14): an error of at most 2^(E-15), 2^-14 of the run's largest value; d2 is 0.
 template <int N, int P = 3>
 __device__ __forceinline__ void x_digits(const float (&v)[N], u32 (&d0)[N / 4], u32 (&d1)[N / 4], u32 (&d2)[N / 4],
                                          float& scale, float& sum) {
@@ -523,6 +523,8 @@ __device__ __forceinline__ void mvq_finish(const float (&acc)[MVQ_R], float (*re
 // threads), and writes its partial rows to part[y][rows]. The last block of a row range to finish
 // (a counter per range, reset by that block for the next launch) adds the ranges in order,
 // ((p0 + p1) + p2) ..., into y: a fixed order whatever the timing.
+// Every block of the launch must reach this (no early return before it): a block that did not
+// would leave its range's counter short and the next launch's count wrong.
 __device__ __forceinline__ void mvq_split_sum(const float* __restrict__ part, float* __restrict__ y, unsigned* cnt, int rows,
                                               int r_begin, int r_end) {
     __shared__ bool last;

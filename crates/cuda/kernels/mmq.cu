@@ -38,7 +38,7 @@
 //   xsum: [(kb * 8 + run) * ntok_pad + tok], the f32 sum of the run's 32 values.
 // grid (cols / 256, ntok_pad), one warp per (block, token): lane l holds values 8l .. 8l + 7.
 // P (2 or 3): the number of planes; with P = 2, X = round(x 2^(14-E)), |X| <= 2^14 (error at
-// most 2^-15 of the block's largest value, the `MUSER_MMQ_PLANES=2` kernels), 32 P words per
+// most 2^(E-15), 2^-14 of the block's largest value: the two-plane kernels), 32 P words per
 // (kb, token, t), 4 P groups per kb.
 extern "C" __global__ void __launch_bounds__(32) xq_planes(const float* __restrict__ x, int cols, int ntok, int ntok_pad,
                                                            u32* __restrict__ xq, float* __restrict__ xsc,
@@ -727,7 +727,7 @@ MMQ_STAGED_Q4(mmq_sa_q4_k_2, (MMQ_THREADS(2)), 2, 1, true, 3, MMQ_STAGES)
 MMQ_STAGED_Q4(mmq_sa_q4_k_3, (MMQ_THREADS(3)), 3, 1, true, 3, MMQ_STAGES)
 MMQ_STAGED_Q4(mmq_sa_q4_k_4, (MMQ_THREADS(4)), 4, 1, true, 3, MMQ_STAGES)
 
-// Staged, two digit planes (`MUSER_MMQ_PLANES=2`: activations to 2^-15 of their block's largest
+// Staged, two digit planes (`MUSER_MMQ_PLANES=2`: activations to within 2^-14 of their block's largest
 // value, two thirds of the mma and multiply-adds of three planes).
 #define MMQ_ENTRIES_P2(NT)                                                                                              \
     MMQ_STAGED_Q4(mmq_p2_q4_k_##NT, (MMQ_THREADS(NT)), NT, 1, false, 2, MMQ_STAGES)                                    \

@@ -158,6 +158,9 @@ const NORM_THREADS: u32 = 1024;
 /// The x-stationary kernels' limits (kernels/matvec.cu MVQ_R, MVQ_MAX_THREADS).
 const MVQ_R: usize = 4;
 const MVQ_MAX_COLS: usize = 640 / 8 * 256;
+/// Most key splits of one token's attention (kernels/kv.cu COMBINE_MAX_SPLITS: attn_combine's
+/// shared arrays hold this many).
+const ATTN_MAX_SPLITS: usize = 64;
 /// Most tokens a product takes on the tensor-core kernels outside the batch-invariant mode.
 const MMQ_MAX_TOKENS: usize = 64;
 /// Bytes of one stage of a staged tensor-core block with `tb` tokens (kernels/mmq.cu
@@ -286,14 +289,14 @@ pub struct CudaBackend {
     mmq_pairs: std::sync::atomic::AtomicBool,
     /// Digit planes of the activations in the tensor-core kernels: 3 (exact to 2^-22 of a
     /// 256-value block's largest value; the accurate default), or 2 (`MUSER_MMQ_PLANES=2`, the
-    /// staged `mmq_p2_*` kernels: to 2^-15 of it, two thirds of the tensor-core work; the
+    /// staged `mmq_p2_*` kernels: to within 2^-14 of it, two thirds of the tensor-core work; the
     /// variants MR = 2 and scales-in-A keep three).
     mmq_planes: std::sync::atomic::AtomicUsize,
     /// Blocks per SM of the two-plane kernels: 1, or 2 (`MUSER_MMQ_OCC=2`, `mmq_p2o_*`: two
     /// stages, at most 128 registers, 16 warps per SM).
     mmq_occ: std::sync::atomic::AtomicUsize,
     /// Digit planes of the one-token x-stationary kernels' activations: 3 (to 2^-22 of a run's
-    /// largest value), or 2 in `--mode fast` (to 2^-15; `MUSER_MVQ_PLANES=2` in the accurate mode,
+    /// largest value), or 2 in `--mode fast` (to within 2^-14; `MUSER_MVQ_PLANES=2` in the accurate mode,
     /// for comparison).
     mvq_planes: std::sync::atomic::AtomicUsize,
     /// Products of more than 64 tokens in one launch of the staged kernels, 64 tokens per grid
@@ -401,11 +404,11 @@ impl CudaBackend {
     }
 
     /// `--mode fast`: products of several tokens (prompts and batched decode steps) in Q4_K and
-    /// Q6_K run on the two-plane tensor-core kernels (activations to 2^-15 of a 256-value
+    /// Q6_K run on the two-plane tensor-core kernels (activations to within 2^-14 of a 256-value
     /// block's largest value instead of 2^-22) at two blocks per multiprocessor; the other
     /// formats' prompt products multiply on the TF32 tensor cores (the exactly dequantized
     /// weights and the activations rounded to 10-bit mantissas inside cuBLAS, f32 sums).
-    /// One-token decode runs the x-stationary kernels with two planes too (2^-15 of a 16- or
+    /// One-token decode runs the x-stationary kernels with two planes too (within 2^-14 of a 16- or
     /// 8-value run's largest value; the fused FFN kernel keeps three). Off: the planes and
     /// blocks per SM go back to their defaults (3 and 1, or what `MUSER_MMQ_PLANES`,
     /// `MUSER_MMQ_OCC` and `MUSER_MVQ_PLANES` say). Its error against the accurate mode is
@@ -477,7 +480,7 @@ impl CudaBackend {
     }
 
     /// Digit planes of the tensor-core kernels' activations: 3 (exact to 2^-22 of a block's
-    /// largest value) or 2 (to 2^-15; faster). Anything else is taken as 3.
+    /// largest value) or 2 (to within 2^-14; faster). Anything else is taken as 3.
     pub fn set_mmq_planes(&self, planes: usize) {
         self.mmq_planes.store(
             if planes == 2 { 2 } else { 3 },
@@ -1503,7 +1506,7 @@ impl CudaBackend {
         // enough by themselves, so a split takes 128 keys (every warp busy, a quarter of the
         // partials to write and merge). The batch-invariant mode keeps 32 whatever the batch.
         let per_split = if self.invariant() || n < 8 { 32 } else { 128 };
-        let n_split = max_keys.div_ceil(per_split).clamp(1, 64);
+        let n_split = max_keys.div_ceil(per_split).clamp(1, ATTN_MAX_SPLITS);
         // Bounded scratch for long prompts, unless the splits must not depend on the batch.
         let n_split = if self.invariant() {
             n_split

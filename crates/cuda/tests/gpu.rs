@@ -298,9 +298,9 @@ fn matvec_kernels_match_the_cpu_per_format() {
                 }
                 if !invariant && n == 1 && matches!(layout, "q4_k" | "q6_k") {
                     // One token, two digit planes (`--mode fast`, the x-stationary kernels'
-                    // `_p2` forms): each run of 16 (Q4_K) or 8 (Q6_K) values to 2^-15 of its
-                    // largest value, within the bound below taken over the 256-value blocks
-                    // (a run's largest value is at most its block's). A pair launch of the
+                    // `_p2` forms): each run of 16 (Q4_K) or 8 (Q6_K) values to within 2^(E-15)
+                    // (|x| < 2^E over the run), within the bound below taken over the 256-value
+                    // blocks (a run's E is at most its block's). A pair launch of the
                     // matrix with itself gives the same bits twice.
                     let bounds = two_plane_weight_sums(layout, mat, &file, &cpu, &wc);
                     let scale = max_abs(&yc.data);
@@ -333,8 +333,8 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     gpu_b.set_mvq_planes(3);
                 }
                 if !invariant && (n == 17 || n == 160) && matches!(layout, "q4_k" | "q6_k") {
-                    // Two digit planes (mmq_p2_*): the activations to 2^-15 of their block's
-                    // largest value, so each (token, row) may move from the exact product by at
+                    // Two digit planes (mmq_p2_*): the activations to within 2^(E - 15), so
+                    // each (token, row) may move from the exact product by at
                     // most sum over blocks of 2^(E - 15) sum |d sc q| (|x| < 2^E over the
                     // block; d sc q the part of a weight the planes multiply), beyond the
                     // rounding the three-plane check above allows.
