@@ -50,6 +50,28 @@ __device__ __forceinline__ float load1(const u8* row, int d) {
     return __fmul_rn((float)(signed char)blk[2 + (d & 31)], h2f((u16)(blk[0] | (blk[1] << 8))));
 }
 
+// N (2 or 4) consecutive values d0.. of a cache row: one 4-, 8- or 16-byte load (f32, f16, bf16;
+// d0 a multiple of N, rows 16-byte aligned), bytes one by one for q8_0 (as load1).
+template <int KT, int N>
+__device__ __forceinline__ void loadv(const u8* row, int d0, float* o) {
+    if (KT == KV_F32) {
+        if (N == 4) { const float4 a = *(const float4*)(row + 4 * d0); o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w; }
+        else { const float2 a = *(const float2*)(row + 4 * d0); o[0] = a.x; o[1] = a.y; }
+    } else if (KT == KV_F16 || KT == KV_BF16) {
+        u32 w[2];
+        if (N == 4) { const uint2 a = *(const uint2*)(row + 2 * d0); w[0] = a.x; w[1] = a.y; }
+        else { w[0] = *(const u32*)(row + 2 * d0); }
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) {
+            if (KT == KV_F16) { o[2 * i] = h2f((u16)(w[i] & 0xFFFF)); o[2 * i + 1] = h2f((u16)(w[i] >> 16)); }
+            else { o[2 * i] = __uint_as_float(w[i] << 16); o[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u); }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i++) o[i] = load1<KT>(row, d0 + i);
+    }
+}
+
 template <int NREP, int HD, int KT, int HPB>
 __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, const u64* __restrict__ seqtab,
                                                   int layer, long long row_bytes,
@@ -129,13 +151,35 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
         }
         __syncwarp();
         const int nk = min(32, k1 - base);
-        for (int j = 0; j < nk; j++) {
-            const int kpj = base + j;
-            const int slot = ring > 0 ? kpj % ring : kpj;
-            const u8* vr = vc + (long long)slot * row_bytes;
-            float vv[DPL];
+        // Keys base .. base + nk - 1 (fewer than a ring's slots: at most one wrap).
+        const int slot0 = ring > 0 ? base % ring : base;
+        auto vrow = [&](int j) {
+            int sl = slot0 + j;
+            if (ring > 0 && sl >= ring) sl -= ring;
+            return vc + (long long)sl * row_bytes;
+        };
+        int j = 0;
+        // Four keys at a time: their V values in one load each per lane, their probabilities in
+        // one shared-memory read per head. Each accumulator still takes the keys one by one in
+        // order (the same sums as one key at a time).
+        for (; j + 4 <= nk; j += 4) {
+            float vv[4][DPL];
 #pragma unroll
-            for (int i = 0; i < DPL; i++) vv[i] = load1<KT>(vr, g * HD + lane * DPL + i);
+            for (int u = 0; u < 4; u++) loadv<KT, DPL>(vrow(j + u), g * HD + lane * DPL, vv[u]);
+#pragma unroll
+            for (int h = 0; h < HPB; h++) {
+                const float4 p4 = *(const float4*)&ps[warp][h][j];
+                const float pj[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+                for (int i = 0; i < DPL; i++) {
+#pragma unroll
+                    for (int u = 0; u < 4; u++) acc[h][i] = fmaf(pj[u], vv[u][i], acc[h][i]);
+                }
+            }
+        }
+        for (; j < nk; j++) {
+            float vv[DPL];
+            loadv<KT, DPL>(vrow(j), g * HD + lane * DPL, vv);
 #pragma unroll
             for (int h = 0; h < HPB; h++) {
                 float pj = ps[warp][h][j];
