@@ -132,10 +132,10 @@ pub struct Sampler {
     pub params: SamplingParams,
     rng: Rng,
     history: Vec<u32>,
-    /// The row being sampled, adjusted (penalties, the caller's changes): kept from draw to
-    /// draw, so a 202,048-token row costs no allocation (in a server each one's fresh pages and
-    /// their release, at 64 sequences per step, cost more than the draws).
+    /// The row being sampled, adjusted (penalties, the caller's changes), and the draw's
+    /// weights: kept from draw to draw, so a 202,048-token row costs no allocation.
     row: Vec<f32>,
+    weights: Vec<f64>,
 }
 
 impl Sampler {
@@ -146,6 +146,7 @@ impl Sampler {
             rng,
             history: Vec::new(),
             row: Vec::new(),
+            weights: Vec::new(),
         }
     }
 
@@ -227,7 +228,7 @@ impl Sampler {
                 min_p_done = true;
                 min_p_sorted(l, m, p.min_p)
             } else {
-                return draw_in_id_order(l, m, p.temperature, &mut self.rng);
+                return draw_in_id_order(l, m, p.temperature, &mut self.rng, &mut self.weights);
             }
         } else {
             // A NaN or infinite logit: the plain sort's order, whatever it makes of it.
@@ -348,15 +349,15 @@ fn min_p_sorted(logits: &[f32], m: f32, min_p: f32) -> Vec<(u32, f32)> {
 }
 
 /// A draw over every token with weights exp((v - m) / t), walked in id order.
-/// (The weights are computed twice, for their sum and for the walk, rather than stored: the same
-/// values, and no 1.6 MB buffer per draw.)
-fn draw_in_id_order(logits: &[f32], m: f32, t: f32, rng: &mut Rng) -> u32 {
+/// (`weights`: the caller's buffer, reused from draw to draw.)
+fn draw_in_id_order(logits: &[f32], m: f32, t: f32, rng: &mut Rng, weights: &mut Vec<f64>) -> u32 {
     let (m, t) = (m as f64, t as f64);
-    let weight = |v: f32| ((v as f64 - m) / t).exp();
-    let total: f64 = logits.iter().map(|&v| weight(v)).sum();
+    weights.clear();
+    weights.extend(logits.iter().map(|&v| ((v as f64 - m) / t).exp()));
+    let total: f64 = weights.iter().sum();
     let mut r = rng.next_f64() * total;
     let mut last = 0;
-    for (i, w) in logits.iter().map(|&v| weight(v)).enumerate() {
+    for (i, &w) in weights.iter().enumerate() {
         if w > 0.0 {
             last = i;
             if r < w {
@@ -545,8 +546,9 @@ mod tests {
         let mut rng = Rng::new(9);
         let mut counts = [0usize; 5];
         let draws = 40_000;
+        let mut weights = Vec::new();
         for _ in 0..draws {
-            counts[draw_in_id_order(&l, m, t, &mut rng) as usize] += 1;
+            counts[draw_in_id_order(&l, m, t, &mut rng, &mut weights) as usize] += 1;
         }
         for i in 0..5 {
             let got = counts[i] as f64 / draws as f64;
