@@ -18,23 +18,6 @@ __device__ __forceinline__ u16 f2bf(float f) {
     return (u16)(u >> 16);
 }
 
-// Programmatic dependent launch (Hopper and newer; no-ops before sm_90 and for kernels launched
-// the ordinary way). pdl_trigger: the kernel that follows in the stream may be scheduled now (its
-// blocks fill the SMs this grid leaves idle, or frees). pdl_wait: block until the grids this one
-// depends on have completed and their writes are visible; a kernel launched with the
-// programmatic attribute (lib.rs launch_pdl) must read nothing they write, and write nothing they
-// read, before it.
-__device__ __forceinline__ void pdl_trigger() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

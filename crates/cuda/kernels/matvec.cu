@@ -589,11 +589,8 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
     const int e_lo = b * 256 + 64 * j + 16 * half, e_hi = e_lo + 32;
     const int r_begin = blockIdx.x * rpb, r_end = min(PAIR ? 2 * rows : rows, r_begin + rpb);
     uint4 hd[MVQ_R], qq[MVQ_R], nhd[MVQ_R], nqq[MVQ_R];
-    // The first rows' weights (they do not depend on x) in flight while x becomes digits, and,
-    // launched programmatically (lib.rs launch_pdl), while the kernel before finishes.
-    pdl_trigger();
+    // The first rows' weights (they do not depend on x) in flight while x becomes digits.
     if (PF && r_begin < r_end) mvq_load_q4k<FUSED, PAIR>(W, W2, r_begin, rows, nb, b, sub, nhd, nqq);
-    pdl_wait();
     u32 l0[4], l1[4], l2[4], h0[4], h1[4], h2[4];
     float lsc, lsum, hsc, hsum;
     {
@@ -737,11 +734,8 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __r
             S[r] = (k8 >> 1) ? __byte_perm(w0, w1, 0x7531) : __byte_perm(w0, w1, 0x6420);
         }
     };
-    // The first rows' weights (they do not depend on x) in flight while x becomes digits, and,
-    // launched programmatically, while the kernel before finishes.
-    pdl_trigger();
+    // The first rows' weights (they do not depend on x) in flight while x becomes digits.
     if (PF && r_begin < r_end) load(r_begin, nl0, nl1, nh, nscw, nd);
-    pdl_wait();
     u32 x0[4][2], x1[4][2], x2[4][2];
     float xsc[4];
 #pragma unroll
