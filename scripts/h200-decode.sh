@@ -4,13 +4,7 @@
 # comma-separated VAR=VALUE, e.g. "MUSER_MVQ_SPLIT=0 MUSER_MMQ_PAIR=0"), then (NCU=1) every kernel
 # of two replayed decode steps timed by Nsight Compute (graph nodes one by one, clocks left alone),
 # summed per kernel name: where a token's time goes inside the graph, without the events' overhead.
-set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-export MUSER_KERNEL_CACHE=/tmp/muser-kernels
-MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
-[ -f "$MODEL" ] || carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m > /dev/null
+source "$(dirname "$0")/h200-env.sh"
 B="carry/bin/muser bench -m $MODEL --device cuda -p 0 -n ${TG:-128} -r ${REPS:-3}"
 log="$OUT/decode.log"
 [ -n "${ONLY_NCU:-}" ] || timeout 200 $B 2>&1 | grep -E '^\| tg' | sed 's/^| /| (default) /' | tee -a "$log"

@@ -4,13 +4,7 @@
 # token per sequence), speed of light, occupancy and the warps' stall reasons per issued instruction.
 # KERNEL (default mmq_s_q4_k_4), SKIP / COUNT (launches of it to skip / to profile), ENVS (extra
 # environment for muser, e.g. "MUSER_MMQ_NT=2").
-set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-export MUSER_KERNEL_CACHE=/tmp/muser-kernels
-MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
-[ -f "$MODEL" ] || carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m > /dev/null
+source "$(dirname "$0")/h200-env.sh"
 log="$OUT/ncu-${TAG:-stalls}.log"
 env ${ENVS:-} timeout ${NCU_TIMEOUT:-200} ncu --clock-control none --kernel-name "${KERNEL:-mmq_s_q4_k_4}" \
   --launch-skip ${SKIP:-3} --launch-count ${COUNT:-4} \

@@ -1696,7 +1696,7 @@ impl Backend for CudaBackend {
 
     fn name(&self) -> String {
         if self.fast_prompts.load(std::sync::atomic::Ordering::Relaxed) {
-            format!("cuda ({}, fast: TF32 prompts)", self.device_name)
+            format!("cuda ({}, fast: two-plane int8 products, TF32 for other formats)", self.device_name)
         } else {
             format!("cuda ({})", self.device_name)
         }
