@@ -18,6 +18,34 @@ __device__ __forceinline__ u16 f2bf(float f) {
     return (u16)(u >> 16);
 }
 
+// Programmatic dependent launch (Hopper and newer; no-ops before sm_90 and for kernels launched
+// the ordinary way). pdl_trigger: the kernel that follows in the stream may be scheduled now (its
+// blocks fill the SMs this grid leaves idle, or frees). pdl_wait: block until the grids this one
+// depends on have completed and their writes are visible; a kernel launched with the
+// programmatic attribute (lib.rs launch_pdl) must read nothing they write, and write nothing they
+// read, before it.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// A load of data an earlier kernel wrote, for kernels that may be launched programmatically:
+// ld.global.cg, not the read-only path. The compiler and ptxas move read-only (.nc, `__ldg`)
+// loads above griddepcontrol.wait (ptxas 13.0 did, in the SASS of mvq_q4_k_pair: the activations
+// were read before the wait, stale), since .nc promises the data does not change while the
+// kernel runs; a programmatic launch breaks that promise. Volatile: it stays after pdl_wait.
+__device__ __forceinline__ float4 ld_after_wait(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+    return v;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -9,6 +9,7 @@ extern "C" __global__ void sigmoid_gate(float* x, const float* g, long long n, i
 
 // out = silu(g) * u
 extern "C" __global__ void swiglu(const float* g, const float* u, float* out, long long n) {
+    pdl_trigger();  // the FFN's down projection may start loading its weights
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         double gv = g[i];
         out[i] = (float)__dmul_rn(gv / (1.0 + exp(-gv)), (double)u[i]);

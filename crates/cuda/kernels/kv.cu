@@ -141,6 +141,7 @@ extern "C" __global__ void attn_combine(const float* part, int n_split, int nrep
                                         const u32* pos, int n_swa, const float* gate, float* out) {
     __shared__ float sm[COMBINE_MAX_SPLITS], sl[COMBINE_MAX_SPLITS], sc[COMBINE_MAX_SPLITS];
     __shared__ float sL;
+    pdl_trigger();  // the output projection may start loading its weights
     const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
     const int g = h / nrep, r = h % nrep;
     const int p = (int)pos[t];

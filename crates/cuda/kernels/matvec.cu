@@ -589,21 +589,24 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
     const int e_lo = b * 256 + 64 * j + 16 * half, e_hi = e_lo + 32;
     const int r_begin = blockIdx.x * rpb, r_end = min(PAIR ? 2 * rows : rows, r_begin + rpb);
     uint4 hd[MVQ_R], qq[MVQ_R], nhd[MVQ_R], nqq[MVQ_R];
-    // The first rows' weights (they do not depend on x) in flight while x becomes digits.
+    // The first rows' weights (they do not depend on x) in flight while x becomes digits, and,
+    // launched programmatically (lib.rs launch_pdl), while the kernel before finishes.
+    pdl_trigger();
     if (PF && r_begin < r_end) mvq_load_q4k<FUSED, PAIR>(W, W2, r_begin, rows, nb, b, sub, nhd, nqq);
+    pdl_wait();
     u32 l0[4], l1[4], l2[4], h0[4], h1[4], h2[4];
     float lsc, lsum, hsc, hsum;
     {
         float v[16];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            float4 a = __ldg((const float4*)(x + e_lo) + i);
+            float4 a = ld_after_wait(x + e_lo + 4 * i);
             v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
         }
         x_digits<16, P>(v, l0, l1, l2, lsc, lsum);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            float4 a = __ldg((const float4*)(x + e_hi) + i);
+            float4 a = ld_after_wait(x + e_hi + 4 * i);
             v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
         }
         x_digits<16, P>(v, h0, h1, h2, hsc, hsum);
@@ -734,14 +737,17 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __r
             S[r] = (k8 >> 1) ? __byte_perm(w0, w1, 0x7531) : __byte_perm(w0, w1, 0x6420);
         }
     };
-    // The first rows' weights (they do not depend on x) in flight while x becomes digits.
+    // The first rows' weights (they do not depend on x) in flight while x becomes digits, and,
+    // launched programmatically, while the kernel before finishes.
+    pdl_trigger();
     if (PF && r_begin < r_end) load(r_begin, nl0, nl1, nh, nscw, nd);
+    pdl_wait();
     u32 x0[4][2], x1[4][2], x2[4][2];
     float xsc[4];
 #pragma unroll
     for (int qt = 0; qt < 4; qt++) {
         const int e = b * 256 + 128 * n + 32 * qt + 8 * k8;
-        const float4 a = __ldg((const float4*)(x + e)), c = __ldg((const float4*)(x + e) + 1);
+        const float4 a = ld_after_wait(x + e), c = ld_after_wait(x + e + 4);
         const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
         float unused;
         x_digits<8, P>(v, x0[qt], x1[qt], x2[qt], xsc[qt], unused);

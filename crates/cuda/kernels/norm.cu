@@ -33,6 +33,7 @@ __device__ __forceinline__ void row_sums8(const float* y, float* xs, int n) {
 // y = x * (1/sqrt(mean(x^2) + eps)) (* w), one block per row. `xs` (optional) receives sums of 8.
 extern "C" __global__ void __launch_bounds__(1024) rms_norm(const float* x, const float* w, float eps, int n, float* y, float* xs) {
     __shared__ double sh[32];
+    pdl_trigger();  // the product that reads y may start loading its weights
     const float* xr = x + (long long)blockIdx.x * n;
     float* yr = y + (long long)blockIdx.x * n;
     float v[NPT], wv[NPT];
@@ -64,6 +65,7 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm(const float* x, cons
 extern "C" __global__ void __launch_bounds__(1024) norm_tail(float* resid, const float* src, const float* w1, float eps1,
                                      const float* w2, float eps2, int n, float* y, float* xs) {
     __shared__ double sh[32];
+    pdl_trigger();  // the product that reads y may start loading its weights
     long long off = (long long)blockIdx.x * n;
     const float* s = src + off;
     float* r = resid + off;

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig,
-    PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    LaunchConfig, PushKernelArg,
 };
 use muser_engine::backend::{AttnSpec, Backend, Batch, QkSpec, StepRecord};
 use muser_engine::loader::Matrix;
@@ -295,6 +295,11 @@ pub struct CudaBackend {
     /// Blocks per SM of the two-plane kernels: 1, or 2 (`MUSER_MMQ_OCC=2`, `mmq_p2o_*`: two
     /// stages, at most 128 registers, 16 warps per SM).
     mmq_occ: std::sync::atomic::AtomicUsize,
+    /// One-token products launched with programmatic dependent launch (`MUSER_PDL=1`, sm_90 and
+    /// newer): their first weights load while the kernel before them finishes. Off by default:
+    /// its first GPU run (d1e55e0) read stale activations (ptxas had moved their read-only loads
+    /// above the wait; now `ld_after_wait`), and this form has not run on a GPU yet.
+    pdl: bool,
     /// Digit planes of the one-token x-stationary kernels' activations: 3 (to 2^-22 of a run's
     /// largest value), or 2 in `--mode fast` (to within 2^-14; `MUSER_MVQ_PLANES=2` in the accurate mode,
     /// for comparison).
@@ -387,6 +392,7 @@ impl CudaBackend {
             mmq_pairs: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_PAIR", "0")),
             mmq_planes: std::sync::atomic::AtomicUsize::new(env_planes()),
             mvq_planes: std::sync::atomic::AtomicUsize::new(env_mvq_planes()),
+            pdl: env_is("MUSER_PDL", "1") && cc.0 >= 9,
             mmq_zgrid: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_ZGRID", "0")),
             mmq_occ: std::sync::atomic::AtomicUsize::new(env_blocks_per_sm()),
             mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
@@ -980,6 +986,56 @@ impl CudaBackend {
         let xv = x.data.slice(t * x.cols..(t + 1) * x.cols);
         let mut yv = out.data.slice_mut(t * w.rows..(t + 1) * w.rows);
         let (rows, cols, rpb) = (w.rows as i32, w.cols as i32, rpb as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (grid, ranges as u32, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        if self.pdl {
+            // The same arguments in the same order as the builder below, as raw values.
+            let st = &self.stream;
+            let mut vals: Vec<u64> = Vec::with_capacity(12);
+            let (wp, _gw) = w.data.device_ptr(st);
+            vals.push(wp);
+            let gu = up.map(|u| u.data.device_ptr(st));
+            if let Some((p, _)) = &gu {
+                vals.push(*p);
+            }
+            let (w2, mut y2v) = match second {
+                Some((w2, o2)) => (
+                    Some(w2),
+                    Some(o2.data.slice_mut(t * w.rows..(t + 1) * w.rows)),
+                ),
+                None => (None, None),
+            };
+            let g2 = w2.map(|w2| w2.data.device_ptr(st));
+            if let Some((p, _)) = &g2 {
+                vals.push(*p);
+            }
+            if w.ty == GgmlType::Q6_K {
+                vals.push(w.nbt as u64);
+            }
+            let (xp, _gx) = xv.device_ptr(st);
+            let (yp, _gy) = yv.device_ptr_mut(st);
+            vals.extend([xp, yp]);
+            let gy2 = y2v.as_mut().map(|v| v.device_ptr_mut(st));
+            if let Some((p, _)) = &gy2 {
+                vals.push(*p);
+            }
+            // i32 arguments: the driver reads their 4 bytes, the low ones of the word.
+            vals.extend([rows as u32 as u64, cols as u32 as u64, rpb as u32 as u64]);
+            let mut split = split;
+            let gs = split
+                .as_mut()
+                .map(|(part, cnt)| (part.device_ptr_mut(st), cnt.device_ptr_mut(st)));
+            if let Some(((pp, _), (cp, _))) = &gs {
+                vals.extend([*pp, *cp, nbs as i32 as u32 as u64]);
+            }
+            // SAFETY: as for the builder's launch below (the same kernel, the same arguments in
+            // the same order); the kernel reads nothing an earlier kernel writes before its
+            // pdl_wait (kernels/common.cuh), only the weights.
+            return unsafe { self.launch_programmatic(f, cfg, &mut vals) }.map_err(dev(name));
+        }
         let mut b = self.stream.launch_builder(f);
         b.arg(&w.data);
         if let Some(u) = up {
@@ -1002,11 +1058,6 @@ impl CudaBackend {
         if let Some((part, cnt)) = split {
             b.arg(part).arg(cnt).arg(&nbs_arg);
         }
-        let cfg = LaunchConfig {
-            grid_dim: (grid, ranges as u32, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: threads cover cols / 256 column blocks, or nbs of them per range in a split
         // launch (<= MVQ_MAX_COLS, the kernel's static shared memory is sized for it); the kernel
         // reads the matrix (and `up` or W2, checked above or by the caller to have the same shape
@@ -1015,6 +1066,56 @@ impl CudaBackend {
         // partial sums and reads and resets one counter per block row (both grown above).
         unsafe { b.launch(cfg) }.map_err(dev(name))?;
         Ok(())
+    }
+
+    /// Launch `f` with the programmatic-stream-serialization attribute: it may start while the
+    /// kernel before it in the stream finishes, and must call `pdl_wait` (kernels/common.cuh)
+    /// before reading or writing anything an earlier kernel touches. `args` holds each kernel
+    /// parameter's value in one word (pointers and i64 whole, i32 in the low 4 bytes).
+    ///
+    /// # Safety
+    /// `args` must match `f`'s parameters in number, order and size, every pointer must be valid
+    /// for what the kernel does with it at this grid, and the kernel must honour the rule above.
+    unsafe fn launch_programmatic(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: &mut [u64],
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        use cudarc::driver::sys;
+        let mut params: Vec<*mut std::ffi::c_void> = args
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut std::ffi::c_void)
+            .collect();
+        // SAFETY: an all-zero CUlaunchAttribute is a valid value of the C struct (id 0, the
+        // union's bytes zero); the id and the union member set next are the ones the driver
+        // reads together.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let lc = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: `lc` and `attr` live across the call; `params` points at `args`, which the
+        // caller vouches for; the driver copies the parameters before returning.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &lc,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
     }
 
     fn matvec(
@@ -1696,7 +1797,10 @@ impl Backend for CudaBackend {
 
     fn name(&self) -> String {
         if self.fast_prompts.load(std::sync::atomic::Ordering::Relaxed) {
-            format!("cuda ({}, fast: two-plane int8 products, TF32 for other formats)", self.device_name)
+            format!(
+                "cuda ({}, fast: two-plane int8 products, TF32 for other formats)",
+                self.device_name
+            )
         } else {
             format!("cuda ({})", self.device_name)
         }
