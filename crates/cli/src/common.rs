@@ -165,7 +165,7 @@ impl ModelOpts {
                     .map(|i| CudaBackend::new(ordinal + i))
                     .collect::<Result<Vec<_>, _>>()?;
                 for r in &ranks {
-                    r.set_fast_prompts(fast)?;
+                    r.set_fast_mode(fast)?;
                     r.set_batch_invariant(self.batch_invariant);
                 }
                 let nccl = Box::new(muser_cuda::nccl::NcclAllReduce::new(&ranks)?);
@@ -189,7 +189,7 @@ impl ModelOpts {
                 }
                 CudaBackend::supports(&file.config)?;
                 let backend = CudaBackend::new(ordinal)?;
-                backend.set_fast_prompts(fast)?;
+                backend.set_fast_mode(fast)?;
                 backend.set_batch_invariant(self.batch_invariant);
                 Loaded::Cuda(MuseGlimmer::load_with_progress(
                     &file,

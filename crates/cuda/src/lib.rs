@@ -264,7 +264,7 @@ pub struct CudaBackend {
     /// an `mvq_*` kernel): only then do the norms write them for single-token rows.
     one_token_sums: std::sync::atomic::AtomicBool,
     /// `--mode fast`: two-plane tensor-core kernels for Q4_K and Q6_K, TF32 cuBLAS for the rest.
-    fast_prompts: std::sync::atomic::AtomicBool,
+    fast_mode: std::sync::atomic::AtomicBool,
     /// One launch for the FFN's gate, up and SwiGLU at one token (`ffn_swiglu`).
     fused_ffn: std::sync::atomic::AtomicBool,
     /// Batch-invariant mode: a token's results do not depend on what else shares its micro-batch
@@ -378,7 +378,7 @@ impl CudaBackend {
             profile_sync: std::sync::atomic::AtomicBool::new(false),
             sm_count,
             one_token_sums: std::sync::atomic::AtomicBool::new(false),
-            fast_prompts: std::sync::atomic::AtomicBool::new(false),
+            fast_mode: std::sync::atomic::AtomicBool::new(false),
             fused_ffn: std::sync::atomic::AtomicBool::new(env_is("MUSER_FUSE", "1")),
             waves: Mutex::new(HashMap::new()),
             batch_invariant: std::sync::atomic::AtomicBool::new(env_is(
@@ -419,7 +419,7 @@ impl CudaBackend {
     /// blocks per SM go back to their defaults (3 and 1, or what `MUSER_MMQ_PLANES`,
     /// `MUSER_MMQ_OCC` and `MUSER_MVQ_PLANES` say). Its error against the accurate mode is
     /// measured in docs/PARITY.md.
-    pub fn set_fast_prompts(&self, on: bool) -> Result<()> {
+    pub fn set_fast_mode(&self, on: bool) -> Result<()> {
         use cudarc::cublas::sys::{cublasMath_t, cublasSetMathMode, cublasStatus_t};
         let mode = if on {
             cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH
@@ -432,7 +432,7 @@ impl CudaBackend {
         if st != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             return Err(Error::Backend(format!("cuBLAS math mode: {st:?}")));
         }
-        self.fast_prompts
+        self.fast_mode
             .store(on, std::sync::atomic::Ordering::Relaxed);
         self.set_mmq_planes(if on { 2 } else { env_planes() });
         self.set_mmq_blocks_per_sm(if on { 2 } else { env_blocks_per_sm() });
@@ -455,54 +455,36 @@ impl CudaBackend {
     /// At most `n` (1..=4) tiles of 8 tokens per warp in the tensor-core kernels (a launch of
     /// 64 tokens then takes 8 / n warps per row group). Results do not change; speed may.
     pub fn set_mmq_tiles_per_warp(&self, n: usize) {
-        self.mmq_tiles
-            .store(n.clamp(1, 4), std::sync::atomic::Ordering::Relaxed);
-        self.bump_epoch();
+        self.set_choice(&self.mmq_tiles, n.clamp(1, 4));
     }
 
     /// Whether the tensor-core kernels stage their operands in shared memory (same bits either
     /// way; for tests and comparisons).
     pub fn set_mmq_staged(&self, on: bool) {
-        self.mmq_staged
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-        self.bump_epoch();
+        self.set_switch(&self.mmq_staged, on);
     }
 
     /// 16 or 32 rows per warp in the staged tensor-core kernels (results do not change).
     pub fn set_mmq_rows_per_warp(&self, rows: usize) {
-        self.mmq_rows_per_warp.store(
-            if rows == 32 { 32 } else { 16 },
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.bump_epoch();
+        self.set_choice(&self.mmq_rows_per_warp, if rows == 32 { 32 } else { 16 });
     }
 
     /// Q4_K's sub-block scales in the weight operand of the staged kernels (results do not
     /// change).
     pub fn set_mmq_scale_in_a(&self, on: bool) {
-        self.mmq_scale_in_a
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-        self.bump_epoch();
+        self.set_switch(&self.mmq_scale_in_a, on);
     }
 
     /// Digit planes of the tensor-core kernels' activations: 3 (exact to 2^-22 of a block's
     /// largest value) or 2 (to within 2^-14; faster). Anything else is taken as 3.
     pub fn set_mmq_planes(&self, planes: usize) {
-        self.mmq_planes.store(
-            if planes == 2 { 2 } else { 3 },
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.bump_epoch();
+        self.set_choice(&self.mmq_planes, if planes == 2 { 2 } else { 3 });
     }
 
     /// Digit planes of the one-token kernels' activations: 2 (`--mode fast`) or 3. Anything
     /// else is taken as 3.
     pub fn set_mvq_planes(&self, planes: usize) {
-        self.mvq_planes.store(
-            if planes == 2 { 2 } else { 3 },
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.bump_epoch();
+        self.set_choice(&self.mvq_planes, if planes == 2 { 2 } else { 3 });
     }
 
     /// Decode steps recorded as CUDA graphs and replayed (or every step launched kernel by
@@ -526,25 +508,29 @@ impl CudaBackend {
     /// Products of more than 64 tokens in one launch (grid layers of 64 tokens) or a launch per
     /// 64 tokens (results do not change).
     pub fn set_mmq_zgrid(&self, on: bool) {
-        self.mmq_zgrid
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-        self.bump_epoch();
+        self.set_switch(&self.mmq_zgrid, on);
     }
 
     /// Blocks per SM of the two-plane kernels (1, or 2: `mmq_p2o_*`). Anything else is taken as 1.
     pub fn set_mmq_blocks_per_sm(&self, n: usize) {
-        self.mmq_occ.store(
-            if n == 2 { 2 } else { 1 },
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        self.bump_epoch();
+        self.set_choice(&self.mmq_occ, if n == 2 { 2 } else { 1 });
     }
 
     /// The FFN's gate and up in one pair launch of the tensor-core kernels, or one after the
     /// other.
     pub fn set_mmq_pairs(&self, on: bool) {
-        self.mmq_pairs
-            .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.set_switch(&self.mmq_pairs, on);
+    }
+
+    /// A kernel-choice switch: set, and stale any recording (it holds the other choice's kernels).
+    fn set_switch(&self, flag: &std::sync::atomic::AtomicBool, on: bool) {
+        flag.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
+    }
+
+    /// A numeric kernel choice (planes, tiles, rows, blocks per SM), as `set_switch`.
+    fn set_choice(&self, value: &std::sync::atomic::AtomicUsize, n: usize) {
+        value.store(n, std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
     }
 
@@ -1703,27 +1689,24 @@ impl CudaBackend {
     }
 }
 
+/// 2 if `var` is set to 2, else `otherwise`: the choices `--mode fast` makes, outside it.
+fn env_two(var: &str, otherwise: usize) -> usize {
+    if env_is(var, "2") { 2 } else { otherwise }
+}
+
 /// The tensor-core kernels' digit planes outside `--mode fast`: 3, or 2 with `MUSER_MMQ_PLANES=2`.
 fn env_planes() -> usize {
-    if env_is("MUSER_MMQ_PLANES", "2") {
-        2
-    } else {
-        3
-    }
+    env_two("MUSER_MMQ_PLANES", 3)
 }
 
 /// The one-token kernels' digit planes outside `--mode fast`: 3, or 2 with `MUSER_MVQ_PLANES=2`.
 fn env_mvq_planes() -> usize {
-    if env_is("MUSER_MVQ_PLANES", "2") {
-        2
-    } else {
-        3
-    }
+    env_two("MUSER_MVQ_PLANES", 3)
 }
 
 /// Blocks per SM of the two-plane kernels outside `--mode fast`: 1, or 2 with `MUSER_MMQ_OCC=2`.
 fn env_blocks_per_sm() -> usize {
-    if env_is("MUSER_MMQ_OCC", "2") { 2 } else { 1 }
+    env_two("MUSER_MMQ_OCC", 1)
 }
 
 /// Prompts (more than 64 tokens) on the tensor-core kernels too, unless `MUSER_MMQ_PROMPTS=0`.
@@ -1796,7 +1779,7 @@ impl Backend for CudaBackend {
     type Kv = CudaKv;
 
     fn name(&self) -> String {
-        if self.fast_prompts.load(std::sync::atomic::Ordering::Relaxed) {
+        if self.fast_mode.load(std::sync::atomic::Ordering::Relaxed) {
             format!(
                 "cuda ({}, fast: two-plane int8 products, TF32 for other formats)",
                 self.device_name
@@ -2247,7 +2230,6 @@ impl Backend for CudaBackend {
         if x.rows == 1
             && x.cols == w1.cols
             && !self.invariant()
-            && !self.mmq_route(w1, 1)
             && Self::mvq_pair_for(w1, w2)
             && self.mmq_pairs.load(std::sync::atomic::Ordering::Relaxed)
         {

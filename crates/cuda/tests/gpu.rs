@@ -416,6 +416,21 @@ fn matvec_kernels_match_the_cpu_per_format() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Five sequences cut from a fixture's tokens (repeated as needed): sequence i starts at
+/// token `skip` i and is `len + grow` i tokens long.
+fn five_sequences(toks: &[u32], skip: usize, len: usize, grow: usize) -> Vec<Vec<u32>> {
+    (0..5)
+        .map(|i| {
+            toks.iter()
+                .cycle()
+                .skip(skip * i)
+                .take(len + grow * i)
+                .copied()
+                .collect()
+        })
+        .collect()
+}
+
 /// The largest |value|, at least 1e-30 (the scale of a relative error).
 fn max_abs(v: &[f32]) -> f32 {
     v.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30)
@@ -733,7 +748,7 @@ fn fast_mode_prompts_stay_within_its_tolerance() {
         let cpu =
             MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
         let g = CudaBackend::new(0).unwrap();
-        g.set_fast_prompts(true).unwrap();
+        g.set_fast_mode(true).unwrap();
         let gpu = MuseGlimmer::load(&file, g).unwrap();
         let toks = tokens(&name);
         let want = Session::new(&cpu, KvType::F32, 256)
@@ -822,16 +837,7 @@ fn recorded_steps_give_the_eager_bits() {
     for name in names() {
         let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).unwrap();
         let toks = tokens(&name);
-        let seqs: Vec<Vec<u32>> = (0..5)
-            .map(|i| {
-                toks.iter()
-                    .cycle()
-                    .skip(5 * i)
-                    .take(20 + 4 * i)
-                    .copied()
-                    .collect()
-            })
-            .collect();
+        let seqs = five_sequences(&toks, 5, 20, 4);
         let prompts = [3usize, 9, 1, 14, 6];
         let m = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
         // A 12-token prompt with every row's logits (the prompt kernels inside a recording),
@@ -890,16 +896,7 @@ fn batched_sequences_match_one_at_a_time() {
     for name in names() {
         let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).unwrap();
         let toks = tokens(&name);
-        let seqs: Vec<Vec<u32>> = (0..5)
-            .map(|i| {
-                toks.iter()
-                    .cycle()
-                    .skip(7 * i)
-                    .take(24 + 3 * i)
-                    .copied()
-                    .collect()
-            })
-            .collect();
+        let seqs = five_sequences(&toks, 7, 24, 3);
         let prompts = [5usize, 12, 1, 20, 9];
         // The default, the batch-invariant mode and `--mode fast` (batched steps on the two-plane
         // kernels, one token alone on the accurate ones).
@@ -910,7 +907,7 @@ fn batched_sequences_match_one_at_a_time() {
         ] {
             let b = CudaBackend::new(0).unwrap();
             b.set_batch_invariant(invariant);
-            b.set_fast_prompts(fast).unwrap();
+            b.set_fast_mode(fast).unwrap();
             let m = MuseGlimmer::load(&file, b).unwrap();
             let nv = m.config.n_vocab;
             let got = batched::together(&m, &seqs, &prompts, KvType::F32, 256).unwrap();

@@ -191,17 +191,13 @@ impl Sampler {
         l.clear();
         l.extend_from_slice(logits);
         adjust(&mut l);
-        let id = self.sample_owned_ref(&mut l);
+        let id = self.sample_in_place(&mut l);
         self.row = l;
         id
     }
 
-    /// As `sample`, on a row the caller already copied (and may have adjusted).
-    pub fn sample_owned(&mut self, mut l: Vec<f32>) -> u32 {
-        self.sample_owned_ref(&mut l)
-    }
-
-    fn sample_owned_ref(&mut self, l: &mut [f32]) -> u32 {
+    /// The draw on a copy of the row the sampler may change (penalties).
+    fn sample_in_place(&mut self, l: &mut [f32]) -> u32 {
         self.apply_penalties(l);
         let l: &[f32] = l;
         let p = &self.params;
