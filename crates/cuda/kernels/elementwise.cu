@@ -49,14 +49,16 @@ extern "C" __global__ void select_rows(const float* x, const u32* rows, int cols
 // part (value, index); the last block of a row to finish (a counter per row, reset by it) takes
 // the best of the chunks. Largest-then-lowest-index is associative, so any grouping gives the
 // same answer.
-__device__ __forceinline__ void amax_pick(float& best, int& idx, float v, int i) {
+template <typename T>
+__device__ __forceinline__ void amax_pick(T& best, int& idx, T v, int i) {
     if (v > best || (v == best && i < idx)) { best = v; idx = i; }
 }
-__device__ __forceinline__ void amax_block(float& best, int& idx) {
-    __shared__ float bv[32];
+template <typename T>
+__device__ __forceinline__ void amax_block(T& best, int& idx) {
+    __shared__ T bv[32];
     __shared__ int bi[32];
     for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        T ov = __shfl_xor_sync(0xffffffffu, best, o);
         int oi = __shfl_xor_sync(0xffffffffu, idx, o);
         amax_pick(best, idx, ov, oi);
     }
@@ -65,10 +67,10 @@ __device__ __forceinline__ void amax_block(float& best, int& idx) {
     if (lane == 0) { bv[w] = best; bi[w] = idx; }
     __syncthreads();
     int nw = blockDim.x >> 5;
-    best = lane < nw ? bv[lane] : -__int_as_float(0x7f800000);
+    best = lane < nw ? bv[lane] : (T)-__int_as_float(0x7f800000);
     idx = lane < nw ? bi[lane] : 0x7fffffff;
     for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        T ov = __shfl_xor_sync(0xffffffffu, best, o);
         int oi = __shfl_xor_sync(0xffffffffu, idx, o);
         amax_pick(best, idx, ov, oi);
     }
@@ -106,5 +108,94 @@ extern "C" __global__ void argmax_rows(const float* x, int cols, u32* out, float
     if (threadIdx.x == 0) {
         out[blockIdx.y] = (u32)idx;
         cnt[blockIdx.y] = 0u;
+    }
+}
+
+// Edits to logits rows before a draw (sampling.rs LogitEdit, in list order, the same f32
+// operations unfused): one thread per drawn row walks its edits. Edit e is 4 words {token,
+// kind (0 add, 1 mask, 2 penalize), a, b (f32 bits)}; draw d's are start[d]..start[d + 1].
+extern "C" __global__ void logit_edits(float* x, int cols, const u32* rowix, const u32* start, const u32* ed, int nd) {
+    const int d = blockIdx.x * blockDim.x + threadIdx.x;
+    if (d >= nd) return;
+    float* r = x + (long long)rowix[d] * cols;
+    for (u32 e = start[d]; e < start[d + 1]; e++) {
+        const u32* w = ed + 4ull * e;
+        if (w[0] >= (u32)cols) continue;
+        const float a = __uint_as_float(w[2]), b = __uint_as_float(w[3]);
+        float v = r[w[0]];
+        if (w[1] == 0u) {
+            v = __fadd_rn(v, a);
+        } else if (w[1] == 1u) {
+            v = -__int_as_float(0x7f800000);
+        } else {
+            if (a != 1.0f) v = v > 0.0f ? __fdiv_rn(v, a) : __fmul_rn(v, a);
+            v = __fsub_rn(v, b);
+        }
+        r[w[0]] = v;
+    }
+}
+
+// Position k of the SplitMix64 stream of `seed` (sampling.rs Rng::at).
+__device__ __forceinline__ u64 splitmix_at(u64 seed, u64 k) {
+    u64 z = seed + (k + 1ull) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+// One token per drawn row, by the Gumbel-max trick (sampling.rs RowDraw::choose, its
+// reference): candidates exp(v - m) >= min_p (m the row's largest, at amax[row], from
+// argmax_rows), score v * inv_t + g with g = -ln(-ln(u)) from the row's seeded stream at
+// (counter << 32) | id, or v when greedy (inv_t = 0); the largest score, lowest id among ties.
+// par[2d] = inv_t, par[2d + 1] = min_p; key[2d] = seed, key[2d + 1] = counter. grid (chunks,
+// draws), 1024 threads; the last block of a draw merges the chunks (as argmax_rows).
+extern "C" __global__ void draw_rows(const float* x, int cols, const u32* rowix, const u32* amax, const double* par, const u64* key, u32* out, double* pv, int* pi, unsigned* cnt) {
+    __shared__ bool last;
+    const int d = blockIdx.y;
+    const float* r = x + (long long)rowix[d] * cols;
+    const u32 g = amax[rowix[d]];
+    const bool any = g < (u32)cols;
+    const double m = any ? (double)r[g] : 0.0;
+    const double inv_t = par[2 * d], min_p = par[2 * d + 1];
+    const u64 seed = key[2 * d], ctr = key[2 * d + 1] << 32;
+    const int per = (cols + gridDim.x - 1) / gridDim.x;
+    const int c0 = blockIdx.x * per, c1 = min(cols, c0 + per);
+    double best = -(double)__int_as_float(0x7f800000);
+    int idx = 0x7fffffff;
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+        const double v = r[c];
+        if (min_p > 0.0 && !(exp(v - m) >= min_p)) continue;
+        double s = v;
+        if (inv_t != 0.0) {
+            const u64 z = splitmix_at(seed, ctr | (u64)c);
+            const double u = __dmul_rn((double)(z >> 11) + 0.5, 0x1p-53);
+            s = __dadd_rn(__dmul_rn(v, inv_t), -log(-log(u)));
+        }
+        if (!(s > best)) continue;  // -inf (a masked token) or NaN is no candidate
+        amax_pick(best, idx, s, c);
+    }
+    amax_block(best, idx);
+    if (gridDim.x > 1) {
+        const long long slot = (long long)d * gridDim.x + blockIdx.x;
+        if (threadIdx.x == 0) {
+            pv[slot] = best;
+            pi[slot] = idx;
+            __threadfence();
+            last = atomicAdd(&cnt[d], 1u) == gridDim.x - 1;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        best = -(double)__int_as_float(0x7f800000);
+        idx = 0x7fffffff;
+        for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) {
+            const long long k = (long long)d * gridDim.x + b;
+            amax_pick(best, idx, __ldcg(pv + k), __ldcg(pi + k));
+        }
+        amax_block(best, idx);
+    }
+    if (threadIdx.x == 0) {
+        out[d] = idx != 0x7fffffff ? (u32)idx : (any ? g : 0u);
+        if (gridDim.x > 1) cnt[d] = 0u;
     }
 }

@@ -21,6 +21,7 @@ use cudarc::driver::{
 };
 use muser_engine::backend::{AttnSpec, Backend, Batch, QkSpec, StepRecord};
 use muser_engine::loader::Matrix;
+use muser_engine::sampling::{LogitEdit, RowDraw};
 use muser_engine::{Error, KvType, MuseConfig, Result};
 use muser_gguf::{GgmlType, Gguf};
 
@@ -797,6 +798,110 @@ impl CudaBackend {
         // above).
         unsafe { b.launch(cfg) }.map_err(dev("argmax"))?;
         Ok(())
+    }
+
+    /// One token per listed row of `logits`, chosen on the device (`RowDraw`): the rows
+    /// edited in place (`logit_edits`), their largest values found (`argmax_rows`), then one
+    /// seeded Gumbel-max draw per row (`draw_rows`); only the ids come back to the host.
+    pub fn draw(
+        &self,
+        logits: &mut CudaAct,
+        rows: &[usize],
+        draws: &[RowDraw],
+    ) -> Result<Vec<u32>> {
+        if rows.len() != draws.len() {
+            return Err(Error::Backend(format!(
+                "{} rows and {} draws",
+                rows.len(),
+                draws.len()
+            )));
+        }
+        if let Some(&r) = rows.iter().find(|&&r| r >= logits.rows) {
+            return Err(Error::Backend(format!(
+                "row {r} is outside the logits ({} rows)",
+                logits.rows
+            )));
+        }
+        let nd = draws.len();
+        if nd == 0 {
+            return Ok(Vec::new());
+        }
+        let cols = logits.cols as i32;
+        let st = &self.stream;
+        let rowix: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let mut start = Vec::with_capacity(nd + 1);
+        let mut ed: Vec<u32> = Vec::new();
+        let (mut par, mut key) = (Vec::with_capacity(2 * nd), Vec::with_capacity(2 * nd));
+        for d in draws {
+            start.push((ed.len() / 4) as u32);
+            for e in &d.edits {
+                let (kind, a, b) = match *e {
+                    LogitEdit::Add { bias, .. } => (0u32, bias, 0.0f32),
+                    LogitEdit::Mask { .. } => (1, 0.0, 0.0),
+                    LogitEdit::Penalize { repeat, sub, .. } => (2, repeat, sub),
+                };
+                ed.extend([e.token(), kind, a.to_bits(), b.to_bits()]);
+            }
+            par.extend([d.inv_temperature, d.min_p]);
+            key.extend([d.seed, d.counter]);
+        }
+        start.push((ed.len() / 4) as u32);
+        if ed.is_empty() {
+            ed.extend([0u32; 4]); // a device buffer is never empty; no draw reads it
+        }
+        let up = |what: &'static str| dev(what);
+        let rowix_d = st.clone_htod(&rowix).map_err(up("upload draw rows"))?;
+        let start_d = st.clone_htod(&start).map_err(up("upload edits"))?;
+        let ed_d = st.clone_htod(&ed).map_err(up("upload edits"))?;
+        let par_d = st.clone_htod(&par).map_err(up("upload draws"))?;
+        let key_d = st.clone_htod(&key).map_err(up("upload draws"))?;
+        let ndi = nd as i32;
+        {
+            let func = self.f("logit_edits")?;
+            let mut b = st.launch_builder(&func);
+            b.arg(&mut logits.data)
+                .arg(&cols)
+                .arg(&rowix_d)
+                .arg(&start_d)
+                .arg(&ed_d)
+                .arg(&ndi);
+            // SAFETY: nd threads each edit their row (rowix < logits.rows, checked above) at
+            // token ids the kernel bounds by cols; start has nd + 1 entries into ed's 4-word edits.
+            unsafe { b.launch(grid1(nd, 128)) }.map_err(dev("logit_edits"))?;
+        }
+        logits.xs_ok = false;
+        let mut amax = st.alloc_zeros::<u32>(logits.rows).map_err(dev("alloc"))?;
+        self.argmax(logits, &mut amax)?;
+        let chunks = logits
+            .cols
+            .div_ceil(4096)
+            .clamp(1, 2 * self.sm_count.max(1) as usize);
+        let mut out = st.alloc_zeros::<u32>(nd).map_err(dev("alloc"))?;
+        let mut pv = st.alloc_zeros::<f64>(chunks * nd).map_err(dev("alloc"))?;
+        let mut pi = st.alloc_zeros::<i32>(chunks * nd).map_err(dev("alloc"))?;
+        let mut cnt = st.alloc_zeros::<u32>(nd).map_err(dev("alloc"))?;
+        let func = self.f("draw_rows")?;
+        let mut b = st.launch_builder(&func);
+        b.arg(&logits.data)
+            .arg(&cols)
+            .arg(&rowix_d)
+            .arg(&amax)
+            .arg(&par_d)
+            .arg(&key_d)
+            .arg(&mut out)
+            .arg(&mut pv)
+            .arg(&mut pi)
+            .arg(&mut cnt);
+        let cfg = LaunchConfig {
+            grid_dim: (chunks as u32, nd as u32, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads rows rowix (< logits.rows) of cols floats and amax (logits.rows ids),
+        // 2 nd params and keys; writes nd ids and chunks x nd partials, and resets the nd
+        // zeroed counters it counts with.
+        unsafe { b.launch(cfg) }.map_err(dev("draw_rows"))?;
+        st.clone_dtoh(&out).map_err(dev("download draws"))
     }
 
     fn sums8(&self, x: &CudaAct, xs: &mut CudaSlice<f32>) -> Result<()> {
@@ -1959,6 +2064,56 @@ impl Backend for CudaBackend {
         self.stream
             .memcpy_dtoh(&a.data.slice(..n), &mut out[..])
             .map_err(dev("download"))
+    }
+
+    fn read_rows_into(
+        &self,
+        a: &CudaAct,
+        cols: usize,
+        rows: &[usize],
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        if cols != a.cols {
+            return Err(Error::Backend(format!(
+                "rows of {cols} values asked of a matrix of {}",
+                a.cols
+            )));
+        }
+        out.resize(rows.len() * cols, 0.0);
+        for (dst, &r) in out.chunks_exact_mut(cols.max(1)).zip(rows) {
+            if r >= a.rows {
+                return Err(Error::Backend(format!(
+                    "row {r} is outside the activation matrix ({} rows)",
+                    a.rows
+                )));
+            }
+            self.stream
+                .memcpy_dtoh(&a.data.slice(r * cols..(r + 1) * cols), dst)
+                .map_err(dev("download"))?;
+        }
+        Ok(())
+    }
+
+    fn draws_on_device(&self) -> bool {
+        true
+    }
+
+    fn draw_rows(
+        &self,
+        logits: &mut CudaAct,
+        cols: usize,
+        rows: &[usize],
+        draws: &[RowDraw],
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        if cols != logits.cols {
+            return Err(Error::Backend(format!(
+                "draws over {cols} values asked of logits of {}",
+                logits.cols
+            )));
+        }
+        *out = self.draw(logits, rows, draws)?;
+        Ok(())
     }
 
     fn step_record(&self, batch: &Batch, caches: &[&mut CudaKv], ws_id: u64) -> Result<StepRecord> {

@@ -990,3 +990,105 @@ fn device_argmax_picks_the_first_largest() {
     }
     println!("device argmax: {}", report.join(", "));
 }
+
+/// Draws on the device (`draw_rows`: edits, argmax, Gumbel-max) choose what the host reference
+/// `RowDraw::choose` chooses on the same edited rows, and edit the rows bit for bit as
+/// `RowDraw::edit` does; over many draws a row's tokens follow its softmax.
+#[test]
+fn device_draws_match_the_host_reference() {
+    use muser_engine::sampling::{LogitEdit, RowDraw};
+    let Some(g) = gpu() else { return };
+    let (rows, cols) = (6usize, 202_048usize);
+    let x: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i as u64 * 2_654_435_761 % 1_000_003) as f32 / 1_000_003.0) * 8.0 - 4.0)
+        .collect();
+    let edits = vec![
+        LogitEdit::Add {
+            token: 5,
+            bias: 2.5,
+        },
+        LogitEdit::Mask { token: 17 },
+        LogitEdit::Penalize {
+            token: 5,
+            repeat: 1.3,
+            sub: 0.75,
+        },
+        LogitEdit::Penalize {
+            token: 99,
+            repeat: 1.1,
+            sub: 0.5,
+        },
+        LogitEdit::Add {
+            token: cols as u32 + 3,
+            bias: 1.0,
+        }, // outside the row: ignored
+    ];
+    let draw = |t: f64, min_p: f64, seed: u64, counter: u64| RowDraw {
+        inv_temperature: if t > 0.0 { 1.0 / t } else { 0.0 },
+        min_p,
+        seed,
+        counter,
+        edits: edits.clone(),
+    };
+    let draws = vec![
+        draw(0.0, 0.0, 1, 0),
+        draw(0.8, 0.0, 2, 0),
+        draw(1.0, 0.05, 3, 7),
+        draw(1.5, 0.0, 4, 1 << 20),
+        draw(0.3, 0.5, 5, 2),
+    ];
+    let pick = [0usize, 2, 3, 4, 5];
+    let mut want_rows = x.clone();
+    let mut want = Vec::new();
+    for (&r, d) in pick.iter().zip(&draws) {
+        let row = &mut want_rows[r * cols..(r + 1) * cols];
+        d.edit(row);
+        want.push(d.choose(row));
+    }
+    let mut xg = g.act(rows, cols).unwrap();
+    g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
+    let got = g.draw(&mut xg, &pick, &draws).unwrap();
+    assert_eq!(got, want, "device draws vs RowDraw::choose");
+    let edited = g.stream.clone_dtoh(xg_data(&mut xg)).unwrap();
+    let differ = edited
+        .iter()
+        .zip(&want_rows)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(differ, 0, "edited rows differ from RowDraw::edit");
+    // Many draws of one small row (counters 0..n): frequencies follow softmax(v / t).
+    let small = [1.0f32, 3.0, -2.0, 2.5, 0.0, 2.9];
+    let n = 4000usize;
+    let mut xs = g.act(n, small.len()).unwrap();
+    let tile: Vec<f32> = (0..n).flat_map(|_| small).collect();
+    g.stream.memcpy_htod(&tile, xg_data(&mut xs)).unwrap();
+    let t = 0.7;
+    let many: Vec<RowDraw> = (0..n as u64)
+        .map(|c| RowDraw {
+            inv_temperature: 1.0 / t,
+            min_p: 0.0,
+            seed: 42,
+            counter: c,
+            edits: Vec::new(),
+        })
+        .collect();
+    let rows_all: Vec<usize> = (0..n).collect();
+    let ids = g.draw(&mut xs, &rows_all, &many).unwrap();
+    let host: Vec<u32> = many.iter().map(|d| d.choose(&small)).collect();
+    assert_eq!(ids, host, "a small row's draws vs the host reference");
+    let w: Vec<f64> = small.iter().map(|&v| (v as f64 / t).exp()).collect();
+    let sum: f64 = w.iter().sum();
+    let mut counts = vec![0usize; small.len()];
+    for &i in &ids {
+        counts[i as usize] += 1;
+    }
+    for i in 0..small.len() {
+        let (got, p) = (counts[i] as f64 / n as f64, w[i] / sum);
+        // 5 standard deviations of a binomial share.
+        let sd = (p * (1.0 - p) / n as f64).sqrt();
+        assert!((got - p).abs() < 5.0 * sd + 1e-9, "token {i}: {got} vs {p}");
+    }
+    println!(
+        "device draws: {want:?} as the host reference; {n} draws of a 6-token row follow its softmax"
+    );
+}

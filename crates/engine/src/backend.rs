@@ -13,6 +13,7 @@ use crate::config::{LayerKind, MuseConfig};
 use crate::error::{Error, Result};
 use crate::kv::KvType;
 use crate::loader::Matrix;
+use crate::sampling::RowDraw;
 
 /// The tokens of one micro-batch: token `i` is `tokens[i]` at position `pos[i]` of sequence
 /// `seq[i]` (an index into the caches passed to `attention`). Within a sequence, positions are
@@ -128,6 +129,59 @@ pub trait Backend: Send + Sync {
     /// new pages every time.
     fn read_into(&self, a: &Self::Act, out: &mut Vec<f32>) -> Result<()> {
         *out = self.read(a)?;
+        Ok(())
+    }
+
+    /// Rows `rows` of a `cols`-wide activation matrix on the host, concatenated into `out`
+    /// (resized to fit, its memory reused). Default: the whole matrix read, the rows kept.
+    fn read_rows_into(
+        &self,
+        a: &Self::Act,
+        cols: usize,
+        rows: &[usize],
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let all = self.read(a)?;
+        out.clear();
+        for &r in rows {
+            let row = all.get(r * cols..(r + 1) * cols).ok_or_else(|| {
+                Error::Backend(format!("row {r} is outside the activation matrix"))
+            })?;
+            out.extend_from_slice(row);
+        }
+        Ok(())
+    }
+
+    /// Whether `draw_rows` runs where the logits are (a device): a caller then leaves on the
+    /// backend the rows whose token is all it needs.
+    fn draws_on_device(&self) -> bool {
+        false
+    }
+    /// One token per listed row of the `cols`-wide `logits` (row `rows[i]` chosen by
+    /// `draws[i]`, `RowDraw`), into `out`; the edits change those rows in place. Default: on
+    /// the host, through `RowDraw::choose` (the reference of a device implementation).
+    fn draw_rows(
+        &self,
+        logits: &mut Self::Act,
+        cols: usize,
+        rows: &[usize],
+        draws: &[RowDraw],
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        if rows.len() != draws.len() {
+            return Err(Error::Backend(format!(
+                "{} rows and {} draws",
+                rows.len(),
+                draws.len()
+            )));
+        }
+        let mut host = Vec::new();
+        self.read_rows_into(logits, cols, rows, &mut host)?;
+        out.clear();
+        for (row, d) in host.chunks_exact_mut(cols.max(1)).zip(draws) {
+            d.edit(row);
+            out.push(d.choose(row));
+        }
         Ok(())
     }
 

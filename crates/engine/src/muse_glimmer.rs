@@ -197,6 +197,31 @@ impl<B: Backend> MuseGlimmer<B> {
         self.backend.read_into(&ws.logits, out)
     }
 
+    /// After `forward_device`: rows `rows` of its logits (indexes into its `logit_rows`) on
+    /// the host, row-major `[rows.len()][n_vocab]` in `out` (its memory reused).
+    pub fn read_logit_rows(
+        &self,
+        ws: &Workspace<B>,
+        rows: &[usize],
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.backend
+            .read_rows_into(&ws.logits, self.config.n_vocab, rows, out)
+    }
+
+    /// After `forward_device`: a token for each of rows `rows` of its logits, chosen by
+    /// `draws` where the logits are (`Backend::draw_rows`); those rows are edited in place.
+    pub fn draw_logit_rows(
+        &self,
+        ws: &mut Workspace<B>,
+        rows: &[usize],
+        draws: &[crate::sampling::RowDraw],
+        out: &mut Vec<u32>,
+    ) -> Result<()> {
+        self.backend
+            .draw_rows(&mut ws.logits, self.config.n_vocab, rows, draws, out)
+    }
+
     /// As [`MuseGlimmer::forward`], leaving the logits in `ws.logits` on the backend.
     pub fn forward_device(
         &self,

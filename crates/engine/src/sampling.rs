@@ -95,10 +95,138 @@ impl Rng {
         z ^ (z >> 31)
     }
 
+    /// The value this generator, seeded with `seed`, gives after `k` others (its `k + 1`-th):
+    /// SplitMix64's state is a counter, so any position is one mix away.
+    pub fn at(seed: u64, k: u64) -> u64 {
+        Rng(seed.wrapping_add(k.wrapping_mul(0x9E37_79B9_7F4A_7C15))).next_u64()
+    }
+
     /// Uniform in [0, 1).
     pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
+}
+
+/// One change to a logit before a draw next to the logits (`RowDraw`), applied in list order
+/// with the host chain's f32 arithmetic: a logit bias, a masked token, or the penalties.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LogitEdit {
+    /// `v += bias`
+    Add { token: u32, bias: f32 },
+    /// `v = -inf`
+    Mask { token: u32 },
+    /// `v = v > 0 ? v / repeat : v * repeat`, then `v -= sub` (`Sampler::apply_penalties`).
+    Penalize { token: u32, repeat: f32, sub: f32 },
+}
+
+impl LogitEdit {
+    pub fn token(&self) -> u32 {
+        match *self {
+            LogitEdit::Add { token, .. }
+            | LogitEdit::Mask { token }
+            | LogitEdit::Penalize { token, .. } => token,
+        }
+    }
+
+    /// The edit on one value (the device kernel, kernels/elementwise.cu `logit_edits`, does
+    /// the same f32 operations, unfused).
+    pub fn apply(&self, v: f32) -> f32 {
+        match *self {
+            LogitEdit::Add { bias, .. } => v + bias,
+            LogitEdit::Mask { .. } => f32::NEG_INFINITY,
+            LogitEdit::Penalize { repeat, sub, .. } => {
+                let v = if repeat == 1.0 {
+                    v
+                } else if v > 0.0 {
+                    v / repeat
+                } else {
+                    v * repeat
+                };
+                v - sub
+            }
+        }
+    }
+}
+
+/// A token choice made where the logits are (the device), without the row going to the host:
+/// the row edited (`edits`), then greedy (`inv_temperature == 0`) or one seeded draw by the
+/// Gumbel-max trick.
+///
+/// The draw: with `m` the largest edited logit, a token is a candidate if
+/// `exp(v - m) >= min_p` (min-p on the temperature-1 probabilities, as the host chain), and the
+/// choice is the candidate with the largest `v * inv_temperature + g`, `g = -ln(-ln(u))`,
+/// `u = ((z >> 11) + 0.5) / 2^53` and `z` the value of the SplitMix64 stream of `seed` at
+/// position `(counter << 32) | id` (`Rng`'s generator, one value per token and draw). The
+/// largest of `v / t + Gumbel noise` is a draw from softmax(v / t) over the candidates,
+/// exactly (up to the noise's resolution, 2^-53), with every token's noise independent of
+/// the others and of the batch: the same seed and step give the same token in any batch.
+/// Ties go to the lowest id; with no candidate (every logit -inf or NaN) the greedy token.
+/// It is not the host chain's draw (`Sampler::sample` walks one uniform through the
+/// weights): the same distribution, another stream of random numbers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RowDraw {
+    /// 1 / temperature, or 0 for greedy.
+    pub inv_temperature: f64,
+    pub min_p: f64,
+    pub seed: u64,
+    /// This sequence's draw number (the position in its stream).
+    pub counter: u64,
+    pub edits: Vec<LogitEdit>,
+}
+
+impl RowDraw {
+    /// Apply the edits to a row (ids outside it are ignored).
+    pub fn edit(&self, row: &mut [f32]) {
+        for e in &self.edits {
+            if let Some(v) = row.get_mut(e.token() as usize) {
+                *v = e.apply(*v);
+            }
+        }
+    }
+
+    /// The token this draw chooses from an edited row: the reference the device kernel
+    /// (kernels/elementwise.cu `draw_rows`) is tested against.
+    pub fn choose(&self, row: &[f32]) -> u32 {
+        // The largest value, the lowest id among ties, never a NaN (argmax_rows on the device).
+        let mut greedy: Option<usize> = None;
+        for (i, &v) in row.iter().enumerate() {
+            if !v.is_nan() && greedy.is_none_or(|g| v > row[g]) {
+                greedy = Some(i);
+            }
+        }
+        let m = greedy.map_or(0.0, |g| row[g] as f64);
+        let mut best = (f64::NEG_INFINITY, u32::MAX);
+        for (i, &v) in row.iter().enumerate() {
+            let s = self.score(v, m, i as u32);
+            if s > best.0 {
+                best = (s, i as u32);
+            }
+        }
+        if best.1 == u32::MAX {
+            greedy.unwrap_or(0) as u32
+        } else {
+            best.1
+        }
+    }
+
+    /// Token `id`'s score (-inf when it is no candidate; NaN never wins a comparison).
+    fn score(&self, v: f32, m: f64, id: u32) -> f64 {
+        let v = v as f64;
+        if self.min_p > 0.0 && !((v - m).exp() >= self.min_p) {
+            return f64::NEG_INFINITY;
+        }
+        if self.inv_temperature == 0.0 {
+            return v;
+        }
+        v * self.inv_temperature + gumbel(self.seed, (self.counter << 32) | id as u64)
+    }
+}
+
+/// Gumbel noise from position `k` of the SplitMix64 stream of `seed` (`RowDraw`).
+pub fn gumbel(seed: u64, k: u64) -> f64 {
+    let z = Rng::at(seed, k);
+    let u = ((z >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64);
+    -(-u.ln()).ln()
 }
 
 /// The index of the largest logit (the lowest index among ties).
@@ -136,6 +264,8 @@ pub struct Sampler {
     /// weights: kept from draw to draw, so a 202,048-token row costs no allocation.
     row: Vec<f32>,
     weights: Vec<f64>,
+    /// Draws made next to the logits (`row_draw`): the next one's position in its stream.
+    draws: u64,
 }
 
 impl Sampler {
@@ -147,7 +277,46 @@ impl Sampler {
             history: Vec::new(),
             row: Vec::new(),
             weights: Vec::new(),
+            draws: 0,
         }
+    }
+
+    /// The next token's choice as a backend makes it next to the logits (`RowDraw`): the
+    /// caller's edits `pre` (logit biases, masked tokens) then this sampler's penalties, and
+    /// its temperature and min-p. None when the chain needs the sorted row on the host
+    /// (top-k below the vocabulary, top-p below 1), unless the choice is greedy.
+    pub fn row_draw(&mut self, pre: &[LogitEdit], n_vocab: usize) -> Option<RowDraw> {
+        let p = &self.params;
+        let greedy = p.temperature <= 0.0;
+        if !greedy && ((p.top_k > 0 && p.top_k < n_vocab) || p.top_p < 1.0) {
+            return None;
+        }
+        let mut edits = pre.to_vec();
+        if p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            let start = self.history.len().saturating_sub(p.penalty_last_n);
+            let mut counts: std::collections::BTreeMap<u32, u32> = Default::default();
+            for &t in &self.history[start..] {
+                *counts.entry(t).or_default() += 1;
+            }
+            edits.extend(counts.into_iter().map(|(token, n)| LogitEdit::Penalize {
+                token,
+                repeat: p.repeat_penalty,
+                sub: n as f32 * p.frequency_penalty + if n > 0 { p.presence_penalty } else { 0.0 },
+            }));
+        }
+        let draw = RowDraw {
+            inv_temperature: if greedy {
+                0.0
+            } else {
+                1.0 / p.temperature as f64
+            },
+            min_p: if greedy { 0.0 } else { p.min_p as f64 },
+            seed: p.seed,
+            counter: self.draws,
+            edits,
+        };
+        self.draws += 1;
+        Some(draw)
     }
 
     /// Tokens the penalties see (prompt and generated so far).
@@ -713,5 +882,139 @@ mod tests {
         let ls = log_softmax(&[1.0, 2.0, 3.0]);
         let s: f64 = ls.iter().map(|x| x.exp()).sum();
         assert!((s - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn rng_at_is_the_stream_position() {
+        let mut r = Rng::new(77);
+        for k in 0..100u64 {
+            assert_eq!(Rng::at(77, k), r.next_u64(), "position {k}");
+        }
+    }
+
+    #[test]
+    fn row_draw_edits_as_the_host_chain() {
+        // Biases, a masked token and penalties: RowDraw::edit gives the bits the host chain
+        // (sample_adjusted's closure, then apply_penalties) gives.
+        let l: Vec<f32> = (0..300)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let params = SamplingParams {
+            temperature: 0.9,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.17,
+            frequency_penalty: 0.3,
+            presence_penalty: 0.45,
+            penalty_last_n: 6,
+            seed: 5,
+        };
+        let mut s = Sampler::new(params);
+        for t in [3u32, 9, 3, 250, 77, 3, 9, 12] {
+            s.accept(t);
+        }
+        let pre = [
+            LogitEdit::Add {
+                token: 9,
+                bias: 1.5,
+            },
+            LogitEdit::Add {
+                token: 9,
+                bias: -0.25,
+            },
+            LogitEdit::Mask { token: 12 },
+            LogitEdit::Add {
+                token: 40,
+                bias: 3.0,
+            },
+        ];
+        let mut host = l.clone();
+        host[9] += 1.5;
+        host[9] += -0.25;
+        host[12] = f32::NEG_INFINITY;
+        host[40] += 3.0;
+        s.apply_penalties(&mut host);
+        let d = s.row_draw(&pre, l.len()).expect("no top-k or top-p");
+        let mut dev = l.clone();
+        d.edit(&mut dev);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&dev), bits(&host));
+        assert_eq!(
+            (d.counter, s.row_draw(&pre, l.len()).map(|d| d.counter)),
+            (0, Some(1))
+        );
+        // top_k and top_p need the host; greedy never does.
+        for (k, p, t, host_only) in [
+            (40, 1.0, 0.8, true),
+            (0, 0.9, 0.8, true),
+            (40, 0.5, 0.0, false),
+            (300, 1.0, 1.0, false),
+        ] {
+            let mut s = Sampler::new(SamplingParams {
+                top_k: k,
+                top_p: p,
+                temperature: t,
+                ..Default::default()
+            });
+            assert_eq!(
+                s.row_draw(&[], 300).is_none(),
+                host_only,
+                "top_k {k} top_p {p} t {t}"
+            );
+        }
+    }
+
+    #[test]
+    fn row_draws_follow_the_softmax_and_min_p() {
+        let l = [1.0f32, 3.0, -2.0, 2.5, 0.0, f32::NEG_INFINITY, f32::NAN];
+        let t = 0.8f64;
+        let n = 40_000u64;
+        let draw = |min_p: f64, c: u64| RowDraw {
+            inv_temperature: 1.0 / t,
+            min_p,
+            seed: 11,
+            counter: c,
+            edits: Vec::new(),
+        };
+        let w: Vec<f64> = l[..5].iter().map(|&v| (v as f64 / t).exp()).collect();
+        let sum: f64 = w.iter().sum();
+        let mut counts = [0usize; 7];
+        for c in 0..n {
+            counts[draw(0.0, c).choose(&l) as usize] += 1;
+        }
+        assert_eq!(counts[5] + counts[6], 0, "-inf and NaN are never drawn");
+        for i in 0..5 {
+            let got = counts[i] as f64 / n as f64;
+            assert!(
+                (got - w[i] / sum).abs() < 0.01,
+                "token {i}: {got} vs {}",
+                w[i] / sum
+            );
+        }
+        // min_p 0.5 at temperature 1: exp(v - 3) >= 0.5 keeps 3.0 and 2.5 only.
+        let mut kept = [0usize; 7];
+        for c in 0..2000 {
+            kept[draw(0.5, c).choose(&l) as usize] += 1;
+        }
+        assert_eq!(kept[1] + kept[3], 2000);
+        assert!(kept[1] > 0 && kept[3] > 0);
+        // Greedy is the first largest after the edits; one seed and counter, one token.
+        let greedy = RowDraw {
+            inv_temperature: 0.0,
+            min_p: 0.0,
+            seed: 0,
+            counter: 0,
+            edits: vec![LogitEdit::Add {
+                token: 3,
+                bias: 0.5,
+            }],
+        };
+        let mut e = l.to_vec();
+        greedy.edit(&mut e);
+        assert_eq!(greedy.choose(&e), 1, "3.0 ties 3.0: the lower id");
+        assert_eq!(draw(0.0, 9).choose(&l), draw(0.0, 9).choose(&l));
+        let all_masked = [f32::NEG_INFINITY; 4];
+        assert_eq!(draw(0.0, 1).choose(&all_masked), 0);
     }
 }

@@ -615,3 +615,76 @@ async fn shutdown_deadline_cancels_with_an_error_event() {
     );
     s.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draws_on_the_backend_reproduce_and_agree_with_the_host() {
+    // A backend that draws where its logits are (a GPU; here the CPU's `row_draws`, the same
+    // `RowDraw` code path): greedy tokens and biased tokens equal the host sampler's, seeds
+    // reproduce whatever the batch, and a request with logprobs still gets its row.
+    let host = Server::start(Opts::default()).await;
+    let dev = Server::start(Opts {
+        row_draws: true,
+        ..Opts::default()
+    })
+    .await;
+    let greedy = json!({"prompt": "Once upon a time", "max_tokens": 32, "temperature": 0, "ignore_eos": true,
+                        "logit_bias": {"40": 2.5, "41": -100}, "frequency_penalty": 2.0, "presence_penalty": 2.0});
+    let a = text_of(&host.post("/v1/completions", &greedy).await.json());
+    let b = text_of(&dev.post("/v1/completions", &greedy).await.json());
+    assert_eq!(a, b, "greedy after biases and penalties");
+    let forced = json!({"prompt": "x", "max_tokens": 6, "temperature": 1.0, "seed": 5, "ignore_eos": true,
+                        "logit_bias": {"42": 100}});
+    let a = text_of(&host.post("/v1/completions", &forced).await.json());
+    let b = text_of(&dev.post("/v1/completions", &forced).await.json());
+    assert_eq!(a, b, "a token biased by 100 is drawn either way");
+
+    let body = |seed: u64| json!({"prompt": format!("story {seed}"), "max_tokens": 24, "seed": seed, "temperature": 0.9, "min_p": 0.02, "ignore_eos": true});
+    let mut solo = Vec::new();
+    for seed in 0..4 {
+        solo.push(text_of(
+            &dev.post("/v1/completions", &body(seed)).await.json(),
+        ));
+    }
+    assert_eq!(
+        solo[0],
+        text_of(&dev.post("/v1/completions", &body(0)).await.json())
+    );
+    assert_ne!(solo[0], solo[1]);
+    let addr = dev.addr.clone();
+    let mut tasks: Vec<_> = (0..4)
+        .map(|seed| {
+            let (addr, b) = (addr.clone(), body(seed));
+            tokio::spawn(async move {
+                request(
+                    &addr,
+                    "POST",
+                    "/v1/completions",
+                    &[],
+                    b.to_string().as_bytes(),
+                )
+                .await
+            })
+        })
+        .collect();
+    let lp = json!({"prompt": "A", "max_tokens": 5, "logprobs": 2, "temperature": 0.7, "seed": 1, "ignore_eos": true});
+    let addr2 = addr.clone();
+    tasks.push(tokio::spawn(async move {
+        request(
+            &addr2,
+            "POST",
+            "/v1/completions",
+            &[],
+            lp.to_string().as_bytes(),
+        )
+        .await
+    }));
+    let lp = tasks.pop().unwrap().await.unwrap().json();
+    let lps = lp["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap();
+    assert_eq!(lps.len(), 5);
+    assert!(lps.iter().all(|v| v.as_f64().is_some_and(|x| x <= 0.0)));
+    for (seed, t) in tasks.into_iter().enumerate() {
+        assert_eq!(text_of(&t.await.unwrap().json()), solo[seed], "seed {seed}");
+    }
+}

@@ -85,6 +85,10 @@ pub struct CpuBackend {
     n_threads: usize,
     /// Parity mode: llama.cpp's n_ubatch, which sizes its sliding-window cache (default 512).
     pub parity_ubatch: usize,
+    /// Report `draws_on_device`: callers then choose tokens through `Backend::draw_rows`
+    /// (`RowDraw`, the device backends' draw, computed here on the host). Off by default;
+    /// the server's tests turn it on to run its device-draw path without a GPU.
+    pub row_draws: bool,
 }
 
 impl CpuBackend {
@@ -100,6 +104,7 @@ impl CpuBackend {
             pool,
             n_threads,
             parity_ubatch: 512,
+            row_draws: false,
         })
     }
 
@@ -135,6 +140,10 @@ impl Backend for CpuBackend {
 
     /// Accurate-mode attention reads each token's own sequence (cpu/attention.rs); parity mode
     /// keeps llama.cpp's single-sequence cell layout.
+    fn draws_on_device(&self) -> bool {
+        self.row_draws
+    }
+
     fn max_sequences_per_batch(&self) -> usize {
         match self.mode {
             NumericMode::Accurate => usize::MAX,

@@ -12,7 +12,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use muser_engine::muse_glimmer::Workspace;
-use muser_engine::sampling::log_softmax;
+use muser_engine::sampling::{LogitEdit, log_softmax};
 use muser_engine::{Backend, Batch, MuseGlimmer, Sampler};
 use muser_text::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc::error::TrySendError;
@@ -378,13 +378,61 @@ impl<B: Backend> Worker<B> {
         if batch.is_empty() {
             return;
         }
+        // Each logits row's token is drawn where the logits are when the backend can
+        // (`Backend::draws_on_device`) and the sequence needs nothing else of the row (no
+        // logprobs, no top-k or top-p); the other rows come to the host. (A device draw is
+        // another stream of random numbers than the host's: `RowDraw`.)
+        let n_vocab = self.model.config.n_vocab;
+        let on_device = self.model.backend.draws_on_device();
+        let (mut dev_rows, mut dev_draws, mut host_rows) = (Vec::new(), Vec::new(), Vec::new());
+        // Per logits row: its index among the device draws (Ok) or the host rows (Err).
+        let mut place: Vec<Result<usize, usize>> = Vec::with_capacity(row_item.len());
+        for (r, &gi) in row_item.iter().enumerate() {
+            let s = &mut self.running[group[gi].0];
+            let draw = if on_device && s.job.logprobs.is_none() {
+                s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab)
+            } else {
+                None
+            };
+            match draw {
+                Some(d) => {
+                    place.push(Ok(dev_rows.len()));
+                    dev_rows.push(r);
+                    dev_draws.push(d);
+                }
+                None => {
+                    place.push(Err(host_rows.len()));
+                    host_rows.push(r);
+                }
+            }
+        }
         // The logits buffer is reused from step to step (tens of megabytes at 64 sequences).
         let mut logits = std::mem::take(&mut self.logits);
+        let mut dev_ids = Vec::new();
         let t_forward = Instant::now();
         let result = self
             .model
-            .forward_into(&mut self.ws, &batch, &mut caches, &rows, &mut logits);
-        // The model's part of a step (its logits on the host included), apart from sampling.
+            .forward_device(&mut self.ws, &batch, &mut caches, &rows)
+            .and_then(|()| {
+                if rows.is_empty() {
+                    logits.clear();
+                    Ok(())
+                } else if host_rows.len() == rows.len() {
+                    self.model.backend.read_into(&self.ws.logits, &mut logits)
+                } else {
+                    self.model
+                        .read_logit_rows(&self.ws, &host_rows, &mut logits)
+                }
+            })
+            .and_then(|()| {
+                if dev_rows.is_empty() {
+                    return Ok(());
+                }
+                self.model
+                    .draw_logit_rows(&mut self.ws, &dev_rows, &dev_draws, &mut dev_ids)
+            });
+        // The model's part of a step: the forward pass, the device draws and the rows the host
+        // needs copied to it.
         metrics::histogram!("muser_forward_seconds").record(t_forward.elapsed().as_secs_f64());
         drop(caches);
         match result {
@@ -417,13 +465,12 @@ impl<B: Backend> Worker<B> {
             }
         }
         metrics::counter!("muser_prompt_tokens_total").increment(prompt_tokens as u64);
-        let n_vocab = self.model.config.n_vocab;
-        // Each sequence's draw is its own (its sampler, its row): drawn in parallel, a
+        // Each host row's draw is its own (its sampler, its row): drawn in parallel, a
         // 202,048-token vocabulary times 64 sequences is otherwise a large part of a step.
         let mut row_of: Vec<Option<usize>> = vec![None; self.running.len()];
-        for (r, &gi) in row_item.iter().enumerate() {
-            if let Some(slot) = row_of.get_mut(group[gi].0) {
-                *slot = Some(r);
+        for (&gi, p) in row_item.iter().zip(&place) {
+            if let (Some(slot), Err(h)) = (row_of.get_mut(group[gi].0), p) {
+                *slot = Some(*h);
             }
         }
         let eog = &self.eog;
@@ -439,11 +486,18 @@ impl<B: Backend> Worker<B> {
                 })
                 .collect()
         };
-        for (r, &gi) in row_item.iter().enumerate() {
+        for (&gi, p) in row_item.iter().zip(&place) {
             let ri = group[gi].0;
-            let row = logits.get(r * n_vocab..(r + 1) * n_vocab);
-            match (row, ids.get(ri).copied().flatten()) {
-                (Some(row), Some(id)) => self.next_token(ri, row, id),
+            let (row, id) = match *p {
+                Ok(d) => (None, dev_ids.get(d).copied()),
+                Err(h) => (
+                    logits.get(h * n_vocab..(h + 1) * n_vocab),
+                    ids.get(ri).copied().flatten(),
+                ),
+            };
+            match (row, id, p.is_ok()) {
+                (row, Some(id), true) => self.next_token(ri, row, id),
+                (Some(row), Some(id), false) => self.next_token(ri, Some(row), id),
                 _ => {
                     let s = &mut self.running[ri];
                     s.outbox.push_back(Event::Error {
@@ -460,7 +514,7 @@ impl<B: Backend> Worker<B> {
     }
 
     /// Emit `id`, the token drawn (`choose`) for `running[ri]` from its logits row.
-    fn next_token(&mut self, ri: usize, row: &[f32], id: u32) {
+    fn next_token(&mut self, ri: usize, row: Option<&[f32]>, id: u32) {
         let eog = &self.eog;
         let tok = &self.tok;
         let n_ctx = self.cfg.n_ctx;
@@ -476,7 +530,10 @@ impl<B: Backend> Worker<B> {
             metrics::histogram!("muser_time_to_first_token_seconds")
                 .record((now - s.arrived).as_secs_f64());
         }
-        let logprob = j.logprobs.map(|n| token_logprob(row, id, n));
+        // (Rows drawn on the device are those of sequences without logprobs.)
+        let logprob = j
+            .logprobs
+            .and_then(|n| row.map(|row| token_logprob(row, id, n)));
         let finish = if eog.contains(&id) && !j.ignore_eos {
             Some(Finish::Stop)
         } else {
@@ -695,6 +752,21 @@ mod tests {
         assert!(token_logprob(&row, 0, 0).top.is_empty());
         assert_eq!(token_logprob(&row, 0, 99).top.len(), 5);
     }
+}
+
+/// The edits a sequence's request makes to its logits before a draw on the device, in the
+/// order `choose` makes them on the host: its logit biases, then the end-of-generation tokens
+/// masked when it ignores them.
+fn pre_edits(j: &JobCommon, eog: &[u32]) -> Vec<LogitEdit> {
+    let mut e: Vec<LogitEdit> = j
+        .logit_bias
+        .iter()
+        .map(|&(token, bias)| LogitEdit::Add { token, bias })
+        .collect();
+    if j.ignore_eos {
+        e.extend(eog.iter().map(|&token| LogitEdit::Mask { token }));
+    }
+    e
 }
 
 /// Draw the next token of `s` from its logits row (its logit bias applied, end-of-generation

@@ -32,6 +32,8 @@ pub struct Opts {
     pub step_tokens: usize,
     pub max_body_bytes: usize,
     pub grace: Duration,
+    /// Tokens chosen through `Backend::draw_rows` (a GPU's draw), not the host sampler.
+    pub row_draws: bool,
 }
 
 impl Default for Opts {
@@ -46,6 +48,7 @@ impl Default for Opts {
             step_tokens: 128,
             max_body_bytes: 1 << 20,
             grace: Duration::from_secs(10),
+            row_draws: false,
         }
     }
 }
@@ -64,8 +67,9 @@ impl Server {
             .template
             .then(|| ChatTemplate::from_gguf(&g).expect("template"));
         let file = ModelFile::from_gguf(g).expect("model file");
-        let model =
-            MuseGlimmer::load(&file, CpuBackend::new(o.mode, 1).expect("cpu")).expect("load");
+        let mut backend = CpuBackend::new(o.mode, 1).expect("cpu");
+        backend.row_draws = o.row_draws;
+        let model = MuseGlimmer::load(&file, backend).expect("load");
         let cfg = ServeConfig {
             model_id: MODEL.into(),
             engine: EngineConfig {
