@@ -36,13 +36,26 @@ __device__ __forceinline__ void pdl_wait() {
 }
 
 // A load of data an earlier kernel wrote, for kernels that may be launched programmatically:
-// ld.global.cg, not the read-only path. The compiler and ptxas move read-only (.nc, `__ldg`)
-// loads above griddepcontrol.wait (ptxas 13.0 did, in the SASS of mvq_q4_k_pair: the activations
-// were read before the wait, stale), since .nc promises the data does not change while the
-// kernel runs; a programmatic launch breaks that promise. Volatile: it stays after pdl_wait.
+// not the read-only path. The compiler and ptxas move read-only (.nc, `__ldg`) loads above
+// griddepcontrol.wait (ptxas 13.0 did, in the SASS of mvq_q4_k_pair: the activations were read
+// before the wait, stale), since .nc promises the data does not change while the kernel runs; a
+// programmatic launch breaks that promise. A plain C++ load of a `const __restrict__` pointer is
+// made .nc by the compiler too (seen in the same SASS), so the load is written out: volatile, it
+// stays after pdl_wait (also volatile). X_LOAD (MUSER_NVRTC_DEFINES, for measurements): 0 =
+// ld.global.ca (L1 and L2, the default), 1 = ld.global.cg (L2 only, with a memory clobber: the
+// form of d768fe3), 2 = __ldg (read-only path: wrong with MUSER_PDL=1, lib.rs refuses the pair).
+#ifndef X_LOAD
+#define X_LOAD 0
+#endif
 __device__ __forceinline__ float4 ld_after_wait(const float* p) {
     float4 v;
+#if X_LOAD == 2
+    v = __ldg(reinterpret_cast<const float4*>(p));
+#elif X_LOAD == 1
     asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+#else
+    asm volatile("ld.global.ca.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+#endif
     return v;
 }
 

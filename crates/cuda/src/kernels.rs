@@ -74,6 +74,14 @@ pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<String> {
     compile_with(name, src, arch, &[])
 }
 
+/// Definitions for every program from `MUSER_NVRTC_DEFINES` (space-separated `NAME=VALUE`),
+/// for measuring a kernel variant without another build (e.g. `X_LOAD=2`, kernels/common.cuh).
+pub fn env_defines() -> Vec<String> {
+    std::env::var("MUSER_NVRTC_DEFINES")
+        .map(|v| v.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
 /// Compile with extra `-D` definitions.
 pub fn compile_with(
     name: &str,
@@ -83,6 +91,7 @@ pub fn compile_with(
 ) -> Result<String> {
     let mut options = vec!["--std=c++17".to_string(), "-default-device".to_string()];
     options.extend(defines.iter().map(|d| format!("-D{d}")));
+    options.extend(env_defines().into_iter().map(|d| format!("-D{d}")));
     let opts = CompileOptions {
         arch: Some(arch),
         options,
@@ -146,7 +155,7 @@ pub fn load(
                 let dir = dir.clone();
                 let version = version.clone();
                 s.spawn(move || -> Result<(String, String)> {
-                    let defs = defines.join(" ");
+                    let defs = format!("{} {}", defines.join(" "), env_defines().join(" "));
                     let key = fnv1a(&[
                         COMMON.as_bytes(),
                         src.as_bytes(),

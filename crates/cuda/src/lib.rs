@@ -393,7 +393,10 @@ impl CudaBackend {
             mmq_pairs: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_PAIR", "0")),
             mmq_planes: std::sync::atomic::AtomicUsize::new(env_planes()),
             mvq_planes: std::sync::atomic::AtomicUsize::new(env_mvq_planes()),
-            pdl: env_is("MUSER_PDL", "1") && cc.0 >= 9,
+            // (The read-only activation loads of X_LOAD=2 are wrong under PDL: kernels/common.cuh.)
+            pdl: env_is("MUSER_PDL", "1")
+                && cc.0 >= 9
+                && !kernels::env_defines().iter().any(|d| d == "X_LOAD=2"),
             mmq_zgrid: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_ZGRID", "0")),
             mmq_occ: std::sync::atomic::AtomicUsize::new(env_blocks_per_sm()),
             mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
