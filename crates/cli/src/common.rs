@@ -24,8 +24,9 @@ pub struct ModelOpts {
     /// Path to a Muse Glimmer GGUF file (default: the bundled random-weight test model).
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
-    /// Numeric mode: accurate (exact dequantization, f32), parity (llama.cpp's CPU arithmetic), or
-    /// fast (CUDA only: Q4_K/Q6_K products with activations to within 2^-14 of their block's
+    /// Numeric mode: accurate (exact dequantization, f32), parity (llama.cpp's CPU arithmetic),
+    /// cuda-parity (CPU only: accurate, with llama.cpp's CUDA one-token products: q8_1
+    /// activations, f16 sums for F16 weights), or fast (CUDA only: Q4_K/Q6_K products with activations to within 2^-14 of their block's
     /// largest value (two digit planes, one token and several), other formats' prompts on TF32).
     #[arg(long, default_value = "accurate")]
     pub mode: String,
@@ -121,7 +122,7 @@ impl ModelOpts {
         // int8 tensor-core kernels; TF32 for the formats without them).
         let fast = self.mode == "fast";
         if fast && device.is_none() {
-            return Err("--mode fast is a CUDA mode (coarser activations in products of several tokens); the CPU has accurate and parity".into());
+            return Err("--mode fast is a CUDA mode (coarser activations in products of several tokens); the CPU has accurate, parity and cuda-parity".into());
         }
         let mode = if fast {
             NumericMode::Accurate
@@ -157,7 +158,7 @@ impl ModelOpts {
             }
             Some(ordinal) if world > 1 => {
                 if mode != NumericMode::Accurate {
-                    return Err("the CUDA backend implements the accurate mode only".into());
+                    return Err("the CUDA backend implements the accurate mode (and fast) only; cuda-parity is the CPU's model of llama.cpp's CUDA products (--device cpu)".into());
                 }
                 CudaBackend::supports(&file.config)?;
                 let plan = ShardPlan::new(&file.config, &file.tensors, world)?;
@@ -185,7 +186,7 @@ impl ModelOpts {
             }
             Some(ordinal) => {
                 if mode != NumericMode::Accurate {
-                    return Err("the CUDA backend implements the accurate mode only".into());
+                    return Err("the CUDA backend implements the accurate mode (and fast) only; cuda-parity is the CPU's model of llama.cpp's CUDA products (--device cpu)".into());
                 }
                 CudaBackend::supports(&file.config)?;
                 let backend = CudaBackend::new(ordinal)?;

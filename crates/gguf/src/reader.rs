@@ -157,6 +157,11 @@ impl Gguf {
         &self.source.bytes()[start..start + t.n_bytes as usize]
     }
 
+    /// Where a tensor's bytes start in the file (the data section's offset plus the tensor's).
+    pub fn tensor_file_offset(&self, t: &TensorInfo) -> u64 {
+        self.data_offset + t.offset
+    }
+
     /// Total file size in bytes.
     pub fn file_size(&self) -> u64 {
         self.source.bytes().len() as u64

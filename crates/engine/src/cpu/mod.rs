@@ -5,6 +5,7 @@
 //! products, f64 reductions) and `parity` (llama.cpp's ggml-cpu arithmetic, see `ggml`).
 
 pub mod attention;
+pub mod cuda_anchor;
 pub mod ggml;
 pub mod matmul;
 pub mod ops;
@@ -30,6 +31,10 @@ pub enum NumericMode {
     Accurate,
     /// Round and accumulate exactly where llama.cpp b11434's CPU backend does.
     Parity,
+    /// The accurate mode with llama.cpp b11434's CUDA products of one token (`cuda_anchor`:
+    /// q8_1 activations for quantized weights, f16 sums for F16 weights): a model of what
+    /// its CUDA build computes, checked against its committed logits.
+    CudaParity,
 }
 
 impl NumericMode {
@@ -37,8 +42,9 @@ impl NumericMode {
         match s {
             "accurate" => Ok(Self::Accurate),
             "parity" => Ok(Self::Parity),
+            "cuda-parity" => Ok(Self::CudaParity),
             _ => Err(Error::Input(format!(
-                "unknown numeric mode '{s}' (expected accurate or parity)"
+                "unknown numeric mode '{s}' (expected accurate, parity or cuda-parity)"
             ))),
         }
     }
@@ -146,7 +152,7 @@ impl Backend for CpuBackend {
 
     fn max_sequences_per_batch(&self) -> usize {
         match self.mode {
-            NumericMode::Accurate => usize::MAX,
+            NumericMode::Accurate | NumericMode::CudaParity => usize::MAX,
             NumericMode::Parity => 1,
         }
     }
@@ -250,7 +256,7 @@ impl Backend for CpuBackend {
             }
             let dst = &mut out.data[i * table.m.cols..(i + 1) * table.m.cols];
             match self.mode {
-                NumericMode::Accurate => {
+                NumericMode::Accurate | NumericMode::CudaParity => {
                     formats::dequantize_row(table.m.ty, &bytes[t * rb..(t + 1) * rb], dst)
                 }
                 NumericMode::Parity => ggml::get_row(table.m.ty, &bytes[t * rb..(t + 1) * rb], dst),
@@ -271,7 +277,7 @@ impl Backend for CpuBackend {
             }
         }
         match self.mode {
-            NumericMode::Accurate => self.install(|| {
+            NumericMode::Accurate | NumericMode::CudaParity => self.install(|| {
                 out.data
                     .par_chunks_mut(x.cols)
                     .zip(x.data.par_chunks(x.cols))
@@ -303,6 +309,7 @@ impl Backend for CpuBackend {
         let product = match self.mode {
             NumericMode::Accurate => matmul::matmul,
             NumericMode::Parity => ggml::mul_mat,
+            NumericMode::CudaParity => cuda_anchor::mul_mat,
         };
         self.install(|| {
             product(
@@ -320,7 +327,7 @@ impl Backend for CpuBackend {
 
     fn head_norm(&self, x: &mut CpuAct, head_dim: usize, eps: f32, scale: f32) -> Result<()> {
         match self.mode {
-            NumericMode::Accurate => self.install(|| {
+            NumericMode::Accurate | NumericMode::CudaParity => self.install(|| {
                 x.data
                     .par_chunks_mut(x.cols)
                     .for_each(|r| ops::head_norm_row(r, head_dim, eps, scale))
@@ -337,7 +344,7 @@ impl Backend for CpuBackend {
     fn rope(&self, x: &mut CpuAct, head_dim: usize, batch: &Batch, freq_base: f32) -> Result<()> {
         check(x, batch.len(), x.cols, "rope")?;
         match self.mode {
-            NumericMode::Accurate => self.install(|| {
+            NumericMode::Accurate | NumericMode::CudaParity => self.install(|| {
                 x.data
                     .par_chunks_mut(x.cols)
                     .zip(batch.pos.par_iter())
@@ -385,7 +392,7 @@ impl Backend for CpuBackend {
             "attention out",
         )?;
         match self.mode {
-            NumericMode::Accurate => self.install(|| {
+            NumericMode::Accurate | NumericMode::CudaParity => self.install(|| {
                 attention::attention(
                     caches,
                     spec,
@@ -420,7 +427,7 @@ impl Backend for CpuBackend {
     fn sigmoid_gate(&self, x: &mut CpuAct, g: &CpuAct) -> Result<()> {
         check(g, x.rows, x.cols, "sigmoid_gate")?;
         match self.mode {
-            NumericMode::Accurate => self.install(|| {
+            NumericMode::Accurate | NumericMode::CudaParity => self.install(|| {
                 x.data
                     .par_chunks_mut(x.cols)
                     .zip(g.data.par_chunks(x.cols))
@@ -440,7 +447,7 @@ impl Backend for CpuBackend {
         check(up, gate.rows, gate.cols, "swiglu")?;
         check(out, gate.rows, gate.cols, "swiglu")?;
         let row: fn(&[f32], &[f32], &mut [f32]) = match self.mode {
-            NumericMode::Accurate => ops::swiglu_row,
+            NumericMode::Accurate | NumericMode::CudaParity => ops::swiglu_row,
             NumericMode::Parity => ggml::swiglu_row,
         };
         self.install(|| {
@@ -465,7 +472,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         check(src, resid.rows, resid.cols, "post_norm_add")?;
         match self.mode {
-            NumericMode::Accurate => self.install(|| {
+            NumericMode::Accurate | NumericMode::CudaParity => self.install(|| {
                 let cols = resid.cols;
                 resid
                     .data
@@ -498,7 +505,7 @@ impl Backend for CpuBackend {
 
     fn logit_finish(&self, x: &mut CpuAct, scale: f32, softcap: Option<f32>) -> Result<()> {
         match self.mode {
-            NumericMode::Accurate => self.install(|| {
+            NumericMode::Accurate | NumericMode::CudaParity => self.install(|| {
                 x.data
                     .par_chunks_mut(x.cols)
                     .for_each(|r| ops::logit_finish_row(r, scale, softcap))
