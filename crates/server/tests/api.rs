@@ -7,6 +7,21 @@ use common::{MODEL, Opts, Server, long_text, request};
 use muser_engine::NumericMode;
 use serde_json::{Value, json};
 
+/// POST a completion from a task of its own (to run beside others).
+fn spawn_completion(addr: &str, body: Value) -> tokio::task::JoinHandle<common::Resp> {
+    let addr = addr.to_string();
+    tokio::spawn(async move {
+        request(
+            &addr,
+            "POST",
+            "/v1/completions",
+            &[],
+            body.to_string().as_bytes(),
+        )
+        .await
+    })
+}
+
 fn text_of(v: &Value) -> String {
     v["choices"][0]["text"]
         .as_str()
@@ -187,22 +202,8 @@ async fn batched_sequences_match_solo_runs() {
             &s.post("/v1/completions", &body(seed)).await.json(),
         ));
     }
-    let addr = s.addr.clone();
     let tasks: Vec<_> = (0..4)
-        .map(|seed| {
-            let addr = addr.clone();
-            let b = body(seed);
-            tokio::spawn(async move {
-                request(
-                    &addr,
-                    "POST",
-                    "/v1/completions",
-                    &[],
-                    b.to_string().as_bytes(),
-                )
-                .await
-            })
-        })
+        .map(|seed| spawn_completion(&s.addr, body(seed)))
         .collect();
     for (seed, t) in tasks.into_iter().enumerate() {
         let r = t.await.unwrap();
@@ -650,34 +651,11 @@ async fn draws_on_the_backend_reproduce_and_agree_with_the_host() {
         text_of(&dev.post("/v1/completions", &body(0)).await.json())
     );
     assert_ne!(solo[0], solo[1]);
-    let addr = dev.addr.clone();
     let mut tasks: Vec<_> = (0..4)
-        .map(|seed| {
-            let (addr, b) = (addr.clone(), body(seed));
-            tokio::spawn(async move {
-                request(
-                    &addr,
-                    "POST",
-                    "/v1/completions",
-                    &[],
-                    b.to_string().as_bytes(),
-                )
-                .await
-            })
-        })
+        .map(|seed| spawn_completion(&dev.addr, body(seed)))
         .collect();
     let lp = json!({"prompt": "A", "max_tokens": 5, "logprobs": 2, "temperature": 0.7, "seed": 1, "ignore_eos": true});
-    let addr2 = addr.clone();
-    tasks.push(tokio::spawn(async move {
-        request(
-            &addr2,
-            "POST",
-            "/v1/completions",
-            &[],
-            lp.to_string().as_bytes(),
-        )
-        .await
-    }));
+    tasks.push(spawn_completion(&dev.addr, lp));
     let lp = tasks.pop().unwrap().await.unwrap().json();
     let lps = lp["choices"][0]["logprobs"]["token_logprobs"]
         .as_array()
