@@ -2082,17 +2082,28 @@ impl Backend for CudaBackend {
                 a.cols
             )));
         }
+        if let Some(&r) = rows.iter().find(|&&r| r >= a.rows) {
+            return Err(Error::Backend(format!(
+                "row {r} is outside the activation matrix ({} rows)",
+                a.rows
+            )));
+        }
         out.resize(rows.len() * cols, 0.0);
-        for (dst, &r) in out.chunks_exact_mut(cols.max(1)).zip(rows) {
-            if r >= a.rows {
-                return Err(Error::Backend(format!(
-                    "row {r} is outside the activation matrix ({} rows)",
-                    a.rows
-                )));
+        // One copy per run of consecutive rows (each copy to pageable memory waits for itself).
+        let mut i = 0;
+        while i < rows.len() {
+            let mut n = 1;
+            while i + n < rows.len() && rows[i + n] == rows[i] + n {
+                n += 1;
             }
+            let r = rows[i];
             self.stream
-                .memcpy_dtoh(&a.data.slice(r * cols..(r + 1) * cols), dst)
+                .memcpy_dtoh(
+                    &a.data.slice(r * cols..(r + n) * cols),
+                    &mut out[i * cols..(i + n) * cols],
+                )
                 .map_err(dev("download"))?;
+            i += n;
         }
         Ok(())
     }

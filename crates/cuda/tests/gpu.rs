@@ -1056,6 +1056,17 @@ fn device_draws_match_the_host_reference() {
         .filter(|(a, b)| a.to_bits() != b.to_bits())
         .count();
     assert_eq!(differ, 0, "edited rows differ from RowDraw::edit");
+    // Selected rows to the host (runs of consecutive rows in one copy each).
+    let pick_rows = [1usize, 2, 3, 5, 0];
+    let mut host = Vec::new();
+    g.read_rows_into(&xg, cols, &pick_rows, &mut host).unwrap();
+    for (i, &r) in pick_rows.iter().enumerate() {
+        assert_eq!(
+            host[i * cols..(i + 1) * cols],
+            edited[r * cols..(r + 1) * cols],
+            "row {r}"
+        );
+    }
     // Many draws of one small row (counters 0..n): frequencies follow softmax(v / t).
     let small = [1.0f32, 3.0, -2.0, 2.5, 0.0, 2.9];
     let n = 4000usize;
