@@ -122,11 +122,15 @@ fn describe_metrics() {
     describe_histogram!("muser_step_seconds", "Duration of one engine step");
     describe_histogram!(
         "muser_forward_seconds",
-        "One forward pass of a step's sequences, their logits on the host included"
+        "One forward pass of a step's sequences, with the tokens drawn on the device and the logits rows the host needs copied to it"
     );
     describe_histogram!(
         "muser_sample_seconds",
-        "Drawing a forward pass's tokens and emitting them"
+        "Drawing a forward pass's remaining tokens on the host and emitting them all"
+    );
+    describe_counter!(
+        "muser_draws_total",
+        "Tokens chosen, by where: on the device next to the logits, or on the host"
     );
 }
 

@@ -665,4 +665,12 @@ async fn draws_on_the_backend_reproduce_and_agree_with_the_host() {
     for (seed, t) in tasks.into_iter().enumerate() {
         assert_eq!(text_of(&t.await.unwrap().json()), solo[seed], "seed {seed}");
     }
+    // Where the tokens were chosen (the metrics are the process's, shared by both servers and
+    // by the tests running beside this one, which all draw on the host): on the device, every
+    // token of this test's device server but the logprobs request's 5: 32 + 6 + 9 x 24.
+    assert_eq!(
+        dev.metric("muser_draws_total", "where=\"device\"").await,
+        (32 + 6 + 9 * 24) as f64
+    );
+    assert!(host.metric("muser_draws_total", "where=\"host\"").await >= (32 + 6 + 5) as f64);
 }

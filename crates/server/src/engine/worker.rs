@@ -406,6 +406,9 @@ impl<B: Backend> Worker<B> {
                 }
             }
         }
+        metrics::counter!("muser_draws_total", "where" => "device")
+            .increment(dev_rows.len() as u64);
+        metrics::counter!("muser_draws_total", "where" => "host").increment(host_rows.len() as u64);
         // The logits buffer is reused from step to step (tens of megabytes at 64 sequences).
         let mut logits = std::mem::take(&mut self.logits);
         let mut dev_ids = Vec::new();
