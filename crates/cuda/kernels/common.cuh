@@ -43,7 +43,7 @@ __device__ __forceinline__ void pdl_wait() {
 // made .nc by the compiler too (seen in the same SASS), so the load is written out: volatile, it
 // stays after pdl_wait (also volatile). X_LOAD (MUSER_NVRTC_DEFINES, for measurements): 0 =
 // ld.global.ca (L1 and L2, the default), 1 = ld.global.cg (L2 only, with a memory clobber: the
-// form of d768fe3), 2 = __ldg (read-only path: wrong with MUSER_PDL=1, lib.rs refuses the pair).
+// form of d768fe3), 2 = __ldg (read-only path: wrong under PDL, on by default; lib.rs then turns PDL off).
 #ifndef X_LOAD
 #define X_LOAD 0
 #endif

@@ -111,28 +111,33 @@ extern "C" __global__ void argmax_rows(const float* x, int cols, u32* out, float
     }
 }
 
-// Edits to logits rows before a draw (sampling.rs LogitEdit, in list order, the same f32
-// operations unfused): one thread per drawn row walks its edits. Edit e is 4 words {token,
-// kind (0 add, 1 mask, 2 penalize), a, b (f32 bits)}; draw d's are start[d]..start[d + 1].
-extern "C" __global__ void logit_edits(float* x, int cols, const u32* rowix, const u32* start, const u32* ed, int nd) {
-    const int d = blockIdx.x * blockDim.x + threadIdx.x;
-    if (d >= nd) return;
-    float* r = x + (long long)rowix[d] * cols;
-    for (u32 e = start[d]; e < start[d + 1]; e++) {
-        const u32* w = ed + 4ull * e;
-        if (w[0] >= (u32)cols) continue;
-        const float a = __uint_as_float(w[2]), b = __uint_as_float(w[3]);
-        float v = r[w[0]];
-        if (w[1] == 0u) {
-            v = __fadd_rn(v, a);
-        } else if (w[1] == 1u) {
-            v = -__int_as_float(0x7f800000);
-        } else {
-            if (a != 1.0f) v = v > 0.0f ? __fdiv_rn(v, a) : __fmul_rn(v, a);
-            v = __fsub_rn(v, b);
-        }
-        r[w[0]] = v;
+// Edits to logits rows before a draw (sampling.rs LogitEdit, the same f32 operations unfused),
+// with the effect of applying each row's edits in list order: one block per drawn row, its first
+// thread walks the edits start[d]..par[d] in order, then the block's threads share the rest,
+// par[d]..start[d + 1], which the host has checked touch distinct tokens (a sampler's penalties,
+// one per token of its window). Edit e is 4 words {token, kind (0 add, 1 mask, 2 penalize), a,
+// b (f32 bits)}.
+__device__ __forceinline__ void logit_edit(float* __restrict__ r, int cols, const u32* __restrict__ w) {
+    if (w[0] >= (u32)cols) return;
+    const float a = __uint_as_float(w[2]), b = __uint_as_float(w[3]);
+    float v = r[w[0]];
+    if (w[1] == 0u) {
+        v = __fadd_rn(v, a);
+    } else if (w[1] == 1u) {
+        v = -__int_as_float(0x7f800000);
+    } else {
+        if (a != 1.0f) v = v > 0.0f ? __fdiv_rn(v, a) : __fmul_rn(v, a);
+        v = __fsub_rn(v, b);
     }
+    r[w[0]] = v;
+}
+extern "C" __global__ void logit_edits(float* __restrict__ x, int cols, const u32* __restrict__ rowix, const u32* __restrict__ start, const u32* __restrict__ par, const u32* __restrict__ ed) {
+    const int d = blockIdx.x;
+    float* r = x + (long long)rowix[d] * cols;
+    if (threadIdx.x == 0)
+        for (u32 e = start[d]; e < par[d]; e++) logit_edit(r, cols, ed + 4ull * e);
+    __syncthreads();
+    for (u32 e = par[d] + threadIdx.x; e < start[d + 1]; e += blockDim.x) logit_edit(r, cols, ed + 4ull * e);
 }
 
 // Position k of the SplitMix64 stream of `seed` (sampling.rs Rng::at).

@@ -396,7 +396,10 @@ impl CudaBackend {
             // (The read-only activation loads of X_LOAD=2 are wrong under PDL: kernels/common.cuh.)
             pdl: !env_is("MUSER_PDL", "0")
                 && cc.0 >= 9
-                && !kernels::env_defines().iter().any(|d| d == "X_LOAD=2"),
+                && !kernels::env_defines().iter().any(|d| {
+                    d.strip_prefix("X_LOAD=")
+                        .is_some_and(|v| v.trim().parse::<i64>().ok() == Some(2))
+                }),
             mmq_zgrid: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_ZGRID", "0")),
             mmq_occ: std::sync::atomic::AtomicUsize::new(env_blocks_per_sm()),
             mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
@@ -825,6 +828,11 @@ impl CudaBackend {
                 logits.rows
             )));
         }
+        // One draw per row: two would edit one row at once.
+        let mut seen = std::collections::HashSet::new();
+        if let Some(&r) = rows.iter().find(|&&r| !seen.insert(r)) {
+            return Err(Error::Backend(format!("row {r} is drawn twice")));
+        }
         let nd = draws.len();
         if nd == 0 {
             return Ok(Vec::new());
@@ -833,10 +841,21 @@ impl CudaBackend {
         let st = &self.stream;
         let rowix: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
         let mut start = Vec::with_capacity(nd + 1);
+        // Where each draw's trailing run of penalties on distinct tokens begins (applied in
+        // parallel; everything before it in order).
+        let mut par_at = Vec::with_capacity(nd);
         let mut ed: Vec<u32> = Vec::new();
         let (mut par, mut key) = (Vec::with_capacity(2 * nd), Vec::with_capacity(2 * nd));
         for d in draws {
             start.push((ed.len() / 4) as u32);
+            let mut tokens = std::collections::HashSet::new();
+            let parallel = d
+                .edits
+                .iter()
+                .rev()
+                .take_while(|e| matches!(e, LogitEdit::Penalize { .. }) && tokens.insert(e.token()))
+                .count();
+            par_at.push((ed.len() / 4 + d.edits.len() - parallel) as u32);
             for e in &d.edits {
                 let (kind, a, b) = match *e {
                     LogitEdit::Add { bias, .. } => (0u32, bias, 0.0f32),
@@ -855,10 +874,10 @@ impl CudaBackend {
         let up = |what: &'static str| dev(what);
         let rowix_d = st.clone_htod(&rowix).map_err(up("upload draw rows"))?;
         let start_d = st.clone_htod(&start).map_err(up("upload edits"))?;
+        let par_d = st.clone_htod(&par_at).map_err(up("upload edits"))?;
         let ed_d = st.clone_htod(&ed).map_err(up("upload edits"))?;
-        let par_d = st.clone_htod(&par).map_err(up("upload draws"))?;
+        let params_d = st.clone_htod(&par).map_err(up("upload draws"))?;
         let key_d = st.clone_htod(&key).map_err(up("upload draws"))?;
-        let ndi = nd as i32;
         {
             let func = self.f("logit_edits")?;
             let mut b = st.launch_builder(&func);
@@ -866,11 +885,17 @@ impl CudaBackend {
                 .arg(&cols)
                 .arg(&rowix_d)
                 .arg(&start_d)
-                .arg(&ed_d)
-                .arg(&ndi);
-            // SAFETY: nd threads each edit their row (rowix < logits.rows, checked above) at
-            // token ids the kernel bounds by cols; start has nd + 1 entries into ed's 4-word edits.
-            unsafe { b.launch(grid1(nd, 128)) }.map_err(dev("logit_edits"))?;
+                .arg(&par_d)
+                .arg(&ed_d);
+            let cfg = LaunchConfig {
+                grid_dim: (nd as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: one block per draw edits its own row (rowix < logits.rows and distinct,
+            // checked above) at token ids the kernel bounds by cols; start has nd + 1 entries and
+            // par nd into ed's 4-word edits; the parallel part touches distinct tokens (par_at).
+            unsafe { b.launch(cfg) }.map_err(dev("logit_edits"))?;
         }
         logits.xs_ok = false;
         let mut amax = st.alloc_zeros::<u32>(logits.rows).map_err(dev("alloc"))?;
@@ -889,7 +914,7 @@ impl CudaBackend {
             .arg(&cols)
             .arg(&rowix_d)
             .arg(&amax)
-            .arg(&par_d)
+            .arg(&params_d)
             .arg(&key_d)
             .arg(&mut out)
             .arg(&mut pv)

@@ -1067,6 +1067,87 @@ fn device_draws_match_the_host_reference() {
             "row {r}"
         );
     }
+    // Edge rows: NaNs and a tie for the largest, all -inf, a +inf with min-p, min-p 1 over a
+    // tie, 600 penalties on distinct tokens after biases on some of them (the kernel's parallel
+    // part), all NaN.
+    let ec = 5000usize;
+    let mut e: Vec<f32> = (0..6 * ec)
+        .map(|i| ((i as u64 * 2_654_435_761 % 1_000_003) as f32 / 1_000_003.0) * 6.0 - 3.0)
+        .collect();
+    e[7] = f32::NAN;
+    e[100] = 9.0;
+    e[4000] = 9.0;
+    e[ec..2 * ec].fill(f32::NEG_INFINITY);
+    e[2 * ec + 321] = f32::INFINITY;
+    e[3 * ec + 10] = 7.5;
+    e[3 * ec + 20] = 7.5;
+    e[5 * ec..].fill(f32::NAN);
+    let mut long = vec![
+        LogitEdit::Add {
+            token: 3,
+            bias: 1.25,
+        },
+        LogitEdit::Add {
+            token: 3,
+            bias: -0.5,
+        },
+        LogitEdit::Mask { token: 11 },
+    ];
+    long.extend((0..600u32).map(|t| LogitEdit::Penalize {
+        token: t * 7,
+        repeat: 1.2,
+        sub: 0.01 * (t % 13) as f32,
+    }));
+    let edge = |t: f64, min_p: f64, edits: Vec<LogitEdit>| RowDraw {
+        inv_temperature: if t > 0.0 { 1.0 / t } else { 0.0 },
+        min_p,
+        seed: 77,
+        counter: 3,
+        edits,
+    };
+    let edge_draws = vec![
+        edge(0.0, 0.0, Vec::new()),
+        edge(0.9, 0.0, Vec::new()),
+        edge(1.0, 0.5, Vec::new()),
+        edge(0.8, 1.0, Vec::new()),
+        edge(1.1, 0.01, long),
+        edge(0.7, 0.0, Vec::new()),
+    ];
+    let edge_rows: Vec<usize> = (0..6).collect();
+    let mut want_e = e.clone();
+    let mut want_ids = Vec::new();
+    for (r, d) in edge_draws.iter().enumerate() {
+        let row = &mut want_e[r * ec..(r + 1) * ec];
+        d.edit(row);
+        want_ids.push(d.choose(row));
+    }
+    let mut eg = g.act(6, ec).unwrap();
+    g.stream.memcpy_htod(&e, xg_data(&mut eg)).unwrap();
+    let got_e = g.draw(&mut eg, &edge_rows, &edge_draws).unwrap();
+    assert_eq!(got_e, want_ids, "edge rows: device vs RowDraw::choose");
+    assert_eq!(
+        want_ids[0], 100,
+        "a NaN never wins; ties go to the lower id"
+    );
+    assert_eq!(
+        want_ids[2], 321,
+        "+inf leaves no candidate under min-p: the greedy token"
+    );
+    assert!(
+        [10, 20].contains(&want_ids[3]),
+        "min-p 1 keeps the tied largest only"
+    );
+    let edited_e = g.stream.clone_dtoh(xg_data(&mut eg)).unwrap();
+    let bits_differ = edited_e
+        .iter()
+        .zip(&want_e)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(bits_differ, 0, "edge rows edited differently");
+    assert!(
+        g.draw(&mut eg, &[1, 1], &edge_draws[..2]).is_err(),
+        "a row drawn twice"
+    );
     // Many draws of one small row (counters 0..n): frequencies follow softmax(v / t).
     let small = [1.0f32, 3.0, -2.0, 2.5, 0.0, 2.9];
     let n = 4000usize;

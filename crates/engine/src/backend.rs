@@ -158,8 +158,9 @@ pub trait Backend: Send + Sync {
         false
     }
     /// One token per listed row of the `cols`-wide `logits` (row `rows[i]` chosen by
-    /// `draws[i]`, `RowDraw`), into `out`; the edits change those rows in place. Default: on
-    /// the host, through `RowDraw::choose` (the reference of a device implementation).
+    /// `draws[i]`, `RowDraw`; each row at most once), into `out`. A device implementation edits
+    /// those rows in place; the default reads them to the host, edits the copy and chooses
+    /// through `RowDraw::choose` (the reference of a device implementation).
     fn draw_rows(
         &self,
         logits: &mut Self::Act,

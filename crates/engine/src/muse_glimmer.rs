@@ -210,7 +210,7 @@ impl<B: Backend> MuseGlimmer<B> {
     }
 
     /// After `forward_device`: a token for each of rows `rows` of its logits, chosen by
-    /// `draws` where the logits are (`Backend::draw_rows`); those rows are edited in place.
+    /// `draws` where the logits are (`Backend::draw_rows`; a device edits those rows in place).
     pub fn draw_logit_rows(
         &self,
         ws: &mut Workspace<B>,

@@ -188,12 +188,7 @@ impl RowDraw {
     /// (kernels/elementwise.cu `draw_rows`) is tested against.
     pub fn choose(&self, row: &[f32]) -> u32 {
         // The largest value, the lowest id among ties, never a NaN (argmax_rows on the device).
-        let mut greedy: Option<usize> = None;
-        for (i, &v) in row.iter().enumerate() {
-            if !v.is_nan() && greedy.is_none_or(|g| v > row[g]) {
-                greedy = Some(i);
-            }
-        }
+        let greedy = first_largest(row);
         let m = greedy.map_or(0.0, |g| row[g] as f64);
         let mut best = (f64::NEG_INFINITY, u32::MAX);
         for (i, &v) in row.iter().enumerate() {
@@ -229,12 +224,17 @@ pub fn gumbel(seed: u64, k: u64) -> f64 {
     -(-u.ln()).ln()
 }
 
-/// The index of the largest logit (the lowest index among ties).
+/// The index of the largest logit (the lowest index among ties; a NaN never wins, and a row
+/// of NaNs gives 0), as the devices' `argmax_rows` chooses.
 pub fn argmax(logits: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
+    first_largest(logits).unwrap_or(0)
+}
+
+fn first_largest(row: &[f32]) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (i, &v) in row.iter().enumerate() {
+        if !v.is_nan() && best.is_none_or(|b| v > row[b]) {
+            best = Some(i);
         }
     }
     best
@@ -260,6 +260,10 @@ pub struct Sampler {
     pub params: SamplingParams,
     rng: Rng,
     history: Vec<u32>,
+    /// How often each token occurs in the penalties' window (the last `penalty_last_n` of
+    /// `history`), kept as tokens are accepted: a long generation's step costs its distinct
+    /// tokens, not its length.
+    counts: std::collections::BTreeMap<u32, u32>,
     /// The row being sampled, adjusted (penalties, the caller's changes), and the draw's
     /// weights: kept from draw to draw, so a 202,048-token row costs no allocation.
     row: Vec<f32>,
@@ -275,6 +279,7 @@ impl Sampler {
             params,
             rng,
             history: Vec::new(),
+            counts: Default::default(),
             row: Vec::new(),
             weights: Vec::new(),
             draws: 0,
@@ -292,13 +297,8 @@ impl Sampler {
             return None;
         }
         let mut edits = pre.to_vec();
-        if p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-            let start = self.history.len().saturating_sub(p.penalty_last_n);
-            let mut counts: std::collections::BTreeMap<u32, u32> = Default::default();
-            for &t in &self.history[start..] {
-                *counts.entry(t).or_default() += 1;
-            }
-            edits.extend(counts.into_iter().map(|(token, n)| LogitEdit::Penalize {
+        if self.penalized() {
+            edits.extend(self.counts.iter().map(|(&token, &n)| LogitEdit::Penalize {
                 token,
                 repeat: p.repeat_penalty,
                 sub: n as f32 * p.frequency_penalty + if n > 0 { p.presence_penalty } else { 0.0 },
@@ -322,19 +322,31 @@ impl Sampler {
     /// Tokens the penalties see (prompt and generated so far).
     pub fn accept(&mut self, token: u32) {
         self.history.push(token);
+        *self.counts.entry(token).or_default() += 1;
+        // The token that left the window, if one did.
+        let n = self.params.penalty_last_n;
+        if self.history.len() > n {
+            let gone = self.history[self.history.len() - 1 - n];
+            if let std::collections::btree_map::Entry::Occupied(mut e) = self.counts.entry(gone) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+        }
+    }
+
+    fn penalized(&self) -> bool {
+        let p = &self.params;
+        p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
     }
 
     fn apply_penalties(&self, logits: &mut [f32]) {
         let p = &self.params;
-        if p.repeat_penalty == 1.0 && p.frequency_penalty == 0.0 && p.presence_penalty == 0.0 {
+        if !self.penalized() {
             return;
         }
-        let start = self.history.len().saturating_sub(p.penalty_last_n);
-        let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
-        for &t in &self.history[start..] {
-            *counts.entry(t).or_default() += 1;
-        }
-        for (&t, &n) in &counts {
+        for (&t, &n) in &self.counts {
             let Some(l) = logits.get_mut(t as usize) else {
                 continue;
             };
@@ -1013,8 +1025,31 @@ mod tests {
         let mut e = l.to_vec();
         greedy.edit(&mut e);
         assert_eq!(greedy.choose(&e), 1, "3.0 ties 3.0: the lower id");
-        assert_eq!(draw(0.0, 9).choose(&l), draw(0.0, 9).choose(&l));
+        // Other counters, other noise: a spread of tokens (not one stuck value).
+        let distinct: std::collections::BTreeSet<u32> =
+            (0..200).map(|c| draw(0.0, c).choose(&l)).collect();
+        assert!(distinct.len() >= 3, "{distinct:?}");
         let all_masked = [f32::NEG_INFINITY; 4];
         assert_eq!(draw(0.0, 1).choose(&all_masked), 0);
+    }
+
+    #[test]
+    fn penalty_window_counts_follow_the_history() {
+        for last_n in [0usize, 1, 3, 64, usize::MAX] {
+            let mut s = Sampler::new(SamplingParams {
+                penalty_last_n: last_n,
+                ..Default::default()
+            });
+            let mut rng = Rng::new(last_n as u64);
+            for step in 0..300 {
+                s.accept((rng.next_u64() % 23) as u32);
+                let start = s.history.len().saturating_sub(last_n);
+                let mut want: std::collections::BTreeMap<u32, u32> = Default::default();
+                for &t in &s.history[start..] {
+                    *want.entry(t).or_default() += 1;
+                }
+                assert_eq!(s.counts, want, "last_n {last_n}, step {step}");
+            }
+        }
     }
 }

@@ -657,6 +657,15 @@ async fn draws_on_the_backend_reproduce_and_agree_with_the_host() {
     let lp = json!({"prompt": "A", "max_tokens": 5, "logprobs": 2, "temperature": 0.7, "seed": 1, "ignore_eos": true});
     tasks.push(spawn_completion(&dev.addr, lp));
     let lp = tasks.pop().unwrap().await.unwrap().json();
+    // The same seed without logprobs: drawn on the device, the same tokens (a row that goes to
+    // the host for its logprobs is chosen by the same draw there).
+    let plain =
+        json!({"prompt": "A", "max_tokens": 5, "temperature": 0.7, "seed": 1, "ignore_eos": true});
+    assert_eq!(
+        text_of(&dev.post("/v1/completions", &plain).await.json()),
+        text_of(&lp),
+        "logprobs must not change a seed's tokens"
+    );
     let lps = lp["choices"][0]["logprobs"]["token_logprobs"]
         .as_array()
         .unwrap();
@@ -667,10 +676,10 @@ async fn draws_on_the_backend_reproduce_and_agree_with_the_host() {
     }
     // Where the tokens were chosen (the metrics are the process's, shared by both servers and
     // by the tests running beside this one, which all draw on the host): on the device, every
-    // token of this test's device server but the logprobs request's 5: 32 + 6 + 9 x 24.
+    // token of this test's device server but the logprobs request's 5: 32 + 6 + 9 x 24 + 5.
     assert_eq!(
         dev.metric("muser_draws_total", "where=\"device\"").await,
-        (32 + 6 + 9 * 24) as f64
+        (32 + 6 + 9 * 24 + 5) as f64
     );
     assert!(host.metric("muser_draws_total", "where=\"host\"").await >= (32 + 6 + 5) as f64);
 }

@@ -17,7 +17,9 @@
 //! sum orders), which the fixtures measure well below 1e-3 (docs/PARITY.md). The float order of
 //! the integer blocks' combination is reproduced; `-use_fast_math`'s approximate division in
 //! `x / d` (a reciprocal to 1 ulp) is modelled as an exact division (a quantum can round the
-//! other way when `x / d` lies within an ulp of a half-integer).
+//! other way when `x / d` lies within an ulp of a half-integer), and the multiply-adds nvcc may
+//! fuse in the block formulas (`sumf_d += d8 * ...`, `tmp += vec_dot(...)`) are rounded
+//! separately here: not read off llama.cpp's SASS yet, an f32 rounding either way.
 
 use half::f16;
 use muser_gguf::GgmlType;

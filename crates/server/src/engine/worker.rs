@@ -12,7 +12,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use muser_engine::muse_glimmer::Workspace;
-use muser_engine::sampling::{LogitEdit, log_softmax};
+use muser_engine::sampling::{LogitEdit, RowDraw, log_softmax};
 use muser_engine::{Backend, Batch, MuseGlimmer, Sampler};
 use muser_text::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc::error::TrySendError;
@@ -381,26 +381,35 @@ impl<B: Backend> Worker<B> {
         // Each logits row's token is drawn where the logits are when the backend can
         // (`Backend::draws_on_device`) and the sequence needs nothing else of the row (no
         // logprobs, no top-k or top-p); the other rows come to the host. (A device draw is
-        // another stream of random numbers than the host's: `RowDraw`.)
+        // another stream of random numbers than the host's: `RowDraw`. On such a backend a
+        // row that comes to the host for its logprobs only is chosen by the same `RowDraw`
+        // there, so asking for logprobs does not change a seed's tokens.)
         let n_vocab = self.model.config.n_vocab;
         let on_device = self.model.backend.draws_on_device();
         let (mut dev_rows, mut dev_draws, mut host_rows) = (Vec::new(), Vec::new(), Vec::new());
+        // Per running sequence: the RowDraw its host row is chosen by (logprobs rows).
+        let mut host_draw: Vec<Option<RowDraw>> = vec![None; self.running.len()];
         // Per logits row: its index among the device draws (Ok) or the host rows (Err).
         let mut place: Vec<Result<usize, usize>> = Vec::with_capacity(row_item.len());
         for (r, &gi) in row_item.iter().enumerate() {
-            let s = &mut self.running[group[gi].0];
-            let draw = if on_device && s.job.logprobs.is_none() {
+            let ri = group[gi].0;
+            let s = &mut self.running[ri];
+            let draw = if on_device {
                 s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab)
             } else {
                 None
             };
+            let wants_row = s.job.logprobs.is_some();
             match draw {
-                Some(d) => {
+                Some(d) if !wants_row => {
                     place.push(Ok(dev_rows.len()));
                     dev_rows.push(r);
                     dev_draws.push(d);
                 }
-                None => {
+                d => {
+                    if let Some(slot) = host_draw.get_mut(ri) {
+                        *slot = d;
+                    }
                     place.push(Err(host_rows.len()));
                     host_rows.push(r);
                 }
@@ -483,9 +492,17 @@ impl<B: Backend> Worker<B> {
             self.running
                 .par_iter_mut()
                 .zip(row_of.par_iter())
-                .map(|(s, r)| {
+                .zip(host_draw.par_iter())
+                .map(|((s, r), d)| {
                     let row = r.and_then(|r| logits.get(r * n_vocab..(r + 1) * n_vocab))?;
-                    Some(choose(s, row, eog))
+                    Some(match d {
+                        Some(d) => {
+                            let mut edited = row.to_vec();
+                            d.edit(&mut edited);
+                            d.choose(&edited)
+                        }
+                        None => choose(s, row, eog),
+                    })
                 })
                 .collect()
         };
