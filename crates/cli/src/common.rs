@@ -25,8 +25,8 @@ pub struct ModelOpts {
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
     /// Numeric mode: accurate (exact dequantization, f32), parity (llama.cpp's CPU arithmetic),
-    /// cuda-parity (CPU only: accurate, with llama.cpp's CUDA one-token products: q8_1
-    /// activations, f16 sums for F16 weights), or fast (CUDA only: Q4_K/Q6_K products with activations to within 2^-14 of their block's
+    /// cuda-parity (accurate, with llama.cpp's CUDA one-token products: q8_1 activations, f16
+    /// sums for F16 weights; CPU or one GPU), or fast (CUDA only: Q4_K/Q6_K products with activations to within 2^-14 of their block's
     /// largest value (two digit planes, one token and several), other formats' prompts on TF32).
     #[arg(long, default_value = "accurate")]
     pub mode: String,
@@ -158,7 +158,9 @@ impl ModelOpts {
             }
             Some(ordinal) if world > 1 => {
                 if mode != NumericMode::Accurate {
-                    return Err("the CUDA backend implements the accurate mode (and fast) only; cuda-parity is the CPU's model of llama.cpp's CUDA products (--device cpu)".into());
+                    return Err(
+                        "tensor parallelism on CUDA implements the accurate and fast modes".into(),
+                    );
                 }
                 CudaBackend::supports(&file.config)?;
                 let plan = ShardPlan::new(&file.config, &file.tensors, world)?;
@@ -185,12 +187,16 @@ impl ModelOpts {
                 )?)
             }
             Some(ordinal) => {
-                if mode != NumericMode::Accurate {
-                    return Err("the CUDA backend implements the accurate mode (and fast) only; cuda-parity is the CPU's model of llama.cpp's CUDA products (--device cpu)".into());
+                if !matches!(mode, NumericMode::Accurate | NumericMode::CudaParity) {
+                    return Err(
+                        "the CUDA backend implements the accurate, fast and cuda-parity modes"
+                            .into(),
+                    );
                 }
                 CudaBackend::supports(&file.config)?;
                 let backend = CudaBackend::new(ordinal)?;
                 backend.set_fast_mode(fast)?;
+                backend.set_cuda_parity(mode == NumericMode::CudaParity);
                 backend.set_batch_invariant(self.batch_invariant);
                 Loaded::Cuda(MuseGlimmer::load_with_progress(
                     &file,

@@ -21,6 +21,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("matvec", include_str!("../kernels/matvec.cu")),
     ("kv", include_str!("../kernels/kv.cu")),
     ("mmq", include_str!("../kernels/mmq.cu")),
+    ("parity", include_str!("../kernels/parity.cu")),
 ];
 
 /// The attention kernels, compiled per (query heads per KV head, head_dim) with `-DNREP -DHD`.

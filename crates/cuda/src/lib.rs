@@ -20,6 +20,7 @@ use cudarc::driver::{
     LaunchConfig, PushKernelArg,
 };
 use muser_engine::backend::{AttnSpec, Backend, Batch, QkSpec, StepRecord};
+use muser_engine::cpu::cuda_anchor;
 use muser_engine::loader::Matrix;
 use muser_engine::sampling::{LogitEdit, RowDraw};
 use muser_engine::{Error, KvType, MuseConfig, Result};
@@ -146,6 +147,10 @@ struct Scratch {
     amax_v: CudaSlice<f32>,
     amax_i: CudaSlice<i32>,
     amax_cnt: CudaSlice<u32>,
+    /// `--mode cuda-parity`'s q8_1 activations: quanta, and per block of 32 the scale and sum.
+    pq_q: CudaSlice<u8>,
+    pq_d: CudaSlice<f32>,
+    pq_s: CudaSlice<f32>,
     inv_freq: HashMap<(u32, usize), CudaSlice<f64>>,
 }
 
@@ -268,6 +273,10 @@ pub struct CudaBackend {
     fast_mode: std::sync::atomic::AtomicBool,
     /// One launch for the FFN's gate, up and SwiGLU at one token (`ffn_swiglu`).
     fused_ffn: std::sync::atomic::AtomicBool,
+    /// `--mode cuda-parity`: products of Q4_0/Q8_0/Q4_K/Q5_K/Q6_K/F16 weights as llama.cpp
+    /// b11434's CUDA build computes one token (kernels/parity.cu; the CPU model
+    /// cpu/cuda_anchor.rs, bit for bit), every token of a batch alone; the rest accurate.
+    cuda_parity: std::sync::atomic::AtomicBool,
     /// Batch-invariant mode: a token's results do not depend on what else shares its micro-batch
     /// (every Q4_K/Q6_K product on the tensor-core kernels, one token at a time for the others,
     /// attention splits independent of the batch size).
@@ -381,6 +390,7 @@ impl CudaBackend {
             one_token_sums: std::sync::atomic::AtomicBool::new(false),
             fast_mode: std::sync::atomic::AtomicBool::new(false),
             fused_ffn: std::sync::atomic::AtomicBool::new(env_is("MUSER_FUSE", "1")),
+            cuda_parity: std::sync::atomic::AtomicBool::new(false),
             waves: Mutex::new(HashMap::new()),
             batch_invariant: std::sync::atomic::AtomicBool::new(env_is(
                 "MUSER_BATCH_INVARIANT",
@@ -565,6 +575,97 @@ impl CudaBackend {
     }
 
     /// Compute the FFN's gate, up and SwiGLU of one token in one launch (Q4_K gate and up).
+    /// Products as llama.cpp's CUDA build computes them (`--mode cuda-parity`; `cuda_parity`).
+    pub fn set_cuda_parity(&self, on: bool) {
+        self.set_switch(&self.cuda_parity, on);
+    }
+
+    fn parity_for(&self, w: &CudaMatrix) -> bool {
+        self.cuda_parity.load(std::sync::atomic::Ordering::Relaxed)
+            && cuda_anchor::models(w.ty)
+            && w.cols
+                % if w.ty == GgmlType::F16 {
+                    2
+                } else {
+                    w.ty.block_size()
+                }
+                == 0
+    }
+
+    /// `out = W x` by kernels/parity.cu: x quantized to q8_1 (`pq_quantize`) then `pq_mmvq_*`
+    /// (128 threads per row), or `pq_mmvf_f16`; one grid row per token.
+    fn matmul_parity(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
+        let (rows, cols, n) = (w.rows as i32, w.cols as i32, x.rows as u32);
+        if w.ty == GgmlType::F16 {
+            let bs = cuda_anchor::mmvf_block(w.cols) as u32;
+            let func = self.f("pq_mmvf_f16")?;
+            let mut b = self.stream.launch_builder(&func);
+            b.arg(&w.data)
+                .arg(&rows)
+                .arg(&cols)
+                .arg(&x.data)
+                .arg(&mut out.data);
+            let cfg = LaunchConfig {
+                grid_dim: (w.rows as u32, n, 1),
+                block_dim: (bs, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads rows x cols f16 weights and n rows of x, writes n x rows outputs
+            // (`matmul` checked the shapes); bs is a multiple of 32 up to 256.
+            unsafe { b.launch(cfg) }.map_err(dev("pq_mmvf_f16"))?;
+            return Ok(());
+        }
+        let name = match w.ty {
+            GgmlType::Q4_0 => "pq_mmvq_q4_0",
+            GgmlType::Q8_0 => "pq_mmvq_q8_0",
+            GgmlType::Q4_K => "pq_mmvq_q4_k",
+            GgmlType::Q5_K => "pq_mmvq_q5_k",
+            _ => "pq_mmvq_q6_k",
+        };
+        let nblk = x.rows * w.cols / 32;
+        let mut g = self.scratch()?;
+        let s = g
+            .as_mut()
+            .ok_or_else(|| Error::Backend("no scratch".into()))?;
+        self.grow(&mut s.pq_q, x.rows * w.cols)?;
+        self.grow(&mut s.pq_d, nblk)?;
+        self.grow(&mut s.pq_s, nblk)?;
+        {
+            let func = self.f("pq_quantize")?;
+            let mut b = self.stream.launch_builder(&func);
+            let ntok = x.rows as i32;
+            b.arg(&x.data)
+                .arg(&cols)
+                .arg(&ntok)
+                .arg(&mut s.pq_q)
+                .arg(&mut s.pq_d)
+                .arg(&mut s.pq_s);
+            // SAFETY: one warp per block of 32 of the n x cols activations (8 per 256 threads,
+            // the kernel stops past the last); writes n x cols quanta and a scale and sum per
+            // block (grown above).
+            unsafe { b.launch(grid1(nblk * 32, 256)) }.map_err(dev("pq_quantize"))?;
+        }
+        let func = self.f(name)?;
+        let mut b = self.stream.launch_builder(&func);
+        b.arg(&w.data)
+            .arg(&w.nbt)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&s.pq_q)
+            .arg(&s.pq_d)
+            .arg(&s.pq_s)
+            .arg(&mut out.data);
+        let cfg = LaunchConfig {
+            grid_dim: (w.rows as u32, n, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads the matrix's nbt blocks in its device layout and n rows of q8_1
+        // activations, writes n x rows outputs (`matmul` checked the shapes).
+        unsafe { b.launch(cfg) }.map_err(dev(name))?;
+        Ok(())
+    }
+
     pub fn set_fused_ffn(&self, on: bool) {
         self.fused_ffn
             .store(on, std::sync::atomic::Ordering::Relaxed);
@@ -649,6 +750,9 @@ impl CudaBackend {
                 amax_v: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_i: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_cnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                pq_q: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                pq_d: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                pq_s: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 inv_freq: HashMap::new(),
             });
         }
@@ -2372,6 +2476,9 @@ impl Backend for CudaBackend {
                 }
                 check(out, x.rows, w.rows, "matmul")?;
                 out.xs_ok = false;
+                if self.parity_for(w) {
+                    return self.matmul_parity(w, x, out);
+                }
                 let invariant = self.invariant();
                 if self.mmq_route(w, x.rows) {
                     return self.mmq(w, x, out, None);
@@ -2419,6 +2526,10 @@ impl Backend for CudaBackend {
         out1: &mut CudaAct,
         out2: &mut CudaAct,
     ) -> Result<()> {
+        if self.cuda_parity.load(std::sync::atomic::Ordering::Relaxed) {
+            self.matmul(w1, x, out1)?;
+            return self.matmul(w2, x, out2);
+        }
         // One token, two matrices of one shape: a pair launch of the x-stationary kernels (each
         // row's bits as alone).
         if x.rows == 1
@@ -2679,6 +2790,7 @@ impl Backend for CudaBackend {
         // path bit for bit; turn it on by default once that test has passed on the H200).
         let fuse = x.rows == 1
             && !self.invariant()
+            && !self.cuda_parity.load(std::sync::atomic::Ordering::Relaxed)
             && w_gate.ty == GgmlType::Q4_K
             && w_up.ty == GgmlType::Q4_K
             && (w_gate.rows, w_gate.cols) == (w_up.rows, w_up.cols)

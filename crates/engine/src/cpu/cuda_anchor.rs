@@ -249,7 +249,7 @@ fn mmvq_row(ty: GgmlType, row: &[u8], nblocks: usize, y: &Q8_1) -> f32 {
 
 /// `mul_mat_vec_f`'s block size for `cols` (mmvf.cu:437-450): the multiple of 32 up to 256 with
 /// the fewest iterations over the column pairs, the smallest among equals.
-fn mmvf_block(cols: usize) -> usize {
+pub fn mmvf_block(cols: usize) -> usize {
     let (mut best, mut niter) = (WARP, cols.div_ceil(2 * WARP));
     let mut bs = 2 * WARP;
     while bs <= 256 {
