@@ -313,9 +313,9 @@ pub fn mul_mat(
     let (qk, _, _) = mmvq_shape(ty);
     let shaped = models(ty)
         && if ty == GgmlType::F16 {
-            cols % 2 == 0
+            cols.is_multiple_of(2)
         } else {
-            cols % qk == 0
+            cols.is_multiple_of(qk)
         };
     if !shaped {
         matmul::matmul(ty, w, rows, cols, x, n_tokens, y);
