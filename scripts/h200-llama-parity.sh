@@ -26,3 +26,20 @@ done
 grep -h "config:" "$LLAMA_CUDA"/tame-f32/ub1.log "$LLAMA_CUDA"/tame-f32/ub512.log
 tar -C "$LLAMA_CUDA" -cJf "$OUT/llama-cuda.tar.xz" .
 MUSER_LLAMA_CUDA="$LLAMA_CUDA" MUSER_FIXTURES=tests/fixtures timeout 300 carry/bin/gpu-tests llama_cuda_anchor --nocapture --test-threads 1 2>&1 | tee "$OUT/llama-parity.log"
+# The first diverging tensor (DUMP=1): llama.cpp's CUDA build and Muser's CUDA cuda-parity and
+# accurate modes dump every tensor of tame-q8_0's decode steps; tools/compare_dumps.py reports
+# where each departs from llama.cpp.
+if [ -n "${DUMP:-}" ]; then
+  f=${DUMP_FIXTURE:-tame-q8_0}
+  m=tests/fixtures/models/$f.gguf; tok=tests/fixtures/golden/$f/tokens.i32
+  rm -rf /tmp/dump-llama /tmp/dump-cuda /tmp/dump-accurate
+  CUDA_VISIBLE_DEVICES=0 /tmp/llama_logits -m "$m" -t "$tok" -o /tmp/ll.f32 --kv-type f16 --ubatch 1 \
+    --ngl 99 --flash-attn auto --dump-tensors /tmp/dump-llama > /tmp/dump-llama.log 2>&1
+  for mode in cuda-parity accurate; do
+    carry/bin/muser logits -m "$m" --tokens "$tok" --out /tmp/mu.f32 --ubatch 1 --kv-type f16 --ctx-size 256 \
+      --device cuda --mode $mode --dump-tensors /tmp/dump-${mode%%-*} > /dev/null 2>&1
+  done
+  { echo "== $f: cuda-parity vs llama.cpp CUDA"; python3 tools/compare_dumps.py /tmp/dump-llama /tmp/dump-cuda --show 30
+    echo "== $f: accurate vs llama.cpp CUDA"; python3 tools/compare_dumps.py /tmp/dump-llama /tmp/dump-accurate --show 30; } \
+    | tee "$OUT/first-divergence.log"
+fi

@@ -37,7 +37,8 @@ impl<'m> GraphDecoder<'m> {
             out,
             graph: None,
             warm: None,
-            use_graph: true,
+            // A tapped model copies tensors to the host mid-step: no capture.
+            use_graph: !model.tapped(),
         })
     }
 

@@ -47,6 +47,11 @@ pub struct Layer<B: Backend> {
     pub post_ffw_norm: B::Vector,       // [n_embd]
 }
 
+/// A callback that sees intermediate tensors of the forward pass (`MuseGlimmer::set_tap`):
+/// llama.cpp's graph name (`attn_norm-0`, `l_out-2`, `result_output`, ...) and the tensor's
+/// values, row-major `[tokens][width]`.
+pub type Tap = Box<dyn Fn(&str, &[f32]) + Send + Sync>;
+
 /// The model: configuration, weights, backend.
 pub struct MuseGlimmer<B: Backend> {
     pub config: MuseConfig,
@@ -55,6 +60,7 @@ pub struct MuseGlimmer<B: Backend> {
     pub output_norm: B::Vector, // [n_embd]
     pub output: B::Matrix,      // [n_vocab][n_embd]
     pub layers: Vec<Layer<B>>,
+    tap: std::sync::OnceLock<Tap>,
 }
 
 impl<B: Backend> MuseGlimmer<B> {
@@ -87,7 +93,34 @@ impl<B: Backend> MuseGlimmer<B> {
             output_norm,
             output,
             layers,
+            tap: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Show every later forward pass's intermediate tensors to `tap` (once per model): where a
+    /// backend's result first departs from another's (llama.cpp's `cb_eval` dumps carry the
+    /// same names; the fused attention shows only its gated output). Each tapped tensor is
+    /// copied to the host, and no step is recorded for replay once a tap is set.
+    pub fn set_tap(&self, tap: Tap) -> Result<()> {
+        self.tap
+            .set(tap)
+            .map_err(|_| Error::Input("this model already has a tap".into()))
+    }
+
+    /// Whether a tap is set (a caller recording whole steps itself must then run them eagerly).
+    pub fn tapped(&self) -> bool {
+        self.tap.get().is_some()
+    }
+
+    fn show(&self, name: &str, il: Option<usize>, a: &B::Act) -> Result<()> {
+        if let Some(tap) = self.tap.get() {
+            let v = self.backend.read(a)?;
+            match il {
+                Some(il) => tap(&format!("{name}-{il}"), &v),
+                None => tap(name, &v),
+            }
+        }
+        Ok(())
     }
 
     fn load_layer(b: &B, g: &Arc<Gguf>, l: &LayerTensors) -> Result<Layer<B>> {
@@ -240,7 +273,7 @@ impl<B: Backend> MuseGlimmer<B> {
         }
         // Every row's logits: a step a backend may record once and replay (CUDA graphs).
         let all_rows = every_row(batch, logit_rows);
-        let mode = if all_rows {
+        let mode = if all_rows && self.tap.get().is_none() {
             self.backend.step_record(batch, caches, ws.id)?
         } else {
             StepRecord::Eager
@@ -314,13 +347,23 @@ impl<B: Backend> MuseGlimmer<B> {
         // inp_embd, embd_norm: the scaleless entry norm.
         b.get_rows(&self.token_embd, &batch.tokens, e)?;
         b.rms_norm(e, None, eps, x)?;
+        self.show("embd_norm", None, x)?;
         b.rms_norm(x, Some(&self.layers[0].attn_norm), eps, h)?;
 
         for (il, l) in self.layers.iter().enumerate() {
             let kind = c.layer_kinds[il];
+            self.show("attn_norm", Some(il), h)?;
             // Projections from the pre-normed stream; the gate reads the same input.
             b.matmul_pair(&l.attn_q, &l.attn_gate, h, q, g)?;
             b.matmul_pair(&l.attn_k, &l.attn_v, h, k, v)?;
+            for (name, t) in [
+                ("Qcur", &*q),
+                ("Kcur", &*k),
+                ("Vcur", &*v),
+                ("attn_gate_proj", &*g),
+            ] {
+                self.show(name, Some(il), t)?;
+            }
             let spec = AttnSpec {
                 layer: il,
                 kind,
@@ -338,7 +381,9 @@ impl<B: Backend> MuseGlimmer<B> {
                 rope_base: kind.uses_rope().then_some(c.rope_freq_base_swa),
             };
             b.attend(caches, spec, qk, batch, q, k, v, g, a)?;
+            self.show("attn_gated", Some(il), a)?;
             b.matmul(&l.attn_output, a, o)?;
+            self.show("attn_o_proj", Some(il), o)?;
 
             // inp_out_ids: the last layer continues with the rows whose logits are wanted only
             // (llama.cpp selects them here, and its matrix products depend on the row count).
@@ -367,24 +412,30 @@ impl<B: Backend> MuseGlimmer<B> {
                 eps,
                 h,
             )?;
+            self.show("ffn_inp", Some(il), xc)?;
+            self.show("ffn_norm", Some(il), h)?;
 
             // SwiGLU feed-forward.
             b.ffn_swiglu(&l.ffn_gate, &l.ffn_up, h, fg, fu, f)?;
             b.matmul(&l.ffn_down, f, oc)?;
+            self.show("ffn_out", Some(il), oc)?;
             // x += rms_norm(f, 1e-8) * post_ffw_norm; h = the next layer's attn_norm, or the final norm.
             let next_norm = self
                 .layers
                 .get(il + 1)
                 .map_or(&self.output_norm, |nl| &nl.attn_norm);
             b.norm_tail(xc, oc, &l.post_ffw_norm, POST_NORM_EPS, next_norm, eps, h)?;
+            self.show("l_out", Some(il), xc)?;
         }
         self.set_cache_lengths(batch, caches);
         if logit_rows.is_empty() {
             return Ok(());
         }
         // result_norm: h holds the wanted rows; lm_head, logit scale, softcap.
+        self.show("result_norm", None, h)?;
         b.matmul(&self.output, h, logits)?;
-        b.logit_finish(logits, c.logit_scale, c.softcap)
+        b.logit_finish(logits, c.logit_scale, c.softcap)?;
+        self.show("result_output", None, logits)
     }
 }
 

@@ -158,3 +158,45 @@ fn cuda_parity_mode_tracks_llama_cpp_cuda() {
     );
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// A tap sees the forward pass's tensors under llama.cpp's graph names, in graph order, each
+/// call's `result_output` equal to the logits the call returns (the tool behind
+/// `muser logits --dump-tensors`, which finds where two passes part).
+#[test]
+fn taps_show_the_tensors_of_each_pass() {
+    use std::sync::{Arc, Mutex};
+    let name = "tame-q4_k_m";
+    let toks = read_le(&fixtures().join("golden").join(name).join("tokens.i32"));
+    let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).unwrap();
+    let model =
+        MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
+    let seen: Arc<Mutex<Vec<(String, Vec<f32>)>>> = Arc::default();
+    let sink = seen.clone();
+    model
+        .set_tap(Box::new(move |n: &str, v: &[f32]| {
+            sink.lock().unwrap().push((n.to_string(), v.to_vec()))
+        }))
+        .unwrap();
+    assert!(
+        model.set_tap(Box::new(|_: &str, _: &[f32]| {})).is_err(),
+        "one tap per model"
+    );
+    let n_vocab = model.config.n_vocab;
+    let mut s = Session::new(&model, KvType::F16, 256).unwrap();
+    let logits = s.feed(&toks[..3], 1, Logits::All).unwrap();
+    let seen = seen.lock().unwrap();
+    let per_call = 2 + 11 * model.layers.len() + 1;
+    assert_eq!(seen.len(), 3 * per_call);
+    let names: Vec<&str> = seen[..per_call].iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(&names[..3], ["embd_norm", "attn_norm-0", "Qcur-0"]);
+    assert_eq!(
+        names[per_call - 3],
+        format!("l_out-{}", model.layers.len() - 1)
+    );
+    assert_eq!(&names[per_call - 2..], ["result_norm", "result_output"]);
+    for call in 0..3 {
+        let (n, v) = &seen[(call + 1) * per_call - 1];
+        assert_eq!(n, "result_output");
+        assert_eq!(v.as_slice(), &logits[call * n_vocab..(call + 1) * n_vocab]);
+    }
+}
