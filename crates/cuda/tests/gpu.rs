@@ -58,10 +58,7 @@ fn tame_sensitivity(name: &str) -> bool {
 }
 
 fn tokens(name: &str) -> Vec<u32> {
-    let b = std::fs::read(fixtures().join("golden").join(name).join("tokens.i32")).expect("tokens");
-    b.chunks_exact(4)
-        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u32)
-        .collect()
+    read_ids(&fixtures().join("golden").join(name).join("tokens.i32")).expect("tokens")
 }
 
 fn max_dls(a: &[f32], b: &[f32], n: usize) -> f64 {
@@ -1194,6 +1191,7 @@ fn read_f32(p: &std::path::Path) -> Option<Vec<f32>> {
     )
 }
 
+/// Raw little-endian 32-bit ids (int32 token files read as u32).
 fn read_ids(p: &std::path::Path) -> Option<Vec<u32>> {
     Some(read_f32(p)?.into_iter().map(|v| v.to_bits()).collect())
 }

@@ -133,7 +133,8 @@ pub trait Backend: Send + Sync {
     }
 
     /// Rows `rows` of a `cols`-wide activation matrix on the host, concatenated into `out`
-    /// (resized to fit, its memory reused). Default: the whole matrix read, the rows kept.
+    /// (resized to fit, its memory reused). Default: the first rows in order straight into
+    /// `out` (`read_into`), any others picked from the whole matrix read.
     fn read_rows_into(
         &self,
         a: &Self::Act,
@@ -141,6 +142,21 @@ pub trait Backend: Send + Sync {
         rows: &[usize],
         out: &mut Vec<f32>,
     ) -> Result<()> {
+        if rows.is_empty() {
+            out.clear();
+            return Ok(());
+        }
+        if rows.iter().enumerate().all(|(i, &r)| i == r) {
+            self.read_into(a, out)?;
+            if out.len() >= rows.len() * cols {
+                out.truncate(rows.len() * cols);
+                return Ok(());
+            }
+            return Err(Error::Backend(format!(
+                "row {} is outside the activation matrix",
+                out.len() / cols.max(1)
+            )));
+        }
         let all = self.read(a)?;
         out.clear();
         for &r in rows {

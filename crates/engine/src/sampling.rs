@@ -297,13 +297,7 @@ impl Sampler {
             return None;
         }
         let mut edits = pre.to_vec();
-        if self.penalized() {
-            edits.extend(self.counts.iter().map(|(&token, &n)| LogitEdit::Penalize {
-                token,
-                repeat: p.repeat_penalty,
-                sub: n as f32 * p.frequency_penalty + if n > 0 { p.presence_penalty } else { 0.0 },
-            }));
-        }
+        edits.extend(self.penalty_edits());
         let draw = RowDraw {
             inv_temperature: if greedy {
                 0.0
@@ -341,23 +335,26 @@ impl Sampler {
         p.repeat_penalty != 1.0 || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0
     }
 
-    fn apply_penalties(&self, logits: &mut [f32]) {
+    /// The penalties as edits, one per token of the window (none when they are off): `v / repeat`
+    /// or `v * repeat` by the sign, then `v -= frequency * count + presence`.
+    fn penalty_edits(&self) -> impl Iterator<Item = LogitEdit> + '_ {
         let p = &self.params;
-        if !self.penalized() {
-            return;
-        }
-        for (&t, &n) in &self.counts {
-            let Some(l) = logits.get_mut(t as usize) else {
-                continue;
-            };
-            if p.repeat_penalty != 1.0 {
-                *l = if *l > 0.0 {
-                    *l / p.repeat_penalty
-                } else {
-                    *l * p.repeat_penalty
-                };
+        let on = self.penalized();
+        self.counts
+            .iter()
+            .filter(move |_| on)
+            .map(move |(&token, &n)| LogitEdit::Penalize {
+                token,
+                repeat: p.repeat_penalty,
+                sub: n as f32 * p.frequency_penalty + if n > 0 { p.presence_penalty } else { 0.0 },
+            })
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32]) {
+        for e in self.penalty_edits() {
+            if let Some(l) = logits.get_mut(e.token() as usize) {
+                *l = e.apply(*l);
             }
-            *l -= n as f32 * p.frequency_penalty + if n > 0 { p.presence_penalty } else { 0.0 };
         }
     }
 

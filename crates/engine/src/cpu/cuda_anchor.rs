@@ -25,7 +25,7 @@ use half::f16;
 use muser_gguf::GgmlType;
 
 use super::matmul;
-use crate::formats::scale_min_k4;
+use crate::formats::{f16_at, scale_min_k4};
 
 /// Threads of `mul_mat_vec_q` (4 warps of 32) and the warp size.
 const MMVQ_THREADS: usize = 128;
@@ -91,10 +91,6 @@ pub fn quantize_q8_1(x: &[f32]) -> Q8_1 {
         out.s[b] = f16::from_f32(sum).to_f32();
     }
     out
-}
-
-fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
 }
 
 /// `__dp4a`: four signed byte products added to `c`.

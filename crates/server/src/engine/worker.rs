@@ -426,15 +426,8 @@ impl<B: Backend> Worker<B> {
             .model
             .forward_device(&mut self.ws, &batch, &mut caches, &rows)
             .and_then(|()| {
-                if rows.is_empty() {
-                    logits.clear();
-                    Ok(())
-                } else if host_rows.len() == rows.len() {
-                    self.model.backend.read_into(&self.ws.logits, &mut logits)
-                } else {
-                    self.model
-                        .read_logit_rows(&self.ws, &host_rows, &mut logits)
-                }
+                self.model
+                    .read_logit_rows(&self.ws, &host_rows, &mut logits)
             })
             .and_then(|()| {
                 if dev_rows.is_empty() {
