@@ -178,21 +178,38 @@ fn prompt_test<B: Backend>(
     Ok(median(times))
 }
 
+/// The cache of a decode test: `depth` random tokens fed once (micro-batches of `--ubatch`),
+/// then room for every repetition's tokens, which follow one another (repetition k decodes
+/// positions depth + k (n_gen + 2) onward: a few hundred positions past `depth` at most, so a
+/// deep context is filled once, not once per repetition).
+fn decode_session<'m, B: Backend>(
+    m: &'m MuseGlimmer<B>,
+    kv: KvType,
+    a: &Args,
+    depth: usize,
+) -> Result<(Session<'m, B>, u32), muser_engine::Error> {
+    let mut rng = Rng::new(2);
+    let pre = random_tokens(&mut rng, depth, m.config.n_vocab);
+    let mut s = Session::new(m, kv, depth + (a.reps.max(1) + 1) * (a.n_gen + 2))?;
+    let mut tok = 1u32;
+    if depth > 0 {
+        let l = s.feed(&pre, a.ubatch, Logits::Last)?;
+        tok = muser_engine::sampling::argmax(&l) as u32;
+    }
+    Ok((s, tok))
+}
+
 fn decode_test<B: Backend>(
     m: &MuseGlimmer<B>,
     kv: KvType,
     a: &Args,
     depth: usize,
 ) -> Result<f64, muser_engine::Error> {
-    let mut rng = Rng::new(2);
-    let pre = random_tokens(&mut rng, depth, m.config.n_vocab);
+    let (mut s, _) = decode_session(m, kv, a, depth)?;
+    let mut rng = Rng::new(3);
     let toks = random_tokens(&mut rng, a.n_gen, m.config.n_vocab);
     let mut times = Vec::new();
     for rep in 0..=a.reps.max(1) {
-        let mut s = Session::new(m, kv, depth + a.n_gen)?;
-        if depth > 0 {
-            s.feed(&pre, a.ubatch, Logits::Last)?;
-        }
         let t = Instant::now();
         for &tok in &toks {
             s.feed(&[tok], 1, Logits::Last)?;
@@ -210,28 +227,22 @@ fn decode_test_graph(
     a: &Args,
     depth: usize,
 ) -> Result<f64, muser_engine::Error> {
-    let mut rng = Rng::new(2);
-    let pre = random_tokens(&mut rng, depth, m.config.n_vocab);
+    let (mut s, mut tok) = decode_session(m, kv, a, depth)?;
     let mut dec = GraphDecoder::new(m)?;
     dec.use_graph = !a.no_graph;
+    dec.reset();
+    // The cache's first step runs eagerly and its second captures the graph: keep both out of
+    // the timing.
+    tok = dec.step(&mut s.kv, tok, None)?;
+    tok = dec.step(&mut s.kv, tok, None)?;
     let mut times = Vec::new();
     for rep in 0..=a.reps.max(1) {
-        let mut s = Session::new(m, kv, depth + a.n_gen + 2)?;
-        let mut tok = 1u32;
-        if depth > 0 {
-            let l = s.feed(&pre, a.ubatch, Logits::Last)?;
-            tok = muser_engine::sampling::argmax(&l) as u32;
-        }
-        dec.reset();
-        // A new cache's first step runs eagerly and its second captures the graph: keep both
-        // out of the timing.
-        tok = dec.step(&mut s.kv, tok, None)?;
-        tok = dec.step(&mut s.kv, tok, None)?;
         m.backend.sync()?;
         let t = Instant::now();
         for _ in 0..a.n_gen {
             tok = dec.step(&mut s.kv, tok, None)?;
         }
+        m.backend.sync()?;
         if rep > 0 {
             times.push(t.elapsed().as_secs_f64());
         }
