@@ -83,3 +83,150 @@ extern "C" __global__ void get_rows(const u8* w, int fmt, long long nbt, int col
         out[(long long)t * cols + c] = dq_elem(w, fmt, nbt, row * bpr + c / bs, c % bs);
     }
 }
+
+// ==== Products of many tokens on the f16 tensor cores (cuBLAS GemmEx), for prompts ====
+//
+// A weight w (dequantized exactly, dq_elem's arithmetic) and an activation x are carried in f16
+// after a power-of-two scale each: v = w 2^A with A from the matrix's largest |w| (`w16_max`,
+// once per matrix), u = x 2^B with B from the micro-batch's largest |x| (`x16_max`), both so
+// that the largest value is below 2^14: no f16 overflows, and everything within 2^-28 of the
+// largest value is a normal f16. hi = f16(v); with the split, also lo = f16((v - hi) 2^11)
+// (v - hi is exact in f32): hi + lo 2^-11 holds v to about 2^-22 of itself. Products (f32
+// accumulation on the tensor cores, then times alpha = 2^-(A+B), a power of two):
+// - fast: hi.hi, each factor to 2^-12 of itself;
+// - split: hi.hi + 2^-11 (hi.lo + lo.hi), each term to about 2^-21 of itself (lo.lo left out:
+//   below 2^-22).
+// The scales never change a value's bits beyond those roundings (powers of two, clamped to
+// 2^+-60 so that alpha stays a normal f32; a matrix or a batch whose largest value is below
+// 2^-46 or above 2^74 loses its smallest values to f16's subnormals or overflows as f32 would).
+
+// The exponent S with m 2^S < 2^14 (m >= 0, the largest value; 0 for 0, NaN or Inf: those
+// propagate as a float product would).
+__device__ __forceinline__ int f16_shift(u32 maxbits) {
+    const float m = __uint_as_float(maxbits);
+    if (!(m <= 3.0e38f) || m == 0.0f) return 0;
+    int E;
+    frexpf(m, &E);  // m = f 2^E, f in [0.5, 1): m < 2^E
+    return min(max(14 - E, -60), 60);
+}
+
+// Largest |w| of a matrix into *out (f32 bits: non-negative floats order as their bits; a NaN's
+// bits, sign cleared, lie above Inf's). Grid-stride over rows, threads over columns; *out must
+// start at 0.
+extern "C" __global__ void w16_max(const u8* w, int fmt, long long nbt, int cols, long long rows, u32* out) {
+    const int bs = fmt_block(fmt);
+    const long long bpr = cols / bs;
+    u32 m = 0;
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x)
+        for (int c = threadIdx.x; c < cols; c += blockDim.x)
+            m = max(m, __float_as_uint(dq_elem(w, fmt, nbt, r * bpr + c / bs, c % bs)) & 0x7fffffffu);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) atomicMax(out, m);
+}
+
+// Eight consecutive weights c0 .. c0 + 7 (c0 a multiple of 8) of row `row`, exactly as dq_elem
+// gives them; Q4_K and Q6_K decode their run's scale once.
+__device__ __forceinline__ void dq8(const u8* w, int fmt, long long nbt, long long bpr, long long row, int c0, float (&v)[8]) {
+    const int bs = fmt_block(fmt);
+    const long long blk = row * bpr + c0 / bs;
+    const int i0 = c0 % bs;
+    if (fmt == FMT_Q4_K) {
+        const u8* b = w + blk * 144;
+        const float d = h2f(*(const u16*)b), dmin = h2f(*(const u16*)(b + 2));
+        const int j = i0 >> 6, hi = (i0 & 63) >= 32, l0 = i0 & 31;
+        int sc, m;
+        scale_min_k4(2 * j + hi, b + 4, &sc, &m);
+        const float ds = __fmul_rn(d, (float)sc), dm = __fmul_rn(dmin, (float)m);
+        const uint2 q = *(const uint2*)(b + 16 + 32 * j + l0);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const u32 byte = ((k < 4 ? q.x : q.y) >> (8 * (k & 3))) & 0xFFu;
+            const int n = hi ? (int)(byte >> 4) : (int)(byte & 15);
+            v[k] = __fsub_rn(__fmul_rn(ds, (float)n), dm);
+        }
+    } else if (fmt == FMT_Q6_K) {
+        const int n = i0 >> 7, r = i0 & 127, l0 = r & 31, qt = r >> 5;
+        const uint2 lo = *(const uint2*)(w + blk * 128 + 64 * n + l0 + ((qt & 1) ? 32 : 0));
+        const uint2 qh = *(const uint2*)(w + nbt * 128 + blk * 64 + 32 * n + l0);
+        const float d = h2f(((const u16*)(w + nbt * 208))[blk]);
+        const float ds = __fmul_rn(d, (float)((const signed char*)(w + nbt * 192 + blk * 16))[8 * n + (l0 >> 4) + 2 * qt]);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const u32 lb = ((k < 4 ? lo.x : lo.y) >> (8 * (k & 3))) & 0xFFu;
+            const u32 hb = ((k < 4 ? qh.x : qh.y) >> (8 * (k & 3))) & 0xFFu;
+            const int nib = (qt >= 2) ? (int)(lb >> 4) : (int)(lb & 15);
+            const int q = (nib | (int)(((hb >> (2 * qt)) & 3) << 4)) - 32;
+            v[k] = __fmul_rn(ds, (float)q);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = dq_elem(w, fmt, nbt, blk + (i0 + k) / bs, (i0 + k) % bs);
+    }
+}
+
+// hi (and lo, when not null) of eight values v 2^S into 16-byte stores at p[0..7].
+__device__ __forceinline__ void put16(const float (&v)[8], float up, u16* hi, u16* lo) {
+    u32 h[4], l[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float a = v[2 * k] * up, b = v[2 * k + 1] * up;
+        const u16 ha = f2h(a), hb = f2h(b);
+        h[k] = (u32)ha | ((u32)hb << 16);
+        l[k] = (u32)f2h((a - h2f(ha)) * 2048.0f) | ((u32)f2h((b - h2f(hb)) * 2048.0f) << 16);
+    }
+    *(uint4*)hi = make_uint4(h[0], h[1], h[2], h[3]);
+    if (lo) *(uint4*)lo = make_uint4(l[0], l[1], l[2], l[3]);
+}
+
+// Rows row0 .. row0 + nrows - 1 of W into the f16 slab: hi[r ld + c] (and lo[r ld + c]) for
+// slab row r. grid (cols / 8 / blockDim.x rounded up, up to 65535 row steps).
+extern "C" __global__ void w16_rows(const u8* w, int fmt, long long nbt, int cols, long long row0, int nrows,
+                                    const u32* wmax, u16* hi, u16* lo, long long ld) {
+    const float up = ldexpf(1.0f, f16_shift(*wmax));
+    const int c0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (c0 >= cols) return;
+    const long long bpr = cols / fmt_block(fmt);
+    for (int r = blockIdx.y; r < nrows; r += gridDim.y) {
+        float v[8];
+        dq8(w, fmt, nbt, bpr, row0 + r, c0, v);
+        put16(v, up, hi + (long long)r * ld + c0, lo ? lo + (long long)r * ld + c0 : (u16*)0);
+    }
+}
+
+// Largest |x| of n values (n a multiple of 4) into *out (as w16_max; *out must start at 0).
+extern "C" __global__ void x16_max(const float* __restrict__ x, long long n, u32* out) {
+    u32 m = 0;
+    for (long long i = 4 * (blockIdx.x * (long long)blockDim.x + threadIdx.x); i < n; i += 4LL * gridDim.x * blockDim.x) {
+        const float4 a = *(const float4*)(x + i);
+        m = max(m, max(max(__float_as_uint(a.x) & 0x7fffffffu, __float_as_uint(a.y) & 0x7fffffffu),
+                       max(__float_as_uint(a.z) & 0x7fffffffu, __float_as_uint(a.w) & 0x7fffffffu)));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) atomicMax(out, m);
+}
+
+// The micro-batch's activations (rows x cols f32) into hi[t ld + c] (and lo), scaled by 2^B;
+// block (0, 0) writes the products' factors: alpha[0] = 2^-(A+B) (hi.hi), alpha[1] =
+// 2^-(A+B+11) (the lo terms), alpha[2] = 0 and alpha[3] = 1 (cuBLAS's beta: write, add).
+extern "C" __global__ void x16_split(const float* __restrict__ x, int rows, int cols, const u32* xmax, const u32* wmax,
+                                     u16* hi, u16* lo, long long ld, float* alpha) {
+    const int B = f16_shift(*xmax);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
+        const int A = f16_shift(*wmax);
+        alpha[0] = ldexpf(1.0f, -(A + B));
+        alpha[1] = ldexpf(1.0f, -(A + B + 11));
+        alpha[2] = 0.0f;
+        alpha[3] = 1.0f;
+    }
+    const int c0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (c0 >= cols) return;
+    const float up = ldexpf(1.0f, B);
+    for (int t = blockIdx.y; t < rows; t += gridDim.y) {
+        const float4 a = *(const float4*)(x + (long long)t * cols + c0);
+        const float4 b = *(const float4*)(x + (long long)t * cols + c0 + 4);
+        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        put16(v, up, hi + (long long)t * ld + c0, lo ? lo + (long long)t * ld + c0 : (u16*)0);
+    }
+}

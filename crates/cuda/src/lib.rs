@@ -69,6 +69,9 @@ pub struct CudaMatrix {
     pub cols: usize,
     nbt: i64,
     data: CudaSlice<u8>,
+    /// The largest |w| (f32 bits), for the f16 prompt products' scale (kernels/dequant.cu
+    /// `w16_max`, computed once at upload).
+    wmax: CudaSlice<u32>,
 }
 
 /// Activations on the device: `rows` of `cols` f32, room for `cap` rows, and the sums of 8
@@ -151,6 +154,12 @@ struct Scratch {
     pq_q: CudaSlice<u8>,
     pq_d: CudaSlice<f32>,
     pq_s: CudaSlice<f32>,
+    /// The f16 prompt products (`gemm16`): the weight slab, the activations, the batch's
+    /// largest |x| and the products' factors.
+    w16: CudaSlice<u16>,
+    x16: CudaSlice<u16>,
+    x16max: CudaSlice<u32>,
+    alpha16: CudaSlice<f32>,
     inv_freq: HashMap<(u32, usize), CudaSlice<f64>>,
 }
 
@@ -158,6 +167,9 @@ struct Scratch {
 pub const MAX_UBATCH: usize = 512;
 /// Rows of a weight matrix dequantized at once for the cuBLAS prompt path.
 const DEQ_ROWS: usize = 4096;
+/// Bytes of f16 weights `gemm16` dequantizes at once (the 30B's FFN matrices, 19968 x 6656,
+/// split: 532 MB, in one slab).
+const GEMM16_SLAB_BYTES: usize = 640 << 20;
 /// Threads of the row-norm kernels: kernels/norm.cu indexes `threadIdx.x + k * 1024` for
 /// k < NPT = 8, so exactly 1024 (a smaller block would leave most of a wide row untouched).
 const NORM_THREADS: u32 = 1024;
@@ -317,6 +329,13 @@ pub struct CudaBackend {
     /// Products of more than 64 tokens in one launch of the staged kernels, 64 tokens per grid
     /// layer (on unless `MUSER_MMQ_ZGRID=0`), instead of one launch per 64 tokens. Same bits per token.
     mmq_zgrid: std::sync::atomic::AtomicBool,
+    /// Products of more than `gemm16_min` tokens (prompts) on the f16 tensor cores through
+    /// cuBLAS (`gemm16`; off with `MUSER_GEMM16=0`): the split form in the accurate mode (F32
+    /// weights excepted: they keep f32 cuBLAS), one f16 product in `--mode fast`.
+    gemm16: std::sync::atomic::AtomicBool,
+    /// Token count above which `gemm16` takes a product (`MUSER_GEMM16_MIN`, default 64: batched
+    /// decode steps keep the exact integer kernels).
+    gemm16_min: std::sync::atomic::AtomicUsize,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
     /// Staged kernels whose shared-memory limit has been raised (once each).
@@ -399,6 +418,13 @@ impl CudaBackend {
             scratch_epoch: std::sync::atomic::AtomicU64::new(0),
             mmq_staged: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_STAGED", "0")),
             smem_optin,
+            gemm16: std::sync::atomic::AtomicBool::new(!env_is("MUSER_GEMM16", "0")),
+            gemm16_min: std::sync::atomic::AtomicUsize::new(
+                std::env::var("MUSER_GEMM16_MIN")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(MMQ_MAX_TOKENS),
+            ),
             mmq_scale_in_a: std::sync::atomic::AtomicBool::new(env_is("MUSER_MMQ_SCALEA", "1")),
             mmq_pairs: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_PAIR", "0")),
             mmq_planes: std::sync::atomic::AtomicUsize::new(env_planes()),
@@ -426,7 +452,22 @@ impl CudaBackend {
         })
     }
 
-    /// `--mode fast`: products of several tokens (prompts and batched decode steps) in Q4_K and
+    /// The f16 tensor-core products for prompts (`gemm16`): on by default, `MUSER_GEMM16=0` off.
+    pub fn set_gemm16(&self, on: bool) {
+        self.gemm16.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
+    }
+
+    /// `gemm16` takes products of more than `n` tokens (default 64, `MUSER_GEMM16_MIN`).
+    pub fn set_gemm16_min_tokens(&self, n: usize) {
+        self.gemm16_min
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
+    }
+
+    /// `--mode fast`: products of more than 64 tokens (prompts) in one f16 product on the tensor
+    /// cores (`gemm16`: weights and activations each rounded to f16 after a power-of-two scale,
+    /// f32 sums); products of several tokens up to 64 (batched decode steps) in Q4_K and
     /// Q6_K run on the two-plane tensor-core kernels (activations to within 2^-14 of a 256-value
     /// block's largest value instead of 2^-22) at two blocks per multiprocessor; the other
     /// formats' prompt products multiply on the TF32 tensor cores (the exactly dequantized
@@ -753,6 +794,10 @@ impl CudaBackend {
                 pq_q: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 pq_d: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 pq_s: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                w16: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                x16: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                x16max: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                alpha16: s.alloc_zeros(4).map_err(dev("alloc"))?,
                 inv_freq: HashMap::new(),
             });
         }
@@ -1424,6 +1469,7 @@ impl CudaBackend {
     /// included.
     fn mmq_route(&self, w: &CudaMatrix, rows: usize) -> bool {
         Self::mmq_for(w)
+            && self.gemm16_route(w, rows).is_none()
             && (self.invariant()
                 || (2..=MMQ_MAX_TOKENS).contains(&rows)
                 || (rows > 1 && mmq_prompts()))
@@ -1691,6 +1737,176 @@ impl CudaBackend {
             }
         }
         Ok(())
+    }
+
+    /// Whether a product of `w` with `rows` tokens runs on the f16 tensor cores (`gemm16`), and
+    /// in which form: Some(true) split (accurate mode), Some(false) one f16 product (`--mode
+    /// fast`). Never in the batch-invariant or cuda-parity modes, never for F32 weights in the
+    /// accurate mode (f32 cuBLAS keeps them exact), never for `gemm16_min` tokens or fewer.
+    fn gemm16_route(&self, w: &CudaMatrix, rows: usize) -> Option<bool> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let fast = self.fast_mode.load(Relaxed);
+        let on = self.gemm16.load(Relaxed)
+            && rows > self.gemm16_min.load(Relaxed)
+            && !self.invariant()
+            && !self.cuda_parity.load(Relaxed)
+            && w.cols % 8 == 0
+            && (fast || w.ty != GgmlType::F32);
+        on.then_some(!fast)
+    }
+
+    /// out = W x on the f16 tensor cores (kernels/dequant.cu, "Products of many tokens on the
+    /// f16 tensor cores"): x to f16 (hi, and lo when `split`) after its power-of-two scale,
+    /// W's rows in slabs of at most GEMM16_SLAB_BYTES dequantized to f16 the same way, then
+    /// cublasGemmEx (f16 operands, f32 accumulation and output) with the factors on the device:
+    /// C = 2^-(A+B) hi.hi, and with `split` C += 2^-(A+B+11) [hi lo].[lo hi] (one product over
+    /// 2 cols: hi.lo + lo.hi).
+    fn gemm16(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct, split: bool) -> Result<()> {
+        use cudarc::cublas::sys::{
+            cublasComputeType_t, cublasGemmAlgo_t, cublasGemmEx, cublasPointerMode_t,
+            cublasStatus_t, cudaDataType,
+        };
+        let (n, cols) = (x.rows, w.cols);
+        let ld = if split { 2 * cols } else { cols };
+        let slab = (GEMM16_SLAB_BYTES / (2 * ld)).clamp(1, w.rows);
+        let mut g = self.scratch()?;
+        let s = g
+            .as_mut()
+            .ok_or_else(|| Error::Backend("no scratch".into()))?;
+        self.grow(&mut s.x16, n * ld)?;
+        self.grow(&mut s.w16, slab * ld)?;
+        let st = &self.stream;
+        st.memset_zeros(&mut s.x16max).map_err(dev("memset"))?;
+        {
+            let f = self.f("x16_max")?;
+            let total = (n * cols) as i64;
+            let mut b = st.launch_builder(&f);
+            b.arg(&x.data).arg(&total).arg(&mut s.x16max);
+            // SAFETY: reads n x cols floats of x (cols a multiple of 8), writes one word.
+            unsafe { b.launch(grid1((n * cols / 4).min(256 * 1024), 256)) }
+                .map_err(dev("x16_max"))?;
+        }
+        let threads = 128u32;
+        let col_blocks = (cols / 8).div_ceil(threads as usize) as u32;
+        let (xp, _gx) = s.x16.device_ptr_mut(st);
+        // Activation rows: [hi] (fast) or [lo | hi] (split), ld halfs each.
+        let (x_hi, x_lo) = if split {
+            (xp + 2 * cols as u64, xp)
+        } else {
+            (xp, 0u64)
+        };
+        {
+            let f = self.f("x16_split")?;
+            let (rows_i, cols_i, ld_i) = (n as i32, cols as i32, ld as i64);
+            let mut b = st.launch_builder(&f);
+            b.arg(&x.data)
+                .arg(&rows_i)
+                .arg(&cols_i)
+                .arg(&s.x16max)
+                .arg(&w.wmax)
+                .arg(&x_hi)
+                .arg(&x_lo)
+                .arg(&ld_i)
+                .arg(&mut s.alpha16);
+            let cfg = LaunchConfig {
+                grid_dim: (col_blocks, (n as u32).clamp(1, 65_535), 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads n x cols floats of x; writes n rows of ld halfs into x16 (grown to
+            // n * ld above; hi at offset cols of each row and lo at 0 when split, else hi
+            // alone) and the 4 floats of alpha16.
+            unsafe { b.launch(cfg) }.map_err(dev("x16_split"))?;
+        }
+        let (wp, _gw) = s.w16.device_ptr_mut(st);
+        let (w_hi, w_lo) = if split {
+            (wp, wp + 2 * cols as u64)
+        } else {
+            (wp, 0u64)
+        };
+        let (ap, _ga) = s.alpha16.device_ptr(st);
+        let (op, _go) = out.data.device_ptr_mut(st);
+        let handle = *self.blas.handle();
+        // SAFETY: the handle is this backend's, bound to its stream; every pointer below
+        // stays valid while the guards above live (until this function returns).
+        let st_mode =
+            unsafe { cudarc::cublas::sys::cublasSetPointerMode_v2(handle, cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE) };
+        if st_mode != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(Error::Backend(format!("cublasSetPointerMode: {st_mode:?}")));
+        }
+        let run = || -> Result<()> {
+            let f = self.f("w16_rows")?;
+            let mut r0 = 0usize;
+            while r0 < w.rows {
+                let nr = slab.min(w.rows - r0);
+                let (cols_i, row0, nr_i, ld_i) = (cols as i32, r0 as i64, nr as i32, ld as i64);
+                let mut b = st.launch_builder(&f);
+                b.arg(&w.data)
+                    .arg(&w.fmt)
+                    .arg(&w.nbt)
+                    .arg(&cols_i)
+                    .arg(&row0)
+                    .arg(&nr_i)
+                    .arg(&w.wmax)
+                    .arg(&w_hi)
+                    .arg(&w_lo)
+                    .arg(&ld_i);
+                let cfg = LaunchConfig {
+                    grid_dim: (col_blocks, (nr as u32).clamp(1, 65_535), 1),
+                    block_dim: (threads, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: reads rows r0..r0+nr of the matrix, writes nr rows of ld halfs into
+                // w16 (grown to slab * ld above; lo at offset cols of each row when split).
+                unsafe { b.launch(cfg) }.map_err(dev("w16_rows"))?;
+                // C (nr x n, column-major, ldc = w.rows, from row r0 of out's first token) =
+                // alpha op(A) op(B), A = the slab (row-major nr x k, so transposed), B = x16.
+                let c = op + 4 * r0 as u64;
+                let gemm = |k: usize, a: u64, bx: u64, alpha: u64, beta: u64| -> Result<()> {
+                    // SAFETY: A is nr rows of k halfs at lda = ld from a, B n rows of k halfs at
+                    // ldb = ld from bx (both within the slabs grown above), C nr x n floats at
+                    // ldc = w.rows from row r0 of out (n x w.rows, checked by matmul), alpha
+                    // and beta one f32 each on the device (pointer mode set above).
+                    let r = unsafe {
+                        cublasGemmEx(
+                            handle,
+                            cublasOperation_t::CUBLAS_OP_T,
+                            cublasOperation_t::CUBLAS_OP_N,
+                            nr as i32,
+                            n as i32,
+                            k as i32,
+                            alpha as *const std::ffi::c_void,
+                            a as *const std::ffi::c_void,
+                            cudaDataType::CUDA_R_16F,
+                            ld as i32,
+                            bx as *const std::ffi::c_void,
+                            cudaDataType::CUDA_R_16F,
+                            ld as i32,
+                            beta as *const std::ffi::c_void,
+                            c as *mut std::ffi::c_void,
+                            cudaDataType::CUDA_R_32F,
+                            w.rows as i32,
+                            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                            cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+                        )
+                    };
+                    if r != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                        return Err(Error::Backend(format!("cublasGemmEx: {r:?}")));
+                    }
+                    Ok(())
+                };
+                gemm(cols, w_hi, x_hi, ap, ap + 8)?;
+                if split {
+                    gemm(2 * cols, w_hi, xp, ap + 4, ap + 12)?;
+                }
+                r0 += nr;
+            }
+            Ok(())
+        };
+        let res = run();
+        // SAFETY: as above; back to host pointers for every other cuBLAS call.
+        unsafe { cudarc::cublas::sys::cublasSetPointerMode_v2(handle, cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST) };
+        res
     }
 
     fn gemm(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
@@ -2018,7 +2234,7 @@ impl Backend for CudaBackend {
     fn name(&self) -> String {
         if self.fast_mode.load(std::sync::atomic::Ordering::Relaxed) {
             format!(
-                "cuda ({}, fast: two-plane int8 products, TF32 for other formats)",
+                "cuda ({}, fast: f16 prompt products, two-plane int8 batch products, TF32 for other formats)",
                 self.device_name
             )
         } else {
@@ -2054,14 +2270,34 @@ impl Backend for CudaBackend {
             .stream
             .clone_htod(&bytes)
             .map_err(dev("upload weights"))?;
-        let w = CudaMatrix {
+        let mut w = CudaMatrix {
             ty: m.ty,
             fmt,
             rows: m.rows,
             cols: m.cols,
             nbt: matrix::n_blocks(m.ty, m.rows, m.cols) as i64,
             data,
+            wmax: self.stream.alloc_zeros(1).map_err(dev("alloc"))?,
         };
+        {
+            let f = self.f("w16_max")?;
+            let (cols, rows) = (w.cols as i32, w.rows as i64);
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&w.data)
+                .arg(&w.fmt)
+                .arg(&w.nbt)
+                .arg(&cols)
+                .arg(&rows)
+                .arg(&mut w.wmax);
+            let cfg = LaunchConfig {
+                grid_dim: ((w.rows as u32).clamp(1, 4096), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads the rows x cols elements of the matrix just uploaded (its format's
+            // layout, checked by check_bytes), writes the one word of wmax (zeroed above).
+            unsafe { b.launch(cfg) }.map_err(dev("w16_max"))?;
+        }
         if !Self::mvq_for(&w) {
             self.one_token_sums
                 .store(true, std::sync::atomic::Ordering::Relaxed);
@@ -2480,6 +2716,9 @@ impl Backend for CudaBackend {
                     return self.matmul_parity(w, x, out);
                 }
                 let invariant = self.invariant();
+                if let Some(split) = self.gemm16_route(w, x.rows) {
+                    return self.gemm16(w, x, out, split);
+                }
                 if self.mmq_route(w, x.rows) {
                     return self.mmq(w, x, out, None);
                 }

@@ -279,19 +279,30 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     gpu_b.set_mmq_zgrid(true);
                 }
                 if !invariant && n > 64 && matches!(layout, "q4_k" | "q6_k") {
-                    // A launch per 64 tokens (its own column split here; the default puts full
-                    // layers of 64 in one launch): within the same bound against the CPU.
-                    gpu_b.set_mmq_zgrid(false);
-                    let mut yz = gpu_b.act(n, mat.rows).unwrap();
-                    gpu_b.matmul(&wg, &xg, &mut yz).unwrap();
+                    // With the f16 prompt products off (gemm16), the integer kernels take
+                    // these products: grid layers of 64 tokens in one launch (the default),
+                    // and a launch per 64 tokens (its own column split): within the same bound
+                    // against the CPU.
+                    gpu_b.set_gemm16(false);
+                    for zgrid in [true, false] {
+                        gpu_b.set_mmq_zgrid(zgrid);
+                        let mut yz = gpu_b.act(n, mat.rows).unwrap();
+                        gpu_b.matmul(&wg, &xg, &mut yz).unwrap();
+                        let yz = gpu_b.read(&yz).unwrap();
+                        let err = max_rel_err(&yz, &yc.data);
+                        report.push(format!(
+                            "{layout:<5} {}x{} n={n:<3} integer kernels, {}: max rel err {err:.2e}",
+                            mat.rows,
+                            mat.cols,
+                            if zgrid { "one launch" } else { "a launch per 64 tokens" }
+                        ));
+                        assert!(
+                            yz.iter().all(|v| v.is_finite()) && err < 2e-5,
+                            "{layout} n={n} integer kernels zgrid={zgrid}: {err}"
+                        );
+                    }
                     gpu_b.set_mmq_zgrid(true);
-                    let yz = gpu_b.read(&yz).unwrap();
-                    let err = max_rel_err(&yz, &yc.data);
-                    report.push(format!(
-                        "{layout:<5} {}x{} n={n:<3} a launch per 64 tokens: max rel err {err:.2e}",
-                        mat.rows, mat.cols
-                    ));
-                    assert!(err < 2e-5, "{layout} n={n} a launch per 64: {err}");
+                    gpu_b.set_gemm16(true);
                 }
                 if !invariant && n == 1 && matches!(layout, "q4_k" | "q6_k") {
                     // One token, two digit planes (`--mode fast`, the x-stationary kernels'
@@ -398,6 +409,27 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     }
                     gpu_b.set_mmq_pairs(true);
                 }
+                if !invariant && n > 64 {
+                    // More than 64 tokens: the f16 tensor-core products (gemm16) in the
+                    // accurate mode's split form (y, checked below; F32 weights keep f32
+                    // cuBLAS), and here in `--mode fast`'s one f16 product: every weight and
+                    // activation rounded to f16 (2^-12 of itself) after its power-of-two scale,
+                    // within 2^-9 of the largest output.
+                    gpu_b.set_fast_mode(true).unwrap();
+                    let mut yf = gpu_b.act(n, mat.rows).unwrap();
+                    gpu_b.matmul(&wg, &xg, &mut yf).unwrap();
+                    gpu_b.set_fast_mode(false).unwrap();
+                    let yf = gpu_b.read(&yf).unwrap();
+                    let ef = max_rel_err(&yf, &yc.data);
+                    report.push(format!(
+                        "{layout:<5} {}x{} n={n:<3} fast (one f16 product): max rel err {ef:.2e}",
+                        mat.rows, mat.cols
+                    ));
+                    assert!(
+                        yf.iter().all(|v| v.is_finite()) && ef < 2f32.powi(-9),
+                        "{layout} n={n} fast f16 product: {ef}"
+                    );
+                }
                 let err = max_rel_err(&y, &yc.data);
                 report.push(format!(
                     "{layout:<5} {}x{} n={n:<3} max rel err {err:.2e}{}",
@@ -405,7 +437,10 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     mat.cols,
                     if invariant { " (batch-invariant)" } else { "" }
                 ));
-                assert!(err < 2e-5, "{layout} n={n}: {err}");
+                assert!(
+                    y.iter().all(|v| v.is_finite()) && err < 2e-5,
+                    "{layout} n={n}: {err}"
+                );
             }
         }
     }
@@ -688,6 +723,17 @@ fn wide_synthetic_models_match_the_cpu() {
             dec.step(&mut s.kv, t, Some(&mut l)).unwrap();
             decode.extend_from_slice(&l);
         }
+        // The prompt again on the f16 tensor-core products (gemm16, split), the threshold
+        // lowered so that 40 tokens take them.
+        let g16 = CudaBackend::new(0).unwrap();
+        g16.set_gemm16_min_tokens(8);
+        let gpu16 = MuseGlimmer::load(&file, g16).unwrap();
+        let prompt16 = Session::new(&gpu16, KvType::F32, 256)
+            .unwrap()
+            .feed(&toks, 512, Logits::All)
+            .unwrap();
+        drop(gpu16);
+        let d16 = max_dls(&prompt16, &want, n_vocab);
         let (dp, dd) = (
             max_dls(&prompt, &want, n_vocab),
             max_dls(&decode, &want, n_vocab),
@@ -703,14 +749,14 @@ fn wide_synthetic_models_match_the_cpu() {
             g_next = dec.step(&mut s.kv, g_next, None).unwrap();
         }
         println!(
-            "{preset} ({}x{}): prompt {dp:.2e} decode {dd:.2e} greedy16 {}",
+            "{preset} ({}x{}): prompt {dp:.2e} (f16 products {d16:.2e}) decode {dd:.2e} greedy16 {}",
             p.n_embd,
             p.n_ff,
             if cg == gg { "identical" } else { "DIFFER" }
         );
         assert!(
-            dp <= 1e-3 && dd <= 1e-3,
-            "{preset}: prompt {dp:.2e} decode {dd:.2e}"
+            dp <= 1e-3 && dd <= 1e-3 && d16 <= 1e-3,
+            "{preset}: prompt {dp:.2e} (f16 products {d16:.2e}) decode {dd:.2e}"
         );
         assert_eq!(cg, gg, "{preset}: greedy tokens differ");
     }
@@ -762,6 +808,53 @@ fn fast_mode_prompts_stay_within_its_tolerance() {
         ));
         if !(d <= bound) {
             failures.push(format!("{name}: {d:.2e} > {bound:.1e}"));
+        }
+    }
+    println!("{}", rows.join("\n"));
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The f16 tensor-core prompt products (gemm16) on every fixture: with the token threshold
+/// lowered so the 64-token prompt takes them, the accurate mode's split form must meet the
+/// accurate bounds against the CPU (F32 cache; as cuda_matches_cpu_accurate_on_every_fixture),
+/// and `--mode fast`'s one f16 product the fast mode's tolerance.
+#[test]
+fn f16_prompt_products_meet_each_modes_bound() {
+    let Some(_) = gpu() else { return };
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for name in names() {
+        let file =
+            ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).expect("open");
+        let cpu =
+            MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
+        let toks = tokens(&name);
+        let want = Session::new(&cpu, KvType::F32, 256)
+            .unwrap()
+            .feed(&toks, 512, Logits::All)
+            .unwrap();
+        for fast in [false, true] {
+            let g = CudaBackend::new(0).unwrap();
+            g.set_fast_mode(fast).unwrap();
+            g.set_gemm16_min_tokens(8);
+            let gpu = MuseGlimmer::load(&file, g).unwrap();
+            let got = Session::new(&gpu, KvType::F32, 256)
+                .unwrap()
+                .feed(&toks, 512, Logits::All)
+                .unwrap();
+            let d = max_dls(&got, &want, cpu.config.n_vocab);
+            let bound = if fast {
+                sensitivity(&name) * 2f64.powi(-10)
+            } else if tame_sensitivity(&name) {
+                1e-4
+            } else {
+                1e-3
+            };
+            let what = if fast { "fast, one f16 product" } else { "accurate, split f16" };
+            rows.push(format!("{name:<14} {what}: {d:.2e} (bound {bound:.1e})"));
+            if !(d <= bound) {
+                failures.push(format!("{name} {what}: {d:.2e} > {bound:.1e}"));
+            }
         }
     }
     println!("{}", rows.join("\n"));
