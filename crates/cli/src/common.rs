@@ -26,8 +26,10 @@ pub struct ModelOpts {
     pub model: Option<PathBuf>,
     /// Numeric mode: accurate (exact dequantization, f32), parity (llama.cpp's CPU arithmetic),
     /// cuda-parity (accurate, with llama.cpp's CUDA one-token products: q8_1 activations, f16
-    /// sums for F16 weights; CPU or one GPU), or fast (CUDA only: Q4_K/Q6_K products with activations to within 2^-14 of their block's
-    /// largest value (two digit planes, one token and several), other formats' prompts on TF32).
+    /// sums for F16 weights; CPU or one GPU), or fast (CUDA only: products of more than 64
+    /// tokens with weights and activations rounded to f16, f32 sums; Q4_K/Q6_K products of up to
+    /// 64 tokens with activations to within 2^-14 of their block's largest value (two digit
+    /// planes)).
     #[arg(long, default_value = "accurate")]
     pub mode: String,
     /// KV cache element type: f32, f16, bf16 or q8_0.
@@ -47,6 +49,11 @@ pub struct ModelOpts {
     /// (costs single-sequence decode speed: one token also runs on the tensor-core kernels).
     #[arg(long = "batch-invariant")]
     pub batch_invariant: bool,
+    /// CUDA, `--mode fast`: keep an f16 copy of each matrix that multiplies more than 64 tokens
+    /// at once (2 bytes per weight more device memory, 60 GB for the 30B), so prompts and large
+    /// batches read f16 weights instead of dequantizing them every time.
+    #[arg(long = "f16-weights")]
+    pub f16_weights: bool,
 }
 
 /// A loaded model on one of the backends.
@@ -121,6 +128,9 @@ impl ModelOpts {
         // `fast` is accurate everywhere but in the CUDA products of several tokens (two-plane
         // int8 tensor-core kernels; TF32 for the formats without them).
         let fast = self.mode == "fast";
+        if self.f16_weights && !(fast && device.is_some()) {
+            return Err("--f16-weights keeps f16 copies for --mode fast on CUDA (with --device cuda --mode fast)".into());
+        }
         if fast && device.is_none() {
             return Err("--mode fast is a CUDA mode (coarser activations in products of several tokens); the CPU has accurate, parity and cuda-parity".into());
         }
@@ -169,6 +179,9 @@ impl ModelOpts {
                     .collect::<Result<Vec<_>, _>>()?;
                 for r in &ranks {
                     r.set_fast_mode(fast)?;
+                    if self.f16_weights {
+                        r.set_f16_weights(true);
+                    }
                     r.set_batch_invariant(self.batch_invariant);
                 }
                 let nccl = Box::new(muser_cuda::nccl::NcclAllReduce::new(&ranks)?);
@@ -196,6 +209,9 @@ impl ModelOpts {
                 CudaBackend::supports(&file.config)?;
                 let backend = CudaBackend::new(ordinal)?;
                 backend.set_fast_mode(fast)?;
+                if self.f16_weights {
+                    backend.set_f16_weights(true);
+                }
                 backend.set_cuda_parity(mode == NumericMode::CudaParity);
                 backend.set_batch_invariant(self.batch_invariant);
                 Loaded::Cuda(MuseGlimmer::load_with_progress(

@@ -72,6 +72,9 @@ pub struct CudaMatrix {
     /// The largest |w| (f32 bits), for the f16 prompt products' scale (kernels/dequant.cu
     /// `w16_max`, computed once at upload).
     wmax: CudaSlice<u32>,
+    /// `--f16-weights`: the matrix in f16 (`gemm16`'s hi, its scale 2^A), made at its first
+    /// product in `--mode fast` on the f16 tensor cores and kept.
+    w16: std::sync::OnceLock<CudaSlice<u16>>,
 }
 
 /// Activations on the device: `rows` of `cols` f32, room for `cap` rows, and the sums of 8
@@ -336,6 +339,10 @@ pub struct CudaBackend {
     /// Token count above which `gemm16` takes a product (`MUSER_GEMM16_MIN`, default 64: batched
     /// decode steps keep the exact integer kernels).
     gemm16_min: std::sync::atomic::AtomicUsize,
+    /// `--f16-weights` (`MUSER_F16_WEIGHTS=1`): in `--mode fast`, each matrix that `gemm16`
+    /// multiplies keeps an f16 copy (2 bytes per weight, made once), so that its products of
+    /// many tokens read f16 weights instead of dequantizing every time.
+    f16_weights: std::sync::atomic::AtomicBool,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
     /// Staged kernels whose shared-memory limit has been raised (once each).
@@ -419,6 +426,7 @@ impl CudaBackend {
             mmq_staged: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_STAGED", "0")),
             smem_optin,
             gemm16: std::sync::atomic::AtomicBool::new(!env_is("MUSER_GEMM16", "0")),
+            f16_weights: std::sync::atomic::AtomicBool::new(env_is("MUSER_F16_WEIGHTS", "1")),
             gemm16_min: std::sync::atomic::AtomicUsize::new(
                 std::env::var("MUSER_GEMM16_MIN")
                     .ok()
@@ -455,6 +463,14 @@ impl CudaBackend {
     /// The f16 tensor-core products for prompts (`gemm16`): on by default, `MUSER_GEMM16=0` off.
     pub fn set_gemm16(&self, on: bool) {
         self.gemm16.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
+    }
+
+    /// `--f16-weights`: in `--mode fast`, keep an f16 copy of each matrix `gemm16` multiplies
+    /// (made at its first such product; 2 bytes per weight of device memory).
+    pub fn set_f16_weights(&self, on: bool) {
+        self.f16_weights
+            .store(on, std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
     }
 
@@ -1762,10 +1778,6 @@ impl CudaBackend {
     /// C = 2^-(A+B) hi.hi, and with `split` C += 2^-(A+B+11) [hi lo].[lo hi] (one product over
     /// 2 cols: hi.lo + lo.hi).
     fn gemm16(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct, split: bool) -> Result<()> {
-        use cudarc::cublas::sys::{
-            cublasComputeType_t, cublasGemmAlgo_t, cublasGemmEx, cublasPointerMode_t,
-            cublasStatus_t, cudaDataType,
-        };
         let (n, cols) = (x.rows, w.cols);
         let ld = if split { 2 * cols } else { cols };
         let slab = (GEMM16_SLAB_BYTES / (2 * ld)).clamp(1, w.rows);
@@ -1774,7 +1786,6 @@ impl CudaBackend {
             .as_mut()
             .ok_or_else(|| Error::Backend("no scratch".into()))?;
         self.grow(&mut s.x16, n * ld)?;
-        self.grow(&mut s.w16, slab * ld)?;
         let st = &self.stream;
         st.memset_zeros(&mut s.x16max).map_err(dev("memset"))?;
         {
@@ -1818,28 +1829,17 @@ impl CudaBackend {
             // alone) and the 4 floats of alpha16.
             unsafe { b.launch(cfg) }.map_err(dev("x16_split"))?;
         }
-        let (wp, _gw) = s.w16.device_ptr_mut(st);
-        let (w_hi, w_lo) = if split {
-            (wp, wp + 2 * cols as u64)
-        } else {
-            (wp, 0u64)
-        };
-        let (ap, _ga) = s.alpha16.device_ptr(st);
-        let (op, _go) = out.data.device_ptr_mut(st);
-        let handle = *self.blas.handle();
-        // SAFETY: the handle is this backend's, bound to its stream; every pointer below
-        // stays valid while the guards above live (until this function returns).
-        let st_mode =
-            unsafe { cudarc::cublas::sys::cublasSetPointerMode_v2(handle, cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE) };
-        if st_mode != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return Err(Error::Backend(format!("cublasSetPointerMode: {st_mode:?}")));
-        }
-        let run = || -> Result<()> {
-            let f = self.f("w16_rows")?;
-            let mut r0 = 0usize;
-            while r0 < w.rows {
-                let nr = slab.min(w.rows - r0);
-                let (cols_i, row0, nr_i, ld_i) = (cols as i32, r0 as i64, nr as i32, ld as i64);
+        // `--f16-weights` (fast form only): the matrix's kept f16 copy, made now if it has none
+        // (not while a graph is recorded: allocation stays outside graphs; without room on
+        // the device the slabs below do the work).
+        if !split
+            && w.w16.get().is_none()
+            && self.f16_weights.load(std::sync::atomic::Ordering::Relaxed)
+            && !self.capturing.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            if let Ok(mut full) = st.alloc_zeros::<u16>(w.rows * cols) {
+                let f = self.f("w16_rows")?;
+                let (cols_i, row0, nr_i, ld_i) = (cols as i32, 0i64, w.rows as i32, cols as i64);
                 let mut b = st.launch_builder(&f);
                 b.arg(&w.data)
                     .arg(&w.fmt)
@@ -1848,65 +1848,132 @@ impl CudaBackend {
                     .arg(&row0)
                     .arg(&nr_i)
                     .arg(&w.wmax)
-                    .arg(&w_hi)
-                    .arg(&w_lo)
+                    .arg(&mut full)
+                    .arg(&0u64)
                     .arg(&ld_i);
                 let cfg = LaunchConfig {
-                    grid_dim: (col_blocks, (nr as u32).clamp(1, 65_535), 1),
+                    grid_dim: (col_blocks, (w.rows as u32).clamp(1, 65_535), 1),
                     block_dim: (threads, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: reads rows r0..r0+nr of the matrix, writes nr rows of ld halfs into
-                // w16 (grown to slab * ld above; lo at offset cols of each row when split).
+                // SAFETY: reads every row of the matrix, writes rows x cols halfs into `full`
+                // (allocated to that size just above); no lo.
                 unsafe { b.launch(cfg) }.map_err(dev("w16_rows"))?;
-                // C (nr x n, column-major, ldc = w.rows, from row r0 of out's first token) =
-                // alpha op(A) op(B), A = the slab (row-major nr x k, so transposed), B = x16.
-                let c = op + 4 * r0 as u64;
-                let gemm = |k: usize, a: u64, bx: u64, alpha: u64, beta: u64| -> Result<()> {
-                    // SAFETY: A is nr rows of k halfs at lda = ld from a, B n rows of k halfs at
-                    // ldb = ld from bx (both within the slabs grown above), C nr x n floats at
-                    // ldc = w.rows from row r0 of out (n x w.rows, checked by matmul), alpha
-                    // and beta one f32 each on the device (pointer mode set above).
-                    let r = unsafe {
-                        cublasGemmEx(
-                            handle,
-                            cublasOperation_t::CUBLAS_OP_T,
-                            cublasOperation_t::CUBLAS_OP_N,
-                            nr as i32,
-                            n as i32,
-                            k as i32,
-                            alpha as *const std::ffi::c_void,
-                            a as *const std::ffi::c_void,
-                            cudaDataType::CUDA_R_16F,
-                            ld as i32,
-                            bx as *const std::ffi::c_void,
-                            cudaDataType::CUDA_R_16F,
-                            ld as i32,
-                            beta as *const std::ffi::c_void,
-                            c as *mut std::ffi::c_void,
-                            cudaDataType::CUDA_R_32F,
-                            w.rows as i32,
-                            cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                            cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
-                        )
-                    };
-                    if r != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-                        return Err(Error::Backend(format!("cublasGemmEx: {r:?}")));
-                    }
-                    Ok(())
-                };
-                gemm(cols, w_hi, x_hi, ap, ap + 8)?;
-                if split {
-                    gemm(2 * cols, w_hi, xp, ap + 4, ap + 12)?;
-                }
-                r0 += nr;
+                let _ = w.w16.set(full);
             }
-            Ok(())
+        }
+        if let (false, Some(full)) = (split, w.w16.get()) {
+            let (a, _g) = full.device_ptr(st);
+            let (ap, _ga) = s.alpha16.device_ptr(st);
+            let (op, _go) = out.data.device_ptr_mut(st);
+            return self.gemm16_call(w.rows, n, cols, cols, a, x_hi, ap, ap + 8, op, w.rows);
+        }
+        self.grow(&mut s.w16, slab * ld)?;
+        let (wp, _gw) = s.w16.device_ptr_mut(st);
+        let (w_hi, w_lo) = if split {
+            (wp, wp + 2 * cols as u64)
+        } else {
+            (wp, 0u64)
         };
-        let res = run();
-        // SAFETY: as above; back to host pointers for every other cuBLAS call.
-        unsafe { cudarc::cublas::sys::cublasSetPointerMode_v2(handle, cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST) };
-        res
+        let (ap, _ga) = s.alpha16.device_ptr(st);
+        let (op, _go) = out.data.device_ptr_mut(st);
+        let f = self.f("w16_rows")?;
+        let mut r0 = 0usize;
+        while r0 < w.rows {
+            let nr = slab.min(w.rows - r0);
+            let (cols_i, row0, nr_i, ld_i) = (cols as i32, r0 as i64, nr as i32, ld as i64);
+            let mut b = st.launch_builder(&f);
+            b.arg(&w.data)
+                .arg(&w.fmt)
+                .arg(&w.nbt)
+                .arg(&cols_i)
+                .arg(&row0)
+                .arg(&nr_i)
+                .arg(&w.wmax)
+                .arg(&w_hi)
+                .arg(&w_lo)
+                .arg(&ld_i);
+            let cfg = LaunchConfig {
+                grid_dim: (col_blocks, (nr as u32).clamp(1, 65_535), 1),
+                block_dim: (threads, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads rows r0..r0+nr of the matrix, writes nr rows of ld halfs into w16
+            // (grown to slab * ld above; lo at offset cols of each row when split).
+            unsafe { b.launch(cfg) }.map_err(dev("w16_rows"))?;
+            // C: from row r0 of out's first token (out is n x w.rows floats).
+            let c = op + 4 * r0 as u64;
+            self.gemm16_call(nr, n, cols, ld, w_hi, x_hi, ap, ap + 8, c, w.rows)?;
+            if split {
+                // [hi lo] . [lo hi] over 2 cols, times 2^-(A+B+11), added (beta = 1).
+                self.gemm16_call(nr, n, 2 * cols, ld, w_hi, xp, ap + 4, ap + 12, c, w.rows)?;
+            }
+            r0 += nr;
+        }
+        Ok(())
+    }
+
+    /// C = alpha A^T B + beta C with cublasGemmEx: A `m` rows of `k` halfs at `a` (leading
+    /// dimension `ld`), B `n` rows of `k` halfs at `b` (the same `ld`), C `n` rows of floats at
+    /// `c` (leading dimension `ldc`, m of each written), alpha and beta one f32 each on the
+    /// device, f32 accumulation.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm16_call(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        ld: usize,
+        a: u64,
+        b: u64,
+        alpha: u64,
+        beta: u64,
+        c: u64,
+        ldc: usize,
+    ) -> Result<()> {
+        use cudarc::cublas::sys::{
+            cublasComputeType_t, cublasGemmAlgo_t, cublasGemmEx, cublasPointerMode_t,
+            cublasSetPointerMode_v2, cublasStatus_t, cudaDataType,
+        };
+        let handle = *self.blas.handle();
+        let to_i32 = |v: usize| {
+            i32::try_from(v).map_err(|_| Error::Backend(format!("gemm16: {v} exceeds i32")))
+        };
+        let (mi, ni, ki, ldi, ldci) = (to_i32(m)?, to_i32(n)?, to_i32(k)?, to_i32(ld)?, to_i32(ldc)?);
+        // SAFETY: the handle is this backend's, bound to its stream. The caller guarantees A,
+        // B, C, alpha and beta as documented, valid until the stream runs this product (their
+        // buffers outlive the call: scratch, the matrix, the output). The pointer mode goes
+        // back to host pointers for every other cuBLAS call.
+        let r = unsafe {
+            cublasSetPointerMode_v2(handle, cublasPointerMode_t::CUBLAS_POINTER_MODE_DEVICE);
+            let r = cublasGemmEx(
+                handle,
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                mi,
+                ni,
+                ki,
+                alpha as *const std::ffi::c_void,
+                a as *const std::ffi::c_void,
+                cudaDataType::CUDA_R_16F,
+                ldi,
+                b as *const std::ffi::c_void,
+                cudaDataType::CUDA_R_16F,
+                ldi,
+                beta as *const std::ffi::c_void,
+                c as *mut std::ffi::c_void,
+                cudaDataType::CUDA_R_32F,
+                ldci,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+            );
+            cublasSetPointerMode_v2(handle, cublasPointerMode_t::CUBLAS_POINTER_MODE_HOST);
+            r
+        };
+        if r != cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Err(Error::Backend(format!("cublasGemmEx: {r:?}")));
+        }
+        Ok(())
     }
 
     fn gemm(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct) -> Result<()> {
@@ -2278,6 +2345,7 @@ impl Backend for CudaBackend {
             nbt: matrix::n_blocks(m.ty, m.rows, m.cols) as i64,
             data,
             wmax: self.stream.alloc_zeros(1).map_err(dev("alloc"))?,
+            w16: std::sync::OnceLock::new(),
         };
         {
             let f = self.f("w16_max")?;

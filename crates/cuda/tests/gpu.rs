@@ -429,6 +429,35 @@ fn matvec_kernels_match_the_cpu_per_format() {
                         yf.iter().all(|v| v.is_finite()) && ef < 2f32.powi(-9),
                         "{layout} n={n} fast f16 product: {ef}"
                     );
+                    // `--f16-weights`: the matrix's kept f16 copy (made at the first product,
+                    // then reused): the same f16 values as the slabs, so the same bound.
+                    gpu_b.set_fast_mode(true).unwrap();
+                    gpu_b.set_f16_weights(true);
+                    let wk = gpu_b.matrix(&file.gguf, mat).unwrap();
+                    let mut outs = Vec::new();
+                    for _ in 0..2 {
+                        let mut yk = gpu_b.act(n, mat.rows).unwrap();
+                        gpu_b.matmul(&wk, &xg, &mut yk).unwrap();
+                        outs.push(gpu_b.read(&yk).unwrap());
+                    }
+                    gpu_b.set_f16_weights(false);
+                    gpu_b.set_fast_mode(false).unwrap();
+                    let ek = max_rel_err(&outs[1], &yc.data);
+                    let same_bits = |a: &[f32], b: &[f32]| {
+                        a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
+                    };
+                    report.push(format!(
+                        "{layout:<5} {}x{} n={n:<3} fast, kept f16 weights: max rel err {ek:.2e}, bits as the slabs': {}",
+                        mat.rows,
+                        mat.cols,
+                        same_bits(&outs[1], &yf)
+                    ));
+                    assert!(
+                        outs[1].iter().all(|v| v.is_finite())
+                            && ek < 2f32.powi(-9)
+                            && same_bits(&outs[0], &outs[1]),
+                        "{layout} n={n} kept f16 weights: {ek}, or the second product differs from the first"
+                    );
                 }
                 let err = max_rel_err(&y, &yc.data);
                 report.push(format!(
