@@ -384,7 +384,26 @@ pub fn run(a: Args) -> CliResult {
     if a.profile {
         if let Loaded::Cuda(m) = &loaded {
             profile_decode(m, kv, 4)?;
+            if let Some(&np) = a.n_prompt.iter().find(|&&n| n > 0) {
+                profile_prompt(m, kv, np, a.ubatch)?;
+            }
         }
     }
     Ok(())
+}
+
+/// One prompt of `np` tokens (micro-batches of `ubatch`) with every operation timed (CUDA
+/// events, eager), after one untimed prompt that makes the buffers.
+fn profile_prompt(
+    m: &MuseGlimmer<muser_cuda::CudaBackend>,
+    kv: KvType,
+    np: usize,
+    ubatch: usize,
+) -> Result<(), muser_engine::Error> {
+    let toks = random_tokens(&mut Rng::new(1), np, m.config.n_vocab);
+    Session::new(m, kv, np)?.feed(&toks, ubatch.min(np), Logits::Last)?;
+    let mut s = Session::new(m, kv, np)?;
+    m.backend.set_profiling(true);
+    s.feed(&toks, ubatch.min(np), Logits::Last)?;
+    print_profile(m, &format!("per prompt of {np} tokens (micro-batches of {ubatch})"), 1)
 }

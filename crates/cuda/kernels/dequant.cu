@@ -88,26 +88,31 @@ extern "C" __global__ void get_rows(const u8* w, int fmt, long long nbt, int col
 //
 // A weight w (dequantized exactly, dq_elem's arithmetic) and an activation x are carried in f16
 // after a power-of-two scale each: v = w 2^A with A from the matrix's largest |w| (`w16_max`,
-// once per matrix), u = x 2^B with B from the micro-batch's largest |x| (`x16_max`), both so
-// that the largest value is below 2^14: no f16 overflows, and everything within 2^-28 of the
-// largest value is a normal f16. hi = f16(v); with the split, also lo = f16((v - hi) 2^11)
-// (v - hi is exact in f32): hi + lo 2^-11 holds v to about 2^-22 of itself. Products (f32
-// accumulation on the tensor cores, then times alpha = 2^-(A+B), a power of two):
+// once per matrix), u = x 2^B_t with B_t from token t's largest |x| (`x16_rowmax`: per token,
+// because the sandwich post-norm rescales each token's output, so each token needs its own
+// relative precision; a scale shared by the micro-batch lost the small tokens' digits to f16
+// subnormals, 1.4e-2 on the "mid" synthetic model, gpu.rs, H200, 2026-11-30), both so that the
+// largest value is below 2^14: no f16 overflows, and everything within 2^-28 of the largest
+// value is a normal f16. hi = f16(v); with the split, also lo = f16((v - hi) 2^11) (v - hi is
+// exact in f32): hi + lo 2^-11 holds v to about 2^-22 of itself. Products (f32 accumulation on
+// the tensor cores, times alpha = 2^-A in cuBLAS, then times 2^-B_t per token, `y16_unscale`;
+// powers of two):
 // - fast: hi.hi, each factor to 2^-12 of itself;
 // - split: hi.hi + 2^-11 (hi.lo + lo.hi), each term to about 2^-21 of itself (lo.lo left out:
 //   below 2^-22).
-// The scales never change a value's bits beyond those roundings (powers of two, clamped to
-// 2^+-60 so that alpha stays a normal f32; a matrix or a batch whose largest value is below
-// 2^-46 or above 2^74 loses its smallest values to f16's subnormals or overflows as f32 would).
+// The scales never change a value's bits beyond those roundings (powers of two; A is clamped to
+// 2^+-60 so that alpha stays a normal f32, B_t to 2^+-120; a matrix whose largest weight is
+// below 2^-46 or above 2^74 loses its smallest values to f16's subnormals or overflows as f32
+// would).
 
 // The exponent S with m 2^S < 2^14 (m >= 0, the largest value; 0 for 0, NaN or Inf: those
 // propagate as a float product would).
-__device__ __forceinline__ int f16_shift(u32 maxbits) {
+__device__ __forceinline__ int f16_shift(u32 maxbits, int lim) {
     const float m = __uint_as_float(maxbits);
     if (!(m <= 3.0e38f) || m == 0.0f) return 0;
     int E;
     frexpf(m, &E);  // m = f 2^E, f in [0.5, 1): m < 2^E
-    return min(max(14 - E, -60), 60);
+    return min(max(14 - E, -lim), lim);
 }
 
 // Largest |w| of a matrix into *out (f32 bits: non-negative floats order as their bits; a NaN's
@@ -183,7 +188,7 @@ __device__ __forceinline__ void put16(const float (&v)[8], float up, u16* hi, u1
 // slab row r. grid (cols / 8 / blockDim.x rounded up, up to 65535 row steps).
 extern "C" __global__ void w16_rows(const u8* w, int fmt, long long nbt, int cols, long long row0, int nrows,
                                     const u32* wmax, u16* hi, u16* lo, long long ld) {
-    const float up = ldexpf(1.0f, f16_shift(*wmax));
+    const float up = ldexpf(1.0f, f16_shift(*wmax, 60));
     const int c0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
     if (c0 >= cols) return;
     const long long bpr = cols / fmt_block(fmt);
@@ -194,39 +199,55 @@ extern "C" __global__ void w16_rows(const u8* w, int fmt, long long nbt, int col
     }
 }
 
-// Largest |x| of n values (n a multiple of 4) into *out (as w16_max; *out must start at 0).
-extern "C" __global__ void x16_max(const float* __restrict__ x, long long n, u32* out) {
+// Each token's largest |x| (rows x cols f32, cols a multiple of 4) into out[t] (f32 bits, as
+// w16_max). One block of 256 threads per token.
+extern "C" __global__ void __launch_bounds__(256) x16_rowmax(const float* __restrict__ x, int cols, u32* out) {
+    __shared__ u32 wm[8];
+    const float* xr = x + (long long)blockIdx.x * cols;
     u32 m = 0;
-    for (long long i = 4 * (blockIdx.x * (long long)blockDim.x + threadIdx.x); i < n; i += 4LL * gridDim.x * blockDim.x) {
-        const float4 a = *(const float4*)(x + i);
+    for (int c = 4 * threadIdx.x; c < cols; c += 4 * blockDim.x) {
+        const float4 a = *(const float4*)(xr + c);
         m = max(m, max(max(__float_as_uint(a.x) & 0x7fffffffu, __float_as_uint(a.y) & 0x7fffffffu),
                        max(__float_as_uint(a.z) & 0x7fffffffu, __float_as_uint(a.w) & 0x7fffffffu)));
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) atomicMax(out, m);
+    if ((threadIdx.x & 31) == 0) wm[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < (int)(blockDim.x >> 5); i++) m = max(m, wm[i]);
+        out[blockIdx.x] = max(m, wm[0]);
+    }
 }
 
-// The micro-batch's activations (rows x cols f32) into hi[t ld + c] (and lo), scaled by 2^B;
-// block (0, 0) writes the products' factors: alpha[0] = 2^-(A+B) (hi.hi), alpha[1] =
-// 2^-(A+B+11) (the lo terms), alpha[2] = 0 and alpha[3] = 1 (cuBLAS's beta: write, add).
+// The micro-batch's activations (rows x cols f32) into hi[t ld + c] (and lo), token t scaled by
+// 2^B_t; block (0, 0) writes the products' factors: alpha[0] = 2^-A (hi.hi), alpha[1] = 2^-(A+11)
+// (the lo terms), alpha[2] = 0 and alpha[3] = 1 (cuBLAS's beta: write, add).
 extern "C" __global__ void x16_split(const float* __restrict__ x, int rows, int cols, const u32* xmax, const u32* wmax,
                                      u16* hi, u16* lo, long long ld, float* alpha) {
-    const int B = f16_shift(*xmax);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
-        const int A = f16_shift(*wmax);
-        alpha[0] = ldexpf(1.0f, -(A + B));
-        alpha[1] = ldexpf(1.0f, -(A + B + 11));
+        const int A = f16_shift(*wmax, 60);
+        alpha[0] = ldexpf(1.0f, -A);
+        alpha[1] = ldexpf(1.0f, -(A + 11));
         alpha[2] = 0.0f;
         alpha[3] = 1.0f;
     }
     const int c0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
     if (c0 >= cols) return;
-    const float up = ldexpf(1.0f, B);
     for (int t = blockIdx.y; t < rows; t += gridDim.y) {
+        const float up = ldexpf(1.0f, f16_shift(xmax[t], 120));
         const float4 a = *(const float4*)(x + (long long)t * cols + c0);
         const float4 b = *(const float4*)(x + (long long)t * cols + c0 + 4);
         const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
         put16(v, up, hi + (long long)t * ld + c0, lo ? lo + (long long)t * ld + c0 : (u16*)0);
+    }
+}
+
+// y[t][r] *= 2^-B_t (rows tokens of width floats): the activations' per-token scale undone.
+extern "C" __global__ void y16_unscale(float* y, int rows, int width, const u32* xmax) {
+    for (int t = blockIdx.y; t < rows; t += gridDim.y) {
+        const float down = ldexpf(1.0f, -f16_shift(xmax[t], 120));
+        float* yr = y + (long long)t * width;
+        for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < width; r += gridDim.x * blockDim.x) yr[r] *= down;
     }
 }

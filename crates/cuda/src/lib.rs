@@ -339,6 +339,9 @@ pub struct CudaBackend {
     /// Token count above which `gemm16` takes a product (`MUSER_GEMM16_MIN`, default 64: batched
     /// decode steps keep the exact integer kernels).
     gemm16_min: std::sync::atomic::AtomicUsize,
+    /// The token count above which `gemm16` takes a product with `--f16-weights` in `--mode
+    /// fast` (`MUSER_GEMM16_MIN_KEPT`, default 48).
+    gemm16_min_kept: std::sync::atomic::AtomicUsize,
     /// `--f16-weights` (`MUSER_F16_WEIGHTS=1`): in `--mode fast`, each matrix that `gemm16`
     /// multiplies keeps an f16 copy (2 bytes per weight, made once), so that its products of
     /// many tokens read f16 weights instead of dequantizing every time.
@@ -427,6 +430,12 @@ impl CudaBackend {
             smem_optin,
             gemm16: std::sync::atomic::AtomicBool::new(!env_is("MUSER_GEMM16", "0")),
             f16_weights: std::sync::atomic::AtomicBool::new(env_is("MUSER_F16_WEIGHTS", "1")),
+            gemm16_min_kept: std::sync::atomic::AtomicUsize::new(
+                std::env::var("MUSER_GEMM16_MIN_KEPT")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(48),
+            ),
             gemm16_min: std::sync::atomic::AtomicUsize::new(
                 std::env::var("MUSER_GEMM16_MIN")
                     .ok()
@@ -1762,8 +1771,16 @@ impl CudaBackend {
     fn gemm16_route(&self, w: &CudaMatrix, rows: usize) -> Option<bool> {
         use std::sync::atomic::Ordering::Relaxed;
         let fast = self.fast_mode.load(Relaxed);
+        // With kept f16 weights a product reads 2 bytes per weight and dequantizes nothing:
+        // it overtakes the two-plane integer kernels between 32 tokens (1,273 against 1,409
+        // tokens/s aggregate at 32 sequences) and 64 (2,113 against 1,654; H200, 2026-11-30).
+        let min = if fast && self.f16_weights.load(Relaxed) {
+            self.gemm16_min_kept.load(Relaxed)
+        } else {
+            self.gemm16_min.load(Relaxed)
+        };
         let on = self.gemm16.load(Relaxed)
-            && rows > self.gemm16_min.load(Relaxed)
+            && rows > min
             && !self.invariant()
             && !self.cuda_parity.load(Relaxed)
             && w.cols % 8 == 0
@@ -1786,16 +1803,22 @@ impl CudaBackend {
             .as_mut()
             .ok_or_else(|| Error::Backend("no scratch".into()))?;
         self.grow(&mut s.x16, n * ld)?;
+        self.grow(&mut s.x16max, n)?;
         let st = &self.stream;
-        st.memset_zeros(&mut s.x16max).map_err(dev("memset"))?;
         {
-            let f = self.f("x16_max")?;
-            let total = (n * cols) as i64;
+            let f = self.f("x16_rowmax")?;
+            let cols_i = cols as i32;
             let mut b = st.launch_builder(&f);
-            b.arg(&x.data).arg(&total).arg(&mut s.x16max);
-            // SAFETY: reads n x cols floats of x (cols a multiple of 8), writes one word.
-            unsafe { b.launch(grid1((n * cols / 4).min(256 * 1024), 256)) }
-                .map_err(dev("x16_max"))?;
+            b.arg(&x.data).arg(&cols_i).arg(&mut s.x16max);
+            let cfg = LaunchConfig {
+                grid_dim: (n as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: one block per token (n <= MAX_UBATCH-sized activations, checked by
+            // matmul) reads its cols floats (a multiple of 8) and writes its word of x16max
+            // (grown to n above).
+            unsafe { b.launch(cfg) }.map_err(dev("x16_rowmax"))?;
         }
         let threads = 128u32;
         let col_blocks = (cols / 8).div_ceil(threads as usize) as u32;
@@ -1866,7 +1889,9 @@ impl CudaBackend {
             let (a, _g) = full.device_ptr(st);
             let (ap, _ga) = s.alpha16.device_ptr(st);
             let (op, _go) = out.data.device_ptr_mut(st);
-            return self.gemm16_call(w.rows, n, cols, cols, a, x_hi, ap, ap + 8, op, w.rows);
+            self.gemm16_call(w.rows, n, cols, cols, a, x_hi, ap, ap + 8, op, w.rows)?;
+            drop(_go);
+            return self.y16_unscale(out, &s.x16max);
         }
         self.grow(&mut s.w16, slab * ld)?;
         let (wp, _gw) = s.w16.device_ptr_mut(st);
@@ -1910,6 +1935,28 @@ impl CudaBackend {
             }
             r0 += nr;
         }
+        drop(_go);
+        self.y16_unscale(out, &s.x16max)
+    }
+
+    /// out[t][r] *= 2^-B_t: the activations' per-token scale (`x16_split`) undone.
+    fn y16_unscale(&self, out: &mut CudaAct, x16max: &CudaSlice<u32>) -> Result<()> {
+        let f = self.f("y16_unscale")?;
+        let (rows, width) = (out.rows as i32, out.cols as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&mut out.data).arg(&rows).arg(&width).arg(x16max);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (out.cols as u32).div_ceil(256).clamp(1, 1024),
+                (out.rows as u32).clamp(1, 65_535),
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: scales out's rows x cols floats in place, reading one word of x16max per row
+        // (the caller's x16_rowmax wrote out.rows of them).
+        unsafe { b.launch(cfg) }.map_err(dev("y16_unscale"))?;
         Ok(())
     }
 
