@@ -97,7 +97,8 @@ if has muser; then
   timeout 300 $B -p ${PP:-512,2048} -n ${TG:-128} --depth ${DEPTH:-0,4096} -r ${REPS:-3} ${BENCH_FLAGS:-} 2>&1 | tee -a "$log"
   [ -n "${QUICK:-}" ] || timeout 300 $B --mode fast -p ${PP:-512,2048} -n ${TG:-128} --depth ${DEEP:-4096,32768} -r 1 2>&1 | tee -a "$log"
   # QUICK with FAST=1: fast mode's prompts and decode at the start of the context.
-  [ -z "${QUICK:-}" ] || [ -z "${FAST:-}" ] || timeout 300 $B --mode fast -p ${PP:-512,2048} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee -a "$log"
+  # FAST_FLAGS: more flags for the fast runs (e.g. --f16-weights).
+  [ -z "${QUICK:-}" ] || [ -z "${FAST:-}" ] || timeout 300 $B --mode fast ${FAST_FLAGS:-} -p ${PP:-512,2048} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee -a "$log"
   if [ -n "${AB:-}" ]; then
     MUSER_MVQ=0 timeout 300 $B -p 0 -n ${TG:-128} -r ${REPS:-3} 2>&1 | sed 's/^| tg/| (MUSER_MVQ=0) tg/' | tee -a "$log"
     MUSER_FUSE=1 timeout 300 $B -p 0 -n ${TG:-128} -r ${REPS:-3} 2>&1 | sed 's/^| tg/| (MUSER_FUSE=1) tg/' | tee -a "$log"
@@ -109,9 +110,10 @@ if has batch; then
   # Batched decode like llama-batched-bench -npp 512 -ntg 128 -npl 32,64: Muser, then (with
   # BI=1) its batch-invariant mode.
   blog="$OUT/batched.log"; : > "$blog"
-  timeout 240 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel ${NPL:-32,64} ${BATCH_FLAGS:-} 2>&1 | tee -a "$blog"
+  # (FAST_ONLY=1: the fast run alone.)
+  [ -n "${FAST_ONLY:-}" ] || timeout 240 carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 0 --parallel ${NPL:-32,64} ${BATCH_FLAGS:-} 2>&1 | tee -a "$blog"
   # FAST=1: the same in --mode fast (two-plane tensor-core kernels for products of several tokens).
-  [ -z "${FAST:-}" ] || timeout 240 carry/bin/muser bench -m "$MODEL" --device cuda --mode fast -p 0 -n 0 --parallel ${NPL:-32,64} 2>&1 | sed 's/^| /| (fast) /' | tee -a "$blog"
+  [ -z "${FAST:-}" ] || timeout 240 carry/bin/muser bench -m "$MODEL" --device cuda --mode fast ${FAST_FLAGS:-} -p 0 -n 0 --parallel ${NPL:-32,64} 2>&1 | sed 's/^| /| (fast) /' | tee -a "$blog"
   # Variants at 64 sequences for comparison (VARIANTS: space-separated entries, each one or more
   # comma-separated VAR=VALUE, e.g. "MUSER_MMQ_PLANES=2 MUSER_MMQ_PLANES=2,MUSER_MMQ_OCC=2"; AB=1
   # adds the classic ones). Each is one `muser bench` with that environment.
