@@ -236,5 +236,231 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     ATTN_ENTRY(NREP, HD, KV_F16, f16)         \
     ATTN_ENTRY(NREP, HD, KV_BF16, bf16)       \
     ATTN_ENTRY(NREP, HD, KV_Q8_0, q8_0)
+
+// ---- Prompt attention on the tensor cores (f16 cache, one sequence per micro-batch) ----
+//
+// attn_tc: grid (n_kv_head, ceil(n_tok / TQ)), 4 warps. A block takes TQ = 64 / NREP
+// consecutive tokens of the micro-batch and all NREP query heads of one KV head: 64 rows (row r =
+// token r / NREP, head r % NREP), each warp 16 of them, and walks the union of their visible keys
+// in tiles of 64 (K as rows, V transposed, both f16 in shared memory, keys past the last
+// position zero), with `mma.sync.m16n8k16` f16 products and f32 accumulation:
+// - S = Q K^T: each row of q scale (f32) is scaled by a power of two 2^S (its largest value below
+//   2^14) and rounded to f16 hi; SPLIT (the accurate mode) adds lo = f16(v - hi) in a second
+//   product into the same sums (v held to about 2^-22 of the row's largest value; K is the
+//   cache's f16, exact). The sums times 2^-S are the scores.
+// - online softmax per row in f32 (expf), masked keys (past the row's position, or out of its
+//   window) at -Inf;
+// - O += P V: P (in [0, 1]) rounded to f16 hi, SPLIT adds lo = f16(p - hi) (to 2^-24 absolute,
+//   against l >= 1); V exact.
+// The partials go out as attn_partial's with one split ([t][g][0][NREP][HD + 2]: acc, m, l), for
+// attn_combine. The order of sums differs from attn_partial (the tensor cores' per 16 keys and
+// dimensions, then the tile order), so the bits differ; the accurate mode's bound against the CPU
+// holds either way (gpu.rs).
+__device__ __forceinline__ void mma_f16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ u32 pack_h2(float x, float y) { return (u32)f2h(x) | ((u32)f2h(y) << 16); }
+__device__ __forceinline__ u32 pack_h2_lo(float x, float y) {
+    return (u32)f2h(x - h2f(f2h(x))) | ((u32)f2h(y - h2f(f2h(y))) << 16);
+}
+
+template <int NREP, int HD, bool SPLIT>
+__device__ __forceinline__ void attn_tc_impl(const float* __restrict__ q, const u64* __restrict__ seqtab, int layer,
+                                             long long row_bytes, const u32* __restrict__ pos, int n_swa, float scale,
+                                             int n_kv_head, int n_tok, float* __restrict__ part) {
+    constexpr int TQ = 64 / NREP, KT = 64, KS = HD + 8, VS = KT + 8, NK = HD / 16, ND = HD / 8;
+    __shared__ __align__(16) u16 ks[KT * KS];
+    __shared__ __align__(16) u16 vt[HD * VS];
+    const int g = blockIdx.x, t0 = blockIdx.y * TQ;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+    const int n_head = n_kv_head * NREP;
+    int lo_min = 0x7fffffff, p_max = -1;
+    for (int i = 0; i < TQ; i++) {
+        const int t = t0 + i;
+        if (t < n_tok) {
+            const int p = (int)pos[t];
+            lo_min = min(lo_min, n_swa > 0 ? max(0, p - n_swa + 1) : 0);
+            p_max = max(p_max, p);
+        }
+    }
+    u8 *kcm, *vcm;
+    int ring;
+    kv_layer(seqtab, t0, layer, &kcm, &vcm, &ring);
+    // This lane's rows: a (16 warp + gq) and b (a + 8).
+    int prow[2], lrow[2];
+    u32 qh[NK][4], ql[SPLIT ? NK : 1][4];
+    float down[2];
+    {
+        float x[2][NK][4];
+#pragma unroll
+        for (int ab = 0; ab < 2; ab++) {
+            const int r = warp * 16 + gq + 8 * ab, t = t0 + r / NREP;
+            const bool ok = t < n_tok;
+            prow[ab] = ok ? (int)pos[t] : -1;
+            lrow[ab] = ok ? (n_swa > 0 ? max(0, prow[ab] - n_swa + 1) : 0) : 1;
+            const float* qr = q + ((long long)(ok ? t : t0) * n_head + (long long)g * NREP + r % NREP) * HD;
+            float m = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < NK; kk++) {
+                const float2 u = ok ? *(const float2*)(qr + 16 * kk + 2 * tq) : make_float2(0.0f, 0.0f);
+                const float2 v = ok ? *(const float2*)(qr + 16 * kk + 8 + 2 * tq) : make_float2(0.0f, 0.0f);
+                x[ab][kk][0] = u.x * scale; x[ab][kk][1] = u.y * scale;
+                x[ab][kk][2] = v.x * scale; x[ab][kk][3] = v.y * scale;
+#pragma unroll
+                for (int e = 0; e < 4; e++) m = fmaxf(m, fabsf(x[ab][kk][e]));
+            }
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            int E = 0;
+            if (m > 0.0f && m <= 3.0e38f) frexpf(m, &E);
+            const int S = (m > 0.0f && m <= 3.0e38f) ? min(max(14 - E, -100), 100) : 0;
+            const float up = ldexpf(1.0f, S);
+            down[ab] = ldexpf(1.0f, -S);
+#pragma unroll
+            for (int kk = 0; kk < NK; kk++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) x[ab][kk][e] *= up;
+        }
+        // A fragments: reg 0 row a dims 2t, 2t+1; reg 1 row b; reg 2 row a dims + 8; reg 3 row b.
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            qh[kk][0] = pack_h2(x[0][kk][0], x[0][kk][1]);
+            qh[kk][1] = pack_h2(x[1][kk][0], x[1][kk][1]);
+            qh[kk][2] = pack_h2(x[0][kk][2], x[0][kk][3]);
+            qh[kk][3] = pack_h2(x[1][kk][2], x[1][kk][3]);
+            if constexpr (SPLIT) {
+                ql[kk][0] = pack_h2_lo(x[0][kk][0], x[0][kk][1]);
+                ql[kk][1] = pack_h2_lo(x[1][kk][0], x[1][kk][1]);
+                ql[kk][2] = pack_h2_lo(x[0][kk][2], x[0][kk][3]);
+                ql[kk][3] = pack_h2_lo(x[1][kk][2], x[1][kk][3]);
+            }
+        }
+    }
+    const float NEG = -__int_as_float(0x7f800000);
+    float mrow[2] = {NEG, NEG}, lsum[2] = {0.0f, 0.0f};
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int k0 = lo_min; k0 <= p_max; k0 += KT) {
+        __syncthreads();  // the previous tile is consumed
+        for (int c = threadIdx.x; c < KT * (HD / 8); c += blockDim.x) {
+            const int key = c / (HD / 8), d8 = (c % (HD / 8)) * 8, kp = k0 + key;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (kp <= p_max) {
+                const long long slot = ring > 0 ? kp % ring : kp;
+                kv = *(const uint4*)(kcm + slot * row_bytes + 2LL * (g * HD + d8));
+                vv = *(const uint4*)(vcm + slot * row_bytes + 2LL * (g * HD + d8));
+            }
+            *(uint4*)&ks[key * KS + d8] = kv;
+            const u32 w[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                vt[(d8 + 2 * i) * VS + key] = (u16)(w[i] & 0xFFFF);
+                vt[(d8 + 2 * i + 1) * VS + key] = (u16)(w[i] >> 16);
+            }
+        }
+        __syncthreads();
+        float s[KT / 8][4];
+#pragma unroll
+        for (int j = 0; j < KT / 8; j++) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            const u16* kr = ks + (8 * j + gq) * KS + 2 * tq;
+#pragma unroll
+            for (int kk = 0; kk < NK; kk++) {
+                const u32 b0 = *(const u32*)(kr + 16 * kk), b1 = *(const u32*)(kr + 16 * kk + 8);
+                mma_f16(s[j], qh[kk], b0, b1);
+                if constexpr (SPLIT) mma_f16(s[j], ql[kk], b0, b1);
+            }
+        }
+        // Scores, masks, the online softmax (rows a: elements 0, 1; b: 2, 3).
+        float mx[2] = {NEG, NEG};
+#pragma unroll
+        for (int j = 0; j < KT / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int ab = e >> 1, kp = k0 + 8 * j + 2 * tq + (e & 1);
+                const bool vis = kp >= lrow[ab] && kp <= prow[ab];
+                s[j][e] = vis ? s[j][e] * down[ab] : NEG;
+                mx[ab] = fmaxf(mx[ab], s[j][e]);
+            }
+        float corr[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int ab = 0; ab < 2; ab++) {
+            mx[ab] = fmaxf(mx[ab], __shfl_xor_sync(0xffffffffu, mx[ab], 1));
+            mx[ab] = fmaxf(mx[ab], __shfl_xor_sync(0xffffffffu, mx[ab], 2));
+            const float mn = fmaxf(mrow[ab], mx[ab]);
+            corr[ab] = mn == NEG ? 1.0f : expf(mrow[ab] - mn);
+            mrow[ab] = mn;
+        }
+#pragma unroll
+        for (int j = 0; j < KT / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int ab = e >> 1;
+                s[j][e] = mrow[ab] == NEG ? 0.0f : expf(s[j][e] - mrow[ab]);
+                sum[ab] += s[j][e];
+            }
+#pragma unroll
+        for (int ab = 0; ab < 2; ab++) {
+            sum[ab] += __shfl_xor_sync(0xffffffffu, sum[ab], 1);
+            sum[ab] += __shfl_xor_sync(0xffffffffu, sum[ab], 2);
+            lsum[ab] = lsum[ab] * corr[ab] + sum[ab];
+        }
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            o[n][0] *= corr[0]; o[n][1] *= corr[0];
+            o[n][2] *= corr[1]; o[n][3] *= corr[1];
+        }
+        // O += P V, 16 keys per step: P's A fragment from the score tiles 2 kk and 2 kk + 1.
+#pragma unroll
+        for (int kk = 0; kk < KT / 16; kk++) {
+            const u32 ph[4] = {pack_h2(s[2 * kk][0], s[2 * kk][1]), pack_h2(s[2 * kk][2], s[2 * kk][3]),
+                               pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            u32 pl[4] = {0, 0, 0, 0};
+            if constexpr (SPLIT) {
+                pl[0] = pack_h2_lo(s[2 * kk][0], s[2 * kk][1]);
+                pl[1] = pack_h2_lo(s[2 * kk][2], s[2 * kk][3]);
+                pl[2] = pack_h2_lo(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pl[3] = pack_h2_lo(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                const u16* vr = vt + (8 * n + gq) * VS + 16 * kk + 2 * tq;
+                const u32 b0 = *(const u32*)vr, b1 = *(const u32*)(vr + 8);
+                mma_f16(o[n], ph, b0, b1);
+                if constexpr (SPLIT) mma_f16(o[n], pl, b0, b1);
+            }
+        }
+    }
+    // Partials of rows a and b: dims 8 n + 2 tq, + 1; (m, l) from the lane with tq = 0.
+#pragma unroll
+    for (int ab = 0; ab < 2; ab++) {
+        const int r = warp * 16 + gq + 8 * ab, t = t0 + r / NREP;
+        if (t >= n_tok) continue;
+        float* out = part + (((long long)t * n_kv_head + g) * NREP + r % NREP) * (HD + 2);
+#pragma unroll
+        for (int n = 0; n < ND; n++) *(float2*)(out + 8 * n + 2 * tq) = make_float2(o[n][2 * ab], o[n][2 * ab + 1]);
+        if (tq == 0) {
+            out[HD] = mrow[ab];
+            out[HD + 1] = lsum[ab];
+        }
+    }
+}
+#define ATTN_TC_ENTRY(NREP, HD)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) attn_tc_##NREP##_##HD(                                  \
+        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
+        float scale, int n_kv_head, int n_tok, float* part) {                                                  \
+        attn_tc_impl<NREP, HD, false>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, n_tok, part); \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) attn_tc_##NREP##_##HD##_split(                          \
+        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
+        float scale, int n_kv_head, int n_tok, float* part) {                                                  \
+        attn_tc_impl<NREP, HD, true>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, n_tok, part);  \
+    }
+
 // One program per (NREP, HD): the backend compiles the variant a model needs (-DATTN_NREP=.. -DATTN_HD=..).
 ATTN_TYPES(ATTN_NREP, ATTN_HD)
+#define ATTN_TC(NREP, HD) ATTN_TC_ENTRY(NREP, HD)
+ATTN_TC(ATTN_NREP, ATTN_HD)

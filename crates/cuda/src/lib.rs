@@ -346,6 +346,8 @@ pub struct CudaBackend {
     /// multiplies keeps an f16 copy (2 bytes per weight, made once), so that its products of
     /// many tokens read f16 weights instead of dequantizing every time.
     f16_weights: std::sync::atomic::AtomicBool,
+    /// Prompt chunks' attention on the tensor cores (`attn_tc`, on unless `MUSER_ATTN_TC=0`).
+    attn_tc: std::sync::atomic::AtomicBool,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
     /// Staged kernels whose shared-memory limit has been raised (once each).
@@ -429,6 +431,7 @@ impl CudaBackend {
             mmq_staged: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_STAGED", "0")),
             smem_optin,
             gemm16: std::sync::atomic::AtomicBool::new(!env_is("MUSER_GEMM16", "0")),
+            attn_tc: std::sync::atomic::AtomicBool::new(!env_is("MUSER_ATTN_TC", "0")),
             f16_weights: std::sync::atomic::AtomicBool::new(env_is("MUSER_F16_WEIGHTS", "1")),
             gemm16_min_kept: std::sync::atomic::AtomicUsize::new(
                 std::env::var("MUSER_GEMM16_MIN_KEPT")
@@ -480,6 +483,12 @@ impl CudaBackend {
     pub fn set_f16_weights(&self, on: bool) {
         self.f16_weights
             .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
+    }
+
+    /// Prompt chunks' attention on the tensor cores (`attn_tc`): on by default.
+    pub fn set_attn_tc(&self, on: bool) {
+        self.attn_tc.store(on, std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
     }
 
@@ -1986,7 +1995,13 @@ impl CudaBackend {
         let to_i32 = |v: usize| {
             i32::try_from(v).map_err(|_| Error::Backend(format!("gemm16: {v} exceeds i32")))
         };
-        let (mi, ni, ki, ldi, ldci) = (to_i32(m)?, to_i32(n)?, to_i32(k)?, to_i32(ld)?, to_i32(ldc)?);
+        let (mi, ni, ki, ldi, ldci) = (
+            to_i32(m)?,
+            to_i32(n)?,
+            to_i32(k)?,
+            to_i32(ld)?,
+            to_i32(ldc)?,
+        );
         // SAFETY: the handle is this backend's, bound to its stream. The caller guarantees A,
         // B, C, alpha and beta as documented, valid until the stream runs this product (their
         // buffers outlive the call: scratch, the matrix, the output). The pointer mode goes
@@ -2090,10 +2105,11 @@ impl CudaBackend {
         let first = caches
             .first()
             .ok_or_else(|| Error::Input("attention without a cache".into()))?;
-        let view = SeqView {
+        let mut view = SeqView {
             ty: first.ty,
             row_bytes: first.row_bytes,
             max_ctx: caches.iter().map(|c| c.n_ctx).max().unwrap_or(0),
+            one_seq: false,
         };
         if let Some(c) = caches.iter().find(|c| c.ty != view.ty) {
             return Err(Error::Input(format!(
@@ -2103,6 +2119,7 @@ impl CudaBackend {
             )));
         }
         let table = seq_table(batch, caches)?;
+        view.one_seq = table.iter().all(|&a| Some(&a) == table.first());
         if !self.capturing.load(std::sync::atomic::Ordering::SeqCst) {
             self.upload_seqtab(&table)?;
         }
@@ -2132,6 +2149,24 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Whether `n` queries of one sequence go to the tensor-core prompt attention (`attn_tc`):
+    /// an f16 cache, 16 or more tokens, query heads per KV head dividing 64, head_dim a
+    /// multiple of 16; not in the batch-invariant or cuda-parity modes; `MUSER_ATTN_TC=0` off.
+    fn attn_tc_for(&self, kv: &SeqView, spec: AttnSpec, n: usize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let nrep = spec.n_head / spec.n_head_kv.max(1);
+        self.attn_tc.load(Relaxed)
+            && kv.one_seq
+            && kv.ty == KvType::F16
+            && n >= 16
+            && nrep > 0
+            && 64 % nrep == 0
+            && spec.head_dim % 16 == 0
+            && matches!(spec.head_dim, 64 | 128)
+            && !self.invariant()
+            && !self.cuda_parity.load(Relaxed)
+    }
+
     /// Attention of `n` queries over a layer's stored keys (split-K partials, then the merge
     /// with the output gate).
     fn attend_cached(
@@ -2150,48 +2185,24 @@ impl CudaBackend {
             .ok_or_else(|| Error::Backend("no scratch".into()))?;
         let row_bytes = kv.row_bytes as i64;
         let layer_i = spec.layer as i32;
-        let max_keys = if spec.kind.is_sliding() {
-            spec.n_swa.min(kv.max_ctx)
-        } else {
-            kv.max_ctx
-        };
-        // A block's four warps take 32 keys each per pass. One token (decode) splits the keys
-        // finely, 32 per split, for blocks enough to fill the GPU; 8 or more tokens give blocks
-        // enough by themselves, so a split takes 128 keys (every warp busy, a quarter of the
-        // partials to write and merge). The batch-invariant mode keeps 32 whatever the batch.
-        let per_split = if self.invariant() || n < 8 { 32 } else { 128 };
-        let n_split = max_keys.div_ceil(per_split).clamp(1, ATTN_MAX_SPLITS);
-        // Bounded scratch for long prompts, unless the splits must not depend on the batch.
-        let n_split = if self.invariant() {
-            n_split
-        } else {
-            n_split.min((MAX_PARTS / n).max(1))
-        };
-        self.grow(
-            &mut s.part,
-            n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2),
-        )?;
-        // A few tokens (fewer than `MUSER_ATTN_G4_BELOW`, default 8): each block takes a quarter
-        // of a KV head's query heads (`_g4`, four times the blocks, a third of the registers; a
-        // head's arithmetic is the same either way, so the bits too).
-        let groups = if n < attn_g4_below() && nrep % 4 == 0 {
-            4
-        } else {
-            1
-        };
-        let name = format!(
-            "attn_{nrep}_{}_{}{}",
-            spec.head_dim,
-            kv.ty.name(),
-            if groups > 1 { "_g4" } else { "" }
-        );
         let n_swa = if spec.kind.is_sliding() {
             spec.n_swa as i32
         } else {
             0
         };
         let n_kv_head = spec.n_head_kv as i32;
-        {
+        let tc = self.attn_tc_for(kv, spec, n);
+        let n_split = if tc {
+            // Prompt chunks on the tensor cores: every visible key in one split
+            // (kernels/attention.cu attn_tc).
+            self.grow(&mut s.part, n * spec.n_head_kv * nrep * (spec.head_dim + 2))?;
+            let split = if self.fast_mode.load(std::sync::atomic::Ordering::Relaxed) {
+                ""
+            } else {
+                "_split"
+            };
+            let name = format!("attn_tc_{nrep}_{}{split}", spec.head_dim);
+            let n_i = n as i32;
             let func = self.f(&name)?;
             let mut b = self.stream.launch_builder(&func);
             b.arg(&q.data)
@@ -2202,17 +2213,78 @@ impl CudaBackend {
                 .arg(&n_swa)
                 .arg(&spec.scale)
                 .arg(&n_kv_head)
+                .arg(&n_i)
                 .arg(&mut s.part);
             let cfg = LaunchConfig {
-                grid_dim: ((spec.n_head_kv * groups) as u32, n_split as u32, n as u32),
+                grid_dim: (spec.n_head_kv as u32, n.div_ceil(64 / nrep) as u32, 1),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: each token reads visible rows of its own cache (seqtab holds live caches'
-            // tables, bound by bind_caches for this batch; slots derive from positions checked
-            // against each cache's n_ctx) and writes n x n_kv_head x n_split partials into `part`.
+            // SAFETY: every token of the batch reads the one cache bound for it (one_seq,
+            // checked by attn_tc_for), rows of visible positions only; writes n x n_kv_head x
+            // nrep partials into `part` (grown above).
             unsafe { b.launch(cfg) }.map_err(dev(&name))?;
-        }
+            1
+        } else {
+            let max_keys = if spec.kind.is_sliding() {
+                spec.n_swa.min(kv.max_ctx)
+            } else {
+                kv.max_ctx
+            };
+            // A block's four warps take 32 keys each per pass. One token (decode) splits the keys
+            // finely, 32 per split, for blocks enough to fill the GPU; 8 or more tokens give blocks
+            // enough by themselves, so a split takes 128 keys (every warp busy, a quarter of the
+            // partials to write and merge). The batch-invariant mode keeps 32 whatever the batch.
+            let per_split = if self.invariant() || n < 8 { 32 } else { 128 };
+            let n_split = max_keys.div_ceil(per_split).clamp(1, ATTN_MAX_SPLITS);
+            // Bounded scratch for long prompts, unless the splits must not depend on the batch.
+            let n_split = if self.invariant() {
+                n_split
+            } else {
+                n_split.min((MAX_PARTS / n).max(1))
+            };
+            self.grow(
+                &mut s.part,
+                n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2),
+            )?;
+            // A few tokens (fewer than `MUSER_ATTN_G4_BELOW`, default 8): each block takes a quarter
+            // of a KV head's query heads (`_g4`, four times the blocks, a third of the registers; a
+            // head's arithmetic is the same either way, so the bits too).
+            let groups = if n < attn_g4_below() && nrep % 4 == 0 {
+                4
+            } else {
+                1
+            };
+            let name = format!(
+                "attn_{nrep}_{}_{}{}",
+                spec.head_dim,
+                kv.ty.name(),
+                if groups > 1 { "_g4" } else { "" }
+            );
+            {
+                let func = self.f(&name)?;
+                let mut b = self.stream.launch_builder(&func);
+                b.arg(&q.data)
+                    .arg(&s.seqtab)
+                    .arg(&layer_i)
+                    .arg(&row_bytes)
+                    .arg(&s.pos)
+                    .arg(&n_swa)
+                    .arg(&spec.scale)
+                    .arg(&n_kv_head)
+                    .arg(&mut s.part);
+                let cfg = LaunchConfig {
+                    grid_dim: ((spec.n_head_kv * groups) as u32, n_split as u32, n as u32),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: each token reads visible rows of its own cache (seqtab holds live caches'
+                // tables, bound by bind_caches for this batch; slots derive from positions checked
+                // against each cache's n_ctx) and writes n x n_kv_head x n_split partials into `part`.
+                unsafe { b.launch(cfg) }.map_err(dev(&name))?;
+            }
+            n_split
+        };
         let (ns, nr, hd) = (n_split as i32, nrep as i32, spec.head_dim as i32);
         let null = 0u64;
         let func = self.f("attn_combine")?;
@@ -2328,6 +2400,8 @@ struct SeqView {
     ty: KvType,
     row_bytes: usize,
     max_ctx: usize,
+    /// Every token of the micro-batch reads one cache (a prompt chunk).
+    one_seq: bool,
 }
 
 fn kv_code(ty: KvType) -> i32 {

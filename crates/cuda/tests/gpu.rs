@@ -294,7 +294,11 @@ fn matvec_kernels_match_the_cpu_per_format() {
                             "{layout:<5} {}x{} n={n:<3} integer kernels, {}: max rel err {err:.2e}",
                             mat.rows,
                             mat.cols,
-                            if zgrid { "one launch" } else { "a launch per 64 tokens" }
+                            if zgrid {
+                                "one launch"
+                            } else {
+                                "a launch per 64 tokens"
+                            }
                         ));
                         assert!(
                             yz.iter().all(|v| v.is_finite()) && err < 2e-5,
@@ -879,7 +883,11 @@ fn f16_prompt_products_meet_each_modes_bound() {
             } else {
                 1e-3
             };
-            let what = if fast { "fast, one f16 product" } else { "accurate, split f16" };
+            let what = if fast {
+                "fast, one f16 product"
+            } else {
+                "accurate, split f16"
+            };
             rows.push(format!("{name:<14} {what}: {d:.2e} (bound {bound:.1e})"));
             if !(d <= bound) {
                 failures.push(format!("{name} {what}: {d:.2e} > {bound:.1e}"));
@@ -887,6 +895,87 @@ fn f16_prompt_products_meet_each_modes_bound() {
         }
     }
     println!("{}", rows.join("\n"));
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// Prompt attention on the tensor cores (attn_tc; f16 cache, one sequence, 16 or more tokens)
+/// against the CUDA-core kernels on every fixture, the same 64-token prompt with the f16 cache:
+/// the accurate mode's split form (Q and P each as hi + lo f16) within the accurate bounds (1e-4
+/// tame and odd, 1e-3 sharp), `--mode fast` (hi alone) within the fast tolerance.
+#[test]
+fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
+    let Some(_) = gpu() else { return };
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for name in names() {
+        let file =
+            ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).expect("open");
+        let toks = tokens(&name);
+        for fast in [false, true] {
+            let g = CudaBackend::new(0).unwrap();
+            g.set_fast_mode(fast).unwrap();
+            let gpu = MuseGlimmer::load(&file, g).unwrap();
+            let n_vocab = gpu.config.n_vocab;
+            let mut run = |tc: bool| {
+                gpu.backend.set_attn_tc(tc);
+                Session::new(&gpu, KvType::F16, 256)
+                    .unwrap()
+                    .feed(&toks, 512, Logits::All)
+                    .unwrap()
+            };
+            let (with, without) = (run(true), run(false));
+            let d = max_dls(&with, &without, n_vocab);
+            let bound = if fast {
+                sensitivity(&name) * 2f64.powi(-10)
+            } else if tame_sensitivity(&name) {
+                1e-4
+            } else {
+                1e-3
+            };
+            let what = if fast { "fast (hi)" } else { "accurate (hi + lo)" };
+            rows.push(format!("{name:<14} {what}: {d:.2e} (bound {bound:.1e})"));
+            if !(d <= bound) {
+                failures.push(format!("{name} {what}: {d:.2e} > {bound:.1e}"));
+            }
+        }
+    }
+    // The 30B's attention shape (16 query heads per KV head, head_dim 128: 4 tokens per block),
+    // a window of 128 that a 200-token prompt crosses (in micro-batches of 128 and 72), on a
+    // small synthetic Q4_K_M model; the accurate mode.
+    let dir = std::env::temp_dir().join(format!("muser-attn-tc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = muser_engine::synth::Preset {
+        name: "t",
+        n_layer: 4,
+        n_embd: 1024,
+        n_ff: 1024,
+        n_head: 32,
+        n_head_kv: 2,
+        head_dim: 128,
+        n_vocab: 512,
+        n_ctx: 4096,
+        n_swa: 128,
+    };
+    let path = dir.join("nrep16.gguf");
+    muser_engine::synth::write(&path, &p, muser_engine::synth::Layout::Q4KM, 5).unwrap();
+    let file = ModelFile::open(&path).unwrap();
+    let gpu = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
+    let toks: Vec<u32> = (0..200u32).map(|i| (i * 7919 + 3) % 512).collect();
+    let mut run = |tc: bool| {
+        gpu.backend.set_attn_tc(tc);
+        Session::new(&gpu, KvType::F16, 256)
+            .unwrap()
+            .feed(&toks, 128, Logits::All)
+            .unwrap()
+    };
+    let (with, without) = (run(true), run(false));
+    let d = max_dls(&with, &without, 512);
+    rows.push(format!("synthetic 16 heads per KV head, window 128, 200 tokens: {d:.2e} (bound 1.0e-3)"));
+    if !(d <= 1e-3) {
+        failures.push(format!("synthetic 16 per KV head: {d:.2e}"));
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    println!("tensor-core prompt attention vs the CUDA-core kernels, f16 cache:\n{}", rows.join("\n"));
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
