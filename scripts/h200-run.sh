@@ -54,14 +54,14 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 # NO_LLAMA=1: Muser's halves only (no llama.cpp build, no llama.cpp runs).
 llama_too() { [ -z "${NO_LLAMA:-}" ] && { has llama || has batch || has serve; }; }
 # (A machine still warm from an earlier call keeps its build: then it is reused.)
-if llama_too && [ -x /tmp/llama/llama.cpp/build/bin/llama-batched-bench ] && { ! has serve || [ -x /tmp/llama/llama.cpp/build/bin/llama-server ]; }; then
+if llama_too && { ! has llama || [ -x /tmp/llama/llama.cpp/build/bin/llama-bench ]; } && { ! has batch || [ -x /tmp/llama/llama.cpp/build/bin/llama-batched-bench ]; } && { ! has serve || [ -x /tmp/llama/llama.cpp/build/bin/llama-server ]; }; then
   echo "llama.cpp: reusing the build in /tmp/llama" | tee -a "$AUX/llama-build.log"
   true & llama_build=$!
 elif llama_too; then
   ( mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.tar.xz && cd /tmp/llama/llama.cpp &&
     cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=$(has serve && echo ON || echo OFF) -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$AUX/llama-build.log" 2>&1 &&
-    nice cmake --build build -j$(( $(nproc) > 3 ? $(nproc) - 2 : 1 )) --target llama-bench llama-batched-bench $(has serve && echo llama-server) >> "$AUX/llama-build.log" 2>&1 ) &
+    nice cmake --build build -j$(( $(nproc) > 3 ? $(nproc) - 2 : 1 )) --target $(has llama && echo llama-bench) $(has batch && echo llama-batched-bench) $(has serve && echo llama-server) >> "$AUX/llama-build.log" 2>&1 ) &
   llama_build=$!
 fi
 

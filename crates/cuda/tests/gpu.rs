@@ -898,50 +898,24 @@ fn f16_prompt_products_meet_each_modes_bound() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// Prompt attention on the tensor cores (attn_tc; f16 cache, one sequence, 16 or more tokens)
-/// against the CUDA-core kernels on every fixture, the same 64-token prompt with the f16 cache:
-/// the accurate mode's split form (Q and P each as hi + lo f16) within the accurate bounds (1e-4
-/// tame and odd, 1e-3 sharp), `--mode fast` (hi alone) within the fast tolerance.
+/// Prompt attention on the tensor cores (attn_tc; f16 cache, one sequence, 16 or more tokens).
+///
+/// The kernel alone, against the CUDA-core kernels on the same inputs and the same f16 cache
+/// contents (the 30B's shape, 16 query heads per KV head, head_dim 128, a sliding layer whose
+/// window of 128 a 200-token micro-batch crosses, and a full layer): the accurate mode's split
+/// form (Q and P each as hi + lo f16) within 2e-6 of the largest output, `--mode fast` (hi
+/// alone) within 2^-9.
+///
+/// Then every fixture's 64-token prompt end to end with the f16 cache, tensor cores on and off.
+/// Here a last-bit difference in one layer's output moves the next layer's K and V across an
+/// f16 rounding boundary now and then (docs/PARITY.md, "f16 cache"), so the bound is the
+/// accurate f16-cache rule: the two must agree better than the f16 cache's own effect (CPU f16
+/// cache against CPU f32 cache); fast mode its usual tolerance.
 #[test]
 fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
     let Some(_) = gpu() else { return };
     let mut rows = Vec::new();
     let mut failures = Vec::new();
-    for name in names() {
-        let file =
-            ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).expect("open");
-        let toks = tokens(&name);
-        for fast in [false, true] {
-            let g = CudaBackend::new(0).unwrap();
-            g.set_fast_mode(fast).unwrap();
-            let gpu = MuseGlimmer::load(&file, g).unwrap();
-            let n_vocab = gpu.config.n_vocab;
-            let mut run = |tc: bool| {
-                gpu.backend.set_attn_tc(tc);
-                Session::new(&gpu, KvType::F16, 256)
-                    .unwrap()
-                    .feed(&toks, 512, Logits::All)
-                    .unwrap()
-            };
-            let (with, without) = (run(true), run(false));
-            let d = max_dls(&with, &without, n_vocab);
-            let bound = if fast {
-                sensitivity(&name) * 2f64.powi(-10)
-            } else if tame_sensitivity(&name) {
-                1e-4
-            } else {
-                1e-3
-            };
-            let what = if fast { "fast (hi)" } else { "accurate (hi + lo)" };
-            rows.push(format!("{name:<14} {what}: {d:.2e} (bound {bound:.1e})"));
-            if !(d <= bound) {
-                failures.push(format!("{name} {what}: {d:.2e} > {bound:.1e}"));
-            }
-        }
-    }
-    // The 30B's attention shape (16 query heads per KV head, head_dim 128: 4 tokens per block),
-    // a window of 128 that a 200-token prompt crosses (in micro-batches of 128 and 72), on a
-    // small synthetic Q4_K_M model; the accurate mode.
     let dir = std::env::temp_dir().join(format!("muser-attn-tc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let p = muser_engine::synth::Preset {
@@ -960,22 +934,109 @@ fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
     muser_engine::synth::write(&path, &p, muser_engine::synth::Layout::Q4KM, 5).unwrap();
     let file = ModelFile::open(&path).unwrap();
     let gpu = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
-    let toks: Vec<u32> = (0..200u32).map(|i| (i * 7919 + 3) % 512).collect();
-    let mut run = |tc: bool| {
-        gpu.backend.set_attn_tc(tc);
-        Session::new(&gpu, KvType::F16, 256)
-            .unwrap()
-            .feed(&toks, 128, Logits::All)
-            .unwrap()
+    let n = 200usize;
+    let toks = vec![0u32; n];
+    let batch = Batch::single(&toks, 0);
+    let fill = |len: usize, seed: usize, amp: f32| -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i * 7919 + seed * 104729) % 2000) as f32 / 1000.0 - 1.0) * amp)
+            .collect()
     };
-    let (with, without) = (run(true), run(false));
-    let d = max_dls(&with, &without, 512);
-    rows.push(format!("synthetic 16 heads per KV head, window 128, 200 tokens: {d:.2e} (bound 1.0e-3)"));
-    if !(d <= 1e-3) {
-        failures.push(format!("synthetic 16 per KV head: {d:.2e}"));
+    let (qd, kd) = (32 * 128, 2 * 128);
+    let (qh, kh, vh) = (fill(n * qd, 1, 3.0), fill(n * kd, 2, 2.0), fill(n * kd, 3, 1.5));
+    for (layer, kind) in [
+        (0usize, muser_engine::LayerKind::SlidingRope),
+        (3, muser_engine::LayerKind::FullNope),
+    ] {
+        assert_eq!(gpu.config.layer_kinds[layer], kind, "the synthetic model's layer {layer}");
+        let spec = muser_engine::backend::AttnSpec {
+            layer,
+            kind,
+            n_swa: 128,
+            scale: 1.0 / (128f32).sqrt(),
+            n_head: 32,
+            n_head_kv: 2,
+            head_dim: 128,
+        };
+        for fast in [false, true] {
+            gpu.backend.set_fast_mode(fast).unwrap();
+            let run = |tc: bool| {
+                gpu.backend.set_attn_tc(tc);
+                let mut cache = gpu.new_cache(KvType::F16, 512).unwrap();
+                let b = &gpu.backend;
+                let (mut q, mut k, mut v) =
+                    (b.act(n, qd).unwrap(), b.act(n, kd).unwrap(), b.act(n, kd).unwrap());
+                b.stream.memcpy_htod(&qh, xg_data(&mut q)).unwrap();
+                b.stream.memcpy_htod(&kh, xg_data(&mut k)).unwrap();
+                b.stream.memcpy_htod(&vh, xg_data(&mut v)).unwrap();
+                let mut out = b.act(n, qd).unwrap();
+                b.attention(&mut [&mut cache], spec, &batch, &q, &k, &v, &mut out)
+                    .unwrap();
+                b.read(&out).unwrap()
+            };
+            let (with, without) = (run(true), run(false));
+            let err = max_rel_err(&with, &without);
+            let bound = if fast { 2f32.powi(-9) } else { 2e-6 };
+            let what = format!(
+                "kernel, layer {layer} ({kind:?}), {}: max rel err {err:.2e} (bound {bound:.1e})",
+                if fast { "fast (hi)" } else { "accurate (hi + lo)" }
+            );
+            if !(with.iter().all(|x| x.is_finite()) && err <= bound) {
+                failures.push(what.clone());
+            }
+            rows.push(what);
+        }
     }
+    gpu.backend.set_fast_mode(false).unwrap();
+    gpu.backend.set_attn_tc(true);
+    drop(gpu);
     std::fs::remove_dir_all(&dir).ok();
-    println!("tensor-core prompt attention vs the CUDA-core kernels, f16 cache:\n{}", rows.join("\n"));
+    for name in names() {
+        let file =
+            ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).expect("open");
+        let toks = tokens(&name);
+        let cpu =
+            MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
+        let n_vocab = cpu.config.n_vocab;
+        let feed = |m: &MuseGlimmer<CpuBackend>, kv| {
+            Session::new(m, kv, 256)
+                .unwrap()
+                .feed(&toks, 512, Logits::All)
+                .unwrap()
+        };
+        let own = max_dls(&feed(&cpu, KvType::F16), &feed(&cpu, KvType::F32), n_vocab);
+        for fast in [false, true] {
+            let g = CudaBackend::new(0).unwrap();
+            g.set_fast_mode(fast).unwrap();
+            let gpu = MuseGlimmer::load(&file, g).unwrap();
+            let run = |tc: bool| {
+                gpu.backend.set_attn_tc(tc);
+                Session::new(&gpu, KvType::F16, 256)
+                    .unwrap()
+                    .feed(&toks, 512, Logits::All)
+                    .unwrap()
+            };
+            let (with, without) = (run(true), run(false));
+            let d = max_dls(&with, &without, n_vocab);
+            let bound = if fast {
+                sensitivity(&name) * 2f64.powi(-10)
+            } else {
+                own
+            };
+            let what = if fast { "fast (hi)" } else { "accurate (hi + lo)" };
+            rows.push(format!(
+                "{name:<14} prompt, {what}: {d:.2e} (bound {bound:.1e}{})",
+                if fast { "" } else { ", the f16 cache's own effect" }
+            ));
+            if !(d <= bound) {
+                failures.push(format!("{name} {what}: {d:.2e} > {bound:.1e}"));
+            }
+        }
+    }
+    println!(
+        "tensor-core prompt attention vs the CUDA-core kernels, f16 cache:\n{}",
+        rows.join("\n")
+    );
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
