@@ -964,6 +964,9 @@ fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
                 gpu.backend.set_attn_tc(tc);
                 let mut cache = gpu.new_cache(KvType::F16, 512).unwrap();
                 let b = &gpu.backend;
+                // The batch's positions to the device (the model's forward does this first;
+                // without it every token stored its K and V at position 0).
+                b.begin_batch(&batch).unwrap();
                 let (mut q, mut k, mut v) =
                     (b.act(n, qd).unwrap(), b.act(n, kd).unwrap(), b.act(n, kd).unwrap());
                 b.stream.memcpy_htod(&qh, xg_data(&mut q)).unwrap();
