@@ -1,15 +1,9 @@
 #!/usr/bin/env bash
-# Runs on the H200 machine after scripts/h200-run.sh has written the synthetic file (or with
-# MODEL set): a list of `muser bench` runs, each "VAR=VALUE ... | bench arguments", separated by
+# Runs on the H200 machine (the synthetic 30B written if missing, or MODEL): a list of `muser bench` runs, each "VAR=VALUE ... | bench arguments", separated by
 # ';' in BENCHES, e.g.
 #   BENCHES="| -p 512,2048 -n 0 -r 2; MUSER_GEMM16=0 | -p 512 -n 0 -r 2; | --mode fast -p 512 -n 0"
 # Every run's table goes to $OUT/benches.log under a line naming its variant.
-set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-export MUSER_KERNEL_CACHE=/tmp/muser-kernels
-MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
+source "$(dirname "$0")/h200-env.sh"
 log="$OUT/benches.log"
 IFS=';' read -ra runs <<< "${BENCHES:-}"
 for r in "${runs[@]}"; do

@@ -405,5 +405,9 @@ fn profile_prompt(
     let mut s = Session::new(m, kv, np)?;
     m.backend.set_profiling(true);
     s.feed(&toks, ubatch.min(np), Logits::Last)?;
-    print_profile(m, &format!("per prompt of {np} tokens (micro-batches of {ubatch})"), 1)
+    print_profile(
+        m,
+        &format!("per prompt of {np} tokens (micro-batches of {ubatch})"),
+        1,
+    )
 }

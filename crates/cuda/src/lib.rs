@@ -1799,10 +1799,11 @@ impl CudaBackend {
 
     /// out = W x on the f16 tensor cores (kernels/dequant.cu, "Products of many tokens on the
     /// f16 tensor cores"): x to f16 (hi, and lo when `split`) after its power-of-two scale,
-    /// W's rows in slabs of at most GEMM16_SLAB_BYTES dequantized to f16 the same way, then
-    /// cublasGemmEx (f16 operands, f32 accumulation and output) with the factors on the device:
-    /// C = 2^-(A+B) hi.hi, and with `split` C += 2^-(A+B+11) [hi lo].[lo hi] (one product over
-    /// 2 cols: hi.lo + lo.hi).
+    /// W's rows in slabs of at most GEMM16_SLAB_BYTES dequantized to f16 the same way (or its
+    /// kept copy, `--f16-weights`), then cublasGemmEx (f16 operands, f32 accumulation and
+    /// output) with the factors on the device: C = 2^-A hi.hi, and with `split` C += 2^-(A+11)
+    /// [hi lo].[lo hi] (one product over 2 cols: hi.lo + lo.hi); then each token's row times
+    /// 2^-B_t (`y16_unscale`).
     fn gemm16(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct, split: bool) -> Result<()> {
         let (n, cols) = (x.rows, w.cols);
         let ld = if split { 2 * cols } else { cols };
@@ -1870,27 +1871,11 @@ impl CudaBackend {
             && !self.capturing.load(std::sync::atomic::Ordering::SeqCst)
         {
             if let Ok(mut full) = st.alloc_zeros::<u16>(w.rows * cols) {
-                let f = self.f("w16_rows")?;
-                let (cols_i, row0, nr_i, ld_i) = (cols as i32, 0i64, w.rows as i32, cols as i64);
-                let mut b = st.launch_builder(&f);
-                b.arg(&w.data)
-                    .arg(&w.fmt)
-                    .arg(&w.nbt)
-                    .arg(&cols_i)
-                    .arg(&row0)
-                    .arg(&nr_i)
-                    .arg(&w.wmax)
-                    .arg(&mut full)
-                    .arg(&0u64)
-                    .arg(&ld_i);
-                let cfg = LaunchConfig {
-                    grid_dim: (col_blocks, (w.rows as u32).clamp(1, 65_535), 1),
-                    block_dim: (threads, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: reads every row of the matrix, writes rows x cols halfs into `full`
-                // (allocated to that size just above); no lo.
-                unsafe { b.launch(cfg) }.map_err(dev("w16_rows"))?;
+                {
+                    let (fp, _gf) = full.device_ptr_mut(st);
+                    // SAFETY: `full` holds rows x cols halfs (allocated just above).
+                    unsafe { self.w16_rows(w, 0, w.rows, fp, 0, cols) }?;
+                }
                 let _ = w.w16.set(full);
             }
         }
@@ -1911,30 +1896,12 @@ impl CudaBackend {
         };
         let (ap, _ga) = s.alpha16.device_ptr(st);
         let (op, _go) = out.data.device_ptr_mut(st);
-        let f = self.f("w16_rows")?;
         let mut r0 = 0usize;
         while r0 < w.rows {
             let nr = slab.min(w.rows - r0);
-            let (cols_i, row0, nr_i, ld_i) = (cols as i32, r0 as i64, nr as i32, ld as i64);
-            let mut b = st.launch_builder(&f);
-            b.arg(&w.data)
-                .arg(&w.fmt)
-                .arg(&w.nbt)
-                .arg(&cols_i)
-                .arg(&row0)
-                .arg(&nr_i)
-                .arg(&w.wmax)
-                .arg(&w_hi)
-                .arg(&w_lo)
-                .arg(&ld_i);
-            let cfg = LaunchConfig {
-                grid_dim: (col_blocks, (nr as u32).clamp(1, 65_535), 1),
-                block_dim: (threads, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: reads rows r0..r0+nr of the matrix, writes nr rows of ld halfs into w16
-            // (grown to slab * ld above; lo at offset cols of each row when split).
-            unsafe { b.launch(cfg) }.map_err(dev("w16_rows"))?;
+            // SAFETY: w16 holds slab * ld halfs (grown above), nr <= slab rows of ld from w_hi;
+            // lo at offset cols of each row when split.
+            unsafe { self.w16_rows(w, r0, nr, w_hi, w_lo, ld) }?;
             // C: from row r0 of out's first token (out is n x w.rows floats).
             let c = op + 4 * r0 as u64;
             self.gemm16_call(nr, n, cols, ld, w_hi, x_hi, ap, ap + 8, c, w.rows)?;
@@ -1946,6 +1913,49 @@ impl CudaBackend {
         }
         drop(_go);
         self.y16_unscale(out, &s.x16max)
+    }
+
+    /// Rows r0 .. r0 + nr of `w` as f16 (kernels/dequant.cu `w16_rows`): hi at `hi + r ld`
+    /// halfs for slab row r, and lo likewise at `lo` unless it is 0.
+    ///
+    /// # Safety
+    /// `hi` (and `lo` when not 0) must address nr rows of ld halfs on this backend's device,
+    /// ld >= w.cols, valid until the stream has run the kernel.
+    unsafe fn w16_rows(
+        &self,
+        w: &CudaMatrix,
+        r0: usize,
+        nr: usize,
+        hi: u64,
+        lo: u64,
+        ld: usize,
+    ) -> Result<()> {
+        let f = self.f("w16_rows")?;
+        let (cols_i, row0, nr_i, ld_i) = (w.cols as i32, r0 as i64, nr as i32, ld as i64);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&w.data)
+            .arg(&w.fmt)
+            .arg(&w.nbt)
+            .arg(&cols_i)
+            .arg(&row0)
+            .arg(&nr_i)
+            .arg(&w.wmax)
+            .arg(&hi)
+            .arg(&lo)
+            .arg(&ld_i);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (w.cols / 8).div_ceil(128) as u32,
+                (nr as u32).clamp(1, 65_535),
+                1,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads rows r0..r0+nr of the matrix (within it: callers pass r0 + nr <=
+        // w.rows); writes what the caller vouches for.
+        unsafe { b.launch(cfg) }.map_err(dev("w16_rows"))?;
+        Ok(())
     }
 
     /// out[t][r] *= 2^-B_t: the activations' per-token scale (`x16_split`) undone.

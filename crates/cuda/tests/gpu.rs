@@ -943,12 +943,19 @@ fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
             .collect()
     };
     let (qd, kd) = (32 * 128, 2 * 128);
-    let (qh, kh, vh) = (fill(n * qd, 1, 3.0), fill(n * kd, 2, 2.0), fill(n * kd, 3, 1.5));
+    let (qh, kh, vh) = (
+        fill(n * qd, 1, 3.0),
+        fill(n * kd, 2, 2.0),
+        fill(n * kd, 3, 1.5),
+    );
     for (layer, kind) in [
         (0usize, muser_engine::LayerKind::SlidingRope),
         (3, muser_engine::LayerKind::FullNope),
     ] {
-        assert_eq!(gpu.config.layer_kinds[layer], kind, "the synthetic model's layer {layer}");
+        assert_eq!(
+            gpu.config.layer_kinds[layer], kind,
+            "the synthetic model's layer {layer}"
+        );
         let spec = muser_engine::backend::AttnSpec {
             layer,
             kind,
@@ -967,8 +974,11 @@ fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
                 // The batch's positions to the device (the model's forward does this first;
                 // without it every token stored its K and V at position 0).
                 b.begin_batch(&batch).unwrap();
-                let (mut q, mut k, mut v) =
-                    (b.act(n, qd).unwrap(), b.act(n, kd).unwrap(), b.act(n, kd).unwrap());
+                let (mut q, mut k, mut v) = (
+                    b.act(n, qd).unwrap(),
+                    b.act(n, kd).unwrap(),
+                    b.act(n, kd).unwrap(),
+                );
                 b.stream.memcpy_htod(&qh, xg_data(&mut q)).unwrap();
                 b.stream.memcpy_htod(&kh, xg_data(&mut k)).unwrap();
                 b.stream.memcpy_htod(&vh, xg_data(&mut v)).unwrap();
@@ -982,7 +992,11 @@ fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
             let bound = if fast { 2f32.powi(-9) } else { 2e-6 };
             let what = format!(
                 "kernel, layer {layer} ({kind:?}), {}: max rel err {err:.2e} (bound {bound:.1e})",
-                if fast { "fast (hi)" } else { "accurate (hi + lo)" }
+                if fast {
+                    "fast (hi)"
+                } else {
+                    "accurate (hi + lo)"
+                }
             );
             if !(with.iter().all(|x| x.is_finite()) && err <= bound) {
                 failures.push(what.clone());
@@ -1026,10 +1040,18 @@ fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
             } else {
                 own
             };
-            let what = if fast { "fast (hi)" } else { "accurate (hi + lo)" };
+            let what = if fast {
+                "fast (hi)"
+            } else {
+                "accurate (hi + lo)"
+            };
             rows.push(format!(
                 "{name:<14} prompt, {what}: {d:.2e} (bound {bound:.1e}{})",
-                if fast { "" } else { ", the f16 cache's own effect" }
+                if fast {
+                    ""
+                } else {
+                    ", the f16 cache's own effect"
+                }
             ));
             if !(d <= bound) {
                 failures.push(format!("{name} {what}: {d:.2e} > {bound:.1e}"));
