@@ -49,8 +49,9 @@ pub struct ModelOpts {
     /// (costs single-sequence decode speed: one token also runs on the tensor-core kernels).
     #[arg(long = "batch-invariant")]
     pub batch_invariant: bool,
-    /// CUDA, `--mode fast`: keep an f16 copy of each matrix that multiplies more than 64 tokens
-    /// at once (2 bytes per weight more device memory, 60 GB for the 30B), so prompts and large
+    /// CUDA, `--mode fast`: keep an f16 copy of each matrix that multiplies more than 48 tokens
+    /// at once (2 bytes per weight more device memory, 60 GB for the 30B; copies stop where a
+    /// tenth of the device, at least 4 GB, would no longer stay free), so prompts and large
     /// batches read f16 weights instead of dequantizing them every time.
     #[arg(long = "f16-weights")]
     pub f16_weights: bool,

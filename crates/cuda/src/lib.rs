@@ -173,6 +173,9 @@ const DEQ_ROWS: usize = 4096;
 /// Bytes of f16 weights `gemm16` dequantizes at once (the 30B's FFN matrices, 19968 x 6656,
 /// split: 532 MB, in one slab).
 const GEMM16_SLAB_BYTES: usize = 640 << 20;
+/// `--f16-weights` keeps copies only while a tenth of the device, and at least this much, stays
+/// free after them.
+const F16_WEIGHTS_RESERVE_MIN: usize = 4 << 30;
 /// Threads of the row-norm kernels: kernels/norm.cu indexes `threadIdx.x + k * 1024` for
 /// k < NPT = 8, so exactly 1024 (a smaller block would leave most of a wide row untouched).
 const NORM_THREADS: u32 = 1024;
@@ -1863,12 +1866,17 @@ impl CudaBackend {
             unsafe { b.launch(cfg) }.map_err(dev("x16_split"))?;
         }
         // `--f16-weights` (fast form only): the matrix's kept f16 copy, made now if it has none
-        // (not while a graph is recorded: allocation stays outside graphs; without room on
-        // the device the slabs below do the work).
+        // (not while a graph is recorded: allocation stays outside graphs). Copies stop where
+        // they would leave less than F16_WEIGHTS_RESERVE of the device free (KV caches and
+        // buffers still to come): past that, and without room, the slabs below do the work.
         if !split
             && w.w16.get().is_none()
             && self.f16_weights.load(std::sync::atomic::Ordering::Relaxed)
             && !self.capturing.load(std::sync::atomic::Ordering::SeqCst)
+            && self.ctx.mem_get_info().is_ok_and(|(free, total)| {
+                let reserve = (total / 10).max(F16_WEIGHTS_RESERVE_MIN);
+                free.saturating_sub(2 * w.rows * cols) >= reserve
+            })
         {
             if let Ok(mut full) = st.alloc_zeros::<u16>(w.rows * cols) {
                 {
