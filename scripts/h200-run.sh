@@ -57,6 +57,11 @@ llama_too() { [ -z "${NO_LLAMA:-}" ] && { has llama || has batch || has serve; }
 if llama_too && { ! has llama || [ -x /tmp/llama/llama.cpp/build/bin/llama-bench ]; } && { ! has batch || [ -x /tmp/llama/llama.cpp/build/bin/llama-batched-bench ]; } && { ! has serve || [ -x /tmp/llama/llama.cpp/build/bin/llama-server ]; }; then
   echo "llama.cpp: reusing the build in /tmp/llama" | tee -a "$AUX/llama-build.log"
   true & llama_build=$!
+elif llama_too && [ -f carry/llama-bin.tar.xz ]; then
+  # Built beforehand by scripts/llama-prebuild.sh (the same sources and CMake options, nvcc 13.0
+  # from PyPI, in /tmp/llama so its run paths hold here): no compile on this machine.
+  tar -C / -xJf carry/llama-bin.tar.xz && echo "llama.cpp: prebuilt binaries from carry/llama-bin.tar.xz" | tee -a "$AUX/llama-build.log"
+  true & llama_build=$!
 elif llama_too; then
   ( mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.tar.xz && cd /tmp/llama/llama.cpp &&
     cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=$(has serve && echo ON || echo OFF) -DLLAMA_BUILD_TESTS=OFF \
