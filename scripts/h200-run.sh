@@ -53,14 +53,25 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 # stages wait for it.
 # NO_LLAMA=1: Muser's halves only (no llama.cpp build, no llama.cpp runs).
 llama_too() { [ -z "${NO_LLAMA:-}" ] && { has llama || has batch || has serve; }; }
+# Whether the prebuilt llama-bench starts (it loads the CUDA libraries); if this machine's
+# libstdc++ is older than the build machine's, with the one that came along (compat/).
+llama_runs() {
+  local b=/tmp/llama/llama.cpp/build/bin
+  "$b/llama-bench" --help > /dev/null 2>&1 && return 0
+  cp /tmp/llama/compat/* "$b/" 2>/dev/null && "$b/llama-bench" --help > /dev/null 2>&1 && return 0
+  echo "llama.cpp: the prebuilt binaries do not start here: $("$b/llama-bench" --help 2>&1 | head -2)" | tee -a "$AUX/llama-build.log"
+  rm -rf /tmp/llama
+  return 1
+}
 # (A machine still warm from an earlier call keeps its build: then it is reused.)
 if llama_too && { ! has llama || [ -x /tmp/llama/llama.cpp/build/bin/llama-bench ]; } && { ! has batch || [ -x /tmp/llama/llama.cpp/build/bin/llama-batched-bench ]; } && { ! has serve || [ -x /tmp/llama/llama.cpp/build/bin/llama-server ]; }; then
   echo "llama.cpp: reusing the build in /tmp/llama" | tee -a "$AUX/llama-build.log"
   true & llama_build=$!
-elif llama_too && [ -f carry/llama-bin.tar.xz ]; then
+elif llama_too && [ -f carry/llama-bin.tar.xz ] && tar -C / -xJf carry/llama-bin.tar.xz && llama_runs; then
   # Built beforehand by scripts/llama-prebuild.sh (the same sources and CMake options, nvcc 13.0
-  # from PyPI, in /tmp/llama so its run paths hold here): no compile on this machine.
-  tar -C / -xJf carry/llama-bin.tar.xz && echo "llama.cpp: prebuilt binaries from carry/llama-bin.tar.xz" | tee -a "$AUX/llama-build.log"
+  # from PyPI, in /tmp/llama so its run paths hold here): no compile on this machine. If they do
+  # not start here, they are compiled from carry/llama.tar.xz as before.
+  echo "llama.cpp: prebuilt binaries from carry/llama-bin.tar.xz" | tee -a "$AUX/llama-build.log"
   true & llama_build=$!
 elif llama_too; then
   ( mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.tar.xz && cd /tmp/llama/llama.cpp &&

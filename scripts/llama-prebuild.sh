@@ -40,5 +40,9 @@ cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_S
   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF -DCUDAToolkit_ROOT="$TK" -DCMAKE_CUDA_COMPILER="$TK/bin/nvcc"
 nice cmake --build build -j"$(nproc)" --target llama-bench llama-batched-bench llama-server
 cd - > /dev/null
-tar -C / -cJf carry/llama-bin.tar.xz tmp/llama/llama.cpp/build/bin
+# This machine's libstdc++ comes along (h200-run.sh uses it only if the binaries do not start with
+# the GPU machine's own), and the headers for tests/fixtures/llama_logits.c.
+mkdir -p /tmp/llama/compat && cp -L "$(g++ -print-file-name=libstdc++.so.6)" /tmp/llama/compat/libstdc++.so.6
+XZ_OPT="-6 -T0" tar -C / -cJf carry/llama-bin.tar.xz tmp/llama/llama.cpp/build/bin tmp/llama/compat \
+  tmp/llama/llama.cpp/include tmp/llama/llama.cpp/ggml/include
 du -sh carry/llama-bin.tar.xz
