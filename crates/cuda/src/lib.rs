@@ -1887,7 +1887,8 @@ impl CudaBackend {
                 let _ = w.w16.set(full);
             }
         }
-        if let (false, Some(full)) = (split, w.w16.get()) {
+        let kept = !split && self.f16_weights.load(std::sync::atomic::Ordering::Relaxed);
+        if let (true, Some(full)) = (kept, w.w16.get()) {
             let (a, _g) = full.device_ptr(st);
             let (ap, _ga) = s.alpha16.device_ptr(st);
             let (op, _go) = out.data.device_ptr_mut(st);
