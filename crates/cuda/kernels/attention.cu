@@ -313,9 +313,7 @@ __device__ __forceinline__ void attn_tc_impl(const float* __restrict__ q, const 
             }
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            int E = 0;
-            if (m > 0.0f && m <= 3.0e38f) frexpf(m, &E);
-            const int S = (m > 0.0f && m <= 3.0e38f) ? min(max(14 - E, -100), 100) : 0;
+            const int S = f16_shift(__float_as_uint(m), 100);
             const float up = ldexpf(1.0f, S);
             down[ab] = ldexpf(1.0f, -S);
 #pragma unroll

@@ -105,16 +105,6 @@ extern "C" __global__ void get_rows(const u8* w, int fmt, long long nbt, int col
 // below 2^-46 or above 2^74 loses its smallest values to f16's subnormals or overflows as f32
 // would).
 
-// The exponent S with m 2^S < 2^14 (m >= 0, the largest value; 0 for 0, NaN or Inf: those
-// propagate as a float product would).
-__device__ __forceinline__ int f16_shift(u32 maxbits, int lim) {
-    const float m = __uint_as_float(maxbits);
-    if (!(m <= 3.0e38f) || m == 0.0f) return 0;
-    int E;
-    frexpf(m, &E);  // m = f 2^E, f in [0.5, 1): m < 2^E
-    return min(max(14 - E, -lim), lim);
-}
-
 // Largest |w| of a matrix into *out (f32 bits: non-negative floats order as their bits; a NaN's
 // bits, sign cleared, lie above Inf's). Grid-stride over rows, threads over columns; *out must
 // start at 0.
@@ -128,6 +118,17 @@ extern "C" __global__ void w16_max(const u8* w, int fmt, long long nbt, int cols
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     if ((threadIdx.x & 31) == 0) atomicMax(out, m);
+}
+
+// A matrix's product factors from its largest |w| (w16_max, already run): alpha[0] = 2^-A
+// (hi.hi), alpha[1] = 2^-(A+11) (the lo terms), alpha[2] = 0 and alpha[3] = 1 (cuBLAS's beta:
+// write, add). One thread, once per matrix at upload.
+extern "C" __global__ void w16_alpha(const u32* wmax, float* alpha) {
+    const int A = f16_shift(*wmax, 60);
+    alpha[0] = ldexpf(1.0f, -A);
+    alpha[1] = ldexpf(1.0f, -(A + 11));
+    alpha[2] = 0.0f;
+    alpha[3] = 1.0f;
 }
 
 // Eight consecutive weights c0 .. c0 + 7 (c0 a multiple of 8) of row `row`, exactly as dq_elem
@@ -221,17 +222,9 @@ extern "C" __global__ void __launch_bounds__(256) x16_rowmax(const float* __rest
 }
 
 // The micro-batch's activations (rows x cols f32) into hi[t ld + c] (and lo), token t scaled by
-// 2^B_t; block (0, 0) writes the products' factors: alpha[0] = 2^-A (hi.hi), alpha[1] = 2^-(A+11)
-// (the lo terms), alpha[2] = 0 and alpha[3] = 1 (cuBLAS's beta: write, add).
-extern "C" __global__ void x16_split(const float* __restrict__ x, int rows, int cols, const u32* xmax, const u32* wmax,
-                                     u16* hi, u16* lo, long long ld, float* alpha) {
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) {
-        const int A = f16_shift(*wmax, 60);
-        alpha[0] = ldexpf(1.0f, -A);
-        alpha[1] = ldexpf(1.0f, -(A + 11));
-        alpha[2] = 0.0f;
-        alpha[3] = 1.0f;
-    }
+// 2^B_t. They do not depend on the matrix: one conversion serves every product of the same x.
+extern "C" __global__ void x16_split(const float* __restrict__ x, int rows, int cols, const u32* xmax,
+                                     u16* hi, u16* lo, long long ld) {
     const int c0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
     if (c0 >= cols) return;
     for (int t = blockIdx.y; t < rows; t += gridDim.y) {

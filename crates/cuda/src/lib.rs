@@ -72,6 +72,9 @@ pub struct CudaMatrix {
     /// The largest |w| (f32 bits), for the f16 prompt products' scale (kernels/dequant.cu
     /// `w16_max`, computed once at upload).
     wmax: CudaSlice<u32>,
+    /// Its f16 products' factors (kernels/dequant.cu `w16_alpha`): 2^-A, 2^-(A+11), then
+    /// cuBLAS's betas 0 and 1.
+    alpha16: CudaSlice<f32>,
     /// `--f16-weights`: the matrix in f16 (`gemm16`'s hi, its scale 2^A), made at its first
     /// product in `--mode fast` on the f16 tensor cores and kept.
     w16: std::sync::OnceLock<CudaSlice<u16>>,
@@ -157,12 +160,11 @@ struct Scratch {
     pq_q: CudaSlice<u8>,
     pq_d: CudaSlice<f32>,
     pq_s: CudaSlice<f32>,
-    /// The f16 prompt products (`gemm16`): the weight slab, the activations, the batch's
-    /// largest |x| and the products' factors.
+    /// The f16 prompt products (`gemm16`): the weight slab, the activations and each token's
+    /// largest |x|.
     w16: CudaSlice<u16>,
     x16: CudaSlice<u16>,
     x16max: CudaSlice<u32>,
-    alpha16: CudaSlice<f32>,
     inv_freq: HashMap<(u32, usize), CudaSlice<f64>>,
 }
 
@@ -834,7 +836,6 @@ impl CudaBackend {
                 w16: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 x16: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 x16max: s.alloc_zeros(1).map_err(dev("alloc"))?,
-                alpha16: s.alloc_zeros(4).map_err(dev("alloc"))?,
                 inv_freq: HashMap::new(),
             });
         }
@@ -1800,17 +1801,28 @@ impl CudaBackend {
         on.then_some(!fast)
     }
 
-    /// out = W x on the f16 tensor cores (kernels/dequant.cu, "Products of many tokens on the
-    /// f16 tensor cores"): x to f16 (hi, and lo when `split`) after its power-of-two scale,
-    /// W's rows in slabs of at most GEMM16_SLAB_BYTES dequantized to f16 the same way (or its
-    /// kept copy, `--f16-weights`), then cublasGemmEx (f16 operands, f32 accumulation and
-    /// output) with the factors on the device: C = 2^-A hi.hi, and with `split` C += 2^-(A+11)
+    /// out = W x for each (W, out) of `products` on the f16 tensor cores (kernels/dequant.cu,
+    /// "Products of many tokens on the f16 tensor cores"): x to f16 once (hi, and lo when
+    /// `split`) after each token's power-of-two scale, then for each matrix
+    /// its rows in slabs of at most GEMM16_SLAB_BYTES dequantized to f16 the same way (or its
+    /// kept copy, `--f16-weights`), cublasGemmEx (f16 operands, f32 accumulation and output)
+    /// with its factors on the device (`alpha16`, made at upload): C = 2^-A hi.hi, and with `split` C += 2^-(A+11)
     /// [hi lo].[lo hi] (one product over 2 cols: hi.lo + lo.hi); then each token's row times
     /// 2^-B_t (`y16_unscale`).
-    fn gemm16(&self, w: &CudaMatrix, x: &CudaAct, out: &mut CudaAct, split: bool) -> Result<()> {
-        let (n, cols) = (x.rows, w.cols);
+    fn gemm16(
+        &self,
+        x: &CudaAct,
+        split: bool,
+        products: &mut [(&CudaMatrix, &mut CudaAct)],
+    ) -> Result<()> {
+        let (n, cols) = (x.rows, x.cols);
+        if let Some((w, _)) = products.iter().find(|(w, o)| w.cols != cols || o.rows != n) {
+            return Err(Error::Backend(format!(
+                "gemm16: input {n}x{cols}, matrix {}x{}",
+                w.rows, w.cols
+            )));
+        }
         let ld = if split { 2 * cols } else { cols };
-        let slab = (GEMM16_SLAB_BYTES / (2 * ld)).clamp(1, w.rows);
         let mut g = self.scratch()?;
         let s = g
             .as_mut()
@@ -1833,8 +1845,6 @@ impl CudaBackend {
             // (grown to n above).
             unsafe { b.launch(cfg) }.map_err(dev("x16_rowmax"))?;
         }
-        let threads = 128u32;
-        let col_blocks = (cols / 8).div_ceil(threads as usize) as u32;
         let (xp, _gx) = s.x16.device_ptr_mut(st);
         // Activation rows: [hi] (fast) or [lo | hi] (split), ld halfs each.
         let (x_hi, x_lo) = if split {
@@ -1850,78 +1860,88 @@ impl CudaBackend {
                 .arg(&rows_i)
                 .arg(&cols_i)
                 .arg(&s.x16max)
-                .arg(&w.wmax)
                 .arg(&x_hi)
                 .arg(&x_lo)
-                .arg(&ld_i)
-                .arg(&mut s.alpha16);
+                .arg(&ld_i);
             let cfg = LaunchConfig {
-                grid_dim: (col_blocks, (n as u32).clamp(1, 65_535), 1),
-                block_dim: (threads, 1, 1),
+                grid_dim: (
+                    (cols / 8).div_ceil(128) as u32,
+                    (n as u32).clamp(1, 65_535),
+                    1,
+                ),
+                block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: reads n x cols floats of x; writes n rows of ld halfs into x16 (grown to
             // n * ld above; hi at offset cols of each row and lo at 0 when split, else hi
-            // alone) and the 4 floats of alpha16.
+            // alone).
             unsafe { b.launch(cfg) }.map_err(dev("x16_split"))?;
         }
-        // `--f16-weights` (fast form only): the matrix's kept f16 copy, made now if it has none
-        // (not while a graph is recorded: allocation stays outside graphs). Copies stop where
-        // they would leave less than F16_WEIGHTS_RESERVE of the device free (KV caches and
-        // buffers still to come): past that, and without room, the slabs below do the work.
-        if !split
-            && w.w16.get().is_none()
-            && self.f16_weights.load(std::sync::atomic::Ordering::Relaxed)
-            && !self.capturing.load(std::sync::atomic::Ordering::SeqCst)
-            && self.ctx.mem_get_info().is_ok_and(|(free, total)| {
-                let reserve = (total / 10).max(F16_WEIGHTS_RESERVE_MIN);
-                free.saturating_sub(2 * w.rows * cols) >= reserve
-            })
-        {
-            if let Ok(mut full) = st.alloc_zeros::<u16>(w.rows * cols) {
-                {
-                    let (fp, _gf) = full.device_ptr_mut(st);
-                    // SAFETY: `full` holds rows x cols halfs (allocated just above).
-                    unsafe { self.w16_rows(w, 0, w.rows, fp, 0, cols) }?;
+        // One conversion of x serves every product of the call (a pair's two matrices).
+        for (w, out) in products.iter_mut() {
+            let w: &CudaMatrix = w;
+            let slab = (GEMM16_SLAB_BYTES / (2 * ld)).clamp(1, w.rows);
+            // `--f16-weights` (fast form only): the matrix's kept f16 copy, made now if it has
+            // none (not while a graph is recorded: allocation stays outside graphs). Copies stop
+            // where they would leave less than a tenth of the device, at least
+            // F16_WEIGHTS_RESERVE_MIN, free (KV caches and buffers still to come): past that,
+            // and without room, the slabs below do the work.
+            if !split
+                && w.w16.get().is_none()
+                && self.f16_weights.load(std::sync::atomic::Ordering::Relaxed)
+                && !self.capturing.load(std::sync::atomic::Ordering::SeqCst)
+                && self.ctx.mem_get_info().is_ok_and(|(free, total)| {
+                    let reserve = (total / 10).max(F16_WEIGHTS_RESERVE_MIN);
+                    free.saturating_sub(2 * w.rows * cols) >= reserve
+                })
+            {
+                if let Ok(mut full) = st.alloc_zeros::<u16>(w.rows * cols) {
+                    {
+                        let (fp, _gf) = full.device_ptr_mut(st);
+                        // SAFETY: `full` holds rows x cols halfs (allocated just above).
+                        unsafe { self.w16_rows(w, 0, w.rows, fp, 0, cols) }?;
+                    }
+                    let _ = w.w16.set(full);
                 }
-                let _ = w.w16.set(full);
             }
-        }
-        let kept = !split && self.f16_weights.load(std::sync::atomic::Ordering::Relaxed);
-        if let (true, Some(full)) = (kept, w.w16.get()) {
-            let (a, _g) = full.device_ptr(st);
-            let (ap, _ga) = s.alpha16.device_ptr(st);
+            let kept = !split && self.f16_weights.load(std::sync::atomic::Ordering::Relaxed);
+            if let (true, Some(full)) = (kept, w.w16.get()) {
+                let (a, _g) = full.device_ptr(st);
+                let (ap, _ga) = w.alpha16.device_ptr(st);
+                let (op, _go) = out.data.device_ptr_mut(st);
+                self.gemm16_call(w.rows, n, cols, cols, a, x_hi, ap, ap + 8, op, w.rows)?;
+                drop(_go);
+                self.y16_unscale(out, &s.x16max)?;
+                continue;
+            }
+            self.grow(&mut s.w16, slab * ld)?;
+            let (wp, _gw) = s.w16.device_ptr_mut(st);
+            let (w_hi, w_lo) = if split {
+                (wp, wp + 2 * cols as u64)
+            } else {
+                (wp, 0u64)
+            };
+            let (ap, _ga) = w.alpha16.device_ptr(st);
             let (op, _go) = out.data.device_ptr_mut(st);
-            self.gemm16_call(w.rows, n, cols, cols, a, x_hi, ap, ap + 8, op, w.rows)?;
-            drop(_go);
-            return self.y16_unscale(out, &s.x16max);
-        }
-        self.grow(&mut s.w16, slab * ld)?;
-        let (wp, _gw) = s.w16.device_ptr_mut(st);
-        let (w_hi, w_lo) = if split {
-            (wp, wp + 2 * cols as u64)
-        } else {
-            (wp, 0u64)
-        };
-        let (ap, _ga) = s.alpha16.device_ptr(st);
-        let (op, _go) = out.data.device_ptr_mut(st);
-        let mut r0 = 0usize;
-        while r0 < w.rows {
-            let nr = slab.min(w.rows - r0);
-            // SAFETY: w16 holds slab * ld halfs (grown above), nr <= slab rows of ld from w_hi;
-            // lo at offset cols of each row when split.
-            unsafe { self.w16_rows(w, r0, nr, w_hi, w_lo, ld) }?;
-            // C: from row r0 of out's first token (out is n x w.rows floats).
-            let c = op + 4 * r0 as u64;
-            self.gemm16_call(nr, n, cols, ld, w_hi, x_hi, ap, ap + 8, c, w.rows)?;
-            if split {
-                // [hi lo] . [lo hi] over 2 cols, times 2^-(A+B+11), added (beta = 1).
-                self.gemm16_call(nr, n, 2 * cols, ld, w_hi, xp, ap + 4, ap + 12, c, w.rows)?;
+            let mut r0 = 0usize;
+            while r0 < w.rows {
+                let nr = slab.min(w.rows - r0);
+                // SAFETY: w16 holds slab * ld halfs (grown above), nr <= slab rows of ld from
+                // w_hi; lo at offset cols of each row when split.
+                unsafe { self.w16_rows(w, r0, nr, w_hi, w_lo, ld) }?;
+                // C: from row r0 of out's first token (out is n x w.rows floats).
+                let c = op + 4 * r0 as u64;
+                self.gemm16_call(nr, n, cols, ld, w_hi, x_hi, ap, ap + 8, c, w.rows)?;
+                if split {
+                    // [hi lo] . [lo hi] over 2 cols, times 2^-(A+B+11), added (beta = 1).
+                    self.gemm16_call(nr, n, 2 * cols, ld, w_hi, xp, ap + 4, ap + 12, c, w.rows)?;
+                }
+                r0 += nr;
             }
-            r0 += nr;
+            drop(_go);
+            self.y16_unscale(out, &s.x16max)?;
         }
-        drop(_go);
-        self.y16_unscale(out, &s.x16max)
+        Ok(())
     }
 
     /// Rows r0 .. r0 + nr of `w` as f16 (kernels/dequant.cu `w16_rows`): hi at `hi + r ld`
@@ -2485,6 +2505,7 @@ impl Backend for CudaBackend {
             nbt: matrix::n_blocks(m.ty, m.rows, m.cols) as i64,
             data,
             wmax: self.stream.alloc_zeros(1).map_err(dev("alloc"))?,
+            alpha16: self.stream.alloc_zeros(4).map_err(dev("alloc"))?,
             w16: std::sync::OnceLock::new(),
         };
         {
@@ -2505,6 +2526,11 @@ impl Backend for CudaBackend {
             // SAFETY: reads the rows x cols elements of the matrix just uploaded (its format's
             // layout, checked by check_bytes), writes the one word of wmax (zeroed above).
             unsafe { b.launch(cfg) }.map_err(dev("w16_max"))?;
+            let f = self.f("w16_alpha")?;
+            let mut b = self.stream.launch_builder(&f);
+            b.arg(&w.wmax).arg(&mut w.alpha16);
+            // SAFETY: one thread reads wmax and writes the 4 floats of alpha16.
+            unsafe { b.launch(grid1(1, 1)) }.map_err(dev("w16_alpha"))?;
         }
         if !Self::mvq_for(&w) {
             self.one_token_sums
@@ -2925,7 +2951,7 @@ impl Backend for CudaBackend {
                 }
                 let invariant = self.invariant();
                 if let Some(split) = self.gemm16_route(w, x.rows) {
-                    return self.gemm16(w, x, out, split);
+                    return self.gemm16(x, split, &mut [(w, out)]);
                 }
                 if self.mmq_route(w, x.rows) {
                     return self.mmq(w, x, out, None);
@@ -2993,6 +3019,26 @@ impl Backend for CudaBackend {
                     out1.xs_ok = false;
                     out2.xs_ok = false;
                     self.matvec_q(w1, None, x, out1, 0, Some((w2, out2)))
+                },
+            );
+        }
+        // Two products of many tokens on the f16 tensor cores in one form: one conversion of x.
+        if let (Some(a), Some(b)) = (self.gemm16_route(w1, x.rows), self.gemm16_route(w2, x.rows))
+            && a == b
+        {
+            return self.timed(
+                || {
+                    format!(
+                        "matmul pair {} {}x{} + {} {}x{} n={}",
+                        w1.ty, w1.rows, w1.cols, w2.ty, w2.rows, w2.cols, x.rows
+                    )
+                },
+                || {
+                    check(out1, x.rows, w1.rows, "matmul pair")?;
+                    check(out2, x.rows, w2.rows, "matmul pair")?;
+                    out1.xs_ok = false;
+                    out2.xs_ok = false;
+                    self.gemm16(x, a, &mut [(w1, out1), (w2, out2)])
                 },
             );
         }
