@@ -241,6 +241,8 @@ struct StepGraphs {
     recording: Option<StepKey>,
     /// The shape `step_record` found recorded (the next `record_replay` launches it).
     replay: Option<StepKey>,
+    /// The shape `record_close` just kept (the next `record_run` launches it).
+    closed: Option<StepKey>,
     /// Steps replayed so far.
     replays: u64,
     graphs: HashMap<StepKey, StepGraph>,
@@ -278,6 +280,8 @@ pub struct CudaBackend {
     scratch: Mutex<Option<Scratch>>,
     /// While a graph is being captured, `begin_batch` must not upload (the decoder does it).
     pub(crate) capturing: std::sync::atomic::AtomicBool,
+    /// Record steps in the relaxed capture mode (`set_capture_relaxed`).
+    capture_relaxed: std::sync::atomic::AtomicBool,
     /// Decode steps recorded as CUDA graphs, one per step shape (on unless `MUSER_BATCH_GRAPHS=0`).
     step_graphs: Mutex<StepGraphs>,
     device_name: String,
@@ -415,6 +419,7 @@ impl CudaBackend {
             blas,
             scratch: Mutex::new(None),
             capturing: std::sync::atomic::AtomicBool::new(false),
+            capture_relaxed: std::sync::atomic::AtomicBool::new(false),
             step_graphs: Mutex::new(StepGraphs {
                 on: !env_is("MUSER_BATCH_GRAPHS", "0"),
                 ..StepGraphs::default()
@@ -475,6 +480,16 @@ impl CudaBackend {
                     .unwrap_or(4),
             ),
         })
+    }
+
+    /// Record steps in CUDA's relaxed capture mode instead of the thread-local one: for the
+    /// ranks of a tensor-parallel step, which one host thread records together (while one rank
+    /// records, the thread uploads to and synchronises the next rank's stream, calls the
+    /// thread-local mode may refuse). The guards the thread-local mode gives (no allocation while
+    /// recording) are kept by the scratch epoch check and the tensor-parallel backend's own.
+    pub fn set_capture_relaxed(&self, on: bool) {
+        self.capture_relaxed
+            .store(on, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The f16 tensor-core products for prompts (`gemm16`): on by default, `MUSER_GEMM16=0` off.
@@ -2729,7 +2744,12 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn step_record(&self, batch: &Batch, caches: &[&mut CudaKv], ws_id: u64) -> Result<StepRecord> {
+    fn step_record(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut CudaKv],
+        ws_id: u64,
+    ) -> Result<StepRecord> {
         let mut g = self
             .step_graphs
             .lock()
@@ -2775,7 +2795,7 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn record_begin(&self, batch: &Batch, caches: &[&mut CudaKv]) -> Result<()> {
+    fn record_begin(&self, batch: &Batch, caches: &mut [&mut CudaKv]) -> Result<()> {
         // The recorded kernels read the batch from device memory; the uploads stay outside.
         self.upload_step(batch, caches)?;
         self.sync()?;
@@ -2784,7 +2804,14 @@ impl Backend for CudaBackend {
         let begun = self
             .stream
             .begin_capture(
-                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                if self
+                    .capture_relaxed
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED
+                } else {
+                    cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+                },
             )
             .map_err(dev("begin capture"));
         if begun.is_err() {
@@ -2794,7 +2821,7 @@ impl Backend for CudaBackend {
         begun
     }
 
-    fn record_end(&self, ok: bool) -> Result<bool> {
+    fn record_close(&self, ok: bool) -> Result<bool> {
         let graph = self
             .stream
             .end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))
@@ -2820,15 +2847,27 @@ impl Backend for CudaBackend {
             g.warm = None;
             return Ok(false);
         }
-        graph.launch().map_err(dev("graph launch"))?;
         if g.graphs.len() >= MAX_STEP_GRAPHS {
             g.graphs.clear();
         }
         g.graphs.insert(key, StepGraph(graph));
+        g.closed = Some(key);
         Ok(true)
     }
 
-    fn record_replay(&self, batch: &Batch, caches: &[&mut CudaKv]) -> Result<()> {
+    fn record_run(&self) -> Result<()> {
+        let mut g = self
+            .step_graphs
+            .lock()
+            .map_err(|_| Error::Backend("step graphs poisoned".into()))?;
+        let key = g.closed.take();
+        match key.and_then(|k| g.graphs.get(&k)) {
+            Some(StepGraph(graph)) => graph.launch().map_err(dev("graph launch")),
+            None => Err(Error::Backend("no recording was just kept".into())),
+        }
+    }
+
+    fn record_replay(&self, batch: &Batch, caches: &mut [&mut CudaKv]) -> Result<()> {
         self.upload_step(batch, caches)?;
         let mut g = self
             .step_graphs

@@ -47,6 +47,10 @@ impl NcclAllReduce {
                 "tensor parallelism over GPUs needs one distinct GPU per rank".into(),
             ));
         }
+        // One host thread records the ranks' steps together (TpBackend::record_begin).
+        for b in ranks {
+            b.set_capture_relaxed(true);
+        }
         let streams = ranks.iter().map(|b| b.stream.clone()).collect();
         let comms =
             Comm::from_devices(streams).map_err(|e| Error::Backend(format!("NCCL init: {e:?}")))?;

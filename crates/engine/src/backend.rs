@@ -208,7 +208,7 @@ pub trait Backend: Send + Sync {
     fn step_record(
         &self,
         _batch: &Batch,
-        _caches: &[&mut Self::Kv],
+        _caches: &mut [&mut Self::Kv],
         _ws_id: u64,
     ) -> Result<StepRecord> {
         Ok(StepRecord::Eager)
@@ -217,18 +217,32 @@ pub trait Backend: Send + Sync {
     fn step_ran(&self, _ok: bool) {}
     /// Start recording the step of `batch` (after `step_record` answered `Record`): its token
     /// ids, positions and caches are made available first (the recording does not do it).
-    fn record_begin(&self, _batch: &Batch, _caches: &[&mut Self::Kv]) -> Result<()> {
+    fn record_begin(&self, _batch: &Batch, _caches: &mut [&mut Self::Kv]) -> Result<()> {
         Ok(())
     }
     /// End the recording begun by `record_begin` (`ok`: whether the recorded operations all
     /// succeeded). Returns whether the recording was kept and has run; if not, the caller runs
-    /// the step again without recording.
-    fn record_end(&self, _ok: bool) -> Result<bool> {
+    /// the step again without recording. Default: `record_close`, then `record_run` if kept.
+    fn record_end(&self, ok: bool) -> Result<bool> {
+        if !self.record_close(ok)? {
+            return Ok(false);
+        }
+        self.record_run()?;
+        Ok(true)
+    }
+    /// The first half of `record_end`: end the recording and keep it, without running it
+    /// (several backends that record one step together, the ranks of a tensor-parallel step
+    /// whose recordings meet in collectives, run theirs only when every one was kept).
+    fn record_close(&self, _ok: bool) -> Result<bool> {
         Ok(false)
+    }
+    /// The second half of `record_end`: run the recording `record_close` just kept.
+    fn record_run(&self) -> Result<()> {
+        Err(Error::Backend("this backend records no steps".into()))
     }
     /// Replay the recording for `batch`'s shape (after `step_record` answered `Replay`): the
     /// batch's token ids, positions and caches are made available, then the recording runs.
-    fn record_replay(&self, _batch: &Batch, _caches: &[&mut Self::Kv]) -> Result<()> {
+    fn record_replay(&self, _batch: &Batch, _caches: &mut [&mut Self::Kv]) -> Result<()> {
         Err(Error::Backend("this backend records no steps".into()))
     }
     /// Make the batch's token ids and positions available to the operations that follow

@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use muser_gguf::Gguf;
 
-use crate::backend::{AttnSpec, Backend, Batch};
+use crate::backend::{AttnSpec, Backend, Batch, StepRecord};
 use crate::config::MuseConfig;
 use crate::error::{Error, Result};
 use crate::kv::KvType;
@@ -247,6 +247,9 @@ pub struct TpBackend<B: Backend> {
     pub ranks: Vec<B>,
     pub plan: ShardPlan,
     reduce: Box<dyn AllReduce<B>>,
+    /// Between `record_begin` and `record_end`: the ranks are recording a step, and no part may
+    /// be reallocated (the recordings would hold the old buffers).
+    recording: std::sync::atomic::AtomicBool,
 }
 
 impl<B: Backend> TpBackend<B> {
@@ -262,6 +265,7 @@ impl<B: Backend> TpBackend<B> {
             ranks,
             plan,
             reduce: Box::new(HostAllReduce),
+            recording: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -275,6 +279,12 @@ impl<B: Backend> TpBackend<B> {
     fn shape(&self, a: &mut TpAct<B::Act>, split: Option<Vec<Range<usize>>>) -> Result<()> {
         if a.split == split {
             return Ok(());
+        }
+        if self.recording.load(std::sync::atomic::Ordering::SeqCst) {
+            // The step then runs unrecorded (record_end with ok = false), where this is fine.
+            return Err(Error::Backend(
+                "tensor parallelism: an activation changes its split in a recorded step".into(),
+            ));
         }
         for (r, b) in self.ranks.iter().enumerate() {
             let w = split.as_ref().map_or(a.cols, |s| s[r].len());
@@ -298,6 +308,20 @@ impl<B: Backend> TpBackend<B> {
     /// Sum the ranks' full-width partial results into every part of `out`.
     fn all_reduce(&self, out: &mut TpAct<B::Act>) -> Result<()> {
         self.reduce.all_reduce(&self.ranks, &mut out.parts)
+    }
+
+    /// `f(rank, backend, that rank's parts of the caches)` for every rank.
+    fn each_kv<T>(
+        &self,
+        caches: &mut [&mut TpKv<B::Kv>],
+        mut f: impl FnMut(usize, &B, &mut [&mut B::Kv]) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        let mut out = Vec::with_capacity(self.ranks.len());
+        for (r, b) in self.ranks.iter().enumerate() {
+            let mut parts: Vec<&mut B::Kv> = caches.iter_mut().map(|c| &mut c.parts[r]).collect();
+            out.push(f(r, b, &mut parts)?);
+        }
+        Ok(out)
     }
 
     fn each<T>(&self, mut f: impl FnMut(usize, &B) -> Result<T>) -> Result<Vec<T>> {
@@ -461,6 +485,76 @@ impl<B: Backend> Backend for TpBackend<B> {
 
     fn begin_batch(&self, batch: &Batch) -> Result<()> {
         self.each(|_, b| b.begin_batch(batch)).map(|_| ())
+    }
+
+    // Recorded steps (CUDA graphs on GPU ranks): every rank records its part of the step, the
+    // collectives included, and replays it; one host thread launches them all. The ranks must
+    // agree: a rank recording or replaying alone would wait in a collective for the others.
+
+    fn step_record(
+        &self,
+        batch: &Batch,
+        caches: &mut [&mut TpKv<B::Kv>],
+        ws_id: u64,
+    ) -> Result<StepRecord> {
+        let modes = self.each_kv(caches, |_, b, parts| b.step_record(batch, parts, ws_id))?;
+        if modes.iter().all(|&m| m == modes[0]) {
+            return Ok(modes[0]);
+        }
+        // Disagreeing ranks (one kept a recording another lost): eager, and no rank takes this
+        // step as its warm-up for a recording.
+        for b in &self.ranks {
+            b.step_ran(false);
+        }
+        Ok(StepRecord::Eager)
+    }
+
+    fn step_ran(&self, ok: bool) {
+        for b in &self.ranks {
+            b.step_ran(ok);
+        }
+    }
+
+    fn record_begin(&self, batch: &Batch, caches: &mut [&mut TpKv<B::Kv>]) -> Result<()> {
+        let mut begun = 0;
+        let r = self.each_kv(caches, |_, b, parts| {
+            b.record_begin(batch, parts)?;
+            begun += 1;
+            Ok(())
+        });
+        if let Err(e) = r {
+            // Close the recordings already begun, keeping none.
+            for b in &self.ranks[..begun] {
+                let _ = b.record_close(false);
+            }
+            return Err(e);
+        }
+        self.recording
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn record_end(&self, ok: bool) -> Result<bool> {
+        self.recording
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        // Every rank's recording ends (an error is kept for after the others have ended).
+        let closed: Vec<Result<bool>> = self.ranks.iter().map(|b| b.record_close(ok)).collect();
+        let mut all = true;
+        for c in closed {
+            all &= c?;
+        }
+        if !all {
+            return Ok(false);
+        }
+        for b in &self.ranks {
+            b.record_run()?;
+        }
+        Ok(true)
+    }
+
+    fn record_replay(&self, batch: &Batch, caches: &mut [&mut TpKv<B::Kv>]) -> Result<()> {
+        self.each_kv(caches, |_, b, parts| b.record_replay(batch, parts))
+            .map(|_| ())
     }
 
     fn get_rows(
