@@ -156,11 +156,14 @@ if has ncu; then
 fi
 
 if has tp && [ "$n_gpu" -ge 2 ]; then
-  # Tensor parallelism: the same file at 2 (and 4) ranks (1 rank: the muser stage), prompt and decode (eager steps).
+  # Tensor parallelism: the same file at 2 (and 4) ranks (1 rank: the muser stage), prompt and
+  # decode (recorded steps, NCCL inside the graphs). TP_FLAGS: a second run with these flags
+  # (e.g. "--mode fast --f16-weights").
   for n in 2 4; do
     [ "$n" -le "$n_gpu" ] || continue
     timeout 300 carry/bin/muser bench -m "$MODEL" --device cuda --tensor-parallel $n -p ${PP:-512} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee "$OUT/muser-tp$n.log"
-    summary+=("$(grep -E '^\| (pp|tg)' "$OUT/muser-tp$n.log" | sed "s/^/muser TP x$n /")")
+    [ -z "${TP_FLAGS:-}" ] || timeout 300 carry/bin/muser bench -m "$MODEL" --device cuda --tensor-parallel $n ${TP_FLAGS} -p ${PP:-512} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee -a "$OUT/muser-tp$n.log"
+    summary+=("$(grep -E '^\| (pp|tg)|^model' "$OUT/muser-tp$n.log" | sed "s/^/muser TP x$n /")")
   done
 fi
 
