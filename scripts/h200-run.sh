@@ -203,7 +203,8 @@ fi
 if has llama && [ -z "${NO_LLAMA:-}" ]; then
   LB="env CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-bench"
   timeout 300 $LB -m "$MODEL" -ngl 99 -p ${PP:-512,2048} -n ${TG:-128} -r ${REPS:-3} 2>&1 | tee "$OUT/llama-bench.log"
-  [ -n "${QUICK:-}" ] || timeout 300 $LB -m "$MODEL" -ngl 99 -p 0 -n ${TG:-128} -d ${LDEPTH:-4096,32768} -r 1 2>&1 | tee -a "$OUT/llama-bench.log"
+  # (With QUICK, only when LDEPTH names the depths.)
+  { [ -z "${QUICK:-}" ] || [ -n "${LDEPTH:-}" ]; } && timeout 300 $LB -m "$MODEL" -ngl 99 -p 0 -n ${TG:-128} -d ${LDEPTH:-4096,32768} -r 1 2>&1 | tee -a "$OUT/llama-bench.log"
   summary+=("$(grep -E 'pp|tg' "$OUT/llama-bench.log" | grep -v '^|  *model' | sed 's/^/llama.cpp /')")
 fi
 
