@@ -256,11 +256,7 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
 // attn_combine. The order of sums differs from attn_partial (the tensor cores' per 16 keys and
 // dimensions, then the tile order), so the bits differ; the accurate mode's bound against the CPU
 // holds either way (gpu.rs).
-__device__ __forceinline__ void mma_f16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// (mma_f16: common.cuh.)
 __device__ __forceinline__ u32 pack_h2(float x, float y) { return (u32)f2h(x) | ((u32)f2h(y) << 16); }
 __device__ __forceinline__ u32 pack_h2_lo(float x, float y) {
     return (u32)f2h(x - h2f(f2h(x))) | ((u32)f2h(y - h2f(f2h(y))) << 16);

@@ -122,3 +122,14 @@ __device__ __forceinline__ int f16_shift(u32 maxbits, int lim) {
     frexpf(m, &E);  // m = f 2^E, f in [0.5, 1): m < 2^E
     return min(max(14 - E, -lim), lim);
 }
+
+// d += a b on the f16 tensor cores, f32 accumulation (mma.sync.m16n8k16, PTX ISA fragments:
+// groupID g = lane / 4, t = lane % 4; A row-major: a0 = row g, k 2t..2t+1; a1 = row g + 8; a2 =
+// row g, k 2t+8..; a3 = row g + 8, k 2t+8..; B column-major: b0 = k 2t..2t+1 of column g, b1 = k
+// 2t+8..; D: d0, d1 = row g, columns 2t, 2t+1; d2, d3 = row g + 8). Attention's tensor-core
+// kernel and the f16 products from quantized weights (dequant.cu) use it.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}

@@ -244,3 +244,108 @@ extern "C" __global__ void y16_unscale(float* y, int rows, int width, const u32*
         for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < width; r += gridDim.x * blockDim.x) yr[r] *= down;
     }
 }
+
+// ==== The fast form's f16 products of a few tokens straight from the quantized weights ====
+//
+// `--mode fast`, 9 to 64 tokens (batched decode): the same operands as gemm16's fast form (each
+// weight dequantized exactly by dq8, times 2^A and rounded to f16, the matrix's hi; x16_split's
+// hi of each token), multiplied on the tensor cores (mma.sync.m16n8k16, f32 accumulation) without
+// an f16 copy of the matrix: 0.56 bytes per Q4_K weight read instead of 2 (cuBLAS on the kept
+// copy) and no dequantized slab. Only the order of the f32 sums differs from cuBLAS's.
+//
+// A block of 128 threads: 64 rows (a warp 16) x up to 64 tokens (8 tiles of 8), columns in steps
+// of 64: the block dequantizes the 64 x 64 weights into shared memory (4 runs of 8 per thread),
+// loads the tokens' 64 x 64 halfs, then each warp runs 4 k-steps x its token tiles of mma.
+// blockIdx.z takes the column range [z kc, (z + 1) kc) (kc a multiple of 64, of the format's
+// block): with ksplit = gridDim.z > 1 the range's sums go to part[z][t][rows] and q16_reduce adds
+// the ranges in order; with one range the block writes y itself. Either way y[t][r] = (sum 2^-A)
+// 2^-B_t, as gemm16's alpha and y16_unscale.
+#define Q16_STRIDE 72  // halfs per shared row: 64 + 8, so fragment loads hit 32 distinct banks
+
+extern "C" __global__ void __launch_bounds__(128) q16_mma(const u8* __restrict__ w, int fmt, long long nbt, int cols,
+                                                          int rows, const u32* __restrict__ wmax,
+                                                          const u16* __restrict__ xh, long long ldx, int n,
+                                                          const u32* __restrict__ xmax, const float* __restrict__ alpha,
+                                                          int kc, float* __restrict__ y, float* __restrict__ part) {
+    __shared__ __align__(16) u16 As[64 * Q16_STRIDE];
+    __shared__ __align__(16) u16 Bs[64 * Q16_STRIDE];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const long long r0 = (long long)blockIdx.x * 64;
+    const int k_begin = blockIdx.z * kc, k_end = min(cols, k_begin + kc);
+    const float up = ldexpf(1.0f, f16_shift(*wmax, 60));
+    const long long bpr = cols / fmt_block(fmt);
+    const int ntiles = (n + 7) >> 3;
+    float acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int k0 = k_begin; k0 < k_end; k0 += 64) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int idx = tid + 128 * i, row = idx >> 3, c8 = idx & 7;
+            uint4 h = make_uint4(0, 0, 0, 0);
+            if (r0 + row < rows) {
+                float v[8];
+                dq8(w, fmt, nbt, bpr, r0 + row, k0 + 8 * c8, v);
+                u32 p[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) p[k] = (u32)f2h(v[2 * k] * up) | ((u32)f2h(v[2 * k + 1] * up) << 16);
+                h = make_uint4(p[0], p[1], p[2], p[3]);
+            }
+            *(uint4*)(As + row * Q16_STRIDE + 8 * c8) = h;
+            uint4 b = make_uint4(0, 0, 0, 0);
+            if (row < n) b = *(const uint4*)(xh + (long long)row * ldx + k0 + 8 * c8);
+            *(uint4*)(Bs + row * Q16_STRIDE + 8 * c8) = b;
+        }
+        __syncthreads();
+        const u16* a_base = As + (warp * 16 + g) * Q16_STRIDE + 2 * t;
+#pragma unroll
+        for (int kk = 0; kk < 64; kk += 16) {
+            u32 a[4];
+            a[0] = *(const u32*)(a_base + kk);
+            a[1] = *(const u32*)(a_base + 8 * Q16_STRIDE + kk);
+            a[2] = *(const u32*)(a_base + kk + 8);
+            a[3] = *(const u32*)(a_base + 8 * Q16_STRIDE + kk + 8);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                if (j < ntiles) {
+                    const u16* b_base = Bs + (8 * j + g) * Q16_STRIDE + kk + 2 * t;
+                    mma_f16(acc[j], a, *(const u32*)b_base, *(const u32*)(b_base + 8));
+                }
+            }
+        }
+        __syncthreads();
+    }
+    // D fragment: rows warp*16 + g (+8), tokens 8j + 2t (+1).
+    const long long ra = r0 + warp * 16 + g, rb = ra + 8;
+    const float a0 = *alpha;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        if (j >= ntiles) continue;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int tok = 8 * j + 2 * t + (e & 1);
+            const long long r = (e < 2) ? ra : rb;
+            if (tok >= n || r >= rows) continue;
+            if (gridDim.z == 1) {
+                const float down = ldexpf(1.0f, -f16_shift(xmax[tok], 120));
+                y[(long long)tok * rows + r] = (acc[j][e] * a0) * down;
+            } else {
+                part[((long long)blockIdx.z * n + tok) * rows + r] = acc[j][e];
+            }
+        }
+    }
+}
+
+// y[t][r] = ((part[0][t][r] + part[1][t][r]) + ...) 2^-A 2^-B_t: q16_mma's column ranges in order.
+extern "C" __global__ void q16_reduce(const float* __restrict__ part, int ksplit, int n, int rows,
+                                      const u32* __restrict__ xmax, const float* __restrict__ alpha, float* __restrict__ y) {
+    const long long total = (long long)n * rows;
+    const float a0 = *alpha;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total; i += (long long)gridDim.x * blockDim.x) {
+        float s = part[i];
+        for (int z = 1; z < ksplit; z++) s += part[(long long)z * total + i];
+        const int tok = (int)(i / rows);
+        y[i] = (s * a0) * ldexpf(1.0f, -f16_shift(xmax[tok], 120));
+    }
+}

@@ -869,6 +869,123 @@ fn fast_mode_prompts_stay_within_its_tolerance() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// `q16_mma` (`--mode fast`, 9 to 64 tokens, `MUSER_Q16=1`): the f16 tensor-core products
+/// straight from the quantized weights must give gemm16's fast form through cuBLAS (the same f16
+/// operands: each weight dequantized exactly, scaled by its matrix's power of two and rounded;
+/// each token's activations likewise) up to the order of the f32 sums, on every format at the
+/// 30B's width 6656, 2048-wide FFNs and the 30B's 19968: every output within 2^-16 of the sum
+/// of |w||x| over its row (checked on every 13th row, where that sum is computed on the host).
+/// Products of exact f16 pairs are exact in f32, so only the sums' rounding differs; a wrong
+/// element, scale or tile moves an output by the order of that sum. Each launch gives the same
+/// bits again (the column ranges are added in a fixed order).
+#[test]
+fn q16_products_match_the_cublas_fast_form() {
+    let Some(_) = gpu() else { return };
+    let g = CudaBackend::new(0).unwrap();
+    g.set_fast_mode(true).unwrap();
+    g.set_gemm16_min_tokens(8);
+    let dir = std::env::temp_dir().join(format!("muser-q16-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rows_out = Vec::new();
+    let mut failures = Vec::new();
+    let cases = ["q4_k", "q5_k", "q6_k", "q8_0", "q4_0", "f16", "bf16", "f32"]
+        .map(|l| (l, 2048usize))
+        .into_iter()
+        .chain([("q4_k", 19968)]);
+    for (layout, n_ff) in cases {
+        let p = muser_engine::synth::Preset {
+            name: "t",
+            n_layer: 1,
+            n_embd: 6656,
+            n_ff,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 128,
+            n_vocab: 512,
+            n_ctx: 4096,
+            n_swa: 128,
+        };
+        let path = dir.join(format!("{layout}-{n_ff}.gguf"));
+        muser_engine::synth::write(
+            &path,
+            &p,
+            muser_engine::synth::Layout::parse(layout).unwrap(),
+            11,
+        )
+        .unwrap();
+        let file = ModelFile::open(&path).unwrap();
+        let cpu = CpuBackend::new(NumericMode::Accurate, 0).unwrap();
+        for mat in [
+            &file.tensors.layers[0].ffn_down,
+            &file.tensors.layers[0].ffn_up,
+        ] {
+            let wg = g.matrix(&file.gguf, mat).unwrap();
+            let wc = cpu.matrix(&file.gguf, mat).unwrap();
+            let ids: Vec<u32> = (0..mat.rows as u32).collect();
+            let mut wh = cpu.act(mat.rows, mat.cols).unwrap();
+            cpu.get_rows(&wc, &ids, &mut wh).unwrap();
+            let (mut worst, mut rep_ok) = (0f64, true);
+            for n in [9usize, 17, 40, 64] {
+                let x: Vec<f32> = (0..n * mat.cols)
+                    .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7)
+                    .collect();
+                let mut xg = g.act(n, mat.cols).unwrap();
+                g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
+                let mut yg = g.act(n, mat.rows).unwrap();
+                g.set_q16(false);
+                g.matmul(&wg, &xg, &mut yg).unwrap();
+                let want = g.read(&yg).unwrap();
+                g.set_q16(true);
+                g.matmul(&wg, &xg, &mut yg).unwrap();
+                let got = g.read(&yg).unwrap();
+                g.matmul(&wg, &xg, &mut yg).unwrap();
+                rep_ok &= g
+                    .read(&yg)
+                    .unwrap()
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                if !got.iter().all(|v| v.is_finite()) {
+                    failures.push(format!(
+                        "{layout} {}x{} n={n}: not finite",
+                        mat.rows, mat.cols
+                    ));
+                    continue;
+                }
+                for r in (0..mat.rows).step_by(13) {
+                    let wr = &wh.data[r * mat.cols..(r + 1) * mat.cols];
+                    for t in 0..n {
+                        let xt = &x[t * mat.cols..(t + 1) * mat.cols];
+                        let s: f64 = wr.iter().zip(xt).map(|(a, b)| (a * b).abs() as f64).sum();
+                        let d = (got[t * mat.rows + r] - want[t * mat.rows + r]).abs() as f64;
+                        worst = worst.max(d / (s * 2f64.powi(-16)).max(1e-30));
+                    }
+                }
+            }
+            let what = format!(
+                "{layout:<5} {}x{}: largest difference / bound {worst:.3}, relaunch {}",
+                mat.rows,
+                mat.cols,
+                if rep_ok {
+                    "same bits"
+                } else {
+                    "DIFFERENT BITS"
+                }
+            );
+            if !(worst <= 1.0 && rep_ok) {
+                failures.push(what.clone());
+            }
+            rows_out.push(what);
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    println!(
+        "q16_mma vs gemm16 through cuBLAS (fast form):\n{}",
+        rows_out.join("\n")
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// The f16 tensor-core prompt products (gemm16) on every fixture: with the token threshold
 /// lowered so the 64-token prompt takes them, the accurate mode's split form must meet the
 /// accurate bounds against the CPU (F32 cache; as cuda_matches_cpu_accurate_on_every_fixture),
@@ -920,25 +1037,6 @@ fn f16_prompt_products_meet_each_modes_bound() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// Prompt attention on the tensor cores (attn_tc; f16 cache, one sequence, 16 or more tokens).
-///
-/// The kernel alone, against the CUDA-core kernels on the same inputs and the same f16 cache
-/// contents (the 30B's shape, 16 query heads per KV head, head_dim 128, a sliding layer whose
-/// window of 128 a 200-token micro-batch crosses, and a full layer), and both against an f64
-/// reference: the accurate mode's split form (Q and P each as hi + lo f16) within 2^-14 of the
-/// largest output, `--mode fast` (hi alone) within 2^-9; the CUDA-core kernels within the same
-/// bound of the reference. The split form carries Q and P to 2^-22 of themselves; what remains is
-/// each kernel's f32 arithmetic (sums, the softmax's exponentials). Measured on the H200
-/// (2026-11-30): tensor cores 3.85e-6 from the f64 result, the CUDA-core kernels 6.0e-6, the two
-/// 7.99e-6 apart. The first bound, 2e-6 between the two kernels, was set before the check ever
-/// ran correctly and lay below the CUDA-core kernels' own distance to the exact result. 2^-14 is
-/// 32x below the fast bound, where a lost or mis-scaled lo term lands (hi alone: 7.05e-4).
-///
-/// Then every fixture's 64-token prompt end to end with the f16 cache, tensor cores on and off.
-/// Here a last-bit difference in one layer's output moves the next layer's K and V across an
-/// f16 rounding boundary now and then (docs/PARITY.md, "f16 cache"), so the bound is the
-/// accurate f16-cache rule: the two must agree better than the f16 cache's own effect (CPU f16
-/// cache against CPU f32 cache); fast mode its usual tolerance.
 /// softmax(q k^T scale + mask) v in f64 for one sequence at positions 0..n, K and V rounded to
 /// f16 first as the cache stores them (query head h reads KV head h / (n_head / n_head_kv); the
 /// causal mask, and 0 <= i - j < n_swa on sliding layers).
@@ -984,6 +1082,25 @@ fn attention_f64(
     out
 }
 
+/// Prompt attention on the tensor cores (attn_tc; f16 cache, one sequence, 16 or more tokens).
+///
+/// The kernel alone, against the CUDA-core kernels on the same inputs and the same f16 cache
+/// contents (the 30B's shape, 16 query heads per KV head, head_dim 128, a sliding layer whose
+/// window of 128 a 200-token micro-batch crosses, and a full layer), and both against an f64
+/// reference: the accurate mode's split form (Q and P each as hi + lo f16) within 2^-14 of the
+/// largest output, `--mode fast` (hi alone) within 2^-9; the CUDA-core kernels within the same
+/// bound of the reference. The split form carries Q and P to 2^-22 of themselves; what remains is
+/// each kernel's f32 arithmetic (sums, the softmax's exponentials). Measured on the H200
+/// (2026-11-30): tensor cores 3.85e-6 from the f64 result, the CUDA-core kernels 6.0e-6, the two
+/// 7.99e-6 apart. The first bound, 2e-6 between the two kernels, was set before the check ever
+/// ran correctly and lay below the CUDA-core kernels' own distance to the exact result. 2^-14 is
+/// 32x below the fast bound, where a lost or mis-scaled lo term lands (hi alone: 7.05e-4).
+///
+/// Then every fixture's 64-token prompt end to end with the f16 cache, tensor cores on and off.
+/// Here a last-bit difference in one layer's output moves the next layer's K and V across an
+/// f16 rounding boundary now and then (docs/PARITY.md, "f16 cache"), so the bound is the
+/// accurate f16-cache rule: the two must agree better than the f16 cache's own effect (CPU f16
+/// cache against CPU f32 cache); fast mode its usual tolerance.
 #[test]
 fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
     let Some(_) = gpu() else { return };
