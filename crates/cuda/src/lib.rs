@@ -1851,8 +1851,8 @@ impl CudaBackend {
     /// out = 2^-A (W hi . x hi) 2^-B_t for `n` <= Q16_MAX_TOKENS tokens (kernels/dequant.cu
     /// `q16_mma`): `x_hi` the tokens' f16 rows (`ld` halfs apart, from x16_split), `x16max`
     /// their largest values. The columns are cut into ranges so that the launch has about five
-    /// blocks per SM (a range a whole number of the format's blocks), and `q16_reduce` adds the
-    /// ranges in order.
+    /// blocks per SM (`MUSER_Q16_WAVE`; a range a whole number of the format's blocks), and
+    /// `q16_reduce` adds the ranges in order.
     fn q16_mma(
         &self,
         w: &CudaMatrix,
@@ -1872,7 +1872,7 @@ impl CudaBackend {
         let unit = if w.cols % 256 == 0 { 256 } else { 64 };
         let units = w.cols / unit;
         let row_blocks = w.rows.div_ceil(64);
-        let want = (5 * self.sm_count as usize).div_ceil(row_blocks);
+        let want = (q16_wave() * self.sm_count as usize).div_ceil(row_blocks);
         let per = units.div_ceil(want.clamp(1, units));
         let ksplit = units.div_ceil(per);
         let kc = (per * unit) as i32;
@@ -2549,6 +2549,19 @@ fn mmq_enabled() -> bool {
 
 /// Micro-batches of fewer tokens than this run the attention kernels that take a quarter of a KV
 /// head's query heads per block (`MUSER_ATTN_G4_BELOW`, default 8).
+/// Blocks per SM `q16_mma` aims for when it cuts the columns into ranges (`MUSER_Q16_WAVE`,
+/// default 5: the blocks of 128 threads that fit an SM at 96 registers).
+fn q16_wave() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("MUSER_Q16_WAVE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5)
+            .max(1)
+    })
+}
+
 fn attn_g4_below() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
