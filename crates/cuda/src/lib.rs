@@ -2405,29 +2405,10 @@ impl CudaBackend {
                 kv.max_ctx
             };
             // A block's four warps take 32 keys each per pass. One token (decode) splits the keys
-            // finely, 32 per split, for blocks enough to fill the GPU; 8 or more tokens usually
-            // give blocks enough by themselves, so a split takes 128 keys (every warp busy, a
-            // quarter of the partials to write and merge). Blocks are tokens x KV heads x groups
-            // x splits, and Muse Glimmer has 2 KV heads: a batch of 32 decoding sequences on a
-            // 128-key window made 64 blocks for 132 SMs (2.5 ms of a 23 ms step, H200,
-            // 2026-11-30). So a launch that would have fewer than two blocks per SM takes the
-            // quarter-head groups (`_g4`) and then 32-key splits too. The batch-invariant mode
-            // keeps 32 whatever the batch (and `_g4` does not change a head's arithmetic).
-            let nrep_g4 = nrep % 4 == 0;
-            let few = |groups: usize, per: usize| {
-                n * spec.n_head_kv * groups * max_keys.div_ceil(per).clamp(1, ATTN_MAX_SPLITS)
-                    < 2 * self.sm_count as usize
-            };
-            let groups = if nrep_g4 && (n < attn_g4_below() || few(1, 128)) {
-                4
-            } else {
-                1
-            };
-            let per_split = if self.invariant() || n < 8 || few(groups, 128) {
-                32
-            } else {
-                128
-            };
+            // finely, 32 per split, for blocks enough to fill the GPU; 8 or more tokens give blocks
+            // enough by themselves, so a split takes 128 keys (every warp busy, a quarter of the
+            // partials to write and merge). The batch-invariant mode keeps 32 whatever the batch.
+            let per_split = if self.invariant() || n < 8 { 32 } else { 128 };
             let n_split = max_keys.div_ceil(per_split).clamp(1, ATTN_MAX_SPLITS);
             // Bounded scratch for long prompts, unless the splits must not depend on the batch.
             let n_split = if self.invariant() {
@@ -2439,9 +2420,14 @@ impl CudaBackend {
                 &mut s.part,
                 n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2),
             )?;
-            // (`_g4`: each block takes a quarter of a KV head's query heads: four times the
-            // blocks, a third of the registers; chosen above for fewer than
-            // `MUSER_ATTN_G4_BELOW` tokens, default 8, or too few blocks.)
+            // A few tokens (fewer than `MUSER_ATTN_G4_BELOW`, default 8): each block takes a quarter
+            // of a KV head's query heads (`_g4`, four times the blocks, a third of the registers; a
+            // head's arithmetic is the same either way, so the bits too).
+            let groups = if n < attn_g4_below() && nrep % 4 == 0 {
+                4
+            } else {
+                1
+            };
             let name = format!(
                 "attn_{nrep}_{}_{}{}",
                 spec.head_dim,
