@@ -160,6 +160,32 @@ fn check_fixture(name: &str, rows: &mut Vec<String>) -> Result<Vec<String>, muse
     Ok(failures)
 }
 
+/// A one-layer synthetic file in `dir` with the 30B's width 6656 and FFN width `n_ff`, every
+/// tensor in `layout` (random weights from `seed`).
+fn one_layer_file(dir: &std::path::Path, layout: &str, n_ff: usize, seed: u64) -> ModelFile {
+    let p = muser_engine::synth::Preset {
+        name: "t",
+        n_layer: 1,
+        n_embd: 6656,
+        n_ff,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 128,
+        n_vocab: 512,
+        n_ctx: 4096,
+        n_swa: 128,
+    };
+    let path = dir.join(format!("{layout}-{n_ff}.gguf"));
+    muser_engine::synth::write(
+        &path,
+        &p,
+        muser_engine::synth::Layout::parse(layout).unwrap(),
+        seed,
+    )
+    .unwrap();
+    ModelFile::open(&path).unwrap()
+}
+
 #[test]
 fn matvec_kernels_match_the_cpu_per_format() {
     let Some(gpu_b) = gpu() else { return };
@@ -174,27 +200,7 @@ fn matvec_kernels_match_the_cpu_per_format() {
         .into_iter()
         .chain([("q4_k", 19968), ("q6_k", 19968)]);
     for (layout, n_ff) in cases {
-        let p = muser_engine::synth::Preset {
-            name: "t",
-            n_layer: 1,
-            n_embd: 6656,
-            n_ff,
-            n_head: 4,
-            n_head_kv: 2,
-            head_dim: 128,
-            n_vocab: 512,
-            n_ctx: 4096,
-            n_swa: 128,
-        };
-        let path = dir.join(format!("{layout}-{n_ff}.gguf"));
-        muser_engine::synth::write(
-            &path,
-            &p,
-            muser_engine::synth::Layout::parse(layout).unwrap(),
-            7,
-        )
-        .unwrap();
-        let file = ModelFile::open(&path).unwrap();
+        let file = one_layer_file(&dir, layout, n_ff, 7);
         let m = &file.tensors.layers[0].ffn_down; // 6656 rows x n_ff cols
         let up = &file.tensors.layers[0].ffn_up; // n_ff rows x 6656 cols
         // Batch-invariant too for Q4_K/Q6_K: every token count on the tensor-core kernels
@@ -893,27 +899,7 @@ fn q16_products_match_the_cublas_fast_form() {
         .into_iter()
         .chain([("q4_k", 19968)]);
     for (layout, n_ff) in cases {
-        let p = muser_engine::synth::Preset {
-            name: "t",
-            n_layer: 1,
-            n_embd: 6656,
-            n_ff,
-            n_head: 4,
-            n_head_kv: 2,
-            head_dim: 128,
-            n_vocab: 512,
-            n_ctx: 4096,
-            n_swa: 128,
-        };
-        let path = dir.join(format!("{layout}-{n_ff}.gguf"));
-        muser_engine::synth::write(
-            &path,
-            &p,
-            muser_engine::synth::Layout::parse(layout).unwrap(),
-            11,
-        )
-        .unwrap();
-        let file = ModelFile::open(&path).unwrap();
+        let file = one_layer_file(&dir, layout, n_ff, 11);
         let cpu = CpuBackend::new(NumericMode::Accurate, 0).unwrap();
         for mat in [
             &file.tensors.layers[0].ffn_down,
