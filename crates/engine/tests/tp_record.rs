@@ -5,8 +5,10 @@
 //! none recording. Whatever the script, the logits are the plain ranks' to the bit.
 //!
 //! A scripted rank is a CPU backend whose "recording" runs the operations as they come (it
-//! cannot replay), so a step it keeps has run once, and one it drops runs again eagerly: the
-//! same values rewritten.
+//! cannot replay), so a step it records has run once already. A GPU's recording runs nothing
+//! until `record_run`; so when this rank's recording does not run (dropped by it or by another
+//! rank), the K and V rows it appended are taken back before the step runs again eagerly (the
+//! NoPE planes grow in position order).
 
 mod common;
 
@@ -14,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use common::*;
 use muser_engine::backend::{AttnSpec, Backend, Batch, StepRecord};
-use muser_engine::kv::KvType;
+use muser_engine::kv::{KvType, LayerCache};
 use muser_engine::loader::Matrix;
 use muser_engine::tp::{ShardPlan, TpBackend};
 use muser_engine::{CpuBackend, Logits, ModelFile, MuseConfig, MuseGlimmer, NumericMode, Session};
@@ -32,6 +34,10 @@ struct Scripted {
     cpu: CpuBackend,
     script: Script,
     log: Mutex<Vec<&'static str>>,
+    /// At `record_begin`: each cache's NoPE plane lengths (bytes of K per layer).
+    planes: Mutex<Vec<Vec<usize>>>,
+    /// A recording that did not run: its rows are still to be taken back (at the next attention).
+    undo: Mutex<bool>,
 }
 
 impl Scripted {
@@ -40,6 +46,8 @@ impl Scripted {
             cpu: CpuBackend::new(NumericMode::Accurate, 1).unwrap(),
             script,
             log: Mutex::new(Vec::new()),
+            planes: Mutex::new(Vec::new()),
+            undo: Mutex::new(false),
         }
     }
     fn note(&self, what: &'static str) {
@@ -69,8 +77,20 @@ impl Backend for Scripted {
     fn step_ran(&self, ok: bool) {
         self.note(if ok { "ran" } else { "ran-failed" });
     }
-    fn record_begin(&self, _b: &Batch, _c: &mut [&mut Self::Kv]) -> R<()> {
+    fn record_begin(&self, _b: &Batch, caches: &mut [&mut Self::Kv]) -> R<()> {
         self.note("begin");
+        *self.planes.lock().unwrap() = caches
+            .iter()
+            .map(|c| {
+                c.layers
+                    .iter()
+                    .map(|l| match l {
+                        LayerCache::Plane { k, .. } => k.len(),
+                        LayerCache::Ring { .. } => 0,
+                    })
+                    .collect()
+            })
+            .collect();
         if self.script.begin_fails {
             return Err(muser_engine::Error::Backend(
                 "scripted: cannot record".into(),
@@ -80,10 +100,14 @@ impl Backend for Scripted {
     }
     fn record_close(&self, ok: bool) -> R<bool> {
         self.note("close");
+        // Until `record_run`, the recording has not run: on a GPU nothing it holds has touched
+        // the caches yet.
+        *self.undo.lock().unwrap() = true;
         Ok(ok && self.script.keep)
     }
     fn record_run(&self) -> R<()> {
         self.note("run");
+        *self.undo.lock().unwrap() = false;
         Ok(())
     }
     fn record_replay(&self, _b: &Batch, _c: &mut [&mut Self::Kv]) -> R<()> {
@@ -172,6 +196,17 @@ impl Backend for Scripted {
         v: &Self::Act,
         out: &mut Self::Act,
     ) -> R<()> {
+        if std::mem::take(&mut *self.undo.lock().unwrap()) {
+            let planes = self.planes.lock().unwrap();
+            for (c, lens) in caches.iter_mut().zip(planes.iter()) {
+                for (l, &n) in c.layers.iter_mut().zip(lens) {
+                    if let LayerCache::Plane { k, v } = l {
+                        k.truncate(n);
+                        v.truncate(n);
+                    }
+                }
+            }
+        }
         self.cpu.attention(caches, spec, batch, q, k, v, out)
     }
     fn sigmoid_gate(&self, x: &mut Self::Act, g: &Self::Act) -> R<()> {
