@@ -506,6 +506,7 @@ impl CudaBackend {
     /// an f16 copy of the matrix. Off by default (`MUSER_Q16=1` on).
     pub fn set_q16(&self, on: bool) {
         self.q16.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
     }
 
     /// The f16 tensor-core products for prompts (`gemm16`): on by default, `MUSER_GEMM16=0` off.
