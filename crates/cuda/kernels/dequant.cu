@@ -105,6 +105,12 @@ extern "C" __global__ void get_rows(const u8* w, int fmt, long long nbt, int col
 // below 2^-46 or above 2^74 loses its smallest values to f16's subnormals or overflows as f32
 // would).
 
+// A matrix's scale 2^A (from its largest |w|, w16_max) and a token's 2^B_t and 2^-B_t (from
+// its largest |x|, x16_rowmax): the powers of two of the section above.
+__device__ __forceinline__ float w16_up(const u32* wmax) { return ldexpf(1.0f, f16_shift(*wmax, 60)); }
+__device__ __forceinline__ float x16_up(u32 xmax) { return ldexpf(1.0f, f16_shift(xmax, 120)); }
+__device__ __forceinline__ float x16_down(u32 xmax) { return ldexpf(1.0f, -f16_shift(xmax, 120)); }
+
 // Largest |w| of a matrix into *out (f32 bits: non-negative floats order as their bits; a NaN's
 // bits, sign cleared, lie above Inf's). Grid-stride over rows, threads over columns; *out must
 // start at 0.
@@ -189,7 +195,7 @@ __device__ __forceinline__ void put16(const float (&v)[8], float up, u16* hi, u1
 // slab row r. grid (cols / 8 / blockDim.x rounded up, up to 65535 row steps).
 extern "C" __global__ void w16_rows(const u8* w, int fmt, long long nbt, int cols, long long row0, int nrows,
                                     const u32* wmax, u16* hi, u16* lo, long long ld) {
-    const float up = ldexpf(1.0f, f16_shift(*wmax, 60));
+    const float up = w16_up(wmax);
     const int c0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
     if (c0 >= cols) return;
     const long long bpr = cols / fmt_block(fmt);
@@ -228,7 +234,7 @@ extern "C" __global__ void x16_split(const float* __restrict__ x, int rows, int 
     const int c0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
     if (c0 >= cols) return;
     for (int t = blockIdx.y; t < rows; t += gridDim.y) {
-        const float up = ldexpf(1.0f, f16_shift(xmax[t], 120));
+        const float up = x16_up(xmax[t]);
         const float4 a = *(const float4*)(x + (long long)t * cols + c0);
         const float4 b = *(const float4*)(x + (long long)t * cols + c0 + 4);
         const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -239,7 +245,7 @@ extern "C" __global__ void x16_split(const float* __restrict__ x, int rows, int 
 // y[t][r] *= 2^-B_t (rows tokens of width floats): the activations' per-token scale undone.
 extern "C" __global__ void y16_unscale(float* y, int rows, int width, const u32* xmax) {
     for (int t = blockIdx.y; t < rows; t += gridDim.y) {
-        const float down = ldexpf(1.0f, -f16_shift(xmax[t], 120));
+        const float down = x16_down(xmax[t]);
         float* yr = y + (long long)t * width;
         for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < width; r += gridDim.x * blockDim.x) yr[r] *= down;
     }
@@ -273,7 +279,7 @@ extern "C" __global__ void __launch_bounds__(128) q16_mma(const u8* __restrict__
     const int g = lane >> 2, t = lane & 3;
     const long long r0 = (long long)blockIdx.x * 64;
     const int k_begin = blockIdx.z * kc, k_end = min(cols, k_begin + kc);
-    const float up = ldexpf(1.0f, f16_shift(*wmax, 60));
+    const float up = w16_up(wmax);
     const long long bpr = cols / fmt_block(fmt);
     const int ntiles = (n + 7) >> 3;
     float acc[8][4];
@@ -328,7 +334,7 @@ extern "C" __global__ void __launch_bounds__(128) q16_mma(const u8* __restrict__
             const long long r = (e < 2) ? ra : rb;
             if (tok >= n || r >= rows) continue;
             if (gridDim.z == 1) {
-                const float down = ldexpf(1.0f, -f16_shift(xmax[tok], 120));
+                const float down = x16_down(xmax[tok]);
                 y[(long long)tok * rows + r] = (acc[j][e] * a0) * down;
             } else {
                 part[((long long)blockIdx.z * n + tok) * rows + r] = acc[j][e];
@@ -346,6 +352,6 @@ extern "C" __global__ void q16_reduce(const float* __restrict__ part, int ksplit
         float s = part[i];
         for (int z = 1; z < ksplit; z++) s += part[(long long)z * total + i];
         const int tok = (int)(i / rows);
-        y[i] = (s * a0) * ldexpf(1.0f, -f16_shift(xmax[tok], 120));
+        y[i] = (s * a0) * x16_down(xmax[tok]);
     }
 }

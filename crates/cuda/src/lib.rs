@@ -2021,9 +2021,9 @@ impl CudaBackend {
             // where they would leave less than a tenth of the device, at least
             // F16_WEIGHTS_RESERVE_MIN, free (KV caches and buffers still to come): past that,
             // and without room, the slabs below do the work.
-            if !split
+            let kept = !split && self.f16_weights.load(std::sync::atomic::Ordering::Relaxed);
+            if kept
                 && w.w16.get().is_none()
-                && self.f16_weights.load(std::sync::atomic::Ordering::Relaxed)
                 && !self.capturing.load(std::sync::atomic::Ordering::SeqCst)
                 && self.ctx.mem_get_info().is_ok_and(|(free, total)| {
                     let reserve = (total / 10).max(F16_WEIGHTS_RESERVE_MIN);
@@ -2039,7 +2039,6 @@ impl CudaBackend {
                     let _ = w.w16.set(full);
                 }
             }
-            let kept = !split && self.f16_weights.load(std::sync::atomic::Ordering::Relaxed);
             if let (true, Some(full)) = (kept, w.w16.get()) {
                 let (a, _g) = full.device_ptr(st);
                 let (ap, _ga) = w.alpha16.device_ptr(st);
@@ -2324,8 +2323,8 @@ impl CudaBackend {
     }
 
     /// Whether `n` queries of one sequence go to the tensor-core prompt attention (`attn_tc`):
-    /// an f16 cache, 16 or more tokens, query heads per KV head dividing 64, head_dim a
-    /// multiple of 16; not in the batch-invariant or cuda-parity modes; `MUSER_ATTN_TC=0` off.
+    /// an f16 cache, 16 or more tokens, query heads per KV head dividing 64, head_dim 64 or
+    /// 128; not in the batch-invariant or cuda-parity modes; `MUSER_ATTN_TC=0` off.
     fn attn_tc_for(&self, kv: &SeqView, spec: AttnSpec, n: usize) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let nrep = spec.n_head / spec.n_head_kv.max(1);
@@ -2335,7 +2334,6 @@ impl CudaBackend {
             && n >= 16
             && nrep > 0
             && 64 % nrep == 0
-            && spec.head_dim % 16 == 0
             && matches!(spec.head_dim, 64 | 128)
             && !self.invariant()
             && !self.cuda_parity.load(Relaxed)
@@ -2405,10 +2403,11 @@ impl CudaBackend {
             } else {
                 kv.max_ctx
             };
-            // A block's four warps take 32 keys each per pass. One token (decode) splits the keys
-            // finely, 32 per split, for blocks enough to fill the GPU; 8 or more tokens give blocks
-            // enough by themselves, so a split takes 128 keys (every warp busy, a quarter of the
-            // partials to write and merge). The batch-invariant mode keeps 32 whatever the batch.
+            // A block's four warps take 32 keys each per pass. One token (decode) splits the
+            // keys finely, 32 per split, for blocks enough to fill the GPU; 8 or more tokens give
+            // blocks enough by themselves, so a split takes 128 keys (every warp busy, a quarter
+            // of the partials to write and merge). The batch-invariant mode keeps 32 whatever
+            // the batch.
             let per_split = if self.invariant() || n < 8 { 32 } else { 128 };
             let n_split = max_keys.div_ceil(per_split).clamp(1, ATTN_MAX_SPLITS);
             // Bounded scratch for long prompts, unless the splits must not depend on the batch.
@@ -2421,9 +2420,9 @@ impl CudaBackend {
                 &mut s.part,
                 n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2),
             )?;
-            // A few tokens (fewer than `MUSER_ATTN_G4_BELOW`, default 8): each block takes a quarter
-            // of a KV head's query heads (`_g4`, four times the blocks, a third of the registers; a
-            // head's arithmetic is the same either way, so the bits too).
+            // A few tokens (fewer than `MUSER_ATTN_G4_BELOW`, default 8): each block takes a
+            // quarter of a KV head's query heads (`_g4`, four times the blocks, a third of the
+            // registers; a head's arithmetic is the same either way, so the bits too).
             let groups = if n < attn_g4_below() && nrep % 4 == 0 {
                 4
             } else {
@@ -2452,9 +2451,10 @@ impl CudaBackend {
                     block_dim: (128, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: each token reads visible rows of its own cache (seqtab holds live caches'
-                // tables, bound by bind_caches for this batch; slots derive from positions checked
-                // against each cache's n_ctx) and writes n x n_kv_head x n_split partials into `part`.
+                // SAFETY: each token reads visible rows of its own cache (seqtab holds live
+                // caches' tables, bound by bind_caches for this batch; slots derive from positions
+                // checked against each cache's n_ctx) and writes n x n_kv_head x n_split partials
+                // into `part`.
                 unsafe { b.launch(cfg) }.map_err(dev(&name))?;
             }
             n_split
@@ -2534,8 +2534,6 @@ fn mmq_enabled() -> bool {
     *ON.get_or_init(|| !env_is("MUSER_MMQ", "0"))
 }
 
-/// Micro-batches of fewer tokens than this run the attention kernels that take a quarter of a KV
-/// head's query heads per block (`MUSER_ATTN_G4_BELOW`, default 8).
 /// Blocks per SM `q16_mma` aims for when it cuts the columns into ranges (`MUSER_Q16_WAVE`,
 /// default 5: the blocks of 128 threads that fit an SM at 96 registers).
 fn q16_wave() -> usize {
@@ -2549,6 +2547,8 @@ fn q16_wave() -> usize {
     })
 }
 
+/// Micro-batches of fewer tokens than this run the attention kernels that take a quarter of a KV
+/// head's query heads per block (`MUSER_ATTN_G4_BELOW`, default 8).
 fn attn_g4_below() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {

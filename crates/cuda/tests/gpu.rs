@@ -88,11 +88,11 @@ fn cuda_matches_cpu_accurate_on_every_fixture() {
             Err(e) => failures.push(format!("{name}: error {e}")),
         }
     }
-    println!(
-        "CUDA accurate vs CPU accurate, max |Δ log-softmax| over every position:\n{}",
-        rows.join("\n")
+    report(
+        "CUDA accurate vs CPU accurate, max |Δ log-softmax| over every position",
+        &rows,
+        &failures,
     );
-    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 fn check_fixture(name: &str, rows: &mut Vec<String>) -> Result<Vec<String>, muser_engine::Error> {
@@ -596,6 +596,16 @@ fn two_plane_excess(
     worst
 }
 
+/// Print a test's rows (under `title`, unless empty), then fail listing every failure.
+fn report(title: &str, rows: &[String], failures: &[String]) {
+    if title.is_empty() {
+        println!("{}", rows.join("\n"));
+    } else {
+        println!("{title}:\n{}", rows.join("\n"));
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 fn xg_data(a: &mut muser_cuda::CudaAct) -> &mut cudarc::driver::CudaSlice<f32> {
     a.data_mut()
 }
@@ -871,8 +881,7 @@ fn fast_mode_prompts_stay_within_its_tolerance() {
             failures.push(format!("{name}: {d:.2e} > {bound:.1e}"));
         }
     }
-    println!("{}", rows.join("\n"));
-    assert!(failures.is_empty(), "{failures:#?}");
+    report("", &rows, &failures);
 }
 
 /// `q16_mma` (`--mode fast`, 9 to 64 tokens, `MUSER_Q16=1`): the f16 tensor-core products
@@ -965,11 +974,11 @@ fn q16_products_match_the_cublas_fast_form() {
         }
     }
     std::fs::remove_dir_all(&dir).ok();
-    println!(
-        "q16_mma vs gemm16 through cuBLAS (fast form):\n{}",
-        rows_out.join("\n")
+    report(
+        "q16_mma vs gemm16 through cuBLAS (fast form)",
+        &rows_out,
+        &failures,
     );
-    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// The f16 tensor-core prompt products (gemm16) on every fixture: with the token threshold
@@ -1019,8 +1028,7 @@ fn f16_prompt_products_meet_each_modes_bound() {
             }
         }
     }
-    println!("{}", rows.join("\n"));
-    assert!(failures.is_empty(), "{failures:#?}");
+    report("", &rows, &failures);
 }
 
 /// softmax(q k^T scale + mask) v in f64 for one sequence at positions 0..n, K and V rounded to
@@ -1238,11 +1246,11 @@ fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
             }
         }
     }
-    println!(
-        "tensor-core prompt attention vs the CUDA-core kernels, f16 cache:\n{}",
-        rows.join("\n")
+    report(
+        "tensor-core prompt attention vs the CUDA-core kernels, f16 cache",
+        &rows,
+        &failures,
     );
-    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// The fused FFN kernel (gate, up and SwiGLU of one token in one launch) must give the unfused
@@ -1412,11 +1420,11 @@ fn batched_sequences_match_one_at_a_time() {
             }
         }
     }
-    println!(
-        "5 sequences batched vs each alone (teacher-forced decode logits):\n{}",
-        rows.join("\n")
+    report(
+        "5 sequences batched vs each alone (teacher-forced decode logits)",
+        &rows,
+        &failures,
     );
-    assert!(failures.is_empty(), "{failures:#?}");
 }
 
 /// Greedy selection on the device (chunks per row, the last block of a row merging them) picks

@@ -310,16 +310,16 @@ impl<B: Backend> TpBackend<B> {
         self.reduce.all_reduce(&self.ranks, &mut out.parts)
     }
 
-    /// `f(rank, backend, that rank's parts of the caches)` for every rank.
+    /// `f(backend, that rank's parts of the caches)` for every rank, in rank order.
     fn each_kv<T>(
         &self,
         caches: &mut [&mut TpKv<B::Kv>],
-        mut f: impl FnMut(usize, &B, &mut [&mut B::Kv]) -> Result<T>,
+        mut f: impl FnMut(&B, &mut [&mut B::Kv]) -> Result<T>,
     ) -> Result<Vec<T>> {
         let mut out = Vec::with_capacity(self.ranks.len());
         for (r, b) in self.ranks.iter().enumerate() {
             let mut parts: Vec<&mut B::Kv> = caches.iter_mut().map(|c| &mut c.parts[r]).collect();
-            out.push(f(r, b, &mut parts)?);
+            out.push(f(b, &mut parts)?);
         }
         Ok(out)
     }
@@ -497,7 +497,7 @@ impl<B: Backend> Backend for TpBackend<B> {
         caches: &mut [&mut TpKv<B::Kv>],
         ws_id: u64,
     ) -> Result<StepRecord> {
-        let modes = self.each_kv(caches, |_, b, parts| b.step_record(batch, parts, ws_id))?;
+        let modes = self.each_kv(caches, |b, parts| b.step_record(batch, parts, ws_id))?;
         if modes.iter().all(|&m| m == modes[0]) {
             return Ok(modes[0]);
         }
@@ -517,7 +517,7 @@ impl<B: Backend> Backend for TpBackend<B> {
 
     fn record_begin(&self, batch: &Batch, caches: &mut [&mut TpKv<B::Kv>]) -> Result<()> {
         let mut begun = 0;
-        let r = self.each_kv(caches, |_, b, parts| {
+        let r = self.each_kv(caches, |b, parts| {
             b.record_begin(batch, parts)?;
             begun += 1;
             Ok(())
@@ -553,7 +553,7 @@ impl<B: Backend> Backend for TpBackend<B> {
     }
 
     fn record_replay(&self, batch: &Batch, caches: &mut [&mut TpKv<B::Kv>]) -> Result<()> {
-        self.each_kv(caches, |_, b, parts| b.record_replay(batch, parts))
+        self.each_kv(caches, |b, parts| b.record_replay(batch, parts))
             .map(|_| ())
     }
 

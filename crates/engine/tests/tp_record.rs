@@ -271,6 +271,19 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// Two scripted ranks, run (`run`); their logits must be `want`'s bits.
+fn scripted_run(a: Script, b: Script, want: &[f32]) -> MuseGlimmer<TpBackend<Scripted>> {
+    let m = scripted(a, b);
+    let got = run(&m).unwrap();
+    assert!(same_bits(&got, want), "logits differ from the plain ranks'");
+    m
+}
+
+/// How many times `calls` holds `what`.
+fn count(calls: &[&str], what: &str) -> usize {
+    calls.iter().filter(|&&c| c == what).count()
+}
+
 const RECORD_KEEP: Script = Script {
     mode: StepRecord::Record,
     keep: true,
@@ -288,19 +301,10 @@ fn ranks_that_disagree_run_the_step_eagerly() {
         mode: StepRecord::Eager,
         ..RECORD_KEEP
     };
-    let m = scripted(replay, eager);
-    let got = run(&m).unwrap();
-    assert!(
-        same_bits(&got, &want),
-        "logits differ from the plain ranks'"
-    );
+    let m = scripted_run(replay, eager, &want);
     for (r, b) in m.backend.ranks.iter().enumerate() {
         let calls = b.calls();
-        assert_eq!(
-            calls.iter().filter(|&&c| c == "ask").count(),
-            5,
-            "rank {r}: {calls:?}"
-        );
+        assert_eq!(count(&calls, "ask"), 5, "rank {r}: {calls:?}");
         assert!(
             !calls
                 .iter()
@@ -320,24 +324,11 @@ fn recordings_run_only_when_every_rank_kept_its_own() {
         keep: false,
         ..RECORD_KEEP
     };
-    let m = scripted(RECORD_KEEP, dropped);
-    let got = run(&m).unwrap();
-    assert!(
-        same_bits(&got, &want),
-        "logits differ from the plain ranks'"
-    );
+    let m = scripted_run(RECORD_KEEP, dropped, &want);
     for (r, b) in m.backend.ranks.iter().enumerate() {
         let calls = b.calls();
-        assert_eq!(
-            calls.iter().filter(|&&c| c == "begin").count(),
-            5,
-            "rank {r}: {calls:?}"
-        );
-        assert_eq!(
-            calls.iter().filter(|&&c| c == "close").count(),
-            5,
-            "rank {r}: {calls:?}"
-        );
+        assert_eq!(count(&calls, "begin"), 5, "rank {r}: {calls:?}");
+        assert_eq!(count(&calls, "close"), 5, "rank {r}: {calls:?}");
         assert!(
             !calls.contains(&"run"),
             "rank {r} ran a recording alone: {calls:?}"
@@ -346,12 +337,7 @@ fn recordings_run_only_when_every_rank_kept_its_own() {
     // Both keep: both recordings run, every step but the first. The first step of a workspace
     // gives its activations their splits (new buffers), which a recording must not do: it fails
     // the recording (TpBackend::shape), and the step runs again eagerly.
-    let m = scripted(RECORD_KEEP, RECORD_KEEP);
-    let got = run(&m).unwrap();
-    assert!(
-        same_bits(&got, &want),
-        "logits differ from the plain ranks'"
-    );
+    let m = scripted_run(RECORD_KEEP, RECORD_KEEP, &want);
     let mut expected = vec!["ask", "begin", "close"];
     for _ in 0..4 {
         expected.extend(["ask", "begin", "close", "run"]);
