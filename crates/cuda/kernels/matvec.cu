@@ -827,3 +827,299 @@ extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_split_p2(const u8* W,
 extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_pair_p2(const u8* W, const u8* W2, long long nbt, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
     mvq_q6_k<true, true, false, 2>(W, W2, nbt, x, y, y2, rows, cols, rpb);
 }
+
+// ==== The x-stationary kernels with their weights staged by the TMA (sm_90) ====
+// The kernels above keep one step of MVQ_R rows in flight in registers: about 15 KB per block, two
+// blocks per SM, which at the DRAM latency of a loaded H200 caps them near 2.6 TB/s (the FFN pair:
+// 56 us for 150 MB). Here one thread hands the copy engine (cp.async.bulk) each step's rows, whole:
+// `stages` steps of MVQ_R rows in shared memory, `stages - 1` of them in flight while the block
+// computes one, with no registers held for them. Every thread reads from shared memory exactly
+// the bytes it read from global memory before and does the same arithmetic in the same order: the
+// same bits as the register kernels (gpu.rs checks it). A stage is refilled after the step's
+// barrier in mvq_finish, which every thread reaches after its reads of that stage.
+#define MVQ_TMA_MAX_STAGES 8
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+// The barriers' initialisation, visible to the copy engine (the async proxy) before its first use.
+__device__ __forceinline__ void mbar_init_fence() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// The issuing thread's arrival, announcing `bytes` of copies that complete this phase.
+__device__ __forceinline__ void mbar_expect(u64* bar, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+#endif
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory, counted
+// on `bar`.
+__device__ __forceinline__ void tma_copy(void* dst, const void* src, u32 bytes, u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+#endif
+}
+// Wait for the phase of `bar` with this parity to complete (its copies landed and visible).
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n\t.reg .pred done;\n"
+                 "MBAR_WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+                 "@!done bra MBAR_WAIT_%=;\n}" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+#endif
+}
+
+// The staged form of mvq_q4_k (PF, not FUSED). Shared memory: `stages` stages of MVQ_R rows, each
+// row the launch's column range (nbl blocks of 144 B) as in the file; the stage stride is the
+// host's, MVQ_R * nbs * 144 (nbs = nb without SPLIT).
+template <bool PAIR, bool SPLIT, int P>
+__device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
+                                             float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
+                                             float* __restrict__ part, unsigned* cnt, int nbs, int stages) {
+    extern __shared__ __align__(128) u8 stage_mem[];
+    __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
+    __shared__ __align__(8) u64 bars[MVQ_TMA_MAX_STAGES];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int nb = cols >> 8, b0 = tid >> 3, sub = tid & 7, j = sub >> 1, half = sub & 1;
+    const int b_off = SPLIT ? blockIdx.y * nbs : 0;
+    const int nbl = SPLIT ? min(nbs, nb - b_off) : nb;  // this launch's column blocks
+    const bool on = b0 < nbl;
+    const int bl = on ? b0 : 0, b = bl + b_off;
+    const int e_lo = b * 256 + 64 * j + 16 * half, e_hi = e_lo + 32;
+    const int vrows = PAIR ? 2 * rows : rows;
+    const int r_begin = blockIdx.x * rpb, r_end = min(vrows, r_begin + rpb);
+    const int steps = r_begin < r_end ? (r_end - r_begin + MVQ_R - 1) / MVQ_R : 0;
+    const int rb = nbl * 144;                          // bytes of a row's range
+    const int stride = MVQ_R * (SPLIT ? nbs : nb) * 144;  // bytes of a stage
+    if (tid == 0) {
+        for (int s = 0; s < stages; s++) mbar_init(&bars[s]);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    // Step k's rows (clamped to the last, as mvq_load_q4k) into stage k % stages.
+    auto issue = [&](int k) {
+        const int s = k % stages;
+        mbar_expect(&bars[s], (u32)(MVQ_R * rb));
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            int row = min(r_begin + k * MVQ_R + r, vrows - 1);
+            const u8* M = mvq_seg<PAIR>(W, W2, row, rows);
+            tma_copy(stage_mem + s * stride + r * rb, M + ((long long)row * nb + b_off) * 144, (u32)rb, &bars[s]);
+        }
+    };
+    // The first stages (the weights do not depend on x) in flight while x becomes digits, and,
+    // launched programmatically, while the kernel before finishes.
+    pdl_trigger();
+    if (tid == 0)
+        for (int k = 0; k < min(stages, steps); k++) issue(k);
+    pdl_wait();
+    u32 l0[4], l1[4], l2[4], h0[4], h1[4], h2[4];
+    float lsc, lsum, hsc, hsum;
+    {
+        float v[16];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float4 a = ld_after_wait(x + e_lo + 4 * i);
+            v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
+        }
+        x_digits<16, P>(v, l0, l1, l2, lsc, lsum);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float4 a = ld_after_wait(x + e_hi + 4 * i);
+            v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
+        }
+        x_digits<16, P>(v, h0, h1, h2, hsc, hsum);
+    }
+    float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;
+    for (int k = 0; k < steps; k++) {
+        const int s = k % stages, r0 = r_begin + k * MVQ_R;
+        mbar_wait(&bars[s], (u32)((k / stages) & 1));
+        const u8* st = stage_mem + s * stride + bl * 144;
+        float acc[MVQ_R];
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            const uint4 hd = *(const uint4*)(st + r * rb);
+            const uint4 qq = *(const uint4*)(st + r * rb + 16 + 16 * sub);
+            const u32 q[4] = {qq.x, qq.y, qq.z, qq.w};
+            u32 a0 = 0, a1 = 0, c0 = 0, c1 = 0;
+            int a2 = 0, c2 = 0;
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                const u32 lo = q[w] & 0x0F0F0F0Fu, hi = (q[w] >> 4) & 0x0F0F0F0Fu;
+                if (P == 3) {
+                    a0 = dp4a_uu(lo, l0[w], a0); a1 = dp4a_uu(lo, l1[w], a1); a2 = dp4a_ss(lo, l2[w], a2);
+                    c0 = dp4a_uu(hi, h0[w], c0); c1 = dp4a_uu(hi, h1[w], c1); c2 = dp4a_ss(hi, h2[w], c2);
+                } else {
+                    a0 = dp4a_uu(lo, l0[w], a0); a2 = dp4a_ss(lo, l1[w], a2);
+                    c0 = dp4a_uu(hi, h0[w], c0); c2 = dp4a_ss(hi, h1[w], c2);
+                }
+            }
+            // As mvq_q4_k, term for term.
+            const float qx_lo = (P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0))
+                                        : fmaf(256.0f, (float)a2, (float)(int)a0)) * lsc;
+            const float qx_hi = (P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0))
+                                        : fmaf(256.0f, (float)c2, (float)(int)c0)) * hsc;
+            const float d = h2f((u16)(hd.x & 0xFFFF)), dm = h2f((u16)(hd.x >> 16));
+            float sa, ma, sb, mb;
+            scale_min_pair(j, hd.y, hd.z, hd.w, &sa, &ma, &sb, &mb);
+            acc[r] = on ? ((d * sa) * qx_lo - (dm * ma) * lsum) + ((d * sb) * qx_hi - (dm * mb) * hsum) : 0.0f;
+        }
+        if (PAIR && r0 >= rows) mvq_finish<MVQ_R, false>(acc, red, k & 1, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
+        else mvq_finish<MVQ_R, false>(acc, red, k & 1, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
+        // Every thread's reads of stage s came before mvq_finish's barrier: refill it.
+        if (tid == 0 && k + stages < steps) issue(k + stages);
+    }
+    if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
+}
+
+// Bytes of a Q6_K row range of nbl blocks in a stage: ql, qh, scales, then d's 16-byte-aligned
+// cover (the range's d start anywhere in a 16-byte word: 15 bytes before it at most, and the
+// device buffer of a Q6_K matrix carries 16 bytes of padding past d, lib.rs matrix_from_bytes).
+__device__ __forceinline__ int q6_stage_row(int nbl) { return nbl * 208 + ((2 * nbl + 15) & ~15) + 16; }
+
+// The staged form of mvq_q6_k (PF), as mvq_q4_k_tma.
+template <bool PAIR, bool SPLIT, int P>
+__device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8* __restrict__ W2, long long nbt,
+                                             const float* __restrict__ x, float* __restrict__ y, float* __restrict__ y2, int rows,
+                                             int cols, int rpb, float* __restrict__ part, unsigned* cnt, int nbs, int stages) {
+    extern __shared__ __align__(128) u8 stage_mem[];
+    __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
+    __shared__ __align__(8) u64 bars[MVQ_TMA_MAX_STAGES];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+    const int nb = cols >> 8, b0 = tid >> 3, sub = tid & 7, n = sub >> 2, k8 = sub & 3;
+    const int b_off = SPLIT ? blockIdx.y * nbs : 0;
+    const int nbl = SPLIT ? min(nbs, nb - b_off) : nb;
+    const bool on = b0 < nbl;
+    const int bl = on ? b0 : 0, b = bl + b_off;
+    const int vrows = PAIR ? 2 * rows : rows;
+    const int r_begin = blockIdx.x * rpb, r_end = min(vrows, r_begin + rpb);
+    const int steps = r_begin < r_end ? (r_end - r_begin + MVQ_R - 1) / MVQ_R : 0;
+    const int rb = q6_stage_row(nbl);
+    const int stride = MVQ_R * q6_stage_row(SPLIT ? nbs : nb);
+    if (tid == 0) {
+        for (int s = 0; s < stages; s++) mbar_init(&bars[s]);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    auto issue = [&](int k) {
+        const int s = k % stages;
+        u32 total = 0;
+        long long blk[MVQ_R];
+        const u8* Ms[MVQ_R];
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            int row = min(r_begin + k * MVQ_R + r, vrows - 1);
+            Ms[r] = mvq_seg<PAIR>(W, W2, row, rows);
+            blk[r] = (long long)row * nb + b_off;
+            const long long d0 = nbt * 208 + 2 * blk[r];
+            total += nbl * 208 + (u32)(((d0 + 2 * nbl + 15) & ~15LL) - (d0 & ~15LL));
+        }
+        mbar_expect(&bars[s], total);
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            u8* dst = stage_mem + s * stride + r * rb;
+            const u8* M = Ms[r];
+            tma_copy(dst, M + blk[r] * 128, (u32)(nbl * 128), &bars[s]);
+            tma_copy(dst + nbl * 128, M + nbt * 128 + blk[r] * 64, (u32)(nbl * 64), &bars[s]);
+            tma_copy(dst + nbl * 192, M + nbt * 192 + blk[r] * 16, (u32)(nbl * 16), &bars[s]);
+            const long long d0 = nbt * 208 + 2 * blk[r], a0 = d0 & ~15LL;
+            tma_copy(dst + nbl * 208, M + a0, (u32)(((d0 + 2 * nbl + 15) & ~15LL) - a0), &bars[s]);
+        }
+    };
+    pdl_trigger();
+    if (tid == 0)
+        for (int k = 0; k < min(stages, steps); k++) issue(k);
+    pdl_wait();
+    u32 x0[4][2], x1[4][2], x2[4][2];
+    float xsc[4];
+#pragma unroll
+    for (int qt = 0; qt < 4; qt++) {
+        const int e = b * 256 + 128 * n + 32 * qt + 8 * k8;
+        const float4 a = ld_after_wait(x + e), c = ld_after_wait(x + e + 4);
+        const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+        float unused;
+        x_digits<8, P>(v, x0[qt], x1[qt], x2[qt], xsc[qt], unused);
+    }
+    float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;
+    for (int k = 0; k < steps; k++) {
+        const int s = k % stages, r0 = r_begin + k * MVQ_R;
+        mbar_wait(&bars[s], (u32)((k / stages) & 1));
+        float acc[MVQ_R];
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            const u8* st = stage_mem + s * stride + r * rb;
+            const int row = min(r0 + r, vrows - 1);
+            const long long d0 = nbt * 208 + 2 * ((long long)(PAIR && row >= rows ? row - rows : row) * nb + b_off);
+            const float dr = h2f(*(const u16*)(st + nbl * 208 + (int)(d0 & 15) + 2 * bl));
+            const uint2 L0 = *(const uint2*)(st + bl * 128 + 64 * n + 8 * k8);
+            const uint2 L1 = *(const uint2*)(st + bl * 128 + 64 * n + 32 + 8 * k8);
+            const uint2 H = *(const uint2*)(st + nbl * 128 + bl * 64 + 32 * n + 8 * k8);
+            const u32* s4 = (const u32*)(st + nbl * 192 + bl * 16 + 8 * n);
+            const u32 w0 = s4[0], w1 = s4[1];
+            const u32 scw = (k8 >> 1) ? __byte_perm(w0, w1, 0x7531) : __byte_perm(w0, w1, 0x6420);
+            const u32 lw0[2] = {L0.x, L0.y}, lw1[2] = {L1.x, L1.y}, hw[2] = {H.x, H.y};
+            u32 qv[4][2];
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                qv[0][w] = __vsub4((lw0[w] & 0x0F0F0F0Fu) | (((hw[w] >> 0) & 0x03030303u) << 4), 0x20202020u);
+                qv[1][w] = __vsub4((lw1[w] & 0x0F0F0F0Fu) | (((hw[w] >> 2) & 0x03030303u) << 4), 0x20202020u);
+                qv[2][w] = __vsub4(((lw0[w] >> 4) & 0x0F0F0F0Fu) | (((hw[w] >> 4) & 0x03030303u) << 4), 0x20202020u);
+                qv[3][w] = __vsub4(((lw1[w] >> 4) & 0x0F0F0F0Fu) | (((hw[w] >> 6) & 0x03030303u) << 4), 0x20202020u);
+            }
+            float a = 0.0f;
+#pragma unroll
+            for (int qt = 0; qt < 4; qt++) {
+                float qx;
+                if (P == 3) {
+                    int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_su(qv[qt][0], x1[qt][0], 0), s2 = dp4a_ss(qv[qt][0], x2[qt][0], 0);
+                    s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_su(qv[qt][1], x1[qt][1], s1); s2 = dp4a_ss(qv[qt][1], x2[qt][1], s2);
+                    qx = fmaf(65536.0f, (float)s2, (float)(256 * s1 + s0)) * xsc[qt];
+                } else {
+                    int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_ss(qv[qt][0], x1[qt][0], 0);
+                    s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_ss(qv[qt][1], x1[qt][1], s1);
+                    qx = fmaf(256.0f, (float)s1, (float)s0) * xsc[qt];
+                }
+                const float sc = (float)(signed char)((scw >> (8 * qt)) & 0xFFu);
+                a = fmaf(dr * sc, qx, a);  // as mvq_q6_k
+            }
+            acc[r] = on ? a : 0.0f;
+        }
+        if (PAIR && r0 >= rows) mvq_finish<MVQ_R, false>(acc, red, k & 1, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
+        else mvq_finish<MVQ_R, false>(acc, red, k & 1, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
+        if (tid == 0 && k + stages < steps) issue(k + stages);
+    }
+    if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
+}
+
+// Entry points: one signature for every staged form (W2 = W, y2 = y, part and cnt unused without
+// PAIR or SPLIT); Q6_K's with nbt after W2.
+#define MVQ_TMA4(NAME, PAIR, SPLIT, P)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* W, const u8* W2, const float* x, float* y, float* y2,     \
+                                                           int rows, int cols, int rpb, float* part, unsigned* cnt, int nbs, \
+                                                           int stages) {                                                     \
+        mvq_q4_k_tma<PAIR, SPLIT, P>(W, W2, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                              \
+    }
+#define MVQ_TMA6(NAME, PAIR, SPLIT, P)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* W, const u8* W2, long long nbt, const float* x, float* y, \
+                                                           float* y2, int rows, int cols, int rpb, float* part, unsigned* cnt, \
+                                                           int nbs, int stages) {                                            \
+        mvq_q6_k_tma<PAIR, SPLIT, P>(W, W2, nbt, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                         \
+    }
+MVQ_TMA4(mvq_q4_k_tma, false, false, 3)
+MVQ_TMA4(mvq_q4_k_split_tma, false, true, 3)
+MVQ_TMA4(mvq_q4_k_pair_tma, true, false, 3)
+MVQ_TMA4(mvq_q4_k_tma_p2, false, false, 2)
+MVQ_TMA4(mvq_q4_k_split_tma_p2, false, true, 2)
+MVQ_TMA4(mvq_q4_k_pair_tma_p2, true, false, 2)
+MVQ_TMA6(mvq_q6_k_tma, false, false, 3)
+MVQ_TMA6(mvq_q6_k_split_tma, false, true, 3)
+MVQ_TMA6(mvq_q6_k_pair_tma, true, false, 3)
+MVQ_TMA6(mvq_q6_k_tma_p2, false, false, 2)
+MVQ_TMA6(mvq_q6_k_split_tma_p2, false, true, 2)
+MVQ_TMA6(mvq_q6_k_pair_tma_p2, true, false, 2)

@@ -189,6 +189,11 @@ const Q16_MAX_TOKENS: usize = 64;
 /// The x-stationary kernels' limits (kernels/matvec.cu MVQ_R, MVQ_MAX_THREADS).
 const MVQ_R: usize = 4;
 const MVQ_MAX_COLS: usize = 640 / 8 * 256;
+/// The most stages of the TMA-staged one-token kernels (MVQ_TMA_MAX_STAGES in matvec.cu).
+const MVQ_TMA_MAX_STAGES: usize = 8;
+/// The dynamic shared memory the TMA-staged one-token kernels may take (of the H100's and H200's
+/// 227 KiB per block): stages are dropped, down to 2, to fit.
+const MVQ_TMA_SMEM: usize = 200 * 1024;
 /// Most key splits of one token's attention (kernels/kv.cu COMBINE_MAX_SPLITS: attn_combine's
 /// shared arrays hold this many).
 const ATTN_MAX_SPLITS: usize = 64;
@@ -346,6 +351,11 @@ pub struct CudaBackend {
     /// largest value), or 2 in `--mode fast` (to within 2^-14; `MUSER_MVQ_PLANES=2` in the accurate mode,
     /// for comparison).
     mvq_planes: std::sync::atomic::AtomicUsize,
+    /// Stages of the x-stationary kernels' TMA-staged forms (`mvq_*_tma`, sm_90 and newer); 0:
+    /// the register forms (`MUSER_MVQ_STAGES`, default 4; 0 turns the staged forms off).
+    mvq_stages: std::sync::atomic::AtomicUsize,
+    /// sm_90 or newer (the TMA, programmatic launches).
+    hopper: bool,
     /// Products of more than 64 tokens in one launch of the staged kernels, 64 tokens per grid
     /// layer (on unless `MUSER_MMQ_ZGRID=0`), instead of one launch per 64 tokens. Same bits per token.
     mmq_zgrid: std::sync::atomic::AtomicBool,
@@ -372,7 +382,7 @@ pub struct CudaBackend {
     /// Bumped when a scratch buffer is reallocated (`scratch_epoch`).
     scratch_epoch: std::sync::atomic::AtomicU64,
     /// Resident blocks per SM of (kernel, block size), from the occupancy calculator.
-    waves: Mutex<HashMap<(&'static str, u32), u32>>,
+    waves: Mutex<HashMap<(&'static str, u32, u32), u32>>,
 }
 
 fn grid1(n: usize, threads: u32) -> LaunchConfig {
@@ -468,6 +478,12 @@ impl CudaBackend {
             mmq_pairs: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_PAIR", "0")),
             mmq_planes: std::sync::atomic::AtomicUsize::new(env_planes()),
             mvq_planes: std::sync::atomic::AtomicUsize::new(env_mvq_planes()),
+            mvq_stages: std::sync::atomic::AtomicUsize::new(if cc.0 >= 9 {
+                env_mvq_stages()
+            } else {
+                0
+            }),
+            hopper: cc.0 >= 9,
             // (The read-only activation loads of X_LOAD=2 are wrong under PDL: kernels/common.cuh.)
             pdl: !env_is("MUSER_PDL", "0")
                 && cc.0 >= 9
@@ -614,6 +630,22 @@ impl CudaBackend {
     /// else is taken as 3.
     pub fn set_mvq_planes(&self, planes: usize) {
         self.set_choice(&self.mvq_planes, if planes == 2 { 2 } else { 3 });
+    }
+
+    /// Stages of the one-token kernels' TMA-staged forms (2..=8), or 0 for their register forms
+    /// (the same bits). Before sm_90 the register forms stay, whatever is asked.
+    pub fn set_mvq_stages(&self, n: usize) {
+        let n = if n == 0 || !self.hopper {
+            0
+        } else {
+            n.clamp(2, MVQ_TMA_MAX_STAGES)
+        };
+        self.set_choice(&self.mvq_stages, n);
+    }
+
+    /// The staged one-token kernels' stages now (0: the register forms).
+    pub fn mvq_stages(&self) -> usize {
+        self.mvq_stages.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Decode steps recorded as CUDA graphs and replayed (or every step launched kernel by
@@ -1196,6 +1228,45 @@ impl CudaBackend {
             && w.rows % MVQ_R == 0
     }
 
+    /// Resident blocks per SM of kernel `name` at `threads` threads and `smem` bytes of dynamic
+    /// shared memory (asked of the driver once, then kept).
+    fn blocks_per_sm(
+        &self,
+        name: &'static str,
+        f: &CudaFunction,
+        threads: u32,
+        smem: u32,
+    ) -> Result<u32> {
+        let mut g = self
+            .waves
+            .lock()
+            .map_err(|_| Error::Backend("occupancy table lock poisoned".into()))?;
+        if let Some(&n) = g.get(&(name, threads, smem)) {
+            return Ok(n);
+        }
+        let n = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None)
+            .map_err(dev("occupancy"))?
+            .max(1);
+        if std::env::var_os("MUSER_KERNEL_INFO").is_some() {
+            let regs = f
+                .get_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS,
+                )
+                .unwrap_or(-1);
+            let local = f
+                .get_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                )
+                .unwrap_or(-1);
+            eprintln!(
+                "{name}: {threads} threads, {smem} B dynamic shared memory, {regs} registers, {local} B local, {n} blocks per SM"
+            );
+        }
+        g.insert((name, threads, smem), n);
+        Ok(n)
+    }
+
     /// One token through an x-stationary kernel: blocks as wide as the matrix (8 threads per
     /// 256 columns), one wave of resident blocks, each taking a run of consecutive rows. With
     /// `up`, `w` is the FFN gate and the kernel writes silu(gate x) * (up x). With `second` =
@@ -1224,6 +1295,11 @@ impl CudaBackend {
         } else {
             Self::mvq_threads(w)
         };
+        // sm_90 and newer: the TMA-staged forms, where they exist (not fused, at most 256 threads).
+        let stages = self.mvq_stages.load(std::sync::atomic::Ordering::Relaxed);
+        if stages > 0 && up.is_none() && threads <= 256 {
+            return self.matvec_q_tma(w, x, out, t, second, (ranges, nbs, threads), stages);
+        }
         let name: &'static str = match (w.ty, threads <= 256, up.is_some(), second.is_some()) {
             (GgmlType::Q4_K, true, false, false) if ranges > 1 => "mvq_q4_k_split",
             (GgmlType::Q6_K, true, false, false) if ranges > 1 => "mvq_q6_k_split",
@@ -1273,34 +1349,7 @@ impl CudaBackend {
         // Rows the blocks run over: W's, then W2's in a pair launch.
         let vrows = if second.is_some() { 2 * w.rows } else { w.rows };
         let f = &self.f(name)?;
-        let per_sm = {
-            let mut g = self
-                .waves
-                .lock()
-                .map_err(|_| Error::Backend("occupancy table lock poisoned".into()))?;
-            match g.get(&(name, threads)) {
-                Some(&n) => n,
-                None => {
-                    let n = f
-                        .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)
-                        .map_err(dev("occupancy"))?
-                        .max(1);
-                    if std::env::var_os("MUSER_KERNEL_INFO").is_some() {
-                        let regs = f
-                            .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS)
-                            .unwrap_or(-1);
-                        let local = f
-                            .get_attribute(cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)
-                            .unwrap_or(-1);
-                        eprintln!(
-                            "{name}: {threads} threads, {regs} registers, {local} B local, {n} blocks per SM"
-                        );
-                    }
-                    g.insert((name, threads), n);
-                    n
-                }
-            }
-        };
+        let per_sm = self.blocks_per_sm(name, f, threads, 0)?;
         // One wave of resident blocks: `ranges` blocks per range of rows.
         let slots = ((per_sm * self.sm_count) as usize / ranges).max(1);
         let rpb = vrows.div_ceil(slots).div_ceil(step) * step;
@@ -1406,6 +1455,144 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `matvec_q` through the TMA-staged kernels (`mvq_*_tma`, kernels/matvec.cu): the same
+    /// arithmetic, so the same bits; `split` = (column ranges, blocks per range, threads) as
+    /// `matvec_q` chose them.
+    fn matvec_q_tma(
+        &self,
+        w: &CudaMatrix,
+        x: &CudaAct,
+        out: &mut CudaAct,
+        t: usize,
+        second: Option<(&CudaMatrix, &mut CudaAct)>,
+        split: (usize, usize, u32),
+        stages: usize,
+    ) -> Result<()> {
+        let (ranges, nbs, threads) = split;
+        if let Some((w2, _)) = &second
+            && !Self::mvq_pair_for(w, w2)
+        {
+            return Err(Error::Backend(format!(
+                "mvq pair: {} {}x{} with {} {}x{}",
+                w.ty, w.rows, w.cols, w2.ty, w2.rows, w2.cols
+            )));
+        }
+        let fast = self.mvq_planes.load(std::sync::atomic::Ordering::Relaxed) == 2;
+        let q6 = match w.ty {
+            GgmlType::Q4_K => false,
+            GgmlType::Q6_K => true,
+            ty => {
+                return Err(Error::Backend(format!(
+                    "no staged one-token kernel for {ty}"
+                )));
+            }
+        };
+        let name: &'static str = match (q6, ranges > 1, second.is_some(), fast) {
+            (false, false, false, false) => "mvq_q4_k_tma",
+            (false, true, false, false) => "mvq_q4_k_split_tma",
+            (false, false, true, false) => "mvq_q4_k_pair_tma",
+            (false, false, false, true) => "mvq_q4_k_tma_p2",
+            (false, true, false, true) => "mvq_q4_k_split_tma_p2",
+            (false, false, true, true) => "mvq_q4_k_pair_tma_p2",
+            (true, false, false, false) => "mvq_q6_k_tma",
+            (true, true, false, false) => "mvq_q6_k_split_tma",
+            (true, false, true, false) => "mvq_q6_k_pair_tma",
+            (true, false, false, true) => "mvq_q6_k_tma_p2",
+            (true, true, false, true) => "mvq_q6_k_split_tma_p2",
+            (true, false, true, true) => "mvq_q6_k_pair_tma_p2",
+            (_, true, true, _) => {
+                return Err(Error::Backend(
+                    "mvq: a pair launch is never column-split".into(),
+                ));
+            }
+        };
+        // A stage: MVQ_R rows of nbs column blocks (q6_stage_row in matvec.cu for Q6_K).
+        let row_bytes = if q6 {
+            nbs * 208 + (2 * nbs).next_multiple_of(16) + 16
+        } else {
+            nbs * 144
+        };
+        let stride = MVQ_R * row_bytes;
+        let stages = stages.min(MVQ_TMA_SMEM / stride).max(2);
+        let smem = (stages * stride) as u32;
+        let f = &self.f(name)?;
+        self.raise_smem(name, f, MVQ_TMA_SMEM as u32)?;
+        let per_sm = self.blocks_per_sm(name, f, threads, smem)?;
+        let vrows = if second.is_some() { 2 * w.rows } else { w.rows };
+        // One wave of resident blocks, `ranges` per range of rows, as `matvec_q`.
+        let slots = ((per_sm * self.sm_count) as usize / ranges).max(1);
+        let rpb = vrows.div_ceil(slots).div_ceil(MVQ_R) * MVQ_R;
+        let grid = vrows.div_ceil(rpb) as u32;
+        let mut g = if ranges > 1 {
+            Some(self.scratch()?)
+        } else {
+            None
+        };
+        let split = match g.as_mut() {
+            Some(g) => {
+                let s = g
+                    .as_mut()
+                    .ok_or_else(|| Error::Backend("no scratch".into()))?;
+                self.grow(&mut s.vpart, ranges * w.rows)?;
+                self.grow(&mut s.vcnt, grid as usize)?;
+                Some((&mut s.vpart, &mut s.vcnt))
+            }
+            None => None,
+        };
+        let st = &self.stream;
+        let xv = x.data.slice(t * x.cols..(t + 1) * x.cols);
+        let mut yv = out.data.slice_mut(t * w.rows..(t + 1) * w.rows);
+        let (w2, mut y2v) = match second {
+            Some((w2, o2)) => (
+                Some(w2),
+                Some(o2.data.slice_mut(t * w.rows..(t + 1) * w.rows)),
+            ),
+            None => (None, None),
+        };
+        let (wp, _gw) = w.data.device_ptr(st);
+        let g2 = w2.map(|w2| w2.data.device_ptr(st));
+        let (xp, _gx) = xv.device_ptr(st);
+        let (yp, _gy) = yv.device_ptr_mut(st);
+        let gy2 = y2v.as_mut().map(|v| v.device_ptr_mut(st));
+        let mut split = split;
+        let gs = split
+            .as_mut()
+            .map(|(part, cnt)| (part.device_ptr_mut(st), cnt.device_ptr_mut(st)));
+        let mut vals: Vec<u64> = Vec::with_capacity(13);
+        vals.push(wp);
+        vals.push(g2.as_ref().map_or(wp, |(p, _)| *p));
+        if q6 {
+            vals.push(w.nbt as u64);
+        }
+        vals.extend([xp, yp, gy2.as_ref().map_or(yp, |(p, _)| *p)]);
+        // i32 arguments: the driver reads their 4 bytes, the low ones of the word.
+        vals.extend([
+            w.rows as u32 as u64,
+            w.cols as u32 as u64,
+            rpb as u32 as u64,
+        ]);
+        match &gs {
+            Some(((pp, _), (cp, _))) => vals.extend([*pp, *cp]),
+            // Null: read only by column-split launches.
+            None => vals.extend([0, 0]),
+        }
+        vals.extend([nbs as u32 as u64, stages as u32 as u64]);
+        let cfg = LaunchConfig {
+            grid_dim: (grid, ranges as u32, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        // SAFETY: the kernel's parameters in order (kernels/matvec.cu MVQ_TMA4 / MVQ_TMA6), each
+        // a word; threads cover nbs column blocks (<= 32, checked by matvec_q's threads <= 256);
+        // it reads the matrix (and W2, of the same shape and format: checked above), one row of x
+        // (t < x.rows, checked by the callers), writes rows outputs of row t (and of out2), and a
+        // split launch ranges x rows partial sums and grid counters (grown above); its dynamic
+        // shared memory holds `stages` stages of `stride` bytes (raised to MVQ_TMA_SMEM >= smem);
+        // a Q6_K matrix's buffer has the 16 bytes of padding its last d cover may read
+        // (matrix_from_bytes). Launched programmatically it reads x only after pdl_wait.
+        unsafe { self.launch_raw(f, cfg, &mut vals, self.pdl) }.map_err(dev(name))
+    }
+
     /// Launch `f` with the programmatic-stream-serialization attribute: it may start while the
     /// kernel before it in the stream finishes, and must call `pdl_wait` (kernels/common.cuh)
     /// before reading or writing anything an earlier kernel touches. `args` holds each kernel
@@ -1419,6 +1606,22 @@ impl CudaBackend {
         f: &CudaFunction,
         cfg: LaunchConfig,
         args: &mut [u64],
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        // SAFETY: the caller's promises are this function's.
+        unsafe { self.launch_raw(f, cfg, args, true) }
+    }
+
+    /// Launch `f` with its parameters given as words (as `launch_programmatic`), with the
+    /// programmatic attribute or, `programmatic` false, the ordinary way.
+    ///
+    /// # Safety
+    /// As `launch_programmatic`; without the attribute the kernel may read anything at any time.
+    unsafe fn launch_raw(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: &mut [u64],
+        programmatic: bool,
     ) -> std::result::Result<(), cudarc::driver::DriverError> {
         use cudarc::driver::sys;
         let mut params: Vec<*mut std::ffi::c_void> = args
@@ -1441,7 +1644,7 @@ impl CudaBackend {
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
-            numAttrs: 1,
+            numAttrs: u32::from(programmatic),
         };
         // SAFETY: `lc` and `attr` live across the call; `params` points at `args`, which the
         // caller vouches for; the driver copies the parameters before returning.
@@ -2513,6 +2716,18 @@ fn env_planes() -> usize {
 }
 
 /// The one-token kernels' digit planes outside `--mode fast`: 3, or 2 with `MUSER_MVQ_PLANES=2`.
+/// `MUSER_MVQ_STAGES`: 0 (the register forms) or 2..=8 stages; 4 otherwise.
+fn env_mvq_stages() -> usize {
+    match std::env::var("MUSER_MVQ_STAGES")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        Some(0) => 0,
+        Some(n) => n.clamp(2, MVQ_TMA_MAX_STAGES),
+        None => 4,
+    }
+}
+
 fn env_mvq_planes() -> usize {
     env_two("MUSER_MVQ_PLANES", 3)
 }
@@ -2640,7 +2855,12 @@ impl Backend for CudaBackend {
                 m.name, m.cols
             )));
         }
-        let bytes = matrix::device_layout(m.ty, bytes);
+        let mut bytes = matrix::device_layout(m.ty, bytes);
+        if m.ty == GgmlType::Q6_K {
+            // The staged one-token kernels copy each row range's d in 16-byte words: the last
+            // range's cover may reach 15 bytes past the matrix (kernels/matvec.cu q6_stage_row).
+            bytes.resize(bytes.len() + 16, 0);
+        }
         let data = self
             .stream
             .clone_htod(&bytes)

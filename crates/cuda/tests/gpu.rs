@@ -1429,6 +1429,130 @@ fn batched_sequences_match_one_at_a_time() {
 
 /// Greedy selection on the device (chunks per row, the last block of a row merging them) picks
 /// the largest value, the lowest index among ties, never a NaN, whatever the row's width.
+/// The TMA-staged one-token kernels (`mvq_*_tma`, sm_90) give the register kernels' bits: every
+/// product the x-stationary kernels take at the 30B's widths (the FFN's 19968-column down
+/// product column-split, its gate and up, Q and the gate, K and V as pairs, O, an LM head of
+/// 1,003 rows whose last step holds 3), Q4_K and Q6_K, three and two digit planes, at 2, 3, 4
+/// and 8 stages, and the same bits again on a relaunch.
+#[test]
+fn staged_one_token_products_give_the_register_bits() {
+    let Some(g) = gpu() else { return };
+    g.set_mvq_stages(4);
+    if g.mvq_stages() == 0 {
+        println!(
+            "SKIPPED: the staged kernels need sm_90 or newer ({})",
+            g.device_name()
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("muser-tma-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rows = Vec::new();
+    for layout in ["q4_k", "q6_k"] {
+        let p = muser_engine::synth::Preset {
+            name: "t",
+            n_layer: 1,
+            n_embd: 6656,
+            n_ff: 19968,
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 128,
+            n_vocab: 1003,
+            n_ctx: 4096,
+            n_swa: 128,
+        };
+        let path = dir.join(format!("{layout}.gguf"));
+        let lay = muser_engine::synth::Layout::parse(layout).unwrap();
+        muser_engine::synth::write(&path, &p, lay, 11).unwrap();
+        let file = ModelFile::open(&path).unwrap();
+        let l = &file.tensors.layers[0];
+        let up = |m| g.matrix(&file.gguf, m).unwrap();
+        let singles = [
+            ("ffn_down", up(&l.ffn_down)),
+            ("ffn_up", up(&l.ffn_up)),
+            ("attn_output", up(&l.attn_output)),
+            ("output", up(&file.tensors.output)),
+        ];
+        let pairs = [
+            ("ffn_gate+up", up(&l.ffn_gate), up(&l.ffn_up)),
+            ("attn_q+gate", up(&l.attn_q), up(&l.attn_gate)),
+            ("attn_k+v", up(&l.attn_k), up(&l.attn_v)),
+        ];
+        // Activations of mixed sizes (runs of large and tiny values), as a normed stream has.
+        let x_for = |cols: usize| -> Vec<f32> {
+            (0..cols)
+                .map(|i| {
+                    let v = ((i * 7919 % 2003) as f32 / 1001.5 - 1.0) * 0.9;
+                    if (i / 48) % 5 == 0 { v * 1e-3 } else { v }
+                })
+                .collect()
+        };
+        for planes in [3usize, 2] {
+            g.set_mvq_planes(planes);
+            let run =
+                |stages: usize, w: &muser_cuda::CudaMatrix, w2: Option<&muser_cuda::CudaMatrix>| {
+                    g.set_mvq_stages(stages);
+                    let mut xg = g.act(1, w.cols).unwrap();
+                    g.stream
+                        .memcpy_htod(&x_for(w.cols), xg_data(&mut xg))
+                        .unwrap();
+                    let mut y = g.act(1, w.rows).unwrap();
+                    let mut y2 = g.act(1, w.rows).unwrap();
+                    match w2 {
+                        Some(w2) => g.matmul_pair(w, w2, &xg, &mut y, &mut y2).unwrap(),
+                        None => g.matmul(w, &xg, &mut y).unwrap(),
+                    }
+                    let mut v = g.read(&y).unwrap();
+                    if w2.is_some() {
+                        v.extend(g.read(&y2).unwrap());
+                    }
+                    v
+                };
+            let cases = singles
+                .iter()
+                .map(|(n, w)| (*n, w, None))
+                .chain(pairs.iter().map(|(n, w, w2)| (*n, w, Some(w2))));
+            for (name, w, w2) in cases {
+                let want = run(0, w, w2);
+                assert!(
+                    want.iter().all(|v| v.is_finite()),
+                    "{layout} {name}: not finite"
+                );
+                let mut differ = Vec::new();
+                for stages in [2usize, 3, 4, 8, 4] {
+                    let got = run(stages, w, w2);
+                    let bad = got
+                        .iter()
+                        .zip(&want)
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                        .count();
+                    if got.len() != want.len() || bad > 0 {
+                        differ.push(format!("{stages} stages: {bad} rows differ"));
+                    }
+                }
+                rows.push(format!(
+                    "{layout:<5} {name:<12} {}x{} planes {planes}: {}",
+                    w.rows,
+                    w.cols,
+                    if differ.is_empty() {
+                        "same bits".to_string()
+                    } else {
+                        differ.join(", ")
+                    }
+                ));
+                assert!(
+                    differ.is_empty(),
+                    "{layout} {name} planes {planes}: {differ:?}"
+                );
+            }
+        }
+        g.set_mvq_planes(3);
+    }
+    g.set_mvq_stages(4);
+    println!("{}", rows.join("\n"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn device_argmax_picks_the_first_largest() {
     let Some(g) = gpu() else { return };
