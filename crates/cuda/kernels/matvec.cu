@@ -875,9 +875,35 @@ __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
 #endif
 }
 
-// The staged form of mvq_q4_k (PF, not FUSED). Shared memory: `stages` stages of MVQ_R rows, each
-// row the launch's column range (nbl blocks of 144 B) as in the file; the stage stride is the
-// host's, MVQ_R * nbs * 144 (nbs = nb without SPLIT).
+// The four partial rows of a step summed over the warp with 5 shuffles instead of 20: lanes
+// l and l ^ 16 trade two rows, then l and l ^ 8 one, then the usual butterfly over 4, 2, 1. Lane 8i
+// ends with row i ((lane >> 4) * 2 + (lane >> 3 & 1)). A fixed order, whatever the timing.
+__device__ __forceinline__ float warp_sum4(const float (&v)[4], int lane) {
+    const bool up = lane & 16, up8 = lane & 8;
+    float k0 = up ? v[2] : v[0], k1 = up ? v[3] : v[1];
+    const float s0 = up ? v[0] : v[2], s1 = up ? v[1] : v[3];
+    k0 += __shfl_xor_sync(0xffffffffu, s0, 16);
+    k1 += __shfl_xor_sync(0xffffffffu, s1, 16);
+    float k = up8 ? k1 : k0;
+    k += __shfl_xor_sync(0xffffffffu, up8 ? k0 : k1, 8);
+    k += __shfl_xor_sync(0xffffffffu, k, 4);
+    k += __shfl_xor_sync(0xffffffffu, k, 2);
+    k += __shfl_xor_sync(0xffffffffu, k, 1);
+    return k;
+}
+
+// The staged Q4_K kernel: the block's threads cover the launch's column range with 4 threads per
+// 256-column block, thread j of a block taking its 32 code bytes 32j.. (64 weights: sub-blocks
+// 2j and 2j + 1, the low and high nibbles), so each row's scales and mins are decoded once per 64
+// weights rather than per 32, and its activations as four runs of 16 (digits, scale and sum as
+// x_digits). The weights come through the TMA: `stages` stages of MVQ_R rows in shared memory,
+// each row the launch's column range (nbl blocks of 144 B) as in the file; the stage stride is
+// the host's, MVQ_R * nbs * 144 (nbs = nb without SPLIT). Nsight put the 8-thread form (as
+// mvq_q4_k) at 60% of the SMs' issue rate at 2.66 TB/s: the products were bound by instructions
+// (3.8 per weight, 2.2 here), not by loads in flight.
+// Per row: sum over the thread's runs of (d sc) (q . X) 2^(E-B) - (dmin m) sum x, the integer dot
+// products exact (as mvq_q4_k), combined in f32 in a fixed order; partial rows summed over the
+// block in a fixed order (warp_sum4, then warps in order).
 template <bool PAIR, bool SPLIT, int P>
 __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
                                              float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
@@ -886,23 +912,22 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
     __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
     __shared__ __align__(8) u64 bars[MVQ_TMA_MAX_STAGES];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-    const int nb = cols >> 8, b0 = tid >> 3, sub = tid & 7, j = sub >> 1, half = sub & 1;
+    const int nb = cols >> 8, b0 = tid >> 2, j = tid & 3;
     const int b_off = SPLIT ? blockIdx.y * nbs : 0;
     const int nbl = SPLIT ? min(nbs, nb - b_off) : nb;  // this launch's column blocks
     const bool on = b0 < nbl;
     const int bl = on ? b0 : 0, b = bl + b_off;
-    const int e_lo = b * 256 + 64 * j + 16 * half, e_hi = e_lo + 32;
     const int vrows = PAIR ? 2 * rows : rows;
     const int r_begin = blockIdx.x * rpb, r_end = min(vrows, r_begin + rpb);
     const int steps = r_begin < r_end ? (r_end - r_begin + MVQ_R - 1) / MVQ_R : 0;
-    const int rb = nbl * 144;                          // bytes of a row's range
+    const int rb = nbl * 144;                             // bytes of a row's range
     const int stride = MVQ_R * (SPLIT ? nbs : nb) * 144;  // bytes of a stage
     if (tid == 0) {
         for (int s = 0; s < stages; s++) mbar_init(&bars[s]);
         mbar_init_fence();
     }
     __syncthreads();
-    // Step k's rows (clamped to the last, as mvq_load_q4k) into stage k % stages.
+    // Step k's rows (clamped to the last) into stage k % stages.
     auto issue = [&](int k) {
         const int s = k % stages;
         mbar_expect(&bars[s], (u32)(MVQ_R * rb));
@@ -919,22 +944,25 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
     if (tid == 0)
         for (int k = 0; k < min(stages, steps); k++) issue(k);
     pdl_wait();
-    u32 l0[4], l1[4], l2[4], h0[4], h1[4], h2[4];
-    float lsc, lsum, hsc, hsum;
+    // Runs u = 0..3: x[b 256 + 64 j + 16 u ..+16): the low nibbles of code bytes 0..15 (u = 0) and
+    // 16..31 (u = 1) of the thread's 32, the high nibbles of the same (u = 2, 3).
+    u32 d0[4][4], d1[4][4], d2[4][4];
+    float xsc[4], xsum_a, xsum_b;
     {
-        float v[16];
+        float sums[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float4 a = ld_after_wait(x + e_lo + 4 * i);
-            v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
-        }
-        x_digits<16, P>(v, l0, l1, l2, lsc, lsum);
+        for (int u = 0; u < 4; u++) {
+            float v[16];
+            const float* xp = x + b * 256 + 64 * j + 16 * u;
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float4 a = ld_after_wait(x + e_hi + 4 * i);
-            v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
+            for (int i = 0; i < 4; i++) {
+                float4 a = ld_after_wait(xp + 4 * i);
+                v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
+            }
+            x_digits<16, P>(v, d0[u], d1[u], d2[u], xsc[u], sums[u]);
         }
-        x_digits<16, P>(v, h0, h1, h2, hsc, hsum);
+        xsum_a = sums[0] + sums[1];  // sub-block 2j
+        xsum_b = sums[2] + sums[3];  // sub-block 2j + 1
     }
     float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;
     for (int k = 0; k < steps; k++) {
@@ -945,34 +973,53 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
             const uint4 hd = *(const uint4*)(st + r * rb);
-            const uint4 qq = *(const uint4*)(st + r * rb + 16 + 16 * sub);
-            const u32 q[4] = {qq.x, qq.y, qq.z, qq.w};
-            u32 a0 = 0, a1 = 0, c0 = 0, c1 = 0;
-            int a2 = 0, c2 = 0;
+            const uint4 qa = *(const uint4*)(st + r * rb + 16 + 32 * j);
+            const uint4 qb = *(const uint4*)(st + r * rb + 32 + 32 * j);
+            float qx[4];
 #pragma unroll
-            for (int w = 0; w < 4; w++) {
-                const u32 lo = q[w] & 0x0F0F0F0Fu, hi = (q[w] >> 4) & 0x0F0F0F0Fu;
-                if (P == 3) {
-                    a0 = dp4a_uu(lo, l0[w], a0); a1 = dp4a_uu(lo, l1[w], a1); a2 = dp4a_ss(lo, l2[w], a2);
-                    c0 = dp4a_uu(hi, h0[w], c0); c1 = dp4a_uu(hi, h1[w], c1); c2 = dp4a_ss(hi, h2[w], c2);
-                } else {
-                    a0 = dp4a_uu(lo, l0[w], a0); a2 = dp4a_ss(lo, l1[w], a2);
-                    c0 = dp4a_uu(hi, h0[w], c0); c2 = dp4a_ss(hi, h1[w], c2);
+            for (int h = 0; h < 2; h++) {
+                const uint4 qq = h ? qb : qa;
+                const u32 q[4] = {qq.x, qq.y, qq.z, qq.w};
+                u32 a0 = 0, a1 = 0, c0 = 0, c1 = 0;
+                int a2 = 0, c2 = 0;
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    const u32 lo = q[w] & 0x0F0F0F0Fu, hi = (q[w] >> 4) & 0x0F0F0F0Fu;
+                    if (P == 3) {
+                        a0 = dp4a_uu(lo, d0[h][w], a0); a1 = dp4a_uu(lo, d1[h][w], a1); a2 = dp4a_ss(lo, d2[h][w], a2);
+                        c0 = dp4a_uu(hi, d0[h + 2][w], c0); c1 = dp4a_uu(hi, d1[h + 2][w], c1); c2 = dp4a_ss(hi, d2[h + 2][w], c2);
+                    } else {  // the top plane (signed) is d1
+                        a0 = dp4a_uu(lo, d0[h][w], a0); a2 = dp4a_ss(lo, d1[h][w], a2);
+                        c0 = dp4a_uu(hi, d0[h + 2][w], c0); c2 = dp4a_ss(hi, d1[h + 2][w], c2);
+                    }
                 }
+                // As mvq_q4_k: exact integer sums, one rounding in the fma.
+                qx[h] = (P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0))
+                                : fmaf(256.0f, (float)a2, (float)(int)a0)) * xsc[h];
+                qx[h + 2] = (P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0))
+                                    : fmaf(256.0f, (float)c2, (float)(int)c0)) * xsc[h + 2];
             }
-            // As mvq_q4_k, term for term.
-            const float qx_lo = (P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0))
-                                        : fmaf(256.0f, (float)a2, (float)(int)a0)) * lsc;
-            const float qx_hi = (P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0))
-                                        : fmaf(256.0f, (float)c2, (float)(int)c0)) * hsc;
             const float d = h2f((u16)(hd.x & 0xFFFF)), dm = h2f((u16)(hd.x >> 16));
             float sa, ma, sb, mb;
             scale_min_pair(j, hd.y, hd.z, hd.w, &sa, &ma, &sb, &mb);
-            acc[r] = on ? ((d * sa) * qx_lo - (dm * ma) * lsum) + ((d * sb) * qx_hi - (dm * mb) * hsum) : 0.0f;
+            // w = d sc q - dmin m, over sub-blocks 2j (runs 0, 1) and 2j + 1 (runs 2, 3).
+            acc[r] = on ? ((d * sa) * (qx[0] + qx[1]) - (dm * ma) * xsum_a) + ((d * sb) * (qx[2] + qx[3]) - (dm * mb) * xsum_b)
+                        : 0.0f;
         }
-        if (PAIR && r0 >= rows) mvq_finish<MVQ_R, false>(acc, red, k & 1, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
-        else mvq_finish<MVQ_R, false>(acc, red, k & 1, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
-        // Every thread's reads of stage s came before mvq_finish's barrier: refill it.
+        const float v = warp_sum4(acc, lane);
+        const int it = k & 1;
+        if ((lane & 7) == 0) red[it][warp][lane >> 3] = v;
+        __syncthreads();  // every thread's reads of stage s are done: it may be refilled
+        if (tid < MVQ_R) {
+            const int rr = r0 + tid;
+            float sum = 0.0f;
+            for (int w = 0; w < nw; w++) sum += red[it][w][tid];
+            if (PAIR && r0 >= rows) {
+                if (rr < r_end) y2[rr - rows] = sum;
+            } else if (rr < (PAIR ? min(r_end, rows) : r_end)) {
+                yp[rr] = sum;
+            }
+        }
         if (tid == 0 && k + stages < steps) issue(k + stages);
     }
     if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);

@@ -202,10 +202,27 @@ pub fn load(
             let f = module
                 .load_function(&entry)
                 .map_err(|e| Error::Backend(format!("kernel {entry} in {name}.cu: {e:?}")))?;
+            if let Some(pct) = carveout() {
+                f.set_attribute(
+                    cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                    pct,
+                )
+                .map_err(|e| Error::Backend(format!("carveout of {entry}: {e:?}")))?;
+            }
             funcs.insert(entry, f);
         }
     }
     Ok(funcs)
+}
+
+/// `MUSER_CARVEOUT` (0..=100, for measurements): every kernel's preferred share of the SM's
+/// unified L1 for shared memory. Kernels whose shares differ cannot share an SM, so a kernel
+/// launched early (programmatically) waits for the SM to drain and be reconfigured.
+fn carveout() -> Option<i32> {
+    std::env::var("MUSER_CARVEOUT")
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+        .filter(|v| (0..=100).contains(v))
 }
 
 /// NVRTC's version, part of the cache key.

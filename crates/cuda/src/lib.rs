@@ -1513,6 +1513,12 @@ impl CudaBackend {
             nbs * 144
         };
         let stride = MVQ_R * row_bytes;
+        // Q4_K's staged kernel takes 4 threads per 256-column block (Q6_K's 8, as the others).
+        let threads = if q6 {
+            threads
+        } else {
+            ((nbs * 4) as u32).div_ceil(32) * 32
+        };
         let stages = stages.min(MVQ_TMA_SMEM / stride).max(2);
         let smem = (stages * stride) as u32;
         let f = &self.f(name)?;
