@@ -356,6 +356,8 @@ pub struct CudaBackend {
     mvq_stages: std::sync::atomic::AtomicUsize,
     /// sm_90 or newer (the TMA, programmatic launches).
     hopper: bool,
+    /// The smallest launch (bytes of weights) the staged forms take (`MUSER_MVQ_TMA_MIN_MB`).
+    mvq_tma_min_bytes: std::sync::atomic::AtomicUsize,
     /// Products of more than 64 tokens in one launch of the staged kernels, 64 tokens per grid
     /// layer (on unless `MUSER_MMQ_ZGRID=0`), instead of one launch per 64 tokens. Same bits per token.
     mmq_zgrid: std::sync::atomic::AtomicBool,
@@ -484,6 +486,13 @@ impl CudaBackend {
                 0
             }),
             hopper: cc.0 >= 9,
+            mvq_tma_min_bytes: std::sync::atomic::AtomicUsize::new(
+                std::env::var("MUSER_MVQ_TMA_MIN_MB")
+                    .ok()
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .unwrap_or(100)
+                    << 20,
+            ),
             // (The read-only activation loads of X_LOAD=2 are wrong under PDL: kernels/common.cuh.)
             pdl: !env_is("MUSER_PDL", "0")
                 && cc.0 >= 9
@@ -641,6 +650,12 @@ impl CudaBackend {
             n.clamp(2, MVQ_TMA_MAX_STAGES)
         };
         self.set_choice(&self.mvq_stages, n);
+    }
+
+    /// The smallest launch, in bytes of weights, the staged one-token kernels take (smaller ones
+    /// keep the register forms).
+    pub fn set_mvq_tma_min_bytes(&self, bytes: usize) {
+        self.set_choice(&self.mvq_tma_min_bytes, bytes);
     }
 
     /// The staged one-token kernels' stages now (0: the register forms).
@@ -1271,7 +1286,9 @@ impl CudaBackend {
     /// 256 columns), one wave of resident blocks, each taking a run of consecutive rows. With
     /// `up`, `w` is the FFN gate and the kernel writes silu(gate x) * (up x). With `second` =
     /// (W2, out2) (`mvq_pair_for`), out2 = W2 x in the same launch, the blocks' rows running over
-    /// W's and then W2's (each row's bits as alone).
+    /// W's and then W2's (each row's bits as alone, where the launch alone takes the same kernel
+    /// family). On sm_90, launches of at least `mvq_tma_min_bytes` of weights (a pair counts
+    /// both) take the TMA-staged forms (`matvec_q_tma`); the rest the register forms.
     fn matvec_q(
         &self,
         w: &CudaMatrix,
@@ -1297,7 +1314,15 @@ impl CudaBackend {
         };
         // sm_90 and newer: the TMA-staged forms, where they exist (not fused, at most 256 threads).
         let stages = self.mvq_stages.load(std::sync::atomic::Ordering::Relaxed);
-        if stages > 0 && up.is_none() && threads <= 256 {
+        let launch_bytes = w.data.len() * if second.is_some() { 2 } else { 1 };
+        if stages > 0
+            && up.is_none()
+            && threads <= 256
+            && launch_bytes
+                >= self
+                    .mvq_tma_min_bytes
+                    .load(std::sync::atomic::Ordering::Relaxed)
+        {
             return self.matvec_q_tma(w, x, out, t, second, (ranges, nbs, threads), stages);
         }
         let name: &'static str = match (w.ty, threads <= 256, up.is_some(), second.is_some()) {
@@ -2722,7 +2747,7 @@ fn env_planes() -> usize {
 }
 
 /// The one-token kernels' digit planes outside `--mode fast`: 3, or 2 with `MUSER_MVQ_PLANES=2`.
-/// `MUSER_MVQ_STAGES`: 0 (the register forms) or 2..=8 stages; 4 otherwise.
+/// `MUSER_MVQ_STAGES`: 0 (the register forms) or 2..=8 stages; 3 otherwise.
 fn env_mvq_stages() -> usize {
     match std::env::var("MUSER_MVQ_STAGES")
         .ok()
@@ -2730,7 +2755,7 @@ fn env_mvq_stages() -> usize {
     {
         Some(0) => 0,
         Some(n) => n.clamp(2, MVQ_TMA_MAX_STAGES),
-        None => 4,
+        None => 3,
     }
 }
 
@@ -3402,7 +3427,8 @@ impl Backend for CudaBackend {
             return self.matmul(w2, x, out2);
         }
         // One token, two matrices of one shape: a pair launch of the x-stationary kernels (each
-        // row's bits as alone).
+        // row's bits as alone in the same kernel family: the staged forms take launches of at
+        // least MUSER_MVQ_TMA_MIN_MB, so the FFN's gate and up as a pair, not alone).
         if x.rows == 1
             && x.cols == w1.cols
             && !self.invariant()

@@ -189,6 +189,11 @@ fn one_layer_file(dir: &std::path::Path, layout: &str, n_ff: usize, seed: u64) -
 #[test]
 fn matvec_kernels_match_the_cpu_per_format() {
     let Some(gpu_b) = gpu() else { return };
+    // Every one-token launch on the staged kernels where they exist (sm_90; by default only
+    // launches of at least 100 MB of weights take them), so a pair and its matrices alone take
+    // the same kernels; the register kernels are held to the staged ones by
+    // staged_one_token_products_give_the_register_bits.
+    gpu_b.set_mvq_tma_min_bytes(0);
     // Real 30B widths for the formats of a Q4_K_M file, plus every fixture format.
     let dir = std::env::temp_dir().join(format!("muser-gpu-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -1443,6 +1448,8 @@ fn batched_sequences_match_one_at_a_time() {
 fn staged_one_token_products_give_the_register_bits() {
     let Some(g) = gpu() else { return };
     g.set_mvq_stages(4);
+    // Every launch on the staged forms while this test runs (by default only the largest).
+    g.set_mvq_tma_min_bytes(0);
     if g.mvq_stages() == 0 {
         println!(
             "SKIPPED: the staged kernels need sm_90 or newer ({})",
