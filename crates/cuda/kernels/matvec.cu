@@ -699,6 +699,41 @@ extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_pair_p2(const u8* W, 
 
 __device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
 
+// One Q6_K row's part for a lane (8 positions x 4 quarters of one block): the codes of l0, l1
+// (low nibbles), h (2-bit tops) become signed q - 32 bytes (vsub4), sum (q - 32) X is exact in
+// integers (|S0|, |S1| <= 8 * 32 * 255, 256 S1 + S0 < 2^24, exact in f32), and each quarter adds
+// d sc (q . X) 2^(E-B) in order. mvq_q6_k and its staged form share it (the same bits).
+template <int P>
+__device__ __forceinline__ float q6_dot(uint2 l0, uint2 l1, uint2 h, u32 scw, float d, const u32 (&x0)[4][2],
+                                        const u32 (&x1)[4][2], const u32 (&x2)[4][2], const float (&xsc)[4]) {
+    const u32 lw0[2] = {l0.x, l0.y}, lw1[2] = {l1.x, l1.y}, hw[2] = {h.x, h.y};
+    u32 qv[4][2];
+#pragma unroll
+    for (int w = 0; w < 2; w++) {
+        qv[0][w] = __vsub4((lw0[w] & 0x0F0F0F0Fu) | (((hw[w] >> 0) & 0x03030303u) << 4), 0x20202020u);
+        qv[1][w] = __vsub4((lw1[w] & 0x0F0F0F0Fu) | (((hw[w] >> 2) & 0x03030303u) << 4), 0x20202020u);
+        qv[2][w] = __vsub4(((lw0[w] >> 4) & 0x0F0F0F0Fu) | (((hw[w] >> 4) & 0x03030303u) << 4), 0x20202020u);
+        qv[3][w] = __vsub4(((lw1[w] >> 4) & 0x0F0F0F0Fu) | (((hw[w] >> 6) & 0x03030303u) << 4), 0x20202020u);
+    }
+    float a = 0.0f;
+#pragma unroll
+    for (int qt = 0; qt < 4; qt++) {
+        float qx;
+        if (P == 3) {
+            int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_su(qv[qt][0], x1[qt][0], 0), s2 = dp4a_ss(qv[qt][0], x2[qt][0], 0);
+            s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_su(qv[qt][1], x1[qt][1], s1); s2 = dp4a_ss(qv[qt][1], x2[qt][1], s2);
+            qx = fmaf(65536.0f, (float)s2, (float)(256 * s1 + s0)) * xsc[qt];
+        } else {  // two planes: the top one (signed) is x1; |S1| <= 8 * 32 * 64, exact
+            int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_ss(qv[qt][0], x1[qt][0], 0);
+            s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_ss(qv[qt][1], x1[qt][1], s1);
+            qx = fmaf(256.0f, (float)s1, (float)s0) * xsc[qt];
+        }
+        const float sc = (float)(signed char)((scw >> (8 * qt)) & 0xFFu);
+        a = fmaf(d * sc, qx, a);  // w = d sc (q - 32)
+    }
+    return a;
+}
+
 // Q6_K (structure of arrays, as mv_q6_k): 8 lanes per block, each 8 positions x 4 quarters. The
 // codes become signed q - 32 bytes (vsub4), so sum (q - 32) X is exact in integers:
 // |S0|, |S1| <= 8 * 32 * 255, 256 S1 + S0 < 2^24 (exact in f32).
@@ -765,32 +800,7 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __r
         float acc[MVQ_R];
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
-            const u32 lw0[2] = {l0[r].x, l0[r].y}, lw1[2] = {l1[r].x, l1[r].y}, hw[2] = {h[r].x, h[r].y};
-            u32 qv[4][2];
-#pragma unroll
-            for (int w = 0; w < 2; w++) {
-                qv[0][w] = __vsub4((lw0[w] & 0x0F0F0F0Fu) | (((hw[w] >> 0) & 0x03030303u) << 4), 0x20202020u);
-                qv[1][w] = __vsub4((lw1[w] & 0x0F0F0F0Fu) | (((hw[w] >> 2) & 0x03030303u) << 4), 0x20202020u);
-                qv[2][w] = __vsub4(((lw0[w] >> 4) & 0x0F0F0F0Fu) | (((hw[w] >> 4) & 0x03030303u) << 4), 0x20202020u);
-                qv[3][w] = __vsub4(((lw1[w] >> 4) & 0x0F0F0F0Fu) | (((hw[w] >> 6) & 0x03030303u) << 4), 0x20202020u);
-            }
-            float a = 0.0f;
-#pragma unroll
-            for (int qt = 0; qt < 4; qt++) {
-                float qx;
-                if (P == 3) {
-                    int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_su(qv[qt][0], x1[qt][0], 0), s2 = dp4a_ss(qv[qt][0], x2[qt][0], 0);
-                    s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_su(qv[qt][1], x1[qt][1], s1); s2 = dp4a_ss(qv[qt][1], x2[qt][1], s2);
-                    qx = fmaf(65536.0f, (float)s2, (float)(256 * s1 + s0)) * xsc[qt];
-                } else {  // two planes: the top one (signed) is x1; |S1| <= 8 * 32 * 64, exact
-                    int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_ss(qv[qt][0], x1[qt][0], 0);
-                    s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_ss(qv[qt][1], x1[qt][1], s1);
-                    qx = fmaf(256.0f, (float)s1, (float)s0) * xsc[qt];
-                }
-                const float sc = (float)(signed char)((scw[r] >> (8 * qt)) & 0xFFu);
-                a = fmaf(d[r] * sc, qx, a);   // w = d sc (q - 32)
-            }
-            acc[r] = on ? a : 0.0f;
+            acc[r] = on ? q6_dot<P>(l0[r], l1[r], h[r], scw[r], d[r], x0, x1, x2, xsc) : 0.0f;
         }
         if (PAIR && r0 >= rows) mvq_finish<MVQ_R, false>(acc, red, it, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
         else mvq_finish<MVQ_R, false>(acc, red, it, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
@@ -1122,32 +1132,7 @@ __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8*
             const u32* s4 = (const u32*)(st + nbl * 192 + bl * 16 + 8 * n);
             const u32 w0 = s4[0], w1 = s4[1];
             const u32 scw = (k8 >> 1) ? __byte_perm(w0, w1, 0x7531) : __byte_perm(w0, w1, 0x6420);
-            const u32 lw0[2] = {L0.x, L0.y}, lw1[2] = {L1.x, L1.y}, hw[2] = {H.x, H.y};
-            u32 qv[4][2];
-#pragma unroll
-            for (int w = 0; w < 2; w++) {
-                qv[0][w] = __vsub4((lw0[w] & 0x0F0F0F0Fu) | (((hw[w] >> 0) & 0x03030303u) << 4), 0x20202020u);
-                qv[1][w] = __vsub4((lw1[w] & 0x0F0F0F0Fu) | (((hw[w] >> 2) & 0x03030303u) << 4), 0x20202020u);
-                qv[2][w] = __vsub4(((lw0[w] >> 4) & 0x0F0F0F0Fu) | (((hw[w] >> 4) & 0x03030303u) << 4), 0x20202020u);
-                qv[3][w] = __vsub4(((lw1[w] >> 4) & 0x0F0F0F0Fu) | (((hw[w] >> 6) & 0x03030303u) << 4), 0x20202020u);
-            }
-            float a = 0.0f;
-#pragma unroll
-            for (int qt = 0; qt < 4; qt++) {
-                float qx;
-                if (P == 3) {
-                    int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_su(qv[qt][0], x1[qt][0], 0), s2 = dp4a_ss(qv[qt][0], x2[qt][0], 0);
-                    s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_su(qv[qt][1], x1[qt][1], s1); s2 = dp4a_ss(qv[qt][1], x2[qt][1], s2);
-                    qx = fmaf(65536.0f, (float)s2, (float)(256 * s1 + s0)) * xsc[qt];
-                } else {
-                    int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_ss(qv[qt][0], x1[qt][0], 0);
-                    s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_ss(qv[qt][1], x1[qt][1], s1);
-                    qx = fmaf(256.0f, (float)s1, (float)s0) * xsc[qt];
-                }
-                const float sc = (float)(signed char)((scw >> (8 * qt)) & 0xFFu);
-                a = fmaf(dr * sc, qx, a);  // as mvq_q6_k
-            }
-            acc[r] = on ? a : 0.0f;
+            acc[r] = on ? q6_dot<P>(L0, L1, H, scw, dr, x0, x1, x2, xsc) : 0.0f;
         }
         if (PAIR && r0 >= rows) mvq_finish<MVQ_R, false>(acc, red, k & 1, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
         else mvq_finish<MVQ_R, false>(acc, red, k & 1, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);

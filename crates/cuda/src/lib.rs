@@ -1282,6 +1282,33 @@ impl CudaBackend {
         Ok(n)
     }
 
+    /// Rows per block and blocks of a one-token launch over `vrows` rows: one wave of `per_sm`
+    /// resident blocks per SM, `ranges` of them per range of rows, runs of `step` rows.
+    fn mvq_wave(&self, vrows: usize, step: usize, per_sm: u32, ranges: usize) -> (usize, u32) {
+        let slots = ((per_sm * self.sm_count) as usize / ranges).max(1);
+        let rpb = vrows.div_ceil(slots).div_ceil(step) * step;
+        (rpb, vrows.div_ceil(rpb) as u32)
+    }
+
+    /// A column-split launch's partial sums (`parts` floats) and its `grid` row-range counters,
+    /// grown in the scratch `g` holds (None when the launch is not split).
+    fn split_scratch<'a>(
+        &self,
+        g: &'a mut Option<std::sync::MutexGuard<'_, Option<Scratch>>>,
+        parts: usize,
+        grid: u32,
+    ) -> Result<Option<(&'a mut CudaSlice<f32>, &'a mut CudaSlice<u32>)>> {
+        let Some(g) = g.as_mut() else {
+            return Ok(None);
+        };
+        let s = g
+            .as_mut()
+            .ok_or_else(|| Error::Backend("no scratch".into()))?;
+        self.grow(&mut s.vpart, parts)?;
+        self.grow(&mut s.vcnt, grid as usize)?;
+        Ok(Some((&mut s.vpart, &mut s.vcnt)))
+    }
+
     /// One token through an x-stationary kernel: blocks as wide as the matrix (8 threads per
     /// 256 columns), one wave of resident blocks, each taking a run of consecutive rows. With
     /// `up`, `w` is the FFN gate and the kernel writes silu(gate x) * (up x). With `second` =
@@ -1375,26 +1402,13 @@ impl CudaBackend {
         let vrows = if second.is_some() { 2 * w.rows } else { w.rows };
         let f = &self.f(name)?;
         let per_sm = self.blocks_per_sm(name, f, threads, 0)?;
-        // One wave of resident blocks: `ranges` blocks per range of rows.
-        let slots = ((per_sm * self.sm_count) as usize / ranges).max(1);
-        let rpb = vrows.div_ceil(slots).div_ceil(step) * step;
-        let grid = vrows.div_ceil(rpb) as u32;
+        let (rpb, grid) = self.mvq_wave(vrows, step, per_sm, ranges);
         let mut g = if ranges > 1 {
             Some(self.scratch()?)
         } else {
             None
         };
-        let split = match g.as_mut() {
-            Some(g) => {
-                let s = g
-                    .as_mut()
-                    .ok_or_else(|| Error::Backend("no scratch".into()))?;
-                self.grow(&mut s.vpart, ranges * w.rows)?;
-                self.grow(&mut s.vcnt, grid as usize)?;
-                Some((&mut s.vpart, &mut s.vcnt))
-            }
-            None => None,
-        };
+        let split = self.split_scratch(&mut g, ranges * w.rows, grid)?;
         let xv = x.data.slice(t * x.cols..(t + 1) * x.cols);
         let mut yv = out.data.slice_mut(t * w.rows..(t + 1) * w.rows);
         let (rows, cols, rpb) = (w.rows as i32, w.cols as i32, rpb as i32);
@@ -1550,26 +1564,13 @@ impl CudaBackend {
         self.raise_smem(name, f, MVQ_TMA_SMEM as u32)?;
         let per_sm = self.blocks_per_sm(name, f, threads, smem)?;
         let vrows = if second.is_some() { 2 * w.rows } else { w.rows };
-        // One wave of resident blocks, `ranges` per range of rows, as `matvec_q`.
-        let slots = ((per_sm * self.sm_count) as usize / ranges).max(1);
-        let rpb = vrows.div_ceil(slots).div_ceil(MVQ_R) * MVQ_R;
-        let grid = vrows.div_ceil(rpb) as u32;
+        let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, ranges);
         let mut g = if ranges > 1 {
             Some(self.scratch()?)
         } else {
             None
         };
-        let split = match g.as_mut() {
-            Some(g) => {
-                let s = g
-                    .as_mut()
-                    .ok_or_else(|| Error::Backend("no scratch".into()))?;
-                self.grow(&mut s.vpart, ranges * w.rows)?;
-                self.grow(&mut s.vcnt, grid as usize)?;
-                Some((&mut s.vpart, &mut s.vcnt))
-            }
-            None => None,
-        };
+        let split = self.split_scratch(&mut g, ranges * w.rows, grid)?;
         let st = &self.stream;
         let xv = x.data.slice(t * x.cols..(t + 1) * x.cols);
         let mut yv = out.data.slice_mut(t * w.rows..(t + 1) * w.rows);

@@ -210,6 +210,39 @@ impl MuseConfig {
         let logit_scale = get_f32(g, "logit_scale")?;
         let softcap = get_opt_f32(g, "final_logit_softcapping")?;
 
+        // Widths the kernels index with 32-bit integers, products that cannot wrap, positions that
+        // stay below u32::MAX (the caches' empty-slot marker), and no more layers than the file
+        // has tensors (each layer needs 14): a hostile header never sizes an allocation.
+        let limit = i32::MAX as usize;
+        for (name, v) in [
+            ("embedding_length", Some(n_embd)),
+            ("feed_forward_length", Some(n_ff)),
+            (
+                "attention.head_count x attention.key_length",
+                n_head.checked_mul(key_len),
+            ),
+            (
+                "attention.head_count_kv x attention.key_length",
+                n_head_kv.checked_mul(key_len),
+            ),
+            ("context_length", Some(n_ctx_train)),
+            ("attention.sliding_window", Some(n_swa)),
+        ] {
+            match v {
+                Some(v) if v <= limit => {}
+                _ => {
+                    return Err(Error::Config(format!(
+                        "{name} is larger than {limit}, the most the kernels index"
+                    )));
+                }
+            }
+        }
+        if n_layer.saturating_mul(14) > g.tensors().len() {
+            return Err(Error::Config(format!(
+                "block_count = {n_layer}, but the file holds only {} tensors (14 per layer and more)",
+                g.tensors().len()
+            )));
+        }
         if key_len != value_len {
             return Err(Error::Config(format!(
                 "attention.key_length ({key_len}) != attention.value_length ({value_len}); the graph requires equal head sizes"
@@ -224,6 +257,11 @@ impl MuseConfig {
         if n_head % n_head_kv != 0 {
             return Err(Error::Config(format!(
                 "attention.head_count ({n_head}) is not a multiple of attention.head_count_kv ({n_head_kv})"
+            )));
+        }
+        if !(logit_scale > 0.0) {
+            return Err(Error::Config(format!(
+                "logit_scale = {logit_scale}, expected > 0 (0 flattens the logits, a negative scale ranks them backwards)"
             )));
         }
         if !(rms_eps > 0.0) {
@@ -314,10 +352,10 @@ impl MuseConfig {
 
         // The vocabulary size comes from the tokenizer's token list (as llama.cpp's n_vocab).
         let n_vocab = match g.get("tokenizer.ggml.tokens") {
-            Some(Value::Array(a)) if !a.is_empty() => a.len(),
+            Some(Value::Array(a @ Array::String(_))) if !a.is_empty() => a.len(),
             Some(_) => {
                 return Err(Error::Config(
-                    "'tokenizer.ggml.tokens' is not a non-empty array".into(),
+                    "'tokenizer.ggml.tokens' is not a non-empty array of strings".into(),
                 ));
             }
             None => {

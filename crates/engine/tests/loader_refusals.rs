@@ -154,6 +154,49 @@ fn wrong_types_and_values_are_named() {
     refuses(&f, &ts, &["key_length", "value_length"]);
 }
 
+/// A hostile header never sizes an allocation or wraps a width: head counts whose product with
+/// the head size overflows, more layers than the file has tensors, a context past u32 positions.
+/// And values that would compute something else quietly: a logit scale of 0 or below, a token
+/// list that is not strings.
+#[test]
+fn sizes_that_wrap_or_overreach_and_meaningless_scales_are_refused() {
+    let (kv, ts) = parts();
+    let mut a = kv.clone();
+    for k in ["attention.head_count", "attention.head_count_kv"] {
+        set(&mut a, &format!("muse-glimmer.{k}"), Value::U64(1 << 62));
+    }
+    for k in ["attention.key_length", "attention.value_length"] {
+        set(&mut a, &format!("muse-glimmer.{k}"), Value::U32(4));
+    }
+    refuses(
+        &a,
+        &ts,
+        &["attention.head_count x attention.key_length", "larger than"],
+    );
+    let mut b = kv.clone();
+    set(&mut b, "muse-glimmer.block_count", Value::U64(100_000_000));
+    refuses(&b, &ts, &["block_count = 100000000", "tensors"]);
+    let mut c = kv.clone();
+    set(&mut c, "muse-glimmer.context_length", Value::U64(1 << 40));
+    refuses(&c, &ts, &["context_length", "larger than"]);
+    for scale in [0.0f32, -0.5] {
+        let mut d = kv.clone();
+        set(&mut d, "muse-glimmer.logit_scale", Value::F32(scale));
+        refuses(&d, &ts, &["logit_scale", "expected > 0"]);
+    }
+    let mut e = kv.clone();
+    let n = match kv.iter().find(|(k, _)| k == "tokenizer.ggml.tokens") {
+        Some((_, Value::Array(a))) => a.len(),
+        _ => panic!("the fixture has tokens"),
+    };
+    set(
+        &mut e,
+        "tokenizer.ggml.tokens",
+        Value::Array(Array::U8(vec![0; n])),
+    );
+    refuses(&e, &ts, &["tokenizer.ggml.tokens", "array of strings"]);
+}
+
 #[test]
 fn missing_unexpected_misshapen_and_mistyped_tensors_are_named() {
     let (kv, ts) = parts();

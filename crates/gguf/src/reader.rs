@@ -14,6 +14,9 @@ use crate::types::GgmlType;
 use crate::value::{Array, Value, ValueType};
 use crate::{GgufError, Result};
 
+/// The most entries (metadata, tensors) reserved before they parse.
+const RESERVE_ENTRIES: usize = 4096;
+
 /// `GGUF` read as a little-endian u32.
 pub const GGUF_MAGIC: u32 = 0x4655_4747;
 /// Default data alignment when `general.alignment` is absent (`GGUF_DEFAULT_ALIGNMENT`).
@@ -331,7 +334,9 @@ fn read_value(c: &mut Cursor<'_>, ty: ValueType, key: &str) -> Result<Value> {
             Array::Bool(v)
         }
         ValueType::String => {
-            let mut v = Vec::with_capacity(n);
+            // A String (24 bytes) is larger than its smallest encoding (8): reserve a bounded
+            // part and grow as elements parse.
+            let mut v = Vec::with_capacity(n.min(RESERVE_ENTRIES * 64));
             for i in 0..n {
                 v.push(c.string(&|| format!("element {i} of array '{key}'"))?);
             }
@@ -386,8 +391,12 @@ fn parse_header(buf: &[u8]) -> Result<Header> {
         )));
     }
 
-    let mut metadata: Vec<(String, Value)> = Vec::with_capacity(n_kv as usize);
-    let mut seen: HashMap<String, ()> = HashMap::with_capacity(n_kv as usize);
+    // Reserved for at most a few thousand entries: the count is only bounded by the file's
+    // size, and an entry in memory is larger than its smallest encoding (the rest grows as
+    // entries actually parse).
+    let reserve = (n_kv as usize).min(RESERVE_ENTRIES);
+    let mut metadata: Vec<(String, Value)> = Vec::with_capacity(reserve);
+    let mut seen: HashMap<String, ()> = HashMap::with_capacity(reserve);
     for i in 0..n_kv {
         let key = c.string(&|| format!("the key of metadata entry {i}"))?;
         if key.is_empty() {
@@ -431,8 +440,9 @@ fn parse_header(buf: &[u8]) -> Result<Header> {
             c.remaining()
         )));
     }
-    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(n_tensors as usize);
-    let mut names: HashMap<String, ()> = HashMap::with_capacity(n_tensors as usize);
+    let reserve = (n_tensors as usize).min(RESERVE_ENTRIES);
+    let mut tensors: Vec<TensorInfo> = Vec::with_capacity(reserve);
+    let mut names: HashMap<String, ()> = HashMap::with_capacity(reserve);
     for i in 0..n_tensors {
         let name = c.string(&|| format!("the name of tensor {i}"))?;
         if name.len() > MAX_TENSOR_NAME {

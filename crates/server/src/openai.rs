@@ -304,8 +304,10 @@ impl GenRequest {
         let Some(p) = &self.prompt else {
             return Err(bad("prompt is required"));
         };
+        // A completion prompt is raw model input: special-token text in it is read as the
+        // special token, as llama-server does (the chat endpoint's messages are not).
         let text = |s: &str| -> Result<Vec<u32>, ApiError> {
-            Ok(tok.encode(s, tok.add_bos_default(), false)?)
+            Ok(tok.encode(s, tok.add_bos_default(), true)?)
         };
         let ids = |v: &[Value]| -> Result<Vec<u32>, ApiError> {
             let raw: Vec<i64> = v
@@ -347,10 +349,34 @@ impl GenRequest {
 
     /// `tools` and `tool_choice` for a chat request: the tools to offer, if any. Forcing a call
     /// (`required`, a named function) needs constrained decoding, which Muser does not have.
-    pub fn chat_tools(&self) -> Result<Option<&Value>, ApiError> {
+    /// The tools offered, None for none (or `tool_choice: "none"`). A function's `description`
+    /// and `parameters` are optional in OpenAI's API, while the template writes both into the
+    /// system prompt (its `tojson` of a missing one fails, as it does in transformers): a missing
+    /// or null description becomes "", missing parameters an object schema with no properties.
+    pub fn chat_tools(&self) -> Result<Option<Value>, ApiError> {
         let tools = match &self.tools {
             None | Some(Value::Null) => None,
-            Some(t @ Value::Array(a)) if !a.is_empty() => Some(t),
+            Some(Value::Array(a)) if !a.is_empty() => {
+                let mut a = a.clone();
+                for tool in &mut a {
+                    let f = match tool.get_mut("function") {
+                        Some(f) => f,
+                        None => tool,
+                    };
+                    if let Some(f) = f.as_object_mut() {
+                        if f.get("description").is_none_or(Value::is_null) {
+                            f.insert("description".into(), Value::String(String::new()));
+                        }
+                        if f.get("parameters").is_none_or(Value::is_null) {
+                            f.insert(
+                                "parameters".into(),
+                                serde_json::json!({"type": "object", "properties": {}}),
+                            );
+                        }
+                    }
+                }
+                Some(Value::Array(a))
+            }
             Some(Value::Array(_)) => None,
             Some(_) => return Err(ApiError::invalid("tools", "tools must be an array")),
         };
@@ -364,6 +390,35 @@ impl GenRequest {
             )),
         }
     }
+}
+
+/// Only text reaches this model: a chat message's content parts must be `text` parts. An image,
+/// audio or file part would be dropped by the template, or become an image marker with no image
+/// behind it (the template renders what transformers renders; the server refuses what it cannot
+/// serve).
+pub fn text_parts_only(messages: &Value) -> Result<(), ApiError> {
+    let Some(list) = messages.as_array() else {
+        return Ok(()); // the template names a malformed list
+    };
+    for (i, m) in list.iter().enumerate() {
+        let Some(Value::Array(parts)) = m.get("content") else {
+            continue;
+        };
+        for (j, p) in parts.iter().enumerate() {
+            let msg = match p.get("type").and_then(Value::as_str) {
+                Some("text") if p.get("text").is_some_and(Value::is_string) => continue,
+                Some("text") => {
+                    format!("message {i}, content part {j}: a text part needs a string 'text'")
+                }
+                Some(t) => format!(
+                    "message {i}, content part {j}: type '{t}' is not supported; this model takes text parts only"
+                ),
+                None => format!("message {i}, content part {j} has no string 'type'"),
+            };
+            return Err(ApiError::invalid("messages", msg));
+        }
+    }
+    Ok(())
 }
 
 /// One engine sequence per (prompt, choice), checked against the context.

@@ -213,13 +213,14 @@ async fn chat_completions(
     let Some(messages) = &req.messages else {
         return Err(ApiError::invalid("messages", "messages is required"));
     };
+    openai::text_parts_only(messages)?;
     let opts = req.options(Endpoint::Chat, &st.tok)?;
     let tools = req.chat_tools()?;
-    let parser = ToolCallParser::from_json(tools)?;
+    let parser = ToolCallParser::from_json(tools.as_ref())?;
     let prompt = template.encode_sanitized(
         &st.tok,
         messages,
-        tools,
+        tools.as_ref(),
         true,
         req.chat_template_kwargs.as_ref(),
     )?;

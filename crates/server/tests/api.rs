@@ -429,6 +429,56 @@ async fn tool_history_renders_and_tools_are_offered() {
     )
     .await
     .openai_error(400);
+    // A function's description and parameters are optional in OpenAI's API: the template gets
+    // "" and an empty object schema, as a tool that gave them.
+    let bare = json!([{"type": "function", "function": {"name": "get_time"}}]);
+    let filled = json!([{"type": "function", "function": {"name": "get_time", "description": "",
+        "parameters": {"type": "object", "properties": {}}}}]);
+    let prompt_tokens = |r: common::Resp| {
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        r.json()["usage"]["prompt_tokens"].as_u64()
+    };
+    let hi = json!([{"role": "user", "content": "What time is it?"}]);
+    let a = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": hi, "tools": bare, "max_tokens": 1}),
+        )
+        .await;
+    let b = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": hi, "tools": filled, "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(prompt_tokens(a), prompt_tokens(b));
+    // A developer message is the system prompt: the same prompt as with role system.
+    let dev = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "hi"}], "max_tokens": 1}),
+        )
+        .await;
+    let sys = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "hi"}], "max_tokens": 1}),
+        )
+        .await;
+    let plain = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+        )
+        .await;
+    let (dev, sys, plain) = (prompt_tokens(dev), prompt_tokens(sys), prompt_tokens(plain));
+    assert_eq!(dev, sys);
+    assert_ne!(
+        dev, plain,
+        "the developer message replaces the default system prompt"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

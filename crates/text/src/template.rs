@@ -248,6 +248,9 @@ fn prepare_messages(messages: &Json) -> Result<Json> {
             "the conversation is empty: give at least one message".into(),
         ));
     }
+    let has_system = list
+        .iter()
+        .any(|m| m.get("role").and_then(Json::as_str) == Some("system"));
     let mut out = Vec::with_capacity(list.len());
     for (i, m) in list.iter().enumerate() {
         let obj = m.as_object().ok_or_else(|| {
@@ -279,6 +282,17 @@ fn prepare_messages(messages: &Json) -> Result<Json> {
             aliased.extend(msg);
             aliased.insert("reasoning_content".into(), r);
             msg = aliased;
+        }
+        // OpenAI's `developer` role is its new name for the system prompt; the template only
+        // knows `system` (it would drop the message). With a system message beside it, which of
+        // the two is the prompt is the caller's to say.
+        if role == "developer" {
+            if has_system {
+                return Err(TextError::InvalidChat(format!(
+                    "message {i} has role 'developer' beside a 'system' message; the template has one system prompt: give one of them"
+                )));
+            }
+            msg.insert("role".into(), Json::String("system".into()));
         }
         if let Some(Json::Array(calls)) = msg.get_mut("tool_calls") {
             for (j, call) in calls.iter_mut().enumerate() {

@@ -24,16 +24,18 @@ pub enum TokenType {
 }
 
 impl TokenType {
-    fn from_gguf(v: i64) -> Self {
-        match v {
+    /// llama.cpp's `llama_token_type` values; 0 (undefined) reads as normal, as llama.cpp
+    /// tokenizes it. Any other value is not a type this tokenizer knows: None.
+    fn from_gguf(v: i64) -> Option<Self> {
+        Some(match v {
+            0 | 1 => Self::Normal,
             2 => Self::Unknown,
             3 => Self::Control,
             4 => Self::UserDefined,
             5 => Self::Unused,
             6 => Self::Byte,
-            // 1, and anything unknown, as llama.cpp does for undefined types.
-            _ => Self::Normal,
-        }
+            _ => return None,
+        })
     }
 }
 
@@ -105,7 +107,14 @@ impl Vocab {
             )));
         }
         let types = match g.get(KEY_TYPES) {
-            None => vec![TokenType::Normal; tokens.len()],
+            // Without the types every control token would be split into ordinary pieces: the
+            // model would get other ids for the chat template's markers and still write fluent
+            // text. Refused.
+            None => {
+                return Err(TextError::Vocab(format!(
+                    "missing '{KEY_TYPES}': without it the control tokens cannot be told apart"
+                )));
+            }
             Some(Value::Array(a)) => {
                 let v = a.as_i64s().ok_or_else(|| {
                     wrong_type(KEY_TYPES, "an integer array", &Value::Array(a.clone()))
@@ -117,7 +126,16 @@ impl Vocab {
                         tokens.len()
                     )));
                 }
-                v.into_iter().map(TokenType::from_gguf).collect()
+                v.into_iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        TokenType::from_gguf(t).ok_or_else(|| {
+                            TextError::Vocab(format!(
+                                "'{KEY_TYPES}'[{i}] = {t} is not a token type (0 to 6)"
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?
             }
             Some(v) => return Err(wrong_type(KEY_TYPES, "an integer array", v)),
         };
@@ -153,8 +171,12 @@ impl Vocab {
                 ))),
             }
         };
-        let flag =
-            |key: &str, default: bool| g.get(key).and_then(Value::as_bool).unwrap_or(default);
+        let flag = |key: &str, default: bool| -> Result<bool> {
+            match g.get(key) {
+                None => Ok(default),
+                Some(v) => v.as_bool().ok_or_else(|| wrong_type(key, "a bool", v)),
+            }
+        };
         Ok(Self {
             pre,
             merges,
@@ -165,8 +187,8 @@ impl Vocab {
             pad: id("tokenizer.ggml.padding_token_id")?,
             // Defaults when the key is absent, as llama-vocab.cpp sets them per pre-tokenizer before reading
             // it: true for llama-bpe, false for llama4/gpt-4o.
-            add_bos: flag("tokenizer.ggml.add_bos_token", pre == PreTokenizer::Llama3),
-            add_eos: flag("tokenizer.ggml.add_eos_token", false),
+            add_bos: flag("tokenizer.ggml.add_bos_token", pre == PreTokenizer::Llama3)?,
+            add_eos: flag("tokenizer.ggml.add_eos_token", false)?,
             tokens,
             types,
         })

@@ -239,3 +239,33 @@ fn current_date_defaults_to_today() {
     assert_eq!(date.len(), 10, "{line}");
     assert!(date.starts_with("20"), "{line}");
 }
+
+/// OpenAI's `developer` role renders as the system prompt (the template only knows `system`, and
+/// would drop it); beside a `system` message it is refused, naming the message.
+#[test]
+fn a_developer_message_is_the_system_prompt() {
+    let (t, _) = setup();
+    let kw = serde_json::Map::from_iter([("current_date".to_string(), json!("2026-11-30"))]);
+    let with = |role: &str| {
+        t.render(
+            &json!([{"role": role, "content": "Answer in French."}, {"role": "user", "content": "hi"}]),
+            None,
+            true,
+            Some(&kw),
+        )
+        .unwrap()
+    };
+    assert_eq!(with("developer"), with("system"));
+    assert!(with("developer").contains("Answer in French."));
+    let e = t
+        .render(
+            &json!([{"role": "system", "content": "a"}, {"role": "developer", "content": "b"},
+                    {"role": "user", "content": "hi"}]),
+            None,
+            true,
+            Some(&kw),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("message 1") && e.contains("developer"), "{e}");
+}

@@ -142,7 +142,8 @@ impl EngineHandle {
     }
 
     /// Queue a job, or refuse it at once: 429 when the queue is full, 503 when shutting down,
-    /// 400 when one of its sequences could never fit the KV budget.
+    /// 400 when one of its sequences could never fit the KV budget or it has more sequences
+    /// than the server ever holds.
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         let n = job.seqs.len();
         if !self.shared.accepting.load(Ordering::SeqCst) {
@@ -160,6 +161,16 @@ impl EngineHandle {
                     ),
                 ));
             }
+        }
+        if n > s.capacity {
+            // Never fits, however long the client waits: not a 429 it would retry.
+            return Err(ApiError::invalid(
+                "n",
+                format!(
+                    "this request asks for {n} sequences (choices x prompts), more than the {} this server runs and queues at once",
+                    s.capacity
+                ),
+            ));
         }
         if s.active
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| {

@@ -1,0 +1,66 @@
+//! The tokenizer refuses a vocabulary it cannot read as its writer meant: no token types (the
+//! control tokens could not be told apart), a type value llama.cpp does not define, a flag of the
+//! wrong type. Each case edits the metadata of tests/data/glimmer-mini.gguf.
+
+use muser_gguf::{Array, Gguf, GgufWriter, Value};
+use muser_text::Tokenizer;
+
+fn edited(edit: impl Fn(&mut Vec<(String, Value)>)) -> Result<Tokenizer, String> {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/glimmer-mini.gguf");
+    let g = Gguf::open(path).map_err(|e| e.to_string())?;
+    let mut kv = g.metadata().to_vec();
+    edit(&mut kv);
+    let mut w = GgufWriter::new();
+    for (k, v) in &kv {
+        w.add(k, v.clone()).map_err(|e| e.to_string())?;
+    }
+    let g =
+        Gguf::from_bytes(w.to_bytes().map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+    Tokenizer::from_gguf(&g).map_err(|e| e.to_string())
+}
+
+fn refused(edit: impl Fn(&mut Vec<(String, Value)>), needles: &[&str]) {
+    match edited(edit) {
+        Ok(_) => panic!("accepted a vocabulary that should be refused ({needles:?})"),
+        Err(e) => {
+            for n in needles {
+                assert!(e.contains(n), "error {e:?} does not mention {n:?}");
+            }
+        }
+    }
+}
+
+const TYPES: &str = "tokenizer.ggml.token_type";
+
+#[test]
+fn the_unedited_vocabulary_loads() {
+    assert!(edited(|_| {}).is_ok());
+}
+
+#[test]
+fn missing_types_unknown_types_and_mistyped_flags_are_refused() {
+    refused(|kv| kv.retain(|(k, _)| k != TYPES), &[TYPES, "missing"]);
+    refused(
+        |kv| {
+            for (k, v) in kv.iter_mut() {
+                if k == TYPES
+                    && let Value::Array(Array::I32(t)) = v
+                {
+                    t[3] = 9;
+                }
+            }
+        },
+        &[TYPES, "[3] = 9", "not a token type"],
+    );
+    refused(
+        |kv| {
+            kv.retain(|(k, _)| k != "tokenizer.ggml.add_bos_token");
+            kv.push((
+                "tokenizer.ggml.add_bos_token".into(),
+                Value::String("true".into()),
+            ));
+        },
+        &["tokenizer.ggml.add_bos_token", "a bool"],
+    );
+}
