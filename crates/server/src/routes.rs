@@ -216,14 +216,19 @@ async fn chat_completions(
     openai::text_parts_only(messages)?;
     let opts = req.options(Endpoint::Chat, &st.tok)?;
     let tools = req.chat_tools()?;
-    let parser = ToolCallParser::from_json(tools.as_ref())?;
-    let prompt = template.encode_sanitized(
-        &st.tok,
-        messages,
-        tools.as_ref(),
-        true,
-        req.chat_template_kwargs.as_ref(),
-    )?;
+    let parser = ToolCallParser::from_json(tools.as_ref())
+        .map_err(|e| ApiError::invalid("tools", e.to_string()))?;
+    // Rendering and tokenizing a body of megabytes takes CPU time: off the async workers, so
+    // the other requests' streams are not held up behind it.
+    let prompt = {
+        let (template, tok) = (Arc::clone(template), Arc::clone(&st.tok));
+        let (messages, kwargs) = (messages.clone(), req.chat_template_kwargs.clone());
+        tokio::task::spawn_blocking(move || {
+            template.encode_sanitized(&tok, &messages, tools.as_ref(), true, kwargs.as_ref())
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("formatting the chat failed: {e}")))??
+    };
     let seqs = openai::sequences(&[prompt], &opts, st.engine.n_ctx(), "messages")?;
     let meta = Meta {
         id: format!("chatcmpl-{}", rid.0),
@@ -249,7 +254,13 @@ async fn completions(
 ) -> Result<Response, ApiError> {
     req.check_model(&st.model_id)?;
     let opts = req.options(Endpoint::Completions, &st.tok)?;
-    let prompts = req.completion_prompts(&st.tok)?;
+    // Tokenizing off the async workers, as the chat's rendering.
+    let prompts = {
+        let tok = Arc::clone(&st.tok);
+        tokio::task::spawn_blocking(move || req.completion_prompts(&tok))
+            .await
+            .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))??
+    };
     let seqs = openai::sequences(&prompts, &opts, st.engine.n_ctx(), "prompt")?;
     let meta = Meta {
         id: format!("cmpl-{}", rid.0),

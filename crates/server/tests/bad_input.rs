@@ -180,6 +180,12 @@ async fn bad_requests_get_openai_errors_while_streams_run() {
         ),
         (
             chat,
+            json!({"messages": hi, "tools": [{"type": "function", "function": {"description": "no name"}}]}),
+            400,
+            Some("tools"),
+        ),
+        (
+            chat,
             json!({"messages": hi, "response_format": {"type": "json_object"}}),
             400,
             Some("response_format"),
