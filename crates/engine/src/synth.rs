@@ -257,6 +257,11 @@ pub fn write(path: &Path, p: &Preset, layout: Layout, seed: u64) -> Result<()> {
         "tokenizer.ggml.eos_token_id",
         Value::U32((p.n_vocab.min(200_001) - 1) as u32),
     ))?;
+    // The end of a turn (the 30B's <|eot|> id where the vocabulary reaches it).
+    e(w.add(
+        "tokenizer.ggml.eot_token_id",
+        Value::U32((p.n_vocab.min(200_002) - 1) as u32),
+    ))?;
 
     let (qd, kvd) = (p.n_head * p.head_dim, p.n_head_kv * p.head_dim);
     let mut mats: Vec<(String, GgmlType)> = Vec::new();

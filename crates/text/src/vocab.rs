@@ -177,12 +177,20 @@ impl Vocab {
                 Some(v) => v.as_bool().ok_or_else(|| wrong_type(key, "a bool", v)),
             }
         };
+        let eot = id("tokenizer.ggml.eot_token_id")?;
+        if pre == PreTokenizer::Llama4 && eot.is_none() {
+            // Muse Glimmer ends every turn with <|eot|>: without its id generation would run
+            // past the end of the assistant's turn.
+            return Err(TextError::Vocab(
+                "missing 'tokenizer.ggml.eot_token_id': a Muse Glimmer vocabulary names its end-of-turn token (<|eot|>)".into(),
+            ));
+        }
         Ok(Self {
             pre,
             merges,
             bos: id("tokenizer.ggml.bos_token_id")?,
             eos: id("tokenizer.ggml.eos_token_id")?,
-            eot: id("tokenizer.ggml.eot_token_id")?,
+            eot,
             eom: id("tokenizer.ggml.eom_token_id")?,
             pad: id("tokenizer.ggml.padding_token_id")?,
             // Defaults when the key is absent, as llama-vocab.cpp sets them per pre-tokenizer before reading

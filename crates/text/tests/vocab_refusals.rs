@@ -1,6 +1,6 @@
 //! The tokenizer refuses a vocabulary it cannot read as its writer meant: no token types (the
-//! control tokens could not be told apart), a type value llama.cpp does not define, a flag of the
-//! wrong type. Each case edits the metadata of tests/data/glimmer-mini.gguf.
+//! control tokens could not be told apart), no end-of-turn id in a Muse Glimmer (llama4)
+//! vocabulary, a type value llama.cpp does not define, a flag of the wrong type. Each case edits the metadata of tests/data/glimmer-mini.gguf.
 
 use muser_gguf::{Array, Gguf, GgufWriter, Value};
 use muser_text::Tokenizer;
@@ -41,6 +41,10 @@ fn the_unedited_vocabulary_loads() {
 #[test]
 fn missing_types_unknown_types_and_mistyped_flags_are_refused() {
     refused(|kv| kv.retain(|(k, _)| k != TYPES), &[TYPES, "missing"]);
+    refused(
+        |kv| kv.retain(|(k, _)| k != "tokenizer.ggml.eot_token_id"),
+        &["tokenizer.ggml.eot_token_id", "missing"],
+    );
     refused(
         |kv| {
             for (k, v) in kv.iter_mut() {
