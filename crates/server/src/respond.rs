@@ -6,11 +6,12 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
-use muser_text::{AtemStream, ChatDelta, Tokenizer, ToolCallParser};
+use muser_text::{AtemStream, ChatDelta, ParsedMessage, StreamDecoder, Tokenizer, ToolCallParser};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
@@ -30,6 +31,9 @@ pub struct Meta {
     /// Choices per prompt: prompt tokens are counted once per prompt.
     pub n: usize,
     pub include_usage: bool,
+    /// A chat request's stop strings (None: none, or a completions request, whose stops the
+    /// engine matches in the text itself).
+    pub chat_stops: Option<ChatStops>,
 }
 
 impl Meta {
@@ -108,11 +112,44 @@ impl CompletionLogprobs {
     }
 }
 
+/// A chat request's stop strings. They are matched in the answer's text only: the model's
+/// output also carries its reasoning, the protocol's headers and tool calls, where a stop string
+/// ("\n", ".") would end the turn before any answer. The engine's own matching sees that raw
+/// text, so chat sequences go to it without stops; a choice whose answer meets one sets its flag,
+/// and the engine ends it at its next token (`Job::stop_flags`).
+#[derive(Clone, Debug)]
+pub struct ChatStops {
+    pub stops: Vec<String>,
+    /// One per choice.
+    pub flags: Arc<[AtomicBool]>,
+}
+
+impl ChatStops {
+    pub fn new(stops: Vec<String>, choices: usize) -> Self {
+        ChatStops {
+            stops,
+            flags: (0..choices).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    fn stop(&self, index: usize) {
+        if let Some(f) = self.flags.get(index) {
+            f.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
 /// One chat choice being built: the ATEM parser over its text, and its logprobs.
 pub struct ChatChoice {
     atem: AtemStream,
     tool_calls: usize,
     started: bool,
+    /// The answer's stop strings (their matcher holds back a possible start of one), and
+    /// whether one was met: then nothing more of this choice is shown.
+    stops: Option<StreamDecoder>,
+    stopped: bool,
+    /// What the deltas so far add up to.
+    msg: ParsedMessage,
 }
 
 impl ChatChoice {
@@ -121,17 +158,49 @@ impl ChatChoice {
             atem: parser.stream(),
             tool_calls: 0,
             started: false,
+            stops: None,
+            stopped: false,
+            msg: ParsedMessage::default(),
         }
     }
 
-    /// The delta object of some parser output (None if it holds nothing).
-    pub fn delta(&mut self, deltas: Vec<ChatDelta>) -> Option<Value> {
+    /// As `new`, the answer ending before the first of `stops` it meets.
+    pub fn with_stops(parser: &ToolCallParser, stops: &[String]) -> Self {
+        let mut c = Self::new(parser);
+        if !stops.is_empty() {
+            c.stops = Some(StreamDecoder::new(false, stops.iter().cloned()));
+        }
+        c
+    }
+
+    /// Whether the answer met a stop string.
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// The message the deltas so far make (the answer cut at a stop string).
+    pub fn message(&self) -> &ParsedMessage {
+        &self.msg
+    }
+
+    /// The delta object of some parser output (None if it holds nothing). `finishing`: the
+    /// last output, so the stop matcher releases what it held.
+    fn delta(&mut self, deltas: Vec<ChatDelta>, finishing: bool) -> Option<Value> {
         let mut content = String::new();
         let mut reasoning = String::new();
         let mut calls = Vec::new();
         for d in deltas {
+            if self.stopped {
+                break;
+            }
             match d {
-                ChatDelta::Content(s) => content.push_str(&s),
+                ChatDelta::Content(s) => match &mut self.stops {
+                    Some(m) => {
+                        content.push_str(&m.push_bytes(s.as_bytes()));
+                        self.stopped = m.stopped().is_some();
+                    }
+                    None => content.push_str(&s),
+                },
                 ChatDelta::Reasoning(s) => reasoning.push_str(&s),
                 ChatDelta::ToolCall { index, call } => {
                     self.tool_calls += 1;
@@ -141,9 +210,18 @@ impl ChatChoice {
                         "type": "function",
                         "function": {"name": call.function.name, "arguments": call.function.arguments},
                     }));
+                    self.msg.tool_calls.push(call);
                 }
             }
         }
+        if finishing
+            && !self.stopped
+            && let Some(m) = &mut self.stops
+        {
+            content.push_str(&m.finish());
+        }
+        self.msg.content.push_str(&content);
+        self.msg.reasoning_content.push_str(&reasoning);
         let mut m = Map::new();
         if !content.is_empty() {
             m.insert("content".into(), json!(content));
@@ -159,19 +237,21 @@ impl ChatChoice {
 
     pub fn push(&mut self, text: &str) -> Option<Value> {
         let d = self.atem.push(text);
-        self.delta(d)
+        self.delta(d, false)
     }
 
-    /// The end of the text: what the parser still held.
+    /// The end of the text: what the parser (and the stop matcher) still held.
     pub fn finish(&mut self, text: &str) -> Option<Value> {
         let mut d = self.atem.push(text);
         d.extend(self.atem.finish());
-        self.delta(d)
+        self.delta(d, true)
     }
 
     pub fn finish_reason(&self, f: Finish) -> &'static str {
         if self.tool_calls > 0 {
             "tool_calls"
+        } else if self.stopped {
+            "stop"
         } else {
             f.as_str()
         }
@@ -205,6 +285,15 @@ pub async fn whole(
             prompt_tokens: 0,
         })
         .collect();
+    // A chat request with stop strings: each choice parsed as it comes, so its answer can stop.
+    let no_tools = ToolCallParser::new(&[]);
+    let mut cut: Vec<Option<ChatChoice>> = (0..meta.choices)
+        .map(|_| {
+            meta.chat_stops
+                .as_ref()
+                .map(|c| ChatChoice::with_stops(parser.as_ref().unwrap_or(&no_tools), &c.stops))
+        })
+        .collect();
     let mut left = meta.choices;
     while left > 0 {
         let Some(ev) = rx.recv().await else {
@@ -221,6 +310,18 @@ pub async fn whole(
                 let Some(a) = acc.get_mut(index) else {
                     continue;
                 };
+                if let Some(Some(c)) = cut.get_mut(index) {
+                    if c.stopped() {
+                        // Tokens the engine made before it saw the stop flag.
+                        continue;
+                    }
+                    c.push(&text);
+                    if c.stopped()
+                        && let Some(cs) = &meta.chat_stops
+                    {
+                        cs.stop(index);
+                    }
+                }
                 if let Some(lp) = &logprob {
                     a.any_logprobs = true;
                     match meta.endpoint {
@@ -240,6 +341,9 @@ pub async fn whole(
                 let Some(a) = acc.get_mut(index) else {
                     continue;
                 };
+                if let Some(Some(c)) = cut.get_mut(index) {
+                    c.finish(&text);
+                }
                 a.text.push_str(&text);
                 a.finish = Some(finish);
                 a.prompt_tokens = prompt_tokens;
@@ -257,16 +361,23 @@ pub async fn whole(
     let completion_tokens: usize = acc.iter().map(|a| a.completion_tokens).sum();
     let choices: Vec<Value> = acc
         .into_iter()
+        .zip(cut)
         .enumerate()
-        .map(|(i, a)| {
+        .map(|(i, (a, cut))| {
             let finish = a.finish.unwrap_or(Finish::Stop);
             match meta.endpoint {
                 Endpoint::Chat => {
-                    let parsed = parser.clone().unwrap_or_else(|| ToolCallParser::new(&[])).parse(&a.text);
-                    let reason = if parsed.tool_calls.is_empty() {
-                        finish.as_str()
-                    } else {
-                        "tool_calls"
+                    let (parsed, reason) = match cut {
+                        Some(c) => (c.message().clone(), c.finish_reason(finish)),
+                        None => {
+                            let parsed = parser.clone().unwrap_or_else(|| ToolCallParser::new(&[])).parse(&a.text);
+                            let reason = if parsed.tool_calls.is_empty() {
+                                finish.as_str()
+                            } else {
+                                "tool_calls"
+                            };
+                            (parsed, reason)
+                        }
                     };
                     let msg = serde_json::to_value(parsed.into_message()).unwrap_or(Value::Null);
                     let logprobs = if a.any_logprobs {
@@ -306,7 +417,8 @@ pub fn stream(
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let s = async_stream::stream! {
         let parser = parser.unwrap_or_else(|| ToolCallParser::new(&[]));
-        let mut chat: Vec<ChatChoice> = (0..meta.choices).map(|_| ChatChoice::new(&parser)).collect();
+        let stops: &[String] = meta.chat_stops.as_ref().map_or(&[], |c| &c.stops);
+        let mut chat: Vec<ChatChoice> = (0..meta.choices).map(|_| ChatChoice::with_stops(&parser, stops)).collect();
         let mut offsets = vec![0usize; meta.choices];
         let mut prompt_tokens = 0;
         let mut completion_tokens = 0;
@@ -328,6 +440,10 @@ pub fn stream(
                     let Some(c) = chat.get_mut(index) else { continue };
                     match meta.endpoint {
                         Endpoint::Chat => {
+                            if c.stopped() {
+                                // Tokens the engine made before it saw the stop flag.
+                                continue;
+                            }
                             if !c.started {
                                 c.started = true;
                                 let mut b = Map::new();
@@ -337,6 +453,10 @@ pub fn stream(
                                 yield Ok(data(&Value::Object(chunk(index, b))));
                             }
                             let delta = c.push(&text);
+                            if c.stopped()
+                                && let Some(cs) = &meta.chat_stops {
+                                    cs.stop(index);
+                                }
                             let lp = logprob.map(|l| json!({"content": [chat_logprob(&tok, id, &l)]}));
                             if delta.is_some() || lp.is_some() {
                                 let mut b = Map::new();
@@ -453,6 +573,70 @@ mod tests {
         assert_eq!(c.finish_reason(Finish::Stop), "tool_calls");
     }
 
+    /// Feeds `text` to a chat choice with `stops` in pieces of `n` characters; returns (content,
+    /// reasoning, stopped, finish reason) from the deltas, after checking they add up to the
+    /// choice's message.
+    fn with_stops(text: &str, stops: &[&str], n: usize) -> (String, String, bool, &'static str) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut c = ChatChoice::with_stops(&weather(), &stops);
+        let chars: Vec<char> = text.chars().collect();
+        let mut deltas = Vec::new();
+        for piece in chars.chunks(n) {
+            deltas.extend(c.push(&piece.iter().collect::<String>()));
+        }
+        deltas.extend(c.finish(""));
+        let field = |k: &str| -> String {
+            deltas
+                .iter()
+                .filter_map(|d| d.get(k).and_then(Value::as_str))
+                .collect()
+        };
+        let (content, reasoning) = (field("content"), field("reasoning_content"));
+        assert_eq!(content, c.message().content);
+        assert_eq!(reasoning, c.message().reasoning_content);
+        (
+            content,
+            reasoning,
+            c.stopped(),
+            c.finish_reason(Finish::Length),
+        )
+    }
+
+    /// A chat's stop strings end the answer only: the same string in the reasoning does not stop
+    /// it, in the answer it ends it (the stop string not shown), across every way of cutting
+    /// the text; a possible start of a stop string that never completes is shown at the end.
+    #[test]
+    fn chat_stops_end_the_answer_not_the_reasoning() {
+        let text = " to=self<|message|>Think: then\nObservation: comes.<|eom|><|start|>assistant to=user<|message|>The answer.\nObservation: tail";
+        for n in 1..12 {
+            let got = with_stops(text, &["\nObservation:", "never"], n);
+            assert_eq!(
+                got,
+                (
+                    "The answer.".into(),
+                    "Think: then\nObservation: comes.".into(),
+                    true,
+                    "stop"
+                ),
+                "pieces of {n}"
+            );
+            // No stop met: everything, including a held possible start of one.
+            let got = with_stops(" to=user<|message|>Almost \nObserv", &["\nObservation:"], n);
+            assert_eq!(
+                got,
+                ("Almost \nObserv".into(), String::new(), false, "length"),
+                "pieces of {n}"
+            );
+            // Text outside the message format is all answer.
+            let got = with_stops("plain text. More", &["."], n);
+            assert_eq!(
+                got,
+                ("plain text".into(), String::new(), true, "stop"),
+                "pieces of {n}"
+            );
+        }
+    }
+
     #[test]
     fn plain_answers_and_unknown_tools_stay_content() {
         let p = weather();
@@ -493,6 +677,7 @@ mod tests {
             choices: 1,
             n: 1,
             include_usage: false,
+            chat_stops: None,
         };
         let text = " to=get_weather<|message|><atem:function_calls><atem:invoke name=\"get_weather\"><atem:parameter name=\"city\">Oslo</atem:parameter></atem:invoke></atem:function_calls>";
         tx.send(Event::Token {

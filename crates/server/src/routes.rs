@@ -24,7 +24,7 @@ use tower_http::trace::{DefaultOnResponse, TraceLayer};
 use crate::engine::{EngineHandle, Job};
 use crate::error::ApiError;
 use crate::openai::{self, Endpoint, GenRequest};
-use crate::respond::{self, Meta};
+use crate::respond::{self, ChatStops, Meta};
 
 /// Events buffered per request before the engine holds that request's sequences back.
 const CHANNEL_EVENTS: usize = 256;
@@ -230,6 +230,10 @@ async fn chat_completions(
         .map_err(|e| ApiError::internal(format!("formatting the chat failed: {e}")))??
     };
     let seqs = openai::sequences(&[prompt], &opts, st.engine.n_ctx(), "messages")?;
+    // Stop strings end the answer, not the reasoning or the protocol around it: matched as the
+    // text is parsed (respond::ChatStops), not by the engine.
+    let chat_stops =
+        (!opts.stops.is_empty()).then(|| ChatStops::new(opts.stops.clone(), seqs.len()));
     let meta = Meta {
         id: format!("chatcmpl-{}", rid.0),
         created: now(),
@@ -238,8 +242,9 @@ async fn chat_completions(
         choices: seqs.len(),
         n: opts.n,
         include_usage: opts.include_usage,
+        chat_stops: chat_stops.clone(),
     };
-    let rx = submit(&st, &rid, seqs, &opts, false)?;
+    let rx = submit(&st, &rid, seqs, &opts, false, chat_stops.as_ref())?;
     Ok(if opts.stream {
         respond::stream(meta, rx, st.tok.clone(), Some(parser)).into_response()
     } else {
@@ -270,8 +275,9 @@ async fn completions(
         choices: seqs.len(),
         n: opts.n,
         include_usage: opts.include_usage,
+        chat_stops: None,
     };
-    let rx = submit(&st, &rid, seqs, &opts, true)?;
+    let rx = submit(&st, &rid, seqs, &opts, true, None)?;
     Ok(if opts.stream {
         respond::stream(meta, rx, st.tok.clone(), None).into_response()
     } else {
@@ -285,12 +291,19 @@ fn submit(
     seqs: Vec<crate::engine::SeqSpec>,
     opts: &openai::Options,
     skip_special: bool,
+    chat_stops: Option<&ChatStops>,
 ) -> Result<mpsc::Receiver<crate::engine::Event>, ApiError> {
     let (tx, rx) = mpsc::channel(CHANNEL_EVENTS + 4 * seqs.len());
     st.engine.submit(Job {
         request_id: rid.0.clone(),
         seqs,
-        stops: opts.stops.clone(),
+        // A chat's stops are matched in its answer (respond), which ends a choice by its flag.
+        stops: if chat_stops.is_some() {
+            Vec::new()
+        } else {
+            opts.stops.clone()
+        },
+        stop_flags: chat_stops.map(|c| Arc::clone(&c.flags)),
         skip_special,
         logprobs: opts.logprobs,
         ignore_eos: opts.ignore_eos,

@@ -316,6 +316,63 @@ async fn stop_strings_end_the_text_and_are_not_emitted() {
     }
 }
 
+/// A chat's stop string ends its answer (not shown), streamed or whole, and the engine stops
+/// generating it: fewer completion tokens than asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_stop_strings_end_the_answer() {
+    let s = Server::start(Opts::default()).await;
+    let body = json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 60, "seed": 9,
+                      "temperature": 1.0, "ignore_eos": true});
+    let first = s.post("/v1/chat/completions", &body).await.json();
+    let full = first["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let chars: Vec<char> = full.chars().collect();
+    assert!(chars.len() > 20, "{full:?}");
+    let stop: String = chars[12..15].iter().collect();
+    let at = full.find(&stop).unwrap();
+    for stream in [false, true] {
+        let mut b = body.clone();
+        b["stop"] = json!([stop, "never-appears-xyz"]);
+        b["stream"] = json!(stream);
+        b["stream_options"] = if stream {
+            json!({"include_usage": true})
+        } else {
+            Value::Null
+        };
+        let (text, reason, usage) = if stream {
+            let mut st = s.stream("/v1/chat/completions", &b).await;
+            let ch = st.collect().await;
+            let t: String = ch
+                .iter()
+                .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+                .collect();
+            let r = ch
+                .iter()
+                .filter_map(|c| c["choices"][0]["finish_reason"].as_str())
+                .last()
+                .map(str::to_string);
+            let u = ch.last().unwrap()["usage"].clone();
+            (t, r, u)
+        } else {
+            let v = s.post("/v1/chat/completions", &b).await.json();
+            let t = v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let r = v["choices"][0]["finish_reason"]
+                .as_str()
+                .map(str::to_string);
+            (t, r, v["usage"].clone())
+        };
+        assert_eq!(text, full[..at], "stream={stream}");
+        assert_eq!(reason.as_deref(), Some("stop"), "stream={stream}");
+        let n = usage["completion_tokens"].as_u64().unwrap();
+        assert!(n < 60, "stream={stream}: the engine went on to {n} tokens");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logprobs_for_chat_and_completions() {
     let s = Server::start(Opts::default()).await;

@@ -52,6 +52,9 @@ pub struct Job {
     pub request_id: String,
     pub seqs: Vec<SeqSpec>,
     pub stops: Vec<String>,
+    /// Set by the response builder when a choice must end (its answer met a stop string): one
+    /// flag per choice, read before each of its tokens is kept going.
+    pub stop_flags: Option<std::sync::Arc<[std::sync::atomic::AtomicBool]>>,
     /// Drop control tokens from the text (completions) or keep them for the ATEM parser (chat).
     pub skip_special: bool,
     /// Return each token's log-probability and this many alternatives.

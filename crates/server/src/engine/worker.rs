@@ -24,6 +24,8 @@ use crate::error::ApiError;
 /// What the sequences of one request share.
 struct JobCommon {
     request_id: String,
+    /// `Job::stop_flags`.
+    stop_flags: Option<Arc<[std::sync::atomic::AtomicBool]>>,
     tx: tokio::sync::mpsc::Sender<Event>,
     logprobs: Option<usize>,
     ignore_eos: bool,
@@ -203,6 +205,7 @@ impl<B: Backend> Worker<B> {
         let arrived = Instant::now();
         let common = Arc::new(JobCommon {
             request_id: job.request_id,
+            stop_flags: job.stop_flags,
             tx: job.tx,
             logprobs: job.logprobs,
             ignore_eos: job.ignore_eos,
@@ -567,7 +570,7 @@ impl<B: Backend> Worker<B> {
                 text,
                 logprob,
             });
-            if s.decoder.stopped().is_some() {
+            if s.decoder.stopped().is_some() || stop_flagged(&s.job, s.index) {
                 Some(Finish::Stop)
             } else if s.generated >= s.max_tokens || s.prompt.len() + s.generated >= n_ctx {
                 Some(Finish::Length)
@@ -695,6 +698,14 @@ impl<B: Backend> Worker<B> {
 }
 
 /// The client went away: end the sequence (its slot is freed by `release_done`).
+/// Whether the response builder asked choice `index` to end (its answer met a stop string).
+fn stop_flagged(job: &JobCommon, index: usize) -> bool {
+    job.stop_flags
+        .as_ref()
+        .and_then(|f| f.get(index))
+        .is_some_and(|f| f.load(Ordering::Relaxed))
+}
+
 fn cancel(s: &mut Seq) {
     tracing::info!(request_id = %s.job.request_id, choice = s.index, generated = s.generated, "cancelled: client disconnected");
     metrics::counter!("muser_sequences_finished_total", "reason" => "cancelled").increment(1);
