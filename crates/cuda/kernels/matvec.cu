@@ -699,6 +699,21 @@ extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_pair_p2(const u8* W, 
 
 __device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
 
+// A Q6_K lane's activations (block b, half n, 8 positions k8 of each quarter) as digit planes
+// and scales, runs of 8 (mvq_q6_k and its staged form).
+template <int P>
+__device__ __forceinline__ void q6_x_digits(const float* __restrict__ x, int b, int n, int k8, u32 (&x0)[4][2], u32 (&x1)[4][2],
+                                            u32 (&x2)[4][2], float (&xsc)[4]) {
+#pragma unroll
+    for (int qt = 0; qt < 4; qt++) {
+        const int e = b * 256 + 128 * n + 32 * qt + 8 * k8;
+        const float4 a = ld_after_wait(x + e), c = ld_after_wait(x + e + 4);
+        const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+        float unused;
+        x_digits<8, P>(v, x0[qt], x1[qt], x2[qt], xsc[qt], unused);
+    }
+}
+
 // One Q6_K row's part for a lane (8 positions x 4 quarters of one block): the codes of l0, l1
 // (low nibbles), h (2-bit tops) become signed q - 32 bytes (vsub4), sum (q - 32) X is exact in
 // integers (|S0|, |S1| <= 8 * 32 * 255, 256 S1 + S0 < 2^24, exact in f32), and each quarter adds
@@ -779,14 +794,7 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __r
     pdl_wait();
     u32 x0[4][2], x1[4][2], x2[4][2];
     float xsc[4];
-#pragma unroll
-    for (int qt = 0; qt < 4; qt++) {
-        const int e = b * 256 + 128 * n + 32 * qt + 8 * k8;
-        const float4 a = ld_after_wait(x + e), c = ld_after_wait(x + e + 4);
-        const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-        float unused;
-        x_digits<8, P>(v, x0[qt], x1[qt], x2[qt], xsc[qt], unused);
-    }
+    q6_x_digits<P>(x, b, n, k8, x0, x1, x2, xsc);
     float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;  // this launch's rows of W
     int it = 0;
     for (int r0 = r_begin; r0 < r_end; r0 += MVQ_R, it ^= 1) {
@@ -1107,14 +1115,7 @@ __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8*
     pdl_wait();
     u32 x0[4][2], x1[4][2], x2[4][2];
     float xsc[4];
-#pragma unroll
-    for (int qt = 0; qt < 4; qt++) {
-        const int e = b * 256 + 128 * n + 32 * qt + 8 * k8;
-        const float4 a = ld_after_wait(x + e), c = ld_after_wait(x + e + 4);
-        const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
-        float unused;
-        x_digits<8, P>(v, x0[qt], x1[qt], x2[qt], xsc[qt], unused);
-    }
+    q6_x_digits<P>(x, b, n, k8, x0, x1, x2, xsc);
     float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;
     for (int k = 0; k < steps; k++) {
         const int s = k % stages, r0 = r_begin + k * MVQ_R;
