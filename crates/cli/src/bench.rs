@@ -291,8 +291,9 @@ fn print_profile(
 }
 
 pub fn run(a: Args) -> CliResult {
-    let loaded = a.model.load()?;
+    // The cache type first: a bad --kv-type is named before the weights load.
     let kv = a.model.kv()?;
+    let loaded = a.model.load()?;
     let backend_name = crate::with_model!(&loaded, m => m.backend.name());
     println!(
         "model: {}  backend: {backend_name}  kv: {}  mode: {}",

@@ -38,8 +38,9 @@ pub fn run(a: Args) -> CliResult {
         }
     };
     template.set_special_tokens(&tok);
-    let loaded = a.model.load_from(g)?;
+    // The cache type first: a bad --kv-type is named before the weights load.
     let kv = a.model.kv()?;
+    let loaded = a.model.load_from(g)?;
     let stop = Arc::new(AtomicBool::new(false));
     let s2 = stop.clone();
     ctrlc::set_handler(move || s2.store(true, Ordering::SeqCst))
@@ -73,11 +74,12 @@ fn chat<B: Backend>(
         write!(out, "\n> ")?;
         out.flush()?;
         let mut line = String::new();
-        stop.store(false, Ordering::SeqCst);
         if stdin.lock().read_line(&mut line)? == 0 {
             writeln!(out)?;
             return Ok(());
         }
+        // After the line: a Ctrl-C at the prompt does not stop the answer to come.
+        stop.store(false, Ordering::SeqCst);
         let line = line.trim_end_matches(['\n', '\r']);
         match line.trim() {
             "" => continue,

@@ -42,7 +42,8 @@ pub struct ModelOpts {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Split every layer over N ranks (GPUs N..N+k with `--device cuda:N`; simulated CPU ranks
-    /// with `--device cpu`). Partial sums are all-reduced through the host.
+    /// with `--device cpu`). Partial sums are all-reduced through NCCL on CUDA, through the
+    /// host on the CPU.
     #[arg(long = "tensor-parallel", default_value_t = 1)]
     pub tensor_parallel: usize,
     /// CUDA: a sequence's tokens are bit for bit the same whatever else shares its batches
@@ -157,7 +158,12 @@ impl ModelOpts {
         let loaded = match device {
             None if world > 1 => {
                 let plan = ShardPlan::new(&file.config, &file.tensors, world)?;
-                let threads = (self.threads / world).max(1);
+                // -t 0 (all cores) shares the machine's cores among the ranks.
+                let cores = match self.threads {
+                    0 => std::thread::available_parallelism().map_or(1, usize::from),
+                    t => t,
+                };
+                let threads = (cores / world).max(1);
                 let ranks = (0..world)
                     .map(|_| CpuBackend::new(mode, threads))
                     .collect::<Result<Vec<_>, _>>()?;
@@ -175,6 +181,12 @@ impl ModelOpts {
                 }
                 CudaBackend::supports(&file.config)?;
                 let plan = ShardPlan::new(&file.config, &file.tensors, world)?;
+                if ordinal.checked_add(world).is_none() {
+                    return Err(format!(
+                        "--device cuda:{ordinal} with --tensor-parallel {world}: no such GPUs"
+                    )
+                    .into());
+                }
                 let ranks = (0..world)
                     .map(|i| CudaBackend::new(ordinal + i))
                     .collect::<Result<Vec<_>, _>>()?;

@@ -117,8 +117,9 @@ pub fn run(a: Args) -> CliResult {
     if prompt.is_empty() {
         return Err("the prompt encodes to no tokens".into());
     }
-    let loaded = a.model.load_from(g)?;
+    // The cache type first: a bad --kv-type is named before the weights load.
     let kv = a.model.kv()?;
+    let loaded = a.model.load_from(g)?;
     crate::with_model!(&loaded, model => generate(model, &a, &tok, &prompt, params, kv))
 }
 
@@ -131,6 +132,12 @@ fn generate<B: Backend>(
     kv: KvType,
 ) -> CliResult {
     let n_ctx = a.sample.ctx_size.min(model.config.n_ctx_train);
+    if n_ctx < 2 {
+        return Err(Error::Input(format!(
+            "--ctx-size {n_ctx} leaves no room: a prompt token and a generated one need at least 2"
+        ))
+        .into());
+    }
     if prompt.len() >= n_ctx {
         return Err(Error::Input(format!(
             "the prompt has {} tokens, which exceed the context size {n_ctx} (at most {} fit with room to generate)",

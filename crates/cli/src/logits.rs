@@ -70,6 +70,8 @@ pub fn run(a: Args) -> CliResult {
     if tokens.is_empty() {
         return Err(format!("{} holds no tokens", a.tokens.display()).into());
     }
+    // The cache type first: a bad --kv-type is named before the weights load.
+    let kv = a.model.kv()?;
     let mut loaded = a.model.load()?;
     if let crate::common::Loaded::Cpu(m) = &mut loaded {
         // Parity mode sizes llama.cpp's sliding-window cache from its n_ubatch: use ours.
@@ -79,7 +81,6 @@ pub fn run(a: Args) -> CliResult {
     if tokens.len() > n_ctx {
         return Err(format!("{} tokens do not fit a context of {n_ctx}", tokens.len()).into());
     }
-    let kv = a.model.kv()?;
     if let Some(dir) = &a.dump_tensors {
         let tap = dump_tap(dir)?;
         crate::with_model!(&loaded, model => model.set_tap(tap))?;

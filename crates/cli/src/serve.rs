@@ -51,10 +51,23 @@ pub struct Args {
 
 pub fn run(a: Args) -> CliResult {
     muser_server::init_logging();
+    let mib = |flag: &str, v: usize| -> Result<usize, String> {
+        match v.checked_mul(1 << 20) {
+            Some(b) if b > 0 => Ok(b),
+            _ => Err(format!(
+                "{flag} {v}: expected 1 or more MiB that fit in memory"
+            )),
+        }
+    };
+    let max_body_bytes = mib("--max-body-mib", a.max_body_mib)?;
+    let kv_budget_bytes = a
+        .kv_budget_mib
+        .map(|m| mib("--kv-budget-mib", m))
+        .transpose()?;
     let g = a.model.gguf()?;
     let mut tokenizer = Tokenizer::from_gguf(&g)?;
     // Bodies are bounded by --max-body-mib; a prompt cannot be longer than one.
-    tokenizer.set_max_input_bytes(a.max_body_mib << 20);
+    tokenizer.set_max_input_bytes(max_body_bytes);
     let template = match &a.chat_template_file {
         Some(p) => {
             let mut t = ChatTemplate::from_file(p)?;
@@ -88,10 +101,10 @@ pub fn run(a: Args) -> CliResult {
             step_tokens: a.ubatch,
             max_queue: a.max_queue,
             kv_type,
-            kv_budget_bytes: a.kv_budget_mib.map(|m| m << 20),
+            kv_budget_bytes,
         },
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
-        max_body_bytes: a.max_body_mib << 20,
+        max_body_bytes,
         shutdown_grace: Duration::from_secs(a.shutdown_timeout),
     };
     let text = TextModel {

@@ -132,6 +132,29 @@ fn prompt_longer_than_the_context() {
         "99999",
     ]);
     assert!(ok, "a context larger than the model's is clamped: {e}");
+    let (ok, e) = muser(&[
+        "generate",
+        "-m",
+        &fixture("tame-q4_0.gguf"),
+        "--prompt-ids",
+        "1",
+        "-c",
+        "0",
+    ]);
+    assert!(!ok && e.contains("--ctx-size 0 leaves no room"), "{e}");
+}
+
+/// Flags whose values cannot work are named: a cache type that does not exist (before the
+/// weights load), a body limit of 0 MiB or one that overflows.
+#[test]
+fn impossible_flag_values_are_named() {
+    let m = fixture("tame-q4_0.gguf");
+    let (ok, e) = muser(&["generate", "-m", &m, "-p", "hi", "--kv-type", "bogus"]);
+    assert!(!ok && e.to_lowercase().contains("kv"), "{e}");
+    for v in ["0", "17592186044416"] {
+        let (ok, e) = muser(&["serve", "-m", &m, "--max-body-mib", v, "--port", "0"]);
+        assert!(!ok && e.contains("--max-body-mib"), "{v}: {e}");
+    }
 }
 
 #[test]

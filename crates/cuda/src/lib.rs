@@ -401,7 +401,7 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<Self> {
         check_libraries()?;
         let n = CudaContext::device_count().map_err(dev("device count"))?;
-        if ordinal as i32 >= n {
+        if i32::try_from(ordinal).map_or(true, |o| o >= n) {
             return Err(Error::Backend(format!(
                 "CUDA device {ordinal} does not exist ({n} device(s) found)"
             )));
