@@ -165,6 +165,13 @@ fn prompt_test<B: Backend>(
     reps: usize,
     ubatch: usize,
 ) -> Result<f64, muser_engine::Error> {
+    let n_ctx = m.config.n_ctx_train;
+    if np == 0 || np > n_ctx {
+        // Before the prompt's tokens are made: -p 10^11 is named, not allocated.
+        return Err(muser_engine::Error::Input(format!(
+            "-p {np}: a prompt test takes 1 to {n_ctx} tokens (the model's context)"
+        )));
+    }
     let toks = random_tokens(&mut Rng::new(1), np, m.config.n_vocab);
     let mut times = Vec::new();
     for rep in 0..=reps.max(1) {
@@ -188,9 +195,20 @@ fn decode_session<'m, B: Backend>(
     a: &Args,
     depth: usize,
 ) -> Result<(Session<'m, B>, u32), muser_engine::Error> {
+    let n_ctx = m.config.n_ctx_train;
+    let need = (a.reps.max(1) + 1)
+        .checked_mul(a.n_gen.saturating_add(2))
+        .and_then(|n| n.checked_add(depth))
+        .filter(|&n| n <= n_ctx)
+        .ok_or_else(|| {
+            muser_engine::Error::Input(format!(
+                "--depth {depth} with -n {} and -r {}: the test needs more than the model's {n_ctx} positions",
+                a.n_gen, a.reps
+            ))
+        })?;
     let mut rng = Rng::new(2);
     let pre = random_tokens(&mut rng, depth, m.config.n_vocab);
-    let mut s = Session::new(m, kv, depth + (a.reps.max(1) + 1) * (a.n_gen + 2))?;
+    let mut s = Session::new(m, kv, need)?;
     let mut tok = 1u32;
     if depth > 0 {
         let l = s.feed(&pre, a.ubatch, Logits::Last)?;

@@ -145,12 +145,27 @@ fn prompt_longer_than_the_context() {
 }
 
 /// Flags whose values cannot work are named: a cache type that does not exist (before the
-/// weights load), a body limit of 0 MiB or one that overflows.
+/// weights load), bench sizes past the context (before their tokens are made), a body limit of
+/// 0 MiB or one that overflows.
 #[test]
 fn impossible_flag_values_are_named() {
     let m = fixture("tame-q4_0.gguf");
     let (ok, e) = muser(&["generate", "-m", &m, "-p", "hi", "--kv-type", "bogus"]);
     assert!(!ok && e.to_lowercase().contains("kv"), "{e}");
+    let (ok, e) = muser(&["bench", "-m", &m, "-p", "100000000000", "-n", "0"]);
+    assert!(!ok && e.contains("-p 100000000000"), "{e}");
+    let (ok, e) = muser(&[
+        "bench",
+        "-m",
+        &m,
+        "-p",
+        "0",
+        "-n",
+        "4",
+        "--depth",
+        "100000000000",
+    ]);
+    assert!(!ok && e.contains("--depth 100000000000"), "{e}");
     for v in ["0", "17592186044416"] {
         let (ok, e) = muser(&["serve", "-m", &m, "--max-body-mib", v, "--port", "0"]);
         assert!(!ok && e.contains("--max-body-mib"), "{v}: {e}");
