@@ -93,7 +93,7 @@ if has tests; then
 fi
 
 if has synth; then
-  /usr/bin/time -f "synth: %e s" carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m 2>&1 | tee "$AUX/synth.log"
+  /usr/bin/time -f "synth: %e s" carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m --force 2>&1 | tee "$AUX/synth.log"
 fi
 
 # Every timing runs after the llama.cpp build: a compile beside it takes the host's cores and

@@ -19,9 +19,20 @@ pub struct Args {
     pub layout: String,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Overwrite the output if it exists (without it an existing file, maybe a real model, is
+    /// left alone).
+    #[arg(long)]
+    pub force: bool,
 }
 
 pub fn run(a: Args) -> CliResult {
+    if a.out.exists() && !a.force {
+        return Err(format!(
+            "{} exists; muser synth writes random weights and would replace it (--force overwrites it)",
+            a.out.display()
+        )
+        .into());
+    }
     let p = synth::preset(&a.preset)?;
     let layout = Layout::parse(&a.layout)?;
     let t = Instant::now();

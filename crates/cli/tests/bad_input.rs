@@ -166,6 +166,11 @@ fn impossible_flag_values_are_named() {
         "100000000000",
     ]);
     assert!(!ok && e.contains("--depth 100000000000"), "{e}");
+    // synth never replaces a file unasked (it might be a real model).
+    let existing = tmp("existing.gguf", b"not random weights");
+    let (ok, e) = muser(&["synth", &existing, "--preset", "small"]);
+    assert!(!ok && e.contains("--force"), "{e}");
+    assert_eq!(std::fs::read(&existing).unwrap(), b"not random weights");
     for v in ["0", "17592186044416"] {
         let (ok, e) = muser(&["serve", "-m", &m, "--max-body-mib", v, "--port", "0"]);
         assert!(!ok && e.contains("--max-body-mib"), "{v}: {e}");
