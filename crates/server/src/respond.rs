@@ -148,6 +148,9 @@ pub struct ChatChoice {
     /// whether one was met: then nothing more of this choice is shown.
     stops: Option<StreamDecoder>,
     stopped: bool,
+    /// Tokens taken in (`push`): once a stop string is met, the choice's completion tokens
+    /// (the engine may make a few more before it sees the flag; they are not the answer's).
+    tokens: usize,
     /// What the deltas so far add up to.
     msg: ParsedMessage,
 }
@@ -160,6 +163,7 @@ impl ChatChoice {
             started: false,
             stops: None,
             stopped: false,
+            tokens: 0,
             msg: ParsedMessage::default(),
         }
     }
@@ -176,6 +180,12 @@ impl ChatChoice {
     /// Whether the answer met a stop string.
     pub fn stopped(&self) -> bool {
         self.stopped
+    }
+
+    /// The choice's completion tokens: the engine's count, or, once a stop string was met,
+    /// the tokens up to the one that completed it.
+    pub fn completion_tokens(&self, engine: usize) -> usize {
+        if self.stopped { self.tokens } else { engine }
     }
 
     /// The message the deltas so far make (the answer cut at a stop string).
@@ -235,7 +245,9 @@ impl ChatChoice {
         (!m.is_empty()).then_some(Value::Object(m))
     }
 
+    /// One token's text.
     pub fn push(&mut self, text: &str) -> Option<Value> {
+        self.tokens += 1;
         let d = self.atem.push(text);
         self.delta(d, false)
     }
@@ -341,13 +353,14 @@ pub async fn whole(
                 let Some(a) = acc.get_mut(index) else {
                     continue;
                 };
+                a.completion_tokens = completion_tokens;
                 if let Some(Some(c)) = cut.get_mut(index) {
                     c.finish(&text);
+                    a.completion_tokens = c.completion_tokens(completion_tokens);
                 }
                 a.text.push_str(&text);
                 a.finish = Some(finish);
                 a.prompt_tokens = prompt_tokens;
-                a.completion_tokens = completion_tokens;
                 left -= 1;
             }
             Event::Error { error, .. } => return error.into_response(),
@@ -489,7 +502,10 @@ pub fn stream(
                     if index % meta.n.max(1) == 0 {
                         prompt_tokens += p;
                     }
-                    completion_tokens += n;
+                    completion_tokens += match meta.endpoint {
+                        Endpoint::Chat => c.completion_tokens(n),
+                        Endpoint::Completions => n,
+                    };
                     let mut b = Map::new();
                     match meta.endpoint {
                         Endpoint::Chat => {

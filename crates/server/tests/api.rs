@@ -317,7 +317,7 @@ async fn stop_strings_end_the_text_and_are_not_emitted() {
 }
 
 /// A chat's stop string ends its answer (not shown), streamed or whole, and the engine stops
-/// generating it: fewer completion tokens than asked.
+/// generating it: fewer completion tokens than asked, counted up to the stop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_stop_strings_end_the_answer() {
     let s = Server::start(Opts::default()).await;
@@ -332,6 +332,7 @@ async fn chat_stop_strings_end_the_answer() {
     assert!(chars.len() > 20, "{full:?}");
     let stop: String = chars[12..15].iter().collect();
     let at = full.find(&stop).unwrap();
+    let mut counts = Vec::new();
     for stream in [false, true] {
         let mut b = body.clone();
         b["stop"] = json!([stop, "never-appears-xyz"]);
@@ -370,7 +371,11 @@ async fn chat_stop_strings_end_the_answer() {
         assert_eq!(reason.as_deref(), Some("stop"), "stream={stream}");
         let n = usage["completion_tokens"].as_u64().unwrap();
         assert!(n < 60, "stream={stream}: the engine went on to {n} tokens");
+        counts.push(n);
     }
+    // The tokens up to the one that completed the stop, whatever the engine made after it
+    // before it saw the flag: the same streamed or whole.
+    assert_eq!(counts[0], counts[1]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

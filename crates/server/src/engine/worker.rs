@@ -250,6 +250,18 @@ impl<B: Backend> Worker<B> {
         for s in &mut self.running {
             if !s.done && s.job.tx.is_closed() {
                 cancel(s);
+            } else if !s.done && stop_flagged(&s.job, s.index) {
+                // Its answer met a stop string: no further forward for it.
+                s.outbox.push_back(Event::Done {
+                    index: s.index,
+                    finish: Finish::Stop,
+                    text: String::new(),
+                    prompt_tokens: s.prompt.len(),
+                    completion_tokens: s.generated,
+                });
+                s.done = true;
+                metrics::counter!("muser_sequences_finished_total", "reason" => "stop")
+                    .increment(1);
             }
         }
         self.release_done();
@@ -697,7 +709,6 @@ impl<B: Backend> Worker<B> {
     }
 }
 
-/// The client went away: end the sequence (its slot is freed by `release_done`).
 /// Whether the response builder asked choice `index` to end (its answer met a stop string).
 fn stop_flagged(job: &JobCommon, index: usize) -> bool {
     job.stop_flags
@@ -706,6 +717,7 @@ fn stop_flagged(job: &JobCommon, index: usize) -> bool {
         .is_some_and(|f| f.load(Ordering::Relaxed))
 }
 
+/// The client went away: end the sequence (its slot is freed by `release_done`).
 fn cancel(s: &mut Seq) {
     tracing::info!(request_id = %s.job.request_id, choice = s.index, generated = s.generated, "cancelled: client disconnected");
     metrics::counter!("muser_sequences_finished_total", "reason" => "cancelled").increment(1);
