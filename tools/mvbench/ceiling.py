@@ -7,6 +7,7 @@ they stream from HBM, nothing else on the GPU):
 Usage (on the GPU machine, repo root): python3 tools/mvbench/ceiling.py"""
 import numpy as np
 import cupy as cp
+from graphtime import graph_time
 
 root = "crates/cuda/kernels/"
 read_src = r"""
@@ -30,26 +31,6 @@ print(f"sm_{dev.compute_capability}, {n_sm} SMs")
 
 def cdiv(a, b):
     return -(-a // b)
-
-
-def timeit(launch, n_copies, reps=30):
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        for i in range(3):
-            launch(i % n_copies)
-        stream.synchronize()
-        stream.begin_capture()
-        for i in range(reps):
-            launch(i % n_copies)
-        graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record(stream)
-        graph.launch(stream)
-        e.record(stream)
-        e.synchronize()
-    return cp.cuda.get_elapsed_time(s, e) / reps * 1000.0  # us
 
 
 rows, cols = 19968, 6656
@@ -79,7 +60,7 @@ for threads in [256, 512, 1024]:
         if threads * per_sm > 2048:
             continue
         grid = per_sm * n_sm
-        t = timeit(lambda i: f((grid,), (threads,), (big[i], np.int64(n16), out)), copies)
+        t = graph_time(lambda i: f((grid,), (threads,), (big[i], np.int64(n16), out)), copies)
         print(f"stream_read {threads} threads x {per_sm}/SM: {t:7.2f} us {pair_bytes / t / 1e3:6.0f} GB/s")
 del big
 
@@ -93,36 +74,36 @@ for per_sm in [1, 2, 3, 4]:
     rpb = cdiv(cdiv(vrows, slots), 4) * 4
     grid = cdiv(vrows, rpb)
     launch = lambda i: f((grid,), (threads,), (mats[i], mats[(i + 1) % copies], x, y, y2, np.int32(rows), np.int32(cols), np.int32(rpb)))
-    t = timeit(launch, copies)
+    t = graph_time(launch, copies)
     launch(0)
     got = np.concatenate([y.get(), y2.get()])
     ref = got if ref is None else ref
     err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
     print(f"register, {per_sm}/SM requested (regs {f.num_regs}): {t:7.2f} us {pair_bytes / t / 1e3:6.0f} GB/s  vs first {err:.1e}")
 
-for name, R in [("mvq_q4_k_pair_tma", 4), ("mvq_q4_k_pair_tma_r2", 2)]:
-    print(f"\n== {name} (4 threads per block, {R} rows per step)")
-    f = mod.get_function(name)
-    threads = (nb * 4 + 31) // 32 * 32
-    stride = R * nb * 144
-    f.max_dynamic_shared_size_bytes = 200 * 1024
-    by_regs = 65536 // (((f.num_regs + 7) // 8 * 8) * threads)
-    for stages in [2, 3, 4, 6, 8]:
-        smem = stages * stride
-        if smem > 200 * 1024:
+name, R = "mvq_q4_k_pair_tma", 4
+print(f"\n== {name} (4 threads per block, {R} rows per step)")
+f = mod.get_function(name)
+threads = (nb * 4 + 31) // 32 * 32
+stride = R * nb * 144
+f.max_dynamic_shared_size_bytes = 200 * 1024
+by_regs = 65536 // (((f.num_regs + 7) // 8 * 8) * threads)
+for stages in [2, 3, 4, 6, 8]:
+    smem = stages * stride
+    if smem > 200 * 1024:
+        continue
+    fit = max(1, min(by_regs, (228 * 1024) // (smem + 1024 + 768)))
+    for per_sm in sorted({2, 4, fit - 1, fit}):
+        if per_sm > fit or per_sm < 1:
             continue
-        fit = max(1, min(by_regs, (228 * 1024) // (smem + 1024 + 768)))
-        for per_sm in sorted({2, 4, fit - 1, fit}):
-            if per_sm > fit or per_sm < 1:
-                continue
-            slots = per_sm * n_sm
-            vrows = 2 * rows
-            rpb = cdiv(cdiv(vrows, slots), R) * R
-            grid = cdiv(vrows, rpb)
-            launch = lambda i: f((grid,), (threads,), (mats[i], mats[(i + 1) % copies], x, y, y2, np.int32(rows), np.int32(cols), np.int32(rpb),
-                                                       np.uint64(0), np.uint64(0), np.int32(nb), np.int32(stages)), shared_mem=smem)
-            t = timeit(launch, copies)
-            launch(0)
-            got = np.concatenate([y.get(), y2.get()])
-            err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
-            print(f"staged R={R}, {stages} stages, {per_sm}/SM (regs {f.num_regs}, {smem} B): {t:7.2f} us {pair_bytes / t / 1e3:6.0f} GB/s  vs register {err:.1e}")
+        slots = per_sm * n_sm
+        vrows = 2 * rows
+        rpb = cdiv(cdiv(vrows, slots), R) * R
+        grid = cdiv(vrows, rpb)
+        launch = lambda i: f((grid,), (threads,), (mats[i], mats[(i + 1) % copies], x, y, y2, np.int32(rows), np.int32(cols), np.int32(rpb),
+                                                   np.uint64(0), np.uint64(0), np.int32(nb), np.int32(stages)), shared_mem=smem)
+        t = graph_time(launch, copies)
+        launch(0)
+        got = np.concatenate([y.get(), y2.get()])
+        err = float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+        print(f"staged R={R}, {stages} stages, {per_sm}/SM (regs {f.num_regs}, {smem} B): {t:7.2f} us {pair_bytes / t / 1e3:6.0f} GB/s  vs register {err:.1e}")

@@ -5,6 +5,7 @@ Usage (on the GPU machine, repo root): python3 tools/mvbench/mvbench.py"""
 import itertools, sys, time
 import numpy as np
 import cupy as cp
+from graphtime import graph_time
 
 root = "crates/cuda/kernels/"
 src = open(root + "common.cuh").read() + "\n" + open(root + "matvec.cu").read() + "\n" + open("tools/mvbench/variants.cu").read()
@@ -27,24 +28,8 @@ def q4k_matrix(rows, cols, copies):
     return mats
 
 def timeit(launch, mats, reps=30):
-    """Per-launch time of `reps` launches replayed from a CUDA graph (no Python in the loop)."""
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        for i in range(3):
-            launch(mats[i % len(mats)])
-        stream.synchronize()
-        stream.begin_capture()
-        for i in range(reps):
-            launch(mats[i % len(mats)])
-        graph = stream.end_capture()
-        graph.launch(stream)
-        stream.synchronize()
-        s, e = cp.cuda.Event(), cp.cuda.Event()
-        s.record(stream)
-        graph.launch(stream)
-        e.record(stream)
-        e.synchronize()
-    return cp.cuda.get_elapsed_time(s, e) / reps * 1000.0  # us
+    """Per-launch time of launch(W) over the rotated matrices `mats` (graphtime.py)."""
+    return graph_time(lambda i: launch(mats[i]), len(mats), reps)
 
 shapes = [(19968, 6656), (4096, 6656), (6656, 19968), (6656, 4096), (256, 6656)]
 if len(sys.argv) > 1:

@@ -869,6 +869,16 @@ __device__ __forceinline__ void mbar_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
+// The block's `stages` barriers initialised (thread 0) and visible to every thread and to the
+// copy engine before their first use.
+__device__ __forceinline__ void mbar_init_all(u64* bars, int stages) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; s++) mbar_init(&bars[s]);
+        mbar_init_fence();
+    }
+    __syncthreads();
+}
+
 // The issuing thread's arrival, announcing `bytes` of copies that complete this phase.
 __device__ __forceinline__ void mbar_expect(u64* bar, u32 bytes) {
 #if __CUDA_ARCH__ >= 900
@@ -910,18 +920,6 @@ __device__ __forceinline__ float warp_sum4(const float (&v)[4], int lane) {
     return k;
 }
 
-// R = 2 rows: lanes l and l ^ 16 trade one, then the butterfly over 8, 4, 2, 1; lane 16i ends
-// with row i.
-__device__ __forceinline__ float warp_sum_rows(const float (&v)[2], int lane) {
-    const bool up = lane & 16;
-    float k = up ? v[1] : v[0];
-    k += __shfl_xor_sync(0xffffffffu, up ? v[0] : v[1], 16);
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) k += __shfl_xor_sync(0xffffffffu, k, o);
-    return k;
-}
-__device__ __forceinline__ float warp_sum_rows(const float (&v)[4], int lane) { return warp_sum4(v, lane); }
-
 // The staged Q4_K kernel: the block's threads cover the launch's column range with 4 threads per
 // 256-column block, thread j of a block taking its 32 code bytes 32j.. (64 weights: sub-blocks
 // 2j and 2j + 1, the low and high nibbles), so each row's scales and mins are decoded once per 64
@@ -934,12 +932,12 @@ __device__ __forceinline__ float warp_sum_rows(const float (&v)[4], int lane) { 
 // Per row: sum over the thread's runs of (d sc) (q . X) 2^(E-B) - (dmin m) sum x, the integer dot
 // products exact (as mvq_q4_k), combined in f32 in a fixed order; partial rows summed over the
 // block in a fixed order (warp_sum4, then warps in order).
-template <bool PAIR, bool SPLIT, int P, int R = MVQ_R>
+template <bool PAIR, bool SPLIT, int P>
 __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
                                              float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
                                              float* __restrict__ part, unsigned* cnt, int nbs, int stages) {
     extern __shared__ __align__(128) u8 stage_mem[];
-    __shared__ float red[2][MVQ_MAX_THREADS / 32][R];
+    __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
     __shared__ __align__(8) u64 bars[MVQ_TMA_MAX_STAGES];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int nb = cols >> 8, b0 = tid >> 2, j = tid & 3;
@@ -949,21 +947,17 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
     const int bl = on ? b0 : 0, b = bl + b_off;
     const int vrows = PAIR ? 2 * rows : rows;
     const int r_begin = blockIdx.x * rpb, r_end = min(vrows, r_begin + rpb);
-    const int steps = r_begin < r_end ? (r_end - r_begin + R - 1) / R : 0;
+    const int steps = r_begin < r_end ? (r_end - r_begin + MVQ_R - 1) / MVQ_R : 0;
     const int rb = nbl * 144;                             // bytes of a row's range
-    const int stride = R * (SPLIT ? nbs : nb) * 144;  // bytes of a stage
-    if (tid == 0) {
-        for (int s = 0; s < stages; s++) mbar_init(&bars[s]);
-        mbar_init_fence();
-    }
-    __syncthreads();
+    const int stride = MVQ_R * (SPLIT ? nbs : nb) * 144;  // bytes of a stage
+    mbar_init_all(bars, stages);
     // Step k's rows (clamped to the last) into stage k % stages.
     auto issue = [&](int k) {
         const int s = k % stages;
-        mbar_expect(&bars[s], (u32)(R * rb));
+        mbar_expect(&bars[s], (u32)(MVQ_R * rb));
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            int row = min(r_begin + k * R + r, vrows - 1);
+        for (int r = 0; r < MVQ_R; r++) {
+            int row = min(r_begin + k * MVQ_R + r, vrows - 1);
             const u8* M = mvq_seg<PAIR>(W, W2, row, rows);
             tma_copy(stage_mem + s * stride + r * rb, M + ((long long)row * nb + b_off) * 144, (u32)rb, &bars[s]);
         }
@@ -996,12 +990,12 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
     }
     float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;
     for (int k = 0; k < steps; k++) {
-        const int s = k % stages, r0 = r_begin + k * R;
+        const int s = k % stages, r0 = r_begin + k * MVQ_R;
         mbar_wait(&bars[s], (u32)((k / stages) & 1));
         const u8* st = stage_mem + s * stride + bl * 144;
-        float acc[R];
+        float acc[MVQ_R];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
+        for (int r = 0; r < MVQ_R; r++) {
             const uint4 hd = *(const uint4*)(st + r * rb);
             const uint4 qa = *(const uint4*)(st + r * rb + 16 + 32 * j);
             const uint4 qb = *(const uint4*)(st + r * rb + 32 + 32 * j);
@@ -1036,11 +1030,11 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
             acc[r] = on ? ((d * sa) * (qx[0] + qx[1]) - (dm * ma) * xsum_a) + ((d * sb) * (qx[2] + qx[3]) - (dm * mb) * xsum_b)
                         : 0.0f;
         }
-        const float v = warp_sum_rows(acc, lane);
+        const float v = warp_sum4(acc, lane);
         const int it = k & 1;
-        if ((lane & (32 / R - 1)) == 0) red[it][warp][lane / (32 / R)] = v;
+        if ((lane & 7) == 0) red[it][warp][lane >> 3] = v;
         __syncthreads();  // every thread's reads of stage s are done: it may be refilled
-        if (tid < R) {
+        if (tid < MVQ_R) {
             const int rr = r0 + tid;
             float sum = 0.0f;
             for (int w = 0; w < nw; w++) sum += red[it][w][tid];
@@ -1079,11 +1073,7 @@ __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8*
     const int steps = r_begin < r_end ? (r_end - r_begin + MVQ_R - 1) / MVQ_R : 0;
     const int rb = q6_stage_row(nbl);
     const int stride = MVQ_R * q6_stage_row(SPLIT ? nbs : nb);
-    if (tid == 0) {
-        for (int s = 0; s < stages; s++) mbar_init(&bars[s]);
-        mbar_init_fence();
-    }
-    __syncthreads();
+    mbar_init_all(bars, stages);
     auto issue = [&](int k) {
         const int s = k % stages;
         u32 total = 0;
@@ -1157,12 +1147,6 @@ __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8*
         mvq_q6_k_tma<PAIR, SPLIT, P>(W, W2, nbt, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                         \
     }
 MVQ_TMA4(mvq_q4_k_tma, false, false, 3)
-// Two rows per step (measurements, tools/mvbench/ceiling.py).
-extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_pair_tma_r2(const u8* W, const u8* W2, const float* x, float* y, float* y2,
-                                                                     int rows, int cols, int rpb, float* part, unsigned* cnt, int nbs,
-                                                                     int stages) {
-    mvq_q4_k_tma<true, false, 3, 2>(W, W2, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);
-}
 MVQ_TMA4(mvq_q4_k_split_tma, false, true, 3)
 MVQ_TMA4(mvq_q4_k_pair_tma, true, false, 3)
 MVQ_TMA4(mvq_q4_k_tma_p2, false, false, 2)

@@ -116,7 +116,7 @@ impl CompletionLogprobs {
 /// output also carries its reasoning, the protocol's headers and tool calls, where a stop string
 /// ("\n", ".") would end the turn before any answer. The engine's own matching sees that raw
 /// text, so chat sequences go to it without stops; a choice whose answer meets one sets its flag,
-/// and the engine ends it at its next token (`Job::stop_flags`).
+/// and the engine ends it before its next step (`Job::stop_flags`).
 #[derive(Clone, Debug)]
 pub struct ChatStops {
     pub stops: Vec<String>,

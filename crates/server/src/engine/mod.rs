@@ -53,7 +53,7 @@ pub struct Job {
     pub seqs: Vec<SeqSpec>,
     pub stops: Vec<String>,
     /// Set by the response builder when a choice must end (its answer met a stop string): one
-    /// flag per choice, read before each of its tokens is kept going.
+    /// flag per choice, read by the engine before each step (`Worker::reap_closed`).
     pub stop_flags: Option<std::sync::Arc<[std::sync::atomic::AtomicBool]>>,
     /// Drop control tokens from the text (completions) or keep them for the ATEM parser (chat).
     pub skip_special: bool,

@@ -237,7 +237,8 @@ impl<B: Backend> Worker<B> {
         tracing::debug!(request_id = %common.request_id, waiting = self.waiting.len(), "queued");
     }
 
-    /// Cancel the sequences whose client went away, freeing their slots.
+    /// Cancel the sequences whose client went away, end those whose answer met a stop string
+    /// (their stop flag), freeing their slots.
     fn reap_closed(&mut self) {
         let before = self.waiting.len();
         self.waiting.retain(|s| !s.job.tx.is_closed());
@@ -582,7 +583,7 @@ impl<B: Backend> Worker<B> {
                 text,
                 logprob,
             });
-            if s.decoder.stopped().is_some() || stop_flagged(&s.job, s.index) {
+            if s.decoder.stopped().is_some() {
                 Some(Finish::Stop)
             } else if s.generated >= s.max_tokens || s.prompt.len() + s.generated >= n_ctx {
                 Some(Finish::Length)
