@@ -123,6 +123,13 @@ __device__ __forceinline__ int f16_shift(u32 maxbits, int lim) {
     return min(max(14 - E, -lim), lim);
 }
 
+// A matrix's scale 2^A (from its largest |w|, w16_max) and a token's 2^B_t and 2^-B_t (from
+// its largest |x|, x16_rowmax): the powers of two that put f16 products' operands in range
+// (dequant.cu's "Products of many tokens on the f16 tensor cores"; qmma.cu).
+__device__ __forceinline__ float w16_up(const u32* wmax) { return ldexpf(1.0f, f16_shift(*wmax, 60)); }
+__device__ __forceinline__ float x16_up(u32 xmax) { return ldexpf(1.0f, f16_shift(xmax, 120)); }
+__device__ __forceinline__ float x16_down(u32 xmax) { return ldexpf(1.0f, -f16_shift(xmax, 120)); }
+
 // d += a b on the f16 tensor cores, f32 accumulation (mma.sync.m16n8k16, PTX ISA fragments:
 // groupID g = lane / 4, t = lane % 4; A row-major: a0 = row g, k 2t..2t+1; a1 = row g + 8; a2 =
 // row g, k 2t+8..; a3 = row g + 8, k 2t+8..; B column-major: b0 = k 2t..2t+1 of column g, b1 = k
@@ -132,4 +139,52 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const u32 (&a)[4], u32 b0
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// ==== The copy engine (TMA, sm_90): bulk copies into shared memory counted on mbarriers ====
+// Used by the staged one-token kernels (matvec.cu) and the products of a few tokens (qmma.cu).
+__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mbar_init(u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+#endif
+}
+// The barriers' initialisation, visible to the copy engine (the async proxy) before its first use.
+__device__ __forceinline__ void mbar_init_fence() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// The block's `stages` barriers initialised (thread 0) and visible to every thread and to the
+// copy engine before their first use.
+__device__ __forceinline__ void mbar_init_all(u64* bars, int stages) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; s++) mbar_init(&bars[s]);
+        mbar_init_fence();
+    }
+    __syncthreads();
+}
+
+// The issuing thread's arrival, announcing `bytes` of copies that complete this phase.
+__device__ __forceinline__ void mbar_expect(u64* bar, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+#endif
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory, counted
+// on `bar`.
+__device__ __forceinline__ void tma_copy(void* dst, const void* src, u32 bytes, u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+#endif
+}
+// Wait for the phase of `bar` with this parity to complete (its copies landed and visible).
+__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("{\n\t.reg .pred done;\n"
+                 "MBAR_WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
+                 "@!done bra MBAR_WAIT_%=;\n}" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+#endif
 }

@@ -105,11 +105,7 @@ extern "C" __global__ void get_rows(const u8* w, int fmt, long long nbt, int col
 // below 2^-46 or above 2^74 loses its smallest values to f16's subnormals or overflows as f32
 // would).
 
-// A matrix's scale 2^A (from its largest |w|, w16_max) and a token's 2^B_t and 2^-B_t (from
-// its largest |x|, x16_rowmax): the powers of two of the section above.
-__device__ __forceinline__ float w16_up(const u32* wmax) { return ldexpf(1.0f, f16_shift(*wmax, 60)); }
-__device__ __forceinline__ float x16_up(u32 xmax) { return ldexpf(1.0f, f16_shift(xmax, 120)); }
-__device__ __forceinline__ float x16_down(u32 xmax) { return ldexpf(1.0f, -f16_shift(xmax, 120)); }
+// w16_up, x16_up, x16_down (common.cuh): the powers of two of the section above.
 
 // Largest |w| of a matrix into *out (f32 bits: non-negative floats order as their bits; a NaN's
 // bits, sign cleared, lie above Inf's). Grid-stride over rows, threads over columns; *out must

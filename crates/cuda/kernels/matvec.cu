@@ -857,52 +857,6 @@ extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_pair_p2(const u8* W, 
 // barrier in mvq_finish, which every thread reaches after its reads of that stage.
 #define MVQ_TMA_MAX_STAGES 8
 
-__device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void mbar_init(u64* bar) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
-#endif
-}
-// The barriers' initialisation, visible to the copy engine (the async proxy) before its first use.
-__device__ __forceinline__ void mbar_init_fence() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-// The block's `stages` barriers initialised (thread 0) and visible to every thread and to the
-// copy engine before their first use.
-__device__ __forceinline__ void mbar_init_all(u64* bars, int stages) {
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < stages; s++) mbar_init(&bars[s]);
-        mbar_init_fence();
-    }
-    __syncthreads();
-}
-
-// The issuing thread's arrival, announcing `bytes` of copies that complete this phase.
-__device__ __forceinline__ void mbar_expect(u64* bar, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-#endif
-}
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory, counted
-// on `bar`.
-__device__ __forceinline__ void tma_copy(void* dst, const void* src, u32 bytes, u64* bar) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-#endif
-}
-// Wait for the phase of `bar` with this parity to complete (its copies landed and visible).
-__device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("{\n\t.reg .pred done;\n"
-                 "MBAR_WAIT_%=:\n\t"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
-                 "@!done bra MBAR_WAIT_%=;\n}" ::"r"(smem_addr(bar)), "r"(parity) : "memory");
-#endif
-}
-
 // The four partial rows of a step summed over the warp with 5 shuffles instead of 20: lanes
 // l and l ^ 16 trade two rows, then l and l ^ 8 one, then the usual butterfly over 4, 2, 1. Lane 8i
 // ends with row i ((lane >> 4) * 2 + (lane >> 3 & 1)). A fixed order, whatever the timing.

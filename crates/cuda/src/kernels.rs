@@ -22,6 +22,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("kv", include_str!("../kernels/kv.cu")),
     ("mmq", include_str!("../kernels/mmq.cu")),
     ("parity", include_str!("../kernels/parity.cu")),
+    ("qmma", include_str!("../kernels/qmma.cu")),
 ];
 
 /// The attention kernels, compiled per (query heads per KV head, head_dim) with `-DNREP -DHD`.

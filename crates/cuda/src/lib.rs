@@ -165,6 +165,8 @@ struct Scratch {
     w16: CudaSlice<u16>,
     x16: CudaSlice<u16>,
     x16max: CudaSlice<u32>,
+    /// `qmma`'s run sums of the f16 activations (kernels/qmma.cu x16_runsums).
+    xrun: CudaSlice<u32>,
     inv_freq: HashMap<(u32, usize), CudaSlice<f64>>,
 }
 
@@ -185,6 +187,22 @@ const NORM_THREADS: u32 = 1024;
 /// most Q16_MAX_TOKENS tokens (a block's 8 token tiles of 8).
 const Q16_MIN_TOKENS: usize = 8;
 const Q16_MAX_TOKENS: usize = 64;
+/// `qmma` (kernels/qmma.cu) takes `--mode fast` Q4_K products of more than QMMA_MIN_TOKENS and
+/// at most QMMA_MAX_TOKENS tokens (two token warps of four 8-token tiles).
+const QMMA_MIN_TOKENS: usize = 8;
+const QMMA_MAX_TOKENS: usize = 64;
+/// kernels/qmma.cu's shared memory: stages of weight rows, tokens' f16 activations and run sums
+/// (bytes per row or token), then each warp's decoded constants for its 32 rows (bytes per
+/// row); at most QMMA_MAX_STAGES stages.
+const QM_WROW: usize = 160;
+const QM_CROW: usize = 112;
+const QM_XROW: usize = 576;
+const QM_XSROW: usize = 32;
+const QMMA_MAX_STAGES: usize = 4;
+/// The most dynamic shared memory a `qmma` launch may ask for: an H100/H200 block may have 227
+/// KB in all, static shared memory included (the driver refused a limit of exactly 227 KB for a
+/// kernel with some, H200 2026-11-30; qmma has none now).
+const QMMA_MAX_SMEM: usize = 226 * 1024;
 
 /// The x-stationary kernels' limits (kernels/matvec.cu MVQ_R, MVQ_MAX_THREADS).
 const MVQ_R: usize = 4;
@@ -295,6 +313,10 @@ pub struct CudaBackend {
     /// `--mode fast` products of Q16_MIN_TOKENS + 1 ..= Q16_MAX_TOKENS tokens straight from the
     /// quantized weights on the f16 tensor cores (`q16_mma`; `MUSER_Q16=1`, off by default).
     q16: std::sync::atomic::AtomicBool,
+    /// `--mode fast` Q4_K products of QMMA_MIN_TOKENS + 1 ..= QMMA_MAX_TOKENS tokens on the f16
+    /// tensor cores straight from the Q4_K blocks (kernels/qmma.cu; `MUSER_QMMA=1`, off by
+    /// default: slower than the two-plane integer kernels so far).
+    qmma: std::sync::atomic::AtomicBool,
     /// Decode steps recorded as CUDA graphs, one per step shape (on unless `MUSER_BATCH_GRAPHS=0`).
     step_graphs: Mutex<StepGraphs>,
     device_name: String,
@@ -441,6 +463,7 @@ impl CudaBackend {
             capturing: std::sync::atomic::AtomicBool::new(false),
             capture_relaxed: std::sync::atomic::AtomicBool::new(false),
             q16: std::sync::atomic::AtomicBool::new(env_is("MUSER_Q16", "1")),
+            qmma: std::sync::atomic::AtomicBool::new(env_is("MUSER_QMMA", "1")),
             step_graphs: Mutex::new(StepGraphs {
                 on: !env_is("MUSER_BATCH_GRAPHS", "0"),
                 ..StepGraphs::default()
@@ -531,6 +554,15 @@ impl CudaBackend {
     /// an f16 copy of the matrix. Off by default (`MUSER_Q16=1` on).
     pub fn set_q16(&self, on: bool) {
         self.q16.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
+    }
+
+    /// `--mode fast` Q4_K products of 9 to 64 tokens on the f16 tensor cores straight from the
+    /// Q4_K blocks (kernels/qmma.cu): exact weights, only the activations rounded to f16. Off by
+    /// default (`MUSER_QMMA=1` on): on the H200 it is still slower than the two-plane integer
+    /// kernels (docs/BENCHMARKS.md, 2026-11-30, fourth session).
+    pub fn set_qmma(&self, on: bool) {
+        self.set_switch(&self.qmma, on);
         self.bump_epoch();
     }
 
@@ -915,6 +947,7 @@ impl CudaBackend {
                 w16: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 x16: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 x16max: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                xrun: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 inv_freq: HashMap::new(),
             });
         }
@@ -2059,8 +2092,8 @@ impl CudaBackend {
         } else {
             self.gemm16_min.load(Relaxed)
         };
-        // `q16_mma` (MUSER_Q16=1): the fast form from 9 tokens up.
-        let min = if self.q16_for(w, rows) {
+        // `q16_mma` (MUSER_Q16=1) and `qmma` (Q4_K): the fast form from 9 tokens up.
+        let min = if self.q16_for(w, rows) || self.qmma_for(w, rows) {
             Q16_MIN_TOKENS
         } else {
             min
@@ -2072,6 +2105,137 @@ impl CudaBackend {
             && w.cols % 8 == 0
             && (fast || w.ty != GgmlType::F32);
         on.then_some(!fast)
+    }
+
+    /// Whether a `--mode fast` product of `w` with `rows` tokens goes to `qmma` (kernels/qmma.cu).
+    fn qmma_for(&self, w: &CudaMatrix, rows: usize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.qmma.load(Relaxed)
+            && self.fast_mode.load(Relaxed)
+            && w.ty == GgmlType::Q4_K
+            && rows > QMMA_MIN_TOKENS
+            && rows <= QMMA_MAX_TOKENS
+            && w.cols % 256 == 0
+    }
+
+    /// out = W x^ 2^-B_t for `n` <= QMMA_MAX_TOKENS tokens and a Q4_K matrix (kernels/qmma.cu):
+    /// `x_hi` the tokens' f16 rows (`ld` halfs apart, from x16_split), `x16max` their largest
+    /// values. Blocks of 32 `MUSER_QMMA_WR` rows (4) times all the tokens, `MUSER_QMMA_STAGES`
+    /// (2) steps of operands in shared memory; the columns are cut into ranges, from the
+    /// matrix's shape alone, so that the launch has about `MUSER_QMMA_WAVE` (3) blocks per SM,
+    /// and `qmma_reduce` adds them in order.
+    #[allow(clippy::too_many_arguments)]
+    fn qmma(
+        &self,
+        w: &CudaMatrix,
+        x_hi: u64,
+        ld: usize,
+        n: usize,
+        out: &mut CudaAct,
+        x16max: &CudaSlice<u32>,
+        part: &mut CudaSlice<f32>,
+        xrun: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        if n == 0
+            || n > QMMA_MAX_TOKENS
+            || w.cols % 256 != 0
+            || w.ty != GgmlType::Q4_K
+            || ld < w.cols
+        {
+            return Err(Error::Backend(format!(
+                "qmma: {n} tokens, {} columns of {:?}",
+                w.cols, w.ty
+            )));
+        }
+        let st = &self.stream;
+        let runs = w.cols / 32;
+        self.grow(xrun, n * runs)?;
+        {
+            let f = self.f("x16_runsums")?;
+            let (ld_i, n_i, cols_i) = (ld as i64, n as i32, w.cols as i32);
+            let mut b = st.launch_builder(&f);
+            b.arg(&x_hi)
+                .arg(&ld_i)
+                .arg(&n_i)
+                .arg(&cols_i)
+                .arg(&mut *xrun);
+            // SAFETY: reads n rows of cols halfs at x_hi (ld >= cols apart, the caller's x16
+            // buffer), writes n x cols / 32 words of xrun (grown above).
+            unsafe { b.launch(grid1(n * runs, 256)) }.map_err(dev("x16_runsums"))?;
+        }
+        let tiles = n.div_ceil(8);
+        let wt = if tiles > 4 { 2 } else { 1 };
+        let nt = tiles.div_ceil(wt);
+        let wr = qmma_env("MUSER_QMMA_WR", 4).clamp(1, 8 / wt);
+        let stages = qmma_env("MUSER_QMMA_STAGES", 2).clamp(2, QMMA_MAX_STAGES);
+        let (rb, ntok) = (32 * wr, 8 * nt * wt);
+        let smem = stages * (rb * QM_WROW + ntok * (QM_XROW + QM_XSROW)) + 32 * wr * wt * QM_CROW;
+        if smem > QMMA_MAX_SMEM {
+            return Err(Error::Backend(format!(
+                "qmma: {stages} stages of {rb} rows and {ntok} tokens need {smem} bytes of shared memory"
+            )));
+        }
+        let nb = w.cols / 256;
+        let row_blocks = w.rows.div_ceil(rb);
+        let want = (qmma_env("MUSER_QMMA_WAVE", 3) * self.sm_count as usize).div_ceil(row_blocks);
+        let per = nb.div_ceil(want.clamp(1, nb));
+        let ksplit = nb.div_ceil(per);
+        if ksplit > 1 {
+            self.grow(part, ksplit * n * w.rows)?;
+        }
+        let name = format!("qmma_q4_k_{nt}");
+        let f = self.f(&name)?;
+        self.raise_smem(&name, &f, QMMA_MAX_SMEM as u32)?;
+        let (rows_i, cols_i, ld_i, n_i) = (w.rows as i32, w.cols as i32, ld as i64, n as i32);
+        let (kb_i, wr_i, stages_i) = (per as i32, wr as i32, stages as i32);
+        {
+            let mut b = st.launch_builder(&f);
+            b.arg(&w.data)
+                .arg(&rows_i)
+                .arg(&cols_i)
+                .arg(&x_hi)
+                .arg(&ld_i)
+                .arg(&*xrun)
+                .arg(&n_i)
+                .arg(x16max)
+                .arg(&kb_i)
+                .arg(&wr_i)
+                .arg(&stages_i)
+                .arg(&mut out.data)
+                .arg(&mut *part);
+            let cfg = LaunchConfig {
+                grid_dim: (row_blocks as u32, ksplit as u32, 1),
+                block_dim: ((32 * wr * wt) as u32, 1, 1),
+                shared_mem_bytes: smem as u32,
+            };
+            // SAFETY: reads the matrix's rows x cols / 256 blocks (its last row for the rows a
+            // last block pads), n rows of cols halfs at x_hi (ld >= cols apart), n x cols / 32
+            // run sums (written above) and n words of x16max; writes n x rows floats of out
+            // (checked by the caller) with one range, else ksplit x n x rows floats of part
+            // (grown above). Its shared memory (`stages` stages for rb rows and ntok >= n
+            // tokens, at most QMMA_MAX_SMEM, raised above) is what the kernel lays out.
+            unsafe { b.launch(cfg) }.map_err(dev("qmma"))?;
+        }
+        if ksplit > 1 {
+            let f = self.f("qmma_reduce")?;
+            let ks = ksplit as i32;
+            let mut b = st.launch_builder(&f);
+            b.arg(&*part)
+                .arg(&ks)
+                .arg(&n_i)
+                .arg(&rows_i)
+                .arg(x16max)
+                .arg(&mut out.data);
+            let cfg = LaunchConfig {
+                grid_dim: ((n * w.rows).div_ceil(256).clamp(1, 4096) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads ksplit x n x rows partials (written just above) and n words of
+            // x16max; writes n x rows floats of out.
+            unsafe { b.launch(cfg) }.map_err(dev("qmma_reduce"))?;
+        }
+        Ok(())
     }
 
     /// Whether a `--mode fast` product of `w` with `rows` tokens goes to `q16_mma`.
@@ -2246,6 +2410,10 @@ impl CudaBackend {
         // One conversion of x serves every product of the call (a pair's two matrices).
         for (w, out) in products.iter_mut() {
             let w: &CudaMatrix = w;
+            if !split && self.qmma_for(w, n) {
+                self.qmma(w, x_hi, ld, n, out, &s.x16max, &mut s.mpart, &mut s.xrun)?;
+                continue;
+            }
             if !split && self.q16_for(w, n) {
                 self.q16_mma(w, x_hi, ld, n, out, &s.x16max, &mut s.mpart)?;
                 continue;
@@ -2779,6 +2947,15 @@ fn mmq_prompts() -> bool {
 fn mmq_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| !env_is("MUSER_MMQ", "0"))
+}
+
+/// A `qmma` tuning knob from the environment (for measurements), or its default.
+fn qmma_env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(default)
 }
 
 /// Blocks per SM `q16_mma` aims for when it cuts the columns into ranges (`MUSER_Q16_WAVE`,

@@ -904,6 +904,8 @@ fn q16_products_match_the_cublas_fast_form() {
     let g = CudaBackend::new(0).unwrap();
     g.set_fast_mode(true).unwrap();
     g.set_gemm16_min_tokens(8);
+    // Q4_K's products of 9 to 64 tokens go to qmma first (its own test, below).
+    g.set_qmma(false);
     let dir = std::env::temp_dir().join(format!("muser-q16-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut rows_out = Vec::new();
@@ -984,6 +986,98 @@ fn q16_products_match_the_cublas_fast_form() {
         &rows_out,
         &failures,
     );
+}
+
+/// `qmma` (kernels/qmma.cu, `--mode fast` Q4_K products of 9 to 64 tokens): against the exact
+/// weights (the CPU's dequantization) times the activations rounded to f16, summed in f64, every
+/// output within 2^-18 of the row's sum of |w||x^| (the f32 sums inside and after the mma); the
+/// same bits on relaunch, and a token's outputs the same bits whatever the batch around it.
+#[test]
+fn qmma_products_match_the_exact_weights() {
+    let Some(_) = gpu() else { return };
+    let g = CudaBackend::new(0).unwrap();
+    g.set_fast_mode(true).unwrap();
+    g.set_qmma(true);
+    let dir = std::env::temp_dir().join(format!("muser-qmma-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rows_out = Vec::new();
+    let mut failures = Vec::new();
+    for n_ff in [2048usize, 19968] {
+        let file = one_layer_file(&dir, "q4_k", n_ff, 13);
+        let cpu = CpuBackend::new(NumericMode::Accurate, 0).unwrap();
+        for mat in [
+            &file.tensors.layers[0].ffn_down,
+            &file.tensors.layers[0].ffn_up,
+        ] {
+            let wg = g.matrix(&file.gguf, mat).unwrap();
+            let wc = cpu.matrix(&file.gguf, mat).unwrap();
+            let ids: Vec<u32> = (0..mat.rows as u32).collect();
+            let mut wh = cpu.act(mat.rows, mat.cols).unwrap();
+            cpu.get_rows(&wc, &ids, &mut wh).unwrap();
+            let (mut worst, mut rep_ok, mut inv_ok) = (0f64, true, true);
+            let mut first: Option<Vec<f32>> = None;
+            for n in [9usize, 17, 32, 33, 40, 64] {
+                let x: Vec<f32> = (0..n * mat.cols)
+                    .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7 + 1e-3)
+                    .collect();
+                let xh: Vec<f64> = x.iter().map(|&v| half::f16::from_f32(v).to_f64()).collect();
+                let mut xg = g.act(n, mat.cols).unwrap();
+                g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
+                let mut yg = g.act(n, mat.rows).unwrap();
+                g.matmul(&wg, &xg, &mut yg).unwrap();
+                let got = g.read(&yg).unwrap();
+                g.matmul(&wg, &xg, &mut yg).unwrap();
+                rep_ok &= g
+                    .read(&yg)
+                    .unwrap()
+                    .iter()
+                    .zip(&got)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                // Tokens 0..9 are the same activations in every batch.
+                let head = &got[..9 * mat.rows];
+                match &first {
+                    None => first = Some(head.to_vec()),
+                    Some(f) => {
+                        inv_ok &= f.iter().zip(head).all(|(a, b)| a.to_bits() == b.to_bits())
+                    }
+                }
+                if !got.iter().all(|v| v.is_finite()) {
+                    failures.push(format!("{}x{} n={n}: not finite", mat.rows, mat.cols));
+                    continue;
+                }
+                for r in (0..mat.rows).step_by(7) {
+                    let wr = &wh.data[r * mat.cols..(r + 1) * mat.cols];
+                    for t in 0..n {
+                        let xt = &xh[t * mat.cols..(t + 1) * mat.cols];
+                        let (mut want, mut mag) = (0f64, 0f64);
+                        for (a, b) in wr.iter().zip(xt) {
+                            want += *a as f64 * b;
+                            mag += (*a as f64 * b).abs();
+                        }
+                        let d = (got[t * mat.rows + r] as f64 - want).abs();
+                        worst = worst.max(d / (mag * 2f64.powi(-18)).max(1e-30));
+                    }
+                }
+            }
+            let what = format!(
+                "{}x{}: largest difference / bound {worst:.3}, relaunch {}, batch {}",
+                mat.rows,
+                mat.cols,
+                if rep_ok {
+                    "same bits"
+                } else {
+                    "DIFFERENT BITS"
+                },
+                if inv_ok { "invariant" } else { "DEPENDENT" }
+            );
+            if !(worst <= 1.0 && rep_ok && inv_ok) {
+                failures.push(what.clone());
+            }
+            rows_out.push(what);
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    report("qmma vs the exact weights", &rows_out, &failures);
 }
 
 /// The f16 tensor-core prompt products (gemm16) on every fixture: with the token threshold
