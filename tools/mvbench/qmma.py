@@ -2,8 +2,9 @@
 tokens, with CuPy, each launch (qmma and, with column ranges, qmma_reduce) replayed from a CUDA
 graph, the matrices rotated through 4 copies so they stream from HBM. First a check of the
 outputs against numpy (the weights dequantized in f64, times the same f16 activations), then the
-time per product for row warps (MUSER_QMMA_WR), stages (MUSER_QMMA_STAGES) and blocks per SM for
-the column ranges (MUSER_QMMA_WAVE), as lib.rs chooses them.
+time per product for the shapes lib.rs's QmmaShape allows: row warps (MUSER_QMMA_WR), stages
+(MUSER_QMMA_STAGES), blocks per SM for the column ranges (MUSER_QMMA_WAVE), the activations
+through registers (MUSER_QMMA_XREG) and one token warp for 64 tokens (MUSER_QMMA_NT8).
 Usage (on the GPU machine, repo root): python3 tools/mvbench/qmma.py"""
 import numpy as np
 import cupy as cp
@@ -80,23 +81,31 @@ def setup(n):
     return xh, xs, xmax
 
 
-def config(n, wr, stages, wave):
+def config(n, wr, stages, wave, xreg=False, nt8=False):
+    """lib.rs qmma's choices for n tokens and a QmmaShape."""
     tiles = cdiv(n, 8)
-    wt = 2 if tiles > 4 else 1
-    nt = cdiv(tiles, wt)
+    if tiles <= 4:
+        wt, nt = 1, tiles
+    elif nt8 and not xreg:
+        wt, nt = 1, 8
+    else:
+        wt, nt = 2, cdiv(tiles, 2)
     wr = max(1, min(wr, 8 // wt))
+    xreg = xreg and wr >= 4
     rb, ntok = 32 * wr, 8 * nt * wt
-    smem = stages * (rb * WROW + ntok * (XROW + XSROW)) + 32 * wr * wt * CROW
+    xbytes = ntok * (XROW + XSROW)
+    smem = (stages * rb * WROW + 2 * xbytes if xreg else stages * (rb * WROW + xbytes)) + 32 * wr * wt * CROW
     row_blocks = cdiv(rows, rb)
-    want = cdiv(wave * n_sm, row_blocks)
+    want = cdiv(wave * n_sm, cdiv(rows, 128))
     per = cdiv(nb, max(1, min(want, nb)))
     ksplit = cdiv(nb, per)
-    return nt, wt, wr, smem, row_blocks, per, ksplit
+    name = f"qmma_q4_k_x{nt}" if xreg else f"qmma_q4_k_{nt}"
+    return name, wt, wr, smem, row_blocks, per, ksplit
 
 
-def launcher(n, xh, xs, xmax, y, part, wr, stages, wave):
-    nt, wt, wr, smem, row_blocks, per, ksplit = config(n, wr, stages, wave)
-    f = mod.get_function(f"qmma_q4_k_{nt}")
+def launcher(n, xh, xs, xmax, y, part, wr, stages, wave, xreg=False, nt8=False):
+    name, wt, wr, smem, row_blocks, per, ksplit = config(n, wr, stages, wave, xreg, nt8)
+    f = mod.get_function(name)
     f.max_dynamic_shared_size_bytes = MAX_SMEM
 
     def launch(i):
@@ -104,14 +113,14 @@ def launcher(n, xh, xs, xmax, y, part, wr, stages, wave):
                                                    np.int32(per), np.int32(wr), np.int32(stages), y, part), shared_mem=smem)
         if ksplit > 1:
             f_red((min(4096, cdiv(n * rows, 256)),), (256,), (part, np.int32(ksplit), np.int32(n), np.int32(rows), xmax, y))
-    return launch, (nt, wt, wr, smem, ksplit)
+    return launch, (name, wt, wr, smem, ksplit)
 
 
 for n in [32, 64]:
     xh, xs, xmax = setup(n)
     y = cp.zeros(n * rows, dtype=cp.float32)
     part = cp.zeros(nb * n * rows, dtype=cp.float32)
-    # The check: the default configuration, against numpy on 64 rows.
+    # The check: the default shape, against numpy on 64 rows.
     launch, _ = launcher(n, xh, xs, xmax, y, part, 4, 2, 3)
     launch(0)
     got = y.get().reshape(n, rows)
@@ -123,14 +132,17 @@ for n in [32, 64]:
     worst = float(np.max(np.abs(got[:, rl] - want) / (mag * 2.0 ** -18)))
     print(f"\nn={n}: vs numpy, largest difference / (2^-18 sum |w||x|) = {worst:.3f} ({'ok' if worst <= 1 else 'FAILED'})")
     base = got.copy()
-    for wr in [2, 4, 8]:
-        for stages in [2, 3, 4]:
-            for wave in [1, 2, 3, 6]:
-                launch, (nt, wt, wr_, smem, ksplit) = launcher(n, xh, xs, xmax, y, part, wr, stages, wave)
-                if wr_ != wr or smem > MAX_SMEM:
-                    continue
-                t = graph_time(launch, copies)
-                launch(0)
-                same = np.array_equal(y.get().reshape(n, rows)[:, rl], base[:, rl]) if ksplit == config(n, 4, 2, 3)[6] else None
-                print(f"n={n} WR={wr} stages={stages} wave={wave} (ksplit {ksplit}, {smem} B, {32 * wr * wt} threads): {t:7.2f} us {mat_bytes / t / 1e3:6.0f} GB/s"
-                      + ("" if same is None else f"  same bits as default: {same}"))
+    for xreg, nt8 in [(False, False), (True, False), (False, True)]:
+        if nt8 and n <= 32:
+            continue
+        for wr in [2, 4, 8]:
+            for stages in [2, 3, 4]:
+                for wave in [1, 2, 3, 6]:
+                    launch, (name, wt, wr_, smem, ksplit) = launcher(n, xh, xs, xmax, y, part, wr, stages, wave, xreg, nt8)
+                    if wr_ != wr or smem > MAX_SMEM or (xreg and wr < 4):
+                        continue
+                    t = graph_time(launch, copies)
+                    launch(0)
+                    same = np.array_equal(y.get().reshape(n, rows), base) if wave == 3 else None
+                    print(f"n={n} {name} WR={wr} stages={stages} wave={wave} (ksplit {ksplit}, {smem} B, {32 * wr * wt} threads): "
+                          f"{t:7.2f} us {mat_bytes / t / 1e3:6.0f} GB/s" + ("" if same is None else f"  same bits as default: {same}"))

@@ -64,9 +64,10 @@ __device__ __forceinline__ u32 qm_pair(u32 w, int i) {
     return hsub2(v, 0x64006400u);
 }
 
-// Bytes of one stage: weights, x^, run sums. After the stages: each warp's decoded constants
-// for the step (32 QM_CROW bytes a warp).
-__host__ __device__ __forceinline__ int qm_stage_bytes(int rb, int ntok) { return rb * QM_WROW + ntok * (QM_XROW + QM_XSROW); }
+// Shared memory, in order: `stages` stages (a step's rb weight rows of QM_WROW bytes, and but
+// for XREG its ntok tokens of QM_XROW bytes of x^ and QM_XSROW of run sums), XREG's two buffers of
+// the tokens' x^ and run sums, then each warp's decoded constants for the step (32 rows of
+// QM_CROW bytes): lib.rs's qmma sizes it the same way.
 
 // 16 bytes from global to shared memory without registers (cp.async, sm_80), in this thread's
 // current group; the group closed by cp_async_commit; wait until at most stages - 2 of this
@@ -111,9 +112,14 @@ extern "C" __global__ void x16_runsums(const u16* __restrict__ xh, long long ldx
 
 // y (n tokens x rows) = W x for W Q4_K (rows x cols, blocks as in the file), x as halves x^ =
 // x 2^B_t (x16_split, ldx halves per token) with run sums xs (x16_runsums); blockIdx.y takes
-// column blocks [y kb, min((y + 1) kb, cols / 256)). NT: 8-token tiles per token warp (1..4);
+// column blocks [y kb, min((y + 1) kb, cols / 256)). NT: 8-token tiles per token warp (1..4, 8);
 // blockDim = 32 WR WT with wt = warp / WR.
-template <int NT>
+// XREG: only the weights go through the `stages` cp.async stages; the activations and run sums
+// of step k + 1 are loaded into registers during step k and stored after its products into the
+// other of two shared buffers, so the stages (the weights in flight) are not limited by the
+// activations' room (32 tokens take 17 KB a step). Needs WR >= 4 (at most XR 16-byte pieces per
+// thread). The same arithmetic in the same order: the same bits.
+template <int NT, bool XREG>
 __device__ __forceinline__ void qmma_q4_k(const u8* __restrict__ W, int rows, int cols, const u16* __restrict__ xh, long long ldx,
                                           const u32* __restrict__ xs, int n, const u32* __restrict__ xmax, int kb, int wr_count,
                                           int stages, float* __restrict__ y, float* __restrict__ part) {
@@ -125,33 +131,83 @@ __device__ __forceinline__ void qmma_q4_k(const u8* __restrict__ W, int rows, in
     const int nb = cols >> 8, runs = cols >> 5;
     const int b_begin = blockIdx.y * kb, b_end = min(nb, b_begin + kb), steps = b_end - b_begin;
     const long long r0 = (long long)blockIdx.x * rb;
-    const int sbytes = qm_stage_bytes(rb, ntok);
+    const int wbytes = rb * QM_WROW, xbytes = ntok * (QM_XROW + QM_XSROW);
+    const int sbytes = XREG ? wbytes : wbytes + xbytes;  // a stage
     const int ntok_valid = min(n, ntok);
-    u8* sc = qm_mem + stages * sbytes + warp * 32 * QM_CROW;  // the warp's rows' decoded constants, this step
+    // Step k's weights, and its activations and run sums.
+    auto wstage = [&](int k) { return qm_mem + (k % stages) * sbytes; };
+    auto xstage = [&](int k) { return XREG ? qm_mem + stages * sbytes + (k & 1) * xbytes : wstage(k) + wbytes; };
+    u8* sc = qm_mem + stages * sbytes + (XREG ? 2 * xbytes : 0) + warp * 32 * QM_CROW;  // the warp's rows' decoded constants, this step
+    // XREG: this thread's 16-byte pieces of a step's activations (34 per token: 32 of x^, 2 of
+    // run sums), piece tid + q nthreads.
+    constexpr int XR = XREG ? (17 * NT + 7) / 8 : 1;
+    uint4 xr[XR];
+    auto xpiece = [&](int i, int k, const u8** src, u8** dst) {
+        const int tk = i / 34, p = i - 34 * tk, b = b_begin + k;
+        u8* xb = xstage(k);
+        if (p < 32) {
+            *src = (const u8*)(xh + tk * ldx + 256 * b) + 16 * p;
+            *dst = xb + tk * QM_XROW + 16 * p;
+        } else {
+            *src = (const u8*)(xs + (long long)tk * runs + 8 * b) + 16 * (p - 32);
+            *dst = xb + ntok * QM_XROW + tk * QM_XSROW + 16 * (p - 32);
+        }
+    };
+    auto xload = [&](int k) {
+#pragma unroll
+        for (int q = 0; q < XR; q++) {
+            const int i = tid + q * nthreads;
+            if (i < ntok_valid * 34) {
+                const u8* src;
+                u8* dst;
+                xpiece(i, k, &src, &dst);
+                xr[q] = __ldg((const uint4*)src);
+            }
+        }
+    };
+    auto xstore = [&](int k) {
+#pragma unroll
+        for (int q = 0; q < XR; q++) {
+            const int i = tid + q * nthreads;
+            if (i < ntok_valid * 34) {
+                const u8* src;
+                u8* dst;
+                xpiece(i, k, &src, &dst);
+                *(uint4*)dst = xr[q];
+            }
+        }
+    };
     // Step k's block column into stage k % stages, 16 bytes per cp.async spread over the
-    // threads: the rows' 144 bytes, the tokens' 512 bytes of x^ and 32 of run sums; then one
-    // commit group per step (empty past the last, so the group count stays the step count).
+    // threads: the rows' 144 bytes and, but for XREG, the tokens' 512 bytes of x^ and 32 of run
+    // sums; then one commit group per step (empty past the last, so the group count stays the
+    // step count).
     auto issue = [&](int k) {
         if (k < steps) {
             const int b = b_begin + k;
-            u8* st = qm_mem + (k % stages) * sbytes;
+            u8* st = wstage(k);
             for (int r = tid; r < rb; r += nthreads) {
                 const u8* src = W + (min(r0 + r, (long long)rows - 1) * nb + b) * 144;
 #pragma unroll
                 for (int p = 0; p < 9; p++) cp_async16(st + r * QM_WROW + 16 * p, src + 16 * p);
             }
-            for (int i = tid; i < ntok_valid * 34; i += nthreads) {
-                const int tk = i / 34, p = i - 34 * tk;
-                if (p < 32)
-                    cp_async16(st + rb * QM_WROW + tk * QM_XROW + 16 * p, (const u8*)(xh + tk * ldx + 256 * b) + 16 * p);
-                else
-                    cp_async16(st + rb * QM_WROW + ntok * QM_XROW + tk * QM_XSROW + 16 * (p - 32),
-                               (const u8*)(xs + (long long)tk * runs + 8 * b) + 16 * (p - 32));
+            if (!XREG) {
+                for (int i = tid; i < ntok_valid * 34; i += nthreads) {
+                    const u8* src;
+                    u8* dst;
+                    xpiece(i, k, &src, &dst);
+                    cp_async16(dst, src);
+                }
             }
         }
         cp_async_commit();
     };
+    // XREG's pieces must fit its registers (the host asks for 4 or more row warps).
+    if (XREG && XR * nthreads < ntok_valid * 34) __trap();
     for (int k = 0; k < stages - 1; k++) issue(k);
+    if (XREG) {
+        xload(0);
+        xstore(0);
+    }
 
     float acc[2][NT][4], T[2][NT][4];
 #pragma unroll
@@ -161,12 +217,13 @@ __device__ __forceinline__ void qmma_q4_k(const u8* __restrict__ W, int rows, in
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mr][j][e] = 0.0f;
     for (int k = 0; k < steps; k++) {
-        const u8* sw = qm_mem + (k % stages) * sbytes;
-        const u8* sx = sw + rb * QM_WROW;
+        const u8* sw = wstage(k);
+        const u8* sx = xstage(k);
         const u8* sxs = sx + ntok * QM_XROW;
         cp_async_wait_stages(stages);  // this thread's copies of step k have landed
-        __syncthreads();               // everyone's; and everyone is past step k - 1
+        __syncthreads();               // everyone's (and XREG's stores); everyone is past step k - 1
         issue(k + stages - 1);         // into the stage step k - 1 used
+        if (XREG && k + 1 < steps) xload(k + 1);  // in flight during this step's products
         {
             // Lane l decodes row 32 wr + l's scales and mins (get_scale_min_k4 on the three scale
             // words at once) into the warp's constants: small integers become halves as
@@ -269,6 +326,8 @@ __device__ __forceinline__ void qmma_q4_k(const u8* __restrict__ W, int rows, in
                 acc[mr][j][3] = fmaf(nb_, u[3], acc[mr][j][3]);
             }
         }
+        // Step k + 1's activations into the buffer step k - 1 read (everyone is past it).
+        if (XREG && k + 1 < steps) xstore(k + 1);
     }
     // D fragment: rows r0 + 32 wr + 16 mr + g (+ 8), tokens 8 (wt NT + j) + 2t (+ 1).
 #pragma unroll
@@ -288,16 +347,22 @@ __device__ __forceinline__ void qmma_q4_k(const u8* __restrict__ W, int rows, in
             }
 }
 
-#define QMMA_Q4K(NT)                                                                                                      \
-    extern "C" __global__ void __launch_bounds__(256, 1) qmma_q4_k_##NT(                                                   \
-        const u8* W, int rows, int cols, const u16* xh, long long ldx, const u32* xs, int n, const u32* xmax, int kb,     \
-        int wr_count, int stages, float* y, float* part) {                                                                \
-        qmma_q4_k<NT>(W, rows, cols, xh, ldx, xs, n, xmax, kb, wr_count, stages, y, part);                               \
+// qmma_q4_k_NT and, activations through registers, qmma_q4_k_xNT.
+#define QMMA_Q4K(NAME, NT, XREG)                                                                                        \
+    extern "C" __global__ void __launch_bounds__(256, 1) NAME(const u8* W, int rows, int cols, const u16* xh, long long ldx, \
+                                                              const u32* xs, int n, const u32* xmax, int kb, int wr_count,  \
+                                                              int stages, float* y, float* part) {                          \
+        qmma_q4_k<NT, XREG>(W, rows, cols, xh, ldx, xs, n, xmax, kb, wr_count, stages, y, part);                           \
     }
-QMMA_Q4K(1)
-QMMA_Q4K(2)
-QMMA_Q4K(3)
-QMMA_Q4K(4)
+QMMA_Q4K(qmma_q4_k_1, 1, false)
+QMMA_Q4K(qmma_q4_k_2, 2, false)
+QMMA_Q4K(qmma_q4_k_3, 3, false)
+QMMA_Q4K(qmma_q4_k_4, 4, false)
+QMMA_Q4K(qmma_q4_k_8, 8, false)
+QMMA_Q4K(qmma_q4_k_x1, 1, true)
+QMMA_Q4K(qmma_q4_k_x2, 2, true)
+QMMA_Q4K(qmma_q4_k_x3, 3, true)
+QMMA_Q4K(qmma_q4_k_x4, 4, true)
 
 // y[t][r] = ((part[0][t][r] + part[1][t][r]) + ...) 2^-B_t: qmma's column ranges in order.
 extern "C" __global__ void qmma_reduce(const float* __restrict__ part, int ksplit, int n, int rows, const u32* __restrict__ xmax,

@@ -299,6 +299,38 @@ fn seq_table(batch: &Batch, caches: &[&mut CudaKv]) -> Result<Vec<u64>> {
 /// running-sequence counts, at most a few dozen).
 const MAX_STEP_GRAPHS: usize = 96;
 
+/// How `qmma` (kernels/qmma.cu) cuts a launch. None of it changes a result's bits: the column
+/// ranges, the only thing that orders the sums, come from the matrix shape and `wave` alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QmmaShape {
+    /// Warps of 32 rows per block (`MUSER_QMMA_WR`, 4; at most 8 / token warps).
+    pub row_warps: usize,
+    /// Steps of operands in shared memory (`MUSER_QMMA_STAGES`, 2; 2..=4).
+    pub stages: usize,
+    /// Blocks per SM the column ranges aim for, counting blocks of 128 rows
+    /// (`MUSER_QMMA_WAVE`, 3).
+    pub wave: usize,
+    /// The activations through registers, only the weights in the stages (`MUSER_QMMA_XREG=1`;
+    /// with 4 or more row warps).
+    pub xreg: bool,
+    /// One token warp of eight 8-token tiles for more than 32 tokens instead of two of up to four
+    /// (`MUSER_QMMA_NT8=1`; not with `xreg`).
+    pub nt8: bool,
+}
+
+impl QmmaShape {
+    /// The defaults, or the environment's `MUSER_QMMA_*` (for measurements).
+    pub fn from_env() -> Self {
+        QmmaShape {
+            row_warps: qmma_env("MUSER_QMMA_WR", 4),
+            stages: qmma_env("MUSER_QMMA_STAGES", 2),
+            wave: qmma_env("MUSER_QMMA_WAVE", 3),
+            xreg: env_is("MUSER_QMMA_XREG", "1"),
+            nt8: env_is("MUSER_QMMA_NT8", "1"),
+        }
+    }
+}
+
 pub struct CudaBackend {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
@@ -317,6 +349,8 @@ pub struct CudaBackend {
     /// tensor cores straight from the Q4_K blocks (kernels/qmma.cu; `MUSER_QMMA=1`, off by
     /// default: slower than the two-plane integer kernels so far).
     qmma: std::sync::atomic::AtomicBool,
+    /// How `qmma` cuts its launches (`MUSER_QMMA_*`, `set_qmma_shape`).
+    qmma_shape: Mutex<QmmaShape>,
     /// Decode steps recorded as CUDA graphs, one per step shape (on unless `MUSER_BATCH_GRAPHS=0`).
     step_graphs: Mutex<StepGraphs>,
     device_name: String,
@@ -464,6 +498,7 @@ impl CudaBackend {
             capture_relaxed: std::sync::atomic::AtomicBool::new(false),
             q16: std::sync::atomic::AtomicBool::new(env_is("MUSER_Q16", "1")),
             qmma: std::sync::atomic::AtomicBool::new(env_is("MUSER_QMMA", "1")),
+            qmma_shape: Mutex::new(QmmaShape::from_env()),
             step_graphs: Mutex::new(StepGraphs {
                 on: !env_is("MUSER_BATCH_GRAPHS", "0"),
                 ..StepGraphs::default()
@@ -563,7 +598,16 @@ impl CudaBackend {
     /// kernels (docs/BENCHMARKS.md, 2026-11-30, fourth session).
     pub fn set_qmma(&self, on: bool) {
         self.set_switch(&self.qmma, on);
+    }
+
+    /// How `qmma` cuts its launches (the same results whatever the shape).
+    pub fn set_qmma_shape(&self, shape: QmmaShape) -> Result<()> {
+        *self
+            .qmma_shape
+            .lock()
+            .map_err(|_| Error::Backend("qmma shape lock poisoned".into()))? = shape;
         self.bump_epoch();
+        Ok(())
     }
 
     /// The f16 tensor-core products for prompts (`gemm16`): on by default, `MUSER_GEMM16=0` off.
@@ -2120,10 +2164,10 @@ impl CudaBackend {
 
     /// out = W x^ 2^-B_t for `n` <= QMMA_MAX_TOKENS tokens and a Q4_K matrix (kernels/qmma.cu):
     /// `x_hi` the tokens' f16 rows (`ld` halfs apart, from x16_split), `x16max` their largest
-    /// values. Blocks of 32 `MUSER_QMMA_WR` rows (4) times all the tokens, `MUSER_QMMA_STAGES`
-    /// (2) steps of operands in shared memory; the columns are cut into ranges, from the
-    /// matrix's shape alone, so that the launch has about `MUSER_QMMA_WAVE` (3) blocks per SM,
-    /// and `qmma_reduce` adds them in order.
+    /// values. Blocks of 32 rows per row warp times all the tokens, steps of operands in shared
+    /// memory (QmmaShape); the columns are cut into ranges, from the matrix's shape alone, so
+    /// that the launch has about `wave` blocks of 128 rows per SM, and `qmma_reduce` adds them
+    /// in order.
     #[allow(clippy::too_many_arguments)]
     fn qmma(
         &self,
@@ -2163,27 +2207,49 @@ impl CudaBackend {
             // buffer), writes n x cols / 32 words of xrun (grown above).
             unsafe { b.launch(grid1(n * runs, 256)) }.map_err(dev("x16_runsums"))?;
         }
+        let sh = *self
+            .qmma_shape
+            .lock()
+            .map_err(|_| Error::Backend("qmma shape lock poisoned".into()))?;
+        // Token warps (wt) of nt 8-token tiles.
         let tiles = n.div_ceil(8);
-        let wt = if tiles > 4 { 2 } else { 1 };
-        let nt = tiles.div_ceil(wt);
-        let wr = qmma_env("MUSER_QMMA_WR", 4).clamp(1, 8 / wt);
-        let stages = qmma_env("MUSER_QMMA_STAGES", 2).clamp(2, QMMA_MAX_STAGES);
+        let (wt, nt) = if tiles <= 4 {
+            (1, tiles)
+        } else if sh.nt8 && !sh.xreg {
+            (1, 8)
+        } else {
+            (2, tiles.div_ceil(2))
+        };
+        let wr = sh.row_warps.clamp(1, 8 / wt);
+        let xreg = sh.xreg && wr >= 4;
+        let stages = sh.stages.clamp(2, QMMA_MAX_STAGES);
         let (rb, ntok) = (32 * wr, 8 * nt * wt);
-        let smem = stages * (rb * QM_WROW + ntok * (QM_XROW + QM_XSROW)) + 32 * wr * wt * QM_CROW;
+        let xbytes = ntok * (QM_XROW + QM_XSROW);
+        let smem = if xreg {
+            stages * rb * QM_WROW + 2 * xbytes
+        } else {
+            stages * (rb * QM_WROW + xbytes)
+        } + 32 * wr * wt * QM_CROW;
         if smem > QMMA_MAX_SMEM {
             return Err(Error::Backend(format!(
                 "qmma: {stages} stages of {rb} rows and {ntok} tokens need {smem} bytes of shared memory"
             )));
         }
+        // Column ranges from the shape alone (blocks of 128 rows counted whatever rb is), so
+        // that every cut gives the same bits.
         let nb = w.cols / 256;
         let row_blocks = w.rows.div_ceil(rb);
-        let want = (qmma_env("MUSER_QMMA_WAVE", 3) * self.sm_count as usize).div_ceil(row_blocks);
+        let want = (sh.wave * self.sm_count as usize).div_ceil(w.rows.div_ceil(128));
         let per = nb.div_ceil(want.clamp(1, nb));
         let ksplit = nb.div_ceil(per);
         if ksplit > 1 {
             self.grow(part, ksplit * n * w.rows)?;
         }
-        let name = format!("qmma_q4_k_{nt}");
+        let name = if xreg {
+            format!("qmma_q4_k_x{nt}")
+        } else {
+            format!("qmma_q4_k_{nt}")
+        };
         let f = self.f(&name)?;
         self.raise_smem(&name, &f, QMMA_MAX_SMEM as u32)?;
         let (rows_i, cols_i, ld_i, n_i) = (w.rows as i32, w.cols as i32, ld as i64, n as i32);

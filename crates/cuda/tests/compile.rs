@@ -81,6 +81,8 @@ fn every_kernel_source_compiles_for_sm_90() {
         "x16_runsums",
         "qmma_q4_k_1",
         "qmma_q4_k_4",
+        "qmma_q4_k_8",
+        "qmma_q4_k_x4",
         "qmma_reduce",
         "attn_16_128_f16",
         "attn_4_64_q8_0",

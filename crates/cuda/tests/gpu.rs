@@ -991,13 +991,46 @@ fn q16_products_match_the_cublas_fast_form() {
 /// `qmma` (kernels/qmma.cu, `--mode fast` Q4_K products of 9 to 64 tokens): against the exact
 /// weights (the CPU's dequantization) times the activations rounded to f16, summed in f64, every
 /// output within 2^-18 of the row's sum of |w||x^| (the f32 sums inside and after the mma); the
-/// same bits on relaunch, and a token's outputs the same bits whatever the batch around it.
+/// same bits on relaunch, a token's outputs the same bits whatever the batch around it, and every
+/// way of cutting the launch (QmmaShape: rows per block, stages, activations through registers,
+/// one token warp of 64) the default's bits.
 #[test]
 fn qmma_products_match_the_exact_weights() {
     let Some(_) = gpu() else { return };
     let g = CudaBackend::new(0).unwrap();
     g.set_fast_mode(true).unwrap();
     g.set_qmma(true);
+    let base = muser_cuda::QmmaShape {
+        row_warps: 4,
+        stages: 2,
+        wave: 3,
+        xreg: false,
+        nt8: false,
+    };
+    let others = [
+        muser_cuda::QmmaShape {
+            row_warps: 8,
+            stages: 3,
+            ..base
+        },
+        muser_cuda::QmmaShape {
+            row_warps: 2,
+            stages: 4,
+            ..base
+        },
+        muser_cuda::QmmaShape {
+            stages: 3,
+            xreg: true,
+            ..base
+        },
+        muser_cuda::QmmaShape {
+            row_warps: 8,
+            stages: 4,
+            xreg: true,
+            ..base
+        },
+        muser_cuda::QmmaShape { nt8: true, ..base },
+    ];
     let dir = std::env::temp_dir().join(format!("muser-qmma-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut rows_out = Vec::new();
@@ -1015,6 +1048,7 @@ fn qmma_products_match_the_exact_weights() {
             let mut wh = cpu.act(mat.rows, mat.cols).unwrap();
             cpu.get_rows(&wc, &ids, &mut wh).unwrap();
             let (mut worst, mut rep_ok, mut inv_ok) = (0f64, true, true);
+            let mut shape_diff: Vec<String> = Vec::new();
             let mut first: Option<Vec<f32>> = None;
             for n in [9usize, 17, 32, 33, 40, 64] {
                 let x: Vec<f32> = (0..n * mat.cols)
@@ -1024,6 +1058,7 @@ fn qmma_products_match_the_exact_weights() {
                 let mut xg = g.act(n, mat.cols).unwrap();
                 g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
                 let mut yg = g.act(n, mat.rows).unwrap();
+                g.set_qmma_shape(base).unwrap();
                 g.matmul(&wg, &xg, &mut yg).unwrap();
                 let got = g.read(&yg).unwrap();
                 g.matmul(&wg, &xg, &mut yg).unwrap();
@@ -1033,6 +1068,23 @@ fn qmma_products_match_the_exact_weights() {
                     .iter()
                     .zip(&got)
                     .all(|(a, b)| a.to_bits() == b.to_bits());
+                for sh in others {
+                    g.set_qmma_shape(sh).unwrap();
+                    match g.matmul(&wg, &xg, &mut yg) {
+                        Ok(()) => {
+                            let other = g.read(&yg).unwrap();
+                            if !other
+                                .iter()
+                                .zip(&got)
+                                .all(|(a, b)| a.to_bits() == b.to_bits())
+                            {
+                                shape_diff.push(format!("n={n} {sh:?}: different bits"));
+                            }
+                        }
+                        Err(e) => shape_diff.push(format!("n={n} {sh:?}: {e}")),
+                    }
+                }
+                g.set_qmma_shape(base).unwrap();
                 // Tokens 0..9 are the same activations in every batch.
                 let head = &got[..9 * mat.rows];
                 match &first {
@@ -1060,7 +1112,7 @@ fn qmma_products_match_the_exact_weights() {
                 }
             }
             let what = format!(
-                "{}x{}: largest difference / bound {worst:.3}, relaunch {}, batch {}",
+                "{}x{}: largest difference / bound {worst:.3}, relaunch {}, batch {}, {} other shapes: {}",
                 mat.rows,
                 mat.cols,
                 if rep_ok {
@@ -1068,9 +1120,15 @@ fn qmma_products_match_the_exact_weights() {
                 } else {
                     "DIFFERENT BITS"
                 },
-                if inv_ok { "invariant" } else { "DEPENDENT" }
+                if inv_ok { "invariant" } else { "DEPENDENT" },
+                others.len(),
+                if shape_diff.is_empty() {
+                    "same bits".to_string()
+                } else {
+                    format!("{shape_diff:?}")
+                }
             );
-            if !(worst <= 1.0 && rep_ok && inv_ok) {
+            if !(worst <= 1.0 && rep_ok && inv_ok && shape_diff.is_empty()) {
                 failures.push(what.clone());
             }
             rows_out.push(what);
