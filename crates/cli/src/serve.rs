@@ -38,6 +38,10 @@ pub struct Args {
     /// KV memory admitted sequences may reserve, counted at their worst case (default: --parallel full contexts).
     #[arg(long = "kv-budget-mib")]
     pub kv_budget_mib: Option<usize>,
+    /// Clear each finished sequence's cache instead of keeping it for a later prompt that
+    /// begins with the same tokens (prefix reuse, on by default).
+    #[arg(long = "no-prefix-reuse")]
+    pub no_prefix_reuse: bool,
     /// Largest request body accepted.
     #[arg(long = "max-body-mib", default_value_t = 8)]
     pub max_body_mib: usize,
@@ -102,6 +106,7 @@ pub fn run(a: Args) -> CliResult {
             max_queue: a.max_queue,
             kv_type,
             kv_budget_bytes,
+            prefix_reuse: !a.no_prefix_reuse,
         },
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes,

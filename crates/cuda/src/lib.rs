@@ -113,6 +113,8 @@ pub struct CudaKv {
     pub(crate) id: u64,
     ty: KvType,
     n_ctx: usize,
+    /// The model's sliding window (what a ring must keep to go back: `kv_can_truncate`).
+    n_swa: usize,
     len: usize,
     row_bytes: usize,
     layers: Vec<LayerKv>,
@@ -3270,6 +3272,7 @@ impl Backend for CudaBackend {
             id,
             ty,
             n_ctx,
+            n_swa: cfg.n_swa,
             len: 0,
             row_bytes,
             layers,
@@ -3288,6 +3291,14 @@ impl Backend for CudaBackend {
 
     fn kv_set_len(&self, kv: &mut CudaKv, len: usize) {
         kv.len = len;
+    }
+
+    fn kv_can_truncate(&self, kv: &CudaKv, len: usize) -> bool {
+        // Planes are indexed by position and rings by position modulo their slots: going back
+        // moves only the length (later rows are written again before they are read).
+        kv.layers.iter().all(|l| {
+            l.ring == 0 || muser_engine::kv::ring_allows_truncate(len, kv.len, l.ring, kv.n_swa)
+        }) && len <= kv.len
     }
 
     fn kv_clear(&self, kv: &mut CudaKv) {

@@ -116,8 +116,17 @@ pub trait Backend: Send + Sync {
     fn kv_capacity(&self, kv: &Self::Kv) -> usize;
     /// Positions stored in a sequence's cache (the next token's position).
     fn kv_len(&self, kv: &Self::Kv) -> usize;
-    /// Record that positions `..len` are stored, once every layer has written them.
+    /// Record that positions `..len` are stored, once every layer has written them; or, with
+    /// `len` below the stored length and `kv_can_truncate` true, go back to the first `len`
+    /// positions (a prompt that shares them continues from there: prefix reuse).
     fn kv_set_len(&self, kv: &mut Self::Kv, len: usize);
+    /// Whether the cache may go back to its first `len` positions and continue from there with
+    /// other tokens: `len` at most the stored length, and every sliding layer's ring still
+    /// holding the positions a token at `len` attends to (`kv::ring_allows_truncate`). A backend
+    /// that cannot tell says so only for its stored length.
+    fn kv_can_truncate(&self, kv: &Self::Kv, len: usize) -> bool {
+        len == self.kv_len(kv)
+    }
     /// Forget a sequence's cache.
     fn kv_clear(&self, kv: &mut Self::Kv);
     /// Overwrite the first `values.len() / cols` rows of an activation matrix with host values.

@@ -14,6 +14,16 @@ use crate::config::{LayerKind, MuseConfig};
 use crate::error::{Error, Result};
 use crate::formats;
 
+/// Whether a cache holding positions `..stored`, whose sliding layers keep the last
+/// `ring_slots` positions in rings, may go back to its first `len` positions: a token at `len`
+/// attends to keys `len + 1 - n_swa ..= len` on sliding layers (key j visible iff
+/// `0 <= p - j < n_swa`), so the ring must still hold `len + 1 - n_swa .. len`; it holds
+/// `stored - ring_slots .. stored` once it has wrapped. Slots holding positions past `len` are
+/// never read as visible keys then: each is written again before a token reaches it.
+pub fn ring_allows_truncate(len: usize, stored: usize, ring_slots: usize, n_swa: usize) -> bool {
+    len <= stored && (len == 0 || stored <= ring_slots || len + ring_slots + 1 >= stored + n_swa)
+}
+
 /// Element type of the KV cache (llama.cpp's `--cache-type-k/v`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum KvType {
@@ -170,6 +180,33 @@ impl HostKv {
         })
     }
 
+    /// Whether the cache may go back to its first `len` positions (`ring_allows_truncate`;
+    /// never in parity mode, whose cells follow llama.cpp's layout).
+    pub fn can_truncate(&self, len: usize) -> bool {
+        if self.parity.is_some() {
+            return len == self.len;
+        }
+        self.layers.iter().all(|l| match l {
+            LayerCache::Ring { pos, .. } => {
+                ring_allows_truncate(len, self.len, pos.len(), self.n_swa)
+            }
+            LayerCache::Plane { .. } => len <= self.len,
+        })
+    }
+
+    /// Go back to the first `len` positions (`can_truncate`): the planes drop their later rows;
+    /// the rings keep theirs, tagged with their positions, until they are written again.
+    pub fn truncate(&mut self, len: usize) {
+        let rb = self.row_bytes;
+        for l in &mut self.layers {
+            if let LayerCache::Plane { k, v } = l {
+                k.truncate(len * rb);
+                v.truncate(len * rb);
+            }
+        }
+        self.len = len;
+    }
+
     /// Forget everything (positions restart at 0).
     pub fn clear(&mut self) {
         self.len = 0;
@@ -243,6 +280,23 @@ impl HostKv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn going_back_keeps_the_window_a_ring_still_holds() {
+        // A ring of 4 slots, window 4: after 10 positions it holds 6..=9; a token at 9 needs
+        // 6..=8 (held), at 8 needs 5..=7 (5 is gone).
+        assert!(ring_allows_truncate(10, 10, 4, 4));
+        assert!(ring_allows_truncate(9, 10, 4, 4));
+        assert!(!ring_allows_truncate(8, 10, 4, 4));
+        assert!(ring_allows_truncate(0, 10, 4, 4));
+        assert!(!ring_allows_truncate(11, 10, 4, 4));
+        // Not wrapped yet: anything back to 0.
+        assert!(ring_allows_truncate(1, 4, 4, 4));
+        // Spare slots (the CUDA rings: window + micro-batch): 16 slots after 20 positions hold
+        // 4..=19; a token at 7 needs 4..=6, at 6 needs 3..=5.
+        assert!(ring_allows_truncate(7, 20, 16, 4));
+        assert!(!ring_allows_truncate(6, 20, 16, 4));
+    }
 
     #[test]
     fn q8_0_store_rounds_like_ggml_reference() {

@@ -459,6 +459,13 @@ impl<B: Backend> Backend for TpBackend<B> {
         }
     }
 
+    fn kv_can_truncate(&self, kv: &TpKv<B::Kv>, len: usize) -> bool {
+        self.ranks
+            .iter()
+            .zip(&kv.parts)
+            .all(|(b, p)| b.kv_can_truncate(p, len))
+    }
+
     fn write(&self, a: &mut TpAct<B::Act>, values: &[f32]) -> Result<()> {
         self.shape(a, None)?;
         for (b, p) in self.ranks.iter().zip(a.parts.iter_mut()) {

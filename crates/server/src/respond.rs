@@ -60,8 +60,14 @@ impl Meta {
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+/// OpenAI's usage object; `cached`: prompt tokens found in a kept cache (prefix reuse).
+fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
 }
 
 /// A token's text for logprobs: what it decodes to, special tokens included.
@@ -285,6 +291,7 @@ pub async fn whole(
         finish: Option<Finish>,
         completion_tokens: usize,
         prompt_tokens: usize,
+        cached_tokens: usize,
     }
     let mut acc: Vec<Acc> = (0..meta.choices)
         .map(|_| Acc {
@@ -295,6 +302,7 @@ pub async fn whole(
             finish: None,
             completion_tokens: 0,
             prompt_tokens: 0,
+            cached_tokens: 0,
         })
         .collect();
     // A chat request with stop strings: each choice parsed as it comes, so its answer can stop.
@@ -348,6 +356,7 @@ pub async fn whole(
                 finish,
                 text,
                 prompt_tokens,
+                cached_tokens,
                 completion_tokens,
             } => {
                 let Some(a) = acc.get_mut(index) else {
@@ -361,6 +370,7 @@ pub async fn whole(
                 a.text.push_str(&text);
                 a.finish = Some(finish);
                 a.prompt_tokens = prompt_tokens;
+                a.cached_tokens = cached_tokens;
                 left -= 1;
             }
             Event::Error { error, .. } => return error.into_response(),
@@ -370,6 +380,11 @@ pub async fn whole(
         .iter()
         .step_by(meta.n.max(1))
         .map(|a| a.prompt_tokens)
+        .sum();
+    let cached_tokens: usize = acc
+        .iter()
+        .step_by(meta.n.max(1))
+        .map(|a| a.cached_tokens)
         .sum();
     let completion_tokens: usize = acc.iter().map(|a| a.completion_tokens).sum();
     let choices: Vec<Value> = acc
@@ -412,7 +427,10 @@ pub async fn whole(
         })
         .collect();
     let mut body = meta.envelope(false, Value::Array(choices));
-    body.insert("usage".into(), usage(prompt_tokens, completion_tokens));
+    body.insert(
+        "usage".into(),
+        usage(prompt_tokens, completion_tokens, cached_tokens),
+    );
     axum::Json(Value::Object(body)).into_response()
 }
 
@@ -434,6 +452,7 @@ pub fn stream(
         let mut chat: Vec<ChatChoice> = (0..meta.choices).map(|_| ChatChoice::with_stops(&parser, stops)).collect();
         let mut offsets = vec![0usize; meta.choices];
         let mut prompt_tokens = 0;
+        let mut cached_tokens = 0;
         let mut completion_tokens = 0;
         let mut left = meta.choices;
         let mut failed = false;
@@ -496,11 +515,12 @@ pub fn stream(
                         }
                     }
                 }
-                Event::Done { index, finish, text, prompt_tokens: p, completion_tokens: n } => {
+                Event::Done { index, finish, text, prompt_tokens: p, cached_tokens: k, completion_tokens: n } => {
                     let Some(c) = chat.get_mut(index) else { continue };
                     left -= 1;
                     if index % meta.n.max(1) == 0 {
                         prompt_tokens += p;
+                        cached_tokens += k;
                     }
                     completion_tokens += match meta.endpoint {
                         Endpoint::Chat => c.completion_tokens(n),
@@ -535,7 +555,7 @@ pub fn stream(
         }
         if meta.include_usage && !failed {
             let mut m = meta.envelope(true, Value::Array(Vec::new()));
-            m.insert("usage".into(), usage(prompt_tokens, completion_tokens));
+            m.insert("usage".into(), usage(prompt_tokens, completion_tokens, cached_tokens));
             yield Ok(data(&Value::Object(m)));
         }
         yield Ok(SseEvent::default().data("[DONE]"));
@@ -709,6 +729,7 @@ mod tests {
             finish: Finish::Stop,
             text: String::new(),
             prompt_tokens: 7,
+            cached_tokens: 0,
             completion_tokens: 3,
         })
         .await
@@ -723,7 +744,7 @@ mod tests {
         assert_eq!(call["function"]["arguments"], "{\"city\":\"Oslo\"}");
         assert_eq!(
             v["usage"],
-            json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10})
+            json!({"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10, "prompt_tokens_details": {"cached_tokens": 0}})
         );
     }
 }

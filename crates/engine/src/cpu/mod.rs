@@ -225,7 +225,15 @@ impl Backend for CpuBackend {
     }
 
     fn kv_set_len(&self, kv: &mut HostKv, len: usize) {
-        kv.len = len;
+        if len < kv.len {
+            kv.truncate(len);
+        } else {
+            kv.len = len;
+        }
+    }
+
+    fn kv_can_truncate(&self, kv: &HostKv, len: usize) -> bool {
+        kv.can_truncate(len)
     }
 
     fn kv_clear(&self, kv: &mut HostKv) {

@@ -34,6 +34,9 @@ pub struct EngineConfig {
     pub kv_type: KvType,
     /// KV memory admitted sequences may reserve at their worst case (default: `parallel` full contexts).
     pub kv_budget_bytes: Option<usize>,
+    /// Keep a finished sequence's cache in its slot, and start a new sequence whose prompt
+    /// begins with the same tokens in that slot, from where they end (prefix reuse).
+    pub prefix_reuse: bool,
 }
 
 /// One choice of a request: its prompt and its sampler.
@@ -106,6 +109,8 @@ pub enum Event {
         finish: Finish,
         text: String,
         prompt_tokens: usize,
+        /// Prompt tokens whose cache a finished sequence left (prefix reuse): not run again.
+        cached_tokens: usize,
         completion_tokens: usize,
     },
     /// The choice failed (engine error, shutdown).

@@ -36,8 +36,10 @@ struct Seq {
     job: Arc<JobCommon>,
     index: usize,
     prompt: Arc<[u32]>,
-    /// Prompt tokens already run.
+    /// Prompt tokens already run (or found in the slot's cache: `reused`).
     fed: usize,
+    /// Prompt tokens the slot's cache held at admission (prefix reuse).
+    reused: usize,
     /// The last sampled token, to run at the next step.
     pending: Option<u32>,
     generated: usize,
@@ -72,6 +74,14 @@ pub(super) struct Worker<B: Backend> {
     step_tokens: usize,
     eog: Vec<u32>,
     slots: Vec<Option<B::Kv>>,
+    /// Per slot, the tokens its cache holds, in position order (prefix reuse); `dirty` when a
+    /// failed step may have left the cache unlike them (it is cleared before reuse).
+    history: Vec<Vec<u32>>,
+    dirty: Vec<bool>,
+    /// Per slot, when it was last freed (the least recently used is taken first for a prompt
+    /// that reuses nothing).
+    freed_at: Vec<u64>,
+    ticks: u64,
     free: Vec<usize>,
     reserved: usize,
     waiting: VecDeque<Seq>,
@@ -118,6 +128,10 @@ impl<B: Backend> Worker<B> {
         Ok(Worker {
             eog: tok.eog_ids(),
             slots: (0..cfg.parallel).map(|_| None).collect(),
+            history: vec![Vec::new(); cfg.parallel],
+            dirty: vec![false; cfg.parallel],
+            freed_at: vec![0; cfg.parallel],
+            ticks: 0,
             free: (0..cfg.parallel).rev().collect(),
             model,
             tok,
@@ -221,6 +235,7 @@ impl<B: Backend> Worker<B> {
                 index: spec.index,
                 prompt: spec.prompt,
                 fed: 0,
+                reused: 0,
                 pending: None,
                 generated: 0,
                 max_tokens: spec.max_tokens,
@@ -258,6 +273,7 @@ impl<B: Backend> Worker<B> {
                     finish: Finish::Stop,
                     text: String::new(),
                     prompt_tokens: s.prompt.len(),
+                    cached_tokens: s.reused,
                     completion_tokens: s.generated,
                 });
                 s.done = true;
@@ -278,9 +294,16 @@ impl<B: Backend> Worker<B> {
             let Some(mut s) = self.waiting.pop_front() else {
                 break;
             };
-            let Some(slot) = self.free.pop() else {
+            let Some((fi, reuse)) = self.pick_slot(&s.prompt) else {
                 break;
             };
+            let slot = self.free.swap_remove(fi);
+            self.take_slot(slot, reuse);
+            s.fed = reuse;
+            s.reused = reuse;
+            if reuse > 0 {
+                metrics::counter!("muser_prompt_tokens_reused_total").increment(reuse as u64);
+            }
             if self.slots[slot].is_none() {
                 match self.model.new_cache(self.cfg.kv_type, self.cfg.n_ctx) {
                     Ok(kv) => self.slots[slot] = Some(kv),
@@ -307,11 +330,64 @@ impl<B: Backend> Worker<B> {
                 choice = s.index,
                 slot,
                 prompt_tokens = s.prompt.len(),
+                reused_tokens = reuse,
                 queued_ms = s.arrived.elapsed().as_millis() as u64,
                 "admitted"
             );
             self.running.push(s);
         }
+    }
+
+    /// The free slot a prompt starts in (its index in `free`) and how many of its first tokens
+    /// that slot's cache already holds: the longest reusable prefix (at most all but the last
+    /// prompt token, whose logits the sequence needs), else the least recently freed slot.
+    fn pick_slot(&self, prompt: &[u32]) -> Option<(usize, usize)> {
+        let backend = &self.model.backend;
+        let mut best: Option<(usize, usize)> = None;
+        for (fi, &slot) in self.free.iter().enumerate() {
+            let mut reuse = 0;
+            if let (true, Some(kv), false) = (
+                self.cfg.prefix_reuse,
+                self.slots[slot].as_ref(),
+                self.dirty[slot],
+            ) {
+                let h = &self.history[slot];
+                if backend.kv_len(kv) == h.len() {
+                    let common = h.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+                    let n = common.min(prompt.len().saturating_sub(1));
+                    // Going back is allowed down to a point and not below (kv::ring_allows_truncate).
+                    if n > 0 && backend.kv_can_truncate(kv, n) {
+                        reuse = n;
+                    }
+                }
+            }
+            let better = match best {
+                None => true,
+                Some((bi, br)) => {
+                    reuse > br
+                        || (reuse == br && self.freed_at[slot] < self.freed_at[self.free[bi]])
+                }
+            };
+            if better {
+                best = Some((fi, reuse));
+            }
+        }
+        best
+    }
+
+    /// Ready `slot` for a sequence whose first `reuse` prompt tokens its cache holds: back to
+    /// them, or cleared.
+    fn take_slot(&mut self, slot: usize, reuse: usize) {
+        let backend = &self.model.backend;
+        if let Some(kv) = self.slots[slot].as_mut() {
+            if reuse > 0 {
+                backend.kv_set_len(kv, reuse);
+            } else {
+                backend.kv_clear(kv);
+            }
+        }
+        self.history[slot].truncate(reuse);
+        self.dirty[slot] = false;
     }
 
     fn finish_unadmitted(&mut self, mut s: Seq) {
@@ -468,6 +544,8 @@ impl<B: Backend> Worker<B> {
                         error: ApiError::internal(format!("the engine failed: {e}")),
                     });
                     s.done = true;
+                    // The step may have written part of its tokens' rows: not reusable.
+                    self.dirty[s.slot] = true;
                     metrics::counter!("muser_sequences_finished_total", "reason" => "error")
                         .increment(1);
                 }
@@ -478,11 +556,13 @@ impl<B: Backend> Worker<B> {
         let mut prompt_tokens = 0;
         for &(ri, n) in group {
             let s = &mut self.running[ri];
+            let h = &mut self.history[s.slot];
             if s.prompt_left() > 0 {
+                h.extend_from_slice(&s.prompt[s.fed..s.fed + n]);
                 s.fed += n;
                 prompt_tokens += n;
             } else {
-                s.pending = None;
+                h.extend(s.pending.take());
             }
         }
         metrics::counter!("muser_prompt_tokens_total").increment(prompt_tokens as u64);
@@ -599,6 +679,7 @@ impl<B: Backend> Worker<B> {
                 finish: f,
                 text,
                 prompt_tokens: s.prompt.len(),
+                cached_tokens: s.reused,
                 completion_tokens: s.generated,
             });
             s.done = true;
@@ -629,9 +710,20 @@ impl<B: Backend> Worker<B> {
                 continue;
             }
             let mut s = self.running.swap_remove(i);
+            // The cache stays for a later prompt that begins with its tokens (pick_slot),
+            // unless reuse is off or a failed step may have spoiled it.
             if let Some(Some(kv)) = self.slots.get_mut(s.slot) {
-                self.model.backend.kv_clear(kv);
+                if !self.cfg.prefix_reuse
+                    || self.dirty[s.slot]
+                    || self.model.backend.kv_len(kv) != self.history[s.slot].len()
+                {
+                    self.model.backend.kv_clear(kv);
+                    self.history[s.slot].clear();
+                    self.dirty[s.slot] = false;
+                }
             }
+            self.ticks += 1;
+            self.freed_at[s.slot] = self.ticks;
             self.free.push(s.slot);
             self.reserved -= s.reserve;
             self.shared.active.fetch_sub(1, Ordering::SeqCst);

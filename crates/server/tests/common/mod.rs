@@ -34,6 +34,7 @@ pub struct Opts {
     pub grace: Duration,
     /// Tokens chosen through `Backend::draw_rows` (a GPU's draw), not the host sampler.
     pub row_draws: bool,
+    pub prefix_reuse: bool,
 }
 
 impl Default for Opts {
@@ -49,6 +50,7 @@ impl Default for Opts {
             max_body_bytes: 1 << 20,
             grace: Duration::from_secs(10),
             row_draws: false,
+            prefix_reuse: true,
         }
     }
 }
@@ -79,6 +81,7 @@ impl Server {
                 max_queue: o.max_queue,
                 kv_type: KvType::F16,
                 kv_budget_bytes: None,
+                prefix_reuse: o.prefix_reuse,
             },
             api_key: o.api_key,
             max_body_bytes: o.max_body_bytes,
