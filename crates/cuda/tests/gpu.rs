@@ -1471,6 +1471,57 @@ mod batched;
 /// Decode steps recorded as CUDA graphs and replayed (`set_batch_graphs`) give the bits of the
 /// same steps launched kernel by kernel: 5 sequences sharing micro-batches whose size shrinks as
 /// they finish (each size recorded on its second step, replayed after), then each alone.
+/// Prefix reuse on the device: a cache that ran a prefix and 20 more tokens, taken back to the
+/// prefix (`kv_can_truncate`, `kv_set_len`), then fed other tokens (a prompt chunk, then three
+/// one-token steps), gives the bits of a cache that ran the prefix alone and then the same:
+/// the rows left past the prefix (in the planes and the rings) are never read.
+#[test]
+fn going_back_in_a_cache_gives_a_fresh_caches_bits() {
+    let Some(_) = gpu() else { return };
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for name in names() {
+        let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).unwrap();
+        let toks = tokens(&name);
+        if toks.len() < 48 {
+            failures.push(format!("{name}: only {} tokens", toks.len()));
+            continue;
+        }
+        let (prefix, extra) = (&toks[..10], &toks[10..30]);
+        let suffix: Vec<u32> = toks[30..48].iter().rev().copied().collect();
+        let m = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
+        let run = |back: bool| -> Vec<f32> {
+            let mut s = Session::new(&m, KvType::F16, 256).unwrap();
+            s.feed(prefix, 512, Logits::Last).unwrap();
+            if back {
+                s.feed(extra, 512, Logits::Last).unwrap();
+                assert!(m.backend.kv_can_truncate(&s.kv, prefix.len()));
+                m.backend.kv_set_len(&mut s.kv, prefix.len());
+            }
+            let mut out = s.feed(&suffix[..15], 512, Logits::All).unwrap();
+            for &t in &suffix[15..] {
+                out.extend(s.feed(&[t], 1, Logits::Last).unwrap());
+            }
+            out
+        };
+        let (fresh, back) = (run(false), run(true));
+        let same = fresh.len() == back.len()
+            && fresh
+                .iter()
+                .zip(&back)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+        let what = format!(
+            "{name:<14} back to 10 of 30 positions: {}",
+            if same { "same bits" } else { "DIFFERENT" }
+        );
+        if !same {
+            failures.push(what.clone());
+        }
+        rows.push(what);
+    }
+    report("going back in a device cache", &rows, &failures);
+}
+
 #[test]
 fn recorded_steps_give_the_eager_bits() {
     let Some(_) = gpu() else { return };

@@ -129,3 +129,51 @@ fn sequences_batched_together_give_each_its_own_bits() {
         }
     }
 }
+
+/// Prefix reuse on the CPU: a cache taken back to an earlier length (`kv_can_truncate`,
+/// `kv_set_len`) and fed other tokens gives the bits of a cache that never went further; going
+/// back is refused where a sliding ring has already dropped the window before that length.
+#[test]
+fn going_back_in_a_cache_gives_a_fresh_caches_bits() {
+    use muser_engine::backend::Backend;
+    use muser_engine::{Logits, Session};
+    for name in all_fixtures() {
+        let m = load(&name, NumericMode::Accurate);
+        let toks = read_i32(&golden_path(&name, "tokens.i32"));
+        let w = m.config.n_swa;
+        let p = w + 3;
+        let suffix: Vec<u32> = toks.iter().rev().take(8).copied().collect();
+        let run = |ahead: usize| -> Option<Vec<f32>> {
+            let mut s = Session::new(&m, KvType::F16, 256).unwrap();
+            s.feed(&toks[..p], 64, Logits::Last).unwrap();
+            if ahead > 0 {
+                let more: Vec<u32> = toks.iter().cycle().skip(p).take(ahead).copied().collect();
+                s.feed(&more, 64, Logits::Last).unwrap();
+                if !m.backend.kv_can_truncate(&s.kv, p) {
+                    return None;
+                }
+                m.backend.kv_set_len(&mut s.kv, p);
+            }
+            let mut out = s.feed(&suffix[..5], 64, Logits::All).unwrap();
+            for &t in &suffix[5..] {
+                out.extend(s.feed(&[t], 1, Logits::Last).unwrap());
+            }
+            Some(out)
+        };
+        let fresh = run(0).unwrap();
+        // One position past: the ring still holds the window before `p`.
+        let back = run(1).unwrap_or_else(|| panic!("{name}: going back one position refused"));
+        assert!(
+            fresh
+                .iter()
+                .zip(&back)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: going back one position changed the logits"
+        );
+        // A window and more past: the ring (n_swa slots) no longer holds it.
+        assert!(
+            run(w + 2).is_none(),
+            "{name}: going back past the ring was allowed"
+        );
+    }
+}
