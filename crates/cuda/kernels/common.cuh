@@ -134,7 +134,7 @@ __device__ __forceinline__ float x16_down(u32 xmax) { return ldexpf(1.0f, -f16_s
 // groupID g = lane / 4, t = lane % 4; A row-major: a0 = row g, k 2t..2t+1; a1 = row g + 8; a2 =
 // row g, k 2t+8..; a3 = row g + 8, k 2t+8..; B column-major: b0 = k 2t..2t+1 of column g, b1 = k
 // 2t+8..; D: d0, d1 = row g, columns 2t, 2t+1; d2, d3 = row g + 8). Attention's tensor-core
-// kernel and the f16 products from quantized weights (dequant.cu) use it.
+// kernel and the f16 products straight from Q4_K blocks (qmma.cu) use it.
 __device__ __forceinline__ void mma_f16(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])

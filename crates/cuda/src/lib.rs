@@ -185,10 +185,6 @@ const F16_WEIGHTS_RESERVE_MIN: usize = 4 << 30;
 /// Threads of the row-norm kernels: kernels/norm.cu indexes `threadIdx.x + k * 1024` for
 /// k < NPT = 8, so exactly 1024 (a smaller block would leave most of a wide row untouched).
 const NORM_THREADS: u32 = 1024;
-/// `q16_mma` (`MUSER_Q16=1`) takes `--mode fast` products of more than Q16_MIN_TOKENS and at
-/// most Q16_MAX_TOKENS tokens (a block's 8 token tiles of 8).
-const Q16_MIN_TOKENS: usize = 8;
-const Q16_MAX_TOKENS: usize = 64;
 /// `qmma` (kernels/qmma.cu) takes `--mode fast` Q4_K products of more than QMMA_MIN_TOKENS and
 /// at most QMMA_MAX_TOKENS tokens (two token warps of four 8-token tiles).
 const QMMA_MIN_TOKENS: usize = 8;
@@ -344,9 +340,6 @@ pub struct CudaBackend {
     pub(crate) capturing: std::sync::atomic::AtomicBool,
     /// Record steps in the relaxed capture mode (`set_capture_relaxed`).
     capture_relaxed: std::sync::atomic::AtomicBool,
-    /// `--mode fast` products of Q16_MIN_TOKENS + 1 ..= Q16_MAX_TOKENS tokens straight from the
-    /// quantized weights on the f16 tensor cores (`q16_mma`; `MUSER_Q16=1`, off by default).
-    q16: std::sync::atomic::AtomicBool,
     /// `--mode fast` Q4_K products of QMMA_MIN_TOKENS + 1 ..= QMMA_MAX_TOKENS tokens on the f16
     /// tensor cores straight from the Q4_K blocks (kernels/qmma.cu; `MUSER_QMMA=1`, off by
     /// default: slower than the two-plane integer kernels so far).
@@ -498,7 +491,6 @@ impl CudaBackend {
             scratch: Mutex::new(None),
             capturing: std::sync::atomic::AtomicBool::new(false),
             capture_relaxed: std::sync::atomic::AtomicBool::new(false),
-            q16: std::sync::atomic::AtomicBool::new(env_is("MUSER_Q16", "1")),
             qmma: std::sync::atomic::AtomicBool::new(env_is("MUSER_QMMA", "1")),
             qmma_shape: Mutex::new(QmmaShape::from_env()),
             step_graphs: Mutex::new(StepGraphs {
@@ -584,14 +576,6 @@ impl CudaBackend {
     pub fn set_capture_relaxed(&self, on: bool) {
         self.capture_relaxed
             .store(on, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// `--mode fast` products of 9 to 64 tokens (batched decode) on the f16 tensor cores straight
-    /// from the quantized weights (kernels/dequant.cu `q16_mma`): gemm16's fast operands without
-    /// an f16 copy of the matrix. Off by default (`MUSER_Q16=1` on).
-    pub fn set_q16(&self, on: bool) {
-        self.q16.store(on, std::sync::atomic::Ordering::Relaxed);
-        self.bump_epoch();
     }
 
     /// `--mode fast` Q4_K products of 9 to 64 tokens on the f16 tensor cores straight from the
@@ -2138,9 +2122,9 @@ impl CudaBackend {
         } else {
             self.gemm16_min.load(Relaxed)
         };
-        // `q16_mma` (MUSER_Q16=1) and `qmma` (Q4_K): the fast form from 9 tokens up.
-        let min = if self.q16_for(w, rows) || self.qmma_for(w, rows) {
-            Q16_MIN_TOKENS
+        // `qmma` (MUSER_QMMA=1, Q4_K): the fast form from 9 tokens up.
+        let min = if self.qmma_for(w, rows) {
+            QMMA_MIN_TOKENS
         } else {
             min
         };
@@ -2306,99 +2290,6 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Whether a `--mode fast` product of `w` with `rows` tokens goes to `q16_mma`.
-    fn q16_for(&self, w: &CudaMatrix, rows: usize) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.q16.load(Relaxed)
-            && self.fast_mode.load(Relaxed)
-            && rows > Q16_MIN_TOKENS
-            && rows <= Q16_MAX_TOKENS
-            && w.cols % 64 == 0
-    }
-
-    /// out = 2^-A (W hi . x hi) 2^-B_t for `n` <= Q16_MAX_TOKENS tokens (kernels/dequant.cu
-    /// `q16_mma`): `x_hi` the tokens' f16 rows (`ld` halfs apart, from x16_split), `x16max`
-    /// their largest values. The columns are cut into ranges so that the launch has about five
-    /// blocks per SM (`MUSER_Q16_WAVE`; a range a whole number of the format's blocks), and
-    /// `q16_reduce` adds the ranges in order.
-    fn q16_mma(
-        &self,
-        w: &CudaMatrix,
-        x_hi: u64,
-        ld: usize,
-        n: usize,
-        out: &mut CudaAct,
-        x16max: &CudaSlice<u32>,
-        part: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        if n == 0 || n > Q16_MAX_TOKENS || w.cols % 64 != 0 {
-            return Err(Error::Backend(format!(
-                "q16_mma: {n} tokens, {} columns",
-                w.cols
-            )));
-        }
-        let unit = if w.cols % 256 == 0 { 256 } else { 64 };
-        let units = w.cols / unit;
-        let row_blocks = w.rows.div_ceil(64);
-        let want = (q16_wave() * self.sm_count as usize).div_ceil(row_blocks);
-        let per = units.div_ceil(want.clamp(1, units));
-        let ksplit = units.div_ceil(per);
-        let kc = (per * unit) as i32;
-        if ksplit > 1 {
-            self.grow(part, ksplit * n * w.rows)?;
-        }
-        let (cols_i, rows_i, n_i, ld_i) = (w.cols as i32, w.rows as i32, n as i32, ld as i64);
-        {
-            let f = self.f("q16_mma")?;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&w.data)
-                .arg(&w.fmt)
-                .arg(&w.nbt)
-                .arg(&cols_i)
-                .arg(&rows_i)
-                .arg(&w.wmax)
-                .arg(&x_hi)
-                .arg(&ld_i)
-                .arg(&n_i)
-                .arg(x16max)
-                .arg(&w.alpha16)
-                .arg(&kc)
-                .arg(&mut out.data)
-                .arg(&mut *part);
-            let cfg = LaunchConfig {
-                grid_dim: (row_blocks as u32, 1, ksplit as u32),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: reads the matrix's rows x cols weights, n rows of cols halfs at x_hi (the
-            // caller's x16 buffer, ld >= cols), n words of x16max; writes n x rows floats of out
-            // (checked by the caller) with one range, else ksplit x n x rows floats of part
-            // (grown above).
-            unsafe { b.launch(cfg) }.map_err(dev("q16_mma"))?;
-        }
-        if ksplit > 1 {
-            let f = self.f("q16_reduce")?;
-            let ks = ksplit as i32;
-            let mut b = self.stream.launch_builder(&f);
-            b.arg(&*part)
-                .arg(&ks)
-                .arg(&n_i)
-                .arg(&rows_i)
-                .arg(x16max)
-                .arg(&w.alpha16)
-                .arg(&mut out.data);
-            let cfg = LaunchConfig {
-                grid_dim: ((n * w.rows).div_ceil(256).clamp(1, 4096) as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: reads ksplit x n x rows partials (written just above) and n words of
-            // x16max; writes n x rows floats of out.
-            unsafe { b.launch(cfg) }.map_err(dev("q16_reduce"))?;
-        }
-        Ok(())
-    }
-
     /// out = W x for each (W, out) of `products` on the f16 tensor cores (kernels/dequant.cu,
     /// "Products of many tokens on the f16 tensor cores"): x to f16 once (hi, and lo when
     /// `split`) after each token's power-of-two scale, then for each matrix
@@ -2480,10 +2371,6 @@ impl CudaBackend {
             let w: &CudaMatrix = w;
             if !split && self.qmma_for(w, n) {
                 self.qmma(w, x_hi, ld, n, out, &s.x16max, &mut s.mpart, &mut s.xrun)?;
-                continue;
-            }
-            if !split && self.q16_for(w, n) {
-                self.q16_mma(w, x_hi, ld, n, out, &s.x16max, &mut s.mpart)?;
                 continue;
             }
             let slab = (GEMM16_SLAB_BYTES / (2 * ld)).clamp(1, w.rows);
@@ -3024,19 +2911,6 @@ fn qmma_env(name: &str, default: usize) -> usize {
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|&v| v > 0)
         .unwrap_or(default)
-}
-
-/// Blocks per SM `q16_mma` aims for when it cuts the columns into ranges (`MUSER_Q16_WAVE`,
-/// default 5: the blocks of 128 threads that fit an SM at 96 registers).
-fn q16_wave() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("MUSER_Q16_WAVE")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(5)
-            .max(1)
-    })
 }
 
 /// Micro-batches of fewer tokens than this run the attention kernels that take a quarter of a KV
