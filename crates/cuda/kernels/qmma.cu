@@ -153,7 +153,8 @@ __device__ __forceinline__ void qmma_q4_k(const u8* __restrict__ W, int rows, in
             *dst = xb + ntok * QM_XROW + tk * QM_XSROW + 16 * (p - 32);
         }
     };
-    auto xload = [&](int k) {
+    // Step k's pieces from global memory into xr (load), or from xr into its shared buffer.
+    auto xmove = [&](int k, bool load) {
 #pragma unroll
         for (int q = 0; q < XR; q++) {
             const int i = tid + q * nthreads;
@@ -161,19 +162,10 @@ __device__ __forceinline__ void qmma_q4_k(const u8* __restrict__ W, int rows, in
                 const u8* src;
                 u8* dst;
                 xpiece(i, k, &src, &dst);
-                xr[q] = __ldg((const uint4*)src);
-            }
-        }
-    };
-    auto xstore = [&](int k) {
-#pragma unroll
-        for (int q = 0; q < XR; q++) {
-            const int i = tid + q * nthreads;
-            if (i < ntok_valid * 34) {
-                const u8* src;
-                u8* dst;
-                xpiece(i, k, &src, &dst);
-                *(uint4*)dst = xr[q];
+                if (load)
+                    xr[q] = __ldg((const uint4*)src);
+                else
+                    *(uint4*)dst = xr[q];
             }
         }
     };
@@ -205,8 +197,8 @@ __device__ __forceinline__ void qmma_q4_k(const u8* __restrict__ W, int rows, in
     if (XREG && XR * nthreads < ntok_valid * 34) __trap();
     for (int k = 0; k < stages - 1; k++) issue(k);
     if (XREG) {
-        xload(0);
-        xstore(0);
+        xmove(0, true);
+        xmove(0, false);
     }
 
     float acc[2][NT][4], T[2][NT][4];
@@ -223,7 +215,7 @@ __device__ __forceinline__ void qmma_q4_k(const u8* __restrict__ W, int rows, in
         cp_async_wait_stages(stages);  // this thread's copies of step k have landed
         __syncthreads();               // everyone's (and XREG's stores); everyone is past step k - 1
         issue(k + stages - 1);         // into the stage step k - 1 used
-        if (XREG && k + 1 < steps) xload(k + 1);  // in flight during this step's products
+        if (XREG && k + 1 < steps) xmove(k + 1, true);  // in flight during this step's products
         {
             // Lane l decodes row 32 wr + l's scales and mins (get_scale_min_k4 on the three scale
             // words at once) into the warp's constants: small integers become halves as
@@ -327,7 +319,7 @@ __device__ __forceinline__ void qmma_q4_k(const u8* __restrict__ W, int rows, in
             }
         }
         // Step k + 1's activations into the buffer step k - 1 read (everyone is past it).
-        if (XREG && k + 1 < steps) xstore(k + 1);
+        if (XREG && k + 1 < steps) xmove(k + 1, false);
     }
     // D fragment: rows r0 + 32 wr + 16 mr + g (+ 8), tokens 8 (wt NT + j) + 2t (+ 1).
 #pragma unroll
