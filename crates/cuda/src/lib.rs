@@ -116,6 +116,8 @@ pub struct CudaKv {
     /// The model's sliding window (what a ring must keep to go back: `kv_can_truncate`).
     n_swa: usize,
     len: usize,
+    /// The most positions stored since the cache was cleared (above `len` after going back).
+    high: usize,
     row_bytes: usize,
     layers: Vec<LayerKv>,
     /// Per layer {K base, V base, ring slots} (kernels/common.cuh kv_layer): the kernels find a
@@ -3148,6 +3150,7 @@ impl Backend for CudaBackend {
             n_ctx,
             n_swa: cfg.n_swa,
             len: 0,
+            high: 0,
             row_bytes,
             layers,
             table,
@@ -3165,18 +3168,21 @@ impl Backend for CudaBackend {
 
     fn kv_set_len(&self, kv: &mut CudaKv, len: usize) {
         kv.len = len;
+        kv.high = kv.high.max(len);
     }
 
     fn kv_can_truncate(&self, kv: &CudaKv, len: usize) -> bool {
         // Planes are indexed by position and rings by position modulo their slots: going back
         // moves only the length (later rows are written again before they are read).
         kv.layers.iter().all(|l| {
-            l.ring == 0 || muser_engine::kv::ring_allows_truncate(len, kv.len, l.ring, kv.n_swa)
+            l.ring == 0
+                || muser_engine::kv::ring_allows_truncate(len, kv.len, kv.high, l.ring, kv.n_swa)
         }) && len <= kv.len
     }
 
     fn kv_clear(&self, kv: &mut CudaKv) {
         kv.len = 0;
+        kv.high = 0;
     }
 
     fn read(&self, a: &CudaAct) -> Result<Vec<f32>> {

@@ -1,8 +1,8 @@
-//! The KV cache, shaped like the model: a ring of `n_swa` slots per sliding layer and a
-//! plane growing up to the context length per full (NoPE) layer.
+//! The KV cache, shaped like the model: a ring of `n_swa + RING_SLACK` slots per sliding layer
+//! and a plane growing up to the context length per full (NoPE) layer.
 //!
 //! Sliding-layer K rows carry their RoPE rotation, so a ring slot is tied to its position
-//! (`slot = pos % n_swa`, with the position recorded). NoPE-layer rows carry no position:
+//! (`slot = pos % slots`, with the position recorded). NoPE-layer rows carry no position:
 //! the plane is a plain array indexed by position, whose tiles can move by plain copy.
 //! Rows are stored in the cache type (f32, f16, bf16, q8_0), so a stored row is rounded
 //! exactly once, when it is written.
@@ -14,14 +14,32 @@ use crate::config::{LayerKind, MuseConfig};
 use crate::error::{Error, Result};
 use crate::formats;
 
-/// Whether a cache holding positions `..stored`, whose sliding layers keep the last
-/// `ring_slots` positions in rings, may go back to its first `len` positions: a token at `len`
-/// attends to keys `len + 1 - n_swa ..= len` on sliding layers (key j visible iff
-/// `0 <= p - j < n_swa`), so the ring must still hold `len + 1 - n_swa .. len`; it holds
-/// `stored - ring_slots .. stored` once it has wrapped. Slots holding positions past `len` are
-/// never read as visible keys then: each is written again before a token reaches it.
-pub fn ring_allows_truncate(len: usize, stored: usize, ring_slots: usize, n_swa: usize) -> bool {
-    len <= stored && (len == 0 || stored <= ring_slots || len + ring_slots + 1 >= stored + n_swa)
+/// Ring slots the CPU cache keeps beyond the window on each sliding layer: a cache can go back
+/// this many positions and one more (prefix reuse: a conversation's next prompt re-renders the
+/// last answer, whose tokens then differ from the ones generated). The CUDA cache's rings have
+/// a micro-batch (512) of slack for the same reason and for its prompt kernels.
+pub const RING_SLACK: usize = 512;
+
+/// Whether a cache holding positions `..stored`, whose sliding layers keep positions in rings of
+/// `ring_slots` (slot = position % ring_slots) and have been written up to position `high - 1`
+/// at most since the cache was cleared (`high >= stored`: more after an earlier going back),
+/// may go back to its first `len` positions. A token at `len` attends to keys
+/// `len + 1 - n_swa ..= len` on sliding layers (key j visible iff `0 <= p - j < n_swa`), so the
+/// rings must still hold `len + 1 - n_swa .. len`: a position q is in its slot while no later
+/// position of the same slot has been written, certainly when `q + ring_slots >= high`. Slots
+/// holding positions past `len` are never read as visible keys then: each is written again
+/// before a token reaches it.
+pub fn ring_allows_truncate(
+    len: usize,
+    stored: usize,
+    high: usize,
+    ring_slots: usize,
+    n_swa: usize,
+) -> bool {
+    if len > stored {
+        return false;
+    }
+    len == 0 || (len + 1).saturating_sub(n_swa) + ring_slots >= high.max(stored)
 }
 
 /// Element type of the KV cache (llama.cpp's `--cache-type-k/v`).
@@ -118,7 +136,8 @@ impl KvType {
 /// One layer's stored K and V rows.
 #[derive(Debug)]
 pub enum LayerCache {
-    /// A sliding layer: `n_swa` slots, slot = pos % n_swa; `pos[slot]` is the position held
+    /// A sliding layer: `n_swa + RING_SLACK` slots (at most the context), slot = pos % slots;
+    /// `pos[slot]` is the position held
     /// (or `u32::MAX` when empty).
     Ring {
         k: Vec<u8>,
@@ -141,6 +160,9 @@ pub struct HostKv {
     pub row_len: usize,
     /// Positions stored so far: the next token is at position `len`.
     pub len: usize,
+    /// One past the highest position written since the cache was cleared (above `len` after
+    /// going back: `can_truncate`).
+    pub high: usize,
     pub layers: Vec<LayerCache>,
     /// Parity mode keeps llama.cpp's own cell layout instead (cpu/parity.rs).
     pub parity: Option<crate::cpu::parity::ParityKv>,
@@ -155,7 +177,7 @@ impl HostKv {
             .iter()
             .map(|kind| match kind {
                 LayerKind::SlidingRope => {
-                    let slots = cfg.n_swa.min(n_ctx);
+                    let slots = (cfg.n_swa + RING_SLACK).min(n_ctx);
                     LayerCache::Ring {
                         k: vec![0; slots * row_bytes],
                         v: vec![0; slots * row_bytes],
@@ -175,6 +197,7 @@ impl HostKv {
             row_bytes,
             row_len,
             len: 0,
+            high: 0,
             layers,
             parity: None,
         })
@@ -188,7 +211,7 @@ impl HostKv {
         }
         self.layers.iter().all(|l| match l {
             LayerCache::Ring { pos, .. } => {
-                ring_allows_truncate(len, self.len, pos.len(), self.n_swa)
+                ring_allows_truncate(len, self.len, self.high, pos.len(), self.n_swa)
             }
             LayerCache::Plane { .. } => len <= self.len,
         })
@@ -210,6 +233,7 @@ impl HostKv {
     /// Forget everything (positions restart at 0).
     pub fn clear(&mut self) {
         self.len = 0;
+        self.high = 0;
         if let Some(p) = self.parity.as_mut() {
             p.clear();
         }
@@ -243,6 +267,7 @@ impl HostKv {
     /// Write the stored K and V rows of position `p` in `layer`.
     pub fn put(&mut self, layer: usize, p: u32, k_row: &[u8], v_row: &[u8]) {
         let rb = self.row_bytes;
+        self.high = self.high.max(p as usize + 1);
         match &mut self.layers[layer] {
             LayerCache::Ring { k, v, pos } => {
                 let s = p as usize % pos.len();
@@ -281,21 +306,85 @@ impl HostKv {
 mod tests {
     use super::*;
 
+    /// The rule against a real ring: random runs forward and back (back only where
+    /// `can_truncate` allows), and after each the window before the current length must be in
+    /// the ring, found by its recorded positions.
+    #[test]
+    fn going_back_where_allowed_always_finds_the_window() {
+        for (slots, w) in [(4usize, 4usize), (7, 4), (16, 4), (9, 9)] {
+            let mut kv = HostKv {
+                ty: KvType::F32,
+                n_ctx: 1 << 20,
+                n_swa: w,
+                row_bytes: 4,
+                row_len: 1,
+                len: 0,
+                high: 0,
+                layers: vec![LayerCache::Ring {
+                    k: vec![0; slots * 4],
+                    v: vec![0; slots * 4],
+                    pos: vec![u32::MAX; slots],
+                }],
+                parity: None,
+            };
+            let mut rng = 0x2545_f491_4f6c_dd1du64;
+            let mut next = |n: usize| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                (rng % n as u64) as usize
+            };
+            let (mut refused, mut allowed) = (0, 0);
+            for _ in 0..2000 {
+                if next(2) == 0 {
+                    for _ in 0..1 + next(6) {
+                        let p = kv.len as u32;
+                        kv.put(0, p, &[1; 4], &[2; 4]);
+                        kv.len += 1;
+                    }
+                } else {
+                    let len = next(kv.len + 1);
+                    if kv.can_truncate(len) {
+                        kv.truncate(len);
+                        allowed += 1;
+                    } else {
+                        refused += 1;
+                    }
+                }
+                let lo = (kv.len + 1).saturating_sub(w);
+                for q in lo..kv.len {
+                    assert!(
+                        kv.rows(0, q as u32).is_some(),
+                        "{slots} slots, window {w}: position {q} missing at length {}",
+                        kv.len
+                    );
+                }
+            }
+            assert!(
+                allowed > 0 && refused > 0,
+                "{slots}/{w}: {allowed} allowed, {refused} refused"
+            );
+        }
+    }
+
     #[test]
     fn going_back_keeps_the_window_a_ring_still_holds() {
         // A ring of 4 slots, window 4: after 10 positions it holds 6..=9; a token at 9 needs
         // 6..=8 (held), at 8 needs 5..=7 (5 is gone).
-        assert!(ring_allows_truncate(10, 10, 4, 4));
-        assert!(ring_allows_truncate(9, 10, 4, 4));
-        assert!(!ring_allows_truncate(8, 10, 4, 4));
-        assert!(ring_allows_truncate(0, 10, 4, 4));
-        assert!(!ring_allows_truncate(11, 10, 4, 4));
+        assert!(ring_allows_truncate(10, 10, 10, 4, 4));
+        assert!(ring_allows_truncate(9, 10, 10, 4, 4));
+        assert!(!ring_allows_truncate(8, 10, 10, 4, 4));
+        assert!(ring_allows_truncate(0, 10, 10, 4, 4));
+        assert!(!ring_allows_truncate(11, 10, 10, 4, 4));
         // Not wrapped yet: anything back to 0.
-        assert!(ring_allows_truncate(1, 4, 4, 4));
-        // Spare slots (the CUDA rings: window + micro-batch): 16 slots after 20 positions hold
-        // 4..=19; a token at 7 needs 4..=6, at 6 needs 3..=5.
-        assert!(ring_allows_truncate(7, 20, 16, 4));
-        assert!(!ring_allows_truncate(6, 20, 16, 4));
+        assert!(ring_allows_truncate(1, 4, 4, 4, 4));
+        // Spare slots: 16 slots after 20 positions hold 4..=19; a token at 7 needs 4..=6, at 6
+        // needs 3..=5.
+        assert!(ring_allows_truncate(7, 20, 20, 16, 4));
+        assert!(!ring_allows_truncate(6, 20, 20, 16, 4));
+        // After going back from 21 to 15: position 4's slot holds 20 now, so 7 needs more.
+        assert!(!ring_allows_truncate(7, 15, 21, 16, 4));
+        assert!(ring_allows_truncate(8, 15, 21, 16, 4));
     }
 
     #[test]

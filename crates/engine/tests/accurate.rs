@@ -131,8 +131,9 @@ fn sequences_batched_together_give_each_its_own_bits() {
 }
 
 /// Prefix reuse on the CPU: a cache taken back to an earlier length (`kv_can_truncate`,
-/// `kv_set_len`) and fed other tokens gives the bits of a cache that never went further; going
-/// back is refused where a sliding ring has already dropped the window before that length.
+/// `kv_set_len`) and fed other tokens gives the bits of a cache that never went further (one
+/// position back, and a window and more back: within the rings' slack); going back is refused
+/// where a sliding ring has already dropped the window before that length.
 #[test]
 fn going_back_in_a_cache_gives_a_fresh_caches_bits() {
     use muser_engine::backend::Backend;
@@ -143,8 +144,9 @@ fn going_back_in_a_cache_gives_a_fresh_caches_bits() {
         let w = m.config.n_swa;
         let p = w + 3;
         let suffix: Vec<u32> = toks.iter().rev().take(8).copied().collect();
+        let n_ctx = p + w + muser_engine::kv::RING_SLACK + 16;
         let run = |ahead: usize| -> Option<Vec<f32>> {
-            let mut s = Session::new(&m, KvType::F16, 256).unwrap();
+            let mut s = Session::new(&m, KvType::F16, n_ctx).unwrap();
             s.feed(&toks[..p], 64, Logits::Last).unwrap();
             if ahead > 0 {
                 let more: Vec<u32> = toks.iter().cycle().skip(p).take(ahead).copied().collect();
@@ -170,9 +172,17 @@ fn going_back_in_a_cache_gives_a_fresh_caches_bits() {
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{name}: going back one position changed the logits"
         );
-        // A window and more past: the ring (n_swa slots) no longer holds it.
+        let back = run(w + 2).unwrap_or_else(|| panic!("{name}: going back a window refused"));
         assert!(
-            run(w + 2).is_none(),
+            fresh
+                .iter()
+                .zip(&back)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: going back a window changed the logits"
+        );
+        // Past the slack: the ring (n_swa + RING_SLACK slots) no longer holds the window.
+        assert!(
+            run(muser_engine::kv::RING_SLACK + 2).is_none(),
             "{name}: going back past the ring was allowed"
         );
     }

@@ -41,8 +41,8 @@ pub fn plan(seqs: &[SeqView], budget: usize) -> Vec<(usize, usize)> {
 }
 
 /// The KV memory of one sequence holding `positions` positions: per layer, a K and a V row per
-/// position held, with sliding layers holding at most their window (the CPU cache's rings; the
-/// CUDA cache adds a micro-batch of slack there, within a few percent for long contexts).
+/// position held, with sliding layers holding at most their window (the caches' rings add 512
+/// slots of slack there, kv::RING_SLACK on the CPU: within a few percent for long contexts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvCost {
     row_bytes: usize,

@@ -7,6 +7,10 @@ small next to the server's). Each client loops: one streaming chat completion wi
 every chunk to `data: [DONE]`; then the next. The server's memory (VmRSS of --server-pid) and a
 few /metrics gauges are sampled every --sample-every seconds.
 
+With --turns N each client keeps a conversation for N requests (its answers and a new user
+message appended each time), so prompts repeat what the server has seen (prefix reuse: the
+report sums usage's prompt_tokens and prompt_tokens_details.cached_tokens).
+
 Reported: requests ok / failed (non-200, an error chunk, a stream without [DONE], a connection
 error, a usage count that disagrees with the chunks), completion tokens and tokens/s, time to
 first token (request sent -> first SSE chunk, which the server sends with the first generated
@@ -58,6 +62,8 @@ class Stats:
         self.ttft = []
         self.latency = []
         self.chunks = 0
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
 
     def fail(self, why):
         self.failed += 1
@@ -134,10 +140,15 @@ async def client(i, args, stats, deadline):
     u = urllib.parse.urlparse(args.url)
     rng = random.Random(args.seed * 1000 + i)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    turns, turn = [], 0
     while time.time() < deadline:
-        turns = [{"role": "user", "content": rng.choice(PROMPTS)}]
-        if rng.random() < 0.3:
-            turns = [{"role": "system", "content": "You are a helpful assistant."}] + turns
+        if turn % args.turns == 0:
+            turns = [{"role": "user", "content": rng.choice(PROMPTS)}]
+            if rng.random() < 0.3:
+                turns = [{"role": "system", "content": "You are a helpful assistant."}] + turns
+        else:
+            turns.append({"role": "user", "content": rng.choice(PROMPTS)})
+        turn += 1
         max_tokens = rng.randint(args.min_tokens, args.max_tokens)
         body = {"model": args.model, "max_tokens": max_tokens, "stream": True,
                 "stream_options": {"include_usage": True}, "temperature": 0.8, "seed": rng.randrange(1 << 30)}
@@ -185,6 +196,12 @@ async def client(i, args, stats, deadline):
             continue
         stats.ok += 1
         stats.tokens += usage["completion_tokens"]
+        stats.prompt_tokens += usage.get("prompt_tokens", 0)
+        stats.cached_tokens += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
+        # The answer joins the conversation for the next turn.
+        answer = "".join((c["choices"][0].get("text") or (c["choices"][0].get("delta") or {}).get("content") or "")
+                         for c in chunks if c.get("choices"))
+        turns.append({"role": "assistant", "content": answer})
         stats.chunks += len(chunks)
         stats.ttft.append(ttft)
         stats.latency.append(time.perf_counter() - t0)
@@ -282,6 +299,9 @@ async def main_async(args):
         "endpoint": args.endpoint,
         "requests_ok": stats.ok, "requests_failed": stats.failed, "failures": stats.failures,
         "completion_tokens": stats.tokens,
+        "turns": args.turns,
+        "prompt_tokens": stats.prompt_tokens,
+        "cached_prompt_tokens": stats.cached_tokens,
         "tokens_per_s": round(stats.tokens / wall, 1),
         "requests_per_s": round(stats.ok / wall, 2),
         "ttft_ms": {"p50": ms(pct(stats.ttft, 50)), "p90": ms(pct(stats.ttft, 90)), "p99": ms(pct(stats.ttft, 99)),
@@ -313,6 +333,8 @@ def main():
     p.add_argument("--ignore-eos", action="store_true", help="always generate max_tokens")
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
                    help="chat: /v1/chat/completions; completions: /v1/completions with the conversation as text")
+    p.add_argument("--turns", type=int, default=1,
+                   help="requests per conversation: each appends the answer and a new user message")
     p.add_argument("--usage-from-chunks", action="store_true",
                    help="count tokens from the chunks when a server sends no usage (other servers only)")
     p.add_argument("--timeout", type=float, default=120, help="seconds one request may take")
