@@ -32,7 +32,9 @@ print(f"{sys.argv[1]}: ok {r['requests_ok']} failed {r['requests_failed']} {r['f
 PY
   summary+=("$(grep -E "$1" "$OUT/serve.log" | tail -1)")
 }
-LOAD="python3 crates/server/tests/load/load.py --clients 64 --duration ${SERVE_SECONDS:-60} --ignore-eos --min-tokens 128 --max-tokens 128 --endpoint completions"
+# SERVE_TURNS=N: conversations of N requests (prefix reuse; SERVE_FLAGS=--no-prefix-reuse for the
+# other half of an A/B).
+LOAD="python3 crates/server/tests/load/load.py --clients 64 --duration ${SERVE_SECONDS:-60} --ignore-eos --min-tokens 128 --max-tokens 128 --endpoint completions --turns ${SERVE_TURNS:-1}"
 summary=()
 export NCCL_NVLS_ENABLE=0
 # NCCL for tensor parallelism: the runtime (PyTorch's nvidia-nccl wheel here) ships libnccl.so.2
