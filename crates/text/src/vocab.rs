@@ -177,6 +177,15 @@ impl Vocab {
                 Some(v) => v.as_bool().ok_or_else(|| wrong_type(key, "a bool", v)),
             }
         };
+        // llama.cpp reads `add_space_prefix` for a BPE vocabulary too and then drops a leading
+        // space when it detokenizes (llama-vocab.cpp, `remove_space`); Muser does not: such a
+        // file would not give llama.cpp's text, so it is refused. (False, or absent, is what the
+        // converter writes for byte-level BPE.)
+        if flag("tokenizer.ggml.add_space_prefix", false)? {
+            return Err(TextError::Unsupported(
+                "'tokenizer.ggml.add_space_prefix' is true: llama.cpp then drops a leading space when it detokenizes a BPE vocabulary, which Muser does not do".into(),
+            ));
+        }
         let eot = id("tokenizer.ggml.eot_token_id")?;
         if pre == PreTokenizer::Llama4 && eot.is_none() {
             // Muse Glimmer ends every turn with <|eot|>: without its id generation would run

@@ -1,6 +1,7 @@
 //! The tokenizer refuses a vocabulary it cannot read as its writer meant: no token types (the
 //! control tokens could not be told apart), no end-of-turn id in a Muse Glimmer (llama4)
-//! vocabulary, a type value llama.cpp does not define, a flag of the wrong type. Each case edits the metadata of tests/data/glimmer-mini.gguf.
+//! vocabulary, a type value llama.cpp does not define, a flag of the wrong type, a true
+//! `add_space_prefix` (llama.cpp would drop a leading space in detokenizing). Each case edits the metadata of tests/data/glimmer-mini.gguf.
 
 use muser_gguf::{Array, Gguf, GgufWriter, Value};
 use muser_text::Tokenizer;
@@ -66,5 +67,18 @@ fn missing_types_unknown_types_and_mistyped_flags_are_refused() {
             ));
         },
         &["tokenizer.ggml.add_bos_token", "a bool"],
+    );
+    refused(
+        |kv| kv.push(("tokenizer.ggml.add_space_prefix".into(), Value::Bool(true))),
+        &["tokenizer.ggml.add_space_prefix", "true"],
+    );
+    refused(
+        |kv| kv.push(("tokenizer.ggml.add_space_prefix".into(), Value::U32(1))),
+        &["tokenizer.ggml.add_space_prefix", "a bool"],
+    );
+    // False is the converter's value for byte-level BPE: accepted.
+    assert!(
+        edited(|kv| kv.push(("tokenizer.ggml.add_space_prefix".into(), Value::Bool(false))))
+            .is_ok()
     );
 }
