@@ -111,20 +111,25 @@ fn chat<B: Backend>(
             );
             continue;
         }
-        // Reuse the cache when it holds a prefix of the new prompt; otherwise start over.
-        if !(cached.len() <= ids.len() && ids[..cached.len()] == cached[..]) || cached.is_empty() {
+        // Reuse the cache up to the longest prefix it shares with the new prompt (the template
+        // may render the last answer otherwise than it was generated), where the cache can go
+        // back to it; the prompt's last token always runs (its logits). Otherwise start over.
+        let common = cached
+            .iter()
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(ids.len().saturating_sub(1))
+            .min(session.pos());
+        let common = if common > 0 && session.truncate(common) {
+            common
+        } else {
             session.reset();
-            cached.clear();
-        }
+            0
+        };
         let mut sampler = Sampler::new(params.clone());
         ids.iter().for_each(|&t| sampler.accept(t));
-        let logits = if cached.len() < ids.len() {
-            session.feed(&ids[cached.len()..], a.sample.ubatch, Logits::Last)?
-        } else {
-            // The whole prompt is cached (cannot happen with a growing history): re-run it.
-            session.reset();
-            session.feed(&ids, a.sample.ubatch, Logits::Last)?
-        };
+        let logits = session.feed(&ids[common..], a.sample.ubatch, Logits::Last)?;
         cached = ids;
         let mut dec = StreamDecoder::new(false, Vec::<String>::new());
         let mut atem = parser.stream();
@@ -163,6 +168,8 @@ fn chat<B: Backend>(
         }
         writeln!(out)?;
         cached.extend(generated.iter().filter(|t| !eog.contains(t)));
+        // Only what the cache holds (a token drawn when the context filled was not run).
+        cached.truncate(session.pos());
         let msg = atem.into_message().into_message();
         history.push(msg);
     }

@@ -44,6 +44,17 @@ impl<'m, B: Backend> Session<'m, B> {
         self.model.backend.kv_clear(&mut self.kv);
     }
 
+    /// Go back to the first `len` positions, where the cache can continue from there
+    /// (`Backend::kv_can_truncate`: every sliding ring still holds the window before `len`);
+    /// false, and nothing changed, where it cannot.
+    pub fn truncate(&mut self, len: usize) -> bool {
+        let ok = self.model.backend.kv_can_truncate(&self.kv, len);
+        if ok {
+            self.model.backend.kv_set_len(&mut self.kv, len);
+        }
+        ok
+    }
+
     /// Run `tokens` in micro-batches of at most `ubatch` tokens.
     pub fn feed(&mut self, tokens: &[u32], ubatch: usize, which: Logits) -> Result<Vec<f32>> {
         if tokens.is_empty() {

@@ -130,13 +130,12 @@ fn sequences_batched_together_give_each_its_own_bits() {
     }
 }
 
-/// Prefix reuse on the CPU: a cache taken back to an earlier length (`kv_can_truncate`,
-/// `kv_set_len`) and fed other tokens gives the bits of a cache that never went further (one
+/// Prefix reuse on the CPU: a cache taken back to an earlier length (`Session::truncate`:
+/// `kv_can_truncate`, `kv_set_len`) and fed other tokens gives the bits of a cache that never went further (one
 /// position back, and a window and more back: within the rings' slack); going back is refused
 /// where a sliding ring has already dropped the window before that length.
 #[test]
 fn going_back_in_a_cache_gives_a_fresh_caches_bits() {
-    use muser_engine::backend::Backend;
     use muser_engine::{Logits, Session};
     for name in all_fixtures() {
         let m = load(&name, NumericMode::Accurate);
@@ -151,10 +150,10 @@ fn going_back_in_a_cache_gives_a_fresh_caches_bits() {
             if ahead > 0 {
                 let more: Vec<u32> = toks.iter().cycle().skip(p).take(ahead).copied().collect();
                 s.feed(&more, 64, Logits::Last).unwrap();
-                if !m.backend.kv_can_truncate(&s.kv, p) {
+                if !s.truncate(p) {
                     return None;
                 }
-                m.backend.kv_set_len(&mut s.kv, p);
+                assert_eq!(s.pos(), p);
             }
             let mut out = s.feed(&suffix[..5], 64, Logits::All).unwrap();
             for &t in &suffix[5..] {
