@@ -7,7 +7,7 @@ they stream from HBM, nothing else on the GPU):
 Usage (on the GPU machine, repo root): python3 tools/mvbench/ceiling.py"""
 import numpy as np
 import cupy as cp
-from graphtime import graph_time
+from graphtime import cdiv, graph_time, random_q4k
 
 root = "crates/cuda/kernels/"
 read_src = r"""
@@ -29,10 +29,6 @@ n_sm = dev.attributes["MultiProcessorCount"]
 print(f"sm_{dev.compute_capability}, {n_sm} SMs")
 
 
-def cdiv(a, b):
-    return -(-a // b)
-
-
 rows, cols = 19968, 6656
 nb = cols // 256
 mat_bytes = rows * nb * 144
@@ -40,10 +36,7 @@ copies = 6
 rng = np.random.default_rng(5)
 mats = []
 for _ in range(copies):
-    b = rng.integers(0, 256, size=(rows * nb, 144), dtype=np.uint8)
-    b[:, 0:2] = (rng.random((rows * nb, 1)) * 0.01 + 0.001).astype(np.float16).view(np.uint8)
-    b[:, 2:4] = (rng.random((rows * nb, 1)) * 0.01 + 0.001).astype(np.float16).view(np.uint8)
-    mats.append(cp.asarray(b.reshape(-1)))
+    mats.append(cp.asarray(random_q4k(rng, rows, nb).reshape(-1)))
 pair_bytes = 2 * mat_bytes
 x = cp.asarray(rng.random(cols, dtype=np.float32) - 0.5)
 y = cp.zeros(rows, dtype=cp.float32)

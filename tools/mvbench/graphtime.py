@@ -1,6 +1,20 @@
-"""Per-launch time of GPU work replayed from a CUDA graph (no Python in the timed loop), for the
-benchmarks in this folder."""
+"""Per-launch time of GPU work replayed from a CUDA graph (no Python in the timed loop), and the
+random Q4_K matrices, for the benchmarks in this folder."""
 import cupy as cp
+import numpy as np
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def random_q4k(rng, rows, nb):
+    """A Q4_K matrix of rows x nb blocks as host bytes ([rows * nb, 144]): random codes and
+    scales, d and dmin small positive halves (sane block scales, never zero)."""
+    b = rng.integers(0, 256, size=(rows * nb, 144), dtype=np.uint8)
+    b[:, 0:2] = (rng.random((rows * nb, 1)) * 0.01 + 0.001).astype(np.float16).view(np.uint8)
+    b[:, 2:4] = (rng.random((rows * nb, 1)) * 0.01 + 0.001).astype(np.float16).view(np.uint8)
+    return b
 
 
 def graph_time(launch, n_copies, reps=30):

@@ -8,7 +8,7 @@ through registers (MUSER_QMMA_XREG) and one token warp for 64 tokens (MUSER_QMMA
 Usage (on the GPU machine, repo root): python3 tools/mvbench/qmma.py"""
 import numpy as np
 import cupy as cp
-from graphtime import graph_time
+from graphtime import cdiv, graph_time, random_q4k
 
 root = "crates/cuda/kernels/"
 src = open(root + "common.cuh").read() + "\n" + open(root + "qmma.cu").read()
@@ -22,21 +22,12 @@ WROW, CROW, XROW, XSROW = 160, 112, 576, 32
 MAX_SMEM = 226 * 1024
 
 
-def cdiv(a, b):
-    return -(-a // b)
-
-
 rows, cols = 19968, 6656
 nb = cols // 256
 mat_bytes = rows * nb * 144
 copies = 4
 rng = np.random.default_rng(7)
-host = []
-for _ in range(copies):
-    b = rng.integers(0, 256, size=(rows * nb, 144), dtype=np.uint8)
-    b[:, 0:2] = (rng.random((rows * nb, 1)) * 0.01 + 0.001).astype(np.float16).view(np.uint8)
-    b[:, 2:4] = (rng.random((rows * nb, 1)) * 0.01 + 0.001).astype(np.float16).view(np.uint8)
-    host.append(b)
+host = [random_q4k(rng, rows, nb) for _ in range(copies)]
 mats = [cp.asarray(b.reshape(-1)) for b in host]
 
 

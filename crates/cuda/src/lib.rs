@@ -3174,10 +3174,13 @@ impl Backend for CudaBackend {
     fn kv_can_truncate(&self, kv: &CudaKv, len: usize) -> bool {
         // Planes are indexed by position and rings by position modulo their slots: going back
         // moves only the length (later rows are written again before they are read).
-        kv.layers.iter().all(|l| {
-            l.ring == 0
-                || muser_engine::kv::ring_allows_truncate(len, kv.len, kv.high, l.ring, kv.n_swa)
-        }) && len <= kv.len
+        len <= kv.len
+            && kv.layers.iter().all(|l| {
+                l.ring == 0
+                    || muser_engine::kv::ring_allows_truncate(
+                        len, kv.len, kv.high, l.ring, kv.n_swa,
+                    )
+            })
     }
 
     fn kv_clear(&self, kv: &mut CudaKv) {

@@ -1369,11 +1369,8 @@ fn fused_ffn_gives_the_unfused_bits() {
 #[path = "../../engine/tests/common/batched.rs"]
 mod batched;
 
-/// Decode steps recorded as CUDA graphs and replayed (`set_batch_graphs`) give the bits of the
-/// same steps launched kernel by kernel: 5 sequences sharing micro-batches whose size shrinks as
-/// they finish (each size recorded on its second step, replayed after), then each alone.
 /// Prefix reuse on the device: a cache that ran a prefix and 20 more tokens, taken back to the
-/// prefix (`kv_can_truncate`, `kv_set_len`), then fed other tokens (a prompt chunk, then three
+/// prefix (`Session::truncate`), then fed other tokens (a prompt chunk, then three
 /// one-token steps), gives the bits of a cache that ran the prefix alone and then the same:
 /// the rows left past the prefix (in the planes and the rings) are never read.
 #[test]
@@ -1396,8 +1393,7 @@ fn going_back_in_a_cache_gives_a_fresh_caches_bits() {
             s.feed(prefix, 512, Logits::Last).unwrap();
             if back {
                 s.feed(extra, 512, Logits::Last).unwrap();
-                assert!(m.backend.kv_can_truncate(&s.kv, prefix.len()));
-                m.backend.kv_set_len(&mut s.kv, prefix.len());
+                assert!(s.truncate(prefix.len()));
             }
             let mut out = s.feed(&suffix[..15], 512, Logits::All).unwrap();
             for &t in &suffix[15..] {
@@ -1423,6 +1419,9 @@ fn going_back_in_a_cache_gives_a_fresh_caches_bits() {
     report("going back in a device cache", &rows, &failures);
 }
 
+/// Decode steps recorded as CUDA graphs and replayed (`set_batch_graphs`) give the bits of the
+/// same steps launched kernel by kernel: 5 sequences sharing micro-batches whose size shrinks as
+/// they finish (each size recorded on its second step, replayed after), then each alone.
 #[test]
 fn recorded_steps_give_the_eager_bits() {
     let Some(_) = gpu() else { return };

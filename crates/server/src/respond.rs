@@ -376,16 +376,11 @@ pub async fn whole(
             Event::Error { error, .. } => return error.into_response(),
         }
     }
-    let prompt_tokens: usize = acc
-        .iter()
-        .step_by(meta.n.max(1))
-        .map(|a| a.prompt_tokens)
-        .sum();
-    let cached_tokens: usize = acc
-        .iter()
-        .step_by(meta.n.max(1))
-        .map(|a| a.cached_tokens)
-        .sum();
+    // Once per prompt (its first choice), as the stream counts them.
+    let (prompt_tokens, cached_tokens) =
+        acc.iter().step_by(meta.n.max(1)).fold((0, 0), |(p, c), a| {
+            (p + a.prompt_tokens, c + a.cached_tokens)
+        });
     let completion_tokens: usize = acc.iter().map(|a| a.completion_tokens).sum();
     let choices: Vec<Value> = acc
         .into_iter()

@@ -346,11 +346,8 @@ impl<B: Backend> Worker<B> {
         let mut best: Option<(usize, usize)> = None;
         for (fi, &slot) in self.free.iter().enumerate() {
             let mut reuse = 0;
-            if let (true, Some(kv), false) = (
-                self.cfg.prefix_reuse,
-                self.slots[slot].as_ref(),
-                self.dirty[slot],
-            ) {
+            // (With reuse off, release_done has cleared every free slot's cache and history.)
+            if let (Some(kv), false) = (self.slots[slot].as_ref(), self.dirty[slot]) {
                 let h = &self.history[slot];
                 if backend.kv_len(kv) == h.len() {
                     let common = h.iter().zip(prompt).take_while(|(a, b)| a == b).count();
