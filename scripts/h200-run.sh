@@ -84,7 +84,8 @@ elif llama_too; then
 fi
 
 if has tests; then
-  MUSER_FIXTURES=tests/fixtures timeout 400 carry/bin/gpu-tests --nocapture --test-threads 1 2>&1 | tee "$OUT/gpu-tests.log"
+  # TESTS_FILTER: only the tests whose names contain it (the test binary's filter).
+  MUSER_FIXTURES=tests/fixtures timeout 400 carry/bin/gpu-tests ${TESTS_FILTER:-} --nocapture --test-threads 1 2>&1 | tee "$OUT/gpu-tests.log"
   summary+=("gpu tests: $(grep -E '^test result' "$OUT/gpu-tests.log" | tail -1)")
   # PDL_TESTS=1: again with the one-token products launched the ordinary way (MUSER_PDL=0).
   if [ -n "${PDL_TESTS:-}" ]; then

@@ -56,6 +56,13 @@ pub struct ModelOpts {
     /// batches read f16 weights instead of dequantizing them every time.
     #[arg(long = "f16-weights")]
     pub f16_weights: bool,
+    /// CUDA, `--mode fast`, compute capability 8.9 or newer: keep an e4m3 (FP8) copy of each
+    /// matrix that multiplies more than 32 tokens at once (1 byte per weight more device memory,
+    /// 30 GB for the 30B) and run those products on the FP8 tensor cores: weights and
+    /// activations rounded to e4m3 (to 2^-4 of each value), f32 sums. Coarser than
+    /// --f16-weights, about twice its speed on prompts.
+    #[arg(long = "fp8-weights")]
+    pub fp8_weights: bool,
 }
 
 /// A loaded model on one of the backends.
@@ -133,6 +140,9 @@ impl ModelOpts {
         if self.f16_weights && !(fast && device.is_some()) {
             return Err("--f16-weights keeps f16 copies for --mode fast on CUDA (with --device cuda --mode fast)".into());
         }
+        if self.fp8_weights && !(fast && device.is_some()) {
+            return Err("--fp8-weights keeps e4m3 copies for --mode fast on CUDA (with --device cuda --mode fast)".into());
+        }
         if fast && device.is_none() {
             return Err("--mode fast is a CUDA mode (coarser activations in products of several tokens); the CPU has accurate, parity and cuda-parity".into());
         }
@@ -195,6 +205,9 @@ impl ModelOpts {
                     if self.f16_weights {
                         r.set_f16_weights(true);
                     }
+                    if self.fp8_weights {
+                        r.set_fp8_weights(true)?;
+                    }
                     r.set_batch_invariant(self.batch_invariant);
                 }
                 let nccl = Box::new(muser_cuda::nccl::NcclAllReduce::new(&ranks)?);
@@ -224,6 +237,9 @@ impl ModelOpts {
                 backend.set_fast_mode(fast)?;
                 if self.f16_weights {
                     backend.set_f16_weights(true);
+                }
+                if self.fp8_weights {
+                    backend.set_fp8_weights(true)?;
                 }
                 backend.set_cuda_parity(mode == NumericMode::CudaParity);
                 backend.set_batch_invariant(self.batch_invariant);

@@ -275,26 +275,25 @@ fn generate_streams_text_and_is_reproducible_with_a_seed() {
 }
 
 #[test]
-fn f16_weights_outside_fast_cuda_mode_is_refused() {
+fn narrow_weight_copies_outside_fast_cuda_mode_are_refused() {
     let toks = tmp("t-f16w.i32", &ids(&[1, 2, 3]));
     let out = tmp("o-f16w.f32", b"");
     let m = fixture("tame-q4_k_m.gguf");
-    for extra in [&[][..], &["--mode", "fast"][..]] {
-        let mut args = vec![
-            "logits",
-            "-m",
-            &m,
-            "--tokens",
-            &toks,
-            "--out",
-            &out,
+    for (flag, says) in [
+        (
             "--f16-weights",
-        ];
-        args.extend_from_slice(extra);
-        let (ok, e) = muser(&args);
-        assert!(
-            !ok && e.contains("--f16-weights keeps f16 copies for --mode fast on CUDA"),
-            "{args:?}: {e}"
-        );
+            "--f16-weights keeps f16 copies for --mode fast on CUDA",
+        ),
+        (
+            "--fp8-weights",
+            "--fp8-weights keeps e4m3 copies for --mode fast on CUDA",
+        ),
+    ] {
+        for extra in [&[][..], &["--mode", "fast"][..]] {
+            let mut args = vec!["logits", "-m", &m, "--tokens", &toks, "--out", &out, flag];
+            args.extend_from_slice(extra);
+            let (ok, e) = muser(&args);
+            assert!(!ok && e.contains(says), "{args:?}: {e}");
+        }
     }
 }

@@ -112,16 +112,19 @@ __device__ __forceinline__ void kv_layer(const u64* seqtab, int t, int layer, u8
     *ring = (int)e[2];
 }
 
-// The exponent S with m 2^S < 2^14, clamped to +-lim (m >= 0 a largest value, as f32 bits; 0 for
+// The exponent S with m 2^S < 2^top, clamped to +-lim (m >= 0 a largest value, as f32 bits; 0 for
 // 0, NaN or Inf: those propagate as a float product would): the power-of-two scales that put
-// values into f16 (dequant.cu's f16 products, attention.cu's tensor-core attention).
-__device__ __forceinline__ int f16_shift(u32 maxbits, int lim) {
+// values into a narrow float format.
+__device__ __forceinline__ int pow2_shift(u32 maxbits, int top, int lim) {
     const float m = __uint_as_float(maxbits);
     if (!(m <= 3.0e38f) || m == 0.0f) return 0;
     int E;
     frexpf(m, &E);  // m = f 2^E, f in [0.5, 1): m < 2^E
-    return min(max(14 - E, -lim), lim);
+    return min(max(top - E, -lim), lim);
 }
+
+// Into f16, below 2^14 (dequant.cu's f16 products, attention.cu's tensor-core attention).
+__device__ __forceinline__ int f16_shift(u32 maxbits, int lim) { return pow2_shift(maxbits, 14, lim); }
 
 // A matrix's scale 2^A (from its largest |w|, w16_max) and a token's 2^B_t and 2^-B_t (from
 // its largest |x|, x16_rowmax): the powers of two that put f16 products' operands in range

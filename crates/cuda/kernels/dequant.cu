@@ -247,3 +247,111 @@ extern "C" __global__ void y16_unscale(float* y, int rows, int width, const u32*
     }
 }
 
+
+// ==== Products of many tokens on the FP8 tensor cores (cuBLASLt), `--fp8-weights` ====
+//
+// `--mode fast --fp8-weights` keeps each matrix in e4m3 (1 byte per weight) and multiplies it by
+// e4m3 activations, f32 accumulation, on Hopper's FP8 tensor cores (cuBLASLt: twice the f16
+// rate, half the f16 copy's bytes). A weight w (dequantized exactly, dq8) and an activation x go
+// in after a power-of-two scale each: v = w 2^S_r from its row's largest |w| (`w8_rowscale`)
+// and u = x 2^S_t from its token's largest |x| (x16_rowmax), both so that the largest value
+// lies in [2^7, 2^8): below e4m3's largest finite value (448), so nothing saturates, and
+// everything within 2^-13 of the largest value is a normal e4m3 (smallest normal 2^-6). e4m3
+// keeps 3 bits after the leading one: each operand is rounded to nearest (ties to even) to
+// within 2^-4 of itself (normals; subnormals to within 2^-10 absolute before the scale is
+// undone). The products sum in f32 on the tensor cores; 2^-S_r and 2^-S_t (`down`, one vector
+// each) are applied by cuBLASLt's outer-vector scales, or after it (`y_scale_outer`). Powers of
+// two: they change no bits. An activation or weight of +-Inf goes in as NaN (e4m3 has no
+// infinity; the conversion would saturate it to 448), so that it still shows in the output.
+
+// e4m3 (ties to even, saturating to +-448 what is finite) of v0..v3, v0 in the lowest byte.
+__device__ __forceinline__ u32 e4m3x4(float v0, float v1, float v2, float v3) {
+#if __CUDA_ARCH__ >= 890
+    const float nan = __int_as_float(0x7fc00000);
+    v0 = isinf(v0) ? nan : v0;
+    v1 = isinf(v1) ? nan : v1;
+    v2 = isinf(v2) ? nan : v2;
+    v3 = isinf(v3) ? nan : v3;
+    unsigned short lo, hi;
+    // cvt ...e4m3x2.f32 d, a, b: a into the upper byte of d, b into the lower.
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(v1), "f"(v0));
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(v3), "f"(v2));
+    return (u32)lo | ((u32)hi << 16);
+#else
+    __trap();  // the host refuses --fp8-weights below compute capability 8.9
+    return 0;
+#endif
+}
+
+// Eight values times `up` into 8 bytes of e4m3 at p.
+__device__ __forceinline__ void put8(const float (&v)[8], float up, u8* p) {
+    *(uint2*)p = make_uint2(e4m3x4(v[0] * up, v[1] * up, v[2] * up, v[3] * up),
+                            e4m3x4(v[4] * up, v[5] * up, v[6] * up, v[7] * up));
+}
+
+// Each row's factor down[r] = 2^-S_r from its largest |w| (S_r: pow2_shift(max, 8, 60)). Blocks
+// stride over rows, threads over runs of 8 columns (cols a multiple of 8).
+extern "C" __global__ void __launch_bounds__(256) w8_rowscale(const u8* w, int fmt, long long nbt, int cols, int rows,
+                                                              float* down) {
+    __shared__ u32 wm[8];
+    const long long bpr = cols / fmt_block(fmt);
+    for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+        u32 m = 0;
+        for (int c0 = 8 * threadIdx.x; c0 < cols; c0 += 8 * blockDim.x) {
+            float v[8];
+            dq8(w, fmt, nbt, bpr, r, c0, v);
+#pragma unroll
+            for (int k = 0; k < 8; k++) m = max(m, __float_as_uint(v[k]) & 0x7fffffffu);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if ((threadIdx.x & 31) == 0) wm[threadIdx.x >> 5] = m;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < (int)(blockDim.x >> 5); i++) m = max(m, wm[i]);
+            down[r] = ldexpf(1.0f, -pow2_shift(m, 8, 60));
+        }
+        __syncthreads();
+    }
+}
+
+// Rows row0 .. row0 + nrows - 1 of W, row r times 1 / down[row0 + r] (= 2^S_r, exact), into e4m3
+// at out[r ld + c]; grid as w16_rows.
+extern "C" __global__ void w8_rows(const u8* w, int fmt, long long nbt, int cols, long long row0, int nrows,
+                                   const float* down, u8* out, long long ld) {
+    const int c0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (c0 >= cols) return;
+    const long long bpr = cols / fmt_block(fmt);
+    for (int r = blockIdx.y; r < nrows; r += gridDim.y) {
+        float v[8];
+        dq8(w, fmt, nbt, bpr, row0 + r, c0, v);
+        put8(v, 1.0f / down[row0 + r], out + (long long)r * ld + c0);
+    }
+}
+
+// The micro-batch's activations (rows x cols f32, cols a multiple of 8) into e4m3 at out[t ld +
+// c], token t times 2^S_t (S_t: pow2_shift(xmax[t], 8, 120); xmax from x16_rowmax); down[t] =
+// 2^-S_t.
+extern "C" __global__ void x8_quant(const float* __restrict__ x, int rows, int cols, const u32* xmax, u8* out,
+                                    long long ld, float* down) {
+    const int c0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (c0 >= cols) return;
+    for (int t = blockIdx.y; t < rows; t += gridDim.y) {
+        const int S = pow2_shift(xmax[t], 8, 120);
+        if (c0 == 0) down[t] = ldexpf(1.0f, -S);
+        const float4 a = *(const float4*)(x + (long long)t * cols + c0);
+        const float4 b = *(const float4*)(x + (long long)t * cols + c0 + 4);
+        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        put8(v, ldexpf(1.0f, S), out + (long long)t * ld + c0);
+    }
+}
+
+// y[t][r] = (y[t][r] a[r]) s[t] (rows tokens of width floats): the scales a product on the FP8
+// tensor cores leaves out when cuBLASLt cannot apply them (one multiply each: powers of two).
+extern "C" __global__ void y_scale_outer(float* y, int rows, int width, const float* a, const float* s) {
+    for (int t = blockIdx.y; t < rows; t += gridDim.y) {
+        const float k = s[t];
+        float* yr = y + (long long)t * width;
+        for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < width; r += gridDim.x * blockDim.x) yr[r] = (yr[r] * a[r]) * k;
+    }
+}

@@ -6,6 +6,7 @@
 //! products, f64 norms and elementwise functions; the matrix products sum in another order
 //! than the CPU (a few f32 ulp apart).
 
+mod fp8;
 pub mod graph;
 pub mod kernels;
 pub mod matrix;
@@ -78,6 +79,10 @@ pub struct CudaMatrix {
     /// `--f16-weights`: the matrix in f16 (`gemm16`'s hi, its scale 2^A), made at its first
     /// product in `--mode fast` on the f16 tensor cores and kept.
     w16: std::sync::OnceLock<CudaSlice<u16>>,
+    /// `--fp8-weights`: the matrix in e4m3, each row times its power of two 2^S_r, and the
+    /// rows' 2^-S_r (kernels/dequant.cu `w8_rowscale`, `w8_rows`), made at its first product
+    /// in `--mode fast` on the FP8 tensor cores and kept.
+    w8: std::sync::OnceLock<(CudaSlice<u8>, CudaSlice<f32>)>,
 }
 
 /// Activations on the device: `rows` of `cols` f32, room for `cap` rows, and the sums of 8
@@ -171,6 +176,9 @@ struct Scratch {
     x16max: CudaSlice<u32>,
     /// `qmma`'s run sums of the f16 activations (kernels/qmma.cu x16_runsums).
     xrun: CudaSlice<u32>,
+    /// `--fp8-weights`: the activations in e4m3 and each token's 2^-S_t (fp8.rs x8_quant).
+    x8: CudaSlice<u8>,
+    x8down: CudaSlice<f32>,
     inv_freq: HashMap<(u32, usize), CudaSlice<f64>>,
 }
 
@@ -428,6 +436,22 @@ pub struct CudaBackend {
     /// multiplies keeps an f16 copy (2 bytes per weight, made once), so that its products of
     /// many tokens read f16 weights instead of dequantizing every time.
     f16_weights: std::sync::atomic::AtomicBool,
+    /// `--fp8-weights` (`MUSER_FP8_WEIGHTS=1`, fp8.rs): in `--mode fast`, products of more than
+    /// `gemm8_min` tokens (`MUSER_GEMM8_MIN`, default 32) on the FP8 tensor cores, each matrix
+    /// keeping an e4m3 copy (1 byte per weight). At 32 tokens the two-plane integer kernels
+    /// were faster (H200, 2026-11-30: batched decode of 32 sequences 1,412.7 tokens/s aggregate
+    /// on them, 1,349.4 on FP8 products; 64 sequences 2,412.6 on FP8).
+    fp8_weights: std::sync::atomic::AtomicBool,
+    gemm8_min: std::sync::atomic::AtomicUsize,
+    /// The FP8 products' scales applied by cuBLASLt where it can (off with `MUSER_FP8_OUTER=0`:
+    /// by `y_scale_outer` after it). The same values either way.
+    fp8_outer: std::sync::atomic::AtomicBool,
+    /// cuBLASLt's handle, workspace and chosen algorithms (made by set_fp8_weights).
+    lt: Mutex<Option<fp8::Lt>>,
+    /// Products run on the FP8 tensor cores so far (`fp8_products`).
+    fp8_count: std::sync::atomic::AtomicU64,
+    /// The device's compute capability.
+    cc: (i32, i32),
     /// Prompt chunks' attention on the tensor cores (`attn_tc`, on unless `MUSER_ATTN_TC=0`).
     attn_tc: std::sync::atomic::AtomicBool,
     /// The most dynamic shared memory one block may opt into (bytes).
@@ -484,7 +508,7 @@ impl CudaBackend {
             )
             .map_err(dev("shared memory per block"))?
             .max(0) as u32;
-        Ok(CudaBackend {
+        let b = CudaBackend {
             ctx,
             stream,
             funcs: std::sync::RwLock::new(funcs),
@@ -518,6 +542,17 @@ impl CudaBackend {
             gemm16: std::sync::atomic::AtomicBool::new(!env_is("MUSER_GEMM16", "0")),
             attn_tc: std::sync::atomic::AtomicBool::new(!env_is("MUSER_ATTN_TC", "0")),
             f16_weights: std::sync::atomic::AtomicBool::new(env_is("MUSER_F16_WEIGHTS", "1")),
+            fp8_weights: std::sync::atomic::AtomicBool::new(false),
+            gemm8_min: std::sync::atomic::AtomicUsize::new(
+                std::env::var("MUSER_GEMM8_MIN")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(32),
+            ),
+            fp8_outer: std::sync::atomic::AtomicBool::new(!env_is("MUSER_FP8_OUTER", "0")),
+            lt: Mutex::new(None),
+            fp8_count: std::sync::atomic::AtomicU64::new(0),
+            cc,
             gemm16_min_kept: std::sync::atomic::AtomicUsize::new(
                 std::env::var("MUSER_GEMM16_MIN_KEPT")
                     .ok()
@@ -567,7 +602,11 @@ impl CudaBackend {
                     .filter(|n| (1..=4).contains(n))
                     .unwrap_or(4),
             ),
-        })
+        };
+        if env_is("MUSER_FP8_WEIGHTS", "1") {
+            b.set_fp8_weights(true)?;
+        }
+        Ok(b)
     }
 
     /// Record steps in CUDA's relaxed capture mode instead of the thread-local one: for the
@@ -980,6 +1019,8 @@ impl CudaBackend {
                 x16: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 x16max: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 xrun: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                x8: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                x8down: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 inv_freq: HashMap::new(),
             });
         }
@@ -2119,7 +2160,9 @@ impl CudaBackend {
         // With kept f16 weights a product reads 2 bytes per weight and dequantizes nothing:
         // it overtakes the two-plane integer kernels between 32 tokens (1,273 against 1,409
         // tokens/s aggregate at 32 sequences) and 64 (2,113 against 1,654; H200, 2026-11-30).
-        let min = if fast && self.f16_weights.load(Relaxed) {
+        let min = if fast && self.fp8_weights.load(Relaxed) {
+            self.gemm8_min.load(Relaxed)
+        } else if fast && self.f16_weights.load(Relaxed) {
             self.gemm16_min_kept.load(Relaxed)
         } else {
             self.gemm16_min.load(Relaxed)
@@ -2336,6 +2379,18 @@ impl CudaBackend {
             // (grown to n above).
             unsafe { b.launch(cfg) }.map_err(dev("x16_rowmax"))?;
         }
+        // `--fp8-weights` (fast form only): which products go to the FP8 tensor cores (their
+        // e4m3 copies made now where missing), and the activations in e4m3 once for them.
+        let mut use8 = Vec::with_capacity(products.len());
+        for (w, _) in products.iter() {
+            use8.push(!split && self.w8_ready(w)?);
+        }
+        if use8.iter().any(|&u| u) {
+            self.grow(&mut s.x8, n * cols)?;
+            self.grow(&mut s.x8down, n)?;
+            self.x8_quant(x, &s.x16max, &mut s.x8, &mut s.x8down)?;
+        }
+        let any16 = use8.iter().any(|&u| !u);
         let (xp, _gx) = s.x16.device_ptr_mut(st);
         // Activation rows: [hi] (fast) or [lo | hi] (split), ld halfs each.
         let (x_hi, x_lo) = if split {
@@ -2343,7 +2398,7 @@ impl CudaBackend {
         } else {
             (xp, 0u64)
         };
-        {
+        if any16 {
             let f = self.f("x16_split")?;
             let (rows_i, cols_i, ld_i) = (n as i32, cols as i32, ld as i64);
             let mut b = st.launch_builder(&f);
@@ -2369,8 +2424,12 @@ impl CudaBackend {
             unsafe { b.launch(cfg) }.map_err(dev("x16_split"))?;
         }
         // One conversion of x serves every product of the call (a pair's two matrices).
-        for (w, out) in products.iter_mut() {
+        for ((w, out), fp8) in products.iter_mut().zip(use8) {
             let w: &CudaMatrix = w;
+            if fp8 {
+                self.gemm8(w, &s.x8, &s.x8down, out)?;
+                continue;
+            }
             if !split && self.qmma_for(w, n) {
                 self.qmma(w, x_hi, ld, n, out, &s.x16max, &mut s.mpart, &mut s.xrun)?;
                 continue;
@@ -2976,8 +3035,16 @@ impl Backend for CudaBackend {
 
     fn name(&self) -> String {
         if self.fast_mode.load(std::sync::atomic::Ordering::Relaxed) {
+            let fp8 = if self.fp8_weights.load(std::sync::atomic::Ordering::Relaxed) {
+                format!(
+                    ", FP8 (e4m3) products of more than {} tokens",
+                    self.gemm8_min.load(std::sync::atomic::Ordering::Relaxed)
+                )
+            } else {
+                String::new()
+            };
             format!(
-                "cuda ({}, fast: f16 prompt products, two-plane int8 batch products, TF32 for other formats)",
+                "cuda ({}, fast: f16 prompt products, two-plane int8 batch products, TF32 for other formats{fp8})",
                 self.device_name
             )
         } else {
@@ -3028,6 +3095,7 @@ impl Backend for CudaBackend {
             wmax: self.stream.alloc_zeros(1).map_err(dev("alloc"))?,
             alpha16: self.stream.alloc_zeros(4).map_err(dev("alloc"))?,
             w16: std::sync::OnceLock::new(),
+            w8: std::sync::OnceLock::new(),
         };
         {
             let f = self.f("w16_max")?;
@@ -3875,7 +3943,11 @@ impl Backend for CudaBackend {
                 check(up, gate.rows, gate.cols, "swiglu")?;
                 check(out, gate.rows, gate.cols, "swiglu")?;
                 let n = (gate.rows * gate.cols) as i64;
-                let func = self.f("swiglu")?;
+                // `--mode fast`, several tokens: in f32 (kernels/elementwise.cu swiglu_fast).
+                // One token keeps f64, the fused FFN kernel's arithmetic.
+                let fast =
+                    gate.rows > 1 && self.fast_mode.load(std::sync::atomic::Ordering::Relaxed);
+                let func = self.f(if fast { "swiglu_fast" } else { "swiglu" })?;
                 let mut b = self.stream.launch_builder(&func);
                 b.arg(&gate.data).arg(&up.data).arg(&mut out.data).arg(&n);
                 // SAFETY: elementwise over n floats.

@@ -2114,3 +2114,215 @@ fn cuda_parity_products_match_the_cpu_model() {
         report.join("\n")
     );
 }
+
+/// e4m3 of v (finite, |v| < 448: the scales keep it below 2^8): the nearest value with 3 bits
+/// after the leading one (ties to even), spacing 2^-9 below the smallest normal 2^-6.
+fn e4m3(v: f64) -> f64 {
+    if v == 0.0 {
+        return 0.0;
+    }
+    let a = v.abs();
+    let e = (((a.to_bits() >> 52) & 0x7ff) as i32 - 1023).max(-6);
+    let q = 2f64.powi(e - 3);
+    ((a / q).round_ties_even() * q).copysign(v)
+}
+
+/// The power-of-two exponent S that puts a largest value m into [2^7, 2^8) (kernels/common.cuh
+/// pow2_shift(m, 8, lim)): 0 for 0.
+fn pow2_shift8(m: f64, lim: i32) -> i32 {
+    if m == 0.0 {
+        return 0;
+    }
+    let e = ((m.to_bits() >> 52) & 0x7ff) as i32 - 1023 + 1; // m < 2^e, m >= 2^(e-1)
+    (8 - e).clamp(-lim, lim)
+}
+
+/// `--fp8-weights` (fp8.rs, kernels/dequant.cu "Products of many tokens on the FP8 tensor
+/// cores"): every checked output against the same product of the e4m3 operands the kernels
+/// must make (each weight row and token scaled by its power of two, rounded to nearest even
+/// e4m3, summed in f64), within 2^-9 of their sum of |w8||x8|: the tensor cores' f32 sums may
+/// add at most 1/32 of the 2^-4 error e4m3 itself allows. And against the exact weights and
+/// activations within e4m3's own bound (each operand to 2^-4 of itself, subnormals to 2^-10
+/// absolute, before the scales are undone) plus that 2^-9. Both ways of applying the scales
+/// (cuBLASLt's outer vectors, y_scale_outer), four formats, 9 to 200 tokens of activations whose
+/// tokens differ in magnitude by up to 2^6; the same bits on relaunch.
+#[test]
+fn fp8_products_match_their_e4m3_operands() {
+    let Some(_) = gpu() else { return };
+    let g = CudaBackend::new(0).unwrap();
+    g.set_fast_mode(true).unwrap();
+    if let Err(e) = g.set_fp8_weights(true) {
+        println!("SKIPPED (no FP8 here): {e}");
+        return;
+    }
+    g.set_gemm8_min_tokens(8);
+    let dir = std::env::temp_dir().join(format!("muser-fp8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rows_out = Vec::new();
+    let mut failures = Vec::new();
+    for layout in ["q4_k", "q6_k", "q8_0", "f16"] {
+        let file = one_layer_file(&dir, layout, 2048, 17);
+        let cpu = CpuBackend::new(NumericMode::Accurate, 0).unwrap();
+        for mat in [
+            &file.tensors.layers[0].ffn_down,
+            &file.tensors.layers[0].ffn_up,
+        ] {
+            let (rows, cols) = (mat.rows, mat.cols);
+            let wg = g.matrix(&file.gguf, mat).unwrap();
+            let wc = cpu.matrix(&file.gguf, mat).unwrap();
+            let ids: Vec<u32> = (0..rows as u32).collect();
+            let mut wh = cpu.act(rows, cols).unwrap();
+            cpu.get_rows(&wc, &ids, &mut wh).unwrap();
+            // Each row's e4m3 weights and factor 2^-S_r.
+            let check_rows: Vec<usize> = (0..rows).step_by(13).collect();
+            let w8: Vec<(Vec<f64>, f64, Vec<f64>)> = check_rows
+                .iter()
+                .map(|&r| {
+                    let wr = &wh.data[r * cols..(r + 1) * cols];
+                    let m = wr.iter().fold(0f64, |m, v| m.max((*v as f64).abs()));
+                    let s = pow2_shift8(m, 60);
+                    let up = 2f64.powi(s);
+                    let q: Vec<f64> = wr.iter().map(|v| e4m3(*v as f64 * up)).collect();
+                    let exact: Vec<f64> = wr.iter().map(|v| *v as f64 * up).collect();
+                    (q, 2f64.powi(-s), exact)
+                })
+                .collect();
+            for outer in [true, false] {
+                g.set_fp8_outer_scales(outer);
+                let (mut worst8, mut worst_exact, mut rep_ok) = (0f64, 0f64, true);
+                let before = g.fp8_products();
+                for n in [9usize, 64, 200] {
+                    let x: Vec<f32> = (0..n * cols)
+                        .map(|i| {
+                            let t = i / cols;
+                            ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 2f32.powi((t % 7) as i32 - 3)
+                                + 1e-3
+                        })
+                        .collect();
+                    let mut xg = g.act(n, cols).unwrap();
+                    g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
+                    let mut yg = g.act(n, rows).unwrap();
+                    g.matmul(&wg, &xg, &mut yg).unwrap();
+                    let got = g.read(&yg).unwrap();
+                    g.matmul(&wg, &xg, &mut yg).unwrap();
+                    rep_ok &= g
+                        .read(&yg)
+                        .unwrap()
+                        .iter()
+                        .zip(&got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    if !got.iter().all(|v| v.is_finite()) {
+                        failures.push(format!("{layout} {rows}x{cols} n={n}: not finite"));
+                        continue;
+                    }
+                    for t in 0..n {
+                        let xt = &x[t * cols..(t + 1) * cols];
+                        let m = xt.iter().fold(0f64, |m, v| m.max((*v as f64).abs()));
+                        let s = pow2_shift8(m, 120);
+                        let up = 2f64.powi(s);
+                        let xd = 2f64.powi(-s);
+                        let xq: Vec<f64> = xt.iter().map(|v| e4m3(*v as f64 * up)).collect();
+                        for (i, &r) in check_rows.iter().enumerate() {
+                            let (wq, wd, we) = &w8[i];
+                            let (mut want8, mut mag8, mut exact, mut room) =
+                                (0f64, 0f64, 0f64, 0f64);
+                            for c in 0..cols {
+                                let xe = xt[c] as f64 * up;
+                                want8 += wq[c] * xq[c];
+                                mag8 += (wq[c] * xq[c]).abs();
+                                exact += we[c] * xe;
+                                let ew = (we[c].abs() / 16.0).max(2f64.powi(-10));
+                                let ex = (xe.abs() / 16.0).max(2f64.powi(-10));
+                                room += ew * xe.abs() + ex * we[c].abs() + ew * ex;
+                            }
+                            let k = wd * xd;
+                            let y = got[t * rows + r] as f64;
+                            let acc = 2f64.powi(-9) * mag8 * k;
+                            worst8 = worst8.max((y - want8 * k).abs() / acc.max(1e-300));
+                            worst_exact = worst_exact
+                                .max((y - exact * k).abs() / (room * k + acc).max(1e-300));
+                        }
+                    }
+                }
+                let used = g.fp8_products() - before;
+                let by = match g.fp8_outer_scales_used() {
+                    Some(true) => "cuBLASLt's outer vectors",
+                    Some(false) => "y_scale_outer",
+                    None => "none",
+                };
+                let what = format!(
+                    "{layout} {rows}x{cols}, scales asked of cuBLASLt: {outer}, applied by {by}: vs the e4m3 operands {worst8:.3} of the 2^-9 bound, vs the exact ones {worst_exact:.3} of e4m3's bound, relaunch {}, {used} FP8 products",
+                    if rep_ok {
+                        "same bits"
+                    } else {
+                        "DIFFERENT BITS"
+                    },
+                );
+                if !(worst8 <= 1.0 && worst_exact <= 1.0 && rep_ok && used == 6) {
+                    failures.push(what.clone());
+                }
+                rows_out.push(what);
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    report("FP8 products", &rows_out, &failures);
+}
+
+/// `--fp8-weights` on every fixture's prompt (its products of more than 8 tokens on the FP8
+/// tensor cores: the threshold lowered from 32 so that every fixture's prompt takes them) against the CPU's accurate mode, held to the fast mode's rule with e4m3's
+/// error in place of f16's: the family's sensitivity (max |Δ log-softmax| per unit of relative
+/// perturbation, tests/fixtures/MANIFEST.md) times 2^-3, the relative error bound of one term of
+/// an FP8 product (2^-4 per operand). The fast mode's f16 products (sensitivity x 2^-10) are
+/// printed beside it for scale. Every fixture must take the FP8 path.
+#[test]
+fn fp8_weights_prompts_stay_within_their_bound() {
+    let Some(_) = gpu() else { return };
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for name in names() {
+        let file =
+            ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).expect("open");
+        let cpu =
+            MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
+        let toks = tokens(&name);
+        let want = Session::new(&cpu, KvType::F32, 256)
+            .unwrap()
+            .feed(&toks, 512, Logits::All)
+            .unwrap();
+        let mut d = [0f64; 2];
+        let mut used = 0;
+        for (i, fp8) in [false, true].into_iter().enumerate() {
+            let g = CudaBackend::new(0).unwrap();
+            g.set_fast_mode(true).unwrap();
+            if fp8 {
+                if let Err(e) = g.set_fp8_weights(true) {
+                    println!("SKIPPED (no FP8 here): {e}");
+                    return;
+                }
+                g.set_gemm8_min_tokens(8);
+            }
+            let gpu = MuseGlimmer::load(&file, g).unwrap();
+            let got = Session::new(&gpu, KvType::F32, 256)
+                .unwrap()
+                .feed(&toks, 512, Logits::All)
+                .unwrap();
+            d[i] = max_dls(&got, &want, cpu.config.n_vocab);
+            if fp8 {
+                used = gpu.backend.fp8_products();
+            }
+        }
+        let bound = sensitivity(&name) * 2f64.powi(-3);
+        rows.push(format!(
+            "{name:<14} FP8 vs CPU accurate: {:.2e} (bound {bound:.2e}; f16 fast {:.2e}), {used} FP8 products",
+            d[1], d[0]
+        ));
+        if !(d[1] <= bound && used > 0) {
+            failures.push(format!(
+                "{name}: {:.2e} > {bound:.2e} or {used} FP8 products",
+                d[1]
+            ));
+        }
+    }
+    report("", &rows, &failures);
+}

@@ -1,0 +1,463 @@
+//! `--fp8-weights`: in `--mode fast`, products of many tokens on Hopper's FP8 tensor cores
+//! through cuBLASLt (kernels/dequant.cu, "Products of many tokens on the FP8 tensor cores"). Each
+//! matrix keeps an e4m3 copy (1 byte per weight, one power-of-two scale per row), made at its
+//! first such product; the activations go to e4m3 per token the same way; cuBLASLt sums in f32
+//! and applies both scale vectors (or `y_scale_outer` does, where cuBLASLt cannot).
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+
+use cudarc::cublaslt::{result as lt, sys as lts};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use muser_engine::{Error, Result};
+
+use crate::{CudaAct, CudaBackend, CudaMatrix, F16_WEIGHTS_RESERVE_MIN, dev};
+
+/// cuBLASLt's workspace (its recommendation for Hopper: 32 MiB).
+const LT_WORKSPACE: usize = 32 << 20;
+
+/// The cuBLASLt state of one backend: its handle, its workspace (allocated with the handle, so
+/// that a product recorded into a graph never allocates) and the algorithm chosen per shape.
+pub(crate) struct Lt {
+    handle: lts::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    /// (rows, tokens, cols, scales by cuBLASLt) -> its algorithm.
+    algos: HashMap<(usize, usize, usize, bool), lts::cublasLtMatmulAlgo_t>,
+    /// Whether cuBLASLt applies outer-vector scales here (None: not asked yet).
+    outer: Option<bool>,
+}
+
+// SAFETY: the handle is only used under the backend's `lt` mutex (one thread at a time), and
+// cuBLASLt handles are not tied to the thread that created them.
+unsafe impl Send for Lt {}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by create_handle and is destroyed once, here.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+fn lt_err(what: &'static str) -> impl FnOnce(cudarc::cublaslt::result::CublasError) -> Error {
+    move |e| Error::Backend(format!("cuBLASLt {what}: {e:?}"))
+}
+
+/// Descriptors of one product, destroyed when dropped.
+struct Desc {
+    mm: lts::cublasLtMatmulDesc_t,
+    layouts: [lts::cublasLtMatrixLayout_t; 3],
+    pref: lts::cublasLtMatmulPreference_t,
+}
+
+impl Drop for Desc {
+    fn drop(&mut self) {
+        // SAFETY: each was created once by Desc::new (null where creation stopped) and is
+        // destroyed once, here.
+        unsafe {
+            if !self.pref.is_null() {
+                let _ = lt::destroy_matmul_pref(self.pref);
+            }
+            for l in self.layouts {
+                if !l.is_null() {
+                    let _ = lt::destroy_matrix_layout(l);
+                }
+            }
+            if !self.mm.is_null() {
+                let _ = lt::destroy_matmul_desc(self.mm);
+            }
+        }
+    }
+}
+
+impl Desc {
+    /// D (m x n f32, leading dimension ldc) = op(A) B, A stored as m rows of k e4m3 (k x m
+    /// column-major, transposed), B as n columns of k e4m3; with `scales`, A's row factors at
+    /// `a_scale` (m floats) and B's column factors at `b_scale` (n floats) applied by cuBLASLt.
+    fn new(m: usize, n: usize, k: usize, ldc: usize, scales: Option<(u64, u64)>) -> Result<Desc> {
+        use lts::cublasLtMatmulDescAttributes_t as A;
+        use lts::cudaDataType::{CUDA_R_8F_E4M3, CUDA_R_32F};
+        let mut d = Desc {
+            mm: std::ptr::null_mut(),
+            layouts: [std::ptr::null_mut(); 3],
+            pref: std::ptr::null_mut(),
+        };
+        d.mm = lt::create_matmul_desc(lts::cublasComputeType_t::CUBLAS_COMPUTE_32F, CUDA_R_32F)
+            .map_err(lt_err("descriptor"))?;
+        let set = |attr: A, v: &[u8]| {
+            // SAFETY: d.mm is live; v holds the attribute's value (an i32 or a pointer).
+            unsafe {
+                lt::set_matmul_desc_attribute(d.mm, attr, v.as_ptr() as *const c_void, v.len())
+            }
+            .map_err(lt_err("attribute"))
+        };
+        // 1: transposed (CUBLAS_OP_T), 0: as stored.
+        set(A::CUBLASLT_MATMUL_DESC_TRANSA, &1i32.to_ne_bytes())?;
+        set(A::CUBLASLT_MATMUL_DESC_TRANSB, &0i32.to_ne_bytes())?;
+        if let Some((a_scale, b_scale)) = scales {
+            let outer =
+                (lts::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F
+                    as i32)
+                    .to_ne_bytes();
+            set(A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
+            set(A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
+            set(
+                A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                &a_scale.to_ne_bytes(),
+            )?;
+            set(
+                A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                &b_scale.to_ne_bytes(),
+            )?;
+        }
+        let to_i64 = |v: usize| v as i64;
+        d.layouts[0] = lt::create_matrix_layout(CUDA_R_8F_E4M3, k as u64, m as u64, to_i64(k))
+            .map_err(lt_err("layout"))?;
+        d.layouts[1] = lt::create_matrix_layout(CUDA_R_8F_E4M3, k as u64, n as u64, to_i64(k))
+            .map_err(lt_err("layout"))?;
+        d.layouts[2] = lt::create_matrix_layout(CUDA_R_32F, m as u64, n as u64, to_i64(ldc))
+            .map_err(lt_err("layout"))?;
+        d.pref = lt::create_matmul_pref().map_err(lt_err("preference"))?;
+        let ws = LT_WORKSPACE.to_ne_bytes();
+        // SAFETY: d.pref is live; ws holds the u64/usize value of the attribute.
+        unsafe {
+            lt::set_matmul_pref_attribute(
+                d.pref,
+                lts::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                ws.as_ptr() as *const c_void,
+                ws.len(),
+            )
+        }
+        .map_err(lt_err("preference"))?;
+        Ok(d)
+    }
+
+    /// cuBLASLt's first choice of algorithm for these descriptors, if it has one.
+    fn algo(&self, handle: lts::cublasLtHandle_t) -> Option<lts::cublasLtMatmulAlgo_t> {
+        // SAFETY: every descriptor is live and describes the product it was made for.
+        unsafe {
+            lt::get_matmul_algo_heuristic(
+                handle,
+                self.mm,
+                self.layouts[0],
+                self.layouts[1],
+                self.layouts[2],
+                self.layouts[2],
+                self.pref,
+            )
+        }
+        .ok()
+        .map(|h| h.algo)
+    }
+}
+
+impl CudaBackend {
+    /// `--fp8-weights`: in `--mode fast`, products of more than `gemm8_min` tokens on the FP8
+    /// tensor cores, each matrix keeping an e4m3 copy (1 byte per weight, made at its first such
+    /// product). Needs compute capability 8.9 or newer and cuBLASLt.
+    pub fn set_fp8_weights(&self, on: bool) -> Result<()> {
+        if on {
+            if self.cc < (8, 9) {
+                return Err(Error::Backend(format!(
+                    "--fp8-weights needs FP8 tensor cores (compute capability 8.9 or newer); this device is {}.{}",
+                    self.cc.0, self.cc.1
+                )));
+            }
+            // SAFETY: only tries to dlopen the library by name.
+            if !unsafe { lts::is_culib_present() } {
+                return Err(Error::Backend(
+                    "--fp8-weights needs cuBLASLt (libcublasLt.so), which cannot be loaded".into(),
+                ));
+            }
+            let mut g = self
+                .lt
+                .lock()
+                .map_err(|_| Error::Backend("cuBLASLt state poisoned".into()))?;
+            if g.is_none() {
+                let handle = lt::create_handle().map_err(lt_err("handle"))?;
+                let workspace = match self.stream.alloc_zeros::<u8>(LT_WORKSPACE) {
+                    Ok(w) => w,
+                    Err(e) => {
+                        // SAFETY: created just above, destroyed once.
+                        let _ = unsafe { lt::destroy_handle(handle) };
+                        return Err(dev("alloc")(e));
+                    }
+                };
+                *g = Some(Lt {
+                    handle,
+                    workspace,
+                    algos: HashMap::new(),
+                    outer: None,
+                });
+            }
+        }
+        self.fp8_weights.store(on, Relaxed);
+        self.bump_epoch();
+        Ok(())
+    }
+
+    /// Whether cuBLASLt may apply the FP8 products' scales itself (`MUSER_FP8_OUTER=0`, or
+    /// false here: `y_scale_outer` after it). The same values either way (powers of two).
+    pub fn set_fp8_outer_scales(&self, on: bool) {
+        self.fp8_outer.store(on, Relaxed);
+        if let Ok(mut g) = self.lt.lock()
+            && let Some(l) = g.as_mut()
+        {
+            l.outer = None;
+        }
+        self.bump_epoch();
+    }
+
+    /// The token count above which `--fp8-weights` takes a product (default 32).
+    pub fn set_gemm8_min_tokens(&self, n: usize) {
+        self.gemm8_min.store(n, Relaxed);
+        self.bump_epoch();
+    }
+
+    /// Whether `w`'s products go to the FP8 tensor cores now: `--fp8-weights` is on, the shape
+    /// suits cuBLASLt's FP8 kernels (rows of a multiple of 16 bytes, f32 outputs in 16-byte
+    /// rows), and the e4m3 copy exists or is made here. Copies are made outside graph captures
+    /// and stop where they would leave less than a tenth of the device, at least
+    /// F16_WEIGHTS_RESERVE_MIN, free; past that, products go the f16 way.
+    pub(crate) fn w8_ready(&self, w: &CudaMatrix) -> Result<bool> {
+        if !self.fp8_weights.load(Relaxed)
+            || !w.cols.is_multiple_of(16)
+            || !w.rows.is_multiple_of(4)
+        {
+            return Ok(false);
+        }
+        if w.w8.get().is_some() {
+            return Ok(true);
+        }
+        if self.capturing.load(SeqCst)
+            || !self.ctx.mem_get_info().is_ok_and(|(free, total)| {
+                let reserve = (total / 10).max(F16_WEIGHTS_RESERVE_MIN);
+                free.saturating_sub(w.rows * w.cols + 4 * w.rows) >= reserve
+            })
+        {
+            return Ok(false);
+        }
+        let st = &self.stream;
+        let (Ok(mut q), Ok(mut down)) = (
+            st.alloc_zeros::<u8>(w.rows * w.cols),
+            st.alloc_zeros::<f32>(w.rows),
+        ) else {
+            return Ok(false);
+        };
+        let (cols_i, rows_i) = (w.cols as i32, w.rows as i32);
+        {
+            let f = self.f("w8_rowscale")?;
+            let mut b = st.launch_builder(&f);
+            b.arg(&w.data)
+                .arg(&w.fmt)
+                .arg(&w.nbt)
+                .arg(&cols_i)
+                .arg(&rows_i)
+                .arg(&mut down);
+            let cfg = LaunchConfig {
+                grid_dim: ((w.rows as u32).clamp(1, 65_535), 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads the matrix's rows x cols elements (cols a multiple of 16), writes
+            // its rows floats of `down` (allocated above).
+            unsafe { b.launch(cfg) }.map_err(dev("w8_rowscale"))?;
+        }
+        {
+            let f = self.f("w8_rows")?;
+            let (row0, ld) = (0i64, w.cols as i64);
+            let mut b = st.launch_builder(&f);
+            b.arg(&w.data)
+                .arg(&w.fmt)
+                .arg(&w.nbt)
+                .arg(&cols_i)
+                .arg(&row0)
+                .arg(&rows_i)
+                .arg(&down)
+                .arg(&mut q)
+                .arg(&ld);
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    (w.cols / 8).div_ceil(128) as u32,
+                    (w.rows as u32).clamp(1, 65_535),
+                    1,
+                ),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads every row of the matrix and its row factors; writes rows x cols
+            // bytes of q (allocated above, ld = cols).
+            unsafe { b.launch(cfg) }.map_err(dev("w8_rows"))?;
+        }
+        let _ = w.w8.set((q, down));
+        Ok(true)
+    }
+
+    /// The micro-batch x (n x cols f32) into e4m3 at `x8` (n rows of cols bytes), each token
+    /// after its power of two from `xmax` (x16_rowmax's), whose inverses go to `down` (n
+    /// floats).
+    pub(crate) fn x8_quant(
+        &self,
+        x: &CudaAct,
+        xmax: &CudaSlice<u32>,
+        x8: &mut CudaSlice<u8>,
+        down: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let f = self.f("x8_quant")?;
+        let (rows_i, cols_i, ld) = (x.rows as i32, x.cols as i32, x.cols as i64);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x.data)
+            .arg(&rows_i)
+            .arg(&cols_i)
+            .arg(xmax)
+            .arg(x8)
+            .arg(&ld)
+            .arg(down);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (x.cols / 8).div_ceil(128) as u32,
+                (x.rows as u32).clamp(1, 65_535),
+                1,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads x's rows x cols floats (cols a multiple of 16: w8_ready) and rows words
+        // of xmax; writes rows x cols bytes of x8 and rows floats of down (the caller grew both).
+        unsafe { b.launch(cfg) }.map_err(dev("x8_quant"))?;
+        Ok(())
+    }
+
+    /// out = W x on the FP8 tensor cores: W's e4m3 copy (w8_ready) times the e4m3 activations
+    /// at `x8` (out.rows tokens of w.cols bytes, x8_quant), f32 sums, times each row's and
+    /// each token's factor (`x_down`, x8_quant's).
+    pub(crate) fn gemm8(
+        &self,
+        w: &CudaMatrix,
+        x8: &CudaSlice<u8>,
+        x_down: &CudaSlice<f32>,
+        out: &mut CudaAct,
+    ) -> Result<()> {
+        let Some((q, w_down)) = w.w8.get() else {
+            return Err(Error::Backend("gemm8: the matrix has no e4m3 copy".into()));
+        };
+        let (m, n, k) = (w.rows, out.rows, w.cols);
+        let mut g = self
+            .lt
+            .lock()
+            .map_err(|_| Error::Backend("cuBLASLt state poisoned".into()))?;
+        let l = g
+            .as_mut()
+            .ok_or_else(|| Error::Backend("gemm8: cuBLASLt not set up".into()))?;
+        let st = &self.stream;
+        let (a, _ga) = q.device_ptr(st);
+        let (b, _gb) = x8.device_ptr(st);
+        let (a_scale, _gas) = w_down.device_ptr(st);
+        let (b_scale, _gbs) = x_down.device_ptr(st);
+        let (ws, _gw) = l.workspace.device_ptr(st);
+        let (c, _gc) = out.data.device_ptr_mut(st);
+        // Outer-vector scales where cuBLASLt has an algorithm for them (asked once per
+        // backend, and again after set_fp8_outer_scales).
+        let want_outer = self.fp8_outer.load(Relaxed) && l.outer != Some(false);
+        let mut desc = None;
+        let mut outer = false;
+        if want_outer {
+            let d = Desc::new(m, n, k, m, Some((a_scale, b_scale)))?;
+            let key = (m, n, k, true);
+            let algo = match l.algos.get(&key) {
+                Some(a) => Some(*a),
+                None => d.algo(l.handle),
+            };
+            match algo {
+                Some(a) => {
+                    l.algos.insert(key, a);
+                    l.outer = Some(true);
+                    outer = true;
+                    desc = Some((d, a));
+                }
+                None => l.outer = Some(false),
+            }
+        }
+        let (d, algo) = match desc {
+            Some(x) => x,
+            None => {
+                let d = Desc::new(m, n, k, m, None)?;
+                let key = (m, n, k, false);
+                let a = match l.algos.get(&key) {
+                    Some(a) => *a,
+                    None => d.algo(l.handle).ok_or_else(|| {
+                        Error::Backend(format!(
+                            "cuBLASLt has no FP8 algorithm for {m}x{k} times {n} tokens"
+                        ))
+                    })?,
+                };
+                l.algos.insert(key, a);
+                (d, a)
+            }
+        };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: the descriptors describe A (q: m x k bytes, the matrix's copy), B (x8: n x k
+        // bytes, grown by the caller), D (out: n x m floats, ldc = m, checked by matmul) and,
+        // when set, the scale vectors (w_down: m floats, x_down: n floats); alpha and beta are
+        // host values read at the call (the default host pointer mode); the workspace is this
+        // handle's (LT_WORKSPACE bytes, the size the preference allows). All stay alive until the
+        // stream has run the product (the matrix, scratch and the backend's own buffers).
+        unsafe {
+            lt::matmul(
+                l.handle,
+                d.mm,
+                &alpha as *const f32 as *const c_void,
+                &beta as *const f32 as *const c_void,
+                a as *const c_void,
+                d.layouts[0],
+                b as *const c_void,
+                d.layouts[1],
+                c as *const c_void,
+                d.layouts[2],
+                c as *mut c_void,
+                d.layouts[2],
+                &algo,
+                ws as *mut c_void,
+                LT_WORKSPACE,
+                st.cu_stream() as lts::cudaStream_t,
+            )
+        }
+        .map_err(lt_err("matmul"))?;
+        drop((_ga, _gb, _gas, _gbs, _gw));
+        if !outer {
+            let f = self.f("y_scale_outer")?;
+            let (rows_i, width_i) = (n as i32, m as i32);
+            let mut b = st.launch_builder(&f);
+            // `c` is out's own pointer (its guard is held): the kernel scales out in place.
+            b.arg(&c).arg(&rows_i).arg(&width_i).arg(w_down).arg(x_down);
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    (m as u32).div_ceil(256).clamp(1, 1024),
+                    (n as u32).clamp(1, 65_535),
+                    1,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: scales out's n x m floats in place, reading m floats of w_down and n of
+            // x_down.
+            unsafe { b.launch(cfg) }.map_err(dev("y_scale_outer"))?;
+        }
+        drop(_gc);
+        self.fp8_count.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// How many products have run on the FP8 tensor cores (tests: that a path was taken).
+    pub fn fp8_products(&self) -> u64 {
+        self.fp8_count.load(Relaxed)
+    }
+
+    /// Whether the last FP8 product's scales were applied by cuBLASLt (None: none ran yet).
+    pub fn fp8_outer_scales_used(&self) -> Option<bool> {
+        self.lt
+            .lock()
+            .ok()
+            .and_then(|g| g.as_ref().and_then(|l| l.outer))
+    }
+}
