@@ -16,6 +16,15 @@ use crate::{CudaAct, CudaBackend, CudaMatrix, F16_WEIGHTS_RESERVE_MIN, dev};
 
 /// cuBLASLt's workspace (its recommendation for Hopper: 32 MiB).
 const LT_WORKSPACE: usize = 32 << 20;
+/// Algorithms timed per product shape when tuning (`pick`).
+const TUNE_CANDIDATES: usize = 8;
+/// Matrices of fewer rows keep the other kernels (`MUSER_FP8_MIN_ROWS`, default 0: every
+/// matrix, as measured). cuBLASLt's FP8 kernels give each block 64 or more rows, so a 256-row
+/// matrix (the 30B's K and V) fills a few of the 132 SMs: on the H200 (2026-11-30) the K and V
+/// pair took 50 us at 64 tokens on FP8, against 18 us at 32 tokens on the two-plane integer
+/// kernels. `MUSER_FP8_MIN_ROWS=1024` keeps such matrices off FP8; its effect on a whole step is
+/// not measured yet.
+pub(crate) const FP8_MIN_ROWS: usize = 0;
 
 /// The cuBLASLt state of one backend: its handle, its workspace (allocated with the handle, so
 /// that a product recorded into a graph never allocates) and the algorithm chosen per shape.
@@ -26,6 +35,8 @@ pub(crate) struct Lt {
     algos: HashMap<(usize, usize, usize, bool), lts::cublasLtMatmulAlgo_t>,
     /// Whether cuBLASLt applies outer-vector scales here (None: not asked yet).
     outer: Option<bool>,
+    /// Whether the last product's scales were applied by cuBLASLt (None: none ran yet).
+    last_outer: Option<bool>,
 }
 
 // SAFETY: the handle is only used under the backend's `lt` mutex (one thread at a time), and
@@ -132,11 +143,18 @@ impl Desc {
         Ok(d)
     }
 
-    /// cuBLASLt's first choice of algorithm for these descriptors, if it has one.
-    fn algo(&self, handle: lts::cublasLtHandle_t) -> Option<lts::cublasLtMatmulAlgo_t> {
-        // SAFETY: every descriptor is live and describes the product it was made for.
-        unsafe {
-            lt::get_matmul_algo_heuristic(
+    /// cuBLASLt's candidate algorithms for these descriptors, its first choice first (at most
+    /// TUNE_CANDIDATES, each within the workspace).
+    fn algos(&self, handle: lts::cublasLtHandle_t) -> Vec<lts::cublasLtMatmulAlgo_t> {
+        // SAFETY: an all-zero heuristic result is a valid value of this plain C struct (zero
+        // algorithm words, size 0, CUBLAS_STATUS_SUCCESS, 0 waves).
+        let zero: lts::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        let mut res = vec![zero; TUNE_CANDIDATES];
+        let mut count = 0i32;
+        // SAFETY: every descriptor is live and describes the product it was made for; `res`
+        // holds TUNE_CANDIDATES results, the count asked for.
+        let st = unsafe {
+            lts::cublasLtMatmulAlgoGetHeuristic(
                 handle,
                 self.mm,
                 self.layouts[0],
@@ -144,11 +162,70 @@ impl Desc {
                 self.layouts[2],
                 self.layouts[2],
                 self.pref,
+                TUNE_CANDIDATES as i32,
+                res.as_mut_ptr(),
+                &mut count,
             )
+        };
+        if st != lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Vec::new();
         }
-        .ok()
-        .map(|h| h.algo)
+        res.iter()
+            .take(count.clamp(0, TUNE_CANDIDATES as i32) as usize)
+            .filter(|r| {
+                r.state == lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                    && r.workspaceSize <= LT_WORKSPACE
+            })
+            .map(|r| r.algo)
+            .collect()
     }
+}
+
+/// The device addresses of one FP8 product: A, B, D (C = D), the workspace.
+#[derive(Clone, Copy)]
+struct Operands {
+    a: u64,
+    b: u64,
+    c: u64,
+    ws: u64,
+}
+
+/// D = op(A) B (times the scales `d` carries) with `algo`, on `stream`.
+///
+/// # Safety
+/// `d` must describe the operands' shapes; their buffers (and the scale vectors `d` points at)
+/// must stay alive until the stream has run the product; `ops.ws` must hold LT_WORKSPACE bytes.
+unsafe fn launch(
+    handle: lts::cublasLtHandle_t,
+    d: &Desc,
+    algo: &lts::cublasLtMatmulAlgo_t,
+    ops: Operands,
+    stream: lts::cudaStream_t,
+) -> Result<()> {
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // SAFETY: as the caller guarantees; alpha and beta are host values read at the call (the
+    // default host pointer mode).
+    unsafe {
+        lt::matmul(
+            handle,
+            d.mm,
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            ops.a as *const c_void,
+            d.layouts[0],
+            ops.b as *const c_void,
+            d.layouts[1],
+            ops.c as *const c_void,
+            d.layouts[2],
+            ops.c as *mut c_void,
+            d.layouts[2],
+            algo,
+            ops.ws as *mut c_void,
+            LT_WORKSPACE,
+            stream,
+        )
+    }
+    .map_err(lt_err("matmul"))
 }
 
 impl CudaBackend {
@@ -188,6 +265,7 @@ impl CudaBackend {
                     workspace,
                     algos: HashMap::new(),
                     outer: None,
+                    last_outer: None,
                 });
             }
         }
@@ -223,6 +301,7 @@ impl CudaBackend {
         if !self.fp8_weights.load(Relaxed)
             || !w.cols.is_multiple_of(16)
             || !w.rows.is_multiple_of(4)
+            || w.rows < self.fp8_min_rows.load(Relaxed)
         {
             return Ok(false);
         }
@@ -356,73 +435,53 @@ impl CudaBackend {
         let (b_scale, _gbs) = x_down.device_ptr(st);
         let (ws, _gw) = l.workspace.device_ptr(st);
         let (c, _gc) = out.data.device_ptr_mut(st);
+        let ops = Operands { a, b, c, ws };
         // Outer-vector scales where cuBLASLt has an algorithm for them (asked once per
         // backend, and again after set_fp8_outer_scales).
         let want_outer = self.fp8_outer.load(Relaxed) && l.outer != Some(false);
-        let mut desc = None;
+        let mut chosen = None;
         let mut outer = false;
         if want_outer {
             let d = Desc::new(m, n, k, m, Some((a_scale, b_scale)))?;
-            let key = (m, n, k, true);
-            let algo = match l.algos.get(&key) {
-                Some(a) => Some(*a),
-                None => d.algo(l.handle),
-            };
-            match algo {
+            match self.pick(l.handle, &mut l.algos, &d, (m, n, k, true), ops)? {
                 Some(a) => {
-                    l.algos.insert(key, a);
                     l.outer = Some(true);
                     outer = true;
-                    desc = Some((d, a));
+                    chosen = Some((d, a));
                 }
                 None => l.outer = Some(false),
             }
         }
-        let (d, algo) = match desc {
+        let (d, algo) = match chosen {
             Some(x) => x,
             None => {
                 let d = Desc::new(m, n, k, m, None)?;
-                let key = (m, n, k, false);
-                let a = match l.algos.get(&key) {
-                    Some(a) => *a,
-                    None => d.algo(l.handle).ok_or_else(|| {
+                let a = self
+                    .pick(l.handle, &mut l.algos, &d, (m, n, k, false), ops)?
+                    .ok_or_else(|| {
                         Error::Backend(format!(
                             "cuBLASLt has no FP8 algorithm for {m}x{k} times {n} tokens"
                         ))
-                    })?,
-                };
-                l.algos.insert(key, a);
+                    })?;
                 (d, a)
             }
         };
-        let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: the descriptors describe A (q: m x k bytes, the matrix's copy), B (x8: n x k
         // bytes, grown by the caller), D (out: n x m floats, ldc = m, checked by matmul) and,
-        // when set, the scale vectors (w_down: m floats, x_down: n floats); alpha and beta are
-        // host values read at the call (the default host pointer mode); the workspace is this
-        // handle's (LT_WORKSPACE bytes, the size the preference allows). All stay alive until the
-        // stream has run the product (the matrix, scratch and the backend's own buffers).
+        // when set, the scale vectors (w_down: m floats, x_down: n floats); the workspace is
+        // this handle's (LT_WORKSPACE bytes, the size the preference allows). All stay alive
+        // until the stream has run the product (the matrix, scratch and the backend's own
+        // buffers).
         unsafe {
-            lt::matmul(
+            launch(
                 l.handle,
-                d.mm,
-                &alpha as *const f32 as *const c_void,
-                &beta as *const f32 as *const c_void,
-                a as *const c_void,
-                d.layouts[0],
-                b as *const c_void,
-                d.layouts[1],
-                c as *const c_void,
-                d.layouts[2],
-                c as *mut c_void,
-                d.layouts[2],
+                &d,
                 &algo,
-                ws as *mut c_void,
-                LT_WORKSPACE,
+                ops,
                 st.cu_stream() as lts::cudaStream_t,
             )
-        }
-        .map_err(lt_err("matmul"))?;
+        }?;
+        l.last_outer = Some(outer);
         drop((_ga, _gb, _gas, _gbs, _gw));
         if !outer {
             let f = self.f("y_scale_outer")?;
@@ -453,11 +512,67 @@ impl CudaBackend {
         self.fp8_count.load(Relaxed)
     }
 
+    /// The algorithm for one product shape: the one chosen before, else cuBLASLt's first choice
+    /// (kept, except while a graph is recorded), or with `MUSER_FP8_TUNE=1` its candidates each
+    /// timed on these operands (one run, then 3 between events; the fastest kept). Tuning is off
+    /// by default: at 64 tokens the FFN's FP8 products ran at 2.1 TB/s on cuBLASLt's first
+    /// choice (H200, 2026-11-30), and whether another candidate does better is not measured yet. None: no algorithm for these descriptors. Tuning writes the output
+    /// (the caller's product overwrites it) and waits for the device once per shape. The
+    /// candidates sum in different orders, so a tuned choice can differ from one process to the
+    /// next (timing), and with it the outputs' last bits; within a process a shape keeps its
+    /// algorithm.
+    fn pick(
+        &self,
+        handle: lts::cublasLtHandle_t,
+        algos: &mut HashMap<(usize, usize, usize, bool), lts::cublasLtMatmulAlgo_t>,
+        d: &Desc,
+        key: (usize, usize, usize, bool),
+        ops: Operands,
+    ) -> Result<Option<lts::cublasLtMatmulAlgo_t>> {
+        if let Some(a) = algos.get(&key) {
+            return Ok(Some(*a));
+        }
+        let cands = d.algos(handle);
+        let Some(first) = cands.first().copied() else {
+            return Ok(None);
+        };
+        if self.capturing.load(SeqCst) {
+            return Ok(Some(first));
+        }
+        let stream = self.stream.cu_stream() as lts::cudaStream_t;
+        let mut best = (f32::INFINITY, first);
+        if cands.len() > 1 && self.fp8_tune.load(Relaxed) {
+            let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let e0 = self.ctx.new_event(flags).map_err(dev("event"))?;
+            let e1 = self.ctx.new_event(flags).map_err(dev("event"))?;
+            for a in &cands {
+                // SAFETY: as in gemm8 (the caller's operands, alive until the stream has run
+                // these products: elapsed_ms waits for it before they are released).
+                if unsafe { launch(handle, d, a, ops, stream) }.is_err() {
+                    continue;
+                }
+                e0.record(&self.stream).map_err(dev("event"))?;
+                let mut ok = true;
+                for _ in 0..3 {
+                    // SAFETY: as above.
+                    ok &= unsafe { launch(handle, d, a, ops, stream) }.is_ok();
+                }
+                e1.record(&self.stream).map_err(dev("event"))?;
+                let ms = e0.elapsed_ms(&e1).map_err(dev("event timing"))?;
+                if ok && ms < best.0 {
+                    best = (ms, *a);
+                }
+            }
+        }
+        algos.insert(key, best.1);
+        Ok(Some(best.1))
+    }
+
     /// Whether the last FP8 product's scales were applied by cuBLASLt (None: none ran yet).
     pub fn fp8_outer_scales_used(&self) -> Option<bool> {
         self.lt
             .lock()
             .ok()
-            .and_then(|g| g.as_ref().and_then(|l| l.outer))
+            .and_then(|g| g.as_ref().and_then(|l| l.last_outer))
     }
 }

@@ -446,6 +446,10 @@ pub struct CudaBackend {
     /// The FP8 products' scales applied by cuBLASLt where it can (off with `MUSER_FP8_OUTER=0`:
     /// by `y_scale_outer` after it). The same values either way.
     fp8_outer: std::sync::atomic::AtomicBool,
+    /// FP8 products' algorithms timed per shape (`MUSER_FP8_TUNE=1`; default cuBLASLt's first
+    /// choice), and the fewest rows a matrix needs to take them (`MUSER_FP8_MIN_ROWS`).
+    fp8_tune: std::sync::atomic::AtomicBool,
+    fp8_min_rows: std::sync::atomic::AtomicUsize,
     /// cuBLASLt's handle, workspace and chosen algorithms (made by set_fp8_weights).
     lt: Mutex<Option<fp8::Lt>>,
     /// Products run on the FP8 tensor cores so far (`fp8_products`).
@@ -550,6 +554,13 @@ impl CudaBackend {
                     .unwrap_or(32),
             ),
             fp8_outer: std::sync::atomic::AtomicBool::new(!env_is("MUSER_FP8_OUTER", "0")),
+            fp8_tune: std::sync::atomic::AtomicBool::new(env_is("MUSER_FP8_TUNE", "1")),
+            fp8_min_rows: std::sync::atomic::AtomicUsize::new(
+                std::env::var("MUSER_FP8_MIN_ROWS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(fp8::FP8_MIN_ROWS),
+            ),
             lt: Mutex::new(None),
             fp8_count: std::sync::atomic::AtomicU64::new(0),
             cc,

@@ -2248,7 +2248,7 @@ fn fp8_products_match_their_e4m3_operands() {
                 let by = match g.fp8_outer_scales_used() {
                     Some(true) => "cuBLASLt's outer vectors",
                     Some(false) => "y_scale_outer",
-                    None => "none",
+                    None => "no FP8 product",
                 };
                 let what = format!(
                     "{layout} {rows}x{cols}, scales asked of cuBLASLt: {outer}, applied by {by}: vs the e4m3 operands {worst8:.3} of the 2^-9 bound, vs the exact ones {worst_exact:.3} of e4m3's bound, relaunch {}, {used} FP8 products",
