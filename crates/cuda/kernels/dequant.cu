@@ -223,6 +223,13 @@ extern "C" __global__ void __launch_bounds__(256) x16_rowmax(const float* __rest
     }
 }
 
+// Eight floats at p (16-byte aligned) into v.
+__device__ __forceinline__ void ld8(const float* p, float (&v)[8]) {
+    const float4 a = *(const float4*)p;
+    const float4 b = *(const float4*)(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
 // The micro-batch's activations (rows x cols f32) into hi[t ld + c] (and lo), token t scaled by
 // 2^B_t. They do not depend on the matrix: one conversion serves every product of the same x.
 extern "C" __global__ void x16_split(const float* __restrict__ x, int rows, int cols, const u32* xmax,
@@ -231,9 +238,8 @@ extern "C" __global__ void x16_split(const float* __restrict__ x, int rows, int 
     if (c0 >= cols) return;
     for (int t = blockIdx.y; t < rows; t += gridDim.y) {
         const float up = x16_up(xmax[t]);
-        const float4 a = *(const float4*)(x + (long long)t * cols + c0);
-        const float4 b = *(const float4*)(x + (long long)t * cols + c0 + 4);
-        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float v[8];
+        ld8(x + (long long)t * cols + c0, v);
         put16(v, up, hi + (long long)t * ld + c0, lo ? lo + (long long)t * ld + c0 : (u16*)0);
     }
 }
@@ -339,9 +345,8 @@ extern "C" __global__ void x8_quant(const float* __restrict__ x, int rows, int c
     for (int t = blockIdx.y; t < rows; t += gridDim.y) {
         const int S = pow2_shift(xmax[t], 8, 120);
         if (c0 == 0) down[t] = ldexpf(1.0f, -S);
-        const float4 a = *(const float4*)(x + (long long)t * cols + c0);
-        const float4 b = *(const float4*)(x + (long long)t * cols + c0 + 4);
-        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float v[8];
+        ld8(x + (long long)t * cols + c0, v);
         put8(v, ldexpf(1.0f, S), out + (long long)t * ld + c0);
     }
 }

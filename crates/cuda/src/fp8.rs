@@ -12,7 +12,7 @@ use cudarc::cublaslt::{result as lt, sys as lts};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use muser_engine::{Error, Result};
 
-use crate::{CudaAct, CudaBackend, CudaMatrix, F16_WEIGHTS_RESERVE_MIN, dev};
+use crate::{CudaAct, CudaBackend, CudaMatrix, F16_WEIGHTS_RESERVE_MIN, dev, grid_runs8};
 
 /// cuBLASLt's workspace (its recommendation for Hopper: 32 MiB).
 const LT_WORKSPACE: usize = 32 << 20;
@@ -355,15 +355,7 @@ impl CudaBackend {
                 .arg(&down)
                 .arg(&mut q)
                 .arg(&ld);
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    (w.cols / 8).div_ceil(128) as u32,
-                    (w.rows as u32).clamp(1, 65_535),
-                    1,
-                ),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = grid_runs8(w.cols, w.rows);
             // SAFETY: reads every row of the matrix and its row factors; writes rows x cols
             // bytes of q (allocated above, ld = cols).
             unsafe { b.launch(cfg) }.map_err(dev("w8_rows"))?;
@@ -392,15 +384,7 @@ impl CudaBackend {
             .arg(x8)
             .arg(&ld)
             .arg(down);
-        let cfg = LaunchConfig {
-            grid_dim: (
-                (x.cols / 8).div_ceil(128) as u32,
-                (x.rows as u32).clamp(1, 65_535),
-                1,
-            ),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = grid_runs8(x.cols, x.rows);
         // SAFETY: reads x's rows x cols floats (cols a multiple of 16: w8_ready) and rows words
         // of xmax; writes rows x cols bytes of x8 and rows floats of down (the caller grew both).
         unsafe { b.launch(cfg) }.map_err(dev("x8_quant"))?;

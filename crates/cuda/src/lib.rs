@@ -468,6 +468,20 @@ pub struct CudaBackend {
     waves: Mutex<HashMap<(&'static str, u32, u32), u32>>,
 }
 
+/// The kernels that take a row's runs of 8 values a thread (`w16_rows`, `x16_split`, `w8_rows`,
+/// `x8_quant`): blocks of 128 threads across `cols`, grid rows over `rows` (strided past 65,535).
+fn grid_runs8(cols: usize, rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            (cols / 8).div_ceil(128) as u32,
+            (rows as u32).clamp(1, 65_535),
+            1,
+        ),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 fn grid1(n: usize, threads: u32) -> LaunchConfig {
     let blocks = (n as u32).div_ceil(threads).clamp(1, 65_535);
     LaunchConfig {
@@ -2420,15 +2434,7 @@ impl CudaBackend {
                 .arg(&x_hi)
                 .arg(&x_lo)
                 .arg(&ld_i);
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    (cols / 8).div_ceil(128) as u32,
-                    (n as u32).clamp(1, 65_535),
-                    1,
-                ),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = grid_runs8(cols, n);
             // SAFETY: reads n x cols floats of x; writes n rows of ld halfs into x16 (grown to
             // n * ld above; hi at offset cols of each row and lo at 0 when split, else hi
             // alone).
@@ -2536,15 +2542,7 @@ impl CudaBackend {
             .arg(&hi)
             .arg(&lo)
             .arg(&ld_i);
-        let cfg = LaunchConfig {
-            grid_dim: (
-                (w.cols / 8).div_ceil(128) as u32,
-                (nr as u32).clamp(1, 65_535),
-                1,
-            ),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = grid_runs8(w.cols, nr);
         // SAFETY: reads rows r0..r0+nr of the matrix (within it: callers pass r0 + nr <=
         // w.rows); writes what the caller vouches for.
         unsafe { b.launch(cfg) }.map_err(dev("w16_rows"))?;

@@ -611,6 +611,24 @@ fn report(title: &str, rows: &[String], failures: &[String]) {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// Whether two outputs are the same bits, value for value.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// `mat`'s exact weights (the CPU's dequantization), rows x cols, row-major.
+fn exact_weights(
+    cpu: &CpuBackend,
+    file: &ModelFile,
+    mat: &muser_engine::loader::Matrix,
+) -> Vec<f32> {
+    let wc = cpu.matrix(&file.gguf, mat).unwrap();
+    let ids: Vec<u32> = (0..mat.rows as u32).collect();
+    let mut wh = cpu.act(mat.rows, mat.cols).unwrap();
+    cpu.get_rows(&wc, &ids, &mut wh).unwrap();
+    wh.data
+}
+
 fn xg_data(a: &mut muser_cuda::CudaAct) -> &mut cudarc::driver::CudaSlice<f32> {
     a.data_mut()
 }
@@ -944,10 +962,7 @@ fn qmma_products_match_the_exact_weights() {
             &file.tensors.layers[0].ffn_up,
         ] {
             let wg = g.matrix(&file.gguf, mat).unwrap();
-            let wc = cpu.matrix(&file.gguf, mat).unwrap();
-            let ids: Vec<u32> = (0..mat.rows as u32).collect();
-            let mut wh = cpu.act(mat.rows, mat.cols).unwrap();
-            cpu.get_rows(&wc, &ids, &mut wh).unwrap();
+            let wh = exact_weights(&cpu, &file, mat);
             let (mut worst, mut rep_ok, mut inv_ok) = (0f64, true, true);
             let mut shape_diff: Vec<String> = Vec::new();
             let mut first: Option<Vec<f32>> = None;
@@ -963,22 +978,13 @@ fn qmma_products_match_the_exact_weights() {
                 g.matmul(&wg, &xg, &mut yg).unwrap();
                 let got = g.read(&yg).unwrap();
                 g.matmul(&wg, &xg, &mut yg).unwrap();
-                rep_ok &= g
-                    .read(&yg)
-                    .unwrap()
-                    .iter()
-                    .zip(&got)
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                rep_ok &= same_bits(&g.read(&yg).unwrap(), &got);
                 for sh in others {
                     g.set_qmma_shape(sh).unwrap();
                     match g.matmul(&wg, &xg, &mut yg) {
                         Ok(()) => {
                             let other = g.read(&yg).unwrap();
-                            if !other
-                                .iter()
-                                .zip(&got)
-                                .all(|(a, b)| a.to_bits() == b.to_bits())
-                            {
+                            if !same_bits(&other, &got) {
                                 shape_diff.push(format!("n={n} {sh:?}: different bits"));
                             }
                         }
@@ -990,16 +996,14 @@ fn qmma_products_match_the_exact_weights() {
                 let head = &got[..9 * mat.rows];
                 match &first {
                     None => first = Some(head.to_vec()),
-                    Some(f) => {
-                        inv_ok &= f.iter().zip(head).all(|(a, b)| a.to_bits() == b.to_bits())
-                    }
+                    Some(f) => inv_ok &= same_bits(f, head),
                 }
                 if !got.iter().all(|v| v.is_finite()) {
                     failures.push(format!("{}x{} n={n}: not finite", mat.rows, mat.cols));
                     continue;
                 }
                 for r in (0..mat.rows).step_by(7) {
-                    let wr = &wh.data[r * mat.cols..(r + 1) * mat.cols];
+                    let wr = &wh[r * mat.cols..(r + 1) * mat.cols];
                     for t in 0..n {
                         let xt = &xh[t * mat.cols..(t + 1) * mat.cols];
                         let (mut want, mut mag) = (0f64, 0f64);
@@ -2169,16 +2173,13 @@ fn fp8_products_match_their_e4m3_operands() {
         ] {
             let (rows, cols) = (mat.rows, mat.cols);
             let wg = g.matrix(&file.gguf, mat).unwrap();
-            let wc = cpu.matrix(&file.gguf, mat).unwrap();
-            let ids: Vec<u32> = (0..rows as u32).collect();
-            let mut wh = cpu.act(rows, cols).unwrap();
-            cpu.get_rows(&wc, &ids, &mut wh).unwrap();
+            let wh = exact_weights(&cpu, &file, mat);
             // Each row's e4m3 weights and factor 2^-S_r.
             let check_rows: Vec<usize> = (0..rows).step_by(13).collect();
             let w8: Vec<(Vec<f64>, f64, Vec<f64>)> = check_rows
                 .iter()
                 .map(|&r| {
-                    let wr = &wh.data[r * cols..(r + 1) * cols];
+                    let wr = &wh[r * cols..(r + 1) * cols];
                     let m = wr.iter().fold(0f64, |m, v| m.max((*v as f64).abs()));
                     let s = pow2_shift8(m, 60);
                     let up = 2f64.powi(s);
@@ -2205,12 +2206,7 @@ fn fp8_products_match_their_e4m3_operands() {
                     g.matmul(&wg, &xg, &mut yg).unwrap();
                     let got = g.read(&yg).unwrap();
                     g.matmul(&wg, &xg, &mut yg).unwrap();
-                    rep_ok &= g
-                        .read(&yg)
-                        .unwrap()
-                        .iter()
-                        .zip(&got)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    rep_ok &= same_bits(&g.read(&yg).unwrap(), &got);
                     if !got.iter().all(|v| v.is_finite()) {
                         failures.push(format!("{layout} {rows}x{cols} n={n}: not finite"));
                         continue;
@@ -2270,8 +2266,9 @@ fn fp8_products_match_their_e4m3_operands() {
 }
 
 /// `--fp8-weights` on every fixture's prompt (its products of more than 8 tokens on the FP8
-/// tensor cores: the threshold lowered from 32 so that every fixture's prompt takes them) against the CPU's accurate mode, held to the fast mode's rule with e4m3's
-/// error in place of f16's: the family's sensitivity (max |Δ log-softmax| per unit of relative
+/// tensor cores: the threshold lowered from 32 so that every fixture's prompt takes them)
+/// against the CPU's accurate mode, held to the fast mode's rule with e4m3's error in place of
+/// f16's: the family's sensitivity (max |Δ log-softmax| per unit of relative
 /// perturbation, tests/fixtures/MANIFEST.md) times 2^-3, the relative error bound of one term of
 /// an FP8 product (2^-4 per operand). The fast mode's f16 products (sensitivity x 2^-10) are
 /// printed beside it for scale. Every fixture must take the FP8 path.
