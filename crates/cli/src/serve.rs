@@ -35,7 +35,8 @@ pub struct Args {
     /// Requests (sequences) that may wait for a slot; beyond that the server answers 429.
     #[arg(long = "max-queue", default_value_t = 256)]
     pub max_queue: usize,
-    /// KV memory admitted sequences may reserve, counted at their worst case (default: --parallel full contexts).
+    /// KV memory admitted sequences may reserve, counted at their worst case, together with
+    /// the caches kept for prefix reuse (default: --parallel full contexts).
     #[arg(long = "kv-budget-mib")]
     pub kv_budget_mib: Option<usize>,
     /// Clear each finished sequence's cache instead of keeping it for a later prompt that

@@ -635,6 +635,68 @@ async fn prefix_reuse_answers_as_a_fresh_run() {
     }
 }
 
+/// Caches kept for prefix reuse count against the KV budget: with room for one sequence's
+/// reserve and half of another's kept cache, a sequence that shares nothing with a kept cache
+/// clears it to fit (the first prompt, asked again, finds nothing cached), where the default
+/// budget keeps it (the same prompt finds all but its last token).
+#[tokio::test]
+async fn kept_caches_count_against_the_kv_budget() {
+    use muser_server::engine::KvCost;
+    const GEN: usize = 4;
+    let file = muser_engine::ModelFile::open(common::fixture(MODEL)).unwrap();
+    let cost = KvCost::new(&file.config, muser_engine::KvType::F16).unwrap();
+    let probe = Server::start(Opts::default()).await;
+    // No BOS: the two prompts share no first token.
+    let tokens = |text: &str| {
+        let s = &probe;
+        let text = text.to_string();
+        async move {
+            let v = s
+                .post("/tokenize", &json!({"content": text, "add_special": false}))
+                .await
+                .json();
+            v["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap())
+                .collect::<Vec<u64>>()
+        }
+    };
+    let a = tokens("Once upon a time a fox lived in a quiet wood").await;
+    let b = tokens("Seven bakers argued about bread until dawn").await;
+    assert_ne!(a[0], b[0]);
+    // A's kept cache: its prompt and the generated tokens fed back (all but the last).
+    let kept_a = cost.bytes(a.len() + GEN - 1);
+    let (ra, rb) = (cost.bytes(a.len() + GEN), cost.bytes(b.len() + GEN));
+    let tight = rb + kept_a / 2;
+    assert!(
+        ra <= tight && rb + kept_a > tight,
+        "{ra} {rb} {kept_a} {tight}"
+    );
+    for (budget, want) in [(None, a.len() - 1), (Some(tight), 0)] {
+        let s = Server::start(Opts {
+            parallel: 2,
+            kv_budget: budget,
+            ..Opts::default()
+        })
+        .await;
+        let run = |p: &Vec<u64>| {
+            let body =
+                json!({"prompt": p, "max_tokens": GEN, "temperature": 0, "ignore_eos": true});
+            let s = &s;
+            async move { s.post("/v1/completions", &body).await.json() }
+        };
+        run(&a).await;
+        run(&b).await;
+        let again = run(&a).await;
+        let cached = again["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap() as usize;
+        assert_eq!(cached, want, "budget {budget:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_prompts_are_chunked_while_streams_run() {
     let s = Server::start(Opts {

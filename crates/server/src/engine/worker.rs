@@ -81,6 +81,10 @@ pub(super) struct Worker<B: Backend> {
     /// Per slot, when it was last freed (the least recently used is taken first for a prompt
     /// that reuses nothing).
     freed_at: Vec<u64>,
+    /// Per free slot, the KV bytes its kept cache holds (`KvCost` of its length; 0 when
+    /// cleared), and their sum: kept caches count against the budget beside `reserved`.
+    kept: Vec<usize>,
+    kept_total: usize,
     ticks: u64,
     free: Vec<usize>,
     reserved: usize,
@@ -131,6 +135,8 @@ impl<B: Backend> Worker<B> {
             history: vec![Vec::new(); cfg.parallel],
             dirty: vec![false; cfg.parallel],
             freed_at: vec![0; cfg.parallel],
+            kept: vec![0; cfg.parallel],
+            kept_total: 0,
             ticks: 0,
             free: (0..cfg.parallel).rev().collect(),
             model,
@@ -285,16 +291,20 @@ impl<B: Backend> Worker<B> {
         self.draining.retain(|(tx, _)| !tx.is_closed());
     }
 
-    /// Move waiting sequences into free slots, oldest first, while the KV budget holds them.
+    /// Move waiting sequences into free slots, oldest first, while the KV budget holds them
+    /// (their reserves and the caches kept for reuse: `make_room`).
     fn admit(&mut self) {
         while let Some(s) = self.waiting.front() {
             if self.free.is_empty() || self.reserved + s.reserve > self.shared.budget {
                 break;
             }
-            let Some(mut s) = self.waiting.pop_front() else {
+            let Some((fi, reuse)) = self.pick_slot(&s.prompt) else {
                 break;
             };
-            let Some((fi, reuse)) = self.pick_slot(&s.prompt) else {
+            if !self.make_room(s.reserve, self.free[fi]) {
+                break;
+            }
+            let Some(mut s) = self.waiting.pop_front() else {
                 break;
             };
             let slot = self.free.swap_remove(fi);
@@ -372,9 +382,42 @@ impl<B: Backend> Worker<B> {
         best
     }
 
+    /// Whether a sequence reserving `need` bytes fits the budget in `slot`, beside the running
+    /// sequences' reserves and the caches other free slots keep: the least recently freed of
+    /// those are cleared until it does (the slot's own kept cache becomes part of the new
+    /// sequence, whose reserve counts every position it holds). False, clearing nothing, when
+    /// the reserves alone leave no room.
+    fn make_room(&mut self, need: usize, slot: usize) -> bool {
+        let budget = self.shared.budget;
+        if self.reserved + need > budget {
+            return false;
+        }
+        let own = self.kept.get(slot).copied().unwrap_or(0);
+        while self.reserved + need + (self.kept_total - own) > budget {
+            let Some(j) = self
+                .free
+                .iter()
+                .copied()
+                .filter(|&j| j != slot && self.kept[j] > 0)
+                .min_by_key(|&j| self.freed_at[j])
+            else {
+                return false;
+            };
+            if let Some(kv) = self.slots[j].as_mut() {
+                self.model.backend.kv_clear(kv);
+            }
+            self.history[j].clear();
+            self.kept_total -= self.kept[j];
+            self.kept[j] = 0;
+        }
+        true
+    }
+
     /// Ready `slot` for a sequence whose first `reuse` prompt tokens its cache holds: back to
     /// them, or cleared.
     fn take_slot(&mut self, slot: usize, reuse: usize) {
+        self.kept_total -= self.kept[slot];
+        self.kept[slot] = 0;
         let backend = &self.model.backend;
         if let Some(kv) = self.slots[slot].as_mut() {
             if reuse > 0 {
@@ -717,6 +760,10 @@ impl<B: Backend> Worker<B> {
                     self.model.backend.kv_clear(kv);
                     self.history[s.slot].clear();
                     self.dirty[s.slot] = false;
+                } else {
+                    let bytes = self.shared.cost.bytes(self.history[s.slot].len());
+                    self.kept[s.slot] = bytes;
+                    self.kept_total += bytes;
                 }
             }
             self.ticks += 1;
@@ -787,6 +834,7 @@ impl<B: Backend> Worker<B> {
         metrics::gauge!("muser_sequences_running").set(self.running.len() as f64);
         metrics::gauge!("muser_kv_cache_used_bytes").set(used as f64);
         metrics::gauge!("muser_kv_cache_reserved_bytes").set(self.reserved as f64);
+        metrics::gauge!("muser_kv_cache_kept_bytes").set(self.kept_total as f64);
         metrics::gauge!("muser_kv_cache_usage_ratio")
             .set(used as f64 / self.shared.budget.max(1) as f64);
         let dt = self.rate_since.elapsed();

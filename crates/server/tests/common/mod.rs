@@ -35,6 +35,8 @@ pub struct Opts {
     /// Tokens chosen through `Backend::draw_rows` (a GPU's draw), not the host sampler.
     pub row_draws: bool,
     pub prefix_reuse: bool,
+    /// `--kv-budget-mib` in bytes (None: `--parallel` full contexts).
+    pub kv_budget: Option<usize>,
 }
 
 impl Default for Opts {
@@ -51,6 +53,7 @@ impl Default for Opts {
             grace: Duration::from_secs(10),
             row_draws: false,
             prefix_reuse: true,
+            kv_budget: None,
         }
     }
 }
@@ -80,7 +83,7 @@ impl Server {
                 step_tokens: o.step_tokens,
                 max_queue: o.max_queue,
                 kv_type: KvType::F16,
-                kv_budget_bytes: None,
+                kv_budget_bytes: o.kv_budget,
                 prefix_reuse: o.prefix_reuse,
             },
             api_key: o.api_key,
