@@ -41,14 +41,14 @@ pub fn plan(seqs: &[SeqView], budget: usize) -> Vec<(usize, usize)> {
 }
 
 /// The KV memory of one sequence holding `positions` positions: per layer, a K and a V row per
-/// position held, with sliding layers holding at most their window (the caches' rings add 512
-/// slots of slack there, kv::RING_SLACK on the CPU: within a few percent for long contexts).
+/// position held, with sliding layers holding at most their ring's slots (the window and
+/// kv::RING_SLACK beyond it, as the CPU and CUDA caches keep to go back for prefix reuse).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvCost {
     row_bytes: usize,
     n_sliding: usize,
     n_full: usize,
-    n_swa: usize,
+    ring_slots: usize,
 }
 
 impl KvCost {
@@ -58,12 +58,12 @@ impl KvCost {
             row_bytes: ty.row_bytes(cfg.kv_dim())?,
             n_sliding,
             n_full: cfg.layer_kinds.len() - n_sliding,
-            n_swa: cfg.n_swa,
+            ring_slots: cfg.n_swa.saturating_add(muser_engine::kv::RING_SLACK),
         })
     }
 
     pub fn bytes(&self, positions: usize) -> usize {
-        let rows = (self.n_sliding * positions.min(self.n_swa))
+        let rows = (self.n_sliding * positions.min(self.ring_slots))
             .saturating_add(self.n_full.saturating_mul(positions));
         2usize.saturating_mul(self.row_bytes).saturating_mul(rows)
     }
@@ -130,7 +130,7 @@ mod tests {
             row_bytes: 10,
             n_sliding: 2,
             n_full: 1,
-            n_swa: 16,
+            ring_slots: 16,
         };
         assert_eq!(c.bytes(0), 0);
         assert_eq!(c.bytes(8), 2 * 10 * (2 * 8 + 8));
