@@ -90,6 +90,78 @@ fn chat_logprob(tok: &Tokenizer, id: u32, lp: &TokenLogprob) -> Value {
     json!({"token": s, "logprob": lp.logprob, "bytes": b, "top_logprobs": top})
 }
 
+/// A chat choice's `logprobs.content`: the entries of the tokens whose text became the answer
+/// (OpenAI's content tokens), not those of reasoning, tool calls or protocol markup. A token's
+/// entry comes out once the ATEM parser is done with its text (`AtemStream::consumed`), kept if
+/// any of its bytes were released as content (`take_content_spans`). A token whose text is
+/// empty (bytes of a character still incomplete) goes with the next one's text.
+struct ContentLogprobs {
+    atem: AtemStream,
+    /// (first byte, end byte, entry, became content) per token not yet resolved.
+    pending: std::collections::VecDeque<(usize, usize, Value, bool)>,
+    pushed: usize,
+}
+
+impl ContentLogprobs {
+    fn new(parser: &ToolCallParser) -> Self {
+        ContentLogprobs {
+            atem: parser.stream(),
+            pending: std::collections::VecDeque::new(),
+            pushed: 0,
+        }
+    }
+
+    /// One token's text and its entry (None: none asked); the entries resolved now.
+    fn push(&mut self, text: &str, entry: Option<Value>) -> Vec<Value> {
+        let start = self.pushed;
+        self.pushed += text.len();
+        if !text.is_empty() {
+            for p in self.pending.iter_mut().rev() {
+                if p.1 != start || p.0 != start {
+                    break;
+                }
+                p.1 = self.pushed;
+            }
+        }
+        if let Some(e) = entry {
+            self.pending.push_back((start, self.pushed, e, false));
+        }
+        self.atem.push(text);
+        self.resolve()
+    }
+
+    /// The end of the text: every entry left is resolved.
+    fn finish(&mut self, text: &str) -> Vec<Value> {
+        let mut out = self.push(text, None);
+        self.atem.finish();
+        out.extend(self.resolve());
+        out.extend(self.pending.drain(..).filter(|p| p.3).map(|p| p.2));
+        out
+    }
+
+    fn resolve(&mut self) -> Vec<Value> {
+        for (a, b) in self.atem.take_content_spans() {
+            for p in self.pending.iter_mut() {
+                p.3 |= p.0 < b && a < p.1;
+            }
+        }
+        let done = self.atem.consumed();
+        let mut out = Vec::new();
+        while self
+            .pending
+            .front()
+            .is_some_and(|p| p.1 <= done && p.0 < p.1)
+        {
+            if let Some(p) = self.pending.pop_front()
+                && p.3
+            {
+                out.push(p.2);
+            }
+        }
+        out
+    }
+}
+
 /// Completions' logprobs: parallel lists.
 #[derive(Default)]
 struct CompletionLogprobs {
@@ -286,6 +358,7 @@ pub async fn whole(
     struct Acc {
         text: String,
         chat: Vec<Value>,
+        content_lp: ContentLogprobs,
         comp: CompletionLogprobs,
         any_logprobs: bool,
         finish: Option<Finish>,
@@ -293,10 +366,12 @@ pub async fn whole(
         prompt_tokens: usize,
         cached_tokens: usize,
     }
+    let no_tools = ToolCallParser::new(&[]);
     let mut acc: Vec<Acc> = (0..meta.choices)
         .map(|_| Acc {
             text: String::new(),
             chat: Vec::new(),
+            content_lp: ContentLogprobs::new(parser.as_ref().unwrap_or(&no_tools)),
             comp: CompletionLogprobs::default(),
             any_logprobs: false,
             finish: None,
@@ -306,7 +381,6 @@ pub async fn whole(
         })
         .collect();
     // A chat request with stop strings: each choice parsed as it comes, so its answer can stop.
-    let no_tools = ToolCallParser::new(&[]);
     let mut cut: Vec<Option<ChatChoice>> = (0..meta.choices)
         .map(|_| {
             meta.chat_stops
@@ -344,10 +418,14 @@ pub async fn whole(
                 }
                 if let Some(lp) = &logprob {
                     a.any_logprobs = true;
-                    match meta.endpoint {
-                        Endpoint::Chat => a.chat.push(chat_logprob(&tok, id, lp)),
-                        Endpoint::Completions => a.comp.push(&tok, id, lp, a.text.chars().count()),
+                    if meta.endpoint == Endpoint::Completions {
+                        a.comp.push(&tok, id, lp, a.text.chars().count());
                     }
+                }
+                if meta.endpoint == Endpoint::Chat && a.any_logprobs {
+                    let entry = logprob.as_ref().map(|lp| chat_logprob(&tok, id, lp));
+                    let done = a.content_lp.push(&text, entry);
+                    a.chat.extend(done);
                 }
                 a.text.push_str(&text);
             }
@@ -366,6 +444,10 @@ pub async fn whole(
                 if let Some(Some(c)) = cut.get_mut(index) {
                     c.finish(&text);
                     a.completion_tokens = c.completion_tokens(completion_tokens);
+                }
+                if meta.endpoint == Endpoint::Chat && a.any_logprobs {
+                    let done = a.content_lp.finish(&text);
+                    a.chat.extend(done);
                 }
                 a.text.push_str(&text);
                 a.finish = Some(finish);
@@ -445,6 +527,7 @@ pub fn stream(
         let parser = parser.unwrap_or_else(|| ToolCallParser::new(&[]));
         let stops: &[String] = meta.chat_stops.as_ref().map_or(&[], |c| &c.stops);
         let mut chat: Vec<ChatChoice> = (0..meta.choices).map(|_| ChatChoice::with_stops(&parser, stops)).collect();
+        let mut content_lp: Vec<ContentLogprobs> = (0..meta.choices).map(|_| ContentLogprobs::new(&parser)).collect();
         let mut offsets = vec![0usize; meta.choices];
         let mut prompt_tokens = 0;
         let mut cached_tokens = 0;
@@ -484,7 +567,14 @@ pub fn stream(
                                 && let Some(cs) = &meta.chat_stops {
                                     cs.stop(index);
                                 }
-                            let lp = logprob.map(|l| json!({"content": [chat_logprob(&tok, id, &l)]}));
+                            // (Every token of a request that asks for logprobs has one.)
+                            let lp = match (logprob, content_lp.get_mut(index)) {
+                                (Some(l), Some(clp)) => {
+                                    let done = clp.push(&text, Some(chat_logprob(&tok, id, &l)));
+                                    (!done.is_empty()).then(|| json!({"content": done}))
+                                }
+                                _ => None,
+                            };
                             if delta.is_some() || lp.is_some() {
                                 let mut b = Map::new();
                                 b.insert("delta".into(), delta.unwrap_or_else(|| json!({})));
@@ -529,8 +619,13 @@ pub fn stream(
                                 && let Some(d) = delta.as_object_mut() {
                                     d.insert("role".into(), json!("assistant"));
                                 }
+                            let done = content_lp
+                                .get_mut(index)
+                                .filter(|clp| clp.pushed > 0)
+                                .map(|clp| clp.finish(&text))
+                                .unwrap_or_default();
                             b.insert("delta".into(), delta);
-                            b.insert("logprobs".into(), Value::Null);
+                            b.insert("logprobs".into(), if done.is_empty() { Value::Null } else { json!({"content": done}) });
                             b.insert("finish_reason".into(), json!(c.finish_reason(finish)));
                         }
                         Endpoint::Completions => {
@@ -602,6 +697,68 @@ mod tests {
         assert_eq!(args, json!({"city": "Paris", "days": 3}));
         assert!(deltas.iter().all(|d| d.get("content").is_none()));
         assert_eq!(c.finish_reason(Finish::Stop), "tool_calls");
+    }
+
+    /// Chat logprobs keep the answer's tokens only: canned tokens (as the engine streams them)
+    /// of reasoning, an answer, then a tool call; each token's entry is its own text, so the
+    /// kept entries must spell the answer. An empty token (an incomplete character) goes with
+    /// the next; a text that is not in the message format is all answer.
+    #[test]
+    fn chat_logprobs_cover_the_answer_tokens() {
+        let run = |p: &ToolCallParser, tokens: &[&str]| -> Vec<String> {
+            let mut c = ContentLogprobs::new(p);
+            let mut out = Vec::new();
+            for (i, t) in tokens.iter().enumerate() {
+                out.extend(c.push(t, Some(json!(format!("{i}:{t}")))));
+            }
+            out.extend(c.finish(""));
+            out.iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect()
+        };
+        let tokens = [
+            " to",
+            "=self",
+            "<|message|>",
+            "Think",
+            "ing.",
+            "<|eom|>",
+            "<|start|>assistant",
+            "<|message|>",
+            "Hel",
+            "",
+            "lo",
+            "!",
+            "<|eom|>",
+            "<|start|>assistant",
+            " to=get_weather",
+            "<|message|>",
+            "<atem:function_calls>\n<atem:invoke name=\"get_weather\">\n",
+            "<atem:parameter name=\"city\">Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls>",
+            "<|eot|>",
+        ];
+        assert_eq!(run(&weather(), &tokens), ["8:Hel", "9:", "10:lo", "11:!"]);
+        // Cut differently: a token holding the end of the answer and a marker's start.
+        let tokens = ["<|message|>", "Hi", " there<|e", "ot|>"];
+        assert_eq!(run(&weather(), &tokens), ["1:Hi", "2: there<|e"]);
+        // Not the message format: every token is answer.
+        let tokens = ["Just", " text", " <|"];
+        assert_eq!(run(&weather(), &tokens), ["0:Just", "1: text", "2: <|"]);
+        // A tool message calling a tool not offered is content, and so are its tokens.
+        let tokens = [
+            " to=nope",
+            "<|message|>",
+            "<atem:function_calls>\n<atem:invoke name=\"nope\">\n",
+            "</atem:invoke>\n</atem:function_calls>",
+            "<|eot|>",
+        ];
+        assert_eq!(
+            run(&weather(), &tokens),
+            [
+                "2:<atem:function_calls>\n<atem:invoke name=\"nope\">\n",
+                "3:</atem:invoke>\n</atem:function_calls>"
+            ]
+        );
     }
 
     /// Feeds `text` to a chat choice with `stops` in pieces of `n` characters; returns (content,

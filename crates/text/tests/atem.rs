@@ -39,9 +39,14 @@ fn parse_all_ways(p: &ToolCallParser, text: &str) -> ParsedMessage {
         for &j in cuts.iter().filter(|&&j| j >= i).step_by(step) {
             let mut s = p.stream();
             let mut deltas = s.push(&text[..i]);
+            let mut spans = s.take_content_spans();
             deltas.extend(s.push(&text[i..j]));
+            spans.extend(s.take_content_spans());
             deltas.extend(s.push(&text[j..]));
+            spans.extend(s.take_content_spans());
             deltas.extend(s.finish());
+            spans.extend(s.take_content_spans());
+            assert_eq!(s.consumed(), text.len(), "cut {i},{j} of {text:?}");
             let mut rebuilt = ParsedMessage::default();
             for d in &deltas {
                 match d {
@@ -56,6 +61,13 @@ fn parse_all_ways(p: &ToolCallParser, text: &str) -> ParsedMessage {
             assert!(
                 same(&rebuilt, &whole),
                 "cut {i},{j} of {text:?}: {rebuilt:?} vs {whole:?}"
+            );
+            // The content is the text of its spans, in order (what chat logprobs attribute).
+            assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{spans:?}");
+            let from_spans: String = spans.iter().map(|&(a, b)| &text[a..b]).collect();
+            assert_eq!(
+                from_spans, rebuilt.content,
+                "cut {i},{j} of {text:?}: {spans:?}"
             );
             assert!(same(s.message(), &whole));
         }

@@ -42,6 +42,12 @@ pub struct AtemStream {
     tool_body: String,
     n_calls: usize,
     msg: ParsedMessage,
+    /// Bytes of text pushed so far: `buf` is always their last `buf.len()`.
+    pushed: usize,
+    /// Byte ranges of the pushed text released as content since `take_content_spans`, and those
+    /// of the tool message under way (content too if it turns out malformed).
+    spans: Vec<(usize, usize)>,
+    tool_spans: Vec<(usize, usize)>,
 }
 
 impl AtemStream {
@@ -58,13 +64,36 @@ impl AtemStream {
             tool_body: String::new(),
             n_calls: 0,
             msg: ParsedMessage::default(),
+            pushed: 0,
+            spans: Vec::new(),
+            tool_spans: Vec::new(),
         }
     }
 
     /// Adds generated text; returns what is now known.
     pub fn push(&mut self, text: &str) -> Vec<ChatDelta> {
         self.buf.push_str(text);
+        self.pushed += text.len();
         self.run(false)
+    }
+
+    /// Bytes of the pushed text the parser is done with (released, or dropped as markup):
+    /// what comes after may still change role. A tool message's body is not done with until
+    /// the message ends (it becomes tool calls, or content if malformed).
+    pub fn consumed(&self) -> usize {
+        let c = self.pushed - self.buf.len();
+        self.tool_spans.first().map_or(c, |s| s.0.min(c))
+    }
+
+    /// The byte offset of `buf`'s first byte in the pushed text.
+    fn at(&self) -> usize {
+        self.pushed - self.buf.len()
+    }
+
+    /// The byte ranges of the pushed text that became content since the last call (a
+    /// malformed tool message's body counts when it is found malformed), in order.
+    pub fn take_content_spans(&mut self) -> Vec<(usize, usize)> {
+        std::mem::take(&mut self.spans)
     }
 
     /// Ends the generation: held text is released, an unfinished tool message is parsed as it is.
@@ -99,6 +128,7 @@ impl AtemStream {
                 }
                 State::Raw => {
                     if !self.buf.is_empty() {
+                        self.spans.push((self.at(), self.pushed));
                         out.push(ChatDelta::Content(std::mem::take(&mut self.buf)));
                     }
                     return;
@@ -131,9 +161,10 @@ impl AtemStream {
                         .filter_map(|t| self.buf.find(t).map(|i| (i, t)))
                         .min();
                     if let Some((i, t)) = term {
+                        let start = self.at();
                         let text = self.buf[..i].to_string();
                         self.buf.drain(..i + t.len());
-                        self.emit(ch, text, out);
+                        self.emit(ch, text, start, out);
                         if ch == Channel::Tool {
                             self.end_tool(out);
                         }
@@ -145,8 +176,9 @@ impl AtemStream {
                     } else {
                         terminator_prefix_len(&self.buf)
                     };
+                    let start = self.at();
                     let text: String = self.buf.drain(..self.buf.len() - keep).collect();
-                    self.emit(ch, text, out);
+                    self.emit(ch, text, start, out);
                     if finishing {
                         if ch == Channel::Tool {
                             self.end_tool(out);
@@ -192,14 +224,22 @@ impl AtemStream {
         Some(State::Raw)
     }
 
-    fn emit(&mut self, ch: Channel, text: String, out: &mut Vec<ChatDelta>) {
+    /// Releases `text`, which began at byte `start` of the pushed text.
+    fn emit(&mut self, ch: Channel, text: String, start: usize, out: &mut Vec<ChatDelta>) {
         if text.is_empty() {
             return;
         }
+        let span = (start, start + text.len());
         match ch {
-            Channel::Content => out.push(ChatDelta::Content(text)),
+            Channel::Content => {
+                self.spans.push(span);
+                out.push(ChatDelta::Content(text))
+            }
             Channel::Reasoning => out.push(ChatDelta::Reasoning(text)),
-            Channel::Tool => self.tool_body.push_str(&text),
+            Channel::Tool => {
+                self.tool_spans.push(span);
+                self.tool_body.push_str(&text)
+            }
         }
     }
 
@@ -216,8 +256,12 @@ impl AtemStream {
                 }
             }
             None if body.is_empty() => {}
-            None => out.push(ChatDelta::Content(body)),
+            None => {
+                self.spans.append(&mut self.tool_spans);
+                out.push(ChatDelta::Content(body))
+            }
         }
+        self.tool_spans.clear();
     }
 }
 
