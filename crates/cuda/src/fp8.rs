@@ -12,7 +12,7 @@ use cudarc::cublaslt::{result as lt, sys as lts};
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use muser_engine::{Error, Result};
 
-use crate::{CudaAct, CudaBackend, CudaMatrix, F16_WEIGHTS_RESERVE_MIN, dev, grid_runs8};
+use crate::{CudaAct, CudaBackend, CudaMatrix, dev, grid_runs8};
 
 /// cuBLASLt's workspace (its recommendation for Hopper: 32 MiB).
 const LT_WORKSPACE: usize = 32 << 20;
@@ -294,9 +294,8 @@ impl CudaBackend {
 
     /// Whether `w`'s products go to the FP8 tensor cores now: `--fp8-weights` is on, the shape
     /// suits cuBLASLt's FP8 kernels (rows of a multiple of 16 bytes, f32 outputs in 16-byte
-    /// rows), and the e4m3 copy exists or is made here. Copies are made outside graph captures
-    /// and stop where they would leave less than a tenth of the device, at least
-    /// F16_WEIGHTS_RESERVE_MIN, free; past that, products go the f16 way.
+    /// rows), and the e4m3 copy exists or is made here (where `room_for_copy` allows; past
+    /// that, products go the f16 way).
     pub(crate) fn w8_ready(&self, w: &CudaMatrix) -> Result<bool> {
         if !self.fp8_weights.load(Relaxed)
             || !w.cols.is_multiple_of(16)
@@ -308,12 +307,7 @@ impl CudaBackend {
         if w.w8.get().is_some() {
             return Ok(true);
         }
-        if self.capturing.load(SeqCst)
-            || !self.ctx.mem_get_info().is_ok_and(|(free, total)| {
-                let reserve = (total / 10).max(F16_WEIGHTS_RESERVE_MIN);
-                free.saturating_sub(w.rows * w.cols + 4 * w.rows) >= reserve
-            })
-        {
+        if !self.room_for_copy(w.rows * w.cols + 4 * w.rows) {
             return Ok(false);
         }
         let st = &self.stream;

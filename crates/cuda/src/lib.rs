@@ -189,9 +189,9 @@ const DEQ_ROWS: usize = 4096;
 /// Bytes of f16 weights `gemm16` dequantizes at once (the 30B's FFN matrices, 19968 x 6656,
 /// split: 532 MB, in one slab).
 const GEMM16_SLAB_BYTES: usize = 640 << 20;
-/// `--f16-weights` keeps copies only while a tenth of the device, and at least this much, stays
-/// free after them.
-const F16_WEIGHTS_RESERVE_MIN: usize = 4 << 30;
+/// `--f16-weights` and `--fp8-weights` keep copies only while a tenth of the device, and at least
+/// this much, stays free after them (`room_for_copy`).
+const WEIGHT_COPY_RESERVE_MIN: usize = 4 << 30;
 /// Threads of the row-norm kernels: kernels/norm.cu indexes `threadIdx.x + k * 1024` for
 /// k < NPT = 8, so exactly 1024 (a smaller block would leave most of a wide row untouched).
 const NORM_THREADS: u32 = 1024;
@@ -2453,19 +2453,9 @@ impl CudaBackend {
             }
             let slab = (GEMM16_SLAB_BYTES / (2 * ld)).clamp(1, w.rows);
             // `--f16-weights` (fast form only): the matrix's kept f16 copy, made now if it has
-            // none (not while a graph is recorded: allocation stays outside graphs). Copies stop
-            // where they would leave less than a tenth of the device, at least
-            // F16_WEIGHTS_RESERVE_MIN, free (KV caches and buffers still to come): past that,
-            // and without room, the slabs below do the work.
+            // none and there is room (`room_for_copy`): past that, the slabs below do the work.
             let kept = !split && self.f16_weights.load(std::sync::atomic::Ordering::Relaxed);
-            if kept
-                && w.w16.get().is_none()
-                && !self.capturing.load(std::sync::atomic::Ordering::SeqCst)
-                && self.ctx.mem_get_info().is_ok_and(|(free, total)| {
-                    let reserve = (total / 10).max(F16_WEIGHTS_RESERVE_MIN);
-                    free.saturating_sub(2 * w.rows * cols) >= reserve
-                })
-            {
+            if kept && w.w16.get().is_none() && self.room_for_copy(2 * w.rows * cols) {
                 if let Ok(mut full) = st.alloc_zeros::<u16>(w.rows * cols) {
                     {
                         let (fp, _gf) = full.device_ptr_mut(st);
@@ -2512,6 +2502,17 @@ impl CudaBackend {
             self.y16_unscale(out, &s.x16max)?;
         }
         Ok(())
+    }
+
+    /// Whether a kept weight copy of `bytes` may be made now: not while a graph is recorded
+    /// (allocation stays outside graphs), and only while a tenth of the device, at least
+    /// WEIGHT_COPY_RESERVE_MIN, stays free after it (KV caches and buffers still to come).
+    pub(crate) fn room_for_copy(&self, bytes: usize) -> bool {
+        !self.capturing.load(std::sync::atomic::Ordering::SeqCst)
+            && self.ctx.mem_get_info().is_ok_and(|(free, total)| {
+                let reserve = (total / 10).max(WEIGHT_COPY_RESERVE_MIN);
+                free.saturating_sub(bytes) >= reserve
+            })
     }
 
     /// Rows r0 .. r0 + nr of `w` as f16 (kernels/dequant.cu `w16_rows`): hi at `hi + r ld`

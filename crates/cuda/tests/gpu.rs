@@ -972,7 +972,7 @@ fn qmma_products_match_the_exact_weights() {
                     .collect();
                 let xh: Vec<f64> = x.iter().map(|&v| half::f16::from_f32(v).to_f64()).collect();
                 let mut xg = g.act(n, mat.cols).unwrap();
-                g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
+                g.write(&mut xg, &x).unwrap();
                 let mut yg = g.act(n, mat.rows).unwrap();
                 g.set_qmma_shape(base).unwrap();
                 g.matmul(&wg, &xg, &mut yg).unwrap();
@@ -2201,7 +2201,7 @@ fn fp8_products_match_their_e4m3_operands() {
                         })
                         .collect();
                     let mut xg = g.act(n, cols).unwrap();
-                    g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
+                    g.write(&mut xg, &x).unwrap();
                     let mut yg = g.act(n, rows).unwrap();
                     g.matmul(&wg, &xg, &mut yg).unwrap();
                     let got = g.read(&yg).unwrap();

@@ -92,27 +92,23 @@ fn chat_logprob(tok: &Tokenizer, id: u32, lp: &TokenLogprob) -> Value {
 
 /// A chat choice's `logprobs.content`: the entries of the tokens whose text became the answer
 /// (OpenAI's content tokens), not those of reasoning, tool calls or protocol markup. A token's
-/// entry comes out once the ATEM parser is done with its text (`AtemStream::consumed`), kept if
-/// any of its bytes were released as content (`take_content_spans`). A token whose text is
-/// empty (bytes of a character still incomplete) goes with the next one's text.
+/// entry comes out once the choice's ATEM parser is done with its text
+/// (`AtemStream::consumed`), kept if any of its bytes were released as content
+/// (`take_content_spans`). A token whose text is empty (bytes of a character still incomplete)
+/// goes with the next one's text.
+#[derive(Default)]
 struct ContentLogprobs {
-    atem: AtemStream,
     /// (first byte, end byte, entry, became content) per token not yet resolved.
     pending: std::collections::VecDeque<(usize, usize, Value, bool)>,
+    /// Bytes of text taken so far (the parser's offsets).
     pushed: usize,
+    /// Entries resolved and kept, not yet taken (`ChatChoice::take_logprobs`).
+    done: Vec<Value>,
 }
 
 impl ContentLogprobs {
-    fn new(parser: &ToolCallParser) -> Self {
-        ContentLogprobs {
-            atem: parser.stream(),
-            pending: std::collections::VecDeque::new(),
-            pushed: 0,
-        }
-    }
-
-    /// One token's text and its entry (None: none asked); the entries resolved now.
-    fn push(&mut self, text: &str, entry: Option<Value>) -> Vec<Value> {
+    /// One token's text and its entry (None: none asked), before the parser takes the text.
+    fn add(&mut self, text: &str, entry: Option<Value>) {
         let start = self.pushed;
         self.pushed += text.len();
         if !text.is_empty() {
@@ -126,39 +122,27 @@ impl ContentLogprobs {
         if let Some(e) = entry {
             self.pending.push_back((start, self.pushed, e, false));
         }
-        self.atem.push(text);
-        self.resolve()
     }
 
-    /// The end of the text: every entry left is resolved.
-    fn finish(&mut self, text: &str) -> Vec<Value> {
-        let mut out = self.push(text, None);
-        self.atem.finish();
-        out.extend(self.resolve());
-        out.extend(self.pending.drain(..).filter(|p| p.3).map(|p| p.2));
-        out
-    }
-
-    fn resolve(&mut self) -> Vec<Value> {
-        for (a, b) in self.atem.take_content_spans() {
+    /// After the parser took the text: the entries it is done with, kept if content; with
+    /// `all` (the end of the text) every one left.
+    fn resolve(&mut self, atem: &mut AtemStream, all: bool) {
+        for (a, b) in atem.take_content_spans() {
             for p in self.pending.iter_mut() {
                 p.3 |= p.0 < b && a < p.1;
             }
         }
-        let done = self.atem.consumed();
-        let mut out = Vec::new();
-        while self
-            .pending
-            .front()
-            .is_some_and(|p| p.1 <= done && p.0 < p.1)
-        {
+        let consumed = atem.consumed();
+        while let Some(p) = self.pending.front() {
+            if !all && !(p.1 <= consumed && p.0 < p.1) {
+                break;
+            }
             if let Some(p) = self.pending.pop_front()
                 && p.3
             {
-                out.push(p.2);
+                self.done.push(p.2);
             }
         }
-        out
     }
 }
 
@@ -220,6 +204,7 @@ impl ChatStops {
 /// One chat choice being built: the ATEM parser over its text, and its logprobs.
 pub struct ChatChoice {
     atem: AtemStream,
+    logprobs: ContentLogprobs,
     tool_calls: usize,
     started: bool,
     /// The answer's stop strings (their matcher holds back a possible start of one), and
@@ -237,6 +222,7 @@ impl ChatChoice {
     pub fn new(parser: &ToolCallParser) -> Self {
         ChatChoice {
             atem: parser.stream(),
+            logprobs: ContentLogprobs::default(),
             tool_calls: 0,
             started: false,
             stops: None,
@@ -323,18 +309,27 @@ impl ChatChoice {
         (!m.is_empty()).then_some(Value::Object(m))
     }
 
-    /// One token's text.
-    pub fn push(&mut self, text: &str) -> Option<Value> {
+    /// One token's text, and its logprobs entry if the request asks for them.
+    pub fn push(&mut self, text: &str, logprob: Option<Value>) -> Option<Value> {
         self.tokens += 1;
+        self.logprobs.add(text, logprob);
         let d = self.atem.push(text);
+        self.logprobs.resolve(&mut self.atem, false);
         self.delta(d, false)
     }
 
     /// The end of the text: what the parser (and the stop matcher) still held.
     pub fn finish(&mut self, text: &str) -> Option<Value> {
+        self.logprobs.add(text, None);
         let mut d = self.atem.push(text);
         d.extend(self.atem.finish());
+        self.logprobs.resolve(&mut self.atem, true);
         self.delta(d, true)
+    }
+
+    /// The logprobs entries of answer tokens resolved since the last call (`ContentLogprobs`).
+    pub fn take_logprobs(&mut self) -> Vec<Value> {
+        std::mem::take(&mut self.logprobs.done)
     }
 
     pub fn finish_reason(&self, f: Finish) -> &'static str {
@@ -358,7 +353,6 @@ pub async fn whole(
     struct Acc {
         text: String,
         chat: Vec<Value>,
-        content_lp: ContentLogprobs,
         comp: CompletionLogprobs,
         any_logprobs: bool,
         finish: Option<Finish>,
@@ -366,12 +360,10 @@ pub async fn whole(
         prompt_tokens: usize,
         cached_tokens: usize,
     }
-    let no_tools = ToolCallParser::new(&[]);
     let mut acc: Vec<Acc> = (0..meta.choices)
         .map(|_| Acc {
             text: String::new(),
             chat: Vec::new(),
-            content_lp: ContentLogprobs::new(parser.as_ref().unwrap_or(&no_tools)),
             comp: CompletionLogprobs::default(),
             any_logprobs: false,
             finish: None,
@@ -380,12 +372,14 @@ pub async fn whole(
             cached_tokens: 0,
         })
         .collect();
-    // A chat request with stop strings: each choice parsed as it comes, so its answer can stop.
+    // Each chat choice parsed as it comes: its answer can stop at a stop string, and its
+    // logprobs keep the answer's tokens.
+    let no_tools = ToolCallParser::new(&[]);
+    let stops: &[String] = meta.chat_stops.as_ref().map_or(&[], |c| &c.stops);
     let mut cut: Vec<Option<ChatChoice>> = (0..meta.choices)
         .map(|_| {
-            meta.chat_stops
-                .as_ref()
-                .map(|c| ChatChoice::with_stops(parser.as_ref().unwrap_or(&no_tools), &c.stops))
+            (meta.endpoint == Endpoint::Chat)
+                .then(|| ChatChoice::with_stops(parser.as_ref().unwrap_or(&no_tools), stops))
         })
         .collect();
     let mut left = meta.choices;
@@ -404,28 +398,21 @@ pub async fn whole(
                 let Some(a) = acc.get_mut(index) else {
                     continue;
                 };
+                a.any_logprobs |= logprob.is_some();
                 if let Some(Some(c)) = cut.get_mut(index) {
                     if c.stopped() {
                         // Tokens the engine made before it saw the stop flag.
                         continue;
                     }
-                    c.push(&text);
+                    c.push(&text, logprob.map(|lp| chat_logprob(&tok, id, &lp)));
+                    a.chat.extend(c.take_logprobs());
                     if c.stopped()
                         && let Some(cs) = &meta.chat_stops
                     {
                         cs.stop(index);
                     }
-                }
-                if let Some(lp) = &logprob {
-                    a.any_logprobs = true;
-                    if meta.endpoint == Endpoint::Completions {
-                        a.comp.push(&tok, id, lp, a.text.chars().count());
-                    }
-                }
-                if meta.endpoint == Endpoint::Chat && a.any_logprobs {
-                    let entry = logprob.as_ref().map(|lp| chat_logprob(&tok, id, lp));
-                    let done = a.content_lp.push(&text, entry);
-                    a.chat.extend(done);
+                } else if let Some(lp) = &logprob {
+                    a.comp.push(&tok, id, lp, a.text.chars().count());
                 }
                 a.text.push_str(&text);
             }
@@ -444,10 +431,7 @@ pub async fn whole(
                 if let Some(Some(c)) = cut.get_mut(index) {
                     c.finish(&text);
                     a.completion_tokens = c.completion_tokens(completion_tokens);
-                }
-                if meta.endpoint == Endpoint::Chat && a.any_logprobs {
-                    let done = a.content_lp.finish(&text);
-                    a.chat.extend(done);
+                    a.chat.extend(c.take_logprobs());
                 }
                 a.text.push_str(&text);
                 a.finish = Some(finish);
@@ -470,21 +454,12 @@ pub async fn whole(
         .enumerate()
         .map(|(i, (a, cut))| {
             let finish = a.finish.unwrap_or(Finish::Stop);
-            match meta.endpoint {
-                Endpoint::Chat => {
-                    let (parsed, reason) = match cut {
-                        Some(c) => (c.message().clone(), c.finish_reason(finish)),
-                        None => {
-                            let parsed = parser.clone().unwrap_or_else(|| ToolCallParser::new(&[])).parse(&a.text);
-                            let reason = if parsed.tool_calls.is_empty() {
-                                finish.as_str()
-                            } else {
-                                "tool_calls"
-                            };
-                            (parsed, reason)
-                        }
-                    };
-                    let msg = serde_json::to_value(parsed.into_message()).unwrap_or(Value::Null);
+            // A chat choice has its parser (`cut`); a completion has none.
+            match cut {
+                Some(c) => {
+                    let reason = c.finish_reason(finish);
+                    let msg = serde_json::to_value(c.message().clone().into_message())
+                        .unwrap_or(Value::Null);
                     let logprobs = if a.any_logprobs {
                         json!({"content": a.chat})
                     } else {
@@ -492,7 +467,7 @@ pub async fn whole(
                     };
                     json!({"index": i, "message": msg, "logprobs": logprobs, "finish_reason": reason})
                 }
-                Endpoint::Completions => {
+                None => {
                     let logprobs = if a.any_logprobs {
                         a.comp.json()
                     } else {
@@ -527,7 +502,6 @@ pub fn stream(
         let parser = parser.unwrap_or_else(|| ToolCallParser::new(&[]));
         let stops: &[String] = meta.chat_stops.as_ref().map_or(&[], |c| &c.stops);
         let mut chat: Vec<ChatChoice> = (0..meta.choices).map(|_| ChatChoice::with_stops(&parser, stops)).collect();
-        let mut content_lp: Vec<ContentLogprobs> = (0..meta.choices).map(|_| ContentLogprobs::new(&parser)).collect();
         let mut offsets = vec![0usize; meta.choices];
         let mut prompt_tokens = 0;
         let mut cached_tokens = 0;
@@ -562,19 +536,13 @@ pub fn stream(
                                 b.insert("finish_reason".into(), Value::Null);
                                 yield Ok(data(&Value::Object(chunk(index, b))));
                             }
-                            let delta = c.push(&text);
+                            let delta = c.push(&text, logprob.map(|l| chat_logprob(&tok, id, &l)));
                             if c.stopped()
                                 && let Some(cs) = &meta.chat_stops {
                                     cs.stop(index);
                                 }
-                            // (Every token of a request that asks for logprobs has one.)
-                            let lp = match (logprob, content_lp.get_mut(index)) {
-                                (Some(l), Some(clp)) => {
-                                    let done = clp.push(&text, Some(chat_logprob(&tok, id, &l)));
-                                    (!done.is_empty()).then(|| json!({"content": done}))
-                                }
-                                _ => None,
-                            };
+                            let done = c.take_logprobs();
+                            let lp = (!done.is_empty()).then(|| json!({"content": done}));
                             if delta.is_some() || lp.is_some() {
                                 let mut b = Map::new();
                                 b.insert("delta".into(), delta.unwrap_or_else(|| json!({})));
@@ -619,11 +587,7 @@ pub fn stream(
                                 && let Some(d) = delta.as_object_mut() {
                                     d.insert("role".into(), json!("assistant"));
                                 }
-                            let done = content_lp
-                                .get_mut(index)
-                                .filter(|clp| clp.pushed > 0)
-                                .map(|clp| clp.finish(&text))
-                                .unwrap_or_default();
+                            let done = c.take_logprobs();
                             b.insert("delta".into(), delta);
                             b.insert("logprobs".into(), if done.is_empty() { Value::Null } else { json!({"content": done}) });
                             b.insert("finish_reason".into(), json!(c.finish_reason(finish)));
@@ -674,7 +638,7 @@ mod tests {
         let bytes: Vec<char> = text.chars().collect();
         for piece in bytes.chunks(5) {
             let s: String = piece.iter().collect();
-            deltas.extend(c.push(&s));
+            deltas.extend(c.push(&s, None));
         }
         deltas.extend(c.finish(""));
         let reasoning: String = deltas
@@ -706,12 +670,14 @@ mod tests {
     #[test]
     fn chat_logprobs_cover_the_answer_tokens() {
         let run = |p: &ToolCallParser, tokens: &[&str]| -> Vec<String> {
-            let mut c = ContentLogprobs::new(p);
+            let mut c = ChatChoice::new(p);
             let mut out = Vec::new();
             for (i, t) in tokens.iter().enumerate() {
-                out.extend(c.push(t, Some(json!(format!("{i}:{t}")))));
+                c.push(t, Some(json!(format!("{i}:{t}"))));
+                out.extend(c.take_logprobs());
             }
-            out.extend(c.finish(""));
+            c.finish("");
+            out.extend(c.take_logprobs());
             out.iter()
                 .map(|v| v.as_str().unwrap().to_string())
                 .collect()
@@ -770,7 +736,7 @@ mod tests {
         let chars: Vec<char> = text.chars().collect();
         let mut deltas = Vec::new();
         for piece in chars.chunks(n) {
-            deltas.extend(c.push(&piece.iter().collect::<String>()));
+            deltas.extend(c.push(&piece.iter().collect::<String>(), None));
         }
         deltas.extend(c.finish(""));
         let field = |k: &str| -> String {
@@ -831,7 +797,7 @@ mod tests {
         let mut c = ChatChoice::new(&p);
         let mut out = String::new();
         for s in [" to=user<|message|>Hel", "lo!"] {
-            if let Some(d) = c.push(s) {
+            if let Some(d) = c.push(s, None) {
                 out += d["content"].as_str().unwrap_or("");
             }
         }

@@ -560,20 +560,9 @@ async fn prefix_reuse_answers_as_a_fresh_run() {
         ..Opts::default()
     })
     .await;
-    let ids = |v: &Value| -> Vec<u64> {
-        v["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap())
-            .collect()
-    };
-    let tokens = |text: &str| {
-        let s = &s;
-        let text = text.to_string();
-        async move { ids(&s.post("/tokenize", &json!({"content": text})).await.json()) }
-    };
-    let more = tokens(" and then the river turned north past the old mill").await;
+    let more = s
+        .token_ids(" and then the river turned north past the old mill", None)
+        .await;
     for (i, (text, first_max)) in [
         ("Once upon a time a fox lived in a quiet wood", 1usize),
         ("Seven bakers argued about bread until dawn", 2),
@@ -582,7 +571,7 @@ async fn prefix_reuse_answers_as_a_fresh_run() {
     .into_iter()
     .enumerate()
     {
-        let head = tokens(text).await;
+        let head = s.token_ids(text, None).await;
         assert!(head.len() > 4, "{text}: {} tokens", head.len());
         let first = s
             .post(
@@ -647,24 +636,12 @@ async fn kept_caches_count_against_the_kv_budget() {
     let cost = KvCost::new(&file.config, muser_engine::KvType::F16).unwrap();
     let probe = Server::start(Opts::default()).await;
     // No BOS: the two prompts share no first token.
-    let tokens = |text: &str| {
-        let s = &probe;
-        let text = text.to_string();
-        async move {
-            let v = s
-                .post("/tokenize", &json!({"content": text, "add_special": false}))
-                .await
-                .json();
-            v["tokens"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|t| t.as_u64().unwrap())
-                .collect::<Vec<u64>>()
-        }
-    };
-    let a = tokens("Once upon a time a fox lived in a quiet wood").await;
-    let b = tokens("Seven bakers argued about bread until dawn").await;
+    let a = probe
+        .token_ids("Once upon a time a fox lived in a quiet wood", Some(false))
+        .await;
+    let b = probe
+        .token_ids("Seven bakers argued about bread until dawn", Some(false))
+        .await;
     assert_ne!(a[0], b[0]);
     // A's kept cache: its prompt and the generated tokens fed back (all but the last).
     let kept_a = cost.bytes(a.len() + GEN - 1);

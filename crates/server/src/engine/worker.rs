@@ -295,7 +295,7 @@ impl<B: Backend> Worker<B> {
     /// (their reserves and the caches kept for reuse: `make_room`).
     fn admit(&mut self) {
         while let Some(s) = self.waiting.front() {
-            if self.free.is_empty() || self.reserved + s.reserve > self.shared.budget {
+            if self.free.is_empty() {
                 break;
             }
             let Some((fi, reuse)) = self.pick_slot(&s.prompt) else {
@@ -403,28 +403,33 @@ impl<B: Backend> Worker<B> {
             else {
                 return false;
             };
-            if let Some(kv) = self.slots[j].as_mut() {
-                self.model.backend.kv_clear(kv);
-            }
-            self.history[j].clear();
-            self.kept_total -= self.kept[j];
-            self.kept[j] = 0;
+            self.clear_slot(j);
         }
         true
+    }
+
+    /// Empty `slot`'s cache and what is known of it (history, kept bytes).
+    fn clear_slot(&mut self, slot: usize) {
+        if let Some(kv) = self.slots[slot].as_mut() {
+            self.model.backend.kv_clear(kv);
+        }
+        self.history[slot].clear();
+        self.dirty[slot] = false;
+        self.kept_total -= self.kept[slot];
+        self.kept[slot] = 0;
     }
 
     /// Ready `slot` for a sequence whose first `reuse` prompt tokens its cache holds: back to
     /// them, or cleared.
     fn take_slot(&mut self, slot: usize, reuse: usize) {
+        if reuse == 0 {
+            self.clear_slot(slot);
+            return;
+        }
         self.kept_total -= self.kept[slot];
         self.kept[slot] = 0;
-        let backend = &self.model.backend;
         if let Some(kv) = self.slots[slot].as_mut() {
-            if reuse > 0 {
-                backend.kv_set_len(kv, reuse);
-            } else {
-                backend.kv_clear(kv);
-            }
+            self.model.backend.kv_set_len(kv, reuse);
         }
         self.history[slot].truncate(reuse);
         self.dirty[slot] = false;
@@ -752,18 +757,16 @@ impl<B: Backend> Worker<B> {
             let mut s = self.running.swap_remove(i);
             // The cache stays for a later prompt that begins with its tokens (pick_slot),
             // unless reuse is off or a failed step may have spoiled it.
-            if let Some(Some(kv)) = self.slots.get_mut(s.slot) {
-                if !self.cfg.prefix_reuse
-                    || self.dirty[s.slot]
-                    || self.model.backend.kv_len(kv) != self.history[s.slot].len()
-                {
-                    self.model.backend.kv_clear(kv);
-                    self.history[s.slot].clear();
-                    self.dirty[s.slot] = false;
-                } else {
+            if let Some(Some(kv)) = self.slots.get(s.slot) {
+                let keep = self.cfg.prefix_reuse
+                    && !self.dirty[s.slot]
+                    && self.model.backend.kv_len(kv) == self.history[s.slot].len();
+                if keep {
                     let bytes = self.shared.cost.bytes(self.history[s.slot].len());
                     self.kept[s.slot] = bytes;
                     self.kept_total += bytes;
+                } else {
+                    self.clear_slot(s.slot);
                 }
             }
             self.ticks += 1;

@@ -135,6 +135,19 @@ impl Server {
         request(&self.addr, "POST", path, &[], body.to_string().as_bytes()).await
     }
 
+    /// `/tokenize`'s ids for `text` (`add_special`: BOS or not; None: the model's default).
+    pub async fn token_ids(&self, text: &str, add_special: Option<bool>) -> Vec<u64> {
+        let mut body = serde_json::json!({ "content": text });
+        if let Some(a) = add_special {
+            body["add_special"] = Value::Bool(a);
+        }
+        let v = self.post("/tokenize", &body).await.json();
+        v["tokens"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_u64).collect())
+            .unwrap_or_else(|| panic!("/tokenize: {v}"))
+    }
+
     pub async fn get(&self, path: &str) -> Resp {
         request(&self.addr, "GET", path, &[], b"").await
     }
