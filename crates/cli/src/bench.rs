@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use muser_cuda::graph::GraphDecoder;
-use muser_engine::sampling::Rng;
+use muser_engine::sampling::{Rng, RowDraw};
 use muser_engine::{Backend, KvType, Logits, MuseGlimmer, Session};
 
 use crate::common::{CliResult, Loaded, ModelOpts};
@@ -53,22 +53,42 @@ pub struct Args {
     /// Tokens generated per sequence in the batched test.
     #[arg(long = "batch-gen", default_value_t = 128)]
     pub batch_gen: usize,
+    /// Batched test: each step chooses every sequence's next token where the logits are (greedy,
+    /// on the GPU for CUDA) and feeds it to the next step, as `muser serve` does, instead of
+    /// copying every sequence's logits to the host (as llama-batched-bench does).
+    #[arg(long = "batch-draw")]
+    pub batch_draw: bool,
+}
+
+/// What the batched test runs: `npl` sequences, `npp` prompt tokens each (micro-batches of
+/// `ubatch`), `ntg` steps; `draw`: tokens chosen on the backend (`--batch-draw`).
+struct BatchShape {
+    npl: usize,
+    npp: usize,
+    ntg: usize,
+    ubatch: usize,
+    draw: bool,
 }
 
 /// The batched test: every sequence's prompt, in micro-batches of `ubatch` tokens that mix
 /// sequences (as many as the backend allows per call), then `ntg` steps of one token for each
 /// sequence in one micro-batch, with every sequence's logits copied to the host each step (as
-/// llama.cpp does for its outputs). Returns (prompt seconds, generation seconds).
+/// llama.cpp does for its outputs), or with `draw` its greedy token chosen on the backend and fed
+/// to the next step. Returns (prompt seconds, generation seconds).
 fn batched_test<B: Backend>(
     m: &MuseGlimmer<B>,
     kv: KvType,
-    npl: usize,
-    npp: usize,
-    ntg: usize,
-    ubatch: usize,
+    shape: &BatchShape,
     profile: Option<&dyn Fn(usize)>,
 ) -> Result<(f64, f64), muser_engine::Error> {
     use muser_engine::backend::Batch;
+    let &BatchShape {
+        npl,
+        npp,
+        ntg,
+        ubatch,
+        draw,
+    } = shape;
     // With `profile`: 2 x PROFILE_STEPS more steps, untimed; `profile(k)` is called before
     // pass k = 0, 1 of PROFILE_STEPS steps and after the last (k = 2).
     let extra = if profile.is_some() {
@@ -116,16 +136,36 @@ fn batched_test<B: Backend>(
     let t_pp = t.elapsed().as_secs_f64();
     // One step: every sequence advances by a random token at position npp + step.
     let rows: Vec<usize> = (0..npl).collect();
+    let greedy: Vec<RowDraw> = (0..npl)
+        .map(|_| RowDraw {
+            inv_temperature: 0.0,
+            min_p: 0.0,
+            seed: 0,
+            counter: 0,
+            edits: Vec::new(),
+        })
+        .collect();
+    let mut drawn: Vec<u32> = Vec::new();
     let mut decode_step = |step: usize| -> Result<(), muser_engine::Error> {
-        let batch = Batch {
-            tokens: (0..npl)
+        let tokens = if draw && drawn.len() == npl {
+            std::mem::take(&mut drawn)
+        } else {
+            (0..npl)
                 .map(|_| random_tokens(&mut rng, 1, m.config.n_vocab)[0])
-                .collect(),
+                .collect()
+        };
+        let batch = Batch {
+            tokens,
             pos: vec![(npp + step) as u32; npl],
             seq: (0..npl).collect(),
         };
         let mut refs: Vec<&mut B::Kv> = caches.iter_mut().collect();
-        m.forward_into(&mut ws, &batch, &mut refs, &rows, &mut logits)
+        if draw {
+            m.forward_device(&mut ws, &batch, &mut refs, &rows)?;
+            m.draw_logit_rows(&mut ws, &rows, &greedy, &mut drawn)
+        } else {
+            m.forward_into(&mut ws, &batch, &mut refs, &rows, &mut logits)
+        }
     };
     let t = Instant::now();
     for step in 0..ntg {
@@ -351,6 +391,13 @@ pub fn run(a: Args) -> CliResult {
         }
     }
     for &npl in a.parallel.iter().filter(|&&n| n > 0) {
+        let shape = BatchShape {
+            npl,
+            npp: a.batch_prompt,
+            ntg: a.batch_gen,
+            ubatch: a.ubatch,
+            draw: a.batch_draw,
+        };
         let (tp, tg) = match &loaded {
             Loaded::Cuda(m) if a.profile => {
                 // Two passes: as the steps run, then each operation alone (the stream drained
@@ -373,18 +420,10 @@ pub fn run(a: Args) -> CliResult {
                     m.backend.set_profile_sync(k == 1);
                     m.backend.set_profiling(k < 2);
                 };
-                batched_test(
-                    m,
-                    kv,
-                    npl,
-                    a.batch_prompt,
-                    a.batch_gen,
-                    a.ubatch,
-                    Some(&phase),
-                )?
+                batched_test(m, kv, &shape, Some(&phase))?
             }
             _ => {
-                crate::with_model!(&loaded, m => batched_test(m, kv, npl, a.batch_prompt, a.batch_gen, a.ubatch, None)?)
+                crate::with_model!(&loaded, m => batched_test(m, kv, &shape, None)?)
             }
         };
         println!(
@@ -394,8 +433,9 @@ pub fn run(a: Args) -> CliResult {
             tp * 1e3 / (npl * a.batch_prompt) as f64
         );
         println!(
-            "| tg{} x{npl} (aggregate) | {:.2} | {:.3} |",
+            "| tg{} x{npl} (aggregate{}) | {:.2} | {:.3} |",
             a.batch_gen,
+            if a.batch_draw { ", tokens drawn on the backend" } else { "" },
             (npl * a.batch_gen) as f64 / tg,
             tg * 1e3 / (npl * a.batch_gen) as f64
         );

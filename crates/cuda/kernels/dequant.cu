@@ -351,6 +351,58 @@ extern "C" __global__ void x8_quant(const float* __restrict__ x, int rows, int c
     }
 }
 
+// x8_quant with its own row maxima: one block per token finds the token's largest |x| (written
+// to xmax[t], as x16_rowmax would) and then writes the token's e4m3 row and down[t] as x8_quant
+// does (the same bits: a maximum does not depend on the order it is taken in). One launch where
+// there were two; the second pass over the row reads it from the cache.
+extern "C" __global__ void __launch_bounds__(256) x8_rowquant(const float* __restrict__ x, int cols, u32* xmax,
+                                                              u8* out, long long ld, float* down) {
+    __shared__ u32 wm[8];
+    const int t = blockIdx.x;
+    const float* xr = x + (long long)t * cols;
+    u32 m = 0;
+    for (int c = 4 * threadIdx.x; c < cols; c += 4 * blockDim.x) {
+        const float4 a = *(const float4*)(xr + c);
+        m = max(m, max(max(__float_as_uint(a.x) & 0x7fffffffu, __float_as_uint(a.y) & 0x7fffffffu),
+                       max(__float_as_uint(a.z) & 0x7fffffffu, __float_as_uint(a.w) & 0x7fffffffu)));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) wm[threadIdx.x >> 5] = m;
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 8; i++) m = max(m, wm[i]);
+    const int S = pow2_shift(m, 8, 120);
+    if (threadIdx.x == 0) {
+        xmax[t] = m;
+        down[t] = ldexpf(1.0f, -S);
+    }
+    const float up = ldexpf(1.0f, S);
+    for (int c0 = 8 * threadIdx.x; c0 < cols; c0 += 8 * blockDim.x) {
+        float v[8];
+        ld8(xr + c0, v);
+        put8(v, up, out + (long long)t * ld + c0);
+    }
+}
+
+// A joint product's outputs apart: y holds rows tokens of width floats (the products of
+// matrices stacked row-wise, `w8_joint`); output j takes columns [off_j, off_j + w_j) of each
+// token into its own rows of w_j floats. Up to four outputs (w_j 0: none); every off_j and w_j a
+// multiple of 4 (w8_joint_ready checks the rows).
+extern "C" __global__ void y_split4(const float* __restrict__ y, int rows, int width, float* o0, int w0,
+                                    float* o1, int w1, float* o2, int w2, float* o3, int w3) {
+    const int c = 4 * (blockIdx.x * blockDim.x + threadIdx.x);
+    if (c >= width) return;
+    float* o;
+    int w, off;
+    if (c < w0) { o = o0; w = w0; off = 0; }
+    else if (c < w0 + w1) { o = o1; w = w1; off = w0; }
+    else if (c < w0 + w1 + w2) { o = o2; w = w2; off = w0 + w1; }
+    else { o = o3; w = w3; off = w0 + w1 + w2; }
+    for (int t = blockIdx.y; t < rows; t += gridDim.y)
+        *(float4*)(o + (long long)t * w + (c - off)) = *(const float4*)(y + (long long)t * width + c);
+}
+
 // y[t][r] = (y[t][r] a[r]) s[t] (rows tokens of width floats): the scales a product on the FP8
 // tensor cores leaves out when cuBLASLt cannot apply them (one multiply each: powers of two).
 extern "C" __global__ void y_scale_outer(float* y, int rows, int width, const float* a, const float* s) {

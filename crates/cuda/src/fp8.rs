@@ -16,8 +16,10 @@ use crate::{CudaAct, CudaBackend, CudaMatrix, dev, grid_runs8};
 
 /// cuBLASLt's workspace (its recommendation for Hopper: 32 MiB).
 const LT_WORKSPACE: usize = 32 << 20;
-/// Algorithms timed per product shape when tuning (`pick`).
-const TUNE_CANDIDATES: usize = 8;
+/// Algorithms asked of cuBLASLt's heuristic per product shape when tuning (`pick`), and the
+/// K splits tried on each of them.
+const TUNE_CANDIDATES: usize = 16;
+const TUNE_SPLITS: [i32; 5] = [2, 3, 4, 6, 8];
 /// Matrices of fewer rows keep the other kernels (`MUSER_FP8_MIN_ROWS`, default 0: every
 /// matrix, as measured). cuBLASLt's FP8 kernels give each block 64 or more rows, so a 256-row
 /// matrix (the 30B's K and V) fills a few of the 132 SMs: on the H200 (2026-11-30) the K and V
@@ -25,6 +27,15 @@ const TUNE_CANDIDATES: usize = 8;
 /// kernels. `MUSER_FP8_MIN_ROWS=1024` keeps such matrices off FP8; its effect on a whole step is
 /// not measured yet.
 pub(crate) const FP8_MIN_ROWS: usize = 0;
+
+/// A joint e4m3 copy (`joint8_ready`): matrices of one width stacked row-wise, each row times
+/// its power of two as in `w8_ready`, and the rows' factors.
+pub(crate) struct Joint8 {
+    /// Each member's identity (its weights' device address) and rows, in order.
+    members: Vec<(u64, usize)>,
+    q: CudaSlice<u8>,
+    down: CudaSlice<f32>,
+}
 
 /// The cuBLASLt state of one backend: its handle, its workspace (allocated with the handle, so
 /// that a product recorded into a graph never allocates) and the algorithm chosen per shape.
@@ -144,15 +155,15 @@ impl Desc {
     }
 
     /// cuBLASLt's candidate algorithms for these descriptors, its first choice first (at most
-    /// TUNE_CANDIDATES, each within the workspace).
-    fn algos(&self, handle: lts::cublasLtHandle_t) -> Vec<lts::cublasLtMatmulAlgo_t> {
+    /// `count`, each within the workspace).
+    fn algos(&self, handle: lts::cublasLtHandle_t, count: usize) -> Vec<lts::cublasLtMatmulAlgo_t> {
         // SAFETY: an all-zero heuristic result is a valid value of this plain C struct (zero
         // algorithm words, size 0, CUBLAS_STATUS_SUCCESS, 0 waves).
         let zero: lts::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
-        let mut res = vec![zero; TUNE_CANDIDATES];
-        let mut count = 0i32;
+        let mut res = vec![zero; count];
+        let mut got = 0i32;
         // SAFETY: every descriptor is live and describes the product it was made for; `res`
-        // holds TUNE_CANDIDATES results, the count asked for.
+        // holds `count` results, the count asked for.
         let st = unsafe {
             lts::cublasLtMatmulAlgoGetHeuristic(
                 handle,
@@ -162,16 +173,16 @@ impl Desc {
                 self.layouts[2],
                 self.layouts[2],
                 self.pref,
-                TUNE_CANDIDATES as i32,
+                count as i32,
                 res.as_mut_ptr(),
-                &mut count,
+                &mut got,
             )
         };
         if st != lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
             return Vec::new();
         }
         res.iter()
-            .take(count.clamp(0, TUNE_CANDIDATES as i32) as usize)
+            .take(got.clamp(0, count as i32) as usize)
             .filter(|r| {
                 r.state == lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS
                     && r.workspaceSize <= LT_WORKSPACE
@@ -179,6 +190,108 @@ impl Desc {
             .map(|r| r.algo)
             .collect()
     }
+
+    /// `algo` with its K dimension split `parts` ways (the partial sums added by cuBLASLt), if
+    /// the algorithm supports that and cuBLASLt accepts it for these descriptors within the
+    /// workspace.
+    fn split_k(
+        &self,
+        handle: lts::cublasLtHandle_t,
+        algo: &lts::cublasLtMatmulAlgo_t,
+        parts: i32,
+    ) -> Option<lts::cublasLtMatmulAlgo_t> {
+        if cap_i32(algo, lts::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT)
+            != Some(1)
+        {
+            return None;
+        }
+        let mut a = *algo;
+        let v = parts.to_ne_bytes();
+        // SAFETY: `a` is a copy of an initialized algorithm; v holds the attribute's i32 value.
+        let st = unsafe {
+            lts::cublasLtMatmulAlgoConfigSetAttribute(
+                &mut a,
+                lts::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                v.as_ptr() as *const c_void,
+                v.len(),
+            )
+        };
+        if st != lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return None;
+        }
+        // SAFETY: as in `algos`: an all-zero result is a valid value of this plain C struct.
+        let mut r: lts::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        // SAFETY: every descriptor is live; `a` is initialized; `r` is written by the call.
+        let st = unsafe {
+            lts::cublasLtMatmulAlgoCheck(
+                handle,
+                self.mm,
+                self.layouts[0],
+                self.layouts[1],
+                self.layouts[2],
+                self.layouts[2],
+                &a,
+                &mut r,
+            )
+        };
+        (st == lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS && r.workspaceSize <= LT_WORKSPACE)
+            .then_some(a)
+    }
+}
+
+fn cap_i32(
+    algo: &lts::cublasLtMatmulAlgo_t,
+    attr: lts::cublasLtMatmulAlgoCapAttributes_t,
+) -> Option<i32> {
+    let mut v = 0i32;
+    let mut written = 0usize;
+    // SAFETY: `algo` is initialized; the buffer holds the 4 bytes of an i32 attribute.
+    let st = unsafe {
+        lts::cublasLtMatmulAlgoCapGetAttribute(
+            algo,
+            attr,
+            &mut v as *mut i32 as *mut c_void,
+            4,
+            &mut written,
+        )
+    };
+    (st == lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS && written == 4).then_some(v)
+}
+
+/// An algorithm's configuration as text (the tuning log): its id, tile, split, stages and
+/// cluster shape (cuBLASLt's enum values).
+fn describe(algo: &lts::cublasLtMatmulAlgo_t) -> String {
+    use lts::cublasLtMatmulAlgoConfigAttributes_t as C;
+    let get = |attr: C| -> i64 {
+        let mut v = [0u8; 8];
+        let mut written = 0usize;
+        // SAFETY: `algo` is initialized; the buffer holds 8 bytes, the largest config value.
+        let st = unsafe {
+            lts::cublasLtMatmulAlgoConfigGetAttribute(
+                algo,
+                attr,
+                v.as_mut_ptr() as *mut c_void,
+                v.len(),
+                &mut written,
+            )
+        };
+        match (st == lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS, written) {
+            (true, 4) => i32::from_ne_bytes([v[0], v[1], v[2], v[3]]) as i64,
+            (true, 8) => i64::from_ne_bytes(v),
+            (true, 2) => u16::from_ne_bytes([v[0], v[1]]) as i64,
+            _ => -1,
+        }
+    };
+    format!(
+        "id {} tile {} splitk {} reduction {} stages {} cluster {} swizzle {}",
+        get(C::CUBLASLT_ALGO_CONFIG_ID),
+        get(C::CUBLASLT_ALGO_CONFIG_TILE_ID),
+        get(C::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+        get(C::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+        get(C::CUBLASLT_ALGO_CONFIG_STAGES_ID),
+        get(C::CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+        get(C::CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+    )
 }
 
 /// The device addresses of one FP8 product: A, B, D (C = D), the workspace.
@@ -398,7 +511,36 @@ impl CudaBackend {
         let Some((q, w_down)) = w.w8.get() else {
             return Err(Error::Backend("gemm8: the matrix has no e4m3 copy".into()));
         };
-        let (m, n, k) = (w.rows, out.rows, w.cols);
+        let st = &self.stream;
+        let (a, _ga) = q.device_ptr(st);
+        let (a_scale, _gas) = w_down.device_ptr(st);
+        let (b, _gb) = x8.device_ptr(st);
+        let (b_scale, _gbs) = x_down.device_ptr(st);
+        let (c, _gc) = out.data.device_ptr_mut(st);
+        let shape = (w.rows, out.rows, w.cols);
+        // SAFETY: q holds rows x cols bytes and w_down rows floats (w8_ready); the caller grew
+        // x8 to out.rows x cols bytes and x_down to out.rows floats; out holds out.rows x rows
+        // floats (checked by matmul). The guards keep them alive past the launches.
+        unsafe { self.gemm8_raw(shape, a, a_scale, b, b_scale, c) }
+    }
+
+    /// D (n x m f32 at `c`, token-major) = A (m rows of k e4m3 at `a`) times B (n tokens of k
+    /// e4m3 at `b`), times A's row factors (m floats at `a_scale`) and B's token factors (n
+    /// floats at `b_scale`): by cuBLASLt's outer-vector scales where it has an algorithm for
+    /// them, else by `y_scale_outer` after it.
+    ///
+    /// # Safety
+    /// The addresses must hold what is described, on this backend's device, until the stream
+    /// has run the product.
+    unsafe fn gemm8_raw(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        a: u64,
+        a_scale: u64,
+        b: u64,
+        b_scale: u64,
+        c: u64,
+    ) -> Result<()> {
         let mut g = self
             .lt
             .lock()
@@ -407,12 +549,7 @@ impl CudaBackend {
             .as_mut()
             .ok_or_else(|| Error::Backend("gemm8: cuBLASLt not set up".into()))?;
         let st = &self.stream;
-        let (a, _ga) = q.device_ptr(st);
-        let (b, _gb) = x8.device_ptr(st);
-        let (a_scale, _gas) = w_down.device_ptr(st);
-        let (b_scale, _gbs) = x_down.device_ptr(st);
         let (ws, _gw) = l.workspace.device_ptr(st);
-        let (c, _gc) = out.data.device_ptr_mut(st);
         let ops = Operands { a, b, c, ws };
         // Outer-vector scales where cuBLASLt has an algorithm for them (asked once per
         // backend, and again after set_fp8_outer_scales).
@@ -444,12 +581,9 @@ impl CudaBackend {
                 (d, a)
             }
         };
-        // SAFETY: the descriptors describe A (q: m x k bytes, the matrix's copy), B (x8: n x k
-        // bytes, grown by the caller), D (out: n x m floats, ldc = m, checked by matmul) and,
-        // when set, the scale vectors (w_down: m floats, x_down: n floats); the workspace is
-        // this handle's (LT_WORKSPACE bytes, the size the preference allows). All stay alive
-        // until the stream has run the product (the matrix, scratch and the backend's own
-        // buffers).
+        // SAFETY: the descriptors describe A (m x k bytes), B (n x k bytes), D (n x m floats,
+        // ldc = m) and, when set, the scale vectors, as the caller guarantees; the workspace is
+        // this handle's (LT_WORKSPACE bytes, the size the preference allows).
         unsafe {
             launch(
                 l.handle,
@@ -460,13 +594,12 @@ impl CudaBackend {
             )
         }?;
         l.last_outer = Some(outer);
-        drop((_ga, _gb, _gas, _gbs, _gw));
+        drop(_gw);
         if !outer {
             let f = self.f("y_scale_outer")?;
             let (rows_i, width_i) = (n as i32, m as i32);
             let mut b = st.launch_builder(&f);
-            // `c` is out's own pointer (its guard is held): the kernel scales out in place.
-            b.arg(&c).arg(&rows_i).arg(&width_i).arg(w_down).arg(x_down);
+            b.arg(&c).arg(&rows_i).arg(&width_i).arg(&a_scale).arg(&b_scale);
             let cfg = LaunchConfig {
                 grid_dim: (
                     (m as u32).div_ceil(256).clamp(1, 1024),
@@ -476,12 +609,222 @@ impl CudaBackend {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: scales out's n x m floats in place, reading m floats of w_down and n of
-            // x_down.
+            // SAFETY: scales D's n x m floats in place, reading m floats at a_scale and n at
+            // b_scale (the caller's guarantee).
             unsafe { b.launch(cfg) }.map_err(dev("y_scale_outer"))?;
         }
-        drop(_gc);
         self.fp8_count.fetch_add(1, Relaxed);
+        Ok(())
+    }
+
+    /// x8_quant with the token maxima found in the same launch (written to `xmax`, as
+    /// x16_rowmax would): the same bits.
+    pub(crate) fn x8_rowquant(
+        &self,
+        x: &CudaAct,
+        xmax: &mut CudaSlice<u32>,
+        x8: &mut CudaSlice<u8>,
+        down: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let f = self.f("x8_rowquant")?;
+        let (cols_i, ld) = (x.cols as i32, x.cols as i64);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&x.data)
+            .arg(&cols_i)
+            .arg(xmax)
+            .arg(x8)
+            .arg(&ld)
+            .arg(down);
+        let cfg = LaunchConfig {
+            grid_dim: (x.rows as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: one block per token (x.rows <= MAX_UBATCH) reads its cols floats (a multiple
+        // of 16: w8_ready) and writes its word of xmax and of down and its cols bytes of x8
+        // (the caller grew all three to x.rows tokens).
+        unsafe { b.launch(cfg) }.map_err(dev("x8_rowquant"))?;
+        Ok(())
+    }
+
+    /// Whether `ws` (2 to 4 matrices of one width, products of the same input) have a joint
+    /// e4m3 copy now, made here where missing (`room_for_copy` allowing): the shape rules of
+    /// `w8_ready` for each, the copy kept on ws[0] for this group only (another group with the
+    /// same first matrix gets its products one by one).
+    pub(crate) fn joint8_ready(&self, ws: &[&CudaMatrix]) -> Result<bool> {
+        let Some(first) = ws.first() else {
+            return Ok(false);
+        };
+        let cols = first.cols;
+        if !self.fp8_weights.load(Relaxed)
+            || !(2..=4).contains(&ws.len())
+            || !cols.is_multiple_of(16)
+            || ws.iter().any(|w| {
+                w.cols != cols
+                    || !w.rows.is_multiple_of(4)
+                    || w.rows < self.fp8_min_rows.load(Relaxed)
+            })
+        {
+            return Ok(false);
+        }
+        let st = &self.stream;
+        let members: Vec<(u64, usize)> = ws
+            .iter()
+            .map(|w| (w.data.device_ptr(st).0, w.rows))
+            .collect();
+        if let Some(j) = first.w8_joint.get() {
+            return Ok(j.members == members);
+        }
+        let rows: usize = ws.iter().map(|w| w.rows).sum();
+        if !self.room_for_copy(rows * cols + 4 * rows) {
+            return Ok(false);
+        }
+        let (Ok(mut q), Ok(mut down)) = (
+            st.alloc_zeros::<u8>(rows * cols),
+            st.alloc_zeros::<f32>(rows),
+        ) else {
+            return Ok(false);
+        };
+        {
+            let (qp, _gq) = q.device_ptr_mut(st);
+            let (dp, _gd) = down.device_ptr_mut(st);
+            let mut r0 = 0usize;
+            for w in ws {
+                let (cols_i, rows_i) = (w.cols as i32, w.rows as i32);
+                let (down_w, q_w) = (dp + 4 * r0 as u64, qp + (r0 * cols) as u64);
+                {
+                    let f = self.f("w8_rowscale")?;
+                    let mut b = st.launch_builder(&f);
+                    b.arg(&w.data)
+                        .arg(&w.fmt)
+                        .arg(&w.nbt)
+                        .arg(&cols_i)
+                        .arg(&rows_i)
+                        .arg(&down_w);
+                    let cfg = LaunchConfig {
+                        grid_dim: ((w.rows as u32).clamp(1, 65_535), 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: reads the matrix's rows x cols elements, writes its rows floats
+                    // of `down` from row r0 (down holds the group's rows, allocated above).
+                    unsafe { b.launch(cfg) }.map_err(dev("w8_rowscale"))?;
+                }
+                let f = self.f("w8_rows")?;
+                let (row0, ld) = (0i64, cols as i64);
+                let mut b = st.launch_builder(&f);
+                b.arg(&w.data)
+                    .arg(&w.fmt)
+                    .arg(&w.nbt)
+                    .arg(&cols_i)
+                    .arg(&row0)
+                    .arg(&rows_i)
+                    .arg(&down_w)
+                    .arg(&q_w)
+                    .arg(&ld);
+                let cfg = grid_runs8(w.cols, w.rows);
+                // SAFETY: reads every row of the matrix and its row factors (written just
+                // above); writes its rows x cols bytes of q from row r0 (q holds the group's
+                // rows x cols, allocated above).
+                unsafe { b.launch(cfg) }.map_err(dev("w8_rows"))?;
+                r0 += w.rows;
+            }
+        }
+        let _ = first.w8_joint.set(Joint8 { members, q, down });
+        Ok(true)
+    }
+
+    /// The products of the joint copy of `ws` (joint8_ready) with x (n tokens) into the
+    /// scratch's `y8`: n rows of the members' total rows, member j's outputs at columns from
+    /// the rows of the ones before it. Returns that width.
+    pub(crate) fn joint8(
+        &self,
+        ws: &[&CudaMatrix],
+        x: &CudaAct,
+        s: &mut crate::Scratch,
+    ) -> Result<usize> {
+        let j = ws
+            .first()
+            .and_then(|w| w.w8_joint.get())
+            .ok_or_else(|| Error::Backend("joint8: the group has no joint e4m3 copy".into()))?;
+        let (n, cols) = (x.rows, x.cols);
+        let width: usize = j.members.iter().map(|m| m.1).sum();
+        if ws.iter().any(|w| w.cols != cols) {
+            return Err(Error::Backend(format!(
+                "joint8: input {n}x{cols}, matrices of {} columns",
+                ws[0].cols
+            )));
+        }
+        self.grow(&mut s.x8, n * cols)?;
+        self.grow(&mut s.x8down, n)?;
+        self.grow(&mut s.x16max, n)?;
+        self.grow(&mut s.y8, n * width)?;
+        self.x8_rowquant(x, &mut s.x16max, &mut s.x8, &mut s.x8down)?;
+        let st = &self.stream;
+        let (a, _ga) = j.q.device_ptr(st);
+        let (a_scale, _gas) = j.down.device_ptr(st);
+        let (b, _gb) = s.x8.device_ptr(st);
+        let (b_scale, _gbs) = s.x8down.device_ptr(st);
+        let (c, _gc) = s.y8.device_ptr_mut(st);
+        // SAFETY: the joint copy holds width x cols bytes and width factors; x8 and x8down
+        // hold n tokens (written just above), y8 n x width floats (grown above). The guards
+        // keep them alive past the launches.
+        unsafe { self.gemm8_raw((width, n, cols), a, a_scale, b, b_scale, c) }?;
+        Ok(width)
+    }
+
+    /// y8's joint outputs (`joint8`, `width` columns) apart into `outs`, in the group's order.
+    pub(crate) fn y8_split(
+        &self,
+        y8: &CudaSlice<f32>,
+        width: usize,
+        outs: &mut [&mut CudaAct],
+    ) -> Result<()> {
+        let n = outs.first().map_or(0, |o| o.rows);
+        let total: usize = outs.iter().map(|o| o.cols).sum();
+        if outs.len() > 4
+            || total != width
+            || outs
+                .iter()
+                .any(|o| o.rows != n || !o.cols.is_multiple_of(4))
+            || y8.len() < n * width
+        {
+            return Err(Error::Backend(format!(
+                "y8_split: {} outputs of {total} columns from {width}",
+                outs.len()
+            )));
+        }
+        let st = &self.stream;
+        let mut ptrs = [(0u64, 0i32); 4];
+        let mut guards = Vec::with_capacity(outs.len());
+        for (p, o) in ptrs.iter_mut().zip(outs.iter_mut()) {
+            let (ptr, gd) = o.data.device_ptr_mut(st);
+            *p = (ptr, o.cols as i32);
+            guards.push(gd);
+        }
+        let f = self.f("y_split4")?;
+        let (rows_i, width_i) = (n as i32, width as i32);
+        let mut b = st.launch_builder(&f);
+        b.arg(y8).arg(&rows_i).arg(&width_i);
+        for (ptr, w) in &ptrs {
+            b.arg(ptr).arg(w);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (width as u32 / 4).div_ceil(128),
+                (n as u32).clamp(1, 65_535),
+                1,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: reads n x width floats of y8 (checked above); output j receives n rows of
+        // its cols floats (its own buffer, n rows checked above); unused outputs have width 0.
+        unsafe { b.launch(cfg) }.map_err(dev("y_split4"))?;
+        drop(guards);
+        for o in outs.iter_mut() {
+            o.xs_ok = false;
+        }
         Ok(())
     }
 
@@ -491,14 +834,17 @@ impl CudaBackend {
     }
 
     /// The algorithm for one product shape: the one chosen before, else cuBLASLt's first choice
-    /// (kept, except while a graph is recorded), or with `MUSER_FP8_TUNE=1` its candidates each
-    /// timed on these operands (one run, then 3 between events; the fastest kept). Tuning is off
-    /// by default: at 64 tokens the FFN's FP8 products ran at 2.1 TB/s on cuBLASLt's first
-    /// choice (H200, 2026-11-30), and whether another candidate does better is not measured yet. None: no algorithm for these descriptors. Tuning writes the output
-    /// (the caller's product overwrites it) and waits for the device once per shape. The
-    /// candidates sum in different orders, so a tuned choice can differ from one process to the
-    /// next (timing), and with it the outputs' last bits; within a process a shape keeps its
-    /// algorithm.
+    /// (kept, except while a graph is recorded), or with `MUSER_FP8_TUNE=1` its first
+    /// TUNE_CANDIDATES candidates, each also with its K split TUNE_SPLITS ways where cuBLASLt
+    /// allows, timed on these operands (one run, then 3 between events; the fastest kept;
+    /// `MUSER_FP8_TUNE_LOG=1` prints each). None: no algorithm for these descriptors.
+    ///
+    /// Tuning is off by default: at 64 tokens the FFN's FP8 products ran at 2.1 TB/s on
+    /// cuBLASLt's first choice (H200, 2026-11-30), and whether another candidate does better is
+    /// not measured yet. Tuning writes the output (the caller's product overwrites it) and waits
+    /// for the device once per shape. The candidates sum in different orders, so a tuned choice
+    /// can differ from one process to the next (timing), and with it the outputs' last bits;
+    /// within a process a shape keeps its algorithm.
     fn pick(
         &self,
         handle: lts::cublasLtHandle_t,
@@ -510,16 +856,30 @@ impl CudaBackend {
         if let Some(a) = algos.get(&key) {
             return Ok(Some(*a));
         }
-        let cands = d.algos(handle);
+        let capturing = self.capturing.load(SeqCst);
+        let tune = self.fp8_tune.load(Relaxed) && !capturing;
+        let mut cands = d.algos(handle, if tune { TUNE_CANDIDATES } else { 1 });
         let Some(first) = cands.first().copied() else {
             return Ok(None);
         };
-        if self.capturing.load(SeqCst) {
+        if !tune {
+            // Not kept while a graph is recorded (a later eager product may tune the shape).
+            if !capturing {
+                algos.insert(key, first);
+            }
             return Ok(Some(first));
         }
+        // Each candidate also with its K dimension split (cuBLASLt's heuristic seldom offers
+        // splits for few tokens, where they give the SMs work enough).
+        let splits: Vec<_> = cands
+            .iter()
+            .flat_map(|a| TUNE_SPLITS.iter().filter_map(|&p| d.split_k(handle, a, p)))
+            .collect();
+        cands.extend(splits);
+        let log = std::env::var("MUSER_FP8_TUNE_LOG").is_ok_and(|v| v == "1");
         let stream = self.stream.cu_stream() as lts::cudaStream_t;
         let mut best = (f32::INFINITY, first);
-        if cands.len() > 1 && self.fp8_tune.load(Relaxed) {
+        {
             let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
             let e0 = self.ctx.new_event(flags).map_err(dev("event"))?;
             let e1 = self.ctx.new_event(flags).map_err(dev("event"))?;
@@ -537,10 +897,23 @@ impl CudaBackend {
                 }
                 e1.record(&self.stream).map_err(dev("event"))?;
                 let ms = e0.elapsed_ms(&e1).map_err(dev("event timing"))?;
+                if log {
+                    let (m, n, k, outer) = key;
+                    let us = ms * 1e3 / 3.0;
+                    eprintln!(
+                        "fp8 tune {m}x{k} x {n} tokens (outer {outer}): {us:.1} us, {:.0} GB/s of weights{}: {}",
+                        (m * k) as f64 / (us as f64 * 1e3),
+                        if ok { "" } else { " (failed)" },
+                        describe(a)
+                    );
+                }
                 if ok && ms < best.0 {
                     best = (ms, *a);
                 }
             }
+        }
+        if log {
+            eprintln!("fp8 tune {key:?} chose {}", describe(&best.1));
         }
         algos.insert(key, best.1);
         Ok(Some(best.1))

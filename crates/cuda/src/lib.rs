@@ -83,6 +83,10 @@ pub struct CudaMatrix {
     /// rows' 2^-S_r (kernels/dequant.cu `w8_rowscale`, `w8_rows`), made at its first product
     /// in `--mode fast` on the FP8 tensor cores and kept.
     w8: std::sync::OnceLock<(CudaSlice<u8>, CudaSlice<f32>)>,
+    /// `--fp8-weights`: this matrix and the ones that share its input (the attention's Q, gate,
+    /// K and V; the FFN's gate and up) in one e4m3 copy, their products one FP8 GEMM
+    /// (fp8.rs `joint8`). Kept on the group's first matrix.
+    w8_joint: std::sync::OnceLock<fp8::Joint8>,
 }
 
 /// Activations on the device: `rows` of `cols` f32, room for `cap` rows, and the sums of 8
@@ -179,6 +183,8 @@ struct Scratch {
     /// `--fp8-weights`: the activations in e4m3 and each token's 2^-S_t (fp8.rs x8_quant).
     x8: CudaSlice<u8>,
     x8down: CudaSlice<f32>,
+    /// A joint FP8 product's output (fp8.rs `joint8`): n rows of the members' total rows.
+    y8: CudaSlice<f32>,
     inv_freq: HashMap<(u32, usize), CudaSlice<f64>>,
 }
 
@@ -279,9 +285,22 @@ struct StepGraphs {
     replay: Option<StepKey>,
     /// The shape `record_close` just kept (the next `record_run` launches it).
     closed: Option<StepKey>,
-    /// Steps replayed so far.
+    /// Steps replayed so far, and per number of tokens (`MUSER_NCU_STEP`).
     replays: u64,
+    replays_of: HashMap<usize, usize>,
     graphs: HashMap<StepKey, StepGraph>,
+}
+
+/// `MUSER_NCU_STEP=N:K`: the K-th replayed step of N tokens runs between cuProfilerStart and
+/// cuProfilerStop, so that `ncu --profile-from-start off` measures the kernels of that one step
+/// (each node of its graph).
+fn ncu_step() -> Option<(usize, usize)> {
+    static V: std::sync::OnceLock<Option<(usize, usize)>> = std::sync::OnceLock::new();
+    *V.get_or_init(|| {
+        let v = std::env::var("MUSER_NCU_STEP").ok()?;
+        let (n, k) = v.split_once(':')?;
+        Some((n.trim().parse().ok()?, k.trim().parse().ok()?))
+    })
 }
 
 /// Whether environment variable `name` is set to `value` (the kernel-choice switches).
@@ -1046,6 +1065,7 @@ impl CudaBackend {
                 xrun: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 x8: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 x8down: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                y8: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 inv_freq: HashMap::new(),
             });
         }
@@ -2207,6 +2227,22 @@ impl CudaBackend {
         on.then_some(!fast)
     }
 
+    /// Whether products of `ws` with `x` go to the FP8 tensor cores as one product of the
+    /// matrices stacked (`--fp8-weights`): each would take the FP8 route alone (the fast form
+    /// of `gemm16`, no `qmma`), and their joint e4m3 copy exists or is made now.
+    fn joint8_route(&self, ws: &[&CudaMatrix], x: &CudaAct) -> Result<bool> {
+        if !self.fp8_weights.load(std::sync::atomic::Ordering::Relaxed)
+            || ws.iter().any(|w| {
+                w.cols != x.cols
+                    || self.gemm16_route(w, x.rows) != Some(false)
+                    || self.qmma_for(w, x.rows)
+            })
+        {
+            return Ok(false);
+        }
+        self.joint8_ready(ws)
+    }
+
     /// Whether a `--mode fast` product of `w` with `rows` tokens goes to `qmma` (kernels/qmma.cu).
     fn qmma_for(&self, w: &CudaMatrix, rows: usize) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
@@ -2389,7 +2425,20 @@ impl CudaBackend {
         self.grow(&mut s.x16, n * ld)?;
         self.grow(&mut s.x16max, n)?;
         let st = &self.stream;
-        {
+        // `--fp8-weights` (fast form only): which products go to the FP8 tensor cores (their
+        // e4m3 copies made now where missing), and the activations in e4m3 once for them.
+        let mut use8 = Vec::with_capacity(products.len());
+        for (w, _) in products.iter() {
+            use8.push(!split && self.w8_ready(w)?);
+        }
+        if use8.iter().any(|&u| u) {
+            self.grow(&mut s.x8, n * cols)?;
+            self.grow(&mut s.x8down, n)?;
+        }
+        if use8.iter().all(|&u| u) {
+            // Every product on FP8: the token maxima and the e4m3 rows in one launch.
+            self.x8_rowquant(x, &mut s.x16max, &mut s.x8, &mut s.x8down)?;
+        } else {
             let f = self.f("x16_rowmax")?;
             let cols_i = cols as i32;
             let mut b = st.launch_builder(&f);
@@ -2403,17 +2452,9 @@ impl CudaBackend {
             // matmul) reads its cols floats (a multiple of 8) and writes its word of x16max
             // (grown to n above).
             unsafe { b.launch(cfg) }.map_err(dev("x16_rowmax"))?;
-        }
-        // `--fp8-weights` (fast form only): which products go to the FP8 tensor cores (their
-        // e4m3 copies made now where missing), and the activations in e4m3 once for them.
-        let mut use8 = Vec::with_capacity(products.len());
-        for (w, _) in products.iter() {
-            use8.push(!split && self.w8_ready(w)?);
-        }
-        if use8.iter().any(|&u| u) {
-            self.grow(&mut s.x8, n * cols)?;
-            self.grow(&mut s.x8down, n)?;
-            self.x8_quant(x, &s.x16max, &mut s.x8, &mut s.x8down)?;
+            if use8.iter().any(|&u| u) {
+                self.x8_quant(x, &s.x16max, &mut s.x8, &mut s.x8down)?;
+            }
         }
         let any16 = use8.iter().any(|&u| !u);
         let (xp, _gx) = s.x16.device_ptr_mut(st);
@@ -3106,6 +3147,7 @@ impl Backend for CudaBackend {
             alpha16: self.stream.alloc_zeros(4).map_err(dev("alloc"))?,
             w16: std::sync::OnceLock::new(),
             w8: std::sync::OnceLock::new(),
+            w8_joint: std::sync::OnceLock::new(),
         };
         {
             let f = self.f("w16_max")?;
@@ -3474,9 +3516,25 @@ impl Backend for CudaBackend {
             .lock()
             .map_err(|_| Error::Backend("step graphs poisoned".into()))?;
         let key = g.replay.take();
+        let profiled = ncu_step().is_some_and(|(n, k)| {
+            n == batch.len() && {
+                g.replays_of.entry(n).and_modify(|c| *c += 1).or_insert(1);
+                g.replays_of.get(&n) == Some(&k)
+            }
+        });
+        if profiled {
+            self.sync()?;
+            // SAFETY: a plain driver call on this thread's current context (the backend's).
+            unsafe { cudarc::driver::sys::cuProfilerStart() };
+        }
         match key.and_then(|k| g.graphs.get(&k)) {
             Some(StepGraph(graph)) => graph.launch().map_err(dev("graph launch"))?,
             None => return Err(Error::Backend("no recorded step for this batch".into())),
+        }
+        if profiled {
+            self.sync()?;
+            // SAFETY: as cuProfilerStart above.
+            unsafe { cudarc::driver::sys::cuProfilerStop() };
         }
         g.replays += 1;
         Ok(())
@@ -3702,6 +3760,39 @@ impl Backend for CudaBackend {
                 self.mmq(w1, x, out1, Some((w2, out2)))
             },
         )
+    }
+
+    fn matmul_group(
+        &self,
+        ws: &[&CudaMatrix],
+        x: &CudaAct,
+        outs: &mut [&mut CudaAct],
+    ) -> Result<()> {
+        if ws.len() == outs.len() && self.joint8_route(ws, x)? {
+            return self.timed(
+                || {
+                    let rows: Vec<String> = ws.iter().map(|w| w.rows.to_string()).collect();
+                    format!(
+                        "matmul group fp8 {}x{} n={}",
+                        rows.join("+"),
+                        x.cols,
+                        x.rows
+                    )
+                },
+                || {
+                    for (w, o) in ws.iter().zip(outs.iter()) {
+                        check(o, x.rows, w.rows, "matmul group")?;
+                    }
+                    let mut g = self.scratch()?;
+                    let s = g
+                        .as_mut()
+                        .ok_or_else(|| Error::Backend("no scratch".into()))?;
+                    let width = self.joint8(ws, x, s)?;
+                    self.y8_split(&s.y8, width, outs)
+                },
+            );
+        }
+        muser_engine::backend::matmul_by_pairs(self, ws, x, outs)
     }
 
     fn head_norm(&self, x: &mut CudaAct, head_dim: usize, eps: f32, scale: f32) -> Result<()> {
@@ -3930,6 +4021,38 @@ impl Backend for CudaBackend {
             && x.cols == w_gate.cols
             && Self::mvq_for(w_gate)
             && self.fused_ffn.load(std::sync::atomic::Ordering::Relaxed);
+        // `--fp8-weights`, several tokens: gate and up as one FP8 product of the two stacked,
+        // the SwiGLU read from its output (swiglu_fast's arithmetic).
+        if x.rows > 1 && w_gate.rows == w_up.rows && self.joint8_route(&[w_gate, w_up], x)? {
+            return self.timed(
+                || {
+                    format!(
+                        "ffn gate+up fp8 {}x{} n={} + swiglu",
+                        2 * w_gate.rows,
+                        w_gate.cols,
+                        x.rows
+                    )
+                },
+                || {
+                    check(out, x.rows, w_gate.rows, "ffn_swiglu")?;
+                    let mut g = self.scratch()?;
+                    let s = g
+                        .as_mut()
+                        .ok_or_else(|| Error::Backend("no scratch".into()))?;
+                    self.joint8(&[w_gate, w_up], x, s)?;
+                    let f = w_gate.rows as i32;
+                    let n = (x.rows * w_gate.rows) as i64;
+                    let func = self.f("swiglu_joint")?;
+                    let mut b = self.stream.launch_builder(&func);
+                    b.arg(&s.y8).arg(&mut out.data).arg(&f).arg(&n);
+                    // SAFETY: reads x.rows x 2f floats of y8 (joint8's output), writes x.rows x f
+                    // of out (checked above).
+                    unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("swiglu_joint"))?;
+                    out.xs_ok = false;
+                    Ok(())
+                },
+            );
+        }
         if !fuse {
             // Several tokens: gate and up in one pair launch where they qualify.
             self.matmul_pair(w_gate, w_up, x, gate, up)?;

@@ -2265,6 +2265,172 @@ fn fp8_products_match_their_e4m3_operands() {
     report("FP8 products", &rows_out, &failures);
 }
 
+/// `--fp8-weights`, products of one input by several matrices as one FP8 product of their joint
+/// e4m3 copy (fp8.rs `joint8`): the attention's Q, gate, K and V through `matmul_group`, the
+/// FFN's gate and up through `ffn_swiglu`. Every checked output against the f64 product of its
+/// own matrix's e4m3 operands within the 2^-9 bound of fp8_products_match_their_e4m3_operands
+/// (the joint copy must hold each member's rows as its own copy would, and the split must put
+/// each output where it belongs); the SwiGLU against swiglu_fast's formula on those references,
+/// within what the two products' bounds allow through it (silu's slope is at most 1.1) plus
+/// 2^-20 of f32 rounding; one FP8 product per group; the same bits on relaunch.
+#[test]
+fn joint_fp8_products_match_their_e4m3_operands() {
+    let Some(_) = gpu() else { return };
+    let g = CudaBackend::new(0).unwrap();
+    g.set_fast_mode(true).unwrap();
+    if let Err(e) = g.set_fp8_weights(true) {
+        println!("SKIPPED (no FP8 here): {e}");
+        return;
+    }
+    g.set_gemm8_min_tokens(8);
+    let dir = std::env::temp_dir().join(format!("muser-fp8j-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = one_layer_file(&dir, "q4_k", 2048, 23);
+    let cpu = CpuBackend::new(NumericMode::Accurate, 0).unwrap();
+    let l = &file.tensors.layers[0];
+    let mats = [
+        &l.attn_q,
+        &l.attn_gate,
+        &l.attn_k,
+        &l.attn_v,
+        &l.ffn_gate,
+        &l.ffn_up,
+    ];
+    let wg: Vec<_> = mats
+        .iter()
+        .map(|m| g.matrix(&file.gguf, m).unwrap())
+        .collect();
+    // Every 7th row of each matrix: its e4m3 weights and factor 2^-S_r.
+    let refs: Vec<Vec<(usize, Vec<f64>, f64)>> = mats
+        .iter()
+        .map(|m| {
+            let wh = exact_weights(&cpu, &file, m);
+            (0..m.rows)
+                .step_by(7)
+                .map(|r| {
+                    let wr = &wh[r * m.cols..(r + 1) * m.cols];
+                    let mx = wr.iter().fold(0f64, |a, v| a.max((*v as f64).abs()));
+                    let s = pow2_shift8(mx, 60);
+                    let up = 2f64.powi(s);
+                    let q = wr.iter().map(|v| e4m3(*v as f64 * up)).collect();
+                    (r, q, 2f64.powi(-s))
+                })
+                .collect()
+        })
+        .collect();
+    let (n, cols) = (64usize, mats[0].cols);
+    let x: Vec<f32> = (0..n * cols)
+        .map(|i| {
+            let t = i / cols;
+            ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 2f32.powi((t % 7) as i32 - 3) + 1e-3
+        })
+        .collect();
+    let xq: Vec<(Vec<f64>, f64)> = (0..n)
+        .map(|t| {
+            let xt = &x[t * cols..(t + 1) * cols];
+            let m = xt.iter().fold(0f64, |a, v| a.max((*v as f64).abs()));
+            let s = pow2_shift8(m, 120);
+            let up = 2f64.powi(s);
+            (
+                xt.iter().map(|v| e4m3(*v as f64 * up)).collect(),
+                2f64.powi(-s),
+            )
+        })
+        .collect();
+    // (the e4m3 product, its 2^-9 bound) for check row e of matrix i and token t.
+    let want = |i: usize, e: usize, t: usize| -> (f64, f64) {
+        let (_, wq, wd) = &refs[i][e];
+        let (xv, xd) = &xq[t];
+        let (mut y, mut mag) = (0f64, 0f64);
+        for c in 0..cols {
+            y += wq[c] * xv[c];
+            mag += (wq[c] * xv[c]).abs();
+        }
+        let k = wd * xd;
+        (y * k, 2f64.powi(-9) * mag * k)
+    };
+    let mut xg = g.act(n, cols).unwrap();
+    g.write(&mut xg, &x).unwrap();
+    let mut failures = Vec::new();
+    let mut rows_out = Vec::new();
+
+    let mut outs: Vec<_> = mats[..4].iter().map(|m| g.act(n, m.rows).unwrap()).collect();
+    let group = [&wg[0], &wg[1], &wg[2], &wg[3]];
+    let before = g.fp8_products();
+    {
+        let mut o: Vec<_> = outs.iter_mut().collect();
+        g.matmul_group(&group, &xg, &mut o).unwrap();
+    }
+    let used = g.fp8_products() - before;
+    let got: Vec<Vec<f32>> = outs.iter().map(|o| g.read(o).unwrap()).collect();
+    {
+        let mut o: Vec<_> = outs.iter_mut().collect();
+        g.matmul_group(&group, &xg, &mut o).unwrap();
+    }
+    let rep = outs
+        .iter()
+        .zip(&got)
+        .all(|(o, a)| same_bits(&g.read(o).unwrap(), a));
+    let mut worst = 0f64;
+    for i in 0..4 {
+        let rows = mats[i].rows;
+        for (e, (r, _, _)) in refs[i].iter().enumerate() {
+            for t in 0..n {
+                let (w, b) = want(i, e, t);
+                let y = got[i][t * rows + r] as f64;
+                worst = worst.max((y - w).abs() / b.max(1e-300));
+            }
+        }
+    }
+    let what = format!(
+        "Q, gate, K, V ({} rows) as one product: {worst:.3} of the 2^-9 bound, {used} FP8 product(s), relaunch {}",
+        mats[..4].iter().map(|m| m.rows).sum::<usize>(),
+        if rep { "same bits" } else { "DIFFERENT BITS" }
+    );
+    if !(worst <= 1.0 && used == 1 && rep) {
+        failures.push(what.clone());
+    }
+    rows_out.push(what);
+
+    let f = mats[4].rows;
+    let (mut fg, mut fu, mut fo) = (
+        g.act(n, f).unwrap(),
+        g.act(n, f).unwrap(),
+        g.act(n, f).unwrap(),
+    );
+    let before = g.fp8_products();
+    g.ffn_swiglu(&wg[4], &wg[5], &xg, &mut fg, &mut fu, &mut fo)
+        .unwrap();
+    let used = g.fp8_products() - before;
+    let out = g.read(&fo).unwrap();
+    g.ffn_swiglu(&wg[4], &wg[5], &xg, &mut fg, &mut fu, &mut fo)
+        .unwrap();
+    let rep = same_bits(&g.read(&fo).unwrap(), &out);
+    let mut worst = 0f64;
+    for (e, (r, _, _)) in refs[4].iter().enumerate() {
+        for t in 0..n {
+            let ((gw, gb), (uw, ub)) = (want(4, e, t), want(5, e, t));
+            let silu = gw / (1.0 + (-gw).exp());
+            let r_ref = silu * uw;
+            let bound =
+                1.1 * gb * (uw.abs() + ub) + silu.abs() * ub + 2f64.powi(-20) * r_ref.abs();
+            let y = out[t * f + r] as f64;
+            worst = worst.max((y - r_ref).abs() / bound.max(1e-300));
+        }
+    }
+    let what = format!(
+        "FFN gate and up ({} rows) as one product, SwiGLU from it: {worst:.3} of the bound, {used} FP8 product(s), relaunch {}",
+        2 * f,
+        if rep { "same bits" } else { "DIFFERENT BITS" }
+    );
+    if !(worst <= 1.0 && used == 1 && rep) {
+        failures.push(what.clone());
+    }
+    rows_out.push(what);
+    std::fs::remove_dir_all(&dir).ok();
+    report("joint FP8 products", &rows_out, &failures);
+}
+
 /// `--fp8-weights` on every fixture's prompt (its products of more than 8 tokens on the FP8
 /// tensor cores: the threshold lowered from 32 so that every fixture's prompt takes them)
 /// against the CPU's accurate mode, held to the fast mode's rule with e4m3's error in place of

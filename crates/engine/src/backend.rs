@@ -284,6 +284,18 @@ pub trait Backend: Send + Sync {
         self.matmul(w1, x, out1)?;
         self.matmul(w2, x, out2)
     }
+    /// outs[i] = ws[i] x for every row of x: products of the same input (the attention's Q,
+    /// gate, K and V), which a device backend may compute as one product of the matrices
+    /// stacked. Reference composition: `matmul_pair` on consecutive pairs (then `matmul` on a
+    /// last one left over).
+    fn matmul_group(
+        &self,
+        ws: &[&Self::Matrix],
+        x: &Self::Act,
+        outs: &mut [&mut Self::Act],
+    ) -> Result<()> {
+        matmul_by_pairs(self, ws, x, outs)
+    }
     /// Per-head RMSNorm of each `head_dim` slice of every row, times the constant `scale`.
     fn head_norm(&self, x: &mut Self::Act, head_dim: usize, eps: f32, scale: f32) -> Result<()>;
     /// NORM-convention RoPE (pairs `(x[2j], x[2j+1])`) of every head of every row, at the row's
@@ -397,4 +409,31 @@ pub trait Backend: Send + Sync {
         self.matmul(w_up, x, up)?;
         self.swiglu(gate, up, out)
     }
+}
+
+/// `Backend::matmul_group`'s reference composition: `matmul_pair` on consecutive pairs of `ws`,
+/// `matmul` on a last one left over (for backends that take the group apart).
+pub fn matmul_by_pairs<B: Backend + ?Sized>(
+    b: &B,
+    ws: &[&B::Matrix],
+    x: &B::Act,
+    outs: &mut [&mut B::Act],
+) -> Result<()> {
+    if ws.len() != outs.len() {
+        return Err(Error::Backend(format!(
+            "matmul_group: {} matrices, {} outputs",
+            ws.len(),
+            outs.len()
+        )));
+    }
+    for (w, o) in ws.chunks(2).zip(outs.chunks_mut(2)) {
+        if let ([w1, w2], [o1, o2]) = (w, &mut *o) {
+            b.matmul_pair(w1, w2, x, o1, o2)?;
+        } else {
+            for (w1, o1) in w.iter().zip(o.iter_mut()) {
+                b.matmul(w1, x, o1)?;
+            }
+        }
+    }
+    Ok(())
 }

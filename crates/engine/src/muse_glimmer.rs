@@ -354,8 +354,11 @@ impl<B: Backend> MuseGlimmer<B> {
             let kind = c.layer_kinds[il];
             self.show("attn_norm", Some(il), h)?;
             // Projections from the pre-normed stream; the gate reads the same input.
-            b.matmul_pair(&l.attn_q, &l.attn_gate, h, q, g)?;
-            b.matmul_pair(&l.attn_k, &l.attn_v, h, k, v)?;
+            b.matmul_group(
+                &[&l.attn_q, &l.attn_gate, &l.attn_k, &l.attn_v],
+                h,
+                &mut [&mut *q, &mut *g, &mut *k, &mut *v],
+            )?;
             for (name, t) in [
                 ("Qcur", &*q),
                 ("Kcur", &*k),
