@@ -435,7 +435,11 @@ pub fn run(a: Args) -> CliResult {
         println!(
             "| tg{} x{npl} (aggregate{}) | {:.2} | {:.3} |",
             a.batch_gen,
-            if a.batch_draw { ", tokens drawn on the backend" } else { "" },
+            if a.batch_draw {
+                ", tokens drawn on the backend"
+            } else {
+                ""
+            },
             (npl * a.batch_gen) as f64 / tg,
             tg * 1e3 / (npl * a.batch_gen) as f64
         );

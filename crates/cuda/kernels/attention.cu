@@ -454,7 +454,222 @@ __device__ __forceinline__ void attn_tc_impl(const float* __restrict__ q, const 
         attn_tc_impl<NREP, HD, true>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, n_tok, part);  \
     }
 
+// ---- Batched decode attention on the tensor cores (f16 cache, any sequences) ----
+//
+// attn_tcd: grid (n_kv_head, n_split, n_tok), 4 warps, NREP <= 16. A block takes one split of
+// one token's visible keys (the splits of attn_partial: its partials, its attn_combine) for the
+// NREP query heads of one KV head: 16 rows (row r = head r; rows past NREP are zeros and are not
+// written), the same in every warp. The block stages tiles of 64 keys as attn_tc does (K as
+// rows, V transposed, f16 in shared memory, keys past the split zero); warp w takes keys 16 w ..
+// 16 w + 15 of each tile with attn_tc's arithmetic (q scale in f16 hi, SPLIT adds lo; P hi, SPLIT
+// adds lo; f32 sums, expf, masked keys at -Inf) and its own online softmax; the four warps'
+// (acc, m, l) merge at the end as attn_partial's do. One token's 16 query heads fill one
+// m16n8k16 row tile, so a decode batch, whose tokens each read a different sequence, goes to
+// the tensor cores as a prompt does.
+template <int NREP, int HD, bool SPLIT>
+__device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const u64* __restrict__ seqtab, int layer,
+                                              long long row_bytes, const u32* __restrict__ pos, int n_swa, float scale,
+                                              int n_kv_head, float* __restrict__ part) {
+    static_assert(NREP <= 16, "one row tile holds a KV head's query heads");
+    constexpr int KT = 64, KS = HD + 8, VS = KT + 8, NK = HD / 16, ND = HD / 8;
+    constexpr int STAGE = KT * KS + HD * VS, MERGE = 2 * 4 * 16 * HD;  // in u16
+    __shared__ __align__(16) u16 smem[STAGE > MERGE ? STAGE : MERGE];
+    __shared__ float wm[4][16], wl[4][16];
+    u16* ks = smem;
+    u16* vt = smem + KT * KS;
+    const int g = blockIdx.x, split = blockIdx.y, t = blockIdx.z, n_split = gridDim.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+    const int n_head = n_kv_head * NREP;
+    const int p = (int)pos[t];
+    const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
+    const int n_keys = p - lo + 1;
+    const int chunk = (n_keys + n_split - 1) / n_split;
+    const int k0 = lo + split * chunk, k1 = min(p + 1, k0 + chunk);
+    if (k0 >= k1) return;  // an empty split: attn_combine skips it (same arithmetic on pos)
+    u8 *kcm, *vcm;
+    int ring;
+    kv_layer(seqtab, t, layer, &kcm, &vcm, &ring);
+    u32 qh[NK][4], ql[SPLIT ? NK : 1][4];
+    float down[2];
+    {
+        float x[2][NK][4];
+#pragma unroll
+        for (int ab = 0; ab < 2; ab++) {
+            const int r = gq + 8 * ab;
+            const bool ok = r < NREP;
+            const float* qr = q + ((long long)t * n_head + (long long)g * NREP + (ok ? r : 0)) * HD;
+            float m = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < NK; kk++) {
+                const float2 u = ok ? *(const float2*)(qr + 16 * kk + 2 * tq) : make_float2(0.0f, 0.0f);
+                const float2 v = ok ? *(const float2*)(qr + 16 * kk + 8 + 2 * tq) : make_float2(0.0f, 0.0f);
+                x[ab][kk][0] = u.x * scale; x[ab][kk][1] = u.y * scale;
+                x[ab][kk][2] = v.x * scale; x[ab][kk][3] = v.y * scale;
+#pragma unroll
+                for (int e = 0; e < 4; e++) m = fmaxf(m, fabsf(x[ab][kk][e]));
+            }
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            const int S = f16_shift(__float_as_uint(m), 100);
+            const float up = ldexpf(1.0f, S);
+            down[ab] = ldexpf(1.0f, -S);
+#pragma unroll
+            for (int kk = 0; kk < NK; kk++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) x[ab][kk][e] *= up;
+        }
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            qh[kk][0] = pack_h2(x[0][kk][0], x[0][kk][1]);
+            qh[kk][1] = pack_h2(x[1][kk][0], x[1][kk][1]);
+            qh[kk][2] = pack_h2(x[0][kk][2], x[0][kk][3]);
+            qh[kk][3] = pack_h2(x[1][kk][2], x[1][kk][3]);
+            if constexpr (SPLIT) {
+                ql[kk][0] = pack_h2_lo(x[0][kk][0], x[0][kk][1]);
+                ql[kk][1] = pack_h2_lo(x[1][kk][0], x[1][kk][1]);
+                ql[kk][2] = pack_h2_lo(x[0][kk][2], x[0][kk][3]);
+                ql[kk][3] = pack_h2_lo(x[1][kk][2], x[1][kk][3]);
+            }
+        }
+    }
+    const float NEG = -__int_as_float(0x7f800000);
+    float mrow[2] = {NEG, NEG}, lsum[2] = {0.0f, 0.0f};
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    for (int kb = k0; kb < k1; kb += KT) {
+        __syncthreads();  // the previous tile is consumed
+        for (int c = threadIdx.x; c < KT * (HD / 8); c += blockDim.x) {
+            const int key = c / (HD / 8), d8 = (c % (HD / 8)) * 8, kp = kb + key;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (kp < k1) {
+                const long long slot = ring > 0 ? kp % ring : kp;
+                kv = *(const uint4*)(kcm + slot * row_bytes + 2LL * (g * HD + d8));
+                vv = *(const uint4*)(vcm + slot * row_bytes + 2LL * (g * HD + d8));
+            }
+            *(uint4*)&ks[key * KS + d8] = kv;
+            const u32 w[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                vt[(d8 + 2 * i) * VS + key] = (u16)(w[i] & 0xFFFF);
+                vt[(d8 + 2 * i + 1) * VS + key] = (u16)(w[i] >> 16);
+            }
+        }
+        __syncthreads();
+        // This warp's 16 keys: score tiles j = 0, 1 (keys 16 warp + 8 j + gq as B's columns).
+        float s[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            const u16* kr = ks + (16 * warp + 8 * j + gq) * KS + 2 * tq;
+#pragma unroll
+            for (int kk = 0; kk < NK; kk++) {
+                const u32 b0 = *(const u32*)(kr + 16 * kk), b1 = *(const u32*)(kr + 16 * kk + 8);
+                mma_f16(s[j], qh[kk], b0, b1);
+                if constexpr (SPLIT) mma_f16(s[j], ql[kk], b0, b1);
+            }
+        }
+        float mx[2] = {NEG, NEG};
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int ab = e >> 1, kp = kb + 16 * warp + 8 * j + 2 * tq + (e & 1);
+                s[j][e] = kp < k1 ? s[j][e] * down[ab] : NEG;
+                mx[ab] = fmaxf(mx[ab], s[j][e]);
+            }
+        float corr[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int ab = 0; ab < 2; ab++) {
+            mx[ab] = fmaxf(mx[ab], __shfl_xor_sync(0xffffffffu, mx[ab], 1));
+            mx[ab] = fmaxf(mx[ab], __shfl_xor_sync(0xffffffffu, mx[ab], 2));
+            const float mn = fmaxf(mrow[ab], mx[ab]);
+            corr[ab] = mn == NEG ? 1.0f : expf(mrow[ab] - mn);
+            mrow[ab] = mn;
+        }
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int ab = e >> 1;
+                s[j][e] = mrow[ab] == NEG ? 0.0f : expf(s[j][e] - mrow[ab]);
+                sum[ab] += s[j][e];
+            }
+#pragma unroll
+        for (int ab = 0; ab < 2; ab++) {
+            sum[ab] += __shfl_xor_sync(0xffffffffu, sum[ab], 1);
+            sum[ab] += __shfl_xor_sync(0xffffffffu, sum[ab], 2);
+            lsum[ab] = lsum[ab] * corr[ab] + sum[ab];
+        }
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            o[n][0] *= corr[0]; o[n][1] *= corr[0];
+            o[n][2] *= corr[1]; o[n][3] *= corr[1];
+        }
+        // O += P V over this warp's 16 keys.
+        const u32 ph[4] = {pack_h2(s[0][0], s[0][1]), pack_h2(s[0][2], s[0][3]), pack_h2(s[1][0], s[1][1]),
+                           pack_h2(s[1][2], s[1][3])};
+        u32 pl[4] = {0, 0, 0, 0};
+        if constexpr (SPLIT) {
+            pl[0] = pack_h2_lo(s[0][0], s[0][1]);
+            pl[1] = pack_h2_lo(s[0][2], s[0][3]);
+            pl[2] = pack_h2_lo(s[1][0], s[1][1]);
+            pl[3] = pack_h2_lo(s[1][2], s[1][3]);
+        }
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            const u16* vr = vt + (8 * n + gq) * VS + 16 * warp + 2 * tq;
+            const u32 b0 = *(const u32*)vr, b1 = *(const u32*)(vr + 8);
+            mma_f16(o[n], ph, b0, b1);
+            if constexpr (SPLIT) mma_f16(o[n], pl, b0, b1);
+        }
+    }
+    // Merge the four warps (attn_partial's merge): rows a = gq, b = gq + 8.
+    __syncthreads();
+    float* wacc = (float*)smem;  // [4][16][HD]
+#pragma unroll
+    for (int ab = 0; ab < 2; ab++) {
+        const int r = gq + 8 * ab;
+        if (tq == 0) { wm[warp][r] = mrow[ab]; wl[warp][r] = lsum[ab]; }
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+            *(float2*)(wacc + (warp * 16 + r) * HD + 8 * n + 2 * tq) = make_float2(o[n][2 * ab], o[n][2 * ab + 1]);
+    }
+    __syncthreads();
+    // part layout: [t][g][split][NREP][HD + 2] (acc..., m, l).
+    float* out = part + (((long long)t * n_kv_head + g) * n_split + split) * NREP * (HD + 2);
+    for (int i = threadIdx.x; i < NREP * HD; i += blockDim.x) {
+        const int h = i / HD;
+        const float M = fmaxf(fmaxf(wm[0][h], wm[1][h]), fmaxf(wm[2][h], wm[3][h]));
+        float a = 0.0f;
+        for (int w = 0; w < 4; w++) if (wl[w][h] > 0.0f) a += wacc[(w * 16 + h) * HD + i % HD] * expf(wm[w][h] - M);
+        out[h * (HD + 2) + (i % HD)] = a;
+    }
+    for (int h = threadIdx.x; h < NREP; h += blockDim.x) {
+        const float M = fmaxf(fmaxf(wm[0][h], wm[1][h]), fmaxf(wm[2][h], wm[3][h]));
+        float L = 0.0f;
+        for (int w = 0; w < 4; w++) if (wl[w][h] > 0.0f) L += wl[w][h] * expf(wm[w][h] - M);
+        out[h * (HD + 2) + HD] = M;
+        out[h * (HD + 2) + HD + 1] = L;
+    }
+}
+#define ATTN_TCD_ENTRY(NREP, HD)                                                                                \
+    extern "C" __global__ void __launch_bounds__(128) attn_tcd_##NREP##_##HD(                                 \
+        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
+        float scale, int n_kv_head, float* part) {                                                            \
+        attn_tcd_impl<NREP, HD, false>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part);      \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) attn_tcd_##NREP##_##HD##_split(                         \
+        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
+        float scale, int n_kv_head, float* part) {                                                            \
+        attn_tcd_impl<NREP, HD, true>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part);       \
+    }
+
 // One program per (NREP, HD): the backend compiles the variant a model needs (-DATTN_NREP=.. -DATTN_HD=..).
 ATTN_TYPES(ATTN_NREP, ATTN_HD)
 #define ATTN_TC(NREP, HD) ATTN_TC_ENTRY(NREP, HD)
 ATTN_TC(ATTN_NREP, ATTN_HD)
+#if ATTN_NREP <= 16
+#define ATTN_TCD(NREP, HD) ATTN_TCD_ENTRY(NREP, HD)
+ATTN_TCD(ATTN_NREP, ATTN_HD)
+#endif

@@ -351,13 +351,14 @@ extern "C" __global__ void x8_quant(const float* __restrict__ x, int rows, int c
     }
 }
 
-// x8_quant with its own row maxima: one block per token finds the token's largest |x| (written
+// x8_quant with its own row maxima (blocks of up to 1024 threads, a multiple of 32): one block
+// per token finds the token's largest |x| (written
 // to xmax[t], as x16_rowmax would) and then writes the token's e4m3 row and down[t] as x8_quant
 // does (the same bits: a maximum does not depend on the order it is taken in). One launch where
 // there were two; the second pass over the row reads it from the cache.
-extern "C" __global__ void __launch_bounds__(256) x8_rowquant(const float* __restrict__ x, int cols, u32* xmax,
-                                                              u8* out, long long ld, float* down) {
-    __shared__ u32 wm[8];
+extern "C" __global__ void __launch_bounds__(1024) x8_rowquant(const float* __restrict__ x, int cols, u32* xmax,
+                                                               u8* out, long long ld, float* down) {
+    __shared__ u32 wm[32];
     const int t = blockIdx.x;
     const float* xr = x + (long long)t * cols;
     u32 m = 0;
@@ -370,8 +371,7 @@ extern "C" __global__ void __launch_bounds__(256) x8_rowquant(const float* __res
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     if ((threadIdx.x & 31) == 0) wm[threadIdx.x >> 5] = m;
     __syncthreads();
-#pragma unroll
-    for (int i = 0; i < 8; i++) m = max(m, wm[i]);
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) m = max(m, wm[i]);
     const int S = pow2_shift(m, 8, 120);
     if (threadIdx.x == 0) {
         xmax[t] = m;

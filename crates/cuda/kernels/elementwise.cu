@@ -29,13 +29,17 @@ extern "C" __global__ void swiglu_fast(const float* g, const float* u, float* ou
 }
 
 // swiglu_fast on a joint product's output (y8_joint): token t's gate at y[t 2f + i], its up at
-// y[t 2f + f + i]; out[t f + i]. The same arithmetic as swiglu_fast.
-extern "C" __global__ void swiglu_joint(const float* y, float* out, int f, long long n) {
+// y[t 2f + f + i]; out[t f + i]. The same arithmetic as swiglu_fast. Grid: x over columns,
+// y over tokens.
+extern "C" __global__ void swiglu_joint(const float* y, float* out, int f, int rows) {
     pdl_trigger();
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const long long t = i / f, c = i - t * f;
-        const float gv = y[t * 2 * f + c];
-        out[i] = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), y[t * 2 * f + f + c]);
+    for (int t = blockIdx.y; t < rows; t += gridDim.y) {
+        const float* yt = y + (long long)t * 2 * f;
+        float* ot = out + (long long)t * f;
+        for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < f; c += gridDim.x * blockDim.x) {
+            const float gv = yt[c];
+            ot[c] = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), yt[f + c]);
+        }
     }
 }
 

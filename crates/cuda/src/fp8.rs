@@ -200,8 +200,10 @@ impl Desc {
         algo: &lts::cublasLtMatmulAlgo_t,
         parts: i32,
     ) -> Option<lts::cublasLtMatmulAlgo_t> {
-        if cap_i32(algo, lts::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT)
-            != Some(1)
+        if cap_i32(
+            algo,
+            lts::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_SPLITK_SUPPORT,
+        ) != Some(1)
         {
             return None;
         }
@@ -599,7 +601,11 @@ impl CudaBackend {
             let f = self.f("y_scale_outer")?;
             let (rows_i, width_i) = (n as i32, m as i32);
             let mut b = st.launch_builder(&f);
-            b.arg(&c).arg(&rows_i).arg(&width_i).arg(&a_scale).arg(&b_scale);
+            b.arg(&c)
+                .arg(&rows_i)
+                .arg(&width_i)
+                .arg(&a_scale)
+                .arg(&b_scale);
             let cfg = LaunchConfig {
                 grid_dim: (
                     (m as u32).div_ceil(256).clamp(1, 1024),
@@ -637,7 +643,7 @@ impl CudaBackend {
             .arg(down);
         let cfg = LaunchConfig {
             grid_dim: (x.rows as u32, 1, 1),
-            block_dim: (256, 1, 1),
+            block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
         // SAFETY: one block per token (x.rows <= MAX_UBATCH) reads its cols floats (a multiple

@@ -477,6 +477,8 @@ pub struct CudaBackend {
     cc: (i32, i32),
     /// Prompt chunks' attention on the tensor cores (`attn_tc`, on unless `MUSER_ATTN_TC=0`).
     attn_tc: std::sync::atomic::AtomicBool,
+    /// Batched decode attention on the tensor cores (`attn_tcd`, on unless `MUSER_ATTN_TCD=0`).
+    attn_tcd: std::sync::atomic::AtomicBool,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
     /// Staged kernels whose shared-memory limit has been raised (once each).
@@ -578,6 +580,7 @@ impl CudaBackend {
             smem_optin,
             gemm16: std::sync::atomic::AtomicBool::new(!env_is("MUSER_GEMM16", "0")),
             attn_tc: std::sync::atomic::AtomicBool::new(!env_is("MUSER_ATTN_TC", "0")),
+            attn_tcd: std::sync::atomic::AtomicBool::new(!env_is("MUSER_ATTN_TCD", "0")),
             f16_weights: std::sync::atomic::AtomicBool::new(env_is("MUSER_F16_WEIGHTS", "1")),
             fp8_weights: std::sync::atomic::AtomicBool::new(false),
             gemm8_min: std::sync::atomic::AtomicUsize::new(
@@ -698,6 +701,14 @@ impl CudaBackend {
     /// Prompt chunks' attention on the tensor cores (`attn_tc`): on by default.
     pub fn set_attn_tc(&self, on: bool) {
         self.attn_tc.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
+    }
+
+    /// Batched decode attention on the tensor cores (`attn_tcd`) on or off (tests: against
+    /// the CUDA-core kernel).
+    pub fn set_attn_tcd(&self, on: bool) {
+        self.attn_tcd
+            .store(on, std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
     }
 
@@ -2809,6 +2820,22 @@ impl CudaBackend {
             && !self.cuda_parity.load(Relaxed)
     }
 
+    /// Whether attention for a micro-batch of `n` tokens that is not one sequence's prompt
+    /// chunk (attn_tc_for) goes to `attn_tcd` (on unless `MUSER_ATTN_TCD=0`): f16 cache, at
+    /// least 8 tokens (fewer take the quarter-head blocks), at most 16 query heads per KV head
+    /// (one row tile), not the batch-invariant or parity modes.
+    fn attn_tcd_for(&self, kv: &SeqView, spec: AttnSpec, n: usize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let nrep = spec.n_head / spec.n_head_kv.max(1);
+        self.attn_tcd.load(Relaxed)
+            && kv.ty == KvType::F16
+            && n >= attn_g4_below().max(8)
+            && (1..=16).contains(&nrep)
+            && matches!(spec.head_dim, 64 | 128)
+            && !self.invariant()
+            && !self.cuda_parity.load(Relaxed)
+    }
+
     /// Attention of `n` queries over a layer's stored keys (split-K partials, then the merge
     /// with the output gate).
     fn attend_cached(
@@ -2898,12 +2925,23 @@ impl CudaBackend {
             } else {
                 1
             };
-            let name = format!(
-                "attn_{nrep}_{}_{}{}",
-                spec.head_dim,
-                kv.ty.name(),
-                if groups > 1 { "_g4" } else { "" }
-            );
+            // Batched decode (8 or more tokens, any sequences) on the tensor cores: attn_tcd,
+            // the same splits and partials (kernels/attention.cu).
+            let name = if self.attn_tcd_for(kv, spec, n) {
+                let split = if self.fast_mode.load(std::sync::atomic::Ordering::Relaxed) {
+                    ""
+                } else {
+                    "_split"
+                };
+                format!("attn_tcd_{nrep}_{}{split}", spec.head_dim)
+            } else {
+                format!(
+                    "attn_{nrep}_{}_{}{}",
+                    spec.head_dim,
+                    kv.ty.name(),
+                    if groups > 1 { "_g4" } else { "" }
+                )
+            };
             {
                 let func = self.f(&name)?;
                 let mut b = self.stream.launch_builder(&func);
@@ -4040,14 +4078,22 @@ impl Backend for CudaBackend {
                         .as_mut()
                         .ok_or_else(|| Error::Backend("no scratch".into()))?;
                     self.joint8(&[w_gate, w_up], x, s)?;
-                    let f = w_gate.rows as i32;
-                    let n = (x.rows * w_gate.rows) as i64;
+                    let (f, rows) = (w_gate.rows as i32, x.rows as i32);
                     let func = self.f("swiglu_joint")?;
                     let mut b = self.stream.launch_builder(&func);
-                    b.arg(&s.y8).arg(&mut out.data).arg(&f).arg(&n);
+                    b.arg(&s.y8).arg(&mut out.data).arg(&f).arg(&rows);
+                    let cfg = LaunchConfig {
+                        grid_dim: (
+                            (w_gate.rows as u32).div_ceil(256),
+                            (x.rows as u32).clamp(1, 65_535),
+                            1,
+                        ),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
                     // SAFETY: reads x.rows x 2f floats of y8 (joint8's output), writes x.rows x f
                     // of out (checked above).
-                    unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("swiglu_joint"))?;
+                    unsafe { b.launch(cfg) }.map_err(dev("swiglu_joint"))?;
                     out.xs_ok = false;
                     Ok(())
                 },

@@ -1103,39 +1103,216 @@ fn attention_f64(
     n: usize,
     spec: &muser_engine::backend::AttnSpec,
 ) -> Vec<f32> {
-    let (hd, nh, nkv) = (spec.head_dim, spec.n_head, spec.n_head_kv);
+    let (hd, nh) = (spec.head_dim, spec.n_head);
     let r16 = |x: &f32| half::f16::from_f32(*x).to_f64();
     let (k, v): (Vec<f64>, Vec<f64>) = (k.iter().map(r16).collect(), v.iter().map(r16).collect());
-    let sliding = spec.kind == muser_engine::LayerKind::SlidingRope;
     let mut out = vec![0f32; n * nh * hd];
     for i in 0..n {
-        let j0 = if sliding {
-            (i + 1).saturating_sub(spec.n_swa)
-        } else {
-            0
-        };
-        for h in 0..nh {
-            let g = h / (nh / nkv);
-            let qi = &q[(i * nh + h) * hd..][..hd];
-            let s: Vec<f64> = (j0..=i)
-                .map(|j| {
-                    let kj = &k[(j * nkv + g) * hd..][..hd];
-                    qi.iter().zip(kj).map(|(a, b)| *a as f64 * b).sum::<f64>() * spec.scale as f64
-                })
-                .collect();
-            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let l: f64 = p.iter().sum();
-            for d in 0..hd {
-                let acc: f64 = (j0..=i)
-                    .zip(&p)
-                    .map(|(j, pj)| pj * v[(j * nkv + g) * hd + d])
-                    .sum();
-                out[(i * nh + h) * hd + d] = (acc / l) as f32;
-            }
+        out[i * nh * hd..(i + 1) * nh * hd].copy_from_slice(&attention_f64_row(q, &k, &v, i, spec));
+    }
+    out
+}
+
+/// Row i of attention_f64 (the query at position i over keys 0..=i of K and V, already f16).
+fn attention_f64_row(
+    q: &[f32],
+    k: &[f64],
+    v: &[f64],
+    i: usize,
+    spec: &muser_engine::backend::AttnSpec,
+) -> Vec<f32> {
+    let (hd, nh, nkv) = (spec.head_dim, spec.n_head, spec.n_head_kv);
+    let sliding = spec.kind == muser_engine::LayerKind::SlidingRope;
+    let mut out = vec![0f32; nh * hd];
+    let j0 = if sliding {
+        (i + 1).saturating_sub(spec.n_swa)
+    } else {
+        0
+    };
+    for h in 0..nh {
+        let g = h / (nh / nkv);
+        let qi = &q[(i * nh + h) * hd..][..hd];
+        let s: Vec<f64> = (j0..=i)
+            .map(|j| {
+                let kj = &k[(j * nkv + g) * hd..][..hd];
+                qi.iter().zip(kj).map(|(a, b)| *a as f64 * b).sum::<f64>() * spec.scale as f64
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let l: f64 = p.iter().sum();
+        for d in 0..hd {
+            let acc: f64 = (j0..=i)
+                .zip(&p)
+                .map(|(j, pj)| pj * v[(j * nkv + g) * hd + d])
+                .sum();
+            out[h * hd + d] = (acc / l) as f32;
         }
     }
     out
+}
+
+/// Batched decode attention on the tensor cores (attn_tcd): one token of each of 12 sequences
+/// whose caches hold 3 to 454 earlier tokens (a sliding layer's window of 128 and ring crossed,
+/// and a full layer), against the CUDA-core kernel on the same caches and both against the f64
+/// result for each sequence's last query: the bounds of the prompt kernel's check (accurate
+/// split form 2^-14 of the largest output, fast 2^-9).
+#[test]
+fn decode_batch_attention_on_tensor_cores_matches_the_cuda_cores() {
+    let Some(_) = gpu() else { return };
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    let dir = std::env::temp_dir().join(format!("muser-attn-tcd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = muser_engine::synth::Preset {
+        name: "t",
+        n_layer: 4,
+        n_embd: 1024,
+        n_ff: 1024,
+        n_head: 32,
+        n_head_kv: 2,
+        head_dim: 128,
+        n_vocab: 512,
+        n_ctx: 4096,
+        n_swa: 128,
+    };
+    let path = dir.join("nrep16.gguf");
+    muser_engine::synth::write(&path, &p, muser_engine::synth::Layout::Q4KM, 5).unwrap();
+    let file = ModelFile::open(&path).unwrap();
+    let gpu = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
+    let fill = |len: usize, seed: usize, amp: f32| -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i * 7919 + seed * 104729) % 2000) as f32 / 1000.0 - 1.0) * amp)
+            .collect()
+    };
+    let (qd, kd) = (32 * 128, 2 * 128);
+    let lens: Vec<usize> = (0..12).map(|s| 3 + 41 * s).collect();
+    // Sequence s: L_s + 1 tokens of q, k, v (the last one is the decode step's).
+    let seqs: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = lens
+        .iter()
+        .enumerate()
+        .map(|(s, &l)| {
+            (
+                fill((l + 1) * qd, 10 * s + 1, 3.0),
+                fill((l + 1) * kd, 10 * s + 2, 2.0),
+                fill((l + 1) * kd, 10 * s + 3, 1.5),
+            )
+        })
+        .collect();
+    let b = &gpu.backend;
+    let upload = |rows: usize, cols: usize, data: &[f32]| {
+        let mut a = b.act(rows, cols).unwrap();
+        b.stream.memcpy_htod(data, xg_data(&mut a)).unwrap();
+        a
+    };
+    for (layer, kind) in [
+        (0usize, muser_engine::LayerKind::SlidingRope),
+        (3, muser_engine::LayerKind::FullNope),
+    ] {
+        assert_eq!(
+            gpu.config.layer_kinds[layer], kind,
+            "the synthetic model's layer {layer}"
+        );
+        let spec = muser_engine::backend::AttnSpec {
+            layer,
+            kind,
+            n_swa: 128,
+            scale: 1.0 / (128f32).sqrt(),
+            n_head: 32,
+            n_head_kv: 2,
+            head_dim: 128,
+        };
+        let r16 = |x: &f32| half::f16::from_f32(*x).to_f64();
+        let mut exact = Vec::new();
+        for (s, &l) in lens.iter().enumerate() {
+            let (q, k, v) = &seqs[s];
+            let (k, v): (Vec<f64>, Vec<f64>) =
+                (k.iter().map(r16).collect(), v.iter().map(r16).collect());
+            exact.extend(attention_f64_row(q, &k, &v, l, &spec));
+        }
+        for fast in [false, true] {
+            b.set_fast_mode(fast).unwrap();
+            // Each sequence's earlier tokens into its own cache (one micro-batch each).
+            let mut caches: Vec<_> = lens
+                .iter()
+                .map(|_| gpu.new_cache(KvType::F16, 512).unwrap())
+                .collect();
+            for (s, &l) in lens.iter().enumerate() {
+                let toks = vec![0u32; l];
+                let batch = Batch::single(&toks, 0);
+                b.begin_batch(&batch).unwrap();
+                let (q, k, v) = &seqs[s];
+                let (q, k, v) = (
+                    upload(l, qd, &q[..l * qd]),
+                    upload(l, kd, &k[..l * kd]),
+                    upload(l, kd, &v[..l * kd]),
+                );
+                let mut out = b.act(l, qd).unwrap();
+                b.attention(&mut [&mut caches[s]], spec, &batch, &q, &k, &v, &mut out)
+                    .unwrap();
+            }
+            let n = lens.len();
+            let batch = Batch {
+                tokens: vec![0; n],
+                pos: lens.iter().map(|&l| l as u32).collect(),
+                seq: (0..n).collect(),
+            };
+            let last = |i: usize, d: usize| -> Vec<f32> {
+                lens.iter()
+                    .enumerate()
+                    .flat_map(|(s, &l)| {
+                        let x = match i {
+                            0 => &seqs[s].0,
+                            1 => &seqs[s].1,
+                            _ => &seqs[s].2,
+                        };
+                        x[l * d..(l + 1) * d].to_vec()
+                    })
+                    .collect()
+            };
+            let (q, k, v) = (
+                upload(n, qd, &last(0, qd)),
+                upload(n, kd, &last(1, kd)),
+                upload(n, kd, &last(2, kd)),
+            );
+            let mut run = |tcd: bool| {
+                b.set_attn_tcd(tcd);
+                b.begin_batch(&batch).unwrap();
+                let mut out = b.act(n, qd).unwrap();
+                let mut refs: Vec<_> = caches.iter_mut().collect();
+                b.attention(&mut refs, spec, &batch, &q, &k, &v, &mut out)
+                    .unwrap();
+                b.read(&out).unwrap()
+            };
+            let (with, without) = (run(true), run(false));
+            let err = max_rel_err(&with, &without);
+            let (tc_ref, cc_ref) = (max_rel_err(&with, &exact), max_rel_err(&without, &exact));
+            let bound = if fast { 2f32.powi(-9) } else { 2f32.powi(-14) };
+            let what = format!(
+                "decode batch of {n}, layer {layer} ({kind:?}), {}: tensor cores vs CUDA cores {err:.2e}, \
+                 vs f64 {tc_ref:.2e} (CUDA cores vs f64 {cc_ref:.2e}; bound {bound:.1e})",
+                if fast {
+                    "fast (hi)"
+                } else {
+                    "accurate (hi + lo)"
+                }
+            );
+            let finite = with.iter().all(|x| x.is_finite());
+            if !(finite && err <= bound && tc_ref <= bound && cc_ref <= bound) {
+                failures.push(what.clone());
+            }
+            rows.push(what);
+        }
+    }
+    b.set_fast_mode(false).unwrap();
+    b.set_attn_tcd(true);
+    drop(gpu);
+    std::fs::remove_dir_all(&dir).ok();
+    report(
+        "decode batch attention on the tensor cores",
+        &rows,
+        &failures,
+    );
 }
 
 /// Prompt attention on the tensor cores (attn_tc; f16 cache, one sequence, 16 or more tokens).
@@ -2354,7 +2531,10 @@ fn joint_fp8_products_match_their_e4m3_operands() {
     let mut failures = Vec::new();
     let mut rows_out = Vec::new();
 
-    let mut outs: Vec<_> = mats[..4].iter().map(|m| g.act(n, m.rows).unwrap()).collect();
+    let mut outs: Vec<_> = mats[..4]
+        .iter()
+        .map(|m| g.act(n, m.rows).unwrap())
+        .collect();
     let group = [&wg[0], &wg[1], &wg[2], &wg[3]];
     let before = g.fp8_products();
     {
@@ -2412,8 +2592,7 @@ fn joint_fp8_products_match_their_e4m3_operands() {
             let ((gw, gb), (uw, ub)) = (want(4, e, t), want(5, e, t));
             let silu = gw / (1.0 + (-gw).exp());
             let r_ref = silu * uw;
-            let bound =
-                1.1 * gb * (uw.abs() + ub) + silu.abs() * ub + 2f64.powi(-20) * r_ref.abs();
+            let bound = 1.1 * gb * (uw.abs() + ub) + silu.abs() * ub + 2f64.powi(-20) * r_ref.abs();
             let y = out[t * f + r] as f64;
             worst = worst.max((y - r_ref).abs() / bound.max(1e-300));
         }
