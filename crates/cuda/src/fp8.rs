@@ -266,14 +266,29 @@ fn describe(algo: &lts::cublasLtMatmulAlgo_t) -> String {
     use lts::cublasLtMatmulAlgoConfigAttributes_t as C;
     let get = |attr: C| -> i64 {
         let mut v = [0u8; 8];
-        let mut written = 0usize;
-        // SAFETY: `algo` is initialized; the buffer holds 8 bytes, the largest config value.
+        let mut size = 0usize;
+        // SAFETY: `algo` is initialized; size 0 asks only for the attribute's size (cuBLASLt
+        // refuses a buffer of any other size than the attribute's).
         let st = unsafe {
             lts::cublasLtMatmulAlgoConfigGetAttribute(
                 algo,
                 attr,
                 v.as_mut_ptr() as *mut c_void,
-                v.len(),
+                0,
+                &mut size,
+            )
+        };
+        if st != lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS || size == 0 || size > v.len() {
+            return -1;
+        }
+        let mut written = 0usize;
+        // SAFETY: the buffer holds `size` (at most 8) bytes, the attribute's size.
+        let st = unsafe {
+            lts::cublasLtMatmulAlgoConfigGetAttribute(
+                algo,
+                attr,
+                v.as_mut_ptr() as *mut c_void,
+                size,
                 &mut written,
             )
         };

@@ -456,10 +456,11 @@ pub struct CudaBackend {
     /// many tokens read f16 weights instead of dequantizing every time.
     f16_weights: std::sync::atomic::AtomicBool,
     /// `--fp8-weights` (`MUSER_FP8_WEIGHTS=1`, fp8.rs): in `--mode fast`, products of more than
-    /// `gemm8_min` tokens (`MUSER_GEMM8_MIN`, default 32) on the FP8 tensor cores, each matrix
-    /// keeping an e4m3 copy (1 byte per weight). At 32 tokens the two-plane integer kernels
-    /// were faster (H200, 2026-11-30: batched decode of 32 sequences 1,412.7 tokens/s aggregate
-    /// on them, 1,349.4 on FP8 products; 64 sequences 2,412.6 on FP8).
+    /// `gemm8_min` tokens (`MUSER_GEMM8_MIN`, default 16) on the FP8 tensor cores, each matrix
+    /// keeping an e4m3 copy (1 byte per weight). With the joint products (fp8.rs `joint8`),
+    /// 32 sequences decode faster on FP8 than on the two-plane integer kernels (H200,
+    /// 2026-11-30, tokens drawn on the GPU: 2,050.4 tokens/s aggregate against 1,657.7); before
+    /// them the integer kernels were faster at 32 (1,412.7 against 1,349.4).
     fp8_weights: std::sync::atomic::AtomicBool,
     gemm8_min: std::sync::atomic::AtomicUsize,
     /// The FP8 products' scales applied by cuBLASLt where it can (off with `MUSER_FP8_OUTER=0`:
@@ -587,7 +588,7 @@ impl CudaBackend {
                 std::env::var("MUSER_GEMM8_MIN")
                     .ok()
                     .and_then(|v| v.parse().ok())
-                    .unwrap_or(32),
+                    .unwrap_or(16),
             ),
             fp8_outer: std::sync::atomic::AtomicBool::new(!env_is("MUSER_FP8_OUTER", "0")),
             fp8_tune: std::sync::atomic::AtomicBool::new(env_is("MUSER_FP8_TUNE", "1")),
