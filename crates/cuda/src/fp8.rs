@@ -42,8 +42,12 @@ pub(crate) struct Joint8 {
 pub(crate) struct Lt {
     handle: lts::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
-    /// (rows, tokens, cols, scales by cuBLASLt) -> its algorithm.
-    algos: HashMap<(usize, usize, usize, bool), lts::cublasLtMatmulAlgo_t>,
+    /// (rows, tokens, cols, scales by cuBLASLt) -> its algorithm and, when tuned, its time (ms
+    /// per product; infinite when not timed).
+    algos: HashMap<(usize, usize, usize, bool), (lts::cublasLtMatmulAlgo_t, f32)>,
+    /// (rows, tokens, cols) -> whether its scales go to cuBLASLt (the faster form when tuning
+    /// timed both).
+    forms: HashMap<(usize, usize, usize), bool>,
     /// Whether cuBLASLt applies outer-vector scales here (None: not asked yet).
     outer: Option<bool>,
     /// Whether the last product's scales were applied by cuBLASLt (None: none ran yet).
@@ -394,6 +398,7 @@ impl CudaBackend {
                     handle,
                     workspace,
                     algos: HashMap::new(),
+                    forms: HashMap::new(),
                     outer: None,
                     last_outer: None,
                 });
@@ -569,17 +574,44 @@ impl CudaBackend {
         let (ws, _gw) = l.workspace.device_ptr(st);
         let ops = Operands { a, b, c, ws };
         // Outer-vector scales where cuBLASLt has an algorithm for them (asked once per
-        // backend, and again after set_fp8_outer_scales).
+        // backend, and again after set_fp8_outer_scales). With tuning, both forms are timed
+        // per shape (the other one's time with `y_scale_outer` after it) and the faster kept.
         let want_outer = self.fp8_outer.load(Relaxed) && l.outer != Some(false);
+        let shape = (m, n, k);
         let mut chosen = None;
         let mut outer = false;
-        if want_outer {
+        if want_outer && l.forms.get(&shape) != Some(&false) {
             let d = Desc::new(m, n, k, m, Some((a_scale, b_scale)))?;
             match self.pick(l.handle, &mut l.algos, &d, (m, n, k, true), ops)? {
-                Some(a) => {
+                Some((a, t_outer)) => {
                     l.outer = Some(true);
-                    outer = true;
-                    chosen = Some((d, a));
+                    let tune = self.fp8_tune.load(Relaxed) && !self.capturing.load(SeqCst);
+                    let mut keep = true;
+                    if tune && !l.forms.contains_key(&shape) {
+                        let dp = Desc::new(m, n, k, m, None)?;
+                        if let Some((_, t_plain)) =
+                            self.pick(l.handle, &mut l.algos, &dp, (m, n, k, false), ops)?
+                        {
+                            // SAFETY: as for the product below (c holds n x m floats, the
+                            // scale vectors m and n).
+                            let t_scale = unsafe { self.time_y_scale(c, m, n, a_scale, b_scale) }?;
+                            keep = t_outer <= t_plain + t_scale;
+                            if std::env::var("MUSER_FP8_TUNE_LOG").is_ok_and(|v| v == "1") {
+                                eprintln!(
+                                    "fp8 tune {m}x{k} x {n} tokens: scales by cuBLASLt {:.1} us, after it {:.1} + {:.1} us: {}",
+                                    t_outer * 1e3,
+                                    t_plain * 1e3,
+                                    t_scale * 1e3,
+                                    if keep { "by cuBLASLt" } else { "after it" }
+                                );
+                            }
+                        }
+                        l.forms.insert(shape, keep);
+                    }
+                    if keep {
+                        outer = true;
+                        chosen = Some((d, a));
+                    }
                 }
                 None => l.outer = Some(false),
             }
@@ -588,7 +620,7 @@ impl CudaBackend {
             Some(x) => x,
             None => {
                 let d = Desc::new(m, n, k, m, None)?;
-                let a = self
+                let (a, _) = self
                     .pick(l.handle, &mut l.algos, &d, (m, n, k, false), ops)?
                     .ok_or_else(|| {
                         Error::Backend(format!(
@@ -613,29 +645,68 @@ impl CudaBackend {
         l.last_outer = Some(outer);
         drop(_gw);
         if !outer {
-            let f = self.f("y_scale_outer")?;
-            let (rows_i, width_i) = (n as i32, m as i32);
-            let mut b = st.launch_builder(&f);
-            b.arg(&c)
-                .arg(&rows_i)
-                .arg(&width_i)
-                .arg(&a_scale)
-                .arg(&b_scale);
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    (m as u32).div_ceil(256).clamp(1, 1024),
-                    (n as u32).clamp(1, 65_535),
-                    1,
-                ),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: scales D's n x m floats in place, reading m floats at a_scale and n at
-            // b_scale (the caller's guarantee).
-            unsafe { b.launch(cfg) }.map_err(dev("y_scale_outer"))?;
+            // SAFETY: D holds n x m floats at c, the scale vectors m and n (the caller's
+            // guarantee).
+            unsafe { self.y_scale(c, m, n, a_scale, b_scale) }?;
         }
         self.fp8_count.fetch_add(1, Relaxed);
         Ok(())
+    }
+
+    /// D (n x m f32 at `c`) times A's row factors (m floats at `a_scale`) and B's token factors
+    /// (n floats at `b_scale`), in place (`y_scale_outer`).
+    ///
+    /// # Safety
+    /// The addresses must hold what is described until the stream has run the kernel.
+    unsafe fn y_scale(&self, c: u64, m: usize, n: usize, a_scale: u64, b_scale: u64) -> Result<()> {
+        let f = self.f("y_scale_outer")?;
+        let (rows_i, width_i) = (n as i32, m as i32);
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&c)
+            .arg(&rows_i)
+            .arg(&width_i)
+            .arg(&a_scale)
+            .arg(&b_scale);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (m as u32).div_ceil(256).clamp(1, 1024),
+                (n as u32).clamp(1, 65_535),
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: scales n x m floats at c in place, reading m floats at a_scale and n at
+        // b_scale (the caller's guarantee).
+        unsafe { b.launch(cfg) }.map_err(dev("y_scale_outer"))?;
+        Ok(())
+    }
+
+    /// Milliseconds of one `y_scale` of this shape (one run, then 3 between events). It scales
+    /// D in place: the caller's product overwrites D afterwards.
+    ///
+    /// # Safety
+    /// As `y_scale`.
+    unsafe fn time_y_scale(
+        &self,
+        c: u64,
+        m: usize,
+        n: usize,
+        a_scale: u64,
+        b_scale: u64,
+    ) -> Result<f32> {
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let e0 = self.ctx.new_event(flags).map_err(dev("event"))?;
+        let e1 = self.ctx.new_event(flags).map_err(dev("event"))?;
+        // SAFETY: the caller's guarantee, for each run.
+        unsafe { self.y_scale(c, m, n, a_scale, b_scale) }?;
+        e0.record(&self.stream).map_err(dev("event"))?;
+        for _ in 0..3 {
+            // SAFETY: as above.
+            unsafe { self.y_scale(c, m, n, a_scale, b_scale) }?;
+        }
+        e1.record(&self.stream).map_err(dev("event"))?;
+        Ok(e0.elapsed_ms(&e1).map_err(dev("event timing"))? / 3.0)
     }
 
     /// x8_quant with the token maxima found in the same launch (written to `xmax`, as
@@ -854,26 +925,28 @@ impl CudaBackend {
         self.fp8_count.load(Relaxed)
     }
 
-    /// The algorithm for one product shape: the one chosen before, else cuBLASLt's first choice
-    /// (kept, except while a graph is recorded), or with `MUSER_FP8_TUNE=1` its first
-    /// TUNE_CANDIDATES candidates, each also with its K split TUNE_SPLITS ways where cuBLASLt
-    /// allows, timed on these operands (one run, then 3 between events; the fastest kept;
-    /// `MUSER_FP8_TUNE_LOG=1` prints each). None: no algorithm for these descriptors.
+    /// The algorithm for one product shape and scale form, and its time per product (infinite
+    /// when not timed): the one chosen before, else cuBLASLt's first choice (kept, except while a
+    /// graph is recorded), or with `MUSER_FP8_TUNE=1` its first TUNE_CANDIDATES candidates, each
+    /// also with its K split TUNE_SPLITS ways where cuBLASLt allows, timed on these operands (one
+    /// run, then 3 between events; the fastest kept; `MUSER_FP8_TUNE_LOG=1` prints each). None:
+    /// no algorithm for these descriptors. `gemm8_raw` then also compares the two scale forms.
     ///
-    /// Tuning is off by default: at 64 tokens the FFN's FP8 products ran at 2.1 TB/s on
-    /// cuBLASLt's first choice (H200, 2026-11-30), and whether another candidate does better is
-    /// not measured yet. Tuning writes the output (the caller's product overwrites it) and waits
-    /// for the device once per shape. The candidates sum in different orders, so a tuned choice
-    /// can differ from one process to the next (timing), and with it the outputs' last bits;
-    /// within a process a shape keeps its algorithm.
+    /// Tuning is off by default. Measured on the H200 (2026-11-30): the outer-vector form has one
+    /// candidate per shape; with `MUSER_FP8_OUTER=0` (the scales applied after the product) the
+    /// tuned choice decoded 64 sequences at 4,221.6 tokens/s against 3,864-3,866 for the default.
+    /// The comparison of both forms per shape has not run yet. Tuning writes the output (the
+    /// caller's product overwrites it) and waits for the device once per shape. The candidates
+    /// sum in different orders, so a tuned choice can differ from one process to the next
+    /// (timing), and with it the outputs' last bits; within a process a shape keeps its algorithm.
     fn pick(
         &self,
         handle: lts::cublasLtHandle_t,
-        algos: &mut HashMap<(usize, usize, usize, bool), lts::cublasLtMatmulAlgo_t>,
+        algos: &mut HashMap<(usize, usize, usize, bool), (lts::cublasLtMatmulAlgo_t, f32)>,
         d: &Desc,
         key: (usize, usize, usize, bool),
         ops: Operands,
-    ) -> Result<Option<lts::cublasLtMatmulAlgo_t>> {
+    ) -> Result<Option<(lts::cublasLtMatmulAlgo_t, f32)>> {
         if let Some(a) = algos.get(&key) {
             return Ok(Some(*a));
         }
@@ -886,9 +959,9 @@ impl CudaBackend {
         if !tune {
             // Not kept while a graph is recorded (a later eager product may tune the shape).
             if !capturing {
-                algos.insert(key, first);
+                algos.insert(key, (first, f32::INFINITY));
             }
-            return Ok(Some(first));
+            return Ok(Some((first, f32::INFINITY)));
         }
         // Each candidate also with its K dimension split (cuBLASLt's heuristic seldom offers
         // splits for few tokens, where they give the SMs work enough).
@@ -936,8 +1009,10 @@ impl CudaBackend {
         if log {
             eprintln!("fp8 tune {key:?} chose {}", describe(&best.1));
         }
-        algos.insert(key, best.1);
-        Ok(Some(best.1))
+        // Per product: the candidates ran 3 times between the events.
+        let chosen = (best.1, best.0 / 3.0);
+        algos.insert(key, chosen);
+        Ok(Some(chosen))
     }
 
     /// Whether the last FP8 product's scales were applied by cuBLASLt (None: none ran yet).

@@ -466,8 +466,9 @@ pub struct CudaBackend {
     /// The FP8 products' scales applied by cuBLASLt where it can (off with `MUSER_FP8_OUTER=0`:
     /// by `y_scale_outer` after it). The same values either way.
     fp8_outer: std::sync::atomic::AtomicBool,
-    /// FP8 products' algorithms timed per shape (`MUSER_FP8_TUNE=1`; default cuBLASLt's first
-    /// choice), and the fewest rows a matrix needs to take them (`MUSER_FP8_MIN_ROWS`).
+    /// FP8 products' algorithms and scale forms timed per shape (`MUSER_FP8_TUNE=1`; default
+    /// cuBLASLt's first choice with outer-vector scales), and the fewest rows a matrix needs to
+    /// take them (`MUSER_FP8_MIN_ROWS`).
     fp8_tune: std::sync::atomic::AtomicBool,
     fp8_min_rows: std::sync::atomic::AtomicUsize,
     /// cuBLASLt's handle, workspace and chosen algorithms (made by set_fp8_weights).

@@ -495,7 +495,13 @@ fn matvec_kernels_match_the_cpu_per_format() {
 /// Five sequences cut from a fixture's tokens (repeated as needed): sequence i starts at
 /// token `skip` i and is `len + grow` i tokens long.
 fn five_sequences(toks: &[u32], skip: usize, len: usize, grow: usize) -> Vec<Vec<u32>> {
-    (0..5)
+    sequences(toks, 5, skip, len, grow)
+}
+
+/// `count` sequences cut from the fixture's tokens: sequence i starts `skip * i` tokens in and
+/// holds `len + grow * i` tokens (the tokens repeat where they run out).
+fn sequences(toks: &[u32], count: usize, skip: usize, len: usize, grow: usize) -> Vec<Vec<u32>> {
+    (0..count)
         .map(|i| {
             toks.iter()
                 .cycle()
@@ -1310,6 +1316,73 @@ fn decode_batch_attention_on_tensor_cores_matches_the_cuda_cores() {
     std::fs::remove_dir_all(&dir).ok();
     report(
         "decode batch attention on the tensor cores",
+        &rows,
+        &failures,
+    );
+}
+
+/// Batched decode attention on the tensor cores (attn_tcd) end to end: every fixture's 10
+/// sequences decoded together (f16 cache; 8 or more tokens a step take attn_tcd until fewer
+/// sequences are left), with attn_tcd and with the CUDA-core kernel. The bound is the one the
+/// prompt kernel's end-to-end check uses: in the accurate mode the two must agree better than the
+/// f16 cache's own effect (CPU f16 cache against CPU f32 cache on the fixture's prompt: a
+/// last-bit difference in one layer moves the next layer's K and V across f16 roundings now
+/// and then); in `--mode fast`, the family's sensitivity x 2^-10.
+#[test]
+fn decode_batches_on_tensor_core_attention_match_the_cuda_cores() {
+    let Some(_) = gpu() else { return };
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for name in names() {
+        let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).unwrap();
+        let toks = tokens(&name);
+        let cpu =
+            MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
+        let n_vocab = cpu.config.n_vocab;
+        let feed = |m: &MuseGlimmer<CpuBackend>, kv| {
+            Session::new(m, kv, 256)
+                .unwrap()
+                .feed(&toks, 512, Logits::All)
+                .unwrap()
+        };
+        let own = max_dls(&feed(&cpu, KvType::F16), &feed(&cpu, KvType::F32), n_vocab);
+        let seqs = sequences(&toks, 10, 5, 20, 2);
+        let prompts: Vec<usize> = (0..10).map(|i| 3 + (i * 7) % 11).collect();
+        for fast in [false, true] {
+            let g = CudaBackend::new(0).unwrap();
+            g.set_fast_mode(fast).unwrap();
+            let m = MuseGlimmer::load(&file, g).unwrap();
+            let run = |tcd: bool| {
+                m.backend.set_attn_tcd(tcd);
+                batched::together(&m, &seqs, &prompts, KvType::F16, 256).unwrap()
+            };
+            let (with, without) = (run(true), run(false));
+            let mut worst = 0f64;
+            let mut finite = true;
+            for (a, b) in with.iter().zip(&without) {
+                assert_eq!(a.len(), b.len());
+                for (x, y) in a.iter().zip(b) {
+                    worst = worst.max(max_dls(x, y, n_vocab));
+                    finite &= x.iter().all(|v| v.is_finite());
+                }
+            }
+            let bound = if fast {
+                sensitivity(&name) * 2f64.powi(-10)
+            } else {
+                own
+            };
+            let what = format!(
+                "{name:<14} {}: attn_tcd vs CUDA cores {worst:.2e} (bound {bound:.2e})",
+                if fast { "fast    " } else { "accurate" }
+            );
+            if !(finite && worst <= bound) {
+                failures.push(what.clone());
+            }
+            rows.push(what);
+        }
+    }
+    report(
+        "10 sequences decoded together, f16 cache: attn_tcd vs the CUDA-core kernel",
         &rows,
         &failures,
     );
