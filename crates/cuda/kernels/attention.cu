@@ -466,13 +466,35 @@ __device__ __forceinline__ void attn_tc_impl(const float* __restrict__ q, const 
 // (acc, m, l) merge at the end as attn_partial's do. One token's 16 query heads fill one
 // m16n8k16 row tile, so a decode batch, whose tokens each read a different sequence, goes to
 // the tensor cores as a prompt does.
-template <int NREP, int HD, bool SPLIT>
+// CPA (`attn_tcd2_*`, MUSER_ATTN_TCD=2): the tiles staged by cp.async, every copy of a tile in
+// flight at once (16 bytes each, keys past the split zero-filled), V kept as rows like K and read
+// transposed by ldmatrix.trans: the same fragments, so the same bits as attn_tcd. attn_tcd's
+// staging loads a tile in 8 rounds of dependent loads and writes V transposed 2 bytes at a time
+// (16-way bank conflicts).
+__device__ __forceinline__ u32 tcd_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+// 16 bytes from global to shared memory, zeros where `bytes` is 0 (cp.async.cg with src-size).
+__device__ __forceinline__ void tcd_cp16(void* dst, const void* src, u32 bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(tcd_smem(dst)), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tcd_cp_wait_all() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+// Four 8x8 f16 matrices from shared memory, transposed (lanes 8i .. 8i + 7 give matrix i's rows).
+__device__ __forceinline__ void tcd_ldm4t(u32 (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(tcd_smem(p)));
+}
+
+template <int NREP, int HD, bool SPLIT, bool CPA>
 __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const u64* __restrict__ seqtab, int layer,
                                               long long row_bytes, const u32* __restrict__ pos, int n_swa, float scale,
                                               int n_kv_head, float* __restrict__ part) {
     static_assert(NREP <= 16, "one row tile holds a KV head's query heads");
     constexpr int KT = 64, KS = HD + 8, VS = KT + 8, NK = HD / 16, ND = HD / 8;
-    constexpr int STAGE = KT * KS + HD * VS, MERGE = 2 * 4 * 16 * HD;  // in u16
+    constexpr int VT = HD * VS > KT * KS ? HD * VS : KT * KS;  // V transposed, or as rows (CPA)
+    constexpr int STAGE = KT * KS + VT, MERGE = 2 * 4 * 16 * HD;      // in u16
     __shared__ __align__(16) u16 smem[STAGE > MERGE ? STAGE : MERGE];
     __shared__ float wm[4][16], wl[4][16];
     u16* ks = smem;
@@ -539,20 +561,36 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
     for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     for (int kb = k0; kb < k1; kb += KT) {
         __syncthreads();  // the previous tile is consumed
-        for (int c = threadIdx.x; c < KT * (HD / 8); c += blockDim.x) {
-            const int key = c / (HD / 8), d8 = (c % (HD / 8)) * 8, kp = kb + key;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (kp < k1) {
-                const long long slot = ring > 0 ? kp % ring : kp;
-                kv = *(const uint4*)(kcm + slot * row_bytes + 2LL * (g * HD + d8));
-                vv = *(const uint4*)(vcm + slot * row_bytes + 2LL * (g * HD + d8));
-            }
-            *(uint4*)&ks[key * KS + d8] = kv;
-            const u32 w[4] = {vv.x, vv.y, vv.z, vv.w};
+        if constexpr (CPA) {
+            // 128 threads (the launch's), KT * HD / 8 copies of 16 bytes per matrix.
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                vt[(d8 + 2 * i) * VS + key] = (u16)(w[i] & 0xFFFF);
-                vt[(d8 + 2 * i + 1) * VS + key] = (u16)(w[i] >> 16);
+            for (int it = 0; it < KT * (HD / 8) / 128; it++) {
+                const int c = threadIdx.x + 128 * it;
+                const int key = c / (HD / 8), d8 = (c % (HD / 8)) * 8, kp = kb + key;
+                const bool in = kp < k1;
+                const int kq = in ? kp : kb;
+                const long long slot = ring > 0 ? kq % ring : kq;
+                const long long off = slot * row_bytes + 2LL * (g * HD + d8);
+                tcd_cp16(&ks[key * KS + d8], kcm + off, in ? 16u : 0u);
+                tcd_cp16(&vt[key * KS + d8], vcm + off, in ? 16u : 0u);
+            }
+            tcd_cp_wait_all();
+        } else {
+            for (int c = threadIdx.x; c < KT * (HD / 8); c += blockDim.x) {
+                const int key = c / (HD / 8), d8 = (c % (HD / 8)) * 8, kp = kb + key;
+                uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+                if (kp < k1) {
+                    const long long slot = ring > 0 ? kp % ring : kp;
+                    kv = *(const uint4*)(kcm + slot * row_bytes + 2LL * (g * HD + d8));
+                    vv = *(const uint4*)(vcm + slot * row_bytes + 2LL * (g * HD + d8));
+                }
+                *(uint4*)&ks[key * KS + d8] = kv;
+                const u32 w[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    vt[(d8 + 2 * i) * VS + key] = (u16)(w[i] & 0xFFFF);
+                    vt[(d8 + 2 * i + 1) * VS + key] = (u16)(w[i] >> 16);
+                }
             }
         }
         __syncthreads();
@@ -616,12 +654,27 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
             pl[2] = pack_h2_lo(s[1][0], s[1][1]);
             pl[3] = pack_h2_lo(s[1][2], s[1][3]);
         }
+        if constexpr (CPA) {
+            // V rows 16 warp .. + 15 (keys) at dims 8 n and 8 (n + 1): lanes 0-7 keys 0-7 and
+            // lanes 8-15 keys 8-15 at 8 n, lanes 16-31 the same at 8 (n + 1).
+            const u16* vr = vt + (16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * KS + 8 * (lane >> 4);
 #pragma unroll
-        for (int n = 0; n < ND; n++) {
-            const u16* vr = vt + (8 * n + gq) * VS + 16 * warp + 2 * tq;
-            const u32 b0 = *(const u32*)vr, b1 = *(const u32*)(vr + 8);
-            mma_f16(o[n], ph, b0, b1);
-            if constexpr (SPLIT) mma_f16(o[n], pl, b0, b1);
+            for (int n = 0; n < ND; n += 2) {
+                u32 b[4];
+                tcd_ldm4t(b, vr + 8 * n);
+                mma_f16(o[n], ph, b[0], b[1]);
+                if constexpr (SPLIT) mma_f16(o[n], pl, b[0], b[1]);
+                mma_f16(o[n + 1], ph, b[2], b[3]);
+                if constexpr (SPLIT) mma_f16(o[n + 1], pl, b[2], b[3]);
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                const u16* vr = vt + (8 * n + gq) * VS + 16 * warp + 2 * tq;
+                const u32 b0 = *(const u32*)vr, b1 = *(const u32*)(vr + 8);
+                mma_f16(o[n], ph, b0, b1);
+                if constexpr (SPLIT) mma_f16(o[n], pl, b0, b1);
+            }
         }
     }
     // Merge the four warps (attn_partial's merge): rows a = gq, b = gq + 8.
@@ -657,12 +710,22 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
     extern "C" __global__ void __launch_bounds__(128) attn_tcd_##NREP##_##HD(                                 \
         const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
         float scale, int n_kv_head, float* part) {                                                            \
-        attn_tcd_impl<NREP, HD, false>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part);      \
+        attn_tcd_impl<NREP, HD, false, false>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part); \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(128) attn_tcd_##NREP##_##HD##_split(                         \
         const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
         float scale, int n_kv_head, float* part) {                                                            \
-        attn_tcd_impl<NREP, HD, true>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part);       \
+        attn_tcd_impl<NREP, HD, true, false>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part); \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) attn_tcd2_##NREP##_##HD(                                \
+        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
+        float scale, int n_kv_head, float* part) {                                                            \
+        attn_tcd_impl<NREP, HD, false, true>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part);  \
+    }                                                                                                         \
+    extern "C" __global__ void __launch_bounds__(128) attn_tcd2_##NREP##_##HD##_split(                        \
+        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
+        float scale, int n_kv_head, float* part) {                                                            \
+        attn_tcd_impl<NREP, HD, true, true>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part);   \
     }
 
 // One program per (NREP, HD): the backend compiles the variant a model needs (-DATTN_NREP=.. -DATTN_HD=..).

@@ -479,8 +479,9 @@ pub struct CudaBackend {
     cc: (i32, i32),
     /// Prompt chunks' attention on the tensor cores (`attn_tc`, on unless `MUSER_ATTN_TC=0`).
     attn_tc: std::sync::atomic::AtomicBool,
-    /// Batched decode attention on the tensor cores (`attn_tcd`, on unless `MUSER_ATTN_TCD=0`).
-    attn_tcd: std::sync::atomic::AtomicBool,
+    /// Batched decode attention on the tensor cores: 0 off (`MUSER_ATTN_TCD=0`), 1 `attn_tcd`
+    /// (the default), 2 `attn_tcd2` (`MUSER_ATTN_TCD=2`: cp.async staging, the same bits).
+    attn_tcd: std::sync::atomic::AtomicU8,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
     /// Staged kernels whose shared-memory limit has been raised (once each).
@@ -582,7 +583,13 @@ impl CudaBackend {
             smem_optin,
             gemm16: std::sync::atomic::AtomicBool::new(!env_is("MUSER_GEMM16", "0")),
             attn_tc: std::sync::atomic::AtomicBool::new(!env_is("MUSER_ATTN_TC", "0")),
-            attn_tcd: std::sync::atomic::AtomicBool::new(!env_is("MUSER_ATTN_TCD", "0")),
+            attn_tcd: std::sync::atomic::AtomicU8::new(if env_is("MUSER_ATTN_TCD", "0") {
+                0
+            } else if env_is("MUSER_ATTN_TCD", "2") {
+                2
+            } else {
+                1
+            }),
             f16_weights: std::sync::atomic::AtomicBool::new(env_is("MUSER_F16_WEIGHTS", "1")),
             fp8_weights: std::sync::atomic::AtomicBool::new(false),
             gemm8_min: std::sync::atomic::AtomicUsize::new(
@@ -706,11 +713,11 @@ impl CudaBackend {
         self.bump_epoch();
     }
 
-    /// Batched decode attention on the tensor cores (`attn_tcd`) on or off (tests: against
-    /// the CUDA-core kernel).
-    pub fn set_attn_tcd(&self, on: bool) {
+    /// Batched decode attention on the tensor cores: 0 off (the CUDA-core kernel), 1
+    /// `attn_tcd` (the default), 2 `attn_tcd2` (tests: each against the others).
+    pub fn set_attn_tcd(&self, level: u8) {
         self.attn_tcd
-            .store(on, std::sync::atomic::Ordering::Relaxed);
+            .store(level.min(2), std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
     }
 
@@ -2823,13 +2830,13 @@ impl CudaBackend {
     }
 
     /// Whether attention for a micro-batch of `n` tokens that is not one sequence's prompt
-    /// chunk (attn_tc_for) goes to `attn_tcd` (on unless `MUSER_ATTN_TCD=0`): f16 cache, at
+    /// chunk (attn_tc_for) goes to `attn_tcd` or `attn_tcd2` (`attn_tcd` field): f16 cache, at
     /// least 8 tokens (fewer take the quarter-head blocks), at most 16 query heads per KV head
     /// (one row tile), not the batch-invariant or parity modes.
     fn attn_tcd_for(&self, kv: &SeqView, spec: AttnSpec, n: usize) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let nrep = spec.n_head / spec.n_head_kv.max(1);
-        self.attn_tcd.load(Relaxed)
+        self.attn_tcd.load(Relaxed) > 0
             && kv.ty == KvType::F16
             && n >= attn_g4_below().max(8)
             && (1..=16).contains(&nrep)
@@ -2935,7 +2942,12 @@ impl CudaBackend {
                 } else {
                     "_split"
                 };
-                format!("attn_tcd_{nrep}_{}{split}", spec.head_dim)
+                let v = if self.attn_tcd.load(std::sync::atomic::Ordering::Relaxed) == 2 {
+                    "2"
+                } else {
+                    ""
+                };
+                format!("attn_tcd{v}_{nrep}_{}{split}", spec.head_dim)
             } else {
                 format!(
                     "attn_{nrep}_{}_{}{}",
