@@ -262,6 +262,125 @@ __device__ __forceinline__ u32 pack_h2_lo(float x, float y) {
     return (u32)f2h(x - h2f(f2h(x))) | ((u32)f2h(y - h2f(f2h(y))) << 16);
 }
 
+// Shared by attn_tc and attn_tcd (a warp's 16 query rows: this lane's rows a = gq and b = gq + 8).
+//
+// tc_q_frags: the rows' values x (already times the softmax scale) into A fragments: each row
+// times 2^S (its largest |value| below 2^14; the row's 4 lanes agree on it), hi f16, SPLIT also
+// lo; down[ab] = 2^-S.
+template <int NK, bool SPLIT>
+__device__ __forceinline__ void tc_q_frags(float (&x)[2][NK][4], u32 (&qh)[NK][4], u32 (&ql)[SPLIT ? NK : 1][4],
+                                           float (&down)[2]) {
+#pragma unroll
+    for (int ab = 0; ab < 2; ab++) {
+        float m = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) m = fmaxf(m, fabsf(x[ab][kk][e]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        const int S = f16_shift(__float_as_uint(m), 100);
+        const float up = ldexpf(1.0f, S);
+        down[ab] = ldexpf(1.0f, -S);
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) x[ab][kk][e] *= up;
+    }
+    // A fragments: reg 0 row a dims 2t, 2t+1; reg 1 row b; reg 2 row a dims + 8; reg 3 row b.
+#pragma unroll
+    for (int kk = 0; kk < NK; kk++) {
+        qh[kk][0] = pack_h2(x[0][kk][0], x[0][kk][1]);
+        qh[kk][1] = pack_h2(x[1][kk][0], x[1][kk][1]);
+        qh[kk][2] = pack_h2(x[0][kk][2], x[0][kk][3]);
+        qh[kk][3] = pack_h2(x[1][kk][2], x[1][kk][3]);
+        if constexpr (SPLIT) {
+            ql[kk][0] = pack_h2_lo(x[0][kk][0], x[0][kk][1]);
+            ql[kk][1] = pack_h2_lo(x[1][kk][0], x[1][kk][1]);
+            ql[kk][2] = pack_h2_lo(x[0][kk][2], x[0][kk][3]);
+            ql[kk][3] = pack_h2_lo(x[1][kk][2], x[1][kk][3]);
+        }
+    }
+}
+
+// tc_softmax: one step of the online softmax over J score tiles (already scaled, masked keys at
+// -Inf; mx[ab] each row's largest score in this lane): the rows' maxima over their 4 lanes, the
+// running (mrow, lsum) updated, the accumulators o rescaled, the scores turned into
+// probabilities.
+template <int J, int ND>
+__device__ __forceinline__ void tc_softmax(float (&s)[J][4], float (&mx)[2], float (&mrow)[2], float (&lsum)[2],
+                                           float (&o)[ND][4]) {
+    const float NEG = -__int_as_float(0x7f800000);
+    float corr[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int ab = 0; ab < 2; ab++) {
+        mx[ab] = fmaxf(mx[ab], __shfl_xor_sync(0xffffffffu, mx[ab], 1));
+        mx[ab] = fmaxf(mx[ab], __shfl_xor_sync(0xffffffffu, mx[ab], 2));
+        const float mn = fmaxf(mrow[ab], mx[ab]);
+        corr[ab] = mn == NEG ? 1.0f : expf(mrow[ab] - mn);
+        mrow[ab] = mn;
+    }
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int ab = e >> 1;
+            s[j][e] = mrow[ab] == NEG ? 0.0f : expf(s[j][e] - mrow[ab]);
+            sum[ab] += s[j][e];
+        }
+#pragma unroll
+    for (int ab = 0; ab < 2; ab++) {
+        sum[ab] += __shfl_xor_sync(0xffffffffu, sum[ab], 1);
+        sum[ab] += __shfl_xor_sync(0xffffffffu, sum[ab], 2);
+        lsum[ab] = lsum[ab] * corr[ab] + sum[ab];
+    }
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+        o[n][0] *= corr[0]; o[n][1] *= corr[0];
+        o[n][2] *= corr[1]; o[n][3] *= corr[1];
+    }
+}
+
+// tc_p_frags: P's A fragment for 16 keys from score tiles s0 (keys 0-7) and s1 (keys 8-15): hi
+// f16, SPLIT also lo.
+template <bool SPLIT>
+__device__ __forceinline__ void tc_p_frags(const float (&s0)[4], const float (&s1)[4], u32 (&ph)[4], u32 (&pl)[4]) {
+    ph[0] = pack_h2(s0[0], s0[1]);
+    ph[1] = pack_h2(s0[2], s0[3]);
+    ph[2] = pack_h2(s1[0], s1[1]);
+    ph[3] = pack_h2(s1[2], s1[3]);
+    pl[0] = pl[1] = pl[2] = pl[3] = 0;
+    if constexpr (SPLIT) {
+        pl[0] = pack_h2_lo(s0[0], s0[1]);
+        pl[1] = pack_h2_lo(s0[2], s0[3]);
+        pl[2] = pack_h2_lo(s1[0], s1[1]);
+        pl[3] = pack_h2_lo(s1[2], s1[3]);
+    }
+}
+
+// tc_stage: keys kb .. kb + KT - 1 of KV head g into shared memory, K as rows (ks, stride KS), V
+// transposed (vt, stride VS), f16; keys from `kend` on are zeros. The block's threads share it.
+template <int HD, int KT, int KS, int VS>
+__device__ __forceinline__ void tc_stage(u16* ks, u16* vt, const u8* kcm, const u8* vcm, int ring, long long row_bytes,
+                                         int g, int kb, int kend) {
+    for (int c = threadIdx.x; c < KT * (HD / 8); c += blockDim.x) {
+        const int key = c / (HD / 8), d8 = (c % (HD / 8)) * 8, kp = kb + key;
+        uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+        if (kp < kend) {
+            const long long slot = ring > 0 ? kp % ring : kp;
+            kv = *(const uint4*)(kcm + slot * row_bytes + 2LL * (g * HD + d8));
+            vv = *(const uint4*)(vcm + slot * row_bytes + 2LL * (g * HD + d8));
+        }
+        *(uint4*)&ks[key * KS + d8] = kv;
+        const u32 w[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            vt[(d8 + 2 * i) * VS + key] = (u16)(w[i] & 0xFFFF);
+            vt[(d8 + 2 * i + 1) * VS + key] = (u16)(w[i] >> 16);
+        }
+    }
+}
+
 template <int NREP, int HD, bool SPLIT>
 __device__ __forceinline__ void attn_tc_impl(const float* __restrict__ q, const u64* __restrict__ seqtab, int layer,
                                              long long row_bytes, const u32* __restrict__ pos, int n_swa, float scale,
@@ -297,40 +416,15 @@ __device__ __forceinline__ void attn_tc_impl(const float* __restrict__ q, const 
             prow[ab] = ok ? (int)pos[t] : -1;
             lrow[ab] = ok ? (n_swa > 0 ? max(0, prow[ab] - n_swa + 1) : 0) : 1;
             const float* qr = q + ((long long)(ok ? t : t0) * n_head + (long long)g * NREP + r % NREP) * HD;
-            float m = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < NK; kk++) {
                 const float2 u = ok ? *(const float2*)(qr + 16 * kk + 2 * tq) : make_float2(0.0f, 0.0f);
                 const float2 v = ok ? *(const float2*)(qr + 16 * kk + 8 + 2 * tq) : make_float2(0.0f, 0.0f);
                 x[ab][kk][0] = u.x * scale; x[ab][kk][1] = u.y * scale;
                 x[ab][kk][2] = v.x * scale; x[ab][kk][3] = v.y * scale;
-#pragma unroll
-                for (int e = 0; e < 4; e++) m = fmaxf(m, fabsf(x[ab][kk][e]));
-            }
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            const int S = f16_shift(__float_as_uint(m), 100);
-            const float up = ldexpf(1.0f, S);
-            down[ab] = ldexpf(1.0f, -S);
-#pragma unroll
-            for (int kk = 0; kk < NK; kk++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) x[ab][kk][e] *= up;
-        }
-        // A fragments: reg 0 row a dims 2t, 2t+1; reg 1 row b; reg 2 row a dims + 8; reg 3 row b.
-#pragma unroll
-        for (int kk = 0; kk < NK; kk++) {
-            qh[kk][0] = pack_h2(x[0][kk][0], x[0][kk][1]);
-            qh[kk][1] = pack_h2(x[1][kk][0], x[1][kk][1]);
-            qh[kk][2] = pack_h2(x[0][kk][2], x[0][kk][3]);
-            qh[kk][3] = pack_h2(x[1][kk][2], x[1][kk][3]);
-            if constexpr (SPLIT) {
-                ql[kk][0] = pack_h2_lo(x[0][kk][0], x[0][kk][1]);
-                ql[kk][1] = pack_h2_lo(x[1][kk][0], x[1][kk][1]);
-                ql[kk][2] = pack_h2_lo(x[0][kk][2], x[0][kk][3]);
-                ql[kk][3] = pack_h2_lo(x[1][kk][2], x[1][kk][3]);
             }
         }
+        tc_q_frags<NK, SPLIT>(x, qh, ql, down);
     }
     const float NEG = -__int_as_float(0x7f800000);
     float mrow[2] = {NEG, NEG}, lsum[2] = {0.0f, 0.0f};
@@ -339,22 +433,7 @@ __device__ __forceinline__ void attn_tc_impl(const float* __restrict__ q, const 
     for (int n = 0; n < ND; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     for (int k0 = lo_min; k0 <= p_max; k0 += KT) {
         __syncthreads();  // the previous tile is consumed
-        for (int c = threadIdx.x; c < KT * (HD / 8); c += blockDim.x) {
-            const int key = c / (HD / 8), d8 = (c % (HD / 8)) * 8, kp = k0 + key;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (kp <= p_max) {
-                const long long slot = ring > 0 ? kp % ring : kp;
-                kv = *(const uint4*)(kcm + slot * row_bytes + 2LL * (g * HD + d8));
-                vv = *(const uint4*)(vcm + slot * row_bytes + 2LL * (g * HD + d8));
-            }
-            *(uint4*)&ks[key * KS + d8] = kv;
-            const u32 w[4] = {vv.x, vv.y, vv.z, vv.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                vt[(d8 + 2 * i) * VS + key] = (u16)(w[i] & 0xFFFF);
-                vt[(d8 + 2 * i + 1) * VS + key] = (u16)(w[i] >> 16);
-            }
-        }
+        tc_stage<HD, KT, KS, VS>(ks, vt, kcm, vcm, ring, row_bytes, g, k0, p_max + 1);
         __syncthreads();
         float s[KT / 8][4];
 #pragma unroll
@@ -379,46 +458,12 @@ __device__ __forceinline__ void attn_tc_impl(const float* __restrict__ q, const 
                 s[j][e] = vis ? s[j][e] * down[ab] : NEG;
                 mx[ab] = fmaxf(mx[ab], s[j][e]);
             }
-        float corr[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int ab = 0; ab < 2; ab++) {
-            mx[ab] = fmaxf(mx[ab], __shfl_xor_sync(0xffffffffu, mx[ab], 1));
-            mx[ab] = fmaxf(mx[ab], __shfl_xor_sync(0xffffffffu, mx[ab], 2));
-            const float mn = fmaxf(mrow[ab], mx[ab]);
-            corr[ab] = mn == NEG ? 1.0f : expf(mrow[ab] - mn);
-            mrow[ab] = mn;
-        }
-#pragma unroll
-        for (int j = 0; j < KT / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int ab = e >> 1;
-                s[j][e] = mrow[ab] == NEG ? 0.0f : expf(s[j][e] - mrow[ab]);
-                sum[ab] += s[j][e];
-            }
-#pragma unroll
-        for (int ab = 0; ab < 2; ab++) {
-            sum[ab] += __shfl_xor_sync(0xffffffffu, sum[ab], 1);
-            sum[ab] += __shfl_xor_sync(0xffffffffu, sum[ab], 2);
-            lsum[ab] = lsum[ab] * corr[ab] + sum[ab];
-        }
-#pragma unroll
-        for (int n = 0; n < ND; n++) {
-            o[n][0] *= corr[0]; o[n][1] *= corr[0];
-            o[n][2] *= corr[1]; o[n][3] *= corr[1];
-        }
+        tc_softmax<KT / 8, ND>(s, mx, mrow, lsum, o);
         // O += P V, 16 keys per step: P's A fragment from the score tiles 2 kk and 2 kk + 1.
 #pragma unroll
         for (int kk = 0; kk < KT / 16; kk++) {
-            const u32 ph[4] = {pack_h2(s[2 * kk][0], s[2 * kk][1]), pack_h2(s[2 * kk][2], s[2 * kk][3]),
-                               pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            u32 pl[4] = {0, 0, 0, 0};
-            if constexpr (SPLIT) {
-                pl[0] = pack_h2_lo(s[2 * kk][0], s[2 * kk][1]);
-                pl[1] = pack_h2_lo(s[2 * kk][2], s[2 * kk][3]);
-                pl[2] = pack_h2_lo(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                pl[3] = pack_h2_lo(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            }
+            u32 ph[4], pl[4];
+            tc_p_frags<SPLIT>(s[2 * kk], s[2 * kk + 1], ph, pl);
 #pragma unroll
             for (int n = 0; n < ND; n++) {
                 const u16* vr = vt + (8 * n + gq) * VS + 16 * kk + 2 * tq;
@@ -520,39 +565,15 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
             const int r = gq + 8 * ab;
             const bool ok = r < NREP;
             const float* qr = q + ((long long)t * n_head + (long long)g * NREP + (ok ? r : 0)) * HD;
-            float m = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < NK; kk++) {
                 const float2 u = ok ? *(const float2*)(qr + 16 * kk + 2 * tq) : make_float2(0.0f, 0.0f);
                 const float2 v = ok ? *(const float2*)(qr + 16 * kk + 8 + 2 * tq) : make_float2(0.0f, 0.0f);
                 x[ab][kk][0] = u.x * scale; x[ab][kk][1] = u.y * scale;
                 x[ab][kk][2] = v.x * scale; x[ab][kk][3] = v.y * scale;
-#pragma unroll
-                for (int e = 0; e < 4; e++) m = fmaxf(m, fabsf(x[ab][kk][e]));
-            }
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            const int S = f16_shift(__float_as_uint(m), 100);
-            const float up = ldexpf(1.0f, S);
-            down[ab] = ldexpf(1.0f, -S);
-#pragma unroll
-            for (int kk = 0; kk < NK; kk++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) x[ab][kk][e] *= up;
-        }
-#pragma unroll
-        for (int kk = 0; kk < NK; kk++) {
-            qh[kk][0] = pack_h2(x[0][kk][0], x[0][kk][1]);
-            qh[kk][1] = pack_h2(x[1][kk][0], x[1][kk][1]);
-            qh[kk][2] = pack_h2(x[0][kk][2], x[0][kk][3]);
-            qh[kk][3] = pack_h2(x[1][kk][2], x[1][kk][3]);
-            if constexpr (SPLIT) {
-                ql[kk][0] = pack_h2_lo(x[0][kk][0], x[0][kk][1]);
-                ql[kk][1] = pack_h2_lo(x[1][kk][0], x[1][kk][1]);
-                ql[kk][2] = pack_h2_lo(x[0][kk][2], x[0][kk][3]);
-                ql[kk][3] = pack_h2_lo(x[1][kk][2], x[1][kk][3]);
             }
         }
+        tc_q_frags<NK, SPLIT>(x, qh, ql, down);
     }
     const float NEG = -__int_as_float(0x7f800000);
     float mrow[2] = {NEG, NEG}, lsum[2] = {0.0f, 0.0f};
@@ -576,22 +597,7 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
             }
             tcd_cp_wait_all();
         } else {
-            for (int c = threadIdx.x; c < KT * (HD / 8); c += blockDim.x) {
-                const int key = c / (HD / 8), d8 = (c % (HD / 8)) * 8, kp = kb + key;
-                uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-                if (kp < k1) {
-                    const long long slot = ring > 0 ? kp % ring : kp;
-                    kv = *(const uint4*)(kcm + slot * row_bytes + 2LL * (g * HD + d8));
-                    vv = *(const uint4*)(vcm + slot * row_bytes + 2LL * (g * HD + d8));
-                }
-                *(uint4*)&ks[key * KS + d8] = kv;
-                const u32 w[4] = {vv.x, vv.y, vv.z, vv.w};
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    vt[(d8 + 2 * i) * VS + key] = (u16)(w[i] & 0xFFFF);
-                    vt[(d8 + 2 * i + 1) * VS + key] = (u16)(w[i] >> 16);
-                }
-            }
+            tc_stage<HD, KT, KS, VS>(ks, vt, kcm, vcm, ring, row_bytes, g, kb, k1);
         }
         __syncthreads();
         // This warp's 16 keys: score tiles j = 0, 1 (keys 16 warp + 8 j + gq as B's columns).
@@ -616,44 +622,10 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
                 s[j][e] = kp < k1 ? s[j][e] * down[ab] : NEG;
                 mx[ab] = fmaxf(mx[ab], s[j][e]);
             }
-        float corr[2], sum[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int ab = 0; ab < 2; ab++) {
-            mx[ab] = fmaxf(mx[ab], __shfl_xor_sync(0xffffffffu, mx[ab], 1));
-            mx[ab] = fmaxf(mx[ab], __shfl_xor_sync(0xffffffffu, mx[ab], 2));
-            const float mn = fmaxf(mrow[ab], mx[ab]);
-            corr[ab] = mn == NEG ? 1.0f : expf(mrow[ab] - mn);
-            mrow[ab] = mn;
-        }
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int ab = e >> 1;
-                s[j][e] = mrow[ab] == NEG ? 0.0f : expf(s[j][e] - mrow[ab]);
-                sum[ab] += s[j][e];
-            }
-#pragma unroll
-        for (int ab = 0; ab < 2; ab++) {
-            sum[ab] += __shfl_xor_sync(0xffffffffu, sum[ab], 1);
-            sum[ab] += __shfl_xor_sync(0xffffffffu, sum[ab], 2);
-            lsum[ab] = lsum[ab] * corr[ab] + sum[ab];
-        }
-#pragma unroll
-        for (int n = 0; n < ND; n++) {
-            o[n][0] *= corr[0]; o[n][1] *= corr[0];
-            o[n][2] *= corr[1]; o[n][3] *= corr[1];
-        }
+        tc_softmax<2, ND>(s, mx, mrow, lsum, o);
         // O += P V over this warp's 16 keys.
-        const u32 ph[4] = {pack_h2(s[0][0], s[0][1]), pack_h2(s[0][2], s[0][3]), pack_h2(s[1][0], s[1][1]),
-                           pack_h2(s[1][2], s[1][3])};
-        u32 pl[4] = {0, 0, 0, 0};
-        if constexpr (SPLIT) {
-            pl[0] = pack_h2_lo(s[0][0], s[0][1]);
-            pl[1] = pack_h2_lo(s[0][2], s[0][3]);
-            pl[2] = pack_h2_lo(s[1][0], s[1][1]);
-            pl[3] = pack_h2_lo(s[1][2], s[1][3]);
-        }
+        u32 ph[4], pl[4];
+        tc_p_frags<SPLIT>(s[0], s[1], ph, pl);
         if constexpr (CPA) {
             // V rows 16 warp .. + 15 (keys) at dims 8 n and 8 (n + 1): lanes 0-7 keys 0-7 and
             // lanes 8-15 keys 8-15 at 8 n, lanes 16-31 the same at 8 (n + 1).

@@ -204,9 +204,11 @@ extern "C" __global__ void w16_rows(const u8* w, int fmt, long long nbt, int col
 
 // Each token's largest |x| (rows x cols f32, cols a multiple of 4) into out[t] (f32 bits, as
 // w16_max). One block of 256 threads per token.
-extern "C" __global__ void __launch_bounds__(256) x16_rowmax(const float* __restrict__ x, int cols, u32* out) {
-    __shared__ u32 wm[8];
-    const float* xr = x + (long long)blockIdx.x * cols;
+// The largest |x| of a row of cols floats (a multiple of 4, 16-byte aligned) as f32 bits, in
+// every thread of the block (up to 1024 threads, a multiple of 32). A maximum does not depend
+// on the order it is taken in.
+__device__ __forceinline__ u32 block_row_absmax(const float* __restrict__ xr, int cols) {
+    __shared__ u32 wm[32];
     u32 m = 0;
     for (int c = 4 * threadIdx.x; c < cols; c += 4 * blockDim.x) {
         const float4 a = *(const float4*)(xr + c);
@@ -217,10 +219,13 @@ extern "C" __global__ void __launch_bounds__(256) x16_rowmax(const float* __rest
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     if ((threadIdx.x & 31) == 0) wm[threadIdx.x >> 5] = m;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int i = 1; i < (int)(blockDim.x >> 5); i++) m = max(m, wm[i]);
-        out[blockIdx.x] = max(m, wm[0]);
-    }
+    for (int i = 0; i < (int)(blockDim.x >> 5); i++) m = max(m, wm[i]);
+    return m;
+}
+
+extern "C" __global__ void __launch_bounds__(256) x16_rowmax(const float* __restrict__ x, int cols, u32* out) {
+    const u32 m = block_row_absmax(x + (long long)blockIdx.x * cols, cols);
+    if (threadIdx.x == 0) out[blockIdx.x] = m;
 }
 
 // Eight floats at p (16-byte aligned) into v.
@@ -358,20 +363,9 @@ extern "C" __global__ void x8_quant(const float* __restrict__ x, int rows, int c
 // there were two; the second pass over the row reads it from the cache.
 extern "C" __global__ void __launch_bounds__(1024) x8_rowquant(const float* __restrict__ x, int cols, u32* xmax,
                                                                u8* out, long long ld, float* down) {
-    __shared__ u32 wm[32];
     const int t = blockIdx.x;
     const float* xr = x + (long long)t * cols;
-    u32 m = 0;
-    for (int c = 4 * threadIdx.x; c < cols; c += 4 * blockDim.x) {
-        const float4 a = *(const float4*)(xr + c);
-        m = max(m, max(max(__float_as_uint(a.x) & 0x7fffffffu, __float_as_uint(a.y) & 0x7fffffffu),
-                       max(__float_as_uint(a.z) & 0x7fffffffu, __float_as_uint(a.w) & 0x7fffffffu)));
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) wm[threadIdx.x >> 5] = m;
-    __syncthreads();
-    for (int i = 0; i < (int)(blockDim.x >> 5); i++) m = max(m, wm[i]);
+    const u32 m = block_row_absmax(xr, cols);
     const int S = pow2_shift(m, 8, 120);
     if (threadIdx.x == 0) {
         xmax[t] = m;

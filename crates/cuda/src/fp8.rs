@@ -452,6 +452,24 @@ impl CudaBackend {
         ) else {
             return Ok(false);
         };
+        {
+            let (qp, _gq) = q.device_ptr_mut(st);
+            let (dp, _gd) = down.device_ptr_mut(st);
+            // SAFETY: q holds rows x cols bytes and down rows floats (allocated above).
+            unsafe { self.w8_fill(w, qp, dp) }?;
+        }
+        let _ = w.w8.set((q, down));
+        Ok(true)
+    }
+
+    /// `w`'s e4m3 rows at `q` (rows x cols bytes, row-major) and their factors 2^-S_r at `down`
+    /// (rows floats): `w8_rowscale`, then `w8_rows`.
+    ///
+    /// # Safety
+    /// `q` and `down` must address that much device memory of this backend, valid until the
+    /// stream has run both kernels.
+    unsafe fn w8_fill(&self, w: &CudaMatrix, q: u64, down: u64) -> Result<()> {
+        let st = &self.stream;
         let (cols_i, rows_i) = (w.cols as i32, w.rows as i32);
         {
             let f = self.f("w8_rowscale")?;
@@ -461,36 +479,33 @@ impl CudaBackend {
                 .arg(&w.nbt)
                 .arg(&cols_i)
                 .arg(&rows_i)
-                .arg(&mut down);
+                .arg(&down);
             let cfg = LaunchConfig {
                 grid_dim: ((w.rows as u32).clamp(1, 65_535), 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
             // SAFETY: reads the matrix's rows x cols elements (cols a multiple of 16), writes
-            // its rows floats of `down` (allocated above).
+            // rows floats at `down` (the caller's guarantee).
             unsafe { b.launch(cfg) }.map_err(dev("w8_rowscale"))?;
         }
-        {
-            let f = self.f("w8_rows")?;
-            let (row0, ld) = (0i64, w.cols as i64);
-            let mut b = st.launch_builder(&f);
-            b.arg(&w.data)
-                .arg(&w.fmt)
-                .arg(&w.nbt)
-                .arg(&cols_i)
-                .arg(&row0)
-                .arg(&rows_i)
-                .arg(&down)
-                .arg(&mut q)
-                .arg(&ld);
-            let cfg = grid_runs8(w.cols, w.rows);
-            // SAFETY: reads every row of the matrix and its row factors; writes rows x cols
-            // bytes of q (allocated above, ld = cols).
-            unsafe { b.launch(cfg) }.map_err(dev("w8_rows"))?;
-        }
-        let _ = w.w8.set((q, down));
-        Ok(true)
+        let f = self.f("w8_rows")?;
+        let (row0, ld) = (0i64, w.cols as i64);
+        let mut b = st.launch_builder(&f);
+        b.arg(&w.data)
+            .arg(&w.fmt)
+            .arg(&w.nbt)
+            .arg(&cols_i)
+            .arg(&row0)
+            .arg(&rows_i)
+            .arg(&down)
+            .arg(&q)
+            .arg(&ld);
+        let cfg = grid_runs8(w.cols, w.rows);
+        // SAFETY: reads every row of the matrix and its row factors (written just above);
+        // writes rows x cols bytes at `q` (the caller's guarantee, ld = cols).
+        unsafe { b.launch(cfg) }.map_err(dev("w8_rows"))?;
+        Ok(())
     }
 
     /// The micro-batch x (n x cols f32) into e4m3 at `x8` (n rows of cols bytes), each token
@@ -782,43 +797,9 @@ impl CudaBackend {
             let (dp, _gd) = down.device_ptr_mut(st);
             let mut r0 = 0usize;
             for w in ws {
-                let (cols_i, rows_i) = (w.cols as i32, w.rows as i32);
-                let (down_w, q_w) = (dp + 4 * r0 as u64, qp + (r0 * cols) as u64);
-                {
-                    let f = self.f("w8_rowscale")?;
-                    let mut b = st.launch_builder(&f);
-                    b.arg(&w.data)
-                        .arg(&w.fmt)
-                        .arg(&w.nbt)
-                        .arg(&cols_i)
-                        .arg(&rows_i)
-                        .arg(&down_w);
-                    let cfg = LaunchConfig {
-                        grid_dim: ((w.rows as u32).clamp(1, 65_535), 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    // SAFETY: reads the matrix's rows x cols elements, writes its rows floats
-                    // of `down` from row r0 (down holds the group's rows, allocated above).
-                    unsafe { b.launch(cfg) }.map_err(dev("w8_rowscale"))?;
-                }
-                let f = self.f("w8_rows")?;
-                let (row0, ld) = (0i64, cols as i64);
-                let mut b = st.launch_builder(&f);
-                b.arg(&w.data)
-                    .arg(&w.fmt)
-                    .arg(&w.nbt)
-                    .arg(&cols_i)
-                    .arg(&row0)
-                    .arg(&rows_i)
-                    .arg(&down_w)
-                    .arg(&q_w)
-                    .arg(&ld);
-                let cfg = grid_runs8(w.cols, w.rows);
-                // SAFETY: reads every row of the matrix and its row factors (written just
-                // above); writes its rows x cols bytes of q from row r0 (q holds the group's
-                // rows x cols, allocated above).
-                unsafe { b.launch(cfg) }.map_err(dev("w8_rows"))?;
+                // SAFETY: q holds the group's rows x cols bytes and down its rows floats
+                // (allocated above); member w's start at row r0.
+                unsafe { self.w8_fill(w, qp + (r0 * cols) as u64, dp + 4 * r0 as u64) }?;
                 r0 += w.rows;
             }
         }
