@@ -1158,18 +1158,9 @@ fn attention_f64_row(
     out
 }
 
-/// Batched decode attention on the tensor cores (attn_tcd): one token of each of 12 sequences
-/// whose caches hold 3 to 454 earlier tokens (a sliding layer's window of 128 and ring crossed,
-/// and a full layer), against the CUDA-core kernel on the same caches and both against the f64
-/// result for each sequence's last query: the bounds of the prompt kernel's check (accurate
-/// split form 2^-14 of the largest output, fast 2^-9).
-#[test]
-fn decode_batch_attention_on_tensor_cores_matches_the_cuda_cores() {
-    let Some(_) = gpu() else { return };
-    let mut rows = Vec::new();
-    let mut failures = Vec::new();
-    let dir = std::env::temp_dir().join(format!("muser-attn-tcd-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+/// The attention checks' synthetic model (written into `dir`): the 30B's 16 query heads per KV
+/// head and head_dim 128, a window of 128, 4 layers (0 sliding, 3 full).
+fn nrep16_file(dir: &std::path::Path) -> ModelFile {
     let p = muser_engine::synth::Preset {
         name: "t",
         n_layer: 4,
@@ -1184,13 +1175,30 @@ fn decode_batch_attention_on_tensor_cores_matches_the_cuda_cores() {
     };
     let path = dir.join("nrep16.gguf");
     muser_engine::synth::write(&path, &p, muser_engine::synth::Layout::Q4KM, 5).unwrap();
-    let file = ModelFile::open(&path).unwrap();
+    ModelFile::open(&path).unwrap()
+}
+
+/// `len` values in [-amp, amp), a different pattern per seed (the attention checks' inputs).
+fn fill(len: usize, seed: usize, amp: f32) -> Vec<f32> {
+    (0..len)
+        .map(|i| (((i * 7919 + seed * 104729) % 2000) as f32 / 1000.0 - 1.0) * amp)
+        .collect()
+}
+
+/// Batched decode attention on the tensor cores (attn_tcd): one token of each of 12 sequences
+/// whose caches hold 3 to 454 earlier tokens (a sliding layer's window of 128 and ring crossed,
+/// and a full layer), against the CUDA-core kernel on the same caches and both against the f64
+/// result for each sequence's last query: the bounds of the prompt kernel's check (accurate
+/// split form 2^-14 of the largest output, fast 2^-9).
+#[test]
+fn decode_batch_attention_on_tensor_cores_matches_the_cuda_cores() {
+    let Some(_) = gpu() else { return };
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    let dir = std::env::temp_dir().join(format!("muser-attn-tcd-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = nrep16_file(&dir);
     let gpu = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
-    let fill = |len: usize, seed: usize, amp: f32| -> Vec<f32> {
-        (0..len)
-            .map(|i| (((i * 7919 + seed * 104729) % 2000) as f32 / 1000.0 - 1.0) * amp)
-            .collect()
-    };
     let (qd, kd) = (32 * 128, 2 * 128);
     let lens: Vec<usize> = (0..12).map(|s| 3 + 41 * s).collect();
     // Sequence s: L_s + 1 tokens of q, k, v (the last one is the decode step's).
@@ -1421,30 +1429,11 @@ fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
     let mut failures = Vec::new();
     let dir = std::env::temp_dir().join(format!("muser-attn-tc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let p = muser_engine::synth::Preset {
-        name: "t",
-        n_layer: 4,
-        n_embd: 1024,
-        n_ff: 1024,
-        n_head: 32,
-        n_head_kv: 2,
-        head_dim: 128,
-        n_vocab: 512,
-        n_ctx: 4096,
-        n_swa: 128,
-    };
-    let path = dir.join("nrep16.gguf");
-    muser_engine::synth::write(&path, &p, muser_engine::synth::Layout::Q4KM, 5).unwrap();
-    let file = ModelFile::open(&path).unwrap();
+    let file = nrep16_file(&dir);
     let gpu = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
     let n = 200usize;
     let toks = vec![0u32; n];
     let batch = Batch::single(&toks, 0);
-    let fill = |len: usize, seed: usize, amp: f32| -> Vec<f32> {
-        (0..len)
-            .map(|i| (((i * 7919 + seed * 104729) % 2000) as f32 / 1000.0 - 1.0) * amp)
-            .collect()
-    };
     let (qd, kd) = (32 * 128, 2 * 128);
     let (qh, kh, vh) = (
         fill(n * qd, 1, 3.0),
