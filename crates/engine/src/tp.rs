@@ -642,6 +642,34 @@ impl<B: Backend> Backend for TpBackend<B> {
         }
     }
 
+    fn matmul_group(
+        &self,
+        ws: &[&TpMatrix<B::Matrix>],
+        x: &TpAct<B::Act>,
+        outs: &mut [&mut TpAct<B::Act>],
+    ) -> Result<()> {
+        // Matrices split by rows (or whole) over the replicated input: every rank takes its
+        // slices as one group (the rank's backend may stack them); otherwise one by one.
+        let by_rows = |w: &&TpMatrix<B::Matrix>| match &w.shard {
+            Shard::Rows(rows) => Some(Some(rows.clone())),
+            Shard::Replicated => Some(None),
+            Shard::Cols(_) => None,
+        };
+        let splits: Option<Vec<_>> = ws.iter().map(by_rows).collect();
+        let (Some(splits), true, None) = (splits, ws.len() == outs.len(), &x.split) else {
+            return crate::backend::matmul_by_pairs(self, ws, x, outs);
+        };
+        for (o, split) in outs.iter_mut().zip(splits) {
+            self.shape(o, split)?;
+        }
+        for (r, b) in self.ranks.iter().enumerate() {
+            let parts: Vec<&B::Matrix> = ws.iter().map(|w| &w.parts[r]).collect();
+            let mut local: Vec<&mut B::Act> = outs.iter_mut().map(|o| &mut o.parts[r]).collect();
+            b.matmul_group(&parts, &x.parts[r], &mut local)?;
+        }
+        Ok(())
+    }
+
     fn head_norm(
         &self,
         x: &mut TpAct<B::Act>,
@@ -727,6 +755,42 @@ impl<B: Backend> Backend for TpBackend<B> {
             b.swiglu(&gate.parts[r], &up.parts[r], &mut out.parts[r])?;
         }
         Ok(())
+    }
+
+    fn ffn_swiglu(
+        &self,
+        w_gate: &TpMatrix<B::Matrix>,
+        w_up: &TpMatrix<B::Matrix>,
+        x: &TpAct<B::Act>,
+        gate: &mut TpAct<B::Act>,
+        up: &mut TpAct<B::Act>,
+        out: &mut TpAct<B::Act>,
+    ) -> Result<()> {
+        // Gate and up split by the same rows over the replicated input: each rank's FFN first
+        // half on its own slices (the rank's backend may fuse it); otherwise the composition.
+        match (&w_gate.shard, &w_up.shard, &x.split) {
+            (Shard::Rows(a), Shard::Rows(b), None) if a == b => {
+                for t in [&mut *gate, &mut *up, &mut *out] {
+                    self.shape(t, Some(a.clone()))?;
+                }
+                for (r, b) in self.ranks.iter().enumerate() {
+                    b.ffn_swiglu(
+                        &w_gate.parts[r],
+                        &w_up.parts[r],
+                        &x.parts[r],
+                        &mut gate.parts[r],
+                        &mut up.parts[r],
+                        &mut out.parts[r],
+                    )?;
+                }
+                Ok(())
+            }
+            _ => {
+                self.matmul(w_gate, x, gate)?;
+                self.matmul(w_up, x, up)?;
+                self.swiglu(gate, up, out)
+            }
+        }
     }
 
     fn post_norm_add(
