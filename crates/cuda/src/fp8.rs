@@ -211,19 +211,35 @@ impl Desc {
         {
             return None;
         }
+        // How the splits' partial sums are added (cuBLASLt needs one for a split): in place
+        // where the algorithm can, else in the compute type, else in the output type.
+        let mask = cap_i32(
+            algo,
+            lts::cublasLtMatmulAlgoCapAttributes_t::CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK,
+        )? as u32;
+        let scheme = [1u32, 2, 4].into_iter().find(|b| mask & b != 0)?;
         let mut a = *algo;
-        let v = parts.to_ne_bytes();
-        // SAFETY: `a` is a copy of an initialized algorithm; v holds the attribute's i32 value.
-        let st = unsafe {
-            lts::cublasLtMatmulAlgoConfigSetAttribute(
-                &mut a,
-                lts::cublasLtMatmulAlgoConfigAttributes_t::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                v.as_ptr() as *const c_void,
-                v.len(),
-            )
-        };
-        if st != lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            return None;
+        use lts::cublasLtMatmulAlgoConfigAttributes_t as C;
+        for (attr, v) in [
+            (C::CUBLASLT_ALGO_CONFIG_SPLITK_NUM, parts.to_ne_bytes()),
+            (
+                C::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                scheme.to_ne_bytes(),
+            ),
+        ] {
+            // SAFETY: `a` is a copy of an initialized algorithm; v holds the attribute's 4-byte
+            // value (int32 split count, uint32 scheme).
+            let st = unsafe {
+                lts::cublasLtMatmulAlgoConfigSetAttribute(
+                    &mut a,
+                    attr,
+                    v.as_ptr() as *const c_void,
+                    v.len(),
+                )
+            };
+            if st != lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return None;
+            }
         }
         // SAFETY: as in `algos`: an all-zero result is a valid value of this plain C struct.
         let mut r: lts::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
@@ -950,8 +966,16 @@ impl CudaBackend {
             .iter()
             .flat_map(|a| TUNE_SPLITS.iter().filter_map(|&p| d.split_k(handle, a, p)))
             .collect();
-        cands.extend(splits);
         let log = std::env::var("MUSER_FP8_TUNE_LOG").is_ok_and(|v| v == "1");
+        if log {
+            let (m, n, k, outer) = key;
+            eprintln!(
+                "fp8 tune {m}x{k} x {n} tokens (outer {outer}): {} candidates, {} K splits accepted",
+                cands.len(),
+                splits.len()
+            );
+        }
+        cands.extend(splits);
         let stream = self.stream.cu_stream() as lts::cudaStream_t;
         let mut best = (f32::INFINITY, first);
         {

@@ -3570,23 +3570,28 @@ impl Backend for CudaBackend {
         let key = g.replay.take();
         let profiled = ncu_step().is_some_and(|(n, k)| {
             n == batch.len() && {
-                g.replays_of.entry(n).and_modify(|c| *c += 1).or_insert(1);
-                g.replays_of.get(&n) == Some(&k)
+                let c = g.replays_of.entry(n).or_insert(0);
+                *c += 1;
+                *c == k
             }
         });
+        let graph = match key.and_then(|k| g.graphs.get(&k)) {
+            Some(StepGraph(graph)) => graph,
+            None => return Err(Error::Backend("no recorded step for this batch".into())),
+        };
         if profiled {
             self.sync()?;
             // SAFETY: a plain driver call on this thread's current context (the backend's).
             unsafe { cudarc::driver::sys::cuProfilerStart() };
-        }
-        match key.and_then(|k| g.graphs.get(&k)) {
-            Some(StepGraph(graph)) => graph.launch().map_err(dev("graph launch"))?,
-            None => return Err(Error::Backend("no recorded step for this batch".into())),
-        }
-        if profiled {
-            self.sync()?;
-            // SAFETY: as cuProfilerStart above.
+            let run = graph
+                .launch()
+                .map_err(dev("graph launch"))
+                .and_then(|_| self.sync());
+            // SAFETY: as cuProfilerStart above; stopped whatever the launch gave.
             unsafe { cudarc::driver::sys::cuProfilerStop() };
+            run?;
+        } else {
+            graph.launch().map_err(dev("graph launch"))?;
         }
         g.replays += 1;
         Ok(())

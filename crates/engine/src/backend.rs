@@ -285,9 +285,11 @@ pub trait Backend: Send + Sync {
         self.matmul(w2, x, out2)
     }
     /// outs[i] = ws[i] x for every row of x: products of the same input (the attention's Q,
-    /// gate, K and V), which a device backend may compute as one product of the matrices
-    /// stacked. Reference composition: `matmul_pair` on consecutive pairs (then `matmul` on a
-    /// last one left over).
+    /// gate, K and V). Reference composition: `matmul_pair` on consecutive pairs (then `matmul`
+    /// on a last one left over). A backend may compute them as one product of the matrices
+    /// stacked only where each output keeps its own product's arithmetic, or in a mode held to a
+    /// tolerance (CUDA `--mode fast --fp8-weights`, whose stacked product may sum in another
+    /// order; which form runs also depends on the memory left for its copy).
     fn matmul_group(
         &self,
         ws: &[&Self::Matrix],
@@ -394,7 +396,9 @@ pub trait Backend: Send + Sync {
 
     /// The feed-forward's first half: `out = silu(W_gate x) * (W_up x)`. Reference composition
     /// (`gate` and `up` are scratch for it); a backend may fuse it only if each row's two products
-    /// and the SwiGLU keep this arithmetic.
+    /// and the SwiGLU keep this arithmetic, except in a mode held to a tolerance instead of the
+    /// anchors' arithmetic (CUDA `--mode fast`: there the FP8 form stacks gate and up in one
+    /// product, whose sums may run in another order; docs/PARITY.md).
     #[allow(clippy::too_many_arguments)]
     fn ffn_swiglu(
         &self,
