@@ -460,7 +460,10 @@ pub struct CudaBackend {
     /// keeping an e4m3 copy (1 byte per weight). With the joint products (fp8.rs `joint8`),
     /// 32 sequences decode faster on FP8 than on the two-plane integer kernels (H200,
     /// 2026-11-30, tokens drawn on the GPU: 2,050.4 tokens/s aggregate against 1,657.7); before
-    /// them the integer kernels were faster at 32 (1,412.7 against 1,349.4).
+    /// them the integer kernels were faster at 32 (1,412.7 against 1,349.4). Batches of 17 to 31
+    /// tokens were not measured: the FP8 step costs about the same at any size (it reads every
+    /// e4m3 weight once), the integer kernels' grows with the tokens, so the crossover lies
+    /// somewhere below 32.
     fp8_weights: std::sync::atomic::AtomicBool,
     gemm8_min: std::sync::atomic::AtomicUsize,
     /// The FP8 products' scales applied by cuBLASLt where it can (off with `MUSER_FP8_OUTER=0`:
