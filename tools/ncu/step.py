@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Sum an `ncu --csv --print-units base` report per kernel name (scripts/h200-step.sh).
+"""Sum an `ncu --csv --print-units base` report per kernel name (scripts/h200-step.sh,
+scripts/h200-decode.sh).
 
 Prints, per kernel name (template arguments and launch parameters dropped): launches, total and
 mean microseconds, share of the step, DRAM bytes read and written, and their rate over the

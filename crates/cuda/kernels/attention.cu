@@ -264,6 +264,19 @@ __device__ __forceinline__ u32 pack_h2_lo(float x, float y) {
 
 // Shared by attn_tc and attn_tcd (a warp's 16 query rows: this lane's rows a = gq and b = gq + 8).
 //
+// tc_q_row: this lane's values of one query row (at qr; zeros unless `ok`) times the softmax
+// scale, in A-fragment order: per 16 dims kk, dims 2 tq, 2 tq + 1, then those + 8.
+template <int NK>
+__device__ __forceinline__ void tc_q_row(const float* qr, bool ok, float scale, int tq, float (&x)[NK][4]) {
+#pragma unroll
+    for (int kk = 0; kk < NK; kk++) {
+        const float2 u = ok ? *(const float2*)(qr + 16 * kk + 2 * tq) : make_float2(0.0f, 0.0f);
+        const float2 v = ok ? *(const float2*)(qr + 16 * kk + 8 + 2 * tq) : make_float2(0.0f, 0.0f);
+        x[kk][0] = u.x * scale; x[kk][1] = u.y * scale;
+        x[kk][2] = v.x * scale; x[kk][3] = v.y * scale;
+    }
+}
+
 // tc_q_frags: the rows' values x (already times the softmax scale) into A fragments: each row
 // times 2^S (its largest |value| below 2^14; the row's 4 lanes agree on it), hi f16, SPLIT also
 // lo; down[ab] = 2^-S.
@@ -415,14 +428,8 @@ __device__ __forceinline__ void attn_tc_impl(const float* __restrict__ q, const 
             const bool ok = t < n_tok;
             prow[ab] = ok ? (int)pos[t] : -1;
             lrow[ab] = ok ? (n_swa > 0 ? max(0, prow[ab] - n_swa + 1) : 0) : 1;
-            const float* qr = q + ((long long)(ok ? t : t0) * n_head + (long long)g * NREP + r % NREP) * HD;
-#pragma unroll
-            for (int kk = 0; kk < NK; kk++) {
-                const float2 u = ok ? *(const float2*)(qr + 16 * kk + 2 * tq) : make_float2(0.0f, 0.0f);
-                const float2 v = ok ? *(const float2*)(qr + 16 * kk + 8 + 2 * tq) : make_float2(0.0f, 0.0f);
-                x[ab][kk][0] = u.x * scale; x[ab][kk][1] = u.y * scale;
-                x[ab][kk][2] = v.x * scale; x[ab][kk][3] = v.y * scale;
-            }
+            tc_q_row<NK>(q + ((long long)(ok ? t : t0) * n_head + (long long)g * NREP + r % NREP) * HD, ok, scale,
+                         tq, x[ab]);
         }
         tc_q_frags<NK, SPLIT>(x, qh, ql, down);
     }
@@ -564,14 +571,7 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
         for (int ab = 0; ab < 2; ab++) {
             const int r = gq + 8 * ab;
             const bool ok = r < NREP;
-            const float* qr = q + ((long long)t * n_head + (long long)g * NREP + (ok ? r : 0)) * HD;
-#pragma unroll
-            for (int kk = 0; kk < NK; kk++) {
-                const float2 u = ok ? *(const float2*)(qr + 16 * kk + 2 * tq) : make_float2(0.0f, 0.0f);
-                const float2 v = ok ? *(const float2*)(qr + 16 * kk + 8 + 2 * tq) : make_float2(0.0f, 0.0f);
-                x[ab][kk][0] = u.x * scale; x[ab][kk][1] = u.y * scale;
-                x[ab][kk][2] = v.x * scale; x[ab][kk][3] = v.y * scale;
-            }
+            tc_q_row<NK>(q + ((long long)t * n_head + (long long)g * NREP + (ok ? r : 0)) * HD, ok, scale, tq, x[ab]);
         }
         tc_q_frags<NK, SPLIT>(x, qh, ql, down);
     }

@@ -326,41 +326,25 @@ extern "C" __global__ void __launch_bounds__(256) w8_rowscale(const u8* w, int f
     }
 }
 
-// Rows row0 .. row0 + nrows - 1 of W, row r times 1 / down[row0 + r] (= 2^S_r, exact), into e4m3
-// at out[r ld + c]; grid as w16_rows.
-extern "C" __global__ void w8_rows(const u8* w, int fmt, long long nbt, int cols, long long row0, int nrows,
-                                   const float* down, u8* out, long long ld) {
+// Every row r of W (nrows) times 1 / down[r] (= 2^S_r, exact), into e4m3 at out[r ld + c]; grid
+// as w16_rows.
+extern "C" __global__ void w8_rows(const u8* w, int fmt, long long nbt, int cols, int nrows, const float* down,
+                                   u8* out, long long ld) {
     const int c0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
     if (c0 >= cols) return;
     const long long bpr = cols / fmt_block(fmt);
     for (int r = blockIdx.y; r < nrows; r += gridDim.y) {
         float v[8];
-        dq8(w, fmt, nbt, bpr, row0 + r, c0, v);
-        put8(v, 1.0f / down[row0 + r], out + (long long)r * ld + c0);
+        dq8(w, fmt, nbt, bpr, r, c0, v);
+        put8(v, 1.0f / down[r], out + (long long)r * ld + c0);
     }
 }
 
 // The micro-batch's activations (rows x cols f32, cols a multiple of 8) into e4m3 at out[t ld +
-// c], token t times 2^S_t (S_t: pow2_shift(xmax[t], 8, 120); xmax from x16_rowmax); down[t] =
-// 2^-S_t.
-extern "C" __global__ void x8_quant(const float* __restrict__ x, int rows, int cols, const u32* xmax, u8* out,
-                                    long long ld, float* down) {
-    const int c0 = 8 * (blockIdx.x * blockDim.x + threadIdx.x);
-    if (c0 >= cols) return;
-    for (int t = blockIdx.y; t < rows; t += gridDim.y) {
-        const int S = pow2_shift(xmax[t], 8, 120);
-        if (c0 == 0) down[t] = ldexpf(1.0f, -S);
-        float v[8];
-        ld8(x + (long long)t * cols + c0, v);
-        put8(v, ldexpf(1.0f, S), out + (long long)t * ld + c0);
-    }
-}
-
-// x8_quant with its own row maxima (blocks of up to 1024 threads, a multiple of 32): one block
-// per token finds the token's largest |x| (written
-// to xmax[t], as x16_rowmax would) and then writes the token's e4m3 row and down[t] as x8_quant
-// does (the same bits: a maximum does not depend on the order it is taken in). One launch where
-// there were two; the second pass over the row reads it from the cache.
+// c], token t times 2^S_t (S_t: pow2_shift(xmax[t], 8, 120)), down[t] = 2^-S_t. One block per
+// token (up to 1024 threads, a multiple of 32) finds the token's largest |x| (written to
+// xmax[t], as x16_rowmax writes it, for the f16 products of the same call), then writes its
+// e4m3 row; the second pass over the row reads it from the cache.
 extern "C" __global__ void __launch_bounds__(1024) x8_rowquant(const float* __restrict__ x, int cols, u32* xmax,
                                                                u8* out, long long ld, float* down) {
     const int t = blockIdx.x;

@@ -506,13 +506,12 @@ impl CudaBackend {
             unsafe { b.launch(cfg) }.map_err(dev("w8_rowscale"))?;
         }
         let f = self.f("w8_rows")?;
-        let (row0, ld) = (0i64, w.cols as i64);
+        let ld = w.cols as i64;
         let mut b = st.launch_builder(&f);
         b.arg(&w.data)
             .arg(&w.fmt)
             .arg(&w.nbt)
             .arg(&cols_i)
-            .arg(&row0)
             .arg(&rows_i)
             .arg(&down)
             .arg(&q)
@@ -524,36 +523,9 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// The micro-batch x (n x cols f32) into e4m3 at `x8` (n rows of cols bytes), each token
-    /// after its power of two from `xmax` (x16_rowmax's), whose inverses go to `down` (n
-    /// floats).
-    pub(crate) fn x8_quant(
-        &self,
-        x: &CudaAct,
-        xmax: &CudaSlice<u32>,
-        x8: &mut CudaSlice<u8>,
-        down: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        let f = self.f("x8_quant")?;
-        let (rows_i, cols_i, ld) = (x.rows as i32, x.cols as i32, x.cols as i64);
-        let mut b = self.stream.launch_builder(&f);
-        b.arg(&x.data)
-            .arg(&rows_i)
-            .arg(&cols_i)
-            .arg(xmax)
-            .arg(x8)
-            .arg(&ld)
-            .arg(down);
-        let cfg = grid_runs8(x.cols, x.rows);
-        // SAFETY: reads x's rows x cols floats (cols a multiple of 16: w8_ready) and rows words
-        // of xmax; writes rows x cols bytes of x8 and rows floats of down (the caller grew both).
-        unsafe { b.launch(cfg) }.map_err(dev("x8_quant"))?;
-        Ok(())
-    }
-
     /// out = W x on the FP8 tensor cores: W's e4m3 copy (w8_ready) times the e4m3 activations
-    /// at `x8` (out.rows tokens of w.cols bytes, x8_quant), f32 sums, times each row's and
-    /// each token's factor (`x_down`, x8_quant's).
+    /// at `x8` (out.rows tokens of w.cols bytes, x8_rowquant), f32 sums, times each row's and
+    /// each token's factor (`x_down`, x8_rowquant's).
     pub(crate) fn gemm8(
         &self,
         w: &CudaMatrix,
@@ -740,8 +712,10 @@ impl CudaBackend {
         Ok(e0.elapsed_ms(&e1).map_err(dev("event timing"))? / 3.0)
     }
 
-    /// x8_quant with the token maxima found in the same launch (written to `xmax`, as
-    /// x16_rowmax would): the same bits.
+    /// The micro-batch x (n x cols f32) into e4m3 at `x8` (n rows of cols bytes), each token
+    /// times its power of two (its largest |x| into [2^7, 2^8)), whose inverses go to `down` (n
+    /// floats); the largest |x| of each token goes to `xmax` too, as x16_rowmax writes it (the
+    /// f16 products of the same call read it).
     pub(crate) fn x8_rowquant(
         &self,
         x: &CudaAct,

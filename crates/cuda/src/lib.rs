@@ -180,7 +180,7 @@ struct Scratch {
     x16max: CudaSlice<u32>,
     /// `qmma`'s run sums of the f16 activations (kernels/qmma.cu x16_runsums).
     xrun: CudaSlice<u32>,
-    /// `--fp8-weights`: the activations in e4m3 and each token's 2^-S_t (fp8.rs x8_quant).
+    /// `--fp8-weights`: the activations in e4m3 and each token's 2^-S_t (fp8.rs x8_rowquant).
     x8: CudaSlice<u8>,
     x8down: CudaSlice<f32>,
     /// A joint FP8 product's output (fp8.rs `joint8`): n rows of the members' total rows.
@@ -495,8 +495,8 @@ pub struct CudaBackend {
     waves: Mutex<HashMap<(&'static str, u32, u32), u32>>,
 }
 
-/// The kernels that take a row's runs of 8 values a thread (`w16_rows`, `x16_split`, `w8_rows`,
-/// `x8_quant`): blocks of 128 threads across `cols`, grid rows over `rows` (strided past 65,535).
+/// The kernels that take a row's runs of 8 values a thread (`w16_rows`, `x16_split`,
+/// `w8_rows`): blocks of 128 threads across `cols`, grid rows over `rows` (strided past 65,535).
 fn grid_runs8(cols: usize, rows: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (
@@ -2458,8 +2458,9 @@ impl CudaBackend {
             self.grow(&mut s.x8, n * cols)?;
             self.grow(&mut s.x8down, n)?;
         }
-        if use8.iter().all(|&u| u) {
-            // Every product on FP8: the token maxima and the e4m3 rows in one launch.
+        if use8.iter().any(|&u| u) {
+            // The token maxima (x16max, which the f16 products read too) and the e4m3 rows in
+            // one launch.
             self.x8_rowquant(x, &mut s.x16max, &mut s.x8, &mut s.x8down)?;
         } else {
             let f = self.f("x16_rowmax")?;
@@ -2475,9 +2476,6 @@ impl CudaBackend {
             // matmul) reads its cols floats (a multiple of 8) and writes its word of x16max
             // (grown to n above).
             unsafe { b.launch(cfg) }.map_err(dev("x16_rowmax"))?;
-            if use8.iter().any(|&u| u) {
-                self.x8_quant(x, &s.x16max, &mut s.x8, &mut s.x8down)?;
-            }
         }
         let any16 = use8.iter().any(|&u| !u);
         let (xp, _gx) = s.x16.device_ptr_mut(st);

@@ -87,7 +87,6 @@ fn every_kernel_source_compiles_for_sm_90() {
         "qmma_reduce",
         "w8_rowscale",
         "w8_rows",
-        "x8_quant",
         "x8_rowquant",
         "y_split4",
         "swiglu_joint",

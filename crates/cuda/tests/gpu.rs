@@ -2387,6 +2387,41 @@ fn pow2_shift8(m: f64, lim: i32) -> i32 {
     (8 - e).clamp(-lim, lim)
 }
 
+/// A row as the FP8 path puts it in e4m3 (a weight row: lim 60; a token: lim 120): each value
+/// times 2^S (pow2_shift8 of the row's largest |value|), rounded to e4m3; and 2^-S.
+fn e4m3_row(v: &[f32], lim: i32) -> (Vec<f64>, f64) {
+    let m = v.iter().fold(0f64, |a, x| a.max((*x as f64).abs()));
+    let s = pow2_shift8(m, lim);
+    let up = 2f64.powi(s);
+    (
+        v.iter().map(|x| e4m3(*x as f64 * up)).collect(),
+        2f64.powi(-s),
+    )
+}
+
+/// The FP8 products' test activations: n tokens of `cols`, token t of magnitude 2^(t % 7 - 3).
+fn fp8_test_input(n: usize, cols: usize) -> Vec<f32> {
+    (0..n * cols)
+        .map(|i| {
+            let t = i / cols;
+            ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 2f32.powi((t % 7) as i32 - 3) + 1e-3
+        })
+        .collect()
+}
+
+/// A backend in `--mode fast --fp8-weights` with FP8 products from 9 tokens, or None (printed)
+/// where this device has no FP8 tensor cores.
+fn fp8_backend() -> Option<CudaBackend> {
+    let g = CudaBackend::new(0).unwrap();
+    g.set_fast_mode(true).unwrap();
+    if let Err(e) = g.set_fp8_weights(true) {
+        println!("SKIPPED (no FP8 here): {e}");
+        return None;
+    }
+    g.set_gemm8_min_tokens(8);
+    Some(g)
+}
+
 /// `--fp8-weights` (fp8.rs, kernels/dequant.cu "Products of many tokens on the FP8 tensor
 /// cores"): every checked output against the same product of the e4m3 operands the kernels
 /// must make (each weight row and token scaled by its power of two, rounded to nearest even
@@ -2399,13 +2434,7 @@ fn pow2_shift8(m: f64, lim: i32) -> i32 {
 #[test]
 fn fp8_products_match_their_e4m3_operands() {
     let Some(_) = gpu() else { return };
-    let g = CudaBackend::new(0).unwrap();
-    g.set_fast_mode(true).unwrap();
-    if let Err(e) = g.set_fp8_weights(true) {
-        println!("SKIPPED (no FP8 here): {e}");
-        return;
-    }
-    g.set_gemm8_min_tokens(8);
+    let Some(g) = fp8_backend() else { return };
     let dir = std::env::temp_dir().join(format!("muser-fp8-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut rows_out = Vec::new();
@@ -2426,12 +2455,9 @@ fn fp8_products_match_their_e4m3_operands() {
                 .iter()
                 .map(|&r| {
                     let wr = &wh[r * cols..(r + 1) * cols];
-                    let m = wr.iter().fold(0f64, |m, v| m.max((*v as f64).abs()));
-                    let s = pow2_shift8(m, 60);
-                    let up = 2f64.powi(s);
-                    let q: Vec<f64> = wr.iter().map(|v| e4m3(*v as f64 * up)).collect();
-                    let exact: Vec<f64> = wr.iter().map(|v| *v as f64 * up).collect();
-                    (q, 2f64.powi(-s), exact)
+                    let (q, down) = e4m3_row(wr, 60);
+                    let exact: Vec<f64> = wr.iter().map(|v| *v as f64 / down).collect();
+                    (q, down, exact)
                 })
                 .collect();
             for outer in [true, false] {
@@ -2439,13 +2465,7 @@ fn fp8_products_match_their_e4m3_operands() {
                 let (mut worst8, mut worst_exact, mut rep_ok) = (0f64, 0f64, true);
                 let before = g.fp8_products();
                 for n in [9usize, 64, 200] {
-                    let x: Vec<f32> = (0..n * cols)
-                        .map(|i| {
-                            let t = i / cols;
-                            ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 2f32.powi((t % 7) as i32 - 3)
-                                + 1e-3
-                        })
-                        .collect();
+                    let x = fp8_test_input(n, cols);
                     let mut xg = g.act(n, cols).unwrap();
                     g.write(&mut xg, &x).unwrap();
                     let mut yg = g.act(n, rows).unwrap();
@@ -2459,11 +2479,8 @@ fn fp8_products_match_their_e4m3_operands() {
                     }
                     for t in 0..n {
                         let xt = &x[t * cols..(t + 1) * cols];
-                        let m = xt.iter().fold(0f64, |m, v| m.max((*v as f64).abs()));
-                        let s = pow2_shift8(m, 120);
-                        let up = 2f64.powi(s);
-                        let xd = 2f64.powi(-s);
-                        let xq: Vec<f64> = xt.iter().map(|v| e4m3(*v as f64 * up)).collect();
+                        let (xq, xd) = e4m3_row(xt, 120);
+                        let up = 1.0 / xd;
                         for (i, &r) in check_rows.iter().enumerate() {
                             let (wq, wd, we) = &w8[i];
                             let (mut want8, mut mag8, mut exact, mut room) =
@@ -2522,13 +2539,7 @@ fn fp8_products_match_their_e4m3_operands() {
 #[test]
 fn joint_fp8_products_match_their_e4m3_operands() {
     let Some(_) = gpu() else { return };
-    let g = CudaBackend::new(0).unwrap();
-    g.set_fast_mode(true).unwrap();
-    if let Err(e) = g.set_fp8_weights(true) {
-        println!("SKIPPED (no FP8 here): {e}");
-        return;
-    }
-    g.set_gemm8_min_tokens(8);
+    let Some(g) = fp8_backend() else { return };
     let dir = std::env::temp_dir().join(format!("muser-fp8j-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = one_layer_file(&dir, "q4_k", 2048, 23);
@@ -2554,34 +2565,16 @@ fn joint_fp8_products_match_their_e4m3_operands() {
             (0..m.rows)
                 .step_by(7)
                 .map(|r| {
-                    let wr = &wh[r * m.cols..(r + 1) * m.cols];
-                    let mx = wr.iter().fold(0f64, |a, v| a.max((*v as f64).abs()));
-                    let s = pow2_shift8(mx, 60);
-                    let up = 2f64.powi(s);
-                    let q = wr.iter().map(|v| e4m3(*v as f64 * up)).collect();
-                    (r, q, 2f64.powi(-s))
+                    let (q, down) = e4m3_row(&wh[r * m.cols..(r + 1) * m.cols], 60);
+                    (r, q, down)
                 })
                 .collect()
         })
         .collect();
     let (n, cols) = (64usize, mats[0].cols);
-    let x: Vec<f32> = (0..n * cols)
-        .map(|i| {
-            let t = i / cols;
-            ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 2f32.powi((t % 7) as i32 - 3) + 1e-3
-        })
-        .collect();
+    let x = fp8_test_input(n, cols);
     let xq: Vec<(Vec<f64>, f64)> = (0..n)
-        .map(|t| {
-            let xt = &x[t * cols..(t + 1) * cols];
-            let m = xt.iter().fold(0f64, |a, v| a.max((*v as f64).abs()));
-            let s = pow2_shift8(m, 120);
-            let up = 2f64.powi(s);
-            (
-                xt.iter().map(|v| e4m3(*v as f64 * up)).collect(),
-                2f64.powi(-s),
-            )
-        })
+        .map(|t| e4m3_row(&x[t * cols..(t + 1) * cols], 120))
         .collect();
     // (the e4m3 product, its 2^-9 bound) for check row e of matrix i and token t.
     let want = |i: usize, e: usize, t: usize| -> (f64, f64) {
