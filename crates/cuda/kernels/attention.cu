@@ -316,6 +316,24 @@ __device__ __forceinline__ void tc_q_frags(float (&x)[2][NK][4], u32 (&qh)[NK][4
     }
 }
 
+// tc_scores: S = Q K^T for J tiles of 8 keys: tile j's keys are K's rows from `kr` (this lane's
+// key gq and dims 2 tq, + 1 of the first tile's rows, stride KS) plus 8 j rows; SPLIT adds lo.
+template <int J, int NK, int KS, bool SPLIT>
+__device__ __forceinline__ void tc_scores(const u16* kr, const u32 (&qh)[NK][4], const u32 (&ql)[SPLIT ? NK : 1][4],
+                                          float (&s)[J][4]) {
+#pragma unroll
+    for (int j = 0; j < J; j++) {
+        s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        const u16* r = kr + 8 * j * KS;
+#pragma unroll
+        for (int kk = 0; kk < NK; kk++) {
+            const u32 b0 = *(const u32*)(r + 16 * kk), b1 = *(const u32*)(r + 16 * kk + 8);
+            mma_f16(s[j], qh[kk], b0, b1);
+            if constexpr (SPLIT) mma_f16(s[j], ql[kk], b0, b1);
+        }
+    }
+}
+
 // tc_softmax: one step of the online softmax over J score tiles (already scaled, masked keys at
 // -Inf; mx[ab] each row's largest score in this lane): the rows' maxima over their 4 lanes, the
 // running (mrow, lsum) updated, the accumulators o rescaled, the scores turned into
@@ -443,17 +461,7 @@ __device__ __forceinline__ void attn_tc_impl(const float* __restrict__ q, const 
         tc_stage<HD, KT, KS, VS>(ks, vt, kcm, vcm, ring, row_bytes, g, k0, p_max + 1);
         __syncthreads();
         float s[KT / 8][4];
-#pragma unroll
-        for (int j = 0; j < KT / 8; j++) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-            const u16* kr = ks + (8 * j + gq) * KS + 2 * tq;
-#pragma unroll
-            for (int kk = 0; kk < NK; kk++) {
-                const u32 b0 = *(const u32*)(kr + 16 * kk), b1 = *(const u32*)(kr + 16 * kk + 8);
-                mma_f16(s[j], qh[kk], b0, b1);
-                if constexpr (SPLIT) mma_f16(s[j], ql[kk], b0, b1);
-            }
-        }
+        tc_scores<KT / 8, NK, KS, SPLIT>(ks + gq * KS + 2 * tq, qh, ql, s);
         // Scores, masks, the online softmax (rows a: elements 0, 1; b: 2, 3).
         float mx[2] = {NEG, NEG};
 #pragma unroll
@@ -602,17 +610,7 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
         __syncthreads();
         // This warp's 16 keys: score tiles j = 0, 1 (keys 16 warp + 8 j + gq as B's columns).
         float s[2][4];
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-            const u16* kr = ks + (16 * warp + 8 * j + gq) * KS + 2 * tq;
-#pragma unroll
-            for (int kk = 0; kk < NK; kk++) {
-                const u32 b0 = *(const u32*)(kr + 16 * kk), b1 = *(const u32*)(kr + 16 * kk + 8);
-                mma_f16(s[j], qh[kk], b0, b1);
-                if constexpr (SPLIT) mma_f16(s[j], ql[kk], b0, b1);
-            }
-        }
+        tc_scores<2, NK, KS, SPLIT>(ks + (16 * warp + gq) * KS + 2 * tq, qh, ql, s);
         float mx[2] = {NEG, NEG};
 #pragma unroll
         for (int j = 0; j < 2; j++)
