@@ -20,6 +20,13 @@ const LT_WORKSPACE: usize = 32 << 20;
 /// K splits tried on each of them.
 const TUNE_CANDIDATES: usize = 16;
 const TUNE_SPLITS: [i32; 5] = [2, 3, 4, 6, 8];
+/// Products of at most this many tokens are tuned by default (`pick`): the decode batches, whose
+/// few tokens leave cuBLASLt's first choice short of the weights' bandwidth. On the H200
+/// (2026-11-30, with attn_tcd2) tuning every shape decoded 32 sequences at 2,571.9 tokens/s
+/// against 2,137.1 untuned, and 64 at 4,644.3 against 4,172.8, while 64 prompts of 512 tokens
+/// ran at 13,692 against 13,635 tokens/s: no gain there, and a prompt chunk may take any length,
+/// each a new shape to time. `MUSER_FP8_TUNE=1` tunes every product, `0` none.
+pub(crate) const FP8_TUNE_MAX_TOKENS: usize = 128;
 /// Matrices of fewer rows keep the other kernels (`MUSER_FP8_MIN_ROWS`, default 0: every
 /// matrix, as measured). cuBLASLt's FP8 kernels give each block 64 or more rows, so a 256-row
 /// matrix (the 30B's K and V) fills a few of the 132 SMs: on the H200 (2026-11-30) the K and V
@@ -588,7 +595,7 @@ impl CudaBackend {
             match self.pick(l.handle, &mut l.algos, &d, (m, n, k, true), ops)? {
                 Some((a, t_outer)) => {
                     l.outer = Some(true);
-                    let tune = self.fp8_tune.load(Relaxed) && !self.capturing.load(SeqCst);
+                    let tune = n <= self.fp8_tune_max.load(Relaxed) && !self.capturing.load(SeqCst);
                     let mut keep = true;
                     if tune && !l.forms.contains_key(&shape) {
                         let dp = Desc::new(m, n, k, m, None)?;
@@ -898,15 +905,16 @@ impl CudaBackend {
 
     /// The algorithm for one product shape and scale form, and its time per product (infinite
     /// when not timed): the one chosen before, else cuBLASLt's first choice (kept, except while a
-    /// graph is recorded), or with `MUSER_FP8_TUNE=1` its first TUNE_CANDIDATES candidates, each
+    /// graph is recorded), or for products of at most `fp8_tune_max` tokens (FP8_TUNE_MAX_TOKENS
+    /// by default, `MUSER_FP8_TUNE`) its first TUNE_CANDIDATES candidates, each
     /// also with its K split TUNE_SPLITS ways where cuBLASLt allows, timed on these operands (one
     /// run, then 3 between events; the fastest kept; `MUSER_FP8_TUNE_LOG=1` prints each). None:
     /// no algorithm for these descriptors. `gemm8_raw` then also compares the two scale forms.
     ///
-    /// Tuning is off by default. Measured on the H200 (2026-11-30): the outer-vector form has one
-    /// candidate per shape; with `MUSER_FP8_OUTER=0` (the scales applied after the product) the
-    /// tuned choice decoded 64 sequences at 4,221.6 tokens/s against 3,864-3,866 for the default.
-    /// The comparison of both forms per shape has not run yet. Tuning writes the output (the
+    /// The outer-vector scale form has one candidate per shape (H200, 2026-11-30); the gain is
+    /// the other form's candidates and K splits where they win (FP8_TUNE_MAX_TOKENS). Tuning
+    /// runs in eager steps only (a step's shape runs eagerly once before it is recorded), so a
+    /// server pays it at the first step of each batch size. Tuning writes the output (the
     /// caller's product overwrites it) and waits for the device once per shape. The candidates
     /// sum in different orders, so a tuned choice can differ from one process to the next
     /// (timing), and with it the outputs' last bits; within a process a shape keeps its algorithm.
@@ -922,7 +930,7 @@ impl CudaBackend {
             return Ok(Some(*a));
         }
         let capturing = self.capturing.load(SeqCst);
-        let tune = self.fp8_tune.load(Relaxed) && !capturing;
+        let tune = key.1 <= self.fp8_tune_max.load(Relaxed) && !capturing;
         let mut cands = d.algos(handle, if tune { TUNE_CANDIDATES } else { 1 });
         let Some(first) = cands.first().copied() else {
             return Ok(None);
