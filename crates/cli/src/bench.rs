@@ -58,6 +58,11 @@ pub struct Args {
     /// copying every sequence's logits to the host (as llama-batched-bench does).
     #[arg(long = "batch-draw")]
     pub batch_draw: bool,
+    /// Batched test: each sequence's cache holds this many positions, as `muser serve
+    /// --ctx-size` gives every slot (0: just what the test needs, prompt + generated tokens).
+    /// The attention's launches are sized by the caches' capacity.
+    #[arg(long = "batch-ctx", default_value_t = 0)]
+    pub batch_ctx: usize,
 }
 
 /// What the batched test runs: `npl` sequences, `npp` prompt tokens each (micro-batches of
@@ -68,6 +73,8 @@ struct BatchShape {
     ntg: usize,
     ubatch: usize,
     draw: bool,
+    /// Positions per cache (0: npp + ntg and what the test adds).
+    ctx: usize,
 }
 
 /// The batched test: every sequence's prompt, in micro-batches of `ubatch` tokens that mix
@@ -88,6 +95,7 @@ fn batched_test<B: Backend>(
         ntg,
         ubatch,
         draw,
+        ctx,
     } = shape;
     // With `profile`: 2 x PROFILE_STEPS more steps, untimed; `profile(k)` is called before
     // pass k = 0, 1 of PROFILE_STEPS steps and after the last (k = 2).
@@ -106,10 +114,16 @@ fn batched_test<B: Backend>(
             "{npl} sequences: the backend takes at most {max_seqs} per micro-batch"
         )));
     }
+    if ctx > m.config.n_ctx_train {
+        return Err(muser_engine::Error::Input(format!(
+            "--batch-ctx {ctx}: the model's context is {} positions",
+            m.config.n_ctx_train
+        )));
+    }
     let ubatch = ubatch.min(m.backend.max_batch_tokens()).max(1);
     let mut rng = Rng::new(3);
     let mut caches = (0..npl)
-        .map(|_| m.new_cache(kv, npp + ntg + extra + 1))
+        .map(|_| m.new_cache(kv, ctx.max(npp + ntg + extra + 1)))
         .collect::<Result<Vec<_>, _>>()?;
     let mut ws = m.workspace(ubatch.max(npl))?;
     let prompts: Vec<Vec<u32>> = (0..npl)
@@ -397,6 +411,7 @@ pub fn run(a: Args) -> CliResult {
             ntg: a.batch_gen,
             ubatch: a.ubatch,
             draw: a.batch_draw,
+            ctx: a.batch_ctx,
         };
         let (tp, tg) = match &loaded {
             Loaded::Cuda(m) if a.profile => {

@@ -100,7 +100,7 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     const u8* __restrict__ vc = vcm;
     const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
     const int n_keys = p - lo + 1;
-    const int chunk = (n_keys + n_split - 1) / n_split;
+    const int chunk = attn_chunk(n_keys, n_split);
     const int k0 = lo + split * chunk, k1 = min(p + 1, k0 + chunk);
     if (k0 >= k1) return;  // an empty split: attn_combine skips it (same arithmetic on pos)
     for (int i = threadIdx.x; i < HPB * HD; i += blockDim.x)
@@ -526,7 +526,7 @@ __device__ __forceinline__ void attn_tc_impl(const float* __restrict__ q, const 
 // (acc, m, l) merge at the end as attn_partial's do. One token's 16 query heads fill one
 // m16n8k16 row tile, so a decode batch, whose tokens each read a different sequence, goes to
 // the tensor cores as a prompt does.
-// CPA (`attn_tcd2_*`, MUSER_ATTN_TCD=2): the tiles staged by cp.async, every copy of a tile in
+// CPA (`attn_tcd2_*`, the default; MUSER_ATTN_TCD=1 selects attn_tcd): the tiles staged by cp.async, every copy of a tile in
 // flight at once (16 bytes each, keys past the split zero-filled), V kept as rows like K and read
 // transposed by ldmatrix.trans: the same fragments, so the same bits as attn_tcd. attn_tcd's
 // staging loads a tile in 8 rounds of dependent loads and writes V transposed 2 bytes at a time
@@ -565,7 +565,7 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
     const int p = (int)pos[t];
     const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
     const int n_keys = p - lo + 1;
-    const int chunk = (n_keys + n_split - 1) / n_split;
+    const int chunk = attn_chunk(n_keys, n_split);
     const int k0 = lo + split * chunk, k1 = min(p + 1, k0 + chunk);
     if (k0 >= k1) return;  // an empty split: attn_combine skips it (same arithmetic on pos)
     u8 *kcm, *vcm;

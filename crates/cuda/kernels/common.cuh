@@ -18,6 +18,21 @@ __device__ __forceinline__ u16 f2bf(float f) {
     return (u16)(u >> 16);
 }
 
+// Keys per split of one token's attention (attn_partial, attn_tcd, attn_tcd2 and attn_combine
+// compute it alike): the visible keys spread evenly over the launch's splits, at least
+// ATTN_MIN_CHUNK each, so splits past the last key stay empty (their blocks return at once and
+// attn_combine skips them). The host sizes a launch's splits by the caches' capacity (a recorded
+// step's shape); without the floor, a short context in a long cache gave each of 64 splits a few
+// keys: a 64-key tile of the tensor-core kernels mostly masked, 64 partials to merge per head.
+// 128 keys are one pass of attn_partial's four warps and two tiles of attn_tcd.
+// (`MUSER_NVRTC_DEFINES=ATTN_MIN_CHUNK=1` gives the old even split, for measuring.)
+#ifndef ATTN_MIN_CHUNK
+#define ATTN_MIN_CHUNK 128
+#endif
+__device__ __forceinline__ int attn_chunk(int n_keys, int n_split) {
+    return max((n_keys + n_split - 1) / n_split, ATTN_MIN_CHUNK);
+}
+
 // Programmatic dependent launch (Hopper and newer; no-ops before sm_90 and for kernels launched
 // the ordinary way). pdl_trigger: the kernel that follows in the stream may be scheduled now (its
 // blocks fill the SMs this grid leaves idle, or frees). pdl_wait: block until the grids this one

@@ -147,7 +147,7 @@ extern "C" __global__ void attn_combine(const float* part, int n_split, int nrep
     const int p = (int)pos[t];
     const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
     const int n_keys = p - lo + 1;
-    const int chunk = (n_keys + n_split - 1) / n_split;
+    const int chunk = attn_chunk(n_keys, n_split);
     const int used = min((n_keys + chunk - 1) / chunk, COMBINE_MAX_SPLITS);
     const float* base = part + (((long long)t * n_kv_head + g) * n_split * nrep) * (hd + 2);
     for (int s = d; s < used; s += blockDim.x) {

@@ -11,6 +11,7 @@ pub mod graph;
 pub mod kernels;
 pub mod matrix;
 pub mod nccl;
+mod staging;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -495,6 +496,8 @@ pub struct CudaBackend {
     scratch_epoch: std::sync::atomic::AtomicU64,
     /// Resident blocks per SM of (kernel, block size), from the occupancy calculator.
     waves: Mutex<HashMap<(&'static str, u32, u32), u32>>,
+    /// Page-locked buffers for large reads to the host (`download`), made at the first.
+    staging: Mutex<Option<staging::Staging>>,
 }
 
 /// The kernels that take a row's runs of 8 values a thread (`w16_rows`, `x16_split`,
@@ -579,6 +582,7 @@ impl CudaBackend {
             fused_ffn: std::sync::atomic::AtomicBool::new(env_is("MUSER_FUSE", "1")),
             cuda_parity: std::sync::atomic::AtomicBool::new(false),
             waves: Mutex::new(HashMap::new()),
+            staging: Mutex::new(None),
             batch_invariant: std::sync::atomic::AtomicBool::new(env_is(
                 "MUSER_BATCH_INVARIANT",
                 "1",
@@ -904,6 +908,27 @@ impl CudaBackend {
             g.insert(name.to_string());
         }
         Ok(())
+    }
+
+    /// `dst` = `src` on the host, returned once complete: reads of STAGED_READ_MIN_BYTES or
+    /// more through the page-locked staging buffers (staging.rs), smaller ones straight to
+    /// pageable memory.
+    fn download(&self, src: &cudarc::driver::CudaView<'_, f32>, dst: &mut [f32]) -> Result<()> {
+        if dst.len() * 4 < staging::STAGED_READ_MIN_BYTES || env_is("MUSER_STAGED_READS", "0") {
+            // A copy to pageable memory returns once it is complete.
+            return self.stream.memcpy_dtoh(src, dst).map_err(dev("download"));
+        }
+        let mut g = self
+            .staging
+            .lock()
+            .map_err(|_| Error::Backend("staging buffers poisoned".into()))?;
+        if g.is_none() {
+            *g = Some(staging::Staging::new(&self.ctx)?);
+        }
+        match g.as_mut() {
+            Some(st) => st.download(&self.stream, src, dst),
+            None => Err(Error::Backend("no staging buffers".into())),
+        }
     }
 
     fn invariant(&self) -> bool {
@@ -3380,10 +3405,7 @@ impl Backend for CudaBackend {
     fn read_into(&self, a: &CudaAct, out: &mut Vec<f32>) -> Result<()> {
         let n = a.rows * a.cols;
         out.resize(n, 0.0);
-        // A copy to pageable memory returns once it is complete.
-        self.stream
-            .memcpy_dtoh(&a.data.slice(..n), &mut out[..])
-            .map_err(dev("download"))
+        self.download(&a.data.slice(..n), &mut out[..])
     }
 
     fn read_rows_into(
@@ -3406,7 +3428,7 @@ impl Backend for CudaBackend {
             )));
         }
         out.resize(rows.len() * cols, 0.0);
-        // One copy per run of consecutive rows (each copy to pageable memory waits for itself).
+        // One read per run of consecutive rows (each returns once its values are in `out`).
         let mut i = 0;
         while i < rows.len() {
             let mut n = 1;
@@ -3414,12 +3436,10 @@ impl Backend for CudaBackend {
                 n += 1;
             }
             let r = rows[i];
-            self.stream
-                .memcpy_dtoh(
-                    &a.data.slice(r * cols..(r + n) * cols),
-                    &mut out[i * cols..(i + n) * cols],
-                )
-                .map_err(dev("download"))?;
+            self.download(
+                &a.data.slice(r * cols..(r + n) * cols),
+                &mut out[i * cols..(i + n) * cols],
+            )?;
             i += n;
         }
         Ok(())

@@ -2730,3 +2730,53 @@ fn fp8_weights_prompts_stay_within_their_bound() {
     }
     report("", &rows, &failures);
 }
+
+/// Large reads to the host (the staging buffers, staging.rs) give the device's values bit for
+/// bit: a whole matrix of 64 logits rows (4 staging buffers' worth and a remainder), one row
+/// (below the staging threshold), runs of rows in another order, and a read just past one
+/// staging buffer; twice each (the buffers reused), NaNs and infinities included.
+#[test]
+fn large_reads_give_the_device_values() {
+    let Some(g) = gpu() else { return };
+    let (rows, cols) = (64usize, 202_048usize);
+    let mut x: Vec<f32> = (0..rows * cols)
+        .map(|i| f32::from_bits((i as u32).wrapping_mul(2_654_435_761) ^ 0x3f00_0000))
+        .collect();
+    x[17] = f32::NAN;
+    x[rows * cols - 1] = f32::INFINITY;
+    x[(4 << 20) - 1] = f32::NEG_INFINITY;
+    let mut xg = g.act(rows, cols).unwrap();
+    g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
+    let mut host = vec![1.0f32; 3];
+    for _ in 0..2 {
+        g.read_into(&xg, &mut host).unwrap();
+        assert!(same_bits(&host, &x), "whole matrix");
+        let pick = [
+            5usize, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 0, 63, 40,
+            41,
+        ];
+        g.read_rows_into(&xg, cols, &pick, &mut host).unwrap();
+        assert_eq!(host.len(), pick.len() * cols);
+        for (i, &r) in pick.iter().enumerate() {
+            assert!(
+                same_bits(
+                    &host[i * cols..(i + 1) * cols],
+                    &x[r * cols..(r + 1) * cols]
+                ),
+                "row {r} at {i}"
+            );
+        }
+        g.read_rows_into(&xg, cols, &[3], &mut host).unwrap();
+        assert!(same_bits(&host, &x[3 * cols..4 * cols]), "one row");
+    }
+    // 21 rows: 4,243,008 floats, one staging buffer (4,194,304) and a remainder.
+    let mut part = g.act(21, cols).unwrap();
+    g.stream
+        .memcpy_htod(&x[..21 * cols], xg_data(&mut part))
+        .unwrap();
+    g.read_into(&part, &mut host).unwrap();
+    assert!(
+        same_bits(&host, &x[..21 * cols]),
+        "one buffer and a remainder"
+    );
+}
