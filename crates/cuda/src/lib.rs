@@ -496,8 +496,10 @@ pub struct CudaBackend {
     scratch_epoch: std::sync::atomic::AtomicU64,
     /// Resident blocks per SM of (kernel, block size), from the occupancy calculator.
     waves: Mutex<HashMap<(&'static str, u32, u32), u32>>,
-    /// Page-locked buffers for large reads to the host (`download`), made at the first.
+    /// Page-locked buffers for large reads to the host (`download`), made at the first; off
+    /// (every read to pageable memory) with `MUSER_STAGED_READS=0`.
     staging: Mutex<Option<staging::Staging>>,
+    staged_reads: bool,
 }
 
 /// The kernels that take a row's runs of 8 values a thread (`w16_rows`, `x16_split`,
@@ -583,6 +585,7 @@ impl CudaBackend {
             cuda_parity: std::sync::atomic::AtomicBool::new(false),
             waves: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
+            staged_reads: !env_is("MUSER_STAGED_READS", "0"),
             batch_invariant: std::sync::atomic::AtomicBool::new(env_is(
                 "MUSER_BATCH_INVARIANT",
                 "1",
@@ -914,7 +917,7 @@ impl CudaBackend {
     /// more through the page-locked staging buffers (staging.rs), smaller ones straight to
     /// pageable memory.
     fn download(&self, src: &cudarc::driver::CudaView<'_, f32>, dst: &mut [f32]) -> Result<()> {
-        if dst.len() * 4 < staging::STAGED_READ_MIN_BYTES || env_is("MUSER_STAGED_READS", "0") {
+        if dst.len() * 4 < staging::STAGED_READ_MIN_BYTES || !self.staged_reads {
             // A copy to pageable memory returns once it is complete.
             return self.stream.memcpy_dtoh(src, dst).map_err(dev("download"));
         }
