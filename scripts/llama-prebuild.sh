@@ -38,7 +38,8 @@ rm -rf /tmp/llama && mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.t
 cd /tmp/llama/llama.cpp
 cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF -DCUDAToolkit_ROOT="$TK" -DCMAKE_CUDA_COMPILER="$TK/bin/nvcc"
-nice cmake --build build -j"$(nproc)" --target llama-bench llama-batched-bench llama-server
+# The executables' link looks for libcudart/libcublas (needed by libggml-cuda) on the library path.
+LD_LIBRARY_PATH="$TK/lib:${LD_LIBRARY_PATH:-}" nice cmake --build build -j"$(nproc)" --target llama-bench llama-batched-bench llama-server
 cd - > /dev/null
 # This machine's libstdc++ comes along (h200-run.sh uses it only if the binaries do not start with
 # the GPU machine's own), and the headers for tests/fixtures/llama_logits.c.
