@@ -166,6 +166,20 @@ fn impossible_flag_values_are_named() {
         "100000000000",
     ]);
     assert!(!ok && e.contains("--depth 100000000000"), "{e}");
+    let (ok, e) = muser(&[
+        "bench",
+        "-m",
+        &m,
+        "-p",
+        "0",
+        "-n",
+        "0",
+        "--parallel",
+        "2",
+        "--batch-ctx",
+        "100000000000",
+    ]);
+    assert!(!ok && e.contains("--batch-ctx 100000000000"), "{e}");
     // synth never replaces a file unasked (it might be a real model).
     let existing = tmp("existing.gguf", b"not random weights");
     let (ok, e) = muser(&["synth", &existing, "--preset", "small"]);
