@@ -152,34 +152,29 @@ fn impossible_flag_values_are_named() {
     let m = fixture("tame-q4_0.gguf");
     let (ok, e) = muser(&["generate", "-m", &m, "-p", "hi", "--kv-type", "bogus"]);
     assert!(!ok && e.to_lowercase().contains("kv"), "{e}");
-    let (ok, e) = muser(&["bench", "-m", &m, "-p", "100000000000", "-n", "0"]);
-    assert!(!ok && e.contains("-p 100000000000"), "{e}");
-    let (ok, e) = muser(&[
-        "bench",
-        "-m",
-        &m,
-        "-p",
-        "0",
-        "-n",
-        "4",
-        "--depth",
-        "100000000000",
-    ]);
-    assert!(!ok && e.contains("--depth 100000000000"), "{e}");
-    let (ok, e) = muser(&[
-        "bench",
-        "-m",
-        &m,
-        "-p",
-        "0",
-        "-n",
-        "0",
-        "--parallel",
-        "2",
-        "--batch-ctx",
-        "100000000000",
-    ]);
-    assert!(!ok && e.contains("--batch-ctx 100000000000"), "{e}");
+    for (args, named) in [
+        (&["-p", "100000000000", "-n", "0"][..], "-p 100000000000"),
+        (
+            &["-p", "0", "-n", "4", "--depth", "100000000000"],
+            "--depth 100000000000",
+        ),
+        (
+            &[
+                "-p",
+                "0",
+                "-n",
+                "0",
+                "--parallel",
+                "2",
+                "--batch-ctx",
+                "100000000000",
+            ],
+            "--batch-ctx 100000000000",
+        ),
+    ] {
+        let (ok, e) = muser(&[&["bench", "-m", &m][..], args].concat());
+        assert!(!ok && e.contains(named), "{named}: {e}");
+    }
     // synth never replaces a file unasked (it might be a real model).
     let existing = tmp("existing.gguf", b"not random weights");
     let (ok, e) = muser(&["synth", &existing, "--preset", "small"]);

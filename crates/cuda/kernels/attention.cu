@@ -676,27 +676,19 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
         out[h * (HD + 2) + HD + 1] = L;
     }
 }
-#define ATTN_TCD_ENTRY(NREP, HD)                                                                                \
-    extern "C" __global__ void __launch_bounds__(128) attn_tcd_##NREP##_##HD(                                 \
-        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
-        float scale, int n_kv_head, float* part) {                                                            \
-        attn_tcd_impl<NREP, HD, false, false>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part); \
-    }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(128) attn_tcd_##NREP##_##HD##_split(                         \
-        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
-        float scale, int n_kv_head, float* part) {                                                            \
-        attn_tcd_impl<NREP, HD, true, false>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part); \
-    }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(128) attn_tcd2_##NREP##_##HD(                                \
-        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
-        float scale, int n_kv_head, float* part) {                                                            \
-        attn_tcd_impl<NREP, HD, false, true>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part);  \
-    }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(128) attn_tcd2_##NREP##_##HD##_split(                        \
-        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,         \
-        float scale, int n_kv_head, float* part) {                                                            \
-        attn_tcd_impl<NREP, HD, true, true>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part);   \
+// One entry point of attn_tcd_impl: NAME its exported name, SPLIT the accurate mode's hi + lo
+// form, CPA the cp.async staging (attn_tcd2).
+#define ATTN_TCD_ONE(NAME, NREP, HD, SPLIT, CPA)                                                           \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                               \
+        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,    \
+        float scale, int n_kv_head, float* part) {                                                       \
+        attn_tcd_impl<NREP, HD, SPLIT, CPA>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part); \
     }
+#define ATTN_TCD_ENTRY(NREP, HD)                                                \
+    ATTN_TCD_ONE(attn_tcd_##NREP##_##HD, NREP, HD, false, false)                \
+    ATTN_TCD_ONE(attn_tcd_##NREP##_##HD##_split, NREP, HD, true, false)         \
+    ATTN_TCD_ONE(attn_tcd2_##NREP##_##HD, NREP, HD, false, true)                \
+    ATTN_TCD_ONE(attn_tcd2_##NREP##_##HD##_split, NREP, HD, true, true)
 
 // One program per (NREP, HD): the backend compiles the variant a model needs (-DATTN_NREP=.. -DATTN_HD=..).
 ATTN_TYPES(ATTN_NREP, ATTN_HD)

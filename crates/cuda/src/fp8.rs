@@ -295,33 +295,27 @@ fn describe(algo: &lts::cublasLtMatmulAlgo_t) -> String {
     use lts::cublasLtMatmulAlgoConfigAttributes_t as C;
     let get = |attr: C| -> i64 {
         let mut v = [0u8; 8];
-        let mut size = 0usize;
-        // SAFETY: `algo` is initialized; size 0 asks only for the attribute's size (cuBLASLt
-        // refuses a buffer of any other size than the attribute's).
-        let st = unsafe {
-            lts::cublasLtMatmulAlgoConfigGetAttribute(
-                algo,
-                attr,
-                v.as_mut_ptr() as *mut c_void,
-                0,
-                &mut size,
-            )
+        // The attribute into the first `len` bytes of `v`: (status, bytes it holds).
+        let mut query = |len: usize| {
+            let mut size = 0usize;
+            // SAFETY: `algo` is initialized and `v` holds 8 >= len bytes (len 0 asks only for
+            // the attribute's size: cuBLASLt refuses a buffer of any other size than it).
+            let st = unsafe {
+                lts::cublasLtMatmulAlgoConfigGetAttribute(
+                    algo,
+                    attr,
+                    v.as_mut_ptr() as *mut c_void,
+                    len,
+                    &mut size,
+                )
+            };
+            (st == lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS, size)
         };
-        if st != lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS || size == 0 || size > v.len() {
-            return -1;
-        }
-        let mut written = 0usize;
-        // SAFETY: the buffer holds `size` (at most 8) bytes, the attribute's size.
-        let st = unsafe {
-            lts::cublasLtMatmulAlgoConfigGetAttribute(
-                algo,
-                attr,
-                v.as_mut_ptr() as *mut c_void,
-                size,
-                &mut written,
-            )
+        let size = match query(0) {
+            (true, size) if (1..=8).contains(&size) => size,
+            _ => return -1,
         };
-        match (st == lts::cublasStatus_t::CUBLAS_STATUS_SUCCESS, written) {
+        match query(size) {
             (true, 4) => i32::from_ne_bytes([v[0], v[1], v[2], v[3]]) as i64,
             (true, 8) => i64::from_ne_bytes(v),
             (true, 2) => u16::from_ne_bytes([v[0], v[1]]) as i64,

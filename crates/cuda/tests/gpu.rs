@@ -1336,13 +1336,27 @@ fn decode_batch_attention_on_tensor_cores_matches_the_cuda_cores() {
     );
 }
 
+/// The bounds two GPU paths that differ only in their attention must meet on fixture `name` with
+/// the f16 cache, as (accurate, fast): in the accurate mode, the f16 cache's own effect (the CPU
+/// model's logits over `toks` with an f16 cache against an f32 cache: a last-bit difference in
+/// one layer moves the next layer's K and V across f16 roundings now and then); in `--mode
+/// fast`, the family's sensitivity x 2^-10.
+fn f16_cache_bounds(file: &ModelFile, name: &str, toks: &[u32]) -> (f64, f64) {
+    let cpu = MuseGlimmer::load(file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
+    let feed = |kv| {
+        Session::new(&cpu, kv, 256)
+            .unwrap()
+            .feed(toks, 512, Logits::All)
+            .unwrap()
+    };
+    let own = max_dls(&feed(KvType::F16), &feed(KvType::F32), cpu.config.n_vocab);
+    (own, sensitivity(name) * 2f64.powi(-10))
+}
+
 /// Batched decode attention on the tensor cores (attn_tcd2, the default) end to end: every
 /// fixture's 10 sequences decoded together (f16 cache; 8 or more tokens a step take it until fewer
-/// sequences are left), with attn_tcd and with the CUDA-core kernel. The bound is the one the
-/// prompt kernel's end-to-end check uses: in the accurate mode the two must agree better than the
-/// f16 cache's own effect (CPU f16 cache against CPU f32 cache on the fixture's prompt: a
-/// last-bit difference in one layer moves the next layer's K and V across f16 roundings now
-/// and then); in `--mode fast`, the family's sensitivity x 2^-10.
+/// sequences are left), with attn_tcd2 and with the CUDA-core kernel, within `f16_cache_bounds`
+/// (the prompt kernel's end-to-end bounds).
 #[test]
 fn decode_batches_on_tensor_core_attention_match_the_cuda_cores() {
     let Some(_) = gpu() else { return };
@@ -1351,22 +1365,14 @@ fn decode_batches_on_tensor_core_attention_match_the_cuda_cores() {
     for name in names() {
         let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).unwrap();
         let toks = tokens(&name);
-        let cpu =
-            MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
-        let n_vocab = cpu.config.n_vocab;
-        let feed = |m: &MuseGlimmer<CpuBackend>, kv| {
-            Session::new(m, kv, 256)
-                .unwrap()
-                .feed(&toks, 512, Logits::All)
-                .unwrap()
-        };
-        let own = max_dls(&feed(&cpu, KvType::F16), &feed(&cpu, KvType::F32), n_vocab);
+        let bounds = f16_cache_bounds(&file, &name, &toks);
         let seqs = sequences(&toks, 10, 5, 20, 2);
         let prompts: Vec<usize> = (0..10).map(|i| 3 + (i * 7) % 11).collect();
         for fast in [false, true] {
             let g = CudaBackend::new(0).unwrap();
             g.set_fast_mode(fast).unwrap();
             let m = MuseGlimmer::load(&file, g).unwrap();
+            let n_vocab = m.config.n_vocab;
             let run = |tcd: u8| {
                 m.backend.set_attn_tcd(tcd);
                 batched::together(&m, &seqs, &prompts, KvType::F16, 256).unwrap()
@@ -1381,13 +1387,9 @@ fn decode_batches_on_tensor_core_attention_match_the_cuda_cores() {
                     finite &= x.iter().all(|v| v.is_finite());
                 }
             }
-            let bound = if fast {
-                sensitivity(&name) * 2f64.powi(-10)
-            } else {
-                own
-            };
+            let bound = if fast { bounds.1 } else { bounds.0 };
             let what = format!(
-                "{name:<14} {}: attn_tcd vs CUDA cores {worst:.2e} (bound {bound:.2e})",
+                "{name:<14} {}: attn_tcd2 vs CUDA cores {worst:.2e} (bound {bound:.2e})",
                 if fast { "fast    " } else { "accurate" }
             );
             if !(finite && worst <= bound) {
@@ -1397,7 +1399,7 @@ fn decode_batches_on_tensor_core_attention_match_the_cuda_cores() {
         }
     }
     report(
-        "10 sequences decoded together, f16 cache: attn_tcd vs the CUDA-core kernel",
+        "10 sequences decoded together, f16 cache: attn_tcd2 vs the CUDA-core kernel",
         &rows,
         &failures,
     );
@@ -1508,20 +1510,12 @@ fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
         let file =
             ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).expect("open");
         let toks = tokens(&name);
-        let cpu =
-            MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
-        let n_vocab = cpu.config.n_vocab;
-        let feed = |m: &MuseGlimmer<CpuBackend>, kv| {
-            Session::new(m, kv, 256)
-                .unwrap()
-                .feed(&toks, 512, Logits::All)
-                .unwrap()
-        };
-        let own = max_dls(&feed(&cpu, KvType::F16), &feed(&cpu, KvType::F32), n_vocab);
+        let bounds = f16_cache_bounds(&file, &name, &toks);
         for fast in [false, true] {
             let g = CudaBackend::new(0).unwrap();
             g.set_fast_mode(fast).unwrap();
             let gpu = MuseGlimmer::load(&file, g).unwrap();
+            let n_vocab = gpu.config.n_vocab;
             let run = |tc: bool| {
                 gpu.backend.set_attn_tc(tc);
                 Session::new(&gpu, KvType::F16, 256)
@@ -1531,11 +1525,7 @@ fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
             };
             let (with, without) = (run(true), run(false));
             let d = max_dls(&with, &without, n_vocab);
-            let bound = if fast {
-                sensitivity(&name) * 2f64.powi(-10)
-            } else {
-                own
-            };
+            let bound = if fast { bounds.1 } else { bounds.0 };
             let what = if fast {
                 "fast (hi)"
             } else {
