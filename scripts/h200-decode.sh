@@ -4,7 +4,7 @@
 # comma-separated VAR=VALUE, e.g. "MUSER_MVQ_SPLIT=0 MUSER_MMQ_PAIR=0"), then (NCU=1) every kernel
 # of two replayed decode steps timed by Nsight Compute (graph nodes one by one, clocks left alone),
 # summed per kernel name (tools/ncu/step.py): where a token's time goes inside the graph, without the
-# events' overhead.
+# events' overhead. NCU_CACHE=none keeps the caches between kernels (ncu flushes them by default).
 source "$(dirname "$0")/h200-env.sh"
 B="carry/bin/muser bench -m $MODEL --device cuda -p 0 -n ${TG:-128} -r ${REPS:-3}"
 log="$OUT/decode.log"
@@ -14,7 +14,7 @@ for v in ${DVARIANTS:-}; do
 done
 if [ -n "${NCU:-}" ]; then
   # A decode step is ~450 launches; skip the load and the first steps, profile about two steps.
-  timeout ${NCU_TIMEOUT:-240} ncu --clock-control none --graph-profiling node --csv --print-units base \
+  timeout ${NCU_TIMEOUT:-240} ncu --clock-control none --cache-control ${NCU_CACHE:-all} --graph-profiling node --csv --print-units base \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size \
     --launch-skip ${SKIP:-6000} --launch-count ${COUNT:-900} \
     carry/bin/muser bench -m "$MODEL" --device cuda -p 0 -n 64 -r 1 > /tmp/ncu-decode.csv 2> /tmp/ncu-decode.err

@@ -91,6 +91,7 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     const int g = blockIdx.x / (NREP / HPB), h0 = (blockIdx.x % (NREP / HPB)) * HPB;
     const int split = blockIdx.y, t = blockIdx.z, n_split = gridDim.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    pdl_trigger();  // attn_combine may be scheduled now (it waits for this grid)
     const int n_head = n_kv_head * NREP;
     const int p = (int)pos[t];
     u8 *kcm, *vcm;
@@ -562,6 +563,7 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
     const int g = blockIdx.x, split = blockIdx.y, t = blockIdx.z, n_split = gridDim.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
     const int n_head = n_kv_head * NREP;
+    pdl_trigger();  // attn_combine may be scheduled now (it waits for this grid)
     const int p = (int)pos[t];
     const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
     const int n_keys = p - lo + 1;

@@ -10,6 +10,7 @@ extern "C" __global__ void sigmoid_gate(float* x, const float* g, long long n, i
 // out = silu(g) * u
 extern "C" __global__ void swiglu(const float* g, const float* u, float* out, long long n) {
     pdl_trigger();  // the FFN's down projection may start loading its weights
+    pdl_wait();  // launched programmatically (lib.rs launch_small): nothing read or written before
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         double gv = g[i];
         out[i] = (float)__dmul_rn(gv / (1.0 + exp(-gv)), (double)u[i]);
@@ -22,6 +23,7 @@ extern "C" __global__ void swiglu(const float* g, const float* u, float* out, lo
 // 2026-11-30); the fast mode's products already round far coarser than this.
 extern "C" __global__ void swiglu_fast(const float* g, const float* u, float* out, long long n) {
     pdl_trigger();
+    pdl_wait();  // launched programmatically (lib.rs launch_small): nothing read or written before
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const float gv = g[i];
         out[i] = __fmul_rn(__fdiv_rn(gv, __fadd_rn(1.0f, expf(-gv))), u[i]);
@@ -45,6 +47,7 @@ extern "C" __global__ void swiglu_joint(const float* y, float* out, int f, int r
 
 // x = cap * tanh(x * scale / cap), or x * scale when cap == 0.
 extern "C" __global__ void logit_finish(float* x, long long n, float scale, float cap) {
+    pdl_wait();  // launched programmatically (lib.rs launch_small): nothing read or written before
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         if (cap != 0.0f) {
             double c = cap;

@@ -78,6 +78,8 @@ __device__ __forceinline__ void qkv_prep_impl(float* q, const float* k, const fl
     constexpr int DPL = HD / 32;
     const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31;
     const int kv_dim = n_kv_head * HD;
+    pdl_wait();  // launched programmatically (lib.rs launch_small): nothing read or written before
+
     const bool is_q = h < n_head, is_k = !is_q && h < n_head + n_kv_head;
     const int hh = is_q ? h : (is_k ? h - n_head : h - n_head - n_kv_head);
     const float* src = is_q ? q + ((long long)t * n_head + hh) * HD
@@ -142,6 +144,7 @@ extern "C" __global__ void attn_combine(const float* part, int n_split, int nrep
     __shared__ float sm[COMBINE_MAX_SPLITS], sl[COMBINE_MAX_SPLITS], sc[COMBINE_MAX_SPLITS];
     __shared__ float sL;
     pdl_trigger();  // the output projection may start loading its weights
+    pdl_wait();  // launched programmatically (lib.rs launch_small): nothing read or written before
     const int h = blockIdx.x, t = blockIdx.y, d = threadIdx.x;
     const int g = h / nrep, r = h % nrep;
     const int p = (int)pos[t];

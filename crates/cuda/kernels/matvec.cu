@@ -551,6 +551,23 @@ __device__ __forceinline__ const u8* mvq_seg(const u8* W, const u8* W2, int& v, 
     return W;
 }
 
+// Group launches (GROUP): up to four matrices of one width and format that read the same x (the
+// attention's Q, gate, K and V), their rows one after another as virtual rows: matrix i holds
+// virtual rows [s_i, s_{i+1}) (s_0 = 0, s_4 = vrows; a segment past the group's matrices is
+// empty); a step of MVQ_R rows never straddles two (the host checks rows % MVQ_R == 0 for each).
+struct MvqGroup {
+    const u8* w0; const u8* w1; const u8* w2; const u8* w3;
+    float* y0; float* y1; float* y2; float* y3;
+    int s1, s2, s3, vrows;
+};
+// The matrix and output holding virtual row v; returns its first virtual row, `end` its last + 1.
+__device__ __forceinline__ int mvq_gseg(const MvqGroup& g, int v, const u8*& M, float*& Y, int& end) {
+    if (v < g.s1) { M = g.w0; Y = g.y0; end = g.s1; return 0; }
+    if (v < g.s2) { M = g.w1; Y = g.y1; end = g.s2; return g.s1; }
+    if (v < g.s3) { M = g.w2; Y = g.y2; end = g.s3; return g.s2; }
+    M = g.w3; Y = g.y3; end = g.vrows; return g.s3;
+}
+
 // Rows r0.. of W; FUSED: rows r0, r0 + 1 of W and of W2 (the FFN's gate and up); PAIR: virtual
 // rows r0.. (of vrows = 2 rows).
 template <bool FUSED, bool PAIR>
@@ -575,10 +592,13 @@ __device__ __forceinline__ void mvq_load_q4k(const u8* __restrict__ W, const u8*
 // PAIR: y = W x and y2 = W2 x in one launch (each row's arithmetic as alone: the same bits).
 // SPLIT: column range blockIdx.y (nbs blocks each), partial rows to part, mvq_split_sum.
 // P: digit planes of the activations (3; 2 in `--mode fast`, x_digits).
-template <bool PF, bool FUSED, bool PAIR = false, bool SPLIT = false, int P = 3>
+// GROUP: the virtual rows of *grp (rows = its vrows); W, W2, y, y2 unused. Each row's arithmetic as
+// alone: the same bits.
+template <bool PF, bool FUSED, bool PAIR = false, bool SPLIT = false, int P = 3, bool GROUP = false>
 __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
                                          float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
-                                         float* __restrict__ part = nullptr, unsigned* cnt = nullptr, int nbs = 0) {
+                                         float* __restrict__ part = nullptr, unsigned* cnt = nullptr, int nbs = 0,
+                                         const MvqGroup* grp = nullptr) {
     constexpr int STEP = FUSED ? MVQ_R / 2 : MVQ_R;  // output rows per step
     __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
@@ -589,10 +609,22 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
     const int e_lo = b * 256 + 64 * j + 16 * half, e_hi = e_lo + 32;
     const int r_begin = blockIdx.x * rpb, r_end = min(PAIR ? 2 * rows : rows, r_begin + rpb);
     uint4 hd[MVQ_R], qq[MVQ_R], nhd[MVQ_R], nqq[MVQ_R];
+    // Rows r0.. (a step) into (h, q): of the group's matrix that holds them, or as above.
+    auto load = [&](int r0, uint4 (&h)[MVQ_R], uint4 (&q)[MVQ_R]) {
+        if (GROUP) {
+            const u8* M;
+            float* Y;
+            int end;
+            const int s0 = mvq_gseg(*grp, r0, M, Y, end);
+            mvq_load_q4k<false, false>(M, M, r0 - s0, end - s0, nb, b, sub, h, q);
+        } else {
+            mvq_load_q4k<FUSED, PAIR>(W, W2, r0, rows, nb, b, sub, h, q);
+        }
+    };
     // The first rows' weights (they do not depend on x) in flight while x becomes digits, and,
     // launched programmatically (lib.rs launch_pdl), while the kernel before finishes.
     pdl_trigger();
-    if (PF && r_begin < r_end) mvq_load_q4k<FUSED, PAIR>(W, W2, r_begin, rows, nb, b, sub, nhd, nqq);
+    if (PF && r_begin < r_end) load(r_begin, nhd, nqq);
     pdl_wait();
     u32 l0[4], l1[4], l2[4], h0[4], h1[4], h2[4];
     float lsc, lsum, hsc, hsum;
@@ -617,9 +649,9 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
         if (PF) {
 #pragma unroll
             for (int r = 0; r < MVQ_R; r++) { hd[r] = nhd[r]; qq[r] = nqq[r]; }
-            if (r0 + STEP < r_end) mvq_load_q4k<FUSED, PAIR>(W, W2, r0 + STEP, rows, nb, b, sub, nhd, nqq);
+            if (r0 + STEP < r_end) load(r0 + STEP, nhd, nqq);
         } else {
-            mvq_load_q4k<FUSED, PAIR>(W, W2, r0, rows, nb, b, sub, hd, qq);
+            load(r0, hd, qq);
         }
         float acc[MVQ_R];
 #pragma unroll
@@ -651,8 +683,17 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
             // w = d sc q - dmin m
             acc[r] = on ? ((d * sa) * qx_lo - (dm * ma) * lsum) + ((d * sb) * qx_hi - (dm * mb) * hsum) : 0.0f;
         }
-        if (PAIR && r0 >= rows) mvq_finish<STEP, FUSED>(acc, red, it, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
-        else mvq_finish<STEP, FUSED>(acc, red, it, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
+        if (GROUP) {
+            const u8* M;
+            float* Y;
+            int end;
+            const int s0 = mvq_gseg(*grp, r0, M, Y, end);
+            mvq_finish<STEP, FUSED>(acc, red, it, Y, r0 - s0, min(r_end, end) - s0, tid, lane, warp, nw);
+        } else if (PAIR && r0 >= rows) {
+            mvq_finish<STEP, FUSED>(acc, red, it, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
+        } else {
+            mvq_finish<STEP, FUSED>(acc, red, it, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
+        }
     }
     if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
 }
@@ -696,6 +737,17 @@ extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_split_p2(const u8* W,
 extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_pair_p2(const u8* W, const u8* W2, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
     mvq_q4_k<true, false, true, false, 2>(W, W2, x, y, y2, rows, cols, rpb);
 }
+// y_i = W_i x for up to four matrices of one width (Q, the attention gate, K, V): one launch over
+// their rows (MvqGroup), each row's bits as alone. Up to 256 threads. P = 3, and 2 (`_p2`).
+#define MVQ_GROUP(NAME, P)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* W0, const u8* W1, const u8* W2, const u8* W3,   \
+                                                           const float* x, float* y0, float* y1, float* y2, float* y3, \
+                                                           int s1, int s2, int s3, int vrows, int cols, int rpb) {     \
+        const MvqGroup g{W0, W1, W2, W3, y0, y1, y2, y3, s1, s2, s3, vrows};                                        \
+        mvq_q4_k<true, false, false, false, P, true>(W0, W0, x, y0, y0, vrows, cols, rpb, nullptr, nullptr, 0, &g); \
+    }
+MVQ_GROUP(mvq_q4_k_group, 3)
+MVQ_GROUP(mvq_q4_k_group_p2, 2)
 
 __device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
 

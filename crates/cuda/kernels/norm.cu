@@ -14,6 +14,17 @@ __device__ __forceinline__ double block_sum_d(double v, double* sh) {
     return t;
 }
 
+// 1 / sqrt(sum / n + eps) of a block's f64 sum (block_sum_d's order and arithmetic), computed
+// once by thread 0 and shared: the f64 division and square root in every thread cost about half a
+// microsecond of one SM's f64 units at 1024 threads.
+__device__ __forceinline__ double block_rms_scale(double v, int n, double eps, double* sh) {
+    __shared__ double scale;
+    const double t = block_sum_d(v, sh);
+    if (threadIdx.x == 0) scale = 1.0 / sqrt(t / n + eps);
+    __syncthreads();
+    return scale;
+}
+
 // Sums of 8 consecutive values of a row, for the matrix-vector kernels (xs[row][n/8]).
 __device__ __forceinline__ void row_sums8(const float* y, float* xs, int n) {
     __syncthreads();
@@ -34,6 +45,7 @@ __device__ __forceinline__ void row_sums8(const float* y, float* xs, int n) {
 extern "C" __global__ void __launch_bounds__(1024) rms_norm(const float* x, const float* w, float eps, int n, float* y, float* xs) {
     __shared__ double sh[32];
     pdl_trigger();  // the product that reads y may start loading its weights
+    pdl_wait();  // launched programmatically (lib.rs launch_small): nothing read or written before
     const float* xr = x + (long long)blockIdx.x * n;
     float* yr = y + (long long)blockIdx.x * n;
     float v[NPT], wv[NPT];
@@ -72,19 +84,24 @@ extern "C" __global__ void __launch_bounds__(1024) norm_tail(float* resid, const
     float sv[NPT], rv[NPT], a1[NPT], a2[NPT];
     double ss = 0.0;
     // Every load first (the weights too), so their latencies overlap instead of following the
-    // reductions.
+    // reductions. The weights (no kernel writes them) load before the wait, while the kernel
+    // before finishes.
+#pragma unroll
+    for (int k = 0; k < NPT; k++) {
+        int i = threadIdx.x + k * 1024;
+        a1[k] = i < n ? w1[i] : 0.0f;
+        a2[k] = i < n ? w2[i] : 0.0f;
+    }
+    pdl_wait();  // launched programmatically (lib.rs launch_small): nothing else read or written before
 #pragma unroll
     for (int k = 0; k < NPT; k++) {
         int i = threadIdx.x + k * 1024;
         sv[k] = i < n ? s[i] : 0.0f;
         rv[k] = i < n ? r[i] : 0.0f;
-        a1[k] = i < n ? w1[i] : 0.0f;
-        a2[k] = i < n ? w2[i] : 0.0f;
     }
 #pragma unroll
     for (int k = 0; k < NPT; k++) ss += (double)sv[k] * (double)sv[k];
-    ss = block_sum_d(ss, sh);
-    double sc1 = 1.0 / sqrt(ss / n + (double)eps1);
+    const double sc1 = block_rms_scale(ss, n, (double)eps1, sh);
     double ss2 = 0.0;
 #pragma unroll
     for (int k = 0; k < NPT; k++) {
@@ -96,8 +113,7 @@ extern "C" __global__ void __launch_bounds__(1024) norm_tail(float* resid, const
             ss2 += (double)rv[k] * (double)rv[k];
         }
     }
-    ss2 = block_sum_d(ss2, sh);
-    double sc2 = 1.0 / sqrt(ss2 / n + (double)eps2);
+    const double sc2 = block_rms_scale(ss2, n, (double)eps2, sh);
 #pragma unroll
     for (int k = 0; k < NPT; k++) {
         int i = threadIdx.x + k * 1024;

@@ -12,6 +12,7 @@ pub mod kernels;
 pub mod matrix;
 pub mod nccl;
 mod staging;
+mod words;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -428,6 +429,11 @@ pub struct CudaBackend {
     /// finishes. Its activations are read after the wait (`ld_after_wait`, kernels/common.cuh);
     /// H200, 2026-11-29: decode 123.1 tokens/s with it, 120.8 without (same call), gpu.rs passing.
     pdl: bool,
+    /// The small kernels of a decode step (the norms, the SwiGLU, the query and key preparation,
+    /// the attention's merge, the logits' finish) launched programmatically too: each waits
+    /// (`pdl_wait`, first thing) for the kernel before it, but its launch and its blocks'
+    /// scheduling overlap that kernel's end. With `pdl`, unless `MUSER_PDL_SMALL=0`.
+    pdl_small: bool,
     /// Digit planes of the one-token x-stationary kernels' activations: 3 (to 2^-22 of a run's
     /// largest value), or 2 in `--mode fast` (to within 2^-14; `MUSER_MVQ_PLANES=2` in the accurate mode,
     /// for comparison).
@@ -658,6 +664,13 @@ impl CudaBackend {
             ),
             // (The read-only activation loads of X_LOAD=2 are wrong under PDL: kernels/common.cuh.)
             pdl: !env_is("MUSER_PDL", "0")
+                && cc.0 >= 9
+                && !kernels::env_defines().iter().any(|d| {
+                    d.strip_prefix("X_LOAD=")
+                        .is_some_and(|v| v.trim().parse::<i64>().ok() == Some(2))
+                }),
+            pdl_small: !env_is("MUSER_PDL", "0")
+                && !env_is("MUSER_PDL_SMALL", "0")
                 && cc.0 >= 9
                 && !kernels::env_defines().iter().any(|d| {
                     d.strip_prefix("X_LOAD=")
@@ -1453,6 +1466,104 @@ impl CudaBackend {
             && w.rows % MVQ_R == 0
     }
 
+    /// Whether a group of products of one token may go to `mvq_q4_k_group`: one token, not the
+    /// batch-invariant or parity modes, pair launches on (`MUSER_MMQ_PAIR`), groups on (unless
+    /// `MUSER_MVQ_GROUP=0`), and the group below the staged forms' threshold (those launches
+    /// keep their pairs).
+    fn group_ok(&self, ws: &[&CudaMatrix], x: &CudaAct) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let bytes: usize = ws.iter().map(|w| w.data.len()).sum();
+        x.rows == 1
+            && !self.invariant()
+            && !self.cuda_parity.load(Relaxed)
+            && self.mmq_pairs.load(Relaxed)
+            && mvq_group_enabled()
+            && (self.mvq_stages.load(Relaxed) == 0
+                || bytes < self.mvq_tma_min_bytes.load(Relaxed))
+    }
+
+    /// A matrix `mvq_q4_k_group` takes: Q4_K, x's width, at most 256 threads, rows a multiple of
+    /// the kernel's step.
+    fn mvq_group_member(w: &CudaMatrix, x: &CudaAct) -> bool {
+        w.ty == GgmlType::Q4_K
+            && w.cols == x.cols
+            && Self::mvq_for(w)
+            && Self::mvq_threads(w) <= 256
+            && w.rows % MVQ_R == 0
+    }
+
+    /// y_i = W_i x for 2 to 4 Q4_K matrices of one width (`mvq_group_member`) in one launch of
+    /// `mvq_q4_k_group` (kernels/matvec.cu): their rows one after another, each row's arithmetic
+    /// as `mvq_q4_k` alone.
+    fn matvec_q_group(&self, x: &CudaAct, members: &mut [(&CudaMatrix, &mut CudaAct)]) -> Result<()> {
+        let n = members.len();
+        if !(2..=4).contains(&n) {
+            return Err(Error::Backend(format!("mvq group of {n} matrices")));
+        }
+        let cols = members[0].0.cols;
+        let mut starts = [0usize; 5];
+        for (i, (w, o)) in members.iter().enumerate() {
+            check(o, 1, w.rows, "matmul group")?;
+            if w.cols != cols || w.rows % MVQ_R != 0 {
+                return Err(Error::Backend(format!(
+                    "mvq group: {}x{} with {cols} columns",
+                    w.rows, w.cols
+                )));
+            }
+            starts[i + 1] = starts[i] + w.rows;
+        }
+        let vrows = starts[n];
+        for s in starts.iter_mut().skip(n + 1) {
+            *s = vrows;
+        }
+        let name = if self.mvq_planes.load(std::sync::atomic::Ordering::Relaxed) == 2 {
+            "mvq_q4_k_group_p2"
+        } else {
+            "mvq_q4_k_group"
+        };
+        let threads = Self::mvq_threads(members[0].0);
+        let f = &self.f(name)?;
+        let per_sm = self.blocks_per_sm(name, f, threads, 0)?;
+        let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, 1);
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let xv = x.data.slice(..cols);
+        let mut w = words::Words::new(&self.stream);
+        for i in 0..4 {
+            if i < n {
+                w.read(&members[i].0.data);
+            } else {
+                w.again(n - 1);
+            }
+        }
+        w.read(&xv);
+        for (_, o) in members.iter_mut() {
+            o.xs_ok = false;
+        }
+        let first_y = 5;
+        for (_, o) in members.iter_mut() {
+            w.write(&mut o.data);
+        }
+        for _ in n..4 {
+            w.again(first_y + n - 1);
+        }
+        w.i32(starts[1] as i32)
+            .i32(starts[2] as i32)
+            .i32(starts[3] as i32)
+            .i32(vrows as i32)
+            .i32(cols as i32)
+            .i32(rpb as i32);
+        // SAFETY: the words follow mvq_q4_k_group's parameters; each matrix has its rows x cols
+        // Q4_K weights and each output one row of its rows (checked above); the segments past
+        // the n matrices are empty (their starts are vrows), so their repeated pointers are never
+        // used; threads cover cols / 256 column blocks (<= 256 threads, mvq_group_member); the
+        // kernel reads x only after its pdl_wait.
+        unsafe { self.launch_raw(f, cfg, w.vals(), self.pdl) }.map_err(dev(name))
+    }
+
     /// Resident blocks per SM of kernel `name` at `threads` threads and `smem` bytes of dynamic
     /// shared memory (asked of the driver once, then kept).
     fn blocks_per_sm(
@@ -1899,6 +2010,22 @@ impl CudaBackend {
             )
         }
         .result()
+    }
+
+    /// Launch one of the small kernels that call `pdl_wait` before touching memory (`pdl_small`):
+    /// programmatically when that is on, else the ordinary way.
+    ///
+    /// # Safety
+    /// As `launch_raw`: `w` must match `f`'s parameters, every pointer valid for what the kernel
+    /// does at this grid; the kernel's first memory access follows its `pdl_wait`.
+    unsafe fn launch_small(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        w: &mut words::Words<'_>,
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        // SAFETY: the caller's promises are this function's.
+        unsafe { self.launch_raw(f, cfg, w.vals(), self.pdl_small) }
     }
 
     fn matvec(
@@ -2875,7 +3002,7 @@ impl CudaBackend {
         let nrep = spec.n_head / spec.n_head_kv.max(1);
         self.attn_tcd.load(Relaxed) > 0
             && kv.ty == KvType::F16
-            && n >= attn_g4_below().max(8)
+            && n >= attn_tcd_from()
             && (1..=16).contains(&nrep)
             && matches!(spec.head_dim, 64 | 128)
             && !self.invariant()
@@ -2966,14 +3093,16 @@ impl CudaBackend {
             // A few tokens (fewer than `MUSER_ATTN_G4_BELOW`, default 8): each block takes a
             // quarter of a KV head's query heads (`_g4`, four times the blocks, a third of the
             // registers; a head's arithmetic is the same either way, so the bits too).
-            let groups = if n < attn_g4_below() && nrep % 4 == 0 {
+            // Batched decode (8 or more tokens, any sequences) on the tensor cores: attn_tcd,
+            // the same splits and partials (kernels/attention.cu); a block takes every query
+            // head of its KV head there.
+            let tcd = self.attn_tcd_for(kv, spec, n);
+            let groups = if !tcd && n < attn_g4_below() && nrep % 4 == 0 {
                 4
             } else {
                 1
             };
-            // Batched decode (8 or more tokens, any sequences) on the tensor cores: attn_tcd,
-            // the same splits and partials (kernels/attention.cu).
-            let name = if self.attn_tcd_for(kv, spec, n) {
+            let name = if tcd {
                 let split = if self.fast_mode.load(std::sync::atomic::Ordering::Relaxed) {
                     ""
                 } else {
@@ -3019,28 +3148,28 @@ impl CudaBackend {
             n_split
         };
         let (ns, nr, hd) = (n_split as i32, nrep as i32, spec.head_dim as i32);
-        let null = 0u64;
         let func = self.f("attn_combine")?;
-        let mut b = self.stream.launch_builder(&func);
-        b.arg(&s.part)
-            .arg(&ns)
-            .arg(&nr)
-            .arg(&hd)
-            .arg(&n_kv_head)
-            .arg(&s.pos)
-            .arg(&n_swa);
+        let mut b = words::Words::new(&self.stream);
+        b.read(&s.part)
+            .i32(ns)
+            .i32(nr)
+            .i32(hd)
+            .i32(n_kv_head)
+            .read(&s.pos)
+            .i32(n_swa);
         match gate {
-            Some(gt) => b.arg(&gt.data),
-            None => b.arg(&null),
+            Some(gt) => b.read(&gt.data),
+            None => b.null(),
         };
-        b.arg(&mut out.data);
+        b.write(&mut out.data);
         let cfg = LaunchConfig {
             grid_dim: (spec.n_head as u32, n as u32, 1),
             block_dim: (spec.head_dim as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: reads the partials of the non-empty splits, writes n x n_head x head_dim outputs.
-        unsafe { b.launch(cfg) }.map_err(dev("attn_combine"))?;
+        // SAFETY: reads the partials of the non-empty splits, writes n x n_head x head_dim outputs;
+        // the words follow attn_combine's parameters; it waits first.
+        unsafe { self.launch_small(&func, cfg, &mut b) }.map_err(dev("attn_combine"))?;
         out.xs_ok = false;
         Ok(())
     }
@@ -3126,11 +3255,30 @@ fn attn_g4_below() -> usize {
     })
 }
 
+/// Micro-batches of at least this many tokens take the tensor-core decode attention
+/// (`attn_tcd_for`): `MUSER_ATTN_TCD_FROM`, else 8 or `MUSER_ATTN_G4_BELOW` if that is larger.
+fn attn_tcd_from() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("MUSER_ATTN_TCD_FROM")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(attn_g4_below().max(8), |n| n.max(1))
+    })
+}
+
 /// Column-split launches of the one-token kernels for matrices wider than 8192 columns, unless
 /// `MUSER_MVQ_SPLIT=0` (then one block spans the row: `mvq_*_wide`).
 fn mvq_split() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| !env_is("MUSER_MVQ_SPLIT", "0"))
+}
+
+/// Group launches of one token's products of one input (`mvq_q4_k_group`) unless
+/// `MUSER_MVQ_GROUP=0` (then pairs).
+fn mvq_group_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| !env_is("MUSER_MVQ_GROUP", "0"))
 }
 
 /// The x-stationary one-token kernels are on unless `MUSER_MVQ=0`.
@@ -3691,18 +3839,17 @@ impl Backend for CudaBackend {
                 let n = x.cols as i32;
                 let with_sums = x.cols % 8 == 0 && self.sums_wanted(x.rows);
                 let func = self.f("rms_norm")?;
-                let mut b = self.stream.launch_builder(&func);
-                let null = 0u64;
-                b.arg(&x.data);
+                let mut b = words::Words::new(&self.stream);
+                b.read(&x.data);
                 match w {
-                    Some(w) => b.arg(w),
-                    None => b.arg(&null),
+                    Some(w) => b.read(w),
+                    None => b.null(),
                 };
-                b.arg(&eps).arg(&n).arg(&mut out.data);
+                b.f32(eps).i32(n).write(&mut out.data);
                 if with_sums {
-                    b.arg(&mut out.xs);
+                    b.write(&mut out.xs);
                 } else {
-                    b.arg(&null);
+                    b.null();
                 }
                 // NORM_THREADS threads hold a row of up to 8 x NORM_THREADS values in registers
                 // (kernels/norm.cu; `supports` refuses wider models).
@@ -3712,8 +3859,8 @@ impl Backend for CudaBackend {
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: one block per row of n <= 8 * NORM_THREADS floats; the weight (if any)
-                // has n floats.
-                unsafe { b.launch(cfg) }.map_err(dev("rms_norm"))?;
+                // has n floats; the words follow rms_norm's parameters; it waits first.
+                unsafe { self.launch_small(&func, cfg, &mut b) }.map_err(dev("rms_norm"))?;
                 out.xs_ok = with_sums;
                 Ok(())
             },
@@ -3881,6 +4028,32 @@ impl Backend for CudaBackend {
                 },
             );
         }
+        // One token: the Q4_K members of at most 256 threads' width (the x-stationary kernels)
+        // in one group launch, each row's bits as alone; the rest one by one.
+        if ws.len() == outs.len() && ws.len() <= 4 && self.group_ok(ws, x) {
+            let (grouped, rest): (Vec<usize>, Vec<usize>) =
+                (0..ws.len()).partition(|&i| Self::mvq_group_member(ws[i], x));
+            if grouped.len() >= 2 {
+                let mut members = Vec::with_capacity(grouped.len());
+                let mut others = Vec::with_capacity(rest.len());
+                for (i, o) in outs.iter_mut().enumerate() {
+                    if grouped.contains(&i) {
+                        members.push((ws[i], &mut **o));
+                    } else {
+                        others.push((ws[i], &mut **o));
+                    }
+                }
+                let rows: Vec<String> = members.iter().map(|(w, _)| w.rows.to_string()).collect();
+                self.timed(
+                    || format!("matmul group q4_k {}x{} n=1", rows.join("+"), x.cols),
+                    || self.matvec_q_group(x, &mut members),
+                )?;
+                for (w, o) in others {
+                    self.matmul(w, x, o)?;
+                }
+                return Ok(());
+            }
+        }
         muser_engine::backend::matmul_by_pairs(self, ws, x, outs)
     }
 
@@ -4031,29 +4204,28 @@ impl Backend for CudaBackend {
                 if let Some(base) = qk.rope_base {
                     self.inv_freq(s, base, spec.head_dim)?;
                 }
-                let null = 0u64;
                 let (nh, nkv) = (spec.n_head as i32, spec.n_head_kv as i32);
                 let (row_bytes, kt) = (kv.row_bytes as i64, kv_code(kv.ty));
                 let layer_i = spec.layer as i32;
                 let func = self.f(&format!("qkv_prep_{}", spec.head_dim))?;
-                let mut b = self.stream.launch_builder(&func);
-                b.arg(&mut q.data)
-                    .arg(&k.data)
-                    .arg(&v.data)
-                    .arg(&nh)
-                    .arg(&nkv)
-                    .arg(&qk.eps)
-                    .arg(&qk.q_scale)
-                    .arg(&s.pos);
+                let mut b = words::Words::new(&self.stream);
+                b.write(&mut q.data)
+                    .read(&k.data)
+                    .read(&v.data)
+                    .i32(nh)
+                    .i32(nkv)
+                    .f32(qk.eps)
+                    .f32(qk.q_scale)
+                    .read(&s.pos);
                 match qk.rope_base {
-                    Some(base) => b.arg(
+                    Some(base) => b.read(
                         s.inv_freq
                             .get(&(base.to_bits(), spec.head_dim))
                             .ok_or_else(|| Error::Backend("rope table".into()))?,
                     ),
-                    None => b.arg(&null),
+                    None => b.null(),
                 };
-                b.arg(&s.seqtab).arg(&layer_i).arg(&row_bytes).arg(&kt);
+                b.read(&s.seqtab).i32(layer_i).i64(row_bytes).i32(kt);
                 let cfg = LaunchConfig {
                     grid_dim: ((spec.n_head + 2 * spec.n_head_kv) as u32, n as u32, 1),
                     block_dim: (32, 1, 1),
@@ -4061,8 +4233,10 @@ impl Backend for CudaBackend {
                 };
                 // SAFETY: one warp per head of every token: q rewritten in place, k and v rows
                 // stored in the token's own cache (seqtab, bound above) at slots within the
-                // layer's capacity (positions checked against the cache's n_ctx).
-                unsafe { b.launch(cfg) }.map_err(dev("qkv_prep"))?;
+                // layer's capacity (positions checked against the cache's n_ctx); the words
+                // follow qkv_prep's parameters; it waits first.
+                unsafe { self.launch_small(&func, cfg, &mut b) }.map_err(dev("qkv_prep"))?;
+                drop(b);
                 drop(g);
                 q.xs_ok = false;
                 self.attend_cached(&kv, spec, n, q, Some(gate), out)
@@ -4179,10 +4353,12 @@ impl Backend for CudaBackend {
                 let fast =
                     gate.rows > 1 && self.fast_mode.load(std::sync::atomic::Ordering::Relaxed);
                 let func = self.f(if fast { "swiglu_fast" } else { "swiglu" })?;
-                let mut b = self.stream.launch_builder(&func);
-                b.arg(&gate.data).arg(&up.data).arg(&mut out.data).arg(&n);
-                // SAFETY: elementwise over n floats.
-                unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("swiglu"))?;
+                let mut b = words::Words::new(&self.stream);
+                b.read(&gate.data).read(&up.data).write(&mut out.data).i64(n);
+                // SAFETY: elementwise over n floats; the words follow the kernel's parameters;
+                // it waits first.
+                unsafe { self.launch_small(&func, grid1(n as usize, 256), &mut b) }
+                    .map_err(dev("swiglu"))?;
                 out.xs_ok = false;
                 Ok(())
             },
@@ -4233,21 +4409,20 @@ impl Backend for CudaBackend {
                 check(next, resid.rows, resid.cols, "norm_tail")?;
                 let n = resid.cols as i32;
                 let with_sums = resid.cols % 8 == 0 && self.sums_wanted(resid.rows);
-                let null = 0u64;
                 let func = self.f("norm_tail")?;
-                let mut b = self.stream.launch_builder(&func);
-                b.arg(&mut resid.data)
-                    .arg(&src.data)
-                    .arg(w_post)
-                    .arg(&eps_post)
-                    .arg(w_next)
-                    .arg(&eps_next)
-                    .arg(&n)
-                    .arg(&mut next.data);
+                let mut b = words::Words::new(&self.stream);
+                b.write(&mut resid.data)
+                    .read(&src.data)
+                    .read(w_post)
+                    .f32(eps_post)
+                    .read(w_next)
+                    .f32(eps_next)
+                    .i32(n)
+                    .write(&mut next.data);
                 if with_sums {
-                    b.arg(&mut next.xs);
+                    b.write(&mut next.xs);
                 } else {
-                    b.arg(&null);
+                    b.null();
                 }
                 let cfg = LaunchConfig {
                     grid_dim: (resid.rows as u32, 1, 1),
@@ -4255,8 +4430,8 @@ impl Backend for CudaBackend {
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: one block per row of n <= 8 * NORM_THREADS floats in three
-                // equal-shaped buffers.
-                unsafe { b.launch(cfg) }.map_err(dev("norm_tail"))?;
+                // equal-shaped buffers; the words follow norm_tail's parameters; it waits first.
+                unsafe { self.launch_small(&func, cfg, &mut b) }.map_err(dev("norm_tail"))?;
                 resid.xs_ok = false;
                 next.xs_ok = with_sums;
                 Ok(())
@@ -4271,10 +4446,12 @@ impl Backend for CudaBackend {
                 let n = (x.rows * x.cols) as i64;
                 let cap = softcap.unwrap_or(0.0);
                 let func = self.f("logit_finish")?;
-                let mut b = self.stream.launch_builder(&func);
-                b.arg(&mut x.data).arg(&n).arg(&scale).arg(&cap);
-                // SAFETY: elementwise over n floats.
-                unsafe { b.launch(grid1(n as usize, 256)) }.map_err(dev("logit_finish"))?;
+                let mut b = words::Words::new(&self.stream);
+                b.write(&mut x.data).i64(n).f32(scale).f32(cap);
+                // SAFETY: elementwise over n floats; the words follow logit_finish's parameters;
+                // it waits first.
+                unsafe { self.launch_small(&func, grid1(n as usize, 256), &mut b) }
+                    .map_err(dev("logit_finish"))?;
                 x.xs_ok = false;
                 Ok(())
             },

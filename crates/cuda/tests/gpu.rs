@@ -2770,3 +2770,95 @@ fn large_reads_give_the_device_values() {
         "one buffer and a remainder"
     );
 }
+
+/// One token's Q, gate, K and V as one group launch (`mvq_q4_k_group`, the default for the
+/// attention's products): each output the bits of its matrix alone, with three and two digit
+/// planes; with every matrix Q4_K (one launch of four) and in llama.cpp's Q4_K_M layout (V may be
+/// Q6_K: then three in the group and V alone). The 30B's widths: 6656 columns, 4096 + 4096 + 256
+/// + 256 rows.
+#[test]
+fn grouped_one_token_products_give_the_bits_alone() {
+    let Some(g) = gpu() else { return };
+    let dir = std::env::temp_dir().join(format!("muser-group-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rows = Vec::new();
+    for layout in ["q4_k", "q4_k_m"] {
+        let p = muser_engine::synth::Preset {
+            name: "t",
+            n_layer: 1,
+            n_embd: 6656,
+            n_ff: 512,
+            n_head: 32,
+            n_head_kv: 2,
+            head_dim: 128,
+            n_vocab: 512,
+            n_ctx: 4096,
+            n_swa: 128,
+        };
+        let path = dir.join(format!("{layout}.gguf"));
+        let lay = muser_engine::synth::Layout::parse(layout).unwrap();
+        muser_engine::synth::write(&path, &p, lay, 23).unwrap();
+        let file = ModelFile::open(&path).unwrap();
+        let l = &file.tensors.layers[0];
+        let up = |m| g.matrix(&file.gguf, m).unwrap();
+        let ws = [
+            up(&l.attn_q),
+            up(&l.attn_gate),
+            up(&l.attn_k),
+            up(&l.attn_v),
+        ];
+        let x: Vec<f32> = (0..6656)
+            .map(|i| {
+                let v = ((i * 7919 % 2003) as f32 / 1001.5 - 1.0) * 0.9;
+                if (i / 48) % 5 == 0 { v * 1e-3 } else { v }
+            })
+            .collect();
+        let mut xg = g.act(1, 6656).unwrap();
+        g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
+        for planes in [3usize, 2] {
+            g.set_mvq_planes(planes);
+            let mut alone = Vec::new();
+            for w in &ws {
+                let mut y = g.act(1, w.rows).unwrap();
+                g.matmul(w, &xg, &mut y).unwrap();
+                alone.push(g.read(&y).unwrap());
+            }
+            let mut outs: Vec<_> = ws.iter().map(|w| g.act(1, w.rows).unwrap()).collect();
+            g.set_profiling(true);
+            {
+                let refs: Vec<&muser_cuda::CudaMatrix> = ws.iter().collect();
+                let mut orefs: Vec<&mut muser_cuda::CudaAct> = outs.iter_mut().collect();
+                g.matmul_group(&refs, &xg, &mut orefs).unwrap();
+            }
+            let launches = g.profile_report().unwrap();
+            g.set_profiling(false);
+            let group = launches
+                .iter()
+                .find(|(label, ..)| label.starts_with("matmul group q4_k"))
+                .map(|(label, ..)| label.clone());
+            let want_members = ws.iter().filter(|w| w.ty == muser_gguf::GgmlType::Q4_K).count();
+            assert!(
+                want_members >= 2 && group.is_some(),
+                "{layout} planes {planes}: no group launch ({launches:?})"
+            );
+            for (i, (w, o)) in ws.iter().zip(&outs).enumerate() {
+                let got = g.read(o).unwrap();
+                assert!(
+                    got.iter().all(|v| v.is_finite()) && same_bits(&got, &alone[i]),
+                    "{layout} planes {planes}: output {i} ({} {}x{}) differs from its matrix alone",
+                    w.ty,
+                    w.rows,
+                    w.cols
+                );
+            }
+            rows.push(format!(
+                "{layout:<6} planes {planes}: {} ({}) same bits as alone",
+                group.unwrap_or_default(),
+                ws.iter().map(|w| w.ty.to_string()).collect::<Vec<_>>().join(" ")
+            ));
+        }
+        g.set_mvq_planes(3);
+    }
+    println!("{}", rows.join("\n"));
+    std::fs::remove_dir_all(&dir).ok();
+}
