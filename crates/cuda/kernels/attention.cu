@@ -548,15 +548,10 @@ __device__ __forceinline__ void tcd_ldm4t(u32 (&r)[4], const void* p) {
                  : "r"(tcd_smem(p)));
 }
 
-// FOLD (cnt not null): the merge folded in. The block that writes the last of a (token, KV head)'s
-// non-empty splits' partials (a counter per pair, which that block resets for the next launch)
-// merges them as attn_combine does (attn_merge_weights, attn_merge_value: the same bits) into out
-// with the output gate, and attn_combine is not launched.
 template <int NREP, int HD, bool SPLIT, bool CPA>
 __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const u64* __restrict__ seqtab, int layer,
                                               long long row_bytes, const u32* __restrict__ pos, int n_swa, float scale,
-                                              int n_kv_head, float* __restrict__ part, const float* gate, float* out,
-                                              unsigned* cnt) {
+                                              int n_kv_head, float* __restrict__ part) {
     static_assert(NREP <= 16, "one row tile holds a KV head's query heads");
     constexpr int KT = 64, KS = HD + 8, VS = KT + 8, NK = HD / 16, ND = HD / 8;
     constexpr int VT = HD * VS > KT * KS ? HD * VS : KT * KS;  // V transposed, or as rows (CPA)
@@ -667,64 +662,29 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
     }
     __syncthreads();
     // part layout: [t][g][split][NREP][HD + 2] (acc..., m, l).
-    float* pout = part + (((long long)t * n_kv_head + g) * n_split + split) * NREP * (HD + 2);
+    float* out = part + (((long long)t * n_kv_head + g) * n_split + split) * NREP * (HD + 2);
     for (int i = threadIdx.x; i < NREP * HD; i += blockDim.x) {
         const int h = i / HD;
         const float M = fmaxf(fmaxf(wm[0][h], wm[1][h]), fmaxf(wm[2][h], wm[3][h]));
         float a = 0.0f;
         for (int w = 0; w < 4; w++) if (wl[w][h] > 0.0f) a += wacc[(w * 16 + h) * HD + i % HD] * expf(wm[w][h] - M);
-        pout[h * (HD + 2) + (i % HD)] = a;
+        out[h * (HD + 2) + (i % HD)] = a;
     }
     for (int h = threadIdx.x; h < NREP; h += blockDim.x) {
         const float M = fmaxf(fmaxf(wm[0][h], wm[1][h]), fmaxf(wm[2][h], wm[3][h]));
         float L = 0.0f;
         for (int w = 0; w < 4; w++) if (wl[w][h] > 0.0f) L += wl[w][h] * expf(wm[w][h] - M);
-        pout[h * (HD + 2) + HD] = M;
-        pout[h * (HD + 2) + HD + 1] = L;
+        out[h * (HD + 2) + HD] = M;
+        out[h * (HD + 2) + HD + 1] = L;
     }
-    if (!cnt) return;
-    static_assert(sizeof(smem) >= (3 * 16 * 64 + 16) * sizeof(float), "the merge's (m, l, c) fit the staging memory");
-    // FOLD: the splits that hold keys are 0 .. used - 1 (attn_combine's count).
-    const int used = (n_keys + chunk - 1) / chunk;
-    __shared__ bool last;
-    __threadfence();  // this block's partials, visible to the block that merges
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&cnt[t * n_kv_head + g], 1u) == (unsigned)used - 1u;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    // (m, l, c) of each head's splits in the staging memory, free now (split counts <= 64:
-    // ATTN_MAX_SPLITS; 3 x 16 x 64 floats + 16 sums = 12.3 KB of its 34 KB).
-    float* msm = (float*)smem;
-    float* msl = msm + 16 * 64;
-    float* msc = msl + 16 * 64;
-    float* mL = msc + 16 * 64;
-    const float* base = part + ((long long)t * n_kv_head + g) * n_split * NREP * (HD + 2);
-    for (int i = threadIdx.x; i < NREP * used; i += blockDim.x) {
-        const int h = i / used, sp = i % used;
-        const float* e = base + ((long long)sp * NREP + h) * (HD + 2);
-        msm[h * 64 + sp] = __ldcg(e + HD);
-        msl[h * 64 + sp] = __ldcg(e + HD + 1);
-    }
-    __syncthreads();
-    if (threadIdx.x < NREP) mL[threadIdx.x] = attn_merge_weights(msm + threadIdx.x * 64, msl + threadIdx.x * 64, msc + threadIdx.x * 64, used);
-    __syncthreads();
-    for (int i = threadIdx.x; i < NREP * HD; i += blockDim.x) {
-        const int h = i / HD, d = i % HD;
-        const long long o = ((long long)t * n_head + (long long)g * NREP + h) * HD + d;
-        out[o] = attn_merge_value(base + (long long)h * (HD + 2), (long long)NREP * (HD + 2), d, msl + h * 64, msc + h * 64,
-                                  used, mL[h], gate ? gate + o : nullptr);
-    }
-    if (threadIdx.x == 0) cnt[t * n_kv_head + g] = 0u;
 }
 // One entry point of attn_tcd_impl: NAME its exported name, SPLIT the accurate mode's hi + lo
 // form, CPA the cp.async staging (attn_tcd2).
 #define ATTN_TCD_ONE(NAME, NREP, HD, SPLIT, CPA)                                                           \
     extern "C" __global__ void __launch_bounds__(128) NAME(                                               \
         const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,    \
-        float scale, int n_kv_head, float* part, const float* gate, float* out, unsigned* cnt) {         \
-        attn_tcd_impl<NREP, HD, SPLIT, CPA>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part,  \
-                                            gate, out, cnt);                                               \
+        float scale, int n_kv_head, float* part) {                                                       \
+        attn_tcd_impl<NREP, HD, SPLIT, CPA>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part); \
     }
 #define ATTN_TCD_ENTRY(NREP, HD)                                                \
     ATTN_TCD_ONE(attn_tcd_##NREP##_##HD, NREP, HD, false, false)                \

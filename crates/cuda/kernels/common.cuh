@@ -33,35 +33,6 @@ __device__ __forceinline__ int attn_chunk(int n_keys, int n_split) {
     return max((n_keys + n_split - 1) / n_split, ATTN_MIN_CHUNK);
 }
 
-// The merge of a head's split-K attention partials (attn_combine, and the last split's block of
-// attn_tcd when it folds the merge in): the same arithmetic in both, so the same bits.
-// attn_merge_weights, one thread: M = the largest m over the splits that hold keys (l > 0), in
-// split order; c_s = e^(m_s - M) (0 for empty splits) and L = sum l_s c_s, in split order.
-__device__ __forceinline__ float attn_merge_weights(const float* sm, const float* sl, float* sc, int used) {
-    float M = -__int_as_float(0x7f800000);
-    for (int s = 0; s < used; s++)
-        if (sl[s] > 0.0f) M = fmaxf(M, sm[s]);
-    float L = 0.0f;
-    for (int s = 0; s < used; s++) {
-        const float c = sl[s] > 0.0f ? expf(sm[s] - M) : 0.0f;
-        sc[s] = c;
-        if (sl[s] > 0.0f) L += sl[s] * c;
-    }
-    return L;
-}
-// Dimension d of the merged head: sum acc_s[d] c_s in split order (acc_s at e + s * stride, read
-// through L2: the partials may come from other blocks of the same grid), / L, times sigmoid(gate)
-// (f64, as the CPU's sigmoid_gate) when gate is given.
-__device__ __forceinline__ float attn_merge_value(const float* e, long long stride, int d, const float* sl, const float* sc,
-                                                  int used, float L, const float* gate) {
-    float a = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < used; s++)
-        if (sl[s] > 0.0f) a += __ldcg(e + s * stride + d) * sc[s];
-    const float v = a / L;
-    return gate ? (float)((double)v / (1.0 + exp(-(double)*gate))) : v;
-}
-
 // Programmatic dependent launch (Hopper and newer; no-ops before sm_90 and for kernels launched
 // the ordinary way). pdl_trigger: the kernel that follows in the stream may be scheduled now (its
 // blocks fill the SMs this grid leaves idle, or frees). pdl_wait: block until the grids this one

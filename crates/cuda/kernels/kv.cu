@@ -159,9 +159,24 @@ extern "C" __global__ void attn_combine(const float* part, int n_split, int nrep
         sl[s] = e[hd + 1];
     }
     __syncthreads();
-    if (d == 0) sL = attn_merge_weights(sm, sl, sc, used);
+    if (d == 0) {
+        float M = -__int_as_float(0x7f800000);
+        for (int s = 0; s < used; s++)
+            if (sl[s] > 0.0f) M = fmaxf(M, sm[s]);
+        float L = 0.0f;
+        for (int s = 0; s < used; s++) {
+            const float c = sl[s] > 0.0f ? expf(sm[s] - M) : 0.0f;
+            sc[s] = c;
+            if (sl[s] > 0.0f) L += sl[s] * c;
+        }
+        sL = L;
+    }
     __syncthreads();
-    const long long o = (long long)t * nrep * n_kv_head * hd + (long long)h * hd + d;
-    out[o] = attn_merge_value(base + (long long)r * (hd + 2), (long long)nrep * (hd + 2), d, sl, sc, used, sL,
-                              gate ? gate + o : nullptr);
+    float a = 0.0f;
+#pragma unroll 8
+    for (int s = 0; s < used; s++)
+        if (sl[s] > 0.0f) a += base[((long long)s * nrep + r) * (hd + 2) + d] * sc[s];
+    long long o = (long long)t * nrep * n_kv_head * hd + (long long)h * hd + d;
+    float v = a / sL;
+    out[o] = gate ? (float)((double)v / (1.0 + exp(-(double)gate[o]))) : v;
 }

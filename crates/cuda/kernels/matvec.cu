@@ -938,15 +938,10 @@ __device__ __forceinline__ float warp_sum4(const float (&v)[4], int lane) {
 // Per row: sum over the thread's runs of (d sc) (q . X) 2^(E-B) - (dmin m) sum x, the integer dot
 // products exact (as mvq_q4_k), combined in f32 in a fixed order; partial rows summed over the
 // block in a fixed order (warp_sum4, then warps in order).
-// SWI (with PAIR; the FFN's gate W and up W2): each step takes rows o, o + 1 of W and the same of
-// W2 (virtual rows 4i .. 4i + 3 = W's 2i, 2i + 1, W2's 2i, 2i + 1), and y[o] = silu(g) u with the
-// swiglu kernel's f64 expression; each product's row is summed as in the pair launch (warp_sum4
-// sums every slot alike), so y has the bits of the pair and the swiglu kernel. rows even.
-template <bool PAIR, bool SPLIT, int P, bool SWI = false>
+template <bool PAIR, bool SPLIT, int P>
 __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
                                              float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
                                              float* __restrict__ part, unsigned* cnt, int nbs, int stages) {
-    static_assert(!SWI || (PAIR && !SPLIT), "the fused SwiGLU is a pair launch");
     extern __shared__ __align__(128) u8 stage_mem[];
     __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
     __shared__ __align__(8) u64 bars[MVQ_TMA_MAX_STAGES];
@@ -969,13 +964,7 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
             int row = min(r_begin + k * MVQ_R + r, vrows - 1);
-            const u8* M;
-            if (SWI) {
-                M = (r & 2) ? W2 : W;
-                row = min((row >> 2) * 2 + (r & 1), rows - 1);
-            } else {
-                M = mvq_seg<PAIR>(W, W2, row, rows);
-            }
+            const u8* M = mvq_seg<PAIR>(W, W2, row, rows);
             tma_copy(stage_mem + s * stride + r * rb, M + ((long long)row * nb + b_off) * 144, (u32)rb, &bars[s]);
         }
     };
@@ -1051,16 +1040,7 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
         const int it = k & 1;
         if ((lane & 7) == 0) red[it][warp][lane >> 3] = v;
         __syncthreads();  // every thread's reads of stage s are done: it may be refilled
-        if (SWI) {
-            if (tid < 2) {
-                const int o = (r0 >> 2) * 2 + tid;
-                float g = 0.0f, u = 0.0f;
-                for (int w = 0; w < nw; w++) g += red[it][w][tid];
-                for (int w = 0; w < nw; w++) u += red[it][w][tid + 2];
-                const double gv = g;
-                if (o < rows) y[o] = (float)__dmul_rn(gv / (1.0 + exp(-gv)), (double)u);
-            }
-        } else if (tid < MVQ_R) {
+        if (tid < MVQ_R) {
             const int rr = r0 + tid;
             float sum = 0.0f;
             for (int w = 0; w < nw; w++) sum += red[it][w][tid];
@@ -1166,15 +1146,6 @@ __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8*
                                                            int stages) {                                                     \
         mvq_q4_k_tma<PAIR, SPLIT, P>(W, W2, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                              \
     }
-// y = silu(W x) (W2 x): the FFN's gate and up with the SwiGLU, one launch (SWI).
-#define MVQ_TMA4_SWI(NAME, P)                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* W, const u8* W2, const float* x, float* y, float* y2,     \
-                                                           int rows, int cols, int rpb, float* part, unsigned* cnt, int nbs, \
-                                                           int stages) {                                                     \
-        mvq_q4_k_tma<true, false, P, true>(W, W2, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                        \
-    }
-MVQ_TMA4_SWI(mvq_q4_k_swiglu_tma, 3)
-MVQ_TMA4_SWI(mvq_q4_k_swiglu_tma_p2, 2)
 #define MVQ_TMA6(NAME, PAIR, SPLIT, P)                                                                                          \
     extern "C" __global__ void __launch_bounds__(256) NAME(const u8* W, const u8* W2, long long nbt, const float* x, float* y, \
                                                            float* y2, int rows, int cols, int rpb, float* part, unsigned* cnt, \

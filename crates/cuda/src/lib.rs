@@ -167,9 +167,6 @@ struct Scratch {
     /// (zero between launches: the last block of a range resets its own).
     vpart: CudaSlice<f32>,
     vcnt: CudaSlice<u32>,
-    /// The tensor-core decode attention's merge counters (one per token and KV head), when it
-    /// folds the merge in (`attn_fold`).
-    acnt: CudaSlice<u32>,
     /// Greedy selection's per-chunk best values and indices, and its per-row counters.
     amax_v: CudaSlice<f32>,
     amax_i: CudaSlice<i32>,
@@ -437,13 +434,6 @@ pub struct CudaBackend {
     /// (`pdl_wait`, first thing) for the kernel before it, but its launch and its blocks'
     /// scheduling overlap that kernel's end. With `pdl`, unless `MUSER_PDL_SMALL=0`.
     pdl_small: bool,
-    /// The tensor-core decode attention (attn_tcd) merges its splits itself, in the block that
-    /// finishes a token's KV head last, instead of a launch of attn_combine (the same arithmetic,
-    /// so the same bits). On unless `MUSER_ATTN_FOLD=0`.
-    attn_fold: std::sync::atomic::AtomicBool,
-    /// One token's FFN gate, up and SwiGLU in one staged launch (`swiglu_tma_for`), unless
-    /// `MUSER_FFN_SWI=0`.
-    ffn_swi: std::sync::atomic::AtomicBool,
     /// Digit planes of the one-token x-stationary kernels' activations: 3 (to 2^-22 of a run's
     /// largest value), or 2 in `--mode fast` (to within 2^-14; `MUSER_MVQ_PLANES=2` in the accurate mode,
     /// for comparison).
@@ -679,8 +669,6 @@ impl CudaBackend {
                     d.strip_prefix("X_LOAD=")
                         .is_some_and(|v| v.trim().parse::<i64>().ok() == Some(2))
                 }),
-            attn_fold: std::sync::atomic::AtomicBool::new(!env_is("MUSER_ATTN_FOLD", "0")),
-            ffn_swi: std::sync::atomic::AtomicBool::new(!env_is("MUSER_FFN_SWI", "0")),
             pdl_small: !env_is("MUSER_PDL", "0")
                 && !env_is("MUSER_PDL_SMALL", "0")
                 && cc.0 >= 9
@@ -758,16 +746,6 @@ impl CudaBackend {
 
     /// Batched decode attention on the tensor cores: 0 off (the CUDA-core kernel), 1
     /// `attn_tcd`, 2 `attn_tcd2` (the default; tests: each against the others).
-    /// Whether one token's FFN gate, up and SwiGLU take one staged launch (`ffn_swi`).
-    pub fn set_ffn_swiglu_staged(&self, on: bool) {
-        self.set_switch(&self.ffn_swi, on);
-    }
-
-    /// Whether attn_tcd merges its splits itself (`attn_fold`; off: attn_combine's launch).
-    pub fn set_attn_fold(&self, on: bool) {
-        self.set_switch(&self.attn_fold, on);
-    }
-
     pub fn set_attn_tcd(&self, level: u8) {
         self.attn_tcd
             .store(level.min(2), std::sync::atomic::Ordering::Relaxed);
@@ -1147,7 +1125,6 @@ impl CudaBackend {
                 mpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 vpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 vcnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
-                acnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_v: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_i: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_cnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
@@ -1489,25 +1466,6 @@ impl CudaBackend {
             && w.rows % MVQ_R == 0
     }
 
-    /// Whether one token's FFN gate and up go to `mvq_q4_k_swiglu_tma` (`ffn_swiglu`): where
-    /// their pair launch would take the staged kernel (one token, Q4_K, one shape, pairs on, the
-    /// staged forms on and the pair at least their threshold), not the batch-invariant or parity
-    /// modes, rows even, and `ffn_swi` on.
-    fn swiglu_tma_for(&self, g: &CudaMatrix, u: &CudaMatrix, x: &CudaAct) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        x.rows == 1
-            && x.cols == g.cols
-            && g.ty == GgmlType::Q4_K
-            && Self::mvq_pair_for(g, u)
-            && g.rows % 2 == 0
-            && !self.invariant()
-            && !self.cuda_parity.load(Relaxed)
-            && self.mmq_pairs.load(Relaxed)
-            && self.ffn_swi.load(Relaxed)
-            && self.mvq_stages.load(Relaxed) > 0
-            && 2 * g.data.len() >= self.mvq_tma_min_bytes.load(Relaxed)
-    }
-
     /// Whether a group of products of one token may go to `mvq_q4_k_group`: one token, not the
     /// batch-invariant or parity modes, pair launches on (`MUSER_MMQ_PAIR`), groups on (unless
     /// `MUSER_MVQ_GROUP=0`), and the group below the staged forms' threshold (those launches
@@ -1716,7 +1674,7 @@ impl CudaBackend {
                     .mvq_tma_min_bytes
                     .load(std::sync::atomic::Ordering::Relaxed)
         {
-            return self.matvec_q_tma(w, None, x, out, t, second, (ranges, nbs, threads), stages);
+            return self.matvec_q_tma(w, x, out, t, second, (ranges, nbs, threads), stages);
         }
         let name: &'static str = match (w.ty, threads <= 256, up.is_some(), second.is_some()) {
             (GgmlType::Q4_K, true, false, false) if ranges > 1 => "mvq_q4_k_split",
@@ -1863,13 +1821,9 @@ impl CudaBackend {
     /// `matvec_q` through the TMA-staged kernels (`mvq_*_tma`, kernels/matvec.cu): the same
     /// arithmetic, so the same bits; `split` = (column ranges, blocks per range, threads) as
     /// `matvec_q` chose them.
-    /// `up` (the FFN's up with `w` its gate, not with `second`, not split): out = silu(w x) (up x)
-    /// in one launch (`mvq_q4_k_swiglu_tma`: the bits of the pair launch and the swiglu kernel).
-    #[allow(clippy::too_many_arguments)]
     fn matvec_q_tma(
         &self,
         w: &CudaMatrix,
-        up: Option<&CudaMatrix>,
         x: &CudaAct,
         out: &mut CudaAct,
         t: usize,
@@ -1878,18 +1832,6 @@ impl CudaBackend {
         stages: usize,
     ) -> Result<()> {
         let (ranges, nbs, threads) = split;
-        if let Some(u) = up
-            && (second.is_some()
-                || ranges > 1
-                || w.ty != GgmlType::Q4_K
-                || !Self::mvq_pair_for(w, u)
-                || w.rows % 2 != 0)
-        {
-            return Err(Error::Backend(format!(
-                "mvq SwiGLU: {} {}x{} with {} {}x{}",
-                w.ty, w.rows, w.cols, u.ty, u.rows, u.cols
-            )));
-        }
         if let Some((w2, _)) = &second
             && !Self::mvq_pair_for(w, w2)
         {
@@ -1909,13 +1851,6 @@ impl CudaBackend {
             }
         };
         let name: &'static str = match (q6, ranges > 1, second.is_some(), fast) {
-            _ if up.is_some() => {
-                if fast {
-                    "mvq_q4_k_swiglu_tma_p2"
-                } else {
-                    "mvq_q4_k_swiglu_tma"
-                }
-            }
             (false, false, false, false) => "mvq_q4_k_tma",
             (false, true, false, false) => "mvq_q4_k_split_tma",
             (false, false, true, false) => "mvq_q4_k_pair_tma",
@@ -1952,11 +1887,7 @@ impl CudaBackend {
         let f = &self.f(name)?;
         self.raise_smem(name, f, MVQ_TMA_SMEM as u32)?;
         let per_sm = self.blocks_per_sm(name, f, threads, smem)?;
-        let vrows = if second.is_some() || up.is_some() {
-            2 * w.rows
-        } else {
-            w.rows
-        };
+        let vrows = if second.is_some() { 2 * w.rows } else { w.rows };
         let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, ranges);
         let mut g = if ranges > 1 {
             Some(self.scratch()?)
@@ -1975,7 +1906,7 @@ impl CudaBackend {
             None => (None, None),
         };
         let (wp, _gw) = w.data.device_ptr(st);
-        let g2 = w2.or(up).map(|w2| w2.data.device_ptr(st));
+        let g2 = w2.map(|w2| w2.data.device_ptr(st));
         let (xp, _gx) = xv.device_ptr(st);
         let (yp, _gy) = yv.device_ptr_mut(st);
         let gy2 = y2v.as_mut().map(|v| v.device_ptr_mut(st));
@@ -2007,10 +1938,9 @@ impl CudaBackend {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         };
-        // SAFETY: the kernel's parameters in order (kernels/matvec.cu MVQ_TMA4 / MVQ_TMA6 /
-        // MVQ_TMA4_SWI), each a word; threads cover nbs column blocks (<= 32, checked by
-        // matvec_q's threads <= 256); it reads the matrix (and W2 or `up`, of the same shape and
-        // format: checked above), one row of x
+        // SAFETY: the kernel's parameters in order (kernels/matvec.cu MVQ_TMA4 / MVQ_TMA6), each
+        // a word; threads cover nbs column blocks (<= 32, checked by matvec_q's threads <= 256);
+        // it reads the matrix (and W2, of the same shape and format: checked above), one row of x
         // (t < x.rows, checked by the callers), writes rows outputs of row t (and of out2), and a
         // split launch ranges x rows partial sums and grid counters (grown above); its dynamic
         // shared memory holds `stages` stages of `stride` bytes (raised to MVQ_TMA_SMEM >= smem);
@@ -3108,7 +3038,7 @@ impl CudaBackend {
         };
         let n_kv_head = spec.n_head_kv as i32;
         let tc = self.attn_tc_for(kv, spec, n);
-        let (n_split, folded) = if tc {
+        let n_split = if tc {
             // Prompt chunks on the tensor cores: every visible key in one split
             // (kernels/attention.cu attn_tc).
             self.grow(&mut s.part, n * spec.n_head_kv * nrep * (spec.head_dim + 2))?;
@@ -3140,7 +3070,7 @@ impl CudaBackend {
             // checked by attn_tc_for), rows of visible positions only; writes n x n_kv_head x
             // nrep partials into `part` (grown above).
             unsafe { b.launch(cfg) }.map_err(dev(&name))?;
-            (1, false)
+            1
         } else {
             let max_keys = if spec.kind.is_sliding() {
                 spec.n_swa.min(kv.max_ctx)
@@ -3196,11 +3126,6 @@ impl CudaBackend {
                     if groups > 1 { "_g4" } else { "" }
                 )
             };
-            let fold = tcd && self.attn_fold.load(std::sync::atomic::Ordering::Relaxed);
-            if fold {
-                self.grow(&mut s.acnt, n * spec.n_head_kv)?;
-                check(out, n, spec.n_head * spec.head_dim, "attention")?;
-            }
             {
                 let func = self.f(&name)?;
                 let mut b = self.stream.launch_builder(&func);
@@ -3213,19 +3138,6 @@ impl CudaBackend {
                     .arg(&spec.scale)
                     .arg(&n_kv_head)
                     .arg(&mut s.part);
-                let null = 0u64;
-                if tcd {
-                    // attn_tcd's merge: the gate, the output and the counters, or nulls.
-                    match (fold, gate) {
-                        (true, Some(gt)) => b.arg(&gt.data),
-                        _ => b.arg(&null),
-                    };
-                    if fold {
-                        b.arg(&mut out.data).arg(&mut s.acnt);
-                    } else {
-                        b.arg(&null).arg(&null);
-                    }
-                }
                 let cfg = LaunchConfig {
                     grid_dim: ((spec.n_head_kv * groups) as u32, n_split as u32, n as u32),
                     block_dim: (128, 1, 1),
@@ -3234,17 +3146,11 @@ impl CudaBackend {
                 // SAFETY: each token reads visible rows of its own cache (seqtab holds live
                 // caches' tables, bound by bind_caches for this batch; slots derive from positions
                 // checked against each cache's n_ctx) and writes n x n_kv_head x n_split partials
-                // into `part`; folding, the last block of each (token, KV head) also writes its
-                // n_head / n_kv_head heads of `out` (checked above: n x n_head x head_dim) and
-                // resets its counter in `acnt` (n x n_kv_head, grown above, zero between launches).
+                // into `part`.
                 unsafe { b.launch(cfg) }.map_err(dev(&name))?;
             }
-            (n_split, fold)
+            n_split
         };
-        if folded {
-            out.xs_ok = false;
-            return Ok(());
-        }
         let (ns, nr, hd) = (n_split as i32, nrep as i32, spec.head_dim as i32);
         let func = self.f("attn_combine")?;
         let mut b = words::Words::new(&self.stream);
@@ -4420,27 +4326,6 @@ impl Backend for CudaBackend {
                     // SAFETY: reads x.rows x 2f floats of y8 (joint8's output), writes x.rows x f
                     // of out (checked above).
                     unsafe { b.launch(cfg) }.map_err(dev("swiglu_joint"))?;
-                    out.xs_ok = false;
-                    Ok(())
-                },
-            );
-        }
-        // One token whose gate and up go to the staged pair kernel (launches of at least
-        // MUSER_MVQ_TMA_MIN_MB): the SwiGLU in that launch (mvq_q4_k_swiglu_tma, the bits of the
-        // pair and the swiglu kernel), unless `MUSER_FFN_SWI=0`.
-        if !fuse && self.swiglu_tma_for(w_gate, w_up, x) {
-            return self.timed(
-                || {
-                    format!(
-                        "ffn gate+up+swiglu staged {}x{} n=1",
-                        w_gate.rows, w_gate.cols
-                    )
-                },
-                || {
-                    check(out, 1, w_gate.rows, "ffn_swiglu")?;
-                    let split = (1, w_gate.cols / 256, Self::mvq_threads(w_gate));
-                    let stages = self.mvq_stages.load(std::sync::atomic::Ordering::Relaxed);
-                    self.matvec_q_tma(w_gate, Some(w_up), x, out, 0, None, split, stages)?;
                     out.xs_ok = false;
                     Ok(())
                 },
