@@ -566,6 +566,13 @@ impl CudaBackend {
             )
             .map_err(dev("shared memory per block"))?
             .max(0) as u32;
+        // (The read-only activation loads of X_LOAD=2 are wrong under PDL: kernels/common.cuh.)
+        let pdl = !env_is("MUSER_PDL", "0")
+            && cc.0 >= 9
+            && !kernels::env_defines().iter().any(|d| {
+                d.strip_prefix("X_LOAD=")
+                    .is_some_and(|v| v.trim().parse::<i64>().ok() == Some(2))
+            });
         let b = CudaBackend {
             ctx,
             stream,
@@ -662,20 +669,8 @@ impl CudaBackend {
                     .unwrap_or(100)
                     << 20,
             ),
-            // (The read-only activation loads of X_LOAD=2 are wrong under PDL: kernels/common.cuh.)
-            pdl: !env_is("MUSER_PDL", "0")
-                && cc.0 >= 9
-                && !kernels::env_defines().iter().any(|d| {
-                    d.strip_prefix("X_LOAD=")
-                        .is_some_and(|v| v.trim().parse::<i64>().ok() == Some(2))
-                }),
-            pdl_small: !env_is("MUSER_PDL", "0")
-                && !env_is("MUSER_PDL_SMALL", "0")
-                && cc.0 >= 9
-                && !kernels::env_defines().iter().any(|d| {
-                    d.strip_prefix("X_LOAD=")
-                        .is_some_and(|v| v.trim().parse::<i64>().ok() == Some(2))
-                }),
+            pdl,
+            pdl_small: pdl && !env_is("MUSER_PDL_SMALL", "0"),
             mmq_zgrid: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_ZGRID", "0")),
             mmq_occ: std::sync::atomic::AtomicUsize::new(env_blocks_per_sm()),
             mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
@@ -1546,7 +1541,7 @@ impl CudaBackend {
         for (_, o) in members.iter_mut() {
             o.xs_ok = false;
         }
-        let first_y = 5;
+        let first_y = 5; // the words of W0..W3 and x come first
         for (_, o) in members.iter_mut() {
             w.write(&mut o.data);
         }
@@ -3094,12 +3089,11 @@ impl CudaBackend {
                 &mut s.part,
                 n * spec.n_head_kv * n_split * nrep * (spec.head_dim + 2),
             )?;
-            // A few tokens (fewer than `MUSER_ATTN_G4_BELOW`, default 8): each block takes a
-            // quarter of a KV head's query heads (`_g4`, four times the blocks, a third of the
-            // registers; a head's arithmetic is the same either way, so the bits too).
-            // Decode (any tokens of any sequences, f16 cache) on the tensor cores: attn_tcd,
-            // the same splits and partials (kernels/attention.cu); a block takes every query
-            // head of its KV head there.
+            // Decode (from `attn_tcd_from()` tokens of any sequences, f16 cache) on the tensor
+            // cores: attn_tcd, the same splits and partials (kernels/attention.cu), a block per
+            // KV head. Else, a few tokens (fewer than `MUSER_ATTN_G4_BELOW`, default 8): each
+            // block takes a quarter of a KV head's query heads (`_g4`, four times the blocks, a
+            // third of the registers; a head's arithmetic is the same either way, so the bits too).
             let tcd = self.attn_tcd_for(kv, spec, n);
             let groups = if !tcd && n < attn_g4_below() && nrep % 4 == 0 {
                 4

@@ -163,19 +163,29 @@ fn check_fixture(name: &str, rows: &mut Vec<String>) -> Result<Vec<String>, muse
 /// A one-layer synthetic file in `dir` with the 30B's width 6656 and FFN width `n_ff`, every
 /// tensor in `layout` (random weights from `seed`).
 fn one_layer_file(dir: &std::path::Path, layout: &str, n_ff: usize, seed: u64) -> ModelFile {
+    layer_file(dir, layout, (n_ff, 4, 512), seed)
+}
+
+/// `one_layer_file` with (FFN width, query heads of 128 values, vocabulary) of the caller's.
+fn layer_file(
+    dir: &std::path::Path,
+    layout: &str,
+    (n_ff, n_head, n_vocab): (usize, usize, usize),
+    seed: u64,
+) -> ModelFile {
     let p = muser_engine::synth::Preset {
         name: "t",
         n_layer: 1,
         n_embd: 6656,
         n_ff,
-        n_head: 4,
+        n_head,
         n_head_kv: 2,
         head_dim: 128,
-        n_vocab: 512,
+        n_vocab,
         n_ctx: 4096,
         n_swa: 128,
     };
-    let path = dir.join(format!("{layout}-{n_ff}.gguf"));
+    let path = dir.join(format!("{layout}-{n_ff}-{n_head}-{n_vocab}.gguf"));
     muser_engine::synth::write(
         &path,
         &p,
@@ -1806,22 +1816,7 @@ fn staged_one_token_products_give_the_register_bits() {
     std::fs::create_dir_all(&dir).unwrap();
     let mut rows = Vec::new();
     for layout in ["q4_k", "q6_k"] {
-        let p = muser_engine::synth::Preset {
-            name: "t",
-            n_layer: 1,
-            n_embd: 6656,
-            n_ff: 19968,
-            n_head: 4,
-            n_head_kv: 2,
-            head_dim: 128,
-            n_vocab: 1003,
-            n_ctx: 4096,
-            n_swa: 128,
-        };
-        let path = dir.join(format!("{layout}.gguf"));
-        let lay = muser_engine::synth::Layout::parse(layout).unwrap();
-        muser_engine::synth::write(&path, &p, lay, 11).unwrap();
-        let file = ModelFile::open(&path).unwrap();
+        let file = layer_file(&dir, layout, (19968, 4, 1003), 11);
         let l = &file.tensors.layers[0];
         let up = |m| g.matrix(&file.gguf, m).unwrap();
         let singles = [
@@ -2785,22 +2780,7 @@ fn grouped_one_token_products_give_the_bits_alone() {
     std::fs::create_dir_all(&dir).unwrap();
     let mut rows = Vec::new();
     for layout in ["q4_k", "q4_k_m"] {
-        let p = muser_engine::synth::Preset {
-            name: "t",
-            n_layer: 1,
-            n_embd: 6656,
-            n_ff: 512,
-            n_head: 32,
-            n_head_kv: 2,
-            head_dim: 128,
-            n_vocab: 512,
-            n_ctx: 4096,
-            n_swa: 128,
-        };
-        let path = dir.join(format!("{layout}.gguf"));
-        let lay = muser_engine::synth::Layout::parse(layout).unwrap();
-        muser_engine::synth::write(&path, &p, lay, 23).unwrap();
-        let file = ModelFile::open(&path).unwrap();
+        let file = layer_file(&dir, layout, (512, 32, 512), 23);
         let l = &file.tensors.layers[0];
         let up = |m| g.matrix(&file.gguf, m).unwrap();
         let ws = [
