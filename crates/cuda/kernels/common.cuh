@@ -37,7 +37,7 @@ __device__ __forceinline__ int attn_chunk(int n_keys, int n_split) {
 // the ordinary way). pdl_trigger: the kernel that follows in the stream may be scheduled now (its
 // blocks fill the SMs this grid leaves idle, or frees). pdl_wait: block until the grids this one
 // depends on have completed and their writes are visible; a kernel launched with the
-// programmatic attribute (lib.rs launch_pdl) must read nothing they write, and write nothing they
+// programmatic attribute (lib.rs launch_raw) must read nothing they write, and write nothing they
 // read, before it.
 __device__ __forceinline__ void pdl_trigger() {
 #if __CUDA_ARCH__ >= 900

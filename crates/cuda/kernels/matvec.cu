@@ -622,7 +622,7 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
         }
     };
     // The first rows' weights (they do not depend on x) in flight while x becomes digits, and,
-    // launched programmatically (lib.rs launch_pdl), while the kernel before finishes.
+    // launched programmatically (lib.rs launch_raw), while the kernel before finishes.
     pdl_trigger();
     if (PF && r_begin < r_end) load(r_begin, nhd, nqq);
     pdl_wait();

@@ -1530,12 +1530,11 @@ impl CudaBackend {
         };
         let xv = x.data.slice(..cols);
         let mut w = words::Words::new(&self.stream);
-        for i in 0..4 {
-            if i < n {
-                w.read(&members[i].0.data);
-            } else {
-                w.again(n - 1);
-            }
+        for (m, _) in members.iter() {
+            w.read(&m.data);
+        }
+        for _ in n..4 {
+            w.again(n - 1);
         }
         w.read(&xv);
         for (_, o) in members.iter_mut() {
@@ -1736,81 +1735,42 @@ impl CudaBackend {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
-        if self.pdl {
-            // The same arguments in the same order as the builder below, as raw values.
-            let st = &self.stream;
-            let mut vals: Vec<u64> = Vec::with_capacity(12);
-            let (wp, _gw) = w.data.device_ptr(st);
-            vals.push(wp);
-            let gu = up.map(|u| u.data.device_ptr(st));
-            if let Some((p, _)) = &gu {
-                vals.push(*p);
-            }
-            let (w2, mut y2v) = match second {
-                Some((w2, o2)) => (
-                    Some(w2),
-                    Some(o2.data.slice_mut(t * w.rows..(t + 1) * w.rows)),
-                ),
-                None => (None, None),
-            };
-            let g2 = w2.map(|w2| w2.data.device_ptr(st));
-            if let Some((p, _)) = &g2 {
-                vals.push(*p);
-            }
-            if w.ty == GgmlType::Q6_K {
-                vals.push(w.nbt as u64);
-            }
-            let (xp, _gx) = xv.device_ptr(st);
-            let (yp, _gy) = yv.device_ptr_mut(st);
-            vals.extend([xp, yp]);
-            let gy2 = y2v.as_mut().map(|v| v.device_ptr_mut(st));
-            if let Some((p, _)) = &gy2 {
-                vals.push(*p);
-            }
-            // i32 arguments: the driver reads their 4 bytes, the low ones of the word.
-            vals.extend([rows as u32 as u64, cols as u32 as u64, rpb as u32 as u64]);
-            let mut split = split;
-            let gs = split
-                .as_mut()
-                .map(|(part, cnt)| (part.device_ptr_mut(st), cnt.device_ptr_mut(st)));
-            if let Some(((pp, _), (cp, _))) = &gs {
-                vals.extend([*pp, *cp, nbs as i32 as u32 as u64]);
-            }
-            // SAFETY: as for the builder's launch below (the same kernel, the same arguments in
-            // the same order); the kernel reads nothing an earlier kernel writes before its
-            // pdl_wait (kernels/common.cuh), only the weights.
-            return unsafe { self.launch_programmatic(f, cfg, &mut vals) }.map_err(dev(name));
-        }
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&w.data);
+        // Launched programmatically (`pdl`) or the ordinary way: the kernel reads nothing an
+        // earlier kernel writes before its pdl_wait (kernels/common.cuh), only the weights.
+        let (w2, mut y2v) = match second {
+            Some((w2, o2)) => (
+                Some(w2),
+                Some(o2.data.slice_mut(t * w.rows..(t + 1) * w.rows)),
+            ),
+            None => (None, None),
+        };
+        let mut b = words::Words::new(&self.stream);
+        b.read(&w.data);
         if let Some(u) = up {
-            b.arg(&u.data);
+            b.read(&u.data);
         }
-        let mut y2v = None;
-        if let Some((w2, o2)) = second {
-            b.arg(&w2.data);
-            y2v = Some(o2.data.slice_mut(t * w.rows..(t + 1) * w.rows));
+        if let Some(w2) = w2 {
+            b.read(&w2.data);
         }
         if w.ty == GgmlType::Q6_K {
-            b.arg(&w.nbt);
+            b.i64(w.nbt);
         }
-        b.arg(&xv).arg(&mut yv);
+        b.read(&xv).write(&mut yv);
         if let Some(y2) = y2v.as_mut() {
-            b.arg(y2);
+            b.write(y2);
         }
-        b.arg(&rows).arg(&cols).arg(&rpb);
-        let nbs_arg = nbs as i32;
+        b.i32(rows).i32(cols).i32(rpb);
         if let Some((part, cnt)) = split {
-            b.arg(part).arg(cnt).arg(&nbs_arg);
+            b.write(part).write(cnt).i32(nbs as i32);
         }
-        // SAFETY: threads cover cols / 256 column blocks, or nbs of them per range in a split
-        // launch (<= MVQ_MAX_COLS, the kernel's static shared memory is sized for it); the kernel
-        // reads the matrix (and `up` or W2, checked above or by the caller to have the same shape
-        // and format) and one row of x, and writes rows outputs of row t (of each output in a
-        // pair launch; both checked by the caller); a split launch also writes ranges x rows
-        // partial sums and reads and resets one counter per block row (both grown above).
-        unsafe { b.launch(cfg) }.map_err(dev(name))?;
-        Ok(())
+        // SAFETY: the words follow the kernel's parameters (kernels/matvec.cu) in order; threads
+        // cover cols / 256 column blocks, or nbs of them per range in a split launch (<=
+        // MVQ_MAX_COLS, the kernel's static shared memory is sized for it); the kernel reads the
+        // matrix (and `up` or W2, checked above or by the caller to have the same shape and
+        // format) and one row of x, and writes rows outputs of row t (of each output in a pair
+        // launch; both checked by the caller); a split launch also writes ranges x rows partial
+        // sums and reads and resets one counter per block row (both grown above).
+        unsafe { self.launch_raw(f, cfg, b.vals(), self.pdl) }.map_err(dev(name))
     }
 
     /// `matvec_q` through the TMA-staged kernels (`mvq_*_tma`, kernels/matvec.cu): the same
@@ -1890,7 +1850,6 @@ impl CudaBackend {
             None
         };
         let split = self.split_scratch(&mut g, ranges * w.rows, grid)?;
-        let st = &self.stream;
         let xv = x.data.slice(t * x.cols..(t + 1) * x.cols);
         let mut yv = out.data.slice_mut(t * w.rows..(t + 1) * w.rows);
         let (w2, mut y2v) = match second {
@@ -1900,34 +1859,30 @@ impl CudaBackend {
             ),
             None => (None, None),
         };
-        let (wp, _gw) = w.data.device_ptr(st);
-        let g2 = w2.map(|w2| w2.data.device_ptr(st));
-        let (xp, _gx) = xv.device_ptr(st);
-        let (yp, _gy) = yv.device_ptr_mut(st);
-        let gy2 = y2v.as_mut().map(|v| v.device_ptr_mut(st));
-        let mut split = split;
-        let gs = split
-            .as_mut()
-            .map(|(part, cnt)| (part.device_ptr_mut(st), cnt.device_ptr_mut(st)));
-        let mut vals: Vec<u64> = Vec::with_capacity(13);
-        vals.push(wp);
-        vals.push(g2.as_ref().map_or(wp, |(p, _)| *p));
+        let mut b = words::Words::new(&self.stream);
+        // W, then W2 (W again when there is none); Q6_K's block count.
+        b.read(&w.data);
+        match w2 {
+            Some(w2) => b.read(&w2.data),
+            None => b.again(0),
+        };
         if q6 {
-            vals.push(w.nbt as u64);
+            b.i64(w.nbt);
         }
-        vals.extend([xp, yp, gy2.as_ref().map_or(yp, |(p, _)| *p)]);
-        // i32 arguments: the driver reads their 4 bytes, the low ones of the word.
-        vals.extend([
-            w.rows as u32 as u64,
-            w.cols as u32 as u64,
-            rpb as u32 as u64,
-        ]);
-        match &gs {
-            Some(((pp, _), (cp, _))) => vals.extend([*pp, *cp]),
+        // x, y, then y2 (y again when there is none).
+        let y_word = if q6 { 4 } else { 3 };
+        b.read(&xv).write(&mut yv);
+        match y2v.as_mut() {
+            Some(y2) => b.write(y2),
+            None => b.again(y_word),
+        };
+        b.i32(w.rows as i32).i32(w.cols as i32).i32(rpb as i32);
+        match split {
+            Some((part, cnt)) => b.write(part).write(cnt),
             // Null: read only by column-split launches.
-            None => vals.extend([0, 0]),
-        }
-        vals.extend([nbs as u32 as u64, stages as u32 as u64]);
+            None => b.null().null(),
+        };
+        b.i32(nbs as i32).i32(stages as i32);
         let cfg = LaunchConfig {
             grid_dim: (grid, ranges as u32, 1),
             block_dim: (threads, 1, 1),
@@ -1941,32 +1896,19 @@ impl CudaBackend {
         // shared memory holds `stages` stages of `stride` bytes (raised to MVQ_TMA_SMEM >= smem);
         // a Q6_K matrix's buffer has the 16 bytes of padding its last d cover may read
         // (matrix_from_bytes). Launched programmatically it reads x only after pdl_wait.
-        unsafe { self.launch_raw(f, cfg, &mut vals, self.pdl) }.map_err(dev(name))
+        unsafe { self.launch_raw(f, cfg, b.vals(), self.pdl) }.map_err(dev(name))
     }
 
-    /// Launch `f` with the programmatic-stream-serialization attribute: it may start while the
-    /// kernel before it in the stream finishes, and must call `pdl_wait` (kernels/common.cuh)
-    /// before reading or writing anything an earlier kernel touches. `args` holds each kernel
-    /// parameter's value in one word (pointers and i64 whole, i32 in the low 4 bytes).
+    /// Launch `f` with its parameters given as words (`words::Words`: each parameter's value in
+    /// one word, pointers and i64 whole, i32 and f32 in the low 4 bytes). `programmatic`: with
+    /// the programmatic-stream-serialization attribute, so it may start while the kernel before
+    /// it in the stream finishes, and it must call `pdl_wait` (kernels/common.cuh) before reading
+    /// or writing anything an earlier kernel touches; else the ordinary way.
     ///
     /// # Safety
     /// `args` must match `f`'s parameters in number, order and size, every pointer must be valid
-    /// for what the kernel does with it at this grid, and the kernel must honour the rule above.
-    unsafe fn launch_programmatic(
-        &self,
-        f: &CudaFunction,
-        cfg: LaunchConfig,
-        args: &mut [u64],
-    ) -> std::result::Result<(), cudarc::driver::DriverError> {
-        // SAFETY: the caller's promises are this function's.
-        unsafe { self.launch_raw(f, cfg, args, true) }
-    }
-
-    /// Launch `f` with its parameters given as words (as `launch_programmatic`), with the
-    /// programmatic attribute or, `programmatic` false, the ordinary way.
-    ///
-    /// # Safety
-    /// As `launch_programmatic`; without the attribute the kernel may read anything at any time.
+    /// for what the kernel does with it at this grid, and a programmatic launch's kernel must
+    /// honour the rule above.
     unsafe fn launch_raw(
         &self,
         f: &CudaFunction,
@@ -4043,9 +3985,17 @@ impl Backend for CudaBackend {
                         others.push((ws[i], &mut **o));
                     }
                 }
-                let rows: Vec<String> = members.iter().map(|(w, _)| w.rows.to_string()).collect();
+                // The members' rows, for the profile's label (made only when profiling).
+                let mut rows = [0usize; 4];
+                for (r, (w, _)) in rows.iter_mut().zip(members.iter()) {
+                    *r = w.rows;
+                }
+                let n = members.len();
                 self.timed(
-                    || format!("matmul group q4_k {}x{} n=1", rows.join("+"), x.cols),
+                    || {
+                        let rows: Vec<String> = rows[..n].iter().map(|r| r.to_string()).collect();
+                        format!("matmul group q4_k {}x{} n=1", rows.join("+"), x.cols)
+                    },
                     || self.matvec_q_group(x, &mut members),
                 )?;
                 for (w, o) in others {
@@ -4274,8 +4224,8 @@ impl Backend for CudaBackend {
         // One token of Q4_K gate and up: one launch computes both products and the SwiGLU
         // (each product summed as the unfused kernel sums it). Off unless `set_fused_ffn(true)`
         // or `MUSER_FUSE=1`: gpu.rs's bit-for-bit comparison with the unfused path passed on the
-        // H200 (2026-11-30), but it has not been timed against the default since the gate and up
-        // pair moved to the TMA-staged kernel (3.3 TB/s on the H200, 2026-11-30).
+        // H200 (2026-11-30), but it is slower than the staged gate and up pair and the swiglu
+        // kernel (tg128 123.9 against 135.4 tokens/s, H200 2026-11-30, docs/BENCHMARKS.md).
         let fuse = x.rows == 1
             && !self.invariant()
             && !self.cuda_parity.load(std::sync::atomic::Ordering::Relaxed)
