@@ -698,15 +698,23 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
     if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
 }
 
+// The register forms' launch bound: at least MVQ_MIN_BLOCKS blocks of 256 threads per SM
+// (MUSER_NVRTC_DEFINES=MVQ_MIN_BLOCKS=3, for measuring: ptxas then holds them to 80 registers and
+// spills; 1 leaves ptxas free: 98 to 112 registers, 2 blocks of 208 threads per SM). Registers
+// and spills do not change the arithmetic: the same bits.
+#ifndef MVQ_MIN_BLOCKS
+#define MVQ_MIN_BLOCKS 1
+#endif
+
 // Up to 256 threads (columns <= 8192): the next rows' loads in flight during this step. Wider:
 // without (its registers would spill at 640 threads).
-extern "C" __global__ void __launch_bounds__(256) mvq_q4_k(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
+extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
     mvq_q4_k<true, false>(W, W, x, y, y, rows, cols, rpb);
 }
 extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q4_k_wide(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
     mvq_q4_k<false, false>(W, W, x, y, y, rows, cols, rpb);
 }
-extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_swiglu(const u8* Wg, const u8* Wu, const float* x, float* y, int rows, int cols, int rpb) {
+extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k_swiglu(const u8* Wg, const u8* Wu, const float* x, float* y, int rows, int cols, int rpb) {
     mvq_q4_k<true, true>(Wg, Wu, x, y, y, rows, cols, rpb);
 }
 extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q4_k_swiglu_wide(const u8* Wg, const u8* Wu, const float* x, float* y, int rows, int cols, int rpb) {
@@ -714,33 +722,33 @@ extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q4_k_swiglu_wi
 }
 // Matrices wider than 8192 columns in column ranges of nbs blocks (grid.y ranges): prefetching
 // like mvq_q4_k, where mvq_q4_k_wide cannot (its registers would spill at 640 threads).
-extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_split(const u8* W, const float* x, float* y, int rows, int cols, int rpb,
+extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k_split(const u8* W, const float* x, float* y, int rows, int cols, int rpb,
                                                                  float* part, unsigned* cnt, int nbs) {
     mvq_q4_k<true, false, false, true>(W, W, x, y, y, rows, cols, rpb, part, cnt, nbs);
 }
 // y = W x and y2 = W2 x, two matrices of one shape (Q and the attention gate, K and V, the FFN's
 // gate and up): one launch, each row's bits as alone. Up to 256 threads.
-extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_pair(const u8* W, const u8* W2, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
+extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k_pair(const u8* W, const u8* W2, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
     mvq_q4_k<true, false, true>(W, W2, x, y, y2, rows, cols, rpb);
 }
 // `--mode fast`: the same kernels with two digit planes (P = 2).
-extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_p2(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
+extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k_p2(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
     mvq_q4_k<true, false, false, false, 2>(W, W, x, y, y, rows, cols, rpb);
 }
 extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q4_k_wide_p2(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
     mvq_q4_k<false, false, false, false, 2>(W, W, x, y, y, rows, cols, rpb);
 }
-extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_split_p2(const u8* W, const float* x, float* y, int rows, int cols, int rpb,
+extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k_split_p2(const u8* W, const float* x, float* y, int rows, int cols, int rpb,
                                                                     float* part, unsigned* cnt, int nbs) {
     mvq_q4_k<true, false, false, true, 2>(W, W, x, y, y, rows, cols, rpb, part, cnt, nbs);
 }
-extern "C" __global__ void __launch_bounds__(256) mvq_q4_k_pair_p2(const u8* W, const u8* W2, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
+extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k_pair_p2(const u8* W, const u8* W2, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
     mvq_q4_k<true, false, true, false, 2>(W, W2, x, y, y2, rows, cols, rpb);
 }
 // y_i = W_i x for up to four matrices of one width (Q, the attention gate, K, V): one launch over
 // their rows (MvqGroup), each row's bits as alone. Up to 256 threads. P = 3, and 2 (`_p2`).
 #define MVQ_GROUP(NAME, P)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* W0, const u8* W1, const u8* W2, const u8* W3,   \
+    extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) NAME(const u8* W0, const u8* W1, const u8* W2, const u8* W3,   \
                                                            const float* x, float* y0, float* y1, float* y2, float* y3, \
                                                            int s1, int s2, int s3, int vrows, int cols, int rpb) {     \
         const MvqGroup g{W0, W1, W2, W3, y0, y1, y2, y3, s1, s2, s3, vrows};                                        \
@@ -750,12 +758,15 @@ MVQ_GROUP(mvq_q4_k_group, 3)
 MVQ_GROUP(mvq_q4_k_group_p2, 2)
 
 __device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
+__device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) { int d; asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
 
 // A Q6_K lane's activations (block b, half n, 8 positions k8 of each quarter) as digit planes
-// and scales, runs of 8 (mvq_q6_k and its staged form).
+// and scales, runs of 8 (mvq_q6_k and its staged form), and for each plane and quarter -32 times
+// the sum of its 8 digits (xc: signed for the top plane, unsigned below it), where q6_dot's
+// integer sums start.
 template <int P>
 __device__ __forceinline__ void q6_x_digits(const float* __restrict__ x, int b, int n, int k8, u32 (&x0)[4][2], u32 (&x1)[4][2],
-                                            u32 (&x2)[4][2], float (&xsc)[4]) {
+                                            u32 (&x2)[4][2], float (&xsc)[4], int (&xc)[3][4]) {
 #pragma unroll
     for (int qt = 0; qt < 4; qt++) {
         const int e = b * 256 + 128 * n + 32 * qt + 8 * k8;
@@ -763,36 +774,45 @@ __device__ __forceinline__ void q6_x_digits(const float* __restrict__ x, int b, 
         const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
         float unused;
         x_digits<8, P>(v, x0[qt], x1[qt], x2[qt], xsc[qt], unused);
+        const u32 ones = 0x01010101u;
+        xc[0][qt] = -32 * (int)dp4a_uu(x0[qt][1], ones, dp4a_uu(x0[qt][0], ones, 0u));
+        xc[1][qt] = -32 * (P == 3 ? (int)dp4a_uu(x1[qt][1], ones, dp4a_uu(x1[qt][0], ones, 0u))
+                                  : dp4a_su(x1[qt][1], ones, dp4a_su(x1[qt][0], ones, 0)));
+        xc[2][qt] = P == 3 ? -32 * dp4a_su(x2[qt][1], ones, dp4a_su(x2[qt][0], ones, 0)) : 0;
     }
 }
 
-// One Q6_K row's part for a lane (8 positions x 4 quarters of one block): the codes of l0, l1
-// (low nibbles), h (2-bit tops) become signed q - 32 bytes (vsub4), sum (q - 32) X is exact in
-// integers (|S0|, |S1| <= 8 * 32 * 255, 256 S1 + S0 < 2^24, exact in f32), and each quarter adds
+// One Q6_K row's part for a lane (8 positions x 4 quarters of one block). The weights are
+// q - 32 with q the 6-bit code (low nibble from l0 or l1, 2-bit top from h): sum (q - 32) X =
+// sum q X - 32 sum X, the same integer, so each plane's dp4a sum over the raw codes starts at xc
+// (q6_x_digits) and no bytewise subtraction is needed (|S0|, |S1| <= 8 * 32 * 255, 256 S1 + S0
+// < 2^24, exact in f32; the u32 sums wrap to the exact signed value). Each quarter adds
 // d sc (q . X) 2^(E-B) in order. mvq_q6_k and its staged form share it (the same bits).
 template <int P>
 __device__ __forceinline__ float q6_dot(uint2 l0, uint2 l1, uint2 h, u32 scw, float d, const u32 (&x0)[4][2],
-                                        const u32 (&x1)[4][2], const u32 (&x2)[4][2], const float (&xsc)[4]) {
+                                        const u32 (&x1)[4][2], const u32 (&x2)[4][2], const float (&xsc)[4],
+                                        const int (&xc)[3][4]) {
     const u32 lw0[2] = {l0.x, l0.y}, lw1[2] = {l1.x, l1.y}, hw[2] = {h.x, h.y};
     u32 qv[4][2];
 #pragma unroll
     for (int w = 0; w < 2; w++) {
-        qv[0][w] = __vsub4((lw0[w] & 0x0F0F0F0Fu) | (((hw[w] >> 0) & 0x03030303u) << 4), 0x20202020u);
-        qv[1][w] = __vsub4((lw1[w] & 0x0F0F0F0Fu) | (((hw[w] >> 2) & 0x03030303u) << 4), 0x20202020u);
-        qv[2][w] = __vsub4(((lw0[w] >> 4) & 0x0F0F0F0Fu) | (((hw[w] >> 4) & 0x03030303u) << 4), 0x20202020u);
-        qv[3][w] = __vsub4(((lw1[w] >> 4) & 0x0F0F0F0Fu) | (((hw[w] >> 6) & 0x03030303u) << 4), 0x20202020u);
+        qv[0][w] = (lw0[w] & 0x0F0F0F0Fu) | ((hw[w] << 4) & 0x30303030u);
+        qv[1][w] = (lw1[w] & 0x0F0F0F0Fu) | ((hw[w] << 2) & 0x30303030u);
+        qv[2][w] = ((lw0[w] >> 4) & 0x0F0F0F0Fu) | (hw[w] & 0x30303030u);
+        qv[3][w] = ((lw1[w] >> 4) & 0x0F0F0F0Fu) | ((hw[w] >> 2) & 0x30303030u);
     }
     float a = 0.0f;
 #pragma unroll
     for (int qt = 0; qt < 4; qt++) {
         float qx;
         if (P == 3) {
-            int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_su(qv[qt][0], x1[qt][0], 0), s2 = dp4a_ss(qv[qt][0], x2[qt][0], 0);
-            s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_su(qv[qt][1], x1[qt][1], s1); s2 = dp4a_ss(qv[qt][1], x2[qt][1], s2);
+            const int s0 = (int)dp4a_uu(qv[qt][1], x0[qt][1], dp4a_uu(qv[qt][0], x0[qt][0], (u32)xc[0][qt]));
+            const int s1 = (int)dp4a_uu(qv[qt][1], x1[qt][1], dp4a_uu(qv[qt][0], x1[qt][0], (u32)xc[1][qt]));
+            const int s2 = dp4a_us(qv[qt][1], x2[qt][1], dp4a_us(qv[qt][0], x2[qt][0], xc[2][qt]));
             qx = fmaf(65536.0f, (float)s2, (float)(256 * s1 + s0)) * xsc[qt];
         } else {  // two planes: the top one (signed) is x1; |S1| <= 8 * 32 * 64, exact
-            int s0 = dp4a_su(qv[qt][0], x0[qt][0], 0), s1 = dp4a_ss(qv[qt][0], x1[qt][0], 0);
-            s0 = dp4a_su(qv[qt][1], x0[qt][1], s0); s1 = dp4a_ss(qv[qt][1], x1[qt][1], s1);
+            const int s0 = (int)dp4a_uu(qv[qt][1], x0[qt][1], dp4a_uu(qv[qt][0], x0[qt][0], (u32)xc[0][qt]));
+            const int s1 = dp4a_us(qv[qt][1], x1[qt][1], dp4a_us(qv[qt][0], x1[qt][0], xc[1][qt]));
             qx = fmaf(256.0f, (float)s1, (float)s0) * xsc[qt];
         }
         const float sc = (float)(signed char)((scw >> (8 * qt)) & 0xFFu);
@@ -846,7 +866,8 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __r
     pdl_wait();
     u32 x0[4][2], x1[4][2], x2[4][2];
     float xsc[4];
-    q6_x_digits<P>(x, b, n, k8, x0, x1, x2, xsc);
+    int xc[3][4];
+    q6_x_digits<P>(x, b, n, k8, x0, x1, x2, xsc, xc);
     float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;  // this launch's rows of W
     int it = 0;
     for (int r0 = r_begin; r0 < r_end; r0 += MVQ_R, it ^= 1) {
@@ -860,7 +881,7 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __r
         float acc[MVQ_R];
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
-            acc[r] = on ? q6_dot<P>(l0[r], l1[r], h[r], scw[r], d[r], x0, x1, x2, xsc) : 0.0f;
+            acc[r] = on ? q6_dot<P>(l0[r], l1[r], h[r], scw[r], d[r], x0, x1, x2, xsc, xc) : 0.0f;
         }
         if (PAIR && r0 >= rows) mvq_finish<MVQ_R, false>(acc, red, it, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
         else mvq_finish<MVQ_R, false>(acc, red, it, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
@@ -868,33 +889,33 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __r
     if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
 }
 
-extern "C" __global__ void __launch_bounds__(256) mvq_q6_k(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb) {
+extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb) {
     mvq_q6_k<true>(W, W, nbt, x, y, y, rows, cols, rpb);
 }
 extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q6_k_wide(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb) {
     mvq_q6_k<false>(W, W, nbt, x, y, y, rows, cols, rpb);
 }
 // The column-split form of mvq_q6_k (as mvq_q4_k_split).
-extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_split(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb,
+extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_split(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb,
                                                                  float* part, unsigned* cnt, int nbs) {
     mvq_q6_k<true, false, true>(W, W, nbt, x, y, y, rows, cols, rpb, part, cnt, nbs);
 }
 // The pair form of mvq_q6_k (two matrices of one shape; nbt is each one's block count).
-extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_pair(const u8* W, const u8* W2, long long nbt, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
+extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_pair(const u8* W, const u8* W2, long long nbt, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
     mvq_q6_k<true, true>(W, W2, nbt, x, y, y2, rows, cols, rpb);
 }
 // `--mode fast`: the same kernels with two digit planes (P = 2).
-extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_p2(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb) {
+extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_p2(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb) {
     mvq_q6_k<true, false, false, 2>(W, W, nbt, x, y, y, rows, cols, rpb);
 }
 extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q6_k_wide_p2(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb) {
     mvq_q6_k<false, false, false, 2>(W, W, nbt, x, y, y, rows, cols, rpb);
 }
-extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_split_p2(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb,
+extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_split_p2(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb,
                                                                     float* part, unsigned* cnt, int nbs) {
     mvq_q6_k<true, false, true, 2>(W, W, nbt, x, y, y, rows, cols, rpb, part, cnt, nbs);
 }
-extern "C" __global__ void __launch_bounds__(256) mvq_q6_k_pair_p2(const u8* W, const u8* W2, long long nbt, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
+extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_pair_p2(const u8* W, const u8* W2, long long nbt, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
     mvq_q6_k<true, true, false, 2>(W, W2, nbt, x, y, y2, rows, cols, rpb);
 }
 
@@ -1111,7 +1132,8 @@ __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8*
     pdl_wait();
     u32 x0[4][2], x1[4][2], x2[4][2];
     float xsc[4];
-    q6_x_digits<P>(x, b, n, k8, x0, x1, x2, xsc);
+    int xc[3][4];
+    q6_x_digits<P>(x, b, n, k8, x0, x1, x2, xsc, xc);
     float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;
     for (int k = 0; k < steps; k++) {
         const int s = k % stages, r0 = r_begin + k * MVQ_R;
@@ -1129,7 +1151,7 @@ __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8*
             const u32* s4 = (const u32*)(st + nbl * 192 + bl * 16 + 8 * n);
             const u32 w0 = s4[0], w1 = s4[1];
             const u32 scw = (k8 >> 1) ? __byte_perm(w0, w1, 0x7531) : __byte_perm(w0, w1, 0x6420);
-            acc[r] = on ? q6_dot<P>(L0, L1, H, scw, dr, x0, x1, x2, xsc) : 0.0f;
+            acc[r] = on ? q6_dot<P>(L0, L1, H, scw, dr, x0, x1, x2, xsc, xc) : 0.0f;
         }
         if (PAIR && r0 >= rows) mvq_finish<MVQ_R, false>(acc, red, k & 1, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
         else mvq_finish<MVQ_R, false>(acc, red, k & 1, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
