@@ -821,9 +821,8 @@ __device__ __forceinline__ float q6_dot(uint2 l0, uint2 l1, uint2 h, u32 scw, fl
     return a;
 }
 
-// Q6_K (structure of arrays, as mv_q6_k): 8 lanes per block, each 8 positions x 4 quarters. The
-// codes become signed q - 32 bytes (vsub4), so sum (q - 32) X is exact in integers:
-// |S0|, |S1| <= 8 * 32 * 255, 256 S1 + S0 < 2^24 (exact in f32).
+// Q6_K (structure of arrays, as mv_q6_k): 8 lanes per block, each 8 positions x 4 quarters;
+// sum (q - 32) X exact in integers (q6_dot).
 template <bool PF, bool PAIR = false, bool SPLIT = false, int P = 3>
 __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __restrict__ W2, long long nbt, const float* __restrict__ x,
                                          float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
