@@ -700,7 +700,7 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
 
 // The register forms' launch bound: at least MVQ_MIN_BLOCKS blocks of 256 threads per SM
 // (MUSER_NVRTC_DEFINES=MVQ_MIN_BLOCKS=3, for measuring: ptxas then holds them to 80 registers and
-// spills; 1 leaves ptxas free: 98 to 112 registers, 2 blocks of 208 threads per SM). Registers
+// spills; 1 leaves ptxas free: 96 to 128 registers in the two-plane forms, 2 blocks of 208 threads per SM). Registers
 // and spills do not change the arithmetic: the same bits.
 #ifndef MVQ_MIN_BLOCKS
 #define MVQ_MIN_BLOCKS 1

@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    LaunchConfig, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
+    DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 use muser_engine::backend::{AttnSpec, Backend, Batch, QkSpec, StepRecord};
 use muser_engine::cpu::cuda_anchor;
@@ -1455,10 +1455,13 @@ impl CudaBackend {
     /// one shape and format, blocks of at most 256 threads (the `_pair` kernels), and rows a
     /// multiple of the kernels' step so no step straddles the two matrices.
     fn mvq_pair_for(w: &CudaMatrix, w2: &CudaMatrix) -> bool {
-        Self::mvq_for(w)
-            && (w.ty, w.rows, w.cols) == (w2.ty, w2.rows, w2.cols)
-            && Self::mvq_threads(w) <= 256
-            && w.rows % MVQ_R == 0
+        Self::mvq_stackable(w) && (w.ty, w.rows, w.cols) == (w2.ty, w2.rows, w2.cols)
+    }
+
+    /// A matrix whose rows may follow another's in one launch of the x-stationary kernels (a
+    /// pair or a group): blocks of at most 256 threads, rows a multiple of the kernels' step.
+    fn mvq_stackable(w: &CudaMatrix) -> bool {
+        Self::mvq_for(w) && Self::mvq_threads(w) <= 256 && w.rows % MVQ_R == 0
     }
 
     /// Whether a group of products of one token may go to `mvq_q4_k_group`: one token, not the
@@ -1479,11 +1482,7 @@ impl CudaBackend {
     /// A matrix `mvq_q4_k_group` takes: Q4_K, x's width, at most 256 threads, rows a multiple of
     /// the kernel's step.
     fn mvq_group_member(w: &CudaMatrix, x: &CudaAct) -> bool {
-        w.ty == GgmlType::Q4_K
-            && w.cols == x.cols
-            && Self::mvq_for(w)
-            && Self::mvq_threads(w) <= 256
-            && w.rows % MVQ_R == 0
+        w.ty == GgmlType::Q4_K && w.cols == x.cols && Self::mvq_stackable(w)
     }
 
     /// y_i = W_i x for 2 to 4 Q4_K matrices of one width (`mvq_group_member`) in one launch of
@@ -1627,6 +1626,34 @@ impl CudaBackend {
         Ok(Some((&mut s.vpart, &mut s.vcnt)))
     }
 
+    /// Row `t` of x, row `t` of `out` (`w.rows` values), and in a pair launch W2 with row `t`
+    /// of its output: the views a one-token product launch reads and writes.
+    #[allow(clippy::type_complexity)]
+    fn token_rows<'a>(
+        w: &CudaMatrix,
+        x: &'a CudaAct,
+        out: &'a mut CudaAct,
+        t: usize,
+        second: Option<(&'a CudaMatrix, &'a mut CudaAct)>,
+    ) -> (
+        CudaView<'a, f32>,
+        CudaViewMut<'a, f32>,
+        Option<&'a CudaMatrix>,
+        Option<CudaViewMut<'a, f32>>,
+    ) {
+        let rows = t * w.rows..(t + 1) * w.rows;
+        let (w2, y2) = match second {
+            Some((w2, o2)) => (Some(w2), Some(o2.data.slice_mut(rows.clone()))),
+            None => (None, None),
+        };
+        (
+            x.data.slice(t * x.cols..(t + 1) * x.cols),
+            out.data.slice_mut(rows),
+            w2,
+            y2,
+        )
+    }
+
     /// One token through an x-stationary kernel: blocks as wide as the matrix (8 threads per
     /// 256 columns), one wave of resident blocks, each taking a run of consecutive rows. With
     /// `up`, `w` is the FFN gate and the kernel writes silu(gate x) * (up x). With `second` =
@@ -1643,6 +1670,14 @@ impl CudaBackend {
         t: usize,
         second: Option<(&CudaMatrix, &mut CudaAct)>,
     ) -> Result<()> {
+        if let Some((w2, _)) = &second
+            && !Self::mvq_pair_for(w, w2)
+        {
+            return Err(Error::Backend(format!(
+                "mvq pair: {} {}x{} with {} {}x{}",
+                w.ty, w.rows, w.cols, w2.ty, w2.rows, w2.cols
+            )));
+        }
         // Wider than 256 threads cover (more than 8192 columns), unfused and alone: column
         // ranges of at most 32 blocks (`_split`, prefetching), unless `MUSER_MVQ_SPLIT=0`.
         let wide = Self::mvq_threads(w) > 256;
@@ -1706,14 +1741,6 @@ impl CudaBackend {
             } else {
                 name
             };
-        if let Some((w2, _)) = &second {
-            if !Self::mvq_pair_for(w, w2) {
-                return Err(Error::Backend(format!(
-                    "mvq pair: {} {}x{} with {} {}x{}",
-                    w.ty, w.rows, w.cols, w2.ty, w2.rows, w2.cols
-                )));
-            }
-        }
         // Output rows per step: MVQ_R, or MVQ_R / 2 of each matrix when fused.
         let step = if up.is_some() { MVQ_R / 2 } else { MVQ_R };
         // Rows the blocks run over: W's, then W2's in a pair launch.
@@ -1727,8 +1754,7 @@ impl CudaBackend {
             None
         };
         let split = self.split_scratch(&mut g, ranges * w.rows, grid)?;
-        let xv = x.data.slice(t * x.cols..(t + 1) * x.cols);
-        let mut yv = out.data.slice_mut(t * w.rows..(t + 1) * w.rows);
+        let (xv, mut yv, w2, mut y2v) = Self::token_rows(w, x, out, t, second);
         let (rows, cols, rpb) = (w.rows as i32, w.cols as i32, rpb as i32);
         let cfg = LaunchConfig {
             grid_dim: (grid, ranges as u32, 1),
@@ -1737,13 +1763,6 @@ impl CudaBackend {
         };
         // Launched programmatically (`pdl`) or the ordinary way: the kernel reads nothing an
         // earlier kernel writes before its pdl_wait (kernels/common.cuh), only the weights.
-        let (w2, mut y2v) = match second {
-            Some((w2, o2)) => (
-                Some(w2),
-                Some(o2.data.slice_mut(t * w.rows..(t + 1) * w.rows)),
-            ),
-            None => (None, None),
-        };
         let mut b = words::Words::new(&self.stream);
         b.read(&w.data);
         if let Some(u) = up {
@@ -1787,14 +1806,6 @@ impl CudaBackend {
         stages: usize,
     ) -> Result<()> {
         let (ranges, nbs, threads) = split;
-        if let Some((w2, _)) = &second
-            && !Self::mvq_pair_for(w, w2)
-        {
-            return Err(Error::Backend(format!(
-                "mvq pair: {} {}x{} with {} {}x{}",
-                w.ty, w.rows, w.cols, w2.ty, w2.rows, w2.cols
-            )));
-        }
         let fast = self.mvq_planes.load(std::sync::atomic::Ordering::Relaxed) == 2;
         let q6 = match w.ty {
             GgmlType::Q4_K => false,
@@ -1850,15 +1861,7 @@ impl CudaBackend {
             None
         };
         let split = self.split_scratch(&mut g, ranges * w.rows, grid)?;
-        let xv = x.data.slice(t * x.cols..(t + 1) * x.cols);
-        let mut yv = out.data.slice_mut(t * w.rows..(t + 1) * w.rows);
-        let (w2, mut y2v) = match second {
-            Some((w2, o2)) => (
-                Some(w2),
-                Some(o2.data.slice_mut(t * w.rows..(t + 1) * w.rows)),
-            ),
-            None => (None, None),
-        };
+        let (xv, mut yv, w2, mut y2v) = Self::token_rows(w, x, out, t, second);
         let mut b = words::Words::new(&self.stream);
         // W, then W2 (W again when there is none); Q6_K's block count.
         b.read(&w.data);
@@ -1890,10 +1893,11 @@ impl CudaBackend {
         };
         // SAFETY: the kernel's parameters in order (kernels/matvec.cu MVQ_TMA4 / MVQ_TMA6), each
         // a word; threads cover nbs column blocks (<= 32, checked by matvec_q's threads <= 256);
-        // it reads the matrix (and W2, of the same shape and format: checked above), one row of x
-        // (t < x.rows, checked by the callers), writes rows outputs of row t (and of out2), and a
-        // split launch ranges x rows partial sums and grid counters (grown above); its dynamic
-        // shared memory holds `stages` stages of `stride` bytes (raised to MVQ_TMA_SMEM >= smem);
+        // it reads the matrix (and W2, of the same shape and format: checked by matvec_q), one
+        // row of x (t < x.rows, checked by the callers), writes rows outputs of row t (and of
+        // out2), and a split launch ranges x rows partial sums and grid counters (grown above);
+        // its dynamic shared memory holds `stages` stages of `stride` bytes (raised to
+        // MVQ_TMA_SMEM >= smem);
         // a Q6_K matrix's buffer has the 16 bytes of padding its last d cover may read
         // (matrix_from_bytes). Launched programmatically it reads x only after pdl_wait.
         unsafe { self.launch_raw(f, cfg, b.vals(), self.pdl) }.map_err(dev(name))
