@@ -456,6 +456,7 @@ MV_R(4)
 
 __device__ __forceinline__ u32 dp4a_uu(u32 a, u32 b, u32 c) { u32 d; asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
 __device__ __forceinline__ int dp4a_ss(u32 a, u32 b, int c) { int d; asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
+__device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) { int d; asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
 
 // N activations -> digit planes d0, d1 (unsigned bytes), d2 (signed top byte), N / 4 words each,
 // the scale 2^(E-22) and their f32 sum (in order; Q6_K ignores it and the compiler drops it).
@@ -587,6 +588,13 @@ __device__ __forceinline__ void mvq_load_q4k(const u8* __restrict__ W, const u8*
 
 // Q4_K: 8 lanes per 256-weight block, each 16 bytes of codes: weights 64j + 16h + [0, 16) from the
 // low nibbles and 32 later from the high ones (j = sub / 2, h = sub % 2).
+// q4_hi: the high nibbles are taken in place (code & 0xF0, that is 16 q: one AND a word instead of
+// a shift and an AND), multiplied by the digits with the code unsigned (dp4a_us for the signed top
+// plane), and their run's scale is divided by 16. Every sum is 16 times the integer it was (at most
+// 16 * 240 * 255 a plane, 257 times that combined: below 2^31, and a multiple of 16 of an integer
+// below 2^24, so exact in f32); the fma's one rounding scales by 16 with it (powers of two, far from
+// the f32 range's ends: scales of at least 2^-126), and the product with scale / 16 is the product
+// it was. The same bits.
 // FUSED: y[r] = silu(W x)[r] * (W2 x)[r] (the FFN's gate and up with its SwiGLU), MVQ_R / 2 rows of
 // each per step; each product is summed exactly as unfused, and the SwiGLU is the swiglu kernel's.
 // PAIR: y = W x and y2 = W2 x in one launch (each row's arithmetic as alone: the same bits).
@@ -642,6 +650,7 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
             v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
         }
         x_digits<16, P>(v, h0, h1, h2, hsc, hsum);
+        hsc *= 0.0625f;  // the high nibbles are taken in place, as 16 q (q4_hi): 2^(E - BITS - 4), exact
     }
     float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;  // this launch's rows of W
     int it = 0;
@@ -661,18 +670,19 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
             int a2 = 0, c2 = 0;
 #pragma unroll
             for (int w = 0; w < 4; w++) {
-                const u32 lo = q[w] & 0x0F0F0F0Fu, hi = (q[w] >> 4) & 0x0F0F0F0Fu;
+                const u32 lo = q[w] & 0x0F0F0F0Fu, hi = q[w] & 0xF0F0F0F0u;  // hi: 16 q (q4_hi)
                 if (P == 3) {
                     a0 = dp4a_uu(lo, l0[w], a0); a1 = dp4a_uu(lo, l1[w], a1); a2 = dp4a_ss(lo, l2[w], a2);
-                    c0 = dp4a_uu(hi, h0[w], c0); c1 = dp4a_uu(hi, h1[w], c1); c2 = dp4a_ss(hi, h2[w], c2);
+                    c0 = dp4a_uu(hi, h0[w], c0); c1 = dp4a_uu(hi, h1[w], c1); c2 = dp4a_us(hi, h2[w], c2);
                 } else {  // the top plane (signed) is d1
                     a0 = dp4a_uu(lo, l0[w], a0); a2 = dp4a_ss(lo, l1[w], a2);
-                    c0 = dp4a_uu(hi, h0[w], c0); c2 = dp4a_ss(hi, h1[w], c2);
+                    c0 = dp4a_uu(hi, h0[w], c0); c2 = dp4a_us(hi, h1[w], c2);
                 }
             }
             // Three planes: sum q X = 65536 S2 + (256 S1 + S0): S0, S1 <= 16 * 15 * 255, so the
             // second term is below 2^24 and exact in f32; one rounding in the fma. Two: 256 S1 +
-            // S0 with |S1| <= 16 * 15 * 64, exact.
+            // S0 with |S1| <= 16 * 15 * 64, exact. The high nibbles' sums are 16 times these
+            // (q4_hi): still exact, the same rounding scaled by 16, undone by hsc / 16.
             const float qx_lo = (P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0))
                                         : fmaf(256.0f, (float)a2, (float)(int)a0)) * lsc;
             const float qx_hi = (P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0))
@@ -758,7 +768,6 @@ MVQ_GROUP(mvq_q4_k_group, 3)
 MVQ_GROUP(mvq_q4_k_group_p2, 2)
 
 __device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
-__device__ __forceinline__ int dp4a_us(u32 a, u32 b, int c) { int d; asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
 
 // A Q6_K lane's activations (block b, half n, 8 positions k8 of each quarter) as digit planes
 // and scales, runs of 8 (mvq_q6_k and its staged form), and for each plane and quarter -32 times
@@ -1011,6 +1020,8 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
             }
             x_digits<16, P>(v, d0[u], d1[u], d2[u], xsc[u], sums[u]);
         }
+        xsc[2] *= 0.0625f;  // the high nibbles' runs: codes taken as 16 q (q4_hi), exact
+        xsc[3] *= 0.0625f;
         xsum_a = sums[0] + sums[1];  // sub-block 2j
         xsum_b = sums[2] + sums[3];  // sub-block 2j + 1
     }
@@ -1034,13 +1045,13 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
                 int a2 = 0, c2 = 0;
 #pragma unroll
                 for (int w = 0; w < 4; w++) {
-                    const u32 lo = q[w] & 0x0F0F0F0Fu, hi = (q[w] >> 4) & 0x0F0F0F0Fu;
+                    const u32 lo = q[w] & 0x0F0F0F0Fu, hi = q[w] & 0xF0F0F0F0u;  // hi: 16 q (q4_hi)
                     if (P == 3) {
                         a0 = dp4a_uu(lo, d0[h][w], a0); a1 = dp4a_uu(lo, d1[h][w], a1); a2 = dp4a_ss(lo, d2[h][w], a2);
-                        c0 = dp4a_uu(hi, d0[h + 2][w], c0); c1 = dp4a_uu(hi, d1[h + 2][w], c1); c2 = dp4a_ss(hi, d2[h + 2][w], c2);
+                        c0 = dp4a_uu(hi, d0[h + 2][w], c0); c1 = dp4a_uu(hi, d1[h + 2][w], c1); c2 = dp4a_us(hi, d2[h + 2][w], c2);
                     } else {  // the top plane (signed) is d1
                         a0 = dp4a_uu(lo, d0[h][w], a0); a2 = dp4a_ss(lo, d1[h][w], a2);
-                        c0 = dp4a_uu(hi, d0[h + 2][w], c0); c2 = dp4a_ss(hi, d1[h + 2][w], c2);
+                        c0 = dp4a_uu(hi, d0[h + 2][w], c0); c2 = dp4a_us(hi, d1[h + 2][w], c2);
                     }
                 }
                 // As mvq_q4_k: exact integer sums, one rounding in the fma.

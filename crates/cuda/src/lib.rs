@@ -1678,14 +1678,15 @@ impl CudaBackend {
                 w.ty, w.rows, w.cols, w2.ty, w2.rows, w2.cols
             )));
         }
-        // Wider than 256 threads cover (more than 8192 columns), unfused and alone: column
-        // ranges of at most 32 blocks (`_split`, prefetching), unless `MUSER_MVQ_SPLIT=0`.
-        let wide = Self::mvq_threads(w) > 256;
-        let ranges = if wide && up.is_none() && second.is_none() && mvq_split() {
-            (w.cols / 256).div_ceil(32)
-        } else {
-            1
-        };
+        // More column blocks than a range holds (32: more than 256 threads would cover), unfused
+        // and alone: column ranges (`_split`, prefetching), unless `MUSER_MVQ_SPLIT=0`.
+        let range_blocks = mvq_range_blocks();
+        let ranges =
+            if w.cols / 256 > range_blocks && up.is_none() && second.is_none() && mvq_split() {
+                (w.cols / 256).div_ceil(range_blocks)
+            } else {
+                1
+            };
         let nbs = (w.cols / 256).div_ceil(ranges);
         let threads = if ranges > 1 {
             ((nbs * 8) as u32).div_ceil(32) * 32
@@ -3218,6 +3219,21 @@ fn attn_tcd_from() -> usize {
 fn mvq_split() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| !env_is("MUSER_MVQ_SPLIT", "0"))
+}
+
+/// The most 256-column blocks a column range of a one-token product covers: 32 (256 threads of
+/// the register kernels), or `MUSER_MVQ_RANGE_BLOCKS` (1 to 32, for measuring: narrower ranges,
+/// more of them; their partial sums are added in the same fixed order, so the bits change with
+/// the ranges but not with timing).
+fn mvq_range_blocks() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("MUSER_MVQ_RANGE_BLOCKS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| (1..=32).contains(n))
+            .unwrap_or(32)
+    })
 }
 
 /// Group launches of one token's products of one input (`mvq_q4_k_group`) unless
