@@ -492,19 +492,46 @@ __device__ __forceinline__ void x_digits(const float (&v)[N], u32 (&d0)[N / 4], 
     }
 }
 
-// The end of a step: each of the MVQ_R partial rows summed over the block (butterfly within the
-// warp, then warps in order), one smem slot per warp, double-buffered by step parity (a warp can
+// The four partial rows of a step summed over the warp with 5 shuffles instead of 20: lanes
+// l and l ^ 16 trade two rows, then l and l ^ 8 one, then the usual butterfly over 4, 2, 1. Lane 8i
+// ends with row i ((lane >> 4) * 2 + (lane >> 3 & 1)). A fixed order, whatever the timing.
+__device__ __forceinline__ float warp_sum4(const float (&v)[4], int lane) {
+    const bool up = lane & 16, up8 = lane & 8;
+    float k0 = up ? v[2] : v[0], k1 = up ? v[3] : v[1];
+    const float s0 = up ? v[0] : v[2], s1 = up ? v[1] : v[3];
+    k0 += __shfl_xor_sync(0xffffffffu, s0, 16);
+    k1 += __shfl_xor_sync(0xffffffffu, s1, 16);
+    float k = up8 ? k1 : k0;
+    k += __shfl_xor_sync(0xffffffffu, up8 ? k0 : k1, 8);
+    k += __shfl_xor_sync(0xffffffffu, k, 4);
+    k += __shfl_xor_sync(0xffffffffu, k, 2);
+    k += __shfl_xor_sync(0xffffffffu, k, 1);
+    return k;
+}
+
+// The end of a step: each of the MVQ_R partial rows summed over the block (within the warp by
+// warp_sum4, then warps in order), one smem slot per warp, double-buffered by step parity (a warp can
 // only overwrite this step's slots after the next barrier, which threads 0..STEP-1 reach after
 // reading them). FUSED: slots STEP.. hold the up rows and y gets the SwiGLU (the swiglu kernel's
-// expression).
+// expression). MVQ_SUM4=0 (a measurement define): each row by its own butterfly (warp_sum), 20
+// shuffles a step instead of 5; another fixed order, so other bits.
+#ifndef MVQ_SUM4
+#define MVQ_SUM4 1
+#endif
 template <int STEP, bool FUSED>
 __device__ __forceinline__ void mvq_finish(const float (&acc)[MVQ_R], float (*red)[MVQ_MAX_THREADS / 32][MVQ_R], int it,
                                            float* __restrict__ y, int r0, int r_end, int tid, int lane, int warp, int nw) {
+    static_assert(MVQ_R == 4, "warp_sum4 sums four rows");
+#if MVQ_SUM4
+    const float v = warp_sum4(acc, lane);
+    if ((lane & 7) == 0) red[it][warp][lane >> 3] = v;
+#else
 #pragma unroll
     for (int r = 0; r < MVQ_R; r++) {
         const float v = warp_sum(acc[r]);
         if (lane == 0) red[it][warp][r] = v;
     }
+#endif
     __syncthreads();
     if (tid < STEP && r0 + tid < r_end) {
         float s = 0.0f;
@@ -937,23 +964,6 @@ extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_pair_
 // same bits as the register kernels (gpu.rs checks it). A stage is refilled after the step's
 // barrier in mvq_finish, which every thread reaches after its reads of that stage.
 #define MVQ_TMA_MAX_STAGES 8
-
-// The four partial rows of a step summed over the warp with 5 shuffles instead of 20: lanes
-// l and l ^ 16 trade two rows, then l and l ^ 8 one, then the usual butterfly over 4, 2, 1. Lane 8i
-// ends with row i ((lane >> 4) * 2 + (lane >> 3 & 1)). A fixed order, whatever the timing.
-__device__ __forceinline__ float warp_sum4(const float (&v)[4], int lane) {
-    const bool up = lane & 16, up8 = lane & 8;
-    float k0 = up ? v[2] : v[0], k1 = up ? v[3] : v[1];
-    const float s0 = up ? v[0] : v[2], s1 = up ? v[1] : v[3];
-    k0 += __shfl_xor_sync(0xffffffffu, s0, 16);
-    k1 += __shfl_xor_sync(0xffffffffu, s1, 16);
-    float k = up8 ? k1 : k0;
-    k += __shfl_xor_sync(0xffffffffu, up8 ? k0 : k1, 8);
-    k += __shfl_xor_sync(0xffffffffu, k, 4);
-    k += __shfl_xor_sync(0xffffffffu, k, 2);
-    k += __shfl_xor_sync(0xffffffffu, k, 1);
-    return k;
-}
 
 // The staged Q4_K kernel: the block's threads cover the launch's column range with 4 threads per
 // 256-column block, thread j of a block taking its 32 code bytes 32j.. (64 weights: sub-blocks
