@@ -74,38 +74,40 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm(const float* x, cons
 // The sandwich tail, one block per row: resid += rms_norm(src, eps1) * w1 (the post norm and
 // its residual add), then y = rms_norm(resid, eps2) * w2 (the next pre norm). Two reductions,
 // two epsilons: the composition of rms_norm, an f32 add and rms_norm, in one pass.
-extern "C" __global__ void __launch_bounds__(1024) norm_tail(float* resid, const float* src, const float* w1, float eps1,
-                                     const float* w2, float eps2, int n, float* y, float* xs) {
+template <int T>
+__device__ __forceinline__ void norm_tail_t(float* resid, const float* src, const float* w1, float eps1, const float* w2,
+                                            float eps2, int n, float* y, float* xs) {
+    constexpr int NPT_T = 8192 / T;  // rows of up to 8192 values at any T
     __shared__ double sh[32];
     pdl_trigger();  // the product that reads y may start loading its weights
     long long off = (long long)blockIdx.x * n;
     const float* s = src + off;
     float* r = resid + off;
-    float sv[NPT], rv[NPT], a1[NPT], a2[NPT];
+    float sv[NPT_T], rv[NPT_T], a1[NPT_T], a2[NPT_T];
     double ss = 0.0;
     // Every load first (the weights too), so their latencies overlap instead of following the
     // reductions. The weights (no kernel writes them) load before the wait, while the kernel
     // before finishes.
 #pragma unroll
-    for (int k = 0; k < NPT; k++) {
-        int i = threadIdx.x + k * 1024;
+    for (int k = 0; k < NPT_T; k++) {
+        int i = threadIdx.x + k * T;
         a1[k] = i < n ? w1[i] : 0.0f;
         a2[k] = i < n ? w2[i] : 0.0f;
     }
     pdl_wait();  // launched programmatically (lib.rs launch_small): nothing else read or written before
 #pragma unroll
-    for (int k = 0; k < NPT; k++) {
-        int i = threadIdx.x + k * 1024;
+    for (int k = 0; k < NPT_T; k++) {
+        int i = threadIdx.x + k * T;
         sv[k] = i < n ? s[i] : 0.0f;
         rv[k] = i < n ? r[i] : 0.0f;
     }
 #pragma unroll
-    for (int k = 0; k < NPT; k++) ss += (double)sv[k] * (double)sv[k];
+    for (int k = 0; k < NPT_T; k++) ss += (double)sv[k] * (double)sv[k];
     const double sc1 = block_rms_scale(ss, n, (double)eps1, sh);
     double ss2 = 0.0;
 #pragma unroll
-    for (int k = 0; k < NPT; k++) {
-        int i = threadIdx.x + k * 1024;
+    for (int k = 0; k < NPT_T; k++) {
+        int i = threadIdx.x + k * T;
         if (i < n) {
             float t = (float)__dmul_rn(__dmul_rn((double)sv[k], sc1), (double)a1[k]);
             rv[k] = __fadd_rn(rv[k], t);
@@ -115,12 +117,28 @@ extern "C" __global__ void __launch_bounds__(1024) norm_tail(float* resid, const
     }
     const double sc2 = block_rms_scale(ss2, n, (double)eps2, sh);
 #pragma unroll
-    for (int k = 0; k < NPT; k++) {
-        int i = threadIdx.x + k * 1024;
+    for (int k = 0; k < NPT_T; k++) {
+        int i = threadIdx.x + k * T;
         if (i < n) y[off + i] = (float)__dmul_rn(__dmul_rn((double)rv[k], sc2), (double)a2[k]);
     }
     if (xs) row_sums8(y + off, xs + (long long)blockIdx.x * (n / 8), n);
 }
+
+// The tail at 512 threads (the default, lib.rs norm_tail_kernel: 123 registers, no spills),
+// 1024 (NORM_THREADS: ptxas holds it to 64 registers and it spills 52 bytes a thread; before
+// 2026-11-30 the only one) and 256 (203 registers), the latter two for measuring
+// (`MUSER_NORM_TAIL_THREADS`). The same arithmetic per value; the f64 sums of squares
+// partitioned over the threads (exact products, f64 sums: the f32 results agreed on every
+// fixture, H200 call 5 of 2026-11-30). Decode on the H200: 147.15/147.54 tokens/s at 512 against
+// 146.32/146.00 at 1024 and 144.09/144.27 at 256, alternating in one call.
+#define NORM_TAIL(NAME, T)                                                                                               \
+    extern "C" __global__ void __launch_bounds__(T) NAME(float* resid, const float* src, const float* w1, float eps1,    \
+                                                         const float* w2, float eps2, int n, float* y, float* xs) {      \
+        norm_tail_t<T>(resid, src, w1, eps1, w2, eps2, n, y, xs);                                                       \
+    }
+NORM_TAIL(norm_tail_512, 512)
+NORM_TAIL(norm_tail_1024, 1024)
+NORM_TAIL(norm_tail_256, 256)
 
 // resid += rms_norm(src, eps) * w (a post norm without the next pre norm).
 extern "C" __global__ void post_norm_add(float* resid, const float* src, const float* w, float eps, int n) {

@@ -3221,6 +3221,20 @@ fn mvq_split() -> bool {
     *ON.get_or_init(|| !env_is("MUSER_MVQ_SPLIT", "0"))
 }
 
+/// `norm_tail`'s kernel and threads: 512 (no spills; kernels/norm.cu says what was measured),
+/// or 1024 (NORM_THREADS) or 256 where `MUSER_NORM_TAIL_THREADS` says so, for measuring. Each
+/// thread holds 8192 / threads values, so a row may have up to 8 * NORM_THREADS at any of them.
+fn norm_tail_kernel() -> (&'static str, u32) {
+    static K: std::sync::OnceLock<(&'static str, u32)> = std::sync::OnceLock::new();
+    *K.get_or_init(
+        || match std::env::var("MUSER_NORM_TAIL_THREADS").as_deref() {
+            Ok("1024") => ("norm_tail_1024", NORM_THREADS),
+            Ok("256") => ("norm_tail_256", 256),
+            _ => ("norm_tail_512", 512),
+        },
+    )
+}
+
 /// The most 256-column blocks a column range of a one-token product covers: 32 (256 threads of
 /// the register kernels), or `MUSER_MVQ_RANGE_BLOCKS` (1 to 32, for measuring: narrower ranges,
 /// more of them; their partial sums are added in the same fixed order, so the bits change with
@@ -4382,7 +4396,8 @@ impl Backend for CudaBackend {
                 check(next, resid.rows, resid.cols, "norm_tail")?;
                 let n = resid.cols as i32;
                 let with_sums = resid.cols % 8 == 0 && self.sums_wanted(resid.rows);
-                let func = self.f("norm_tail")?;
+                let (name, threads) = norm_tail_kernel();
+                let func = self.f(name)?;
                 let mut b = words::Words::new(&self.stream);
                 b.write(&mut resid.data)
                     .read(&src.data)
@@ -4399,12 +4414,12 @@ impl Backend for CudaBackend {
                 }
                 let cfg = LaunchConfig {
                     grid_dim: (resid.rows as u32, 1, 1),
-                    block_dim: (NORM_THREADS, 1, 1),
+                    block_dim: (threads, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 // SAFETY: one block per row of n <= 8 * NORM_THREADS floats in three
                 // equal-shaped buffers; the words follow norm_tail's parameters; it waits first.
-                unsafe { self.launch_small(&func, cfg, &mut b) }.map_err(dev("norm_tail"))?;
+                unsafe { self.launch_small(&func, cfg, &mut b) }.map_err(dev(name))?;
                 resid.xs_ok = false;
                 next.xs_ok = with_sums;
                 Ok(())
