@@ -124,13 +124,13 @@ __device__ __forceinline__ void norm_tail_t(float* resid, const float* src, cons
     if (xs) row_sums8(y + off, xs + (long long)blockIdx.x * (n / 8), n);
 }
 
-// The tail at 512 threads (the default, lib.rs norm_tail_kernel: 123 registers, no spills),
-// 1024 (NORM_THREADS: ptxas holds it to 64 registers and it spills 52 bytes a thread; before
-// 2026-11-30 the only one) and 256 (203 registers), the latter two for measuring
-// (`MUSER_NORM_TAIL_THREADS`). The same arithmetic per value; the f64 sums of squares
-// partitioned over the threads (exact products, f64 sums: the f32 results agreed on every
-// fixture, H200 call 5 of 2026-11-30). Decode on the H200: 147.15/147.54 tokens/s at 512 against
-// 146.32/146.00 at 1024 and 144.09/144.27 at 256, alternating in one call.
+// The tail at 512 threads (the default, lib.rs norm_tail_kernel: 123 registers, no spills) and
+// at 1024 (NORM_THREADS, for measuring with `MUSER_NORM_TAIL_THREADS=1024`: ptxas holds it to 64
+// registers and it spills 52 bytes a thread; before 2026-11-30 the only one). The same arithmetic
+// per value; the f64 sums of squares partitioned over the threads (exact products, f64 sums: the
+// f32 results agreed on every fixture, H200 call 5 of 2026-11-30). Decode on the H200:
+// 147.15/147.54 tokens/s at 512 against 146.32/146.00 at 1024 and 144.09/144.27 at 256 (a form
+// since removed: 203 registers), alternating in one call.
 #define NORM_TAIL(NAME, T)                                                                                               \
     extern "C" __global__ void __launch_bounds__(T) NAME(float* resid, const float* src, const float* w1, float eps1,    \
                                                          const float* w2, float eps2, int n, float* y, float* xs) {      \
@@ -138,7 +138,6 @@ __device__ __forceinline__ void norm_tail_t(float* resid, const float* src, cons
     }
 NORM_TAIL(norm_tail_512, 512)
 NORM_TAIL(norm_tail_1024, 1024)
-NORM_TAIL(norm_tail_256, 256)
 
 // resid += rms_norm(src, eps) * w (a post norm without the next pre norm).
 extern "C" __global__ void post_norm_add(float* resid, const float* src, const float* w, float eps, int n) {

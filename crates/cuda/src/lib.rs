@@ -310,6 +310,11 @@ fn env_is(name: &str, value: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == value)
 }
 
+/// Environment variable `name` as a count (the measurement knobs), if it is set to one.
+fn env_usize(name: &str) -> Option<usize> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
 /// The cache table address of each token of `batch` (`CudaKv::table_addr` of its sequence).
 fn seq_table(batch: &Batch, caches: &[&mut CudaKv]) -> Result<Vec<u64>> {
     batch
@@ -618,10 +623,7 @@ impl CudaBackend {
             f16_weights: std::sync::atomic::AtomicBool::new(env_is("MUSER_F16_WEIGHTS", "1")),
             fp8_weights: std::sync::atomic::AtomicBool::new(false),
             gemm8_min: std::sync::atomic::AtomicUsize::new(
-                std::env::var("MUSER_GEMM8_MIN")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(16),
+                env_usize("MUSER_GEMM8_MIN").unwrap_or(16),
             ),
             fp8_outer: std::sync::atomic::AtomicBool::new(!env_is("MUSER_FP8_OUTER", "0")),
             fp8_tune_max: std::sync::atomic::AtomicUsize::new(if env_is("MUSER_FP8_TUNE", "0") {
@@ -632,25 +634,16 @@ impl CudaBackend {
                 fp8::FP8_TUNE_MAX_TOKENS
             }),
             fp8_min_rows: std::sync::atomic::AtomicUsize::new(
-                std::env::var("MUSER_FP8_MIN_ROWS")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(fp8::FP8_MIN_ROWS),
+                env_usize("MUSER_FP8_MIN_ROWS").unwrap_or(fp8::FP8_MIN_ROWS),
             ),
             lt: Mutex::new(None),
             fp8_count: std::sync::atomic::AtomicU64::new(0),
             cc,
             gemm16_min_kept: std::sync::atomic::AtomicUsize::new(
-                std::env::var("MUSER_GEMM16_MIN_KEPT")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(48),
+                env_usize("MUSER_GEMM16_MIN_KEPT").unwrap_or(48),
             ),
             gemm16_min: std::sync::atomic::AtomicUsize::new(
-                std::env::var("MUSER_GEMM16_MIN")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(MMQ_MAX_TOKENS),
+                env_usize("MUSER_GEMM16_MIN").unwrap_or(MMQ_MAX_TOKENS),
             ),
             mmq_scale_in_a: std::sync::atomic::AtomicBool::new(env_is("MUSER_MMQ_SCALEA", "1")),
             mmq_pairs: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_PAIR", "0")),
@@ -663,11 +656,7 @@ impl CudaBackend {
             }),
             hopper: cc.0 >= 9,
             mvq_tma_min_bytes: std::sync::atomic::AtomicUsize::new(
-                std::env::var("MUSER_MVQ_TMA_MIN_MB")
-                    .ok()
-                    .and_then(|v| v.parse::<usize>().ok())
-                    .unwrap_or(100)
-                    << 20,
+                env_usize("MUSER_MVQ_TMA_MIN_MB").unwrap_or(100) << 20,
             ),
             pdl,
             pdl_small: pdl && !env_is("MUSER_PDL_SMALL", "0"),
@@ -678,9 +667,7 @@ impl CudaBackend {
             ),
             smem_raised: Mutex::new(std::collections::HashSet::new()),
             mmq_tiles: std::sync::atomic::AtomicUsize::new(
-                std::env::var("MUSER_MMQ_NT")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
+                env_usize("MUSER_MMQ_NT")
                     .filter(|n| (1..=4).contains(n))
                     .unwrap_or(4),
             ),
@@ -1983,11 +1970,11 @@ impl CudaBackend {
         nt: usize,
     ) -> Result<()> {
         // Rows per block of 4 warps (the warps split the columns): enough blocks to fill the GPU.
-        let big = std::env::var("MUSER_MV_R")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|r| matches!(r, 1 | 2 | 4))
-            .unwrap_or(4);
+        let big: u32 = match env_usize("MUSER_MV_R") {
+            Some(1) => 1,
+            Some(2) => 2,
+            _ => 4,
+        };
         let r = if w.rows >= 16384 {
             big
         } else if w.rows >= 4096 {
@@ -3148,10 +3135,7 @@ fn env_planes() -> usize {
 /// The one-token kernels' digit planes outside `--mode fast`: 3, or 2 with `MUSER_MVQ_PLANES=2`.
 /// `MUSER_MVQ_STAGES`: 0 (the register forms) or 2..=8 stages; 3 otherwise.
 fn env_mvq_stages() -> usize {
-    match std::env::var("MUSER_MVQ_STAGES")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-    {
+    match env_usize("MUSER_MVQ_STAGES") {
         Some(0) => 0,
         Some(n) => n.clamp(2, MVQ_TMA_MAX_STAGES),
         None => 3,
@@ -3181,23 +3165,14 @@ fn mmq_enabled() -> bool {
 
 /// A `qmma` tuning knob from the environment (for measurements), or its default.
 fn qmma_env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&v| v > 0)
-        .unwrap_or(default)
+    env_usize(name).filter(|&v| v > 0).unwrap_or(default)
 }
 
 /// Micro-batches of fewer tokens than this run the attention kernels that take a quarter of a KV
 /// head's query heads per block (`MUSER_ATTN_G4_BELOW`, default 8).
 fn attn_g4_below() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("MUSER_ATTN_G4_BELOW")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(8)
-    })
+    *N.get_or_init(|| env_usize("MUSER_ATTN_G4_BELOW").unwrap_or(8))
 }
 
 /// Micro-batches of at least this many tokens take the tensor-core decode attention
@@ -3206,12 +3181,7 @@ fn attn_g4_below() -> usize {
 /// quarter-head blocks (`MUSER_ATTN_TCD_FROM=8`, the default before; H200, 2026-11-30, 56feb61).
 fn attn_tcd_from() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("MUSER_ATTN_TCD_FROM")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .map_or(1, |n| n.max(1))
-    })
+    *N.get_or_init(|| env_usize("MUSER_ATTN_TCD_FROM").map_or(1, |n| n.max(1)))
 }
 
 /// Column-split launches of the one-token kernels for matrices wider than 8192 columns, unless
@@ -3222,17 +3192,17 @@ fn mvq_split() -> bool {
 }
 
 /// `norm_tail`'s kernel and threads: 512 (no spills; kernels/norm.cu says what was measured),
-/// or 1024 (NORM_THREADS) or 256 where `MUSER_NORM_TAIL_THREADS` says so, for measuring. Each
-/// thread holds 8192 / threads values, so a row may have up to 8 * NORM_THREADS at any of them.
+/// or 1024 (NORM_THREADS, the form before) where `MUSER_NORM_TAIL_THREADS=1024`, for measuring.
+/// Each thread holds 8192 / threads values, so a row may have up to 8 * NORM_THREADS at either.
 fn norm_tail_kernel() -> (&'static str, u32) {
     static K: std::sync::OnceLock<(&'static str, u32)> = std::sync::OnceLock::new();
-    *K.get_or_init(
-        || match std::env::var("MUSER_NORM_TAIL_THREADS").as_deref() {
-            Ok("1024") => ("norm_tail_1024", NORM_THREADS),
-            Ok("256") => ("norm_tail_256", 256),
-            _ => ("norm_tail_512", 512),
-        },
-    )
+    *K.get_or_init(|| {
+        if env_is("MUSER_NORM_TAIL_THREADS", "1024") {
+            ("norm_tail_1024", NORM_THREADS)
+        } else {
+            ("norm_tail_512", 512)
+        }
+    })
 }
 
 /// The most 256-column blocks a column range of a one-token product covers: 32 (256 threads of
@@ -3242,9 +3212,7 @@ fn norm_tail_kernel() -> (&'static str, u32) {
 fn mvq_range_blocks() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| {
-        std::env::var("MUSER_MVQ_RANGE_BLOCKS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
+        env_usize("MUSER_MVQ_RANGE_BLOCKS")
             .filter(|n| (1..=32).contains(n))
             .unwrap_or(32)
     })

@@ -39,7 +39,6 @@ fn every_kernel_source_compiles_for_sm_90() {
         "rms_norm",
         "norm_tail_512",
         "norm_tail_1024",
-        "norm_tail_256",
         "post_norm_add",
         "head_norm",
         "rope_norm",
