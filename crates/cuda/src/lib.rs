@@ -1909,6 +1909,9 @@ impl CudaBackend {
         programmatic: bool,
     ) -> std::result::Result<(), cudarc::driver::DriverError> {
         use cudarc::driver::sys;
+        if self.skipped(f) {
+            return Ok(());
+        }
         let mut params: Vec<*mut std::ffi::c_void> = args
             .iter_mut()
             .map(|v| v as *mut u64 as *mut std::ffi::c_void)
@@ -1942,6 +1945,27 @@ impl CudaBackend {
             )
         }
         .result()
+    }
+
+    /// Whether `f` is one of the kernels named in `MUSER_SKIP_KERNELS` (comma-separated), a
+    /// measurement knob: what a kernel costs inside the replayed step is the step's time without
+    /// it (docs/BENCHMARKS.md, 2026-11-30, eleventh session). Its launches are left out, so every
+    /// output is wrong: for timing only, never for anything else.
+    fn skipped(&self, f: &CudaFunction) -> bool {
+        static SKIP: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+        let names = SKIP.get_or_init(|| {
+            std::env::var("MUSER_SKIP_KERNELS")
+                .map(|v| {
+                    v.split(',')
+                        .filter(|n| !n.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default()
+        });
+        names
+            .iter()
+            .any(|n| self.f(n).is_ok_and(|g| g.cu_function() == f.cu_function()))
     }
 
     /// Launch one of the small kernels that call `pdl_wait` before touching memory (`pdl_small`):
@@ -3074,8 +3098,10 @@ impl CudaBackend {
                 // SAFETY: each token reads visible rows of its own cache (seqtab holds live
                 // caches' tables, bound by bind_caches for this batch; slots derive from positions
                 // checked against each cache's n_ctx) and writes n x n_kv_head x n_split partials
-                // into `part`.
-                unsafe { b.launch(cfg) }.map_err(dev(&name))?;
+                // into `part`. (Not at all under MUSER_SKIP_KERNELS naming it: `skipped`.)
+                if !self.skipped(&func) {
+                    unsafe { b.launch(cfg) }.map_err(dev(&name))?;
+                }
             }
             n_split
         };
