@@ -139,6 +139,98 @@ __device__ __forceinline__ void norm_tail_t(float* resid, const float* src, cons
 NORM_TAIL(norm_tail_512, 512)
 NORM_TAIL(norm_tail_1024, 1024)
 
+// The tail over a cluster of TAIL_CLUSTER blocks of 128 threads per row (sm_90; lib.rs
+// `MUSER_NORM_TAIL_CLUSTER=1`, for measuring; no sums of 8): a row's f64 work and loads spread
+// over 8 SMs instead of one. Block c of the cluster holds values c 1024 + t + 128 k (k < 8: rows
+// of up to 8192), and the sums of squares are each block's (its threads' values in order, then
+// block_sum_d), added in block order through distributed shared memory: a fixed order. Per value,
+// norm_tail's arithmetic. Not yet run on a GPU.
+#define TAIL_CLUSTER 8
+__device__ __forceinline__ u32 cluster_rank() {
+    u32 r = 0;
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return r;
+}
+// Every thread of the cluster: its shared-memory writes before this, visible to the cluster after.
+__device__ __forceinline__ void cluster_sync_all() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+// `local`'s counterpart in block `rank` of the cluster.
+__device__ __forceinline__ double cluster_ld_f64(const double* local, u32 rank) {
+    double v = 0.0;
+#if __CUDA_ARCH__ >= 900
+    u32 ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(smem_addr(local)), "r"(rank));
+    asm volatile("ld.shared::cluster.f64 %0, [%1];" : "=d"(v) : "r"(ra) : "memory");
+#endif
+    return v;
+}
+// 1 / sqrt(sum / n + eps) of the cluster's sums in slot `slot` of `part` (thread 0 adds them in
+// block order and shares the scale through `scale`).
+__device__ __forceinline__ double cluster_rms_scale(double v, int n, double eps, double* sh, double* part, int slot,
+                                                    double* scale) {
+    const double t = block_sum_d(v, sh);
+    if (threadIdx.x == 0) part[slot] = t;
+    cluster_sync_all();
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int q = 0; q < TAIL_CLUSTER; q++) s += cluster_ld_f64(&part[slot], (u32)q);
+        *scale = 1.0 / sqrt(s / n + eps);
+    }
+    __syncthreads();
+    return *scale;
+}
+extern "C" __global__ void __launch_bounds__(128) norm_tail_cluster(float* resid, const float* src, const float* w1, float eps1,
+                                                                    const float* w2, float eps2, int n, float* y) {
+    constexpr int T = 128, K = 8;
+    __shared__ double sh[32];
+    __shared__ double part[2];
+    __shared__ double scale;
+    pdl_trigger();  // the product that reads y may start loading its weights
+    const long long off = (long long)blockIdx.y * n;
+    const int i0 = (int)cluster_rank() * T * K + (int)threadIdx.x;
+    float sv[K], rv[K], a1[K], a2[K];
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int i = i0 + k * T;
+        a1[k] = i < n ? w1[i] : 0.0f;
+        a2[k] = i < n ? w2[i] : 0.0f;
+    }
+    pdl_wait();  // launched programmatically (lib.rs launch_small): nothing else read or written before
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int i = i0 + k * T;
+        sv[k] = i < n ? src[off + i] : 0.0f;
+        rv[k] = i < n ? resid[off + i] : 0.0f;
+    }
+    double ss = 0.0;
+#pragma unroll
+    for (int k = 0; k < K; k++) ss += (double)sv[k] * (double)sv[k];
+    const double sc1 = cluster_rms_scale(ss, n, (double)eps1, sh, part, 0, &scale);
+    double ss2 = 0.0;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int i = i0 + k * T;
+        if (i < n) {
+            float t = (float)__dmul_rn(__dmul_rn((double)sv[k], sc1), (double)a1[k]);
+            rv[k] = __fadd_rn(rv[k], t);
+            resid[off + i] = rv[k];
+            ss2 += (double)rv[k] * (double)rv[k];
+        }
+    }
+    const double sc2 = cluster_rms_scale(ss2, n, (double)eps2, sh, part, 1, &scale);
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const int i = i0 + k * T;
+        if (i < n) y[off + i] = (float)__dmul_rn(__dmul_rn((double)rv[k], sc2), (double)a2[k]);
+    }
+    cluster_sync_all();  // no block leaves while another may still read its part
+}
+
 // resid += rms_norm(src, eps) * w (a post norm without the next pre norm).
 extern "C" __global__ void post_norm_add(float* resid, const float* src, const float* w, float eps, int n) {
     __shared__ double sh[32];

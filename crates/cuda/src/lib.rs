@@ -448,6 +448,10 @@ pub struct CudaBackend {
     mvq_stages: std::sync::atomic::AtomicUsize,
     /// sm_90 or newer (the TMA, programmatic launches).
     hopper: bool,
+    /// `norm_tail` over a cluster of NORM_TAIL_CLUSTER blocks a row where no sums of 8 are
+    /// wanted (`MUSER_NORM_TAIL_CLUSTER=1` or `set_norm_tail_cluster`, for measuring; off by
+    /// default: not yet run on a GPU).
+    norm_tail_cluster: std::sync::atomic::AtomicBool,
     /// The smallest launch (bytes of weights) the staged forms take (`MUSER_MVQ_TMA_MIN_MB`).
     mvq_tma_min_bytes: std::sync::atomic::AtomicUsize,
     /// Products of more than 64 tokens in one launch of the staged kernels, 64 tokens per grid
@@ -655,6 +659,10 @@ impl CudaBackend {
                 0
             }),
             hopper: cc.0 >= 9,
+            norm_tail_cluster: std::sync::atomic::AtomicBool::new(env_is(
+                "MUSER_NORM_TAIL_CLUSTER",
+                "1",
+            )),
             mvq_tma_min_bytes: std::sync::atomic::AtomicUsize::new(
                 env_usize("MUSER_MVQ_TMA_MIN_MB").unwrap_or(100) << 20,
             ),
@@ -1024,6 +1032,18 @@ impl CudaBackend {
         // activations, writes n x rows outputs (`matmul` checked the shapes).
         unsafe { b.launch(cfg) }.map_err(dev(name))?;
         Ok(())
+    }
+
+    /// Whether the device is sm_90 or newer (the TMA, programmatic launches, clusters).
+    pub fn hopper(&self) -> bool {
+        self.hopper
+    }
+
+    /// `norm_tail` over a cluster of blocks a row (`norm_tail_cluster`), or one block.
+    pub fn set_norm_tail_cluster(&self, on: bool) {
+        self.norm_tail_cluster
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
     }
 
     pub fn set_fused_ffn(&self, on: bool) {
@@ -1908,6 +1928,23 @@ impl CudaBackend {
         args: &mut [u64],
         programmatic: bool,
     ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        // SAFETY: the caller's promises are launch_ex's, without a cluster.
+        unsafe { self.launch_ex(f, cfg, args, programmatic, 1) }
+    }
+
+    /// `launch_raw`, with thread-block clusters of `cluster` blocks along x when it is above 1
+    /// (sm_90; the grid's x a multiple of it).
+    ///
+    /// # Safety
+    /// As `launch_raw`; with a cluster, the kernel is written for clusters of that size.
+    unsafe fn launch_ex(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        args: &mut [u64],
+        programmatic: bool,
+        cluster: u32,
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
         use cudarc::driver::sys;
         if self.skipped(f) {
             return Ok(());
@@ -1919,9 +1956,21 @@ impl CudaBackend {
         // SAFETY: an all-zero CUlaunchAttribute is a valid value of the C struct (id 0, the
         // union's bytes zero); the id and the union member set next are the ones the driver
         // reads together.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut n = 0;
+        if programmatic {
+            attrs[n].id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attrs[n].value.programmaticStreamSerializationAllowed = 1;
+            n += 1;
+        }
+        if cluster > 1 {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attrs[n].value.clusterDim.x = cluster;
+            attrs[n].value.clusterDim.y = 1;
+            attrs[n].value.clusterDim.z = 1;
+            n += 1;
+        }
         let lc = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -1931,10 +1980,10 @@ impl CudaBackend {
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(programmatic),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: n as u32,
         };
-        // SAFETY: `lc` and `attr` live across the call; `params` points at `args`, which the
+        // SAFETY: `lc` and `attrs` live across the call; `params` points at `args`, which the
         // caller vouches for; the driver copies the parameters before returning.
         unsafe {
             sys::cuLaunchKernelEx(
@@ -3217,6 +3266,9 @@ fn mvq_split() -> bool {
     *ON.get_or_init(|| !env_is("MUSER_MVQ_SPLIT", "0"))
 }
 
+/// Blocks of a row in `norm_tail_cluster` (kernels/norm.cu TAIL_CLUSTER).
+const NORM_TAIL_CLUSTER: u32 = 8;
+
 /// `norm_tail`'s kernel and threads: 512 (no spills; kernels/norm.cu says what was measured),
 /// or 1024 (NORM_THREADS, the form before) where `MUSER_NORM_TAIL_THREADS=1024`, for measuring.
 /// Each thread holds 8192 / threads values, so a row may have up to 8 * NORM_THREADS at either.
@@ -4390,6 +4442,41 @@ impl Backend for CudaBackend {
                 check(next, resid.rows, resid.cols, "norm_tail")?;
                 let n = resid.cols as i32;
                 let with_sums = resid.cols % 8 == 0 && self.sums_wanted(resid.rows);
+                // `norm_tail_cluster` (for measuring): a row over a cluster of NORM_TAIL_CLUSTER
+                // blocks (kernels/norm.cu), where no sums of 8 are wanted, on sm_90.
+                if self.hopper
+                    && !with_sums
+                    && resid.cols <= 8192
+                    && self
+                        .norm_tail_cluster
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    let func = self.f("norm_tail_cluster")?;
+                    let mut b = words::Words::new(&self.stream);
+                    b.write(&mut resid.data)
+                        .read(&src.data)
+                        .read(w_post)
+                        .f32(eps_post)
+                        .read(w_next)
+                        .f32(eps_next)
+                        .i32(n)
+                        .write(&mut next.data);
+                    let cfg = LaunchConfig {
+                        grid_dim: (NORM_TAIL_CLUSTER, resid.rows as u32, 1),
+                        block_dim: (128, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: a cluster of NORM_TAIL_CLUSTER blocks of 128 threads per row of
+                    // n <= 8192 floats (each thread 8 values) in three equal-shaped buffers; the
+                    // words follow norm_tail_cluster's parameters; it waits first.
+                    unsafe {
+                        self.launch_ex(&func, cfg, b.vals(), self.pdl_small, NORM_TAIL_CLUSTER)
+                    }
+                    .map_err(dev("norm_tail_cluster"))?;
+                    resid.xs_ok = false;
+                    next.xs_ok = false;
+                    return Ok(());
+                }
                 let (name, threads) = norm_tail_kernel();
                 let func = self.f(name)?;
                 let mut b = words::Words::new(&self.stream);

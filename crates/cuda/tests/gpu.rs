@@ -780,22 +780,33 @@ fn norms_match_the_cpu_at_real_widths() {
             .unwrap();
         (normed, b.read(&xa).unwrap(), b.read(&next).unwrap())
     }
+    // Three rows (the block-per-row kernels, with sums of 8), and one row with and without
+    // the cluster form of the tail (`set_norm_tail_cluster`, sm_90; it takes rows without sums).
+    let cluster = [false, g.hopper()];
     for n in [256usize, 2048, 6656, 8192] {
-        let (a, b) = (run(&c, n, 3), run(&g, n, 3));
-        for (what, x, y) in [
-            ("rms_norm", &a.0, &b.0),
-            ("tail residual", &a.1, &b.1),
-            ("tail next", &a.2, &b.2),
-        ] {
-            let err = x
-                .iter()
-                .zip(y.iter())
-                .map(|(p, q)| ((p - q) / p.abs().max(1e-3)).abs())
-                .fold(0f32, f32::max);
-            println!("n={n:<5} {what:<14} max rel err {err:.2e}");
-            assert!(err <= 1e-6, "{what} at n={n}: {err}");
+        for (rows, on) in [(3, false), (1, false), (1, true)] {
+            if on && !cluster[1] {
+                continue;
+            }
+            g.set_norm_tail_cluster(on);
+            let (a, b) = (run(&c, n, rows), run(&g, n, rows));
+            for (what, x, y) in [
+                ("rms_norm", &a.0, &b.0),
+                ("tail residual", &a.1, &b.1),
+                ("tail next", &a.2, &b.2),
+            ] {
+                let err = x
+                    .iter()
+                    .zip(y.iter())
+                    .map(|(p, q)| ((p - q) / p.abs().max(1e-3)).abs())
+                    .fold(0f32, f32::max);
+                let form = if on { "cluster" } else { "" };
+                println!("n={n:<5} rows {rows} {what:<14} {form:<7} max rel err {err:.2e}");
+                assert!(err <= 1e-6, "{what} at n={n}, {rows} rows {form}: {err}");
+            }
         }
     }
+    g.set_norm_tail_cluster(false);
 }
 
 /// A whole model wider than the fixtures (the synthetic 'small' and 'mid' presets: 512 and 2048
