@@ -71,43 +71,45 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm(const float* x, cons
     if (xs) row_sums8(yr, xs + (long long)blockIdx.x * (n / 8), n);
 }
 
-// The sandwich tail, one block per row: resid += rms_norm(src, eps1) * w1 (the post norm and
-// its residual add), then y = rms_norm(resid, eps2) * w2 (the next pre norm). Two reductions,
-// two epsilons: the composition of rms_norm, an f32 add and rms_norm, in one pass.
-template <int T>
+// The sandwich tail of a row: resid += rms_norm(src, eps1) * w1 (the post norm and its
+// residual add), then y = rms_norm(resid, eps2) * w2 (the next pre norm). Two reductions, two
+// epsilons: the composition of rms_norm, an f32 add and rms_norm, in one pass. The thread holds
+// values i0 + k T (k < K) of row `row`; scale_of(sum, eps, slot) turns the thread's f64 sum of
+// squares into 1 / sqrt(sum / n + eps) over the row (slot 0, then 1): over the block
+// (block_rms_scale) or over a cluster of blocks (cluster_rms_scale).
+template <int T, int K, typename Scale>
 __device__ __forceinline__ void norm_tail_t(float* resid, const float* src, const float* w1, float eps1, const float* w2,
-                                            float eps2, int n, float* y, float* xs) {
-    constexpr int NPT_T = 8192 / T;  // rows of up to 8192 values at any T
-    __shared__ double sh[32];
+                                            float eps2, int n, float* y, float* xs, long long row, int i0,
+                                            Scale scale_of) {
     pdl_trigger();  // the product that reads y may start loading its weights
-    long long off = (long long)blockIdx.x * n;
+    const long long off = row * n;
     const float* s = src + off;
     float* r = resid + off;
-    float sv[NPT_T], rv[NPT_T], a1[NPT_T], a2[NPT_T];
+    float sv[K], rv[K], a1[K], a2[K];
     double ss = 0.0;
     // Every load first (the weights too), so their latencies overlap instead of following the
     // reductions. The weights (no kernel writes them) load before the wait, while the kernel
     // before finishes.
 #pragma unroll
-    for (int k = 0; k < NPT_T; k++) {
-        int i = threadIdx.x + k * T;
+    for (int k = 0; k < K; k++) {
+        int i = i0 + k * T;
         a1[k] = i < n ? w1[i] : 0.0f;
         a2[k] = i < n ? w2[i] : 0.0f;
     }
     pdl_wait();  // launched programmatically (lib.rs launch_small): nothing else read or written before
 #pragma unroll
-    for (int k = 0; k < NPT_T; k++) {
-        int i = threadIdx.x + k * T;
+    for (int k = 0; k < K; k++) {
+        int i = i0 + k * T;
         sv[k] = i < n ? s[i] : 0.0f;
         rv[k] = i < n ? r[i] : 0.0f;
     }
 #pragma unroll
-    for (int k = 0; k < NPT_T; k++) ss += (double)sv[k] * (double)sv[k];
-    const double sc1 = block_rms_scale(ss, n, (double)eps1, sh);
+    for (int k = 0; k < K; k++) ss += (double)sv[k] * (double)sv[k];
+    const double sc1 = scale_of(ss, (double)eps1, 0);
     double ss2 = 0.0;
 #pragma unroll
-    for (int k = 0; k < NPT_T; k++) {
-        int i = threadIdx.x + k * T;
+    for (int k = 0; k < K; k++) {
+        int i = i0 + k * T;
         if (i < n) {
             float t = (float)__dmul_rn(__dmul_rn((double)sv[k], sc1), (double)a1[k]);
             rv[k] = __fadd_rn(rv[k], t);
@@ -115,17 +117,18 @@ __device__ __forceinline__ void norm_tail_t(float* resid, const float* src, cons
             ss2 += (double)rv[k] * (double)rv[k];
         }
     }
-    const double sc2 = block_rms_scale(ss2, n, (double)eps2, sh);
+    const double sc2 = scale_of(ss2, (double)eps2, 1);
 #pragma unroll
-    for (int k = 0; k < NPT_T; k++) {
-        int i = threadIdx.x + k * T;
+    for (int k = 0; k < K; k++) {
+        int i = i0 + k * T;
         if (i < n) y[off + i] = (float)__dmul_rn(__dmul_rn((double)rv[k], sc2), (double)a2[k]);
     }
-    if (xs) row_sums8(y + off, xs + (long long)blockIdx.x * (n / 8), n);
+    if (xs) row_sums8(y + off, xs + row * (n / 8), n);
 }
 
-// The tail at 512 threads (the default, lib.rs norm_tail_kernel: 123 registers, no spills) and
-// at 1024 (NORM_THREADS, for measuring with `MUSER_NORM_TAIL_THREADS=1024`: ptxas holds it to 64
+// The tail, one block of T threads per row, each thread 8192 / T values (rows of up to 8192):
+// at 512 threads (the default, lib.rs norm_tail_kernel: 123 registers, no spills) and at 1024
+// (NORM_THREADS, for measuring with `MUSER_NORM_TAIL_THREADS=1024`: ptxas holds it to 64
 // registers and it spills 52 bytes a thread; before 2026-11-30 the only one). The same arithmetic
 // per value; the f64 sums of squares partitioned over the threads (exact products, f64 sums: the
 // f32 results agreed on every fixture, H200 call 5 of 2026-11-30). Decode on the H200:
@@ -134,7 +137,9 @@ __device__ __forceinline__ void norm_tail_t(float* resid, const float* src, cons
 #define NORM_TAIL(NAME, T)                                                                                               \
     extern "C" __global__ void __launch_bounds__(T) NAME(float* resid, const float* src, const float* w1, float eps1,    \
                                                          const float* w2, float eps2, int n, float* y, float* xs) {      \
-        norm_tail_t<T>(resid, src, w1, eps1, w2, eps2, n, y, xs);                                                       \
+        __shared__ double sh[32];                                                                                        \
+        norm_tail_t<T, 8192 / T>(resid, src, w1, eps1, w2, eps2, n, y, xs, blockIdx.x, (int)threadIdx.x,               \
+                                 [&](double v, double eps, int) { return block_rms_scale(v, n, eps, sh); });             \
     }
 NORM_TAIL(norm_tail_512, 512)
 NORM_TAIL(norm_tail_1024, 1024)
@@ -144,7 +149,7 @@ NORM_TAIL(norm_tail_1024, 1024)
 // over 8 SMs instead of one. Block c of the cluster holds values c 1024 + t + 128 k (k < 8: rows
 // of up to 8192), and the sums of squares are each block's (its threads' values in order, then
 // block_sum_d), added in block order through distributed shared memory: a fixed order. Per value,
-// norm_tail's arithmetic. Not yet run on a GPU.
+// norm_tail_t's arithmetic. Not yet run on a GPU.
 #define TAIL_CLUSTER 8
 __device__ __forceinline__ u32 cluster_rank() {
     u32 r = 0;
@@ -184,50 +189,15 @@ __device__ __forceinline__ double cluster_rms_scale(double v, int n, double eps,
     __syncthreads();
     return *scale;
 }
+// norm_tail's parameters; `xs` is always null (the host takes this form only where no sums of 8
+// are wanted).
 extern "C" __global__ void __launch_bounds__(128) norm_tail_cluster(float* resid, const float* src, const float* w1, float eps1,
-                                                                    const float* w2, float eps2, int n, float* y) {
-    constexpr int T = 128, K = 8;
+                                                                    const float* w2, float eps2, int n, float* y, float* xs) {
     __shared__ double sh[32];
     __shared__ double part[2];
     __shared__ double scale;
-    pdl_trigger();  // the product that reads y may start loading its weights
-    const long long off = (long long)blockIdx.y * n;
-    const int i0 = (int)cluster_rank() * T * K + (int)threadIdx.x;
-    float sv[K], rv[K], a1[K], a2[K];
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int i = i0 + k * T;
-        a1[k] = i < n ? w1[i] : 0.0f;
-        a2[k] = i < n ? w2[i] : 0.0f;
-    }
-    pdl_wait();  // launched programmatically (lib.rs launch_small): nothing else read or written before
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int i = i0 + k * T;
-        sv[k] = i < n ? src[off + i] : 0.0f;
-        rv[k] = i < n ? resid[off + i] : 0.0f;
-    }
-    double ss = 0.0;
-#pragma unroll
-    for (int k = 0; k < K; k++) ss += (double)sv[k] * (double)sv[k];
-    const double sc1 = cluster_rms_scale(ss, n, (double)eps1, sh, part, 0, &scale);
-    double ss2 = 0.0;
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int i = i0 + k * T;
-        if (i < n) {
-            float t = (float)__dmul_rn(__dmul_rn((double)sv[k], sc1), (double)a1[k]);
-            rv[k] = __fadd_rn(rv[k], t);
-            resid[off + i] = rv[k];
-            ss2 += (double)rv[k] * (double)rv[k];
-        }
-    }
-    const double sc2 = cluster_rms_scale(ss2, n, (double)eps2, sh, part, 1, &scale);
-#pragma unroll
-    for (int k = 0; k < K; k++) {
-        const int i = i0 + k * T;
-        if (i < n) y[off + i] = (float)__dmul_rn(__dmul_rn((double)rv[k], sc2), (double)a2[k]);
-    }
+    norm_tail_t<128, 8>(resid, src, w1, eps1, w2, eps2, n, y, nullptr, blockIdx.y, (int)cluster_rank() * 1024 + (int)threadIdx.x,
+                        [&](double v, double eps, int slot) { return cluster_rms_scale(v, n, eps, sh, part, slot, &scale); });
     cluster_sync_all();  // no block leaves while another may still read its part
 }
 

@@ -4443,41 +4443,30 @@ impl Backend for CudaBackend {
                 let n = resid.cols as i32;
                 let with_sums = resid.cols % 8 == 0 && self.sums_wanted(resid.rows);
                 // `norm_tail_cluster` (for measuring): a row over a cluster of NORM_TAIL_CLUSTER
-                // blocks (kernels/norm.cu), where no sums of 8 are wanted, on sm_90.
-                if self.hopper
+                // blocks of 128 threads (kernels/norm.cu), where no sums of 8 are wanted, on sm_90;
+                // else a block per row.
+                let cluster = self.hopper
                     && !with_sums
                     && resid.cols <= 8192
                     && self
                         .norm_tail_cluster
-                        .load(std::sync::atomic::Ordering::Relaxed)
-                {
-                    let func = self.f("norm_tail_cluster")?;
-                    let mut b = words::Words::new(&self.stream);
-                    b.write(&mut resid.data)
-                        .read(&src.data)
-                        .read(w_post)
-                        .f32(eps_post)
-                        .read(w_next)
-                        .f32(eps_next)
-                        .i32(n)
-                        .write(&mut next.data);
+                        .load(std::sync::atomic::Ordering::Relaxed);
+                let (name, cfg, blocks) = if cluster {
                     let cfg = LaunchConfig {
                         grid_dim: (NORM_TAIL_CLUSTER, resid.rows as u32, 1),
                         block_dim: (128, 1, 1),
                         shared_mem_bytes: 0,
                     };
-                    // SAFETY: a cluster of NORM_TAIL_CLUSTER blocks of 128 threads per row of
-                    // n <= 8192 floats (each thread 8 values) in three equal-shaped buffers; the
-                    // words follow norm_tail_cluster's parameters; it waits first.
-                    unsafe {
-                        self.launch_ex(&func, cfg, b.vals(), self.pdl_small, NORM_TAIL_CLUSTER)
-                    }
-                    .map_err(dev("norm_tail_cluster"))?;
-                    resid.xs_ok = false;
-                    next.xs_ok = false;
-                    return Ok(());
-                }
-                let (name, threads) = norm_tail_kernel();
+                    ("norm_tail_cluster", cfg, NORM_TAIL_CLUSTER)
+                } else {
+                    let (name, threads) = norm_tail_kernel();
+                    let cfg = LaunchConfig {
+                        grid_dim: (resid.rows as u32, 1, 1),
+                        block_dim: (threads, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    (name, cfg, 1)
+                };
                 let func = self.f(name)?;
                 let mut b = words::Words::new(&self.stream);
                 b.write(&mut resid.data)
@@ -4493,14 +4482,12 @@ impl Backend for CudaBackend {
                 } else {
                     b.null();
                 }
-                let cfg = LaunchConfig {
-                    grid_dim: (resid.rows as u32, 1, 1),
-                    block_dim: (threads, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: one block per row of n <= 8 * NORM_THREADS floats in three
-                // equal-shaped buffers; the words follow norm_tail's parameters; it waits first.
-                unsafe { self.launch_small(&func, cfg, &mut b) }.map_err(dev(name))?;
+                // SAFETY: one block per row of n <= 8 * NORM_THREADS floats, or a cluster of
+                // NORM_TAIL_CLUSTER blocks of 128 threads per row of n <= 8192 (8 values a
+                // thread; no sums then), in three equal-shaped buffers; the words follow the
+                // kernel's parameters (the same for both); it waits first.
+                unsafe { self.launch_ex(&func, cfg, b.vals(), self.pdl_small, blocks) }
+                    .map_err(dev(name))?;
                 resid.xs_ok = false;
                 next.xs_ok = with_sums;
                 Ok(())

@@ -39,6 +39,7 @@ fn every_kernel_source_compiles_for_sm_90() {
         "rms_norm",
         "norm_tail_512",
         "norm_tail_1024",
+        "norm_tail_cluster",
         "post_norm_add",
         "head_norm",
         "rope_norm",
