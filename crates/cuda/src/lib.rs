@@ -449,8 +449,9 @@ pub struct CudaBackend {
     /// sm_90 or newer (the TMA, programmatic launches).
     hopper: bool,
     /// `norm_tail` over a cluster of NORM_TAIL_CLUSTER blocks a row where no sums of 8 are
-    /// wanted (`MUSER_NORM_TAIL_CLUSTER=1` or `set_norm_tail_cluster`, for measuring; off by
-    /// default: not yet run on a GPU).
+    /// wanted, on sm_90 (on unless `MUSER_NORM_TAIL_CLUSTER=0` or `set_norm_tail_cluster`; H200,
+    /// 2026-11-30, twelfth session: decode 150.26/150.29 tokens/s against 147.88/147.86 with one
+    /// block a row, alternating in one call).
     norm_tail_cluster: std::sync::atomic::AtomicBool,
     /// The smallest launch (bytes of weights) the staged forms take (`MUSER_MVQ_TMA_MIN_MB`).
     mvq_tma_min_bytes: std::sync::atomic::AtomicUsize,
@@ -659,9 +660,9 @@ impl CudaBackend {
                 0
             }),
             hopper: cc.0 >= 9,
-            norm_tail_cluster: std::sync::atomic::AtomicBool::new(env_is(
+            norm_tail_cluster: std::sync::atomic::AtomicBool::new(!env_is(
                 "MUSER_NORM_TAIL_CLUSTER",
-                "1",
+                "0",
             )),
             mvq_tma_min_bytes: std::sync::atomic::AtomicUsize::new(
                 env_usize("MUSER_MVQ_TMA_MIN_MB").unwrap_or(100) << 20,
@@ -1039,7 +1040,14 @@ impl CudaBackend {
         self.hopper
     }
 
-    /// `norm_tail` over a cluster of blocks a row (`norm_tail_cluster`), or one block.
+    /// Whether `norm_tail` takes the cluster form where it can (`set_norm_tail_cluster`).
+    pub fn norm_tail_cluster(&self) -> bool {
+        self.norm_tail_cluster
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `norm_tail` over a cluster of blocks a row (`norm_tail_cluster`, on sm_90, the default),
+    /// or one block.
     pub fn set_norm_tail_cluster(&self, on: bool) {
         self.norm_tail_cluster
             .store(on, std::sync::atomic::Ordering::Relaxed);
@@ -1474,7 +1482,7 @@ impl CudaBackend {
     /// Whether a group of products of one token may go to `mvq_q4_k_group`: one token, not the
     /// batch-invariant or parity modes, pair launches on (`MUSER_MMQ_PAIR`), groups on (unless
     /// `MUSER_MVQ_GROUP=0`), and the group below the staged forms' threshold (those launches
-    /// keep their pairs).
+    /// keep their pairs), or below `MUSER_MVQ_GROUP_MAX_MB` where that is set.
     fn group_ok(&self, ws: &[&CudaMatrix], x: &CudaAct) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let bytes: usize = ws.iter().map(|w| w.data.len()).sum();
@@ -1483,7 +1491,8 @@ impl CudaBackend {
             && !self.cuda_parity.load(Relaxed)
             && self.mmq_pairs.load(Relaxed)
             && mvq_group_enabled()
-            && (self.mvq_stages.load(Relaxed) == 0 || bytes < self.mvq_tma_min_bytes.load(Relaxed))
+            && (self.mvq_stages.load(Relaxed) == 0
+                || bytes < mvq_group_max_bytes().unwrap_or(self.mvq_tma_min_bytes.load(Relaxed)))
     }
 
     /// A matrix `mvq_q4_k_group` takes: Q4_K, x's width, at most 256 threads, rows a multiple of
@@ -1528,7 +1537,7 @@ impl CudaBackend {
         let threads = Self::mvq_threads(members[0].0);
         let f = &self.f(name)?;
         let per_sm = self.blocks_per_sm(name, f, threads, 0)?;
-        let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, 1);
+        let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, 1, false);
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (threads, 1, 1),
@@ -1608,9 +1617,42 @@ impl CudaBackend {
 
     /// Rows per block and blocks of a one-token launch over `vrows` rows: one wave of `per_sm`
     /// resident blocks per SM, `ranges` of them per range of rows, runs of `step` rows.
-    fn mvq_wave(&self, vrows: usize, step: usize, per_sm: u32, ranges: usize) -> (usize, u32) {
+    ///
+    /// With `MUSER_MVQ_BALANCE` (a measurement knob: 1 every launch, 2 the staged launches only;
+    /// off by default), the rows per block are instead the multiple of `step`, from that size up
+    /// to twice it, whose wave puts the fewest rows on the busiest SM, blocks dealt to the SMs in
+    /// turn: the FFN's staged pair (39,936 rows) takes 624 blocks of 64 rows by default, 5 on 96
+    /// SMs and 4 on 36, 320 rows on the busiest where 302.5 is the mean; at 76 rows a block, 526
+    /// blocks put 304 there. Every row is still computed whole by one block, in the same order:
+    /// the same bits.
+    fn mvq_wave(
+        &self,
+        vrows: usize,
+        step: usize,
+        per_sm: u32,
+        ranges: usize,
+        staged: bool,
+    ) -> (usize, u32) {
         let slots = ((per_sm * self.sm_count) as usize / ranges).max(1);
         let rpb = vrows.div_ceil(slots).div_ceil(step) * step;
+        let balance = mvq_balance();
+        if balance == 1 || (balance == 2 && staged) {
+            let sms = (self.sm_count as usize).max(1);
+            // The rows the busiest SM holds at `r` rows a block (None past one wave).
+            let busiest = |r: usize| {
+                let blocks = vrows.div_ceil(r) * ranges;
+                (blocks <= slots * ranges).then(|| blocks.div_ceil(sms) * r)
+            };
+            let mut best = (busiest(rpb).unwrap_or(usize::MAX), rpb);
+            for r in (rpb..=2 * rpb).step_by(step.max(1)) {
+                if let Some(c) = busiest(r)
+                    && c < best.0
+                {
+                    best = (c, r);
+                }
+            }
+            return (best.1, vrows.div_ceil(best.1) as u32);
+        }
         (rpb, vrows.div_ceil(rpb) as u32)
     }
 
@@ -1755,7 +1797,7 @@ impl CudaBackend {
         let vrows = if second.is_some() { 2 * w.rows } else { w.rows };
         let f = &self.f(name)?;
         let per_sm = self.blocks_per_sm(name, f, threads, 0)?;
-        let (rpb, grid) = self.mvq_wave(vrows, step, per_sm, ranges);
+        let (rpb, grid) = self.mvq_wave(vrows, step, per_sm, ranges, false);
         let mut g = if ranges > 1 {
             Some(self.scratch()?)
         } else {
@@ -1862,7 +1904,7 @@ impl CudaBackend {
         self.raise_smem(name, f, MVQ_TMA_SMEM as u32)?;
         let per_sm = self.blocks_per_sm(name, f, threads, smem)?;
         let vrows = if second.is_some() { 2 * w.rows } else { w.rows };
-        let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, ranges);
+        let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, ranges, true);
         let mut g = if ranges > 1 {
             Some(self.scratch()?)
         } else {
@@ -3297,6 +3339,20 @@ fn mvq_range_blocks() -> usize {
 }
 
 /// Group launches of one token's products of one input (`mvq_q4_k_group`) unless
+/// `MUSER_MVQ_GROUP_MAX_MB` (for measuring): the largest group of one-token products, in bytes of
+/// weights, `mvq_q4_k_group` takes, apart from the staged forms' threshold, so that a lower
+/// `MUSER_MVQ_TMA_MIN_MB` (O staged) keeps the group (the ninth session's 10 MB had lost it too).
+fn mvq_group_max_bytes() -> Option<usize> {
+    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *N.get_or_init(|| env_usize("MUSER_MVQ_GROUP_MAX_MB").map(|mb| mb << 20))
+}
+
+/// `MUSER_MVQ_BALANCE` (`mvq_wave`): 0 (the default), 1 or 2.
+fn mvq_balance() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| env_usize("MUSER_MVQ_BALANCE").unwrap_or(0))
+}
+
 /// `MUSER_MVQ_GROUP=0` (then pairs).
 fn mvq_group_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -4442,9 +4498,9 @@ impl Backend for CudaBackend {
                 check(next, resid.rows, resid.cols, "norm_tail")?;
                 let n = resid.cols as i32;
                 let with_sums = resid.cols % 8 == 0 && self.sums_wanted(resid.rows);
-                // `norm_tail_cluster` (for measuring): a row over a cluster of NORM_TAIL_CLUSTER
-                // blocks of 128 threads (kernels/norm.cu), where no sums of 8 are wanted, on sm_90;
-                // else a block per row.
+                // `norm_tail_cluster` (the default where it applies): a row over a cluster of
+                // NORM_TAIL_CLUSTER blocks of 128 threads (kernels/norm.cu), where no sums of 8
+                // are wanted, on sm_90; else a block per row.
                 let cluster = self.hopper
                     && !with_sums
                     && resid.cols <= 8192

@@ -783,6 +783,7 @@ fn norms_match_the_cpu_at_real_widths() {
     // Three rows (the block-per-row kernels, with sums of 8), and one row with and without
     // the cluster form of the tail (`set_norm_tail_cluster`, sm_90; it takes rows without sums).
     let cluster = [false, g.hopper()];
+    let default_form = g.norm_tail_cluster();
     for n in [256usize, 2048, 6656, 8192] {
         for (rows, on) in [(3, false), (1, false), (1, true)] {
             if on && !cluster[1] {
@@ -806,7 +807,7 @@ fn norms_match_the_cpu_at_real_widths() {
             }
         }
     }
-    g.set_norm_tail_cluster(false);
+    g.set_norm_tail_cluster(default_form);
 }
 
 /// A whole model wider than the fixtures (the synthetic 'small' and 'mid' presets: 512 and 2048
