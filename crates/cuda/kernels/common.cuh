@@ -197,12 +197,6 @@ __device__ __forceinline__ void tma_copy(void* dst, const void* src, u32 bytes, 
                  ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 #endif
 }
-// `bytes` (a multiple of 16, 16-byte aligned) of global memory into L2, without waiting (sm_90).
-__device__ __forceinline__ void l2_prefetch(const void* src, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
 // Wait for the phase of `bar` with this parity to complete (its copies landed and visible).
 __device__ __forceinline__ void mbar_wait(u64* bar, u32 parity) {
 #if __CUDA_ARCH__ >= 900

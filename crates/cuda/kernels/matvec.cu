@@ -452,15 +452,6 @@ MV_R(4)
 //   order): the result does not depend on timing or on what else runs.
 // Blocks take `rpb` consecutive rows; the host sizes the grid to one wave of resident blocks.
 #define MVQ_R 4
-
-// MVQ_L2PF (MUSER_NVRTC_DEFINES=MVQ_L2PF=N, for measuring; 0, the default, leaves it out): the
-// register and staged Q4_K kernels also hand L2 a prefetch of their block's next N rows, before
-// pdl_wait, so the rows after the first steps come from L2 rather than DRAM. Not measured yet.
-// The ninth session's L2 prefetch of whole matrices, layers ahead, from a kernel of its own was
-// slower (docs/BENCHMARKS.md); this one asks for rows the block reads within microseconds.
-#ifndef MVQ_L2PF
-#define MVQ_L2PF 0
-#endif
 #define MVQ_MAX_THREADS 640  // 80 column blocks of 256: columns <= 20480
 
 __device__ __forceinline__ u32 dp4a_uu(u32 a, u32 b, u32 c) { u32 d; asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
@@ -669,23 +660,6 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
     // launched programmatically (lib.rs launch_raw), while the kernel before finishes.
     pdl_trigger();
     if (PF && r_begin < r_end) load(r_begin, nhd, nqq);
-#if MVQ_L2PF > 0
-    // The block's next MVQ_L2PF rows (this launch's column range of each) into L2 too, while the
-    // kernel before finishes (a measurement define; loads and arithmetic unchanged).
-    if (!FUSED)
-        for (int r = r_begin + STEP + tid; r < min(r_end, r_begin + STEP + MVQ_L2PF); r += blockDim.x) {
-            const u8* M = W;
-            int rr = r;
-            if (GROUP) {
-                float* Y;
-                int end;
-                rr = r - mvq_gseg(*grp, r, M, Y, end);
-            } else {
-                M = mvq_seg<PAIR>(W, W2, rr, rows);
-            }
-            l2_prefetch(M + ((long long)rr * nb + b_off) * 144, (u32)((SPLIT ? min(nbs, nb - b_off) : nb) * 144));
-        }
-#endif
     pdl_wait();
     u32 l0[4], l1[4], l2[4], h0[4], h1[4], h2[4];
     float lsc, lsum, hsc, hsum;
@@ -1038,14 +1012,6 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
     pdl_trigger();
     if (tid == 0)
         for (int k = 0; k < min(stages, steps); k++) issue(k);
-#if MVQ_L2PF > 0
-    // The rows after the staged ones (MVQ_L2PF of them) into L2 (measurement define, as mvq_q4_k).
-    for (int r = r_begin + stages * MVQ_R + tid; r < min(r_end, r_begin + stages * MVQ_R + MVQ_L2PF); r += blockDim.x) {
-        int row = r;
-        const u8* M = mvq_seg<PAIR>(W, W2, row, rows);
-        l2_prefetch(M + ((long long)row * nb + b_off) * 144, (u32)rb);
-    }
-#endif
     pdl_wait();
     // Runs u = 0..3: x[b 256 + 64 j + 16 u ..+16): the low nibbles of code bytes 0..15 (u = 0) and
     // 16..31 (u = 1) of the thread's 32, the high nibbles of the same (u = 2, 3).
