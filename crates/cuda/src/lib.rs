@@ -453,7 +453,9 @@ pub struct CudaBackend {
     /// 2026-11-30, twelfth session: decode 150.26/150.29 tokens/s against 147.88/147.86 with one
     /// block a row, alternating in one call).
     norm_tail_cluster: std::sync::atomic::AtomicBool,
-    /// The smallest launch (bytes of weights) the staged forms take (`MUSER_MVQ_TMA_MIN_MB`).
+    /// The smallest launch (bytes of weights) the staged forms take (`MUSER_MVQ_TMA_MIN_MB`, default
+    /// 50: the 30B's Q4_K FFN down projections, 75 MB, too; H200, 2026-11-30, twelfth session:
+    /// 151.94/152.11/152.08 tokens/s against 151.08/151.06/150.93 at 100 MB, alternating in one call).
     mvq_tma_min_bytes: std::sync::atomic::AtomicUsize,
     /// Products of more than 64 tokens in one launch of the staged kernels, 64 tokens per grid
     /// layer (on unless `MUSER_MMQ_ZGRID=0`), instead of one launch per 64 tokens. Same bits per token.
@@ -665,7 +667,7 @@ impl CudaBackend {
                 "0",
             )),
             mvq_tma_min_bytes: std::sync::atomic::AtomicUsize::new(
-                env_usize("MUSER_MVQ_TMA_MIN_MB").unwrap_or(100) << 20,
+                env_usize("MUSER_MVQ_TMA_MIN_MB").unwrap_or(50) << 20,
             ),
             pdl,
             pdl_small: pdl && !env_is("MUSER_PDL_SMALL", "0"),

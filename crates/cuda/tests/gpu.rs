@@ -200,7 +200,7 @@ fn layer_file(
 fn matvec_kernels_match_the_cpu_per_format() {
     let Some(gpu_b) = gpu() else { return };
     // Every one-token launch on the staged kernels where they exist (sm_90; by default only
-    // launches of at least 100 MB of weights take them), so a pair and its matrices alone take
+    // launches of at least 50 MB of weights take them), so a pair and its matrices alone take
     // the same kernels; the register kernels are held to the staged ones by
     // staged_one_token_products_give_the_register_bits.
     gpu_b.set_mvq_tma_min_bytes(0);
