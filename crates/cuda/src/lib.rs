@@ -3173,30 +3173,45 @@ impl CudaBackend {
             };
             {
                 let func = self.f(&name)?;
-                let mut b = words::Words::new(&self.stream);
-                b.read(&q.data)
-                    .read(&s.seqtab)
-                    .i32(layer_i)
-                    .i64(row_bytes)
-                    .read(&s.pos)
-                    .i32(n_swa)
-                    .f32(spec.scale)
-                    .i32(n_kv_head)
-                    .write(&mut s.part);
                 let cfg = LaunchConfig {
                     grid_dim: ((spec.n_head_kv * groups) as u32, n_split as u32, n as u32),
                     block_dim: (128, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                // SAFETY: the words follow the attention kernels' parameters (q, seqtab, layer,
-                // row_bytes, pos, n_swa, scale, n_kv_head, part: kernels/attention.cu); each token
-                // reads visible rows of its own cache (seqtab holds live caches' tables, bound by
-                // bind_caches for this batch; slots derive from positions checked against each
-                // cache's n_ctx) and writes n x n_kv_head x n_split partials into `part`. Launched
-                // programmatically (`MUSER_PDL_ATTN=1`), the kernel touches memory only after its
-                // pdl_wait. (Not at all under MUSER_SKIP_KERNELS naming it: launch_ex.)
-                unsafe { self.launch_raw(&func, cfg, b.vals(), self.pdl_small && attn_pdl()) }
-                    .map_err(dev(&name))?;
+                // Each token reads visible rows of its own cache (seqtab holds live caches'
+                // tables, bound by bind_caches for this batch; slots derive from positions checked
+                // against each cache's n_ctx) and writes n x n_kv_head x n_split partials into
+                // `part`. (Not at all under MUSER_SKIP_KERNELS naming it.)
+                if self.pdl_small && attn_pdl() {
+                    let mut b = words::Words::new(&self.stream);
+                    b.read(&q.data)
+                        .read(&s.seqtab)
+                        .i32(layer_i)
+                        .i64(row_bytes)
+                        .read(&s.pos)
+                        .i32(n_swa)
+                        .f32(spec.scale)
+                        .i32(n_kv_head)
+                        .write(&mut s.part);
+                    // SAFETY: the reads and writes above, at this grid; the words follow the attention kernels' parameters (q,
+                    // seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part:
+                    // kernels/attention.cu), and launched programmatically the kernel touches
+                    // memory only after its pdl_wait (its first statement after pdl_trigger).
+                    unsafe { self.launch_raw(&func, cfg, b.vals(), true) }.map_err(dev(&name))?;
+                } else if !self.skipped(&func) {
+                    let mut b = self.stream.launch_builder(&func);
+                    b.arg(&q.data)
+                        .arg(&s.seqtab)
+                        .arg(&layer_i)
+                        .arg(&row_bytes)
+                        .arg(&s.pos)
+                        .arg(&n_swa)
+                        .arg(&spec.scale)
+                        .arg(&n_kv_head)
+                        .arg(&mut s.part);
+                    // SAFETY: the reads and writes above, at this grid.
+                    unsafe { b.launch(cfg) }.map_err(dev(&name))?;
+                }
             }
             n_split
         };
