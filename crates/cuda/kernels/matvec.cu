@@ -452,6 +452,13 @@ MV_R(4)
 //   order): the result does not depend on timing or on what else runs.
 // Blocks take `rpb` consecutive rows; the host sizes the grid to one wave of resident blocks.
 #define MVQ_R 4
+// MVQ_PF2 (MUSER_NVRTC_DEFINES=MVQ_PF2=1, for measuring; 0, the default, leaves it out): the
+// prefetching register Q4_K kernels (the attention's group, O) keep two steps' loads in flight
+// instead of one, in registers. The short launches' blocks walk their few steps one round trip
+// each; the same loads and arithmetic, so the same bits. Not yet run on a GPU.
+#ifndef MVQ_PF2
+#define MVQ_PF2 0
+#endif
 #define MVQ_MAX_THREADS 640  // 80 column blocks of 256: columns <= 20480
 
 __device__ __forceinline__ u32 dp4a_uu(u32 a, u32 b, u32 c) { u32 d; asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
@@ -644,6 +651,9 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
     const int e_lo = b * 256 + 64 * j + 16 * half, e_hi = e_lo + 32;
     const int r_begin = blockIdx.x * rpb, r_end = min(PAIR ? 2 * rows : rows, r_begin + rpb);
     uint4 hd[MVQ_R], qq[MVQ_R], nhd[MVQ_R], nqq[MVQ_R];
+#if MVQ_PF2
+    uint4 n2hd[MVQ_R], n2qq[MVQ_R];  // the step after next (MVQ_PF2)
+#endif
     // Rows r0.. (a step) into (h, q): of the group's matrix that holds them, or as above.
     auto load = [&](int r0, uint4 (&h)[MVQ_R], uint4 (&q)[MVQ_R]) {
         if (GROUP) {
@@ -660,6 +670,9 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
     // launched programmatically (lib.rs launch_raw), while the kernel before finishes.
     pdl_trigger();
     if (PF && r_begin < r_end) load(r_begin, nhd, nqq);
+#if MVQ_PF2
+    if (PF && r_begin + STEP < r_end) load(r_begin + STEP, n2hd, n2qq);
+#endif
     pdl_wait();
     u32 l0[4], l1[4], l2[4], h0[4], h1[4], h2[4];
     float lsc, lsum, hsc, hsum;
@@ -685,7 +698,13 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
         if (PF) {
 #pragma unroll
             for (int r = 0; r < MVQ_R; r++) { hd[r] = nhd[r]; qq[r] = nqq[r]; }
+#if MVQ_PF2
+#pragma unroll
+            for (int r = 0; r < MVQ_R; r++) { nhd[r] = n2hd[r]; nqq[r] = n2qq[r]; }
+            if (r0 + 2 * STEP < r_end) load(r0 + 2 * STEP, n2hd, n2qq);
+#else
             if (r0 + STEP < r_end) load(r0 + STEP, nhd, nqq);
+#endif
         } else {
             load(r0, hd, qq);
         }
