@@ -144,13 +144,14 @@ __device__ __forceinline__ void norm_tail_t(float* resid, const float* src, cons
 NORM_TAIL(norm_tail_512, 512)
 NORM_TAIL(norm_tail_1024, 1024)
 
-// The tail over a cluster of TAIL_CLUSTER blocks of 128 threads per row (sm_90; lib.rs
-// `MUSER_NORM_TAIL_CLUSTER=1`, for measuring; no sums of 8): a row's f64 work and loads spread
-// over 8 SMs instead of one. Block c of the cluster holds values c 1024 + t + 128 k (k < 8: rows
-// of up to 8192), and the sums of squares are each block's (its threads' values in order, then
-// block_sum_d), added in block order through distributed shared memory: a fixed order. Per value,
-// norm_tail_t's arithmetic. Not yet run on a GPU.
-#define TAIL_CLUSTER 8
+// The tail over a cluster of C blocks of 1024 / C threads per row (sm_90; lib.rs, one token's
+// rows without sums of 8): a row's f64 work and loads spread over C SMs instead of one. Block c of
+// the cluster holds values c 8192 / C + t + (1024 / C) k (k < 8: rows of up to 8192), and the sums
+// of squares are each block's (its threads' values in order, then block_sum_d), added in block
+// order through distributed shared memory: a fixed order. Per value, norm_tail_t's arithmetic.
+// C = 8 is the default (`norm_tail_cluster`; H200, 2026-11-30, twelfth session: decode 1.6%
+// faster than one block a row); 4 and 16 (`norm_tail_cluster4`, `norm_tail_cluster16`, a
+// non-portable cluster size) for measuring (`MUSER_NORM_TAIL_CLUSTER_SIZE`; not yet run on a GPU).
 __device__ __forceinline__ u32 cluster_rank() {
     u32 r = 0;
 #if __CUDA_ARCH__ >= 900
@@ -176,6 +177,7 @@ __device__ __forceinline__ double cluster_ld_f64(const double* local, u32 rank) 
 }
 // 1 / sqrt(sum / n + eps) of the cluster's sums in slot `slot` of `part` (thread 0 adds them in
 // block order and shares the scale through `scale`).
+template <int C>
 __device__ __forceinline__ double cluster_rms_scale(double v, int n, double eps, double* sh, double* part, int slot,
                                                     double* scale) {
     const double t = block_sum_d(v, sh);
@@ -183,23 +185,33 @@ __device__ __forceinline__ double cluster_rms_scale(double v, int n, double eps,
     cluster_sync_all();
     if (threadIdx.x == 0) {
         double s = 0.0;
-        for (int q = 0; q < TAIL_CLUSTER; q++) s += cluster_ld_f64(&part[slot], (u32)q);
+        for (int q = 0; q < C; q++) s += cluster_ld_f64(&part[slot], (u32)q);
         *scale = 1.0 / sqrt(s / n + eps);
     }
     __syncthreads();
     return *scale;
 }
-// norm_tail's parameters; `xs` is always null (the host takes this form only where no sums of 8
-// are wanted).
-extern "C" __global__ void __launch_bounds__(128) norm_tail_cluster(float* resid, const float* src, const float* w1, float eps1,
-                                                                    const float* w2, float eps2, int n, float* y, float* xs) {
+template <int C>
+__device__ __forceinline__ void norm_tail_cluster_t(float* resid, const float* src, const float* w1, float eps1,
+                                                    const float* w2, float eps2, int n, float* y) {
+    constexpr int T = 1024 / C;
     __shared__ double sh[32];
     __shared__ double part[2];
     __shared__ double scale;
-    norm_tail_t<128, 8>(resid, src, w1, eps1, w2, eps2, n, y, nullptr, blockIdx.y, (int)cluster_rank() * 1024 + (int)threadIdx.x,
-                        [&](double v, double eps, int slot) { return cluster_rms_scale(v, n, eps, sh, part, slot, &scale); });
+    norm_tail_t<T, 8>(resid, src, w1, eps1, w2, eps2, n, y, nullptr, blockIdx.y, (int)cluster_rank() * (8192 / C) + (int)threadIdx.x,
+                      [&](double v, double eps, int slot) { return cluster_rms_scale<C>(v, n, eps, sh, part, slot, &scale); });
     cluster_sync_all();  // no block leaves while another may still read its part
 }
+// norm_tail's parameters; `xs` is always null (the host takes these forms only where no sums of 8
+// are wanted).
+#define NORM_TAIL_CLUSTER(NAME, C)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(1024 / C) NAME(float* resid, const float* src, const float* w1, float eps1, \
+                                                                const float* w2, float eps2, int n, float* y, float* xs) {  \
+        norm_tail_cluster_t<C>(resid, src, w1, eps1, w2, eps2, n, y);                                                       \
+    }
+NORM_TAIL_CLUSTER(norm_tail_cluster, 8)
+NORM_TAIL_CLUSTER(norm_tail_cluster4, 4)
+NORM_TAIL_CLUSTER(norm_tail_cluster16, 16)
 
 // resid += rms_norm(src, eps) * w (a post norm without the next pre norm).
 extern "C" __global__ void post_norm_add(float* resid, const float* src, const float* w, float eps, int n) {

@@ -448,11 +448,12 @@ pub struct CudaBackend {
     mvq_stages: std::sync::atomic::AtomicUsize,
     /// sm_90 or newer (the TMA, programmatic launches).
     hopper: bool,
-    /// `norm_tail` over a cluster of NORM_TAIL_CLUSTER blocks a row where no sums of 8 are
-    /// wanted, on sm_90 (on unless `MUSER_NORM_TAIL_CLUSTER=0` or `set_norm_tail_cluster`; H200,
-    /// 2026-11-30, twelfth session: decode 150.26/150.29 tokens/s against 147.88/147.86 with one
-    /// block a row, alternating in one call).
-    norm_tail_cluster: std::sync::atomic::AtomicBool,
+    /// `norm_tail` over a cluster of this many blocks a row where no sums of 8 are wanted, on
+    /// sm_90, or 0: one block a row. 8 unless `MUSER_NORM_TAIL_CLUSTER=0` (one block) or
+    /// `MUSER_NORM_TAIL_CLUSTER_SIZE=4|16` (for measuring), or `set_norm_tail_cluster`. H200,
+    /// 2026-11-30, twelfth session: decode 150.26/150.29 tokens/s at 8 against 147.88/147.86 with
+    /// one block a row, alternating in one call.
+    norm_tail_cluster: std::sync::atomic::AtomicU32,
     /// The smallest launch (bytes of weights) the staged forms take (`MUSER_MVQ_TMA_MIN_MB`, default
     /// 50: the 30B's Q4_K FFN down projections, 75 MB, too; H200, 2026-11-30, twelfth session:
     /// 151.94/152.11/152.08 tokens/s against 151.08/151.06/150.93 at 100 MB, alternating in one call).
@@ -662,10 +663,17 @@ impl CudaBackend {
                 0
             }),
             hopper: cc.0 >= 9,
-            norm_tail_cluster: std::sync::atomic::AtomicBool::new(!env_is(
-                "MUSER_NORM_TAIL_CLUSTER",
-                "0",
-            )),
+            norm_tail_cluster: std::sync::atomic::AtomicU32::new(
+                if env_is("MUSER_NORM_TAIL_CLUSTER", "0") {
+                    0
+                } else {
+                    match env_usize("MUSER_NORM_TAIL_CLUSTER_SIZE") {
+                        Some(4) => 4,
+                        Some(16) => 16,
+                        _ => 8,
+                    }
+                },
+            ),
             mvq_tma_min_bytes: std::sync::atomic::AtomicUsize::new(
                 env_usize("MUSER_MVQ_TMA_MIN_MB").unwrap_or(50) << 20,
             ),
@@ -903,6 +911,25 @@ impl CudaBackend {
 
     /// Raise kernel `name`'s dynamic shared memory limit to `bytes` (once; `bytes` is the most
     /// any launch of it asks for).
+    /// Let `f` launch in clusters of more than 8 blocks (a non-portable size; sm_90 allows 16),
+    /// once per kernel.
+    fn allow_wide_clusters(&self, name: &str, f: &CudaFunction) -> Result<()> {
+        let mut g = self
+            .smem_raised
+            .lock()
+            .map_err(|_| Error::Backend("shared memory table lock poisoned".into()))?;
+        let key = format!("{name}+wide clusters");
+        if !g.contains(&key) {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                1,
+            )
+            .map_err(dev("non-portable cluster size"))?;
+            g.insert(key);
+        }
+        Ok(())
+    }
+
     fn raise_smem(&self, name: &str, f: &CudaFunction, bytes: u32) -> Result<()> {
         let mut g = self
             .smem_raised
@@ -1042,18 +1069,24 @@ impl CudaBackend {
         self.hopper
     }
 
-    /// Whether `norm_tail` takes the cluster form where it can (`set_norm_tail_cluster`).
-    pub fn norm_tail_cluster(&self) -> bool {
+    /// The blocks of `norm_tail`'s cluster form where it can take it, or 0 (one block a row).
+    pub fn norm_tail_cluster(&self) -> u32 {
         self.norm_tail_cluster
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// `norm_tail` over a cluster of blocks a row (`norm_tail_cluster`, on sm_90, the default),
-    /// or one block.
-    pub fn set_norm_tail_cluster(&self, on: bool) {
+    /// `norm_tail` over a cluster of `blocks` blocks a row (4, 8: the default on sm_90, or 16),
+    /// or with 0 one block a row.
+    pub fn set_norm_tail_cluster(&self, blocks: u32) -> Result<()> {
+        if !matches!(blocks, 0 | 4 | 8 | 16) {
+            return Err(Error::Backend(format!(
+                "norm_tail clusters of {blocks} blocks: 0, 4, 8 or 16"
+            )));
+        }
         self.norm_tail_cluster
-            .store(on, std::sync::atomic::Ordering::Relaxed);
+            .store(blocks, std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
+        Ok(())
     }
 
     pub fn set_fused_ffn(&self, on: bool) {
@@ -3327,9 +3360,6 @@ fn mvq_split() -> bool {
     *ON.get_or_init(|| !env_is("MUSER_MVQ_SPLIT", "0"))
 }
 
-/// Blocks of a row in `norm_tail_cluster` (kernels/norm.cu TAIL_CLUSTER).
-const NORM_TAIL_CLUSTER: u32 = 8;
-
 /// `norm_tail`'s kernel and threads: 512 (no spills; kernels/norm.cu says what was measured),
 /// or 1024 (NORM_THREADS, the form before) where `MUSER_NORM_TAIL_THREADS=1024`, for measuring.
 /// Each thread holds 8192 / threads values, so a row may have up to 8 * NORM_THREADS at either.
@@ -4526,21 +4556,22 @@ impl Backend for CudaBackend {
                 let n = resid.cols as i32;
                 let with_sums = resid.cols % 8 == 0 && self.sums_wanted(resid.rows);
                 // `norm_tail_cluster` (the default where it applies): a row over a cluster of
-                // NORM_TAIL_CLUSTER blocks of 128 threads (kernels/norm.cu), where no sums of 8
-                // are wanted, on sm_90; else a block per row.
-                let cluster = self.hopper
-                    && !with_sums
-                    && resid.cols <= 8192
-                    && self
-                        .norm_tail_cluster
-                        .load(std::sync::atomic::Ordering::Relaxed);
+                // 8 blocks of 128 threads (kernels/norm.cu; 4 or 16 blocks of 1024 / blocks
+                // for measuring), where no sums of 8 are wanted, on sm_90; else a block per row.
+                let blocks = self.norm_tail_cluster();
+                let cluster = self.hopper && !with_sums && resid.cols <= 8192 && blocks > 0;
                 let (name, cfg, blocks) = if cluster {
+                    let name = match blocks {
+                        4 => "norm_tail_cluster4",
+                        16 => "norm_tail_cluster16",
+                        _ => "norm_tail_cluster",
+                    };
                     let cfg = LaunchConfig {
-                        grid_dim: (NORM_TAIL_CLUSTER, resid.rows as u32, 1),
-                        block_dim: (128, 1, 1),
+                        grid_dim: (blocks, resid.rows as u32, 1),
+                        block_dim: (1024 / blocks, 1, 1),
                         shared_mem_bytes: 0,
                     };
-                    ("norm_tail_cluster", cfg, NORM_TAIL_CLUSTER)
+                    (name, cfg, blocks)
                 } else {
                     let (name, threads) = norm_tail_kernel();
                     let cfg = LaunchConfig {
@@ -4551,6 +4582,9 @@ impl Backend for CudaBackend {
                     (name, cfg, 1)
                 };
                 let func = self.f(name)?;
+                if blocks > 8 {
+                    self.allow_wide_clusters(name, &func)?;
+                }
                 let mut b = words::Words::new(&self.stream);
                 b.write(&mut resid.data)
                     .read(&src.data)
@@ -4566,9 +4600,9 @@ impl Backend for CudaBackend {
                     b.null();
                 }
                 // SAFETY: one block per row of n <= 8 * NORM_THREADS floats, or a cluster of
-                // NORM_TAIL_CLUSTER blocks of 128 threads per row of n <= 8192 (8 values a
+                // `blocks` blocks of 1024 / blocks threads per row of n <= 8192 (8 values a
                 // thread; no sums then), in three equal-shaped buffers; the words follow the
-                // kernel's parameters (the same for both); it waits first.
+                // kernel's parameters (the same for all); it waits first.
                 unsafe { self.launch_ex(&func, cfg, b.vals(), self.pdl_small, blocks) }
                     .map_err(dev(name))?;
                 resid.xs_ok = false;

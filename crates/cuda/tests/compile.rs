@@ -40,6 +40,8 @@ fn every_kernel_source_compiles_for_sm_90() {
         "norm_tail_512",
         "norm_tail_1024",
         "norm_tail_cluster",
+        "norm_tail_cluster4",
+        "norm_tail_cluster16",
         "post_norm_add",
         "head_norm",
         "rope_norm",

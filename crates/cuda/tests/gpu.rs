@@ -781,15 +781,15 @@ fn norms_match_the_cpu_at_real_widths() {
         (normed, b.read(&xa).unwrap(), b.read(&next).unwrap())
     }
     // Three rows (the block-per-row kernels, with sums of 8), and one row with and without
-    // the cluster form of the tail (`set_norm_tail_cluster`, sm_90; it takes rows without sums).
-    let cluster = [false, g.hopper()];
+    // the cluster forms of the tail (`set_norm_tail_cluster`: 8 blocks, the default, and 4 and
+    // 16; sm_90; they take rows without sums).
     let default_form = g.norm_tail_cluster();
     for n in [256usize, 2048, 6656, 8192] {
-        for (rows, on) in [(3, false), (1, false), (1, true)] {
-            if on && !cluster[1] {
+        for (rows, blocks) in [(3, 0), (1, 0), (1, 8), (1, 4), (1, 16)] {
+            if blocks > 0 && !g.hopper() {
                 continue;
             }
-            g.set_norm_tail_cluster(on);
+            g.set_norm_tail_cluster(blocks).unwrap();
             let (a, b) = (run(&c, n, rows), run(&g, n, rows));
             for (what, x, y) in [
                 ("rms_norm", &a.0, &b.0),
@@ -801,13 +801,17 @@ fn norms_match_the_cpu_at_real_widths() {
                     .zip(y.iter())
                     .map(|(p, q)| ((p - q) / p.abs().max(1e-3)).abs())
                     .fold(0f32, f32::max);
-                let form = if on { "cluster" } else { "" };
+                let form = match blocks {
+                    0 => String::new(),
+                    8 => "cluster".to_string(),
+                    n => format!("cluster{n}"),
+                };
                 println!("n={n:<5} rows {rows} {what:<14} {form:<7} max rel err {err:.2e}");
                 assert!(err <= 1e-6, "{what} at n={n}, {rows} rows {form}: {err}");
             }
         }
     }
-    g.set_norm_tail_cluster(default_form);
+    g.set_norm_tail_cluster(default_form).unwrap();
 }
 
 /// A whole model wider than the fixtures (the synthetic 'small' and 'mid' presets: 512 and 2048
