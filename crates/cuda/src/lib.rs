@@ -909,8 +909,6 @@ impl CudaBackend {
         self.bump_epoch();
     }
 
-    /// Raise kernel `name`'s dynamic shared memory limit to `bytes` (once; `bytes` is the most
-    /// any launch of it asks for).
     /// Let `f` launch in clusters of more than 8 blocks (a non-portable size; sm_90 allows 16),
     /// once per kernel.
     fn allow_wide_clusters(&self, name: &str, f: &CudaFunction) -> Result<()> {
@@ -930,6 +928,8 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Raise kernel `name`'s dynamic shared memory limit to `bytes` (once; `bytes` is the most
+    /// any launch of it asks for).
     fn raise_smem(&self, name: &str, f: &CudaFunction, bytes: u32) -> Result<()> {
         let mut g = self
             .smem_raised
@@ -1572,7 +1572,7 @@ impl CudaBackend {
         let threads = Self::mvq_threads(members[0].0);
         let f = &self.f(name)?;
         let per_sm = self.blocks_per_sm(name, f, threads, 0)?;
-        let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, 1, false);
+        let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, 1);
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (threads, 1, 1),
@@ -1651,43 +1651,12 @@ impl CudaBackend {
     }
 
     /// Rows per block and blocks of a one-token launch over `vrows` rows: one wave of `per_sm`
-    /// resident blocks per SM, `ranges` of them per range of rows, runs of `step` rows.
-    ///
-    /// With `MUSER_MVQ_BALANCE` (a measurement knob: 1 every launch, 2 the staged launches only;
-    /// off by default), the rows per block are instead the multiple of `step`, from that size up
-    /// to twice it, whose wave puts the fewest rows on the busiest SM, blocks dealt to the SMs in
-    /// turn: the FFN's staged pair (39,936 rows) takes 624 blocks of 64 rows by default, 5 on 96
-    /// SMs and 4 on 36, 320 rows on the busiest where 302.5 is the mean; at 76 rows a block, 526
-    /// blocks put 304 there. Every row is still computed whole by one block, in the same order:
-    /// the same bits.
-    fn mvq_wave(
-        &self,
-        vrows: usize,
-        step: usize,
-        per_sm: u32,
-        ranges: usize,
-        staged: bool,
-    ) -> (usize, u32) {
+    /// resident blocks per SM, `ranges` of them per range of rows, runs of `step` rows. (Fewer,
+    /// longer blocks that put fewer rows on the busiest SM were slower: docs/BENCHMARKS.md,
+    /// twelfth session.)
+    fn mvq_wave(&self, vrows: usize, step: usize, per_sm: u32, ranges: usize) -> (usize, u32) {
         let slots = ((per_sm * self.sm_count) as usize / ranges).max(1);
         let rpb = vrows.div_ceil(slots).div_ceil(step) * step;
-        let balance = mvq_balance();
-        if balance == 1 || (balance == 2 && staged) {
-            let sms = (self.sm_count as usize).max(1);
-            // The rows the busiest SM holds at `r` rows a block (None past one wave).
-            let busiest = |r: usize| {
-                let blocks = vrows.div_ceil(r) * ranges;
-                (blocks <= slots * ranges).then(|| blocks.div_ceil(sms) * r)
-            };
-            let mut best = (busiest(rpb).unwrap_or(usize::MAX), rpb);
-            for r in (rpb..=2 * rpb).step_by(step.max(1)) {
-                if let Some(c) = busiest(r)
-                    && c < best.0
-                {
-                    best = (c, r);
-                }
-            }
-            return (best.1, vrows.div_ceil(best.1) as u32);
-        }
         (rpb, vrows.div_ceil(rpb) as u32)
     }
 
@@ -1832,7 +1801,7 @@ impl CudaBackend {
         let vrows = if second.is_some() { 2 * w.rows } else { w.rows };
         let f = &self.f(name)?;
         let per_sm = self.blocks_per_sm(name, f, threads, 0)?;
-        let (rpb, grid) = self.mvq_wave(vrows, step, per_sm, ranges, false);
+        let (rpb, grid) = self.mvq_wave(vrows, step, per_sm, ranges);
         let mut g = if ranges > 1 {
             Some(self.scratch()?)
         } else {
@@ -1939,7 +1908,7 @@ impl CudaBackend {
         self.raise_smem(name, f, MVQ_TMA_SMEM as u32)?;
         let per_sm = self.blocks_per_sm(name, f, threads, smem)?;
         let vrows = if second.is_some() { 2 * w.rows } else { w.rows };
-        let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, ranges, true);
+        let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, ranges);
         let mut g = if ranges > 1 {
             Some(self.scratch()?)
         } else {
@@ -3402,12 +3371,6 @@ fn mvq_group_max_bytes() -> Option<usize> {
 fn attn_pdl() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| env_is("MUSER_PDL_ATTN", "1"))
-}
-
-/// `MUSER_MVQ_BALANCE` (`mvq_wave`): 0 (the default), 1 or 2.
-fn mvq_balance() -> usize {
-    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| env_usize("MUSER_MVQ_BALANCE").unwrap_or(0))
 }
 
 /// `MUSER_MVQ_GROUP=0` (then pairs).
