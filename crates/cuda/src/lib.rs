@@ -3356,7 +3356,6 @@ fn mvq_range_blocks() -> usize {
     })
 }
 
-/// Group launches of one token's products of one input (`mvq_q4_k_group`) unless
 /// `MUSER_MVQ_GROUP_MAX_MB` (for measuring): the largest group of one-token products, in bytes of
 /// weights, `mvq_q4_k_group` takes, apart from the staged forms' threshold, so that a lower
 /// `MUSER_MVQ_TMA_MIN_MB` (O staged) keeps the group (the ninth session's 10 MB had lost it too).
@@ -3373,6 +3372,7 @@ fn attn_pdl() -> bool {
     *ON.get_or_init(|| env_is("MUSER_PDL_ATTN", "1"))
 }
 
+/// Group launches of one token's products of one input (`mvq_q4_k_group`) unless
 /// `MUSER_MVQ_GROUP=0` (then pairs).
 fn mvq_group_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
