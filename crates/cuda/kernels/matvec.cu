@@ -996,10 +996,13 @@ extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_pair_
 // Per row: sum over the thread's runs of (d sc) (q . X) 2^(E-B) - (dmin m) sum x, the integer dot
 // products exact (as mvq_q4_k), combined in f32 in a fixed order; partial rows summed over the
 // block in a fixed order (warp_sum4, then warps in order).
-template <bool PAIR, bool SPLIT, int P>
+// GROUP: the virtual rows of *grp (rows = its vrows; W, W2, y, y2 unused), as mvq_q4_k's group
+// form (MUSER_MVQ_GROUP_TMA=1, for measuring): each row's bits as this kernel's alone.
+template <bool PAIR, bool SPLIT, int P, bool GROUP = false>
 __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
                                              float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
-                                             float* __restrict__ part, unsigned* cnt, int nbs, int stages) {
+                                             float* __restrict__ part, unsigned* cnt, int nbs, int stages,
+                                             const MvqGroup* grp = nullptr) {
     extern __shared__ __align__(128) u8 stage_mem[];
     __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
     __shared__ __align__(8) u64 bars[MVQ_TMA_MAX_STAGES];
@@ -1022,7 +1025,14 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
             int row = min(r_begin + k * MVQ_R + r, vrows - 1);
-            const u8* M = mvq_seg<PAIR>(W, W2, row, rows);
+            const u8* M;
+            if (GROUP) {
+                float* Y;
+                int end;
+                row -= mvq_gseg(*grp, row, M, Y, end);
+            } else {
+                M = mvq_seg<PAIR>(W, W2, row, rows);
+            }
             tma_copy(stage_mem + s * stride + r * rb, M + ((long long)row * nb + b_off) * 144, (u32)rb, &bars[s]);
         }
     };
@@ -1104,7 +1114,13 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
             const int rr = r0 + tid;
             float sum = 0.0f;
             for (int w = 0; w < nw; w++) sum += red[it][w][tid];
-            if (PAIR && r0 >= rows) {
+            if (GROUP) {
+                const u8* M;
+                float* Y;
+                int end;
+                const int s0 = mvq_gseg(*grp, r0, M, Y, end);  // a step never straddles two matrices
+                if (rr < min(r_end, end)) Y[rr - s0] = sum;
+            } else if (PAIR && r0 >= rows) {
                 if (rr < r_end) y2[rr - rows] = sum;
             } else if (rr < (PAIR ? min(r_end, rows) : r_end)) {
                 yp[rr] = sum;
@@ -1213,6 +1229,17 @@ __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8*
                                                            int nbs, int stages) {                                            \
         mvq_q6_k_tma<PAIR, SPLIT, P>(W, W2, nbt, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                         \
     }
+// The attention's group (as MVQ_GROUP) on the staged kernel: MUSER_MVQ_GROUP_TMA=1, for measuring.
+#define MVQ_TMA4_GROUP(NAME, P)                                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* W0, const u8* W1, const u8* W2, const u8* W3,     \
+                                                           const float* x, float* y0, float* y1, float* y2, float* y3, \
+                                                           int s1, int s2, int s3, int vrows, int cols, int rpb,       \
+                                                           int stages) {                                               \
+        const MvqGroup g{W0, W1, W2, W3, y0, y1, y2, y3, s1, s2, s3, vrows};                                        \
+        mvq_q4_k_tma<false, false, P, true>(W0, W0, x, y0, y0, vrows, cols, rpb, nullptr, nullptr, 0, stages, &g);  \
+    }
+MVQ_TMA4_GROUP(mvq_q4_k_group_tma, 3)
+MVQ_TMA4_GROUP(mvq_q4_k_group_tma_p2, 2)
 MVQ_TMA4(mvq_q4_k_tma, false, false, 3)
 MVQ_TMA4(mvq_q4_k_split_tma, false, true, 3)
 MVQ_TMA4(mvq_q4_k_pair_tma, true, false, 3)

@@ -458,6 +458,10 @@ pub struct CudaBackend {
     /// 50: the 30B's Q4_K FFN down projections, 75 MB, too; H200, 2026-11-30, twelfth session:
     /// 151.94/152.11/152.08 tokens/s against 151.08/151.06/150.93 at 100 MB, alternating in one call).
     mvq_tma_min_bytes: std::sync::atomic::AtomicUsize,
+    /// The attention's group launch on the staged kernel (`mvq_q4_k_group_tma`, sm_90) instead of
+    /// the register one: `MUSER_MVQ_GROUP_TMA=1` or `set_mvq_group_staged`, for measuring; off by
+    /// default, not yet run on a GPU.
+    mvq_group_staged: std::sync::atomic::AtomicBool,
     /// Products of more than 64 tokens in one launch of the staged kernels, 64 tokens per grid
     /// layer (on unless `MUSER_MMQ_ZGRID=0`), instead of one launch per 64 tokens. Same bits per token.
     mmq_zgrid: std::sync::atomic::AtomicBool,
@@ -677,6 +681,10 @@ impl CudaBackend {
             mvq_tma_min_bytes: std::sync::atomic::AtomicUsize::new(
                 env_usize("MUSER_MVQ_TMA_MIN_MB").unwrap_or(50) << 20,
             ),
+            mvq_group_staged: std::sync::atomic::AtomicBool::new(env_is(
+                "MUSER_MVQ_GROUP_TMA",
+                "1",
+            )),
             pdl,
             pdl_small: pdl && !env_is("MUSER_PDL_SMALL", "0"),
             mmq_zgrid: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_ZGRID", "0")),
@@ -855,6 +863,18 @@ impl CudaBackend {
     /// keep the register forms).
     pub fn set_mvq_tma_min_bytes(&self, bytes: usize) {
         self.set_choice(&self.mvq_tma_min_bytes, bytes);
+    }
+
+    /// The smallest launch, in bytes of weights, the staged one-token kernels take now.
+    pub fn mvq_tma_min_bytes(&self) -> usize {
+        self.mvq_tma_min_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The attention's group launch on the staged kernel (`mvq_q4_k_group_tma`) where the staged
+    /// kernels run (sm_90, stages on), or on the register kernel (the default).
+    pub fn set_mvq_group_staged(&self, on: bool) {
+        self.set_switch(&self.mvq_group_staged, on);
     }
 
     /// The staged one-token kernels' stages now (0: the register forms).
@@ -1517,7 +1537,8 @@ impl CudaBackend {
     /// Whether a group of products of one token may go to `mvq_q4_k_group`: one token, not the
     /// batch-invariant or parity modes, pair launches on (`MUSER_MMQ_PAIR`), groups on (unless
     /// `MUSER_MVQ_GROUP=0`), and the group below the staged forms' threshold (those launches
-    /// keep their pairs), or below `MUSER_MVQ_GROUP_MAX_MB` where that is set.
+    /// keep their pairs), or below `MUSER_MVQ_GROUP_MAX_MB` where that is set, unless the group
+    /// itself is staged (`set_mvq_group_staged`).
     fn group_ok(&self, ws: &[&CudaMatrix], x: &CudaAct) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let bytes: usize = ws.iter().map(|w| w.data.len()).sum();
@@ -1527,7 +1548,14 @@ impl CudaBackend {
             && self.mmq_pairs.load(Relaxed)
             && mvq_group_enabled()
             && (self.mvq_stages.load(Relaxed) == 0
+                || self.group_staged()
                 || bytes < mvq_group_max_bytes().unwrap_or(self.mvq_tma_min_bytes.load(Relaxed)))
+    }
+
+    /// Whether group launches take the staged kernel: asked for, on sm_90 with stages on.
+    fn group_staged(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.hopper && self.mvq_stages.load(Relaxed) > 0 && self.mvq_group_staged.load(Relaxed)
     }
 
     /// A matrix `mvq_q4_k_group` takes: Q4_K, x's width, at most 256 threads, rows a multiple of
@@ -1564,19 +1592,41 @@ impl CudaBackend {
         for s in starts.iter_mut().skip(n + 1) {
             *s = vrows;
         }
-        let name = if self.mvq_planes.load(std::sync::atomic::Ordering::Relaxed) == 2 {
-            "mvq_q4_k_group_p2"
-        } else {
-            "mvq_q4_k_group"
+        let fast = self.mvq_planes.load(std::sync::atomic::Ordering::Relaxed) == 2;
+        // The staged form (`group_staged`): 4 threads per 256-column block, `stages` steps of
+        // MVQ_R rows of every column in shared memory, as the staged pair.
+        let staged = self.group_staged();
+        let name = match (staged, fast) {
+            (false, true) => "mvq_q4_k_group_p2",
+            (false, false) => "mvq_q4_k_group",
+            (true, true) => "mvq_q4_k_group_tma_p2",
+            (true, false) => "mvq_q4_k_group_tma",
         };
-        let threads = Self::mvq_threads(members[0].0);
+        let (threads, stages, smem) = if staged {
+            let stride = MVQ_R * (cols / 256) * 144;
+            let stages = self
+                .mvq_stages
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .min(MVQ_TMA_SMEM / stride)
+                .max(2);
+            (
+                ((cols / 256 * 4) as u32).div_ceil(32) * 32,
+                stages,
+                (stages * stride) as u32,
+            )
+        } else {
+            (Self::mvq_threads(members[0].0), 0, 0)
+        };
         let f = &self.f(name)?;
-        let per_sm = self.blocks_per_sm(name, f, threads, 0)?;
+        if staged {
+            self.raise_smem(name, f, MVQ_TMA_SMEM as u32)?;
+        }
+        let per_sm = self.blocks_per_sm(name, f, threads, smem)?;
         let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, 1);
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem,
         };
         let xv = x.data.slice(..cols);
         let mut w = words::Words::new(&self.stream);
@@ -1603,11 +1653,16 @@ impl CudaBackend {
             .i32(vrows as i32)
             .i32(cols as i32)
             .i32(rpb as i32);
-        // SAFETY: the words follow mvq_q4_k_group's parameters; each matrix has its rows x cols
-        // Q4_K weights and each output one row of its rows (checked above); the segments past
-        // the n matrices are empty (their starts are vrows), so their repeated pointers are never
-        // used; threads cover cols / 256 column blocks (<= 256 threads, mvq_group_member); the
-        // kernel reads x only after its pdl_wait.
+        if staged {
+            w.i32(stages as i32);
+        }
+        // SAFETY: the words follow mvq_q4_k_group's parameters (the staged form's: the same and
+        // `stages`); each matrix has its rows x cols Q4_K weights and each output one row of its
+        // rows (checked above); the segments past the n matrices are empty (their starts are
+        // vrows), so their repeated pointers are never used; threads cover cols / 256 column
+        // blocks (<= 256 threads at 8 a block, mvq_group_member, so at 4 too); the staged form's
+        // dynamic shared memory holds `stages` stages of MVQ_R rows (raised to MVQ_TMA_SMEM >=
+        // smem); the kernel reads x only after its pdl_wait.
         unsafe { self.launch_raw(f, cfg, w.vals(), self.pdl) }.map_err(dev(name))
     }
 

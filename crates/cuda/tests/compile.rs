@@ -68,6 +68,7 @@ fn every_kernel_source_compiles_for_sm_90() {
         "xq_planes",
         "mvq_q4_k_pair_tma",
         "mvq_q4_k_split_tma_p2",
+        "mvq_q4_k_group_tma_p2",
         "mvq_q6_k_tma",
         "mvq_q6_k_split_tma",
         "mvq_q6_k_pair_tma_p2",

@@ -2798,13 +2798,15 @@ fn large_reads_give_the_device_values() {
 /// attention's products): each output the bits of its matrix alone, with three and two digit
 /// planes; with every matrix Q4_K (one launch of four) and in llama.cpp's Q4_K_M layout (V may be
 /// Q6_K: then three in the group and V alone). The 30B's widths: 6656 columns, 4096 + 4096 + 256
-/// + 256 rows.
+/// + 256 rows. On sm_90 also the staged group (`set_mvq_group_staged`, for measuring) against
+/// each matrix alone on the staged kernels.
 #[test]
 fn grouped_one_token_products_give_the_bits_alone() {
     let Some(g) = gpu() else { return };
     let dir = std::env::temp_dir().join(format!("muser-group-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut rows = Vec::new();
+    let default_min = g.mvq_tma_min_bytes();
     for layout in ["q4_k", "q4_k_m"] {
         let file = layer_file(&dir, layout, (512, 32, 512), 23);
         let l = &file.tensors.layers[0];
@@ -2823,7 +2825,14 @@ fn grouped_one_token_products_give_the_bits_alone() {
             .collect();
         let mut xg = g.act(1, 6656).unwrap();
         g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
-        for planes in [3usize, 2] {
+        let forms: &[bool] = if g.hopper() { &[false, true] } else { &[false] };
+        for (&staged, planes) in forms
+            .iter()
+            .flat_map(|s| [3usize, 2].into_iter().map(move |p| (s, p)))
+        {
+            // Staged: every launch on the staged kernels, the group's and each matrix's alone.
+            g.set_mvq_tma_min_bytes(if staged { 0 } else { default_min });
+            g.set_mvq_group_staged(staged);
             g.set_mvq_planes(planes);
             let mut alone = Vec::new();
             for w in &ws {
@@ -2863,7 +2872,8 @@ fn grouped_one_token_products_give_the_bits_alone() {
                 );
             }
             rows.push(format!(
-                "{layout:<6} planes {planes}: {} ({}) same bits as alone",
+                "{layout:<6} planes {planes}{}: {} ({}) same bits as alone",
+                if staged { " staged" } else { "" },
                 group.unwrap_or_default(),
                 ws.iter()
                     .map(|w| w.ty.to_string())
@@ -2872,6 +2882,7 @@ fn grouped_one_token_products_give_the_bits_alone() {
             ));
         }
         g.set_mvq_planes(3);
+        g.set_mvq_group_staged(false);
     }
     println!("{}", rows.join("\n"));
     std::fs::remove_dir_all(&dir).ok();
