@@ -513,8 +513,8 @@ pub struct CudaBackend {
     attn_tcd: std::sync::atomic::AtomicU8,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
-    /// Staged kernels whose shared-memory limit has been raised (once each).
-    smem_raised: Mutex<std::collections::HashSet<String>>,
+    /// Kernel attributes set so far, each once (`set_attribute_once`'s keys).
+    attributes_set: Mutex<std::collections::HashSet<String>>,
     /// Bumped when a scratch buffer is reallocated (`scratch_epoch`).
     scratch_epoch: std::sync::atomic::AtomicU64,
     /// Resident blocks per SM of (kernel, block size), from the occupancy calculator.
@@ -692,7 +692,7 @@ impl CudaBackend {
             mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
                 if env_is("MUSER_MMQ_MR", "2") { 32 } else { 16 },
             ),
-            smem_raised: Mutex::new(std::collections::HashSet::new()),
+            attributes_set: Mutex::new(std::collections::HashSet::new()),
             mmq_tiles: std::sync::atomic::AtomicUsize::new(
                 env_usize("MUSER_MMQ_NT")
                     .filter(|n| (1..=4).contains(n))
@@ -929,21 +929,23 @@ impl CudaBackend {
         self.bump_epoch();
     }
 
-    /// Let `f` launch in clusters of more than 8 blocks (a non-portable size; sm_90 allows 16),
-    /// once per kernel.
-    fn allow_wide_clusters(&self, name: &str, f: &CudaFunction) -> Result<()> {
+    /// Set `attr` of kernel `f` to `value` the first time `key` comes (a kernel's name, or a name
+    /// for one of its attributes), not again; `what` names the attribute in an error.
+    fn set_attribute_once(
+        &self,
+        key: &str,
+        f: &CudaFunction,
+        attr: cudarc::driver::sys::CUfunction_attribute,
+        value: i32,
+        what: &'static str,
+    ) -> Result<()> {
         let mut g = self
-            .smem_raised
+            .attributes_set
             .lock()
-            .map_err(|_| Error::Backend("shared memory table lock poisoned".into()))?;
-        let key = format!("{name}+wide clusters");
-        if !g.contains(&key) {
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                1,
-            )
-            .map_err(dev("non-portable cluster size"))?;
-            g.insert(key);
+            .map_err(|_| Error::Backend("kernel attribute table lock poisoned".into()))?;
+        if !g.contains(key) {
+            f.set_attribute(attr, value).map_err(dev(what))?;
+            g.insert(key.to_string());
         }
         Ok(())
     }
@@ -951,19 +953,13 @@ impl CudaBackend {
     /// Raise kernel `name`'s dynamic shared memory limit to `bytes` (once; `bytes` is the most
     /// any launch of it asks for).
     fn raise_smem(&self, name: &str, f: &CudaFunction, bytes: u32) -> Result<()> {
-        let mut g = self
-            .smem_raised
-            .lock()
-            .map_err(|_| Error::Backend("shared memory table lock poisoned".into()))?;
-        if !g.contains(name) {
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-            .map_err(dev("shared memory limit"))?;
-            g.insert(name.to_string());
-        }
-        Ok(())
+        self.set_attribute_once(
+            name,
+            f,
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            bytes as i32,
+            "shared memory limit",
+        )
     }
 
     /// `dst` = `src` on the host, returned once complete: reads of STAGED_READ_MIN_BYTES or
@@ -1603,17 +1599,11 @@ impl CudaBackend {
             (true, false) => "mvq_q4_k_group_tma",
         };
         let (threads, stages, smem) = if staged {
-            let stride = MVQ_R * (cols / 256) * 144;
-            let stages = self
-                .mvq_stages
-                .load(std::sync::atomic::Ordering::Relaxed)
-                .min(MVQ_TMA_SMEM / stride)
-                .max(2);
-            (
-                ((cols / 256 * 4) as u32).div_ceil(32) * 32,
-                stages,
-                (stages * stride) as u32,
-            )
+            let (stages, smem) = staged_memory(
+                self.mvq_stages.load(std::sync::atomic::Ordering::Relaxed),
+                MVQ_R * (cols / 256) * 144,
+            );
+            (q4k_staged_threads(cols / 256), stages, smem)
         } else {
             (Self::mvq_threads(members[0].0), 0, 0)
         };
@@ -1952,13 +1942,8 @@ impl CudaBackend {
         };
         let stride = MVQ_R * row_bytes;
         // Q4_K's staged kernel takes 4 threads per 256-column block (Q6_K's 8, as the others).
-        let threads = if q6 {
-            threads
-        } else {
-            ((nbs * 4) as u32).div_ceil(32) * 32
-        };
-        let stages = stages.min(MVQ_TMA_SMEM / stride).max(2);
-        let smem = (stages * stride) as u32;
+        let threads = if q6 { threads } else { q4k_staged_threads(nbs) };
+        let (stages, smem) = staged_memory(stages, stride);
         let f = &self.f(name)?;
         self.raise_smem(name, f, MVQ_TMA_SMEM as u32)?;
         let per_sm = self.blocks_per_sm(name, f, threads, smem)?;
@@ -3250,10 +3235,11 @@ impl CudaBackend {
                         .f32(spec.scale)
                         .i32(n_kv_head)
                         .write(&mut s.part);
-                    // SAFETY: the reads and writes above, at this grid; the words follow the attention kernels' parameters (q,
-                    // seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part:
-                    // kernels/attention.cu), and launched programmatically the kernel touches
-                    // memory only after its pdl_wait (its first statement after pdl_trigger).
+                    // SAFETY: the reads and writes above, at this grid; the words follow the
+                    // attention kernels' parameters (q, seqtab, layer, row_bytes, pos, n_swa,
+                    // scale, n_kv_head, part: kernels/attention.cu), and launched programmatically
+                    // the kernel touches memory only after its pdl_wait (its first statement
+                    // after pdl_trigger).
                     unsafe { self.launch_raw(&func, cfg, b.vals(), true) }.map_err(dev(&name))?;
                 } else if !self.skipped(&func) {
                     let mut b = self.stream.launch_builder(&func);
@@ -3409,6 +3395,18 @@ fn mvq_range_blocks() -> usize {
             .filter(|n| (1..=32).contains(n))
             .unwrap_or(32)
     })
+}
+
+/// A staged one-token launch's stages of `stride` bytes (as asked, at most what MVQ_TMA_SMEM holds,
+/// at least 2) and its dynamic shared memory.
+fn staged_memory(stages: usize, stride: usize) -> (usize, u32) {
+    let stages = stages.min(MVQ_TMA_SMEM / stride).max(2);
+    (stages, (stages * stride) as u32)
+}
+
+/// Threads of the staged Q4_K kernel over `nbs` 256-column blocks: 4 a block, whole warps.
+fn q4k_staged_threads(nbs: usize) -> u32 {
+    ((nbs * 4) as u32).div_ceil(32) * 32
 }
 
 /// `MUSER_MVQ_GROUP_MAX_MB` (for measuring): the largest group of one-token products, in bytes of
@@ -4601,7 +4599,14 @@ impl Backend for CudaBackend {
                 };
                 let func = self.f(name)?;
                 if blocks > 8 {
-                    self.allow_wide_clusters(name, &func)?;
+                    // norm_tail_cluster16: a non-portable cluster size, allowed on the kernel.
+                    self.set_attribute_once(
+                        "norm_tail_cluster16: non-portable clusters",
+                        &func,
+                        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                        1,
+                        "non-portable cluster size",
+                    )?;
                 }
                 let mut b = words::Words::new(&self.stream);
                 b.write(&mut resid.data)
