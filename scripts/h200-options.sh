@@ -3,9 +3,9 @@
 # measurement options committed without a GPU run, in the order they should be tried. STAGES
 # (default "tests ab"; a 600 s call holds about two of them, "pf2" alone another):
 #   tests  gpu.rs on every fixture (MUSER_FIXTURES, default tests/fixtures; GPU_SKIP=name skips a
-#          test): the default kernels, the norm test's cluster sizes 4 and 16, the staged group;
+#          test): the default kernels, and the norm test's cluster sizes 4 and 16;
 #   ab     decode A/B, alternating: the default, MUSER_PDL_ATTN=1, MUSER_NORM_TAIL_CLUSTER_SIZE=4
-#          and =16, MUSER_MVQ_GROUP_TMA=1, two rounds;
+#          and =16, two rounds;
 #   pf2    the define MVQ_PF2=1: a warm run (its kernels compile), gpu.rs's one-token, fixture and
 #          fast-mode tests under it (their printed figures should be a default run's), then
 #          decode A/B against the default.
@@ -26,7 +26,7 @@ if has tests; then
 fi
 if has ab; then
   for round in 1 2; do
-    for k in X=0 MUSER_PDL_ATTN=1 MUSER_NORM_TAIL_CLUSTER_SIZE=4 MUSER_NORM_TAIL_CLUSTER_SIZE=16 MUSER_MVQ_GROUP_TMA=1; do
+    for k in X=0 MUSER_PDL_ATTN=1 MUSER_NORM_TAIL_CLUSTER_SIZE=4 MUSER_NORM_TAIL_CLUSTER_SIZE=16; do
       [ "$(el)" -lt 550 ] && run "$k"
     done
   done

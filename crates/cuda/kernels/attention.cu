@@ -92,7 +92,6 @@ __device__ __forceinline__ void attn_partial_impl(const float* __restrict__ q, c
     const int split = blockIdx.y, t = blockIdx.z, n_split = gridDim.y;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     pdl_trigger();  // attn_combine may be scheduled now (it waits for this grid)
-    pdl_wait();     // launched programmatically (lib.rs attend_cached, `MUSER_PDL_ATTN=1`): nothing read before
     const int n_head = n_kv_head * NREP;
     const int p = (int)pos[t];
     u8 *kcm, *vcm;
@@ -565,7 +564,6 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
     const int n_head = n_kv_head * NREP;
     pdl_trigger();  // attn_combine may be scheduled now (it waits for this grid)
-    pdl_wait();     // launched programmatically (lib.rs attend_cached, `MUSER_PDL_ATTN=1`): nothing read before
     const int p = (int)pos[t];
     const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
     const int n_keys = p - lo + 1;

@@ -78,7 +78,6 @@ __device__ __forceinline__ void qkv_prep_impl(float* q, const float* k, const fl
     constexpr int DPL = HD / 32;
     const int h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31;
     const int kv_dim = n_kv_head * HD;
-    pdl_trigger();  // the attention may be scheduled now where it is launched programmatically (`MUSER_PDL_ATTN=1`)
     pdl_wait();  // launched programmatically (lib.rs launch_small): nothing read or written before
     const bool is_q = h < n_head, is_k = !is_q && h < n_head + n_kv_head;
     const int hh = is_q ? h : (is_k ? h - n_head : h - n_head - n_kv_head);

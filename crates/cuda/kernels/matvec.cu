@@ -452,13 +452,6 @@ MV_R(4)
 //   order): the result does not depend on timing or on what else runs.
 // Blocks take `rpb` consecutive rows; the host sizes the grid to one wave of resident blocks.
 #define MVQ_R 4
-// MVQ_PF2 (MUSER_NVRTC_DEFINES=MVQ_PF2=1, for measuring; 0, the default, leaves it out): the
-// prefetching register Q4_K kernels (the attention's group, O) keep two steps' loads in flight
-// instead of one, in registers. The short launches' blocks walk their few steps one round trip
-// each; the same loads and arithmetic, so the same bits. Not yet run on a GPU.
-#ifndef MVQ_PF2
-#define MVQ_PF2 0
-#endif
 #define MVQ_MAX_THREADS 640  // 80 column blocks of 256: columns <= 20480
 
 __device__ __forceinline__ u32 dp4a_uu(u32 a, u32 b, u32 c) { u32 d; asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
@@ -651,9 +644,6 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
     const int e_lo = b * 256 + 64 * j + 16 * half, e_hi = e_lo + 32;
     const int r_begin = blockIdx.x * rpb, r_end = min(PAIR ? 2 * rows : rows, r_begin + rpb);
     uint4 hd[MVQ_R], qq[MVQ_R], nhd[MVQ_R], nqq[MVQ_R];
-#if MVQ_PF2
-    uint4 n2hd[MVQ_R], n2qq[MVQ_R];  // the step after next (MVQ_PF2)
-#endif
     // Rows r0.. (a step) into (h, q): of the group's matrix that holds them, or as above.
     auto load = [&](int r0, uint4 (&h)[MVQ_R], uint4 (&q)[MVQ_R]) {
         if (GROUP) {
@@ -670,9 +660,6 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
     // launched programmatically (lib.rs launch_raw), while the kernel before finishes.
     pdl_trigger();
     if (PF && r_begin < r_end) load(r_begin, nhd, nqq);
-#if MVQ_PF2
-    if (PF && r_begin + STEP < r_end) load(r_begin + STEP, n2hd, n2qq);
-#endif
     pdl_wait();
     u32 l0[4], l1[4], l2[4], h0[4], h1[4], h2[4];
     float lsc, lsum, hsc, hsum;
@@ -698,13 +685,7 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
         if (PF) {
 #pragma unroll
             for (int r = 0; r < MVQ_R; r++) { hd[r] = nhd[r]; qq[r] = nqq[r]; }
-#if MVQ_PF2
-#pragma unroll
-            for (int r = 0; r < MVQ_R; r++) { nhd[r] = n2hd[r]; nqq[r] = n2qq[r]; }
-            if (r0 + 2 * STEP < r_end) load(r0 + 2 * STEP, n2hd, n2qq);
-#else
             if (r0 + STEP < r_end) load(r0 + STEP, nhd, nqq);
-#endif
         } else {
             load(r0, hd, qq);
         }
@@ -990,22 +971,31 @@ extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_pair_
 // weights rather than per 32, and its activations as four runs of 16 (digits, scale and sum as
 // x_digits). The weights come through the TMA: `stages` stages of MVQ_R rows in shared memory,
 // each row the launch's column range (nbl blocks of 144 B) as in the file; the stage stride is
-// the host's, MVQ_R * nbs * 144 (nbs = nb without SPLIT). Nsight put the 8-thread form (as
+// the host's, MVQ_R * nbs * 144 (nbs = nb without SPLIT). SWIGLU (with PAIR: W the FFN's gate,
+// W2 its up): a step's rows are gate rows 2q, 2q + 1 and up rows 2q, 2q + 1 (q the step's index
+// over the launch), each row's sum as the pair's, and y[2q + i] = silu(gate) * up (the swiglu
+// kernel's f64 expression, mvq_finish's FUSED), formed by the block's threads together after its
+// last step (at each step by two threads, it made decode 4% slower, H200 2026-12-01): the bits
+// of the pair then the swiglu kernel, in one launch (y2 unused). Nsight put the 8-thread form (as
 // mvq_q4_k) at 60% of the SMs' issue rate at 2.66 TB/s: the products were bound by instructions
 // (3.8 per weight, 2.2 here), not by loads in flight.
 // Per row: sum over the thread's runs of (d sc) (q . X) 2^(E-B) - (dmin m) sum x, the integer dot
 // products exact (as mvq_q4_k), combined in f32 in a fixed order; partial rows summed over the
 // block in a fixed order (warp_sum4, then warps in order).
-// GROUP: the virtual rows of *grp (rows = its vrows; W, W2, y, y2 unused), as mvq_q4_k's group
-// form (MUSER_MVQ_GROUP_TMA=1, for measuring): each row's bits as this kernel's alone.
-template <bool PAIR, bool SPLIT, int P, bool GROUP = false>
+#define MVQ_TMA_SWIGLU_STEPS 64  // lib.rs MVQ_TMA_SWIGLU_ROWS / MVQ_R: a block's steps (the host's cap)
+// silu(g) u as the swiglu kernel computes it (kernels/elementwise.cu), and mvq_finish's FUSED.
+__device__ __forceinline__ float swiglu_f64(float g, float u) {
+    const double gv = g;
+    return (float)__dmul_rn(gv / (1.0 + exp(-gv)), (double)u);
+}
+template <bool PAIR, bool SPLIT, int P, bool SWIGLU = false>
 __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
                                              float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
-                                             float* __restrict__ part, unsigned* cnt, int nbs, int stages,
-                                             const MvqGroup* grp = nullptr) {
+                                             float* __restrict__ part, unsigned* cnt, int nbs, int stages) {
     extern __shared__ __align__(128) u8 stage_mem[];
     __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
     __shared__ __align__(8) u64 bars[MVQ_TMA_MAX_STAGES];
+    __shared__ float gu[SWIGLU ? MVQ_TMA_SWIGLU_STEPS : 1][MVQ_R / 2][2];  // SWIGLU: each step's (gate, up) sums
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int nb = cols >> 8, b0 = tid >> 2, j = tid & 3;
     const int b_off = SPLIT ? blockIdx.y * nbs : 0;
@@ -1026,10 +1016,9 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
         for (int r = 0; r < MVQ_R; r++) {
             int row = min(r_begin + k * MVQ_R + r, vrows - 1);
             const u8* M;
-            if (GROUP) {
-                float* Y;
-                int end;
-                row -= mvq_gseg(*grp, row, M, Y, end);
+            if (SWIGLU) {  // virtual row 4q + i: gate (i < 2) or up row 2q + (i & 1)
+                M = (row & 2) ? W2 : W;
+                row = ((row >> 2) << 1) | (row & 1);
             } else {
                 M = mvq_seg<PAIR>(W, W2, row, rows);
             }
@@ -1110,23 +1099,41 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
         const int it = k & 1;
         if ((lane & 7) == 0) red[it][warp][lane >> 3] = v;
         __syncthreads();  // every thread's reads of stage s are done: it may be refilled
-        if (tid < MVQ_R) {
+        if (SWIGLU) {
+            // Gate in slot tid, up in slot tid + 2; their SwiGLU after the last step, by the
+            // block's threads together (steps past MVQ_TMA_SWIGLU_STEPS, which the host's cap on
+            // rows per block rules out: here, by these two, the same bits).
+            const int o = (r0 >> 1) + tid;
+            if (tid < MVQ_R / 2 && o < rows) {
+                float g = 0.0f, u = 0.0f;
+                for (int w = 0; w < nw; w++) g += red[it][w][tid];
+                for (int w = 0; w < nw; w++) u += red[it][w][tid + MVQ_R / 2];
+                if (k < MVQ_TMA_SWIGLU_STEPS) {
+                    gu[k][tid][0] = g;
+                    gu[k][tid][1] = u;
+                } else {
+                    y[o] = swiglu_f64(g, u);
+                }
+            }
+        } else if (tid < MVQ_R) {
             const int rr = r0 + tid;
             float sum = 0.0f;
             for (int w = 0; w < nw; w++) sum += red[it][w][tid];
-            if (GROUP) {
-                const u8* M;
-                float* Y;
-                int end;
-                const int s0 = mvq_gseg(*grp, r0, M, Y, end);  // a step never straddles two matrices
-                if (rr < min(r_end, end)) Y[rr - s0] = sum;
-            } else if (PAIR && r0 >= rows) {
+            if (PAIR && r0 >= rows) {
                 if (rr < r_end) y2[rr - rows] = sum;
             } else if (rr < (PAIR ? min(r_end, rows) : r_end)) {
                 yp[rr] = sum;
             }
         }
         if (tid == 0 && k + stages < steps) issue(k + stages);
+    }
+    if (SWIGLU) {
+        __syncthreads();  // the last step's sums
+        const int n_out = min(steps, MVQ_TMA_SWIGLU_STEPS) * (MVQ_R / 2);
+        for (int i = tid; i < n_out; i += blockDim.x) {
+            const int o = (r_begin >> 1) + i;  // step i / 2's output i % 2
+            if (o < rows) y[o] = swiglu_f64(gu[i >> 1][i & 1][0], gu[i >> 1][i & 1][1]);
+        }
     }
     if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
 }
@@ -1229,23 +1236,21 @@ __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8*
                                                            int nbs, int stages) {                                            \
         mvq_q6_k_tma<PAIR, SPLIT, P>(W, W2, nbt, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                         \
     }
-// The attention's group (as MVQ_GROUP) on the staged kernel: MUSER_MVQ_GROUP_TMA=1, for measuring.
-#define MVQ_TMA4_GROUP(NAME, P)                                                                                         \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* W0, const u8* W1, const u8* W2, const u8* W3,     \
-                                                           const float* x, float* y0, float* y1, float* y2, float* y3, \
-                                                           int s1, int s2, int s3, int vrows, int cols, int rpb,       \
-                                                           int stages) {                                               \
-        const MvqGroup g{W0, W1, W2, W3, y0, y1, y2, y3, s1, s2, s3, vrows};                                        \
-        mvq_q4_k_tma<false, false, P, true>(W0, W0, x, y0, y0, vrows, cols, rpb, nullptr, nullptr, 0, stages, &g);  \
-    }
-MVQ_TMA4_GROUP(mvq_q4_k_group_tma, 3)
-MVQ_TMA4_GROUP(mvq_q4_k_group_tma_p2, 2)
 MVQ_TMA4(mvq_q4_k_tma, false, false, 3)
 MVQ_TMA4(mvq_q4_k_split_tma, false, true, 3)
 MVQ_TMA4(mvq_q4_k_pair_tma, true, false, 3)
 MVQ_TMA4(mvq_q4_k_tma_p2, false, false, 2)
 MVQ_TMA4(mvq_q4_k_split_tma_p2, false, true, 2)
 MVQ_TMA4(mvq_q4_k_pair_tma_p2, true, false, 2)
+// The FFN's gate, up and SwiGLU at one token (SWIGLU above): W the gate, W2 the up, y the SwiGLU.
+#define MVQ_TMA4_SWIGLU(NAME, P)                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* W, const u8* W2, const float* x, float* y, float* y2,     \
+                                                           int rows, int cols, int rpb, float* part, unsigned* cnt, int nbs, \
+                                                           int stages) {                                                     \
+        mvq_q4_k_tma<true, false, P, true>(W, W2, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                       \
+    }
+MVQ_TMA4_SWIGLU(mvq_q4_k_swiglu_tma, 3)
+MVQ_TMA4_SWIGLU(mvq_q4_k_swiglu_tma_p2, 2)
 MVQ_TMA6(mvq_q6_k_tma, false, false, 3)
 MVQ_TMA6(mvq_q6_k_split_tma, false, true, 3)
 MVQ_TMA6(mvq_q6_k_pair_tma, true, false, 3)

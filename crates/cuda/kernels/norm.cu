@@ -149,9 +149,11 @@ NORM_TAIL(norm_tail_1024, 1024)
 // the cluster holds values c 8192 / C + t + (1024 / C) k (k < 8: rows of up to 8192), and the sums
 // of squares are each block's (its threads' values in order, then block_sum_d), added in block
 // order through distributed shared memory: a fixed order. Per value, norm_tail_t's arithmetic.
-// C = 8 is the default (`norm_tail_cluster`; H200, 2026-11-30, twelfth session: decode 1.6%
-// faster than one block a row); 4 and 16 (`norm_tail_cluster4`, `norm_tail_cluster16`, a
-// non-portable cluster size) for measuring (`MUSER_NORM_TAIL_CLUSTER_SIZE`; not yet run on a GPU).
+// C = 16 (`norm_tail_cluster16`, a non-portable cluster size) is the default on sm_90, C = 8
+// (`norm_tail_cluster`) elsewhere. H200: 8 against one block a row, decode 150.26/150.29
+// tokens/s against 147.88/147.86 (2026-11-30, twelfth session); 16 against 8, 153.52/153.48
+// against 152.32/152.42, and 4 (removed after) 149.75/149.09 (2026-12-01, thirteenth session),
+// alternating in one call.
 __device__ __forceinline__ u32 cluster_rank() {
     u32 r = 0;
 #if __CUDA_ARCH__ >= 900
@@ -210,7 +212,6 @@ __device__ __forceinline__ void norm_tail_cluster_t(float* resid, const float* s
         norm_tail_cluster_t<C>(resid, src, w1, eps1, w2, eps2, n, y);                                                       \
     }
 NORM_TAIL_CLUSTER(norm_tail_cluster, 8)
-NORM_TAIL_CLUSTER(norm_tail_cluster4, 4)
 NORM_TAIL_CLUSTER(norm_tail_cluster16, 16)
 
 // resid += rms_norm(src, eps) * w (a post norm without the next pre norm).

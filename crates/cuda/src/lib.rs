@@ -397,6 +397,10 @@ pub struct CudaBackend {
     fast_mode: std::sync::atomic::AtomicBool,
     /// One launch for the FFN's gate, up and SwiGLU at one token (`ffn_swiglu`).
     fused_ffn: std::sync::atomic::AtomicBool,
+    /// The same where the gate and up pair takes the staged kernel (`mvq_q4_k_swiglu_tma`: the
+    /// pair's and the swiglu kernel's bits in one launch), with `MUSER_STAGED_SWIGLU=1` (for
+    /// measuring).
+    staged_swiglu: std::sync::atomic::AtomicBool,
     /// `--mode cuda-parity`: products of Q4_0/Q8_0/Q4_K/Q5_K/Q6_K/F16 weights as llama.cpp
     /// b11434's CUDA build computes one token (kernels/parity.cu; the CPU model
     /// cpu/cuda_anchor.rs, bit for bit), every token of a batch alone; the rest accurate.
@@ -449,19 +453,17 @@ pub struct CudaBackend {
     /// sm_90 or newer (the TMA, programmatic launches).
     hopper: bool,
     /// `norm_tail` over a cluster of this many blocks a row where no sums of 8 are wanted, on
-    /// sm_90, or 0: one block a row. 8 unless `MUSER_NORM_TAIL_CLUSTER=0` (one block) or
-    /// `MUSER_NORM_TAIL_CLUSTER_SIZE=4|16` (for measuring), or `set_norm_tail_cluster`. H200,
-    /// 2026-11-30, twelfth session: decode 150.26/150.29 tokens/s at 8 against 147.88/147.86 with
-    /// one block a row, alternating in one call.
+    /// sm_90 and newer, or 0: one block a row. 16 on sm_90 (a non-portable cluster size), 8 on
+    /// newer GPUs, unless `MUSER_NORM_TAIL_CLUSTER=0` (one block) or
+    /// `MUSER_NORM_TAIL_CLUSTER_SIZE=8|16`, or `set_norm_tail_cluster`. H200, alternating in one
+    /// call: 8 against one block a row, decode 150.26/150.29 tokens/s against 147.88/147.86
+    /// (2026-11-30, twelfth session); 16 against 8, 153.52/153.48 against 152.32/152.42
+    /// (2026-12-01, thirteenth session; 4 blocks, since removed, 149.75/149.09).
     norm_tail_cluster: std::sync::atomic::AtomicU32,
     /// The smallest launch (bytes of weights) the staged forms take (`MUSER_MVQ_TMA_MIN_MB`, default
     /// 50: the 30B's Q4_K FFN down projections, 75 MB, too; H200, 2026-11-30, twelfth session:
     /// 151.94/152.11/152.08 tokens/s against 151.08/151.06/150.93 at 100 MB, alternating in one call).
     mvq_tma_min_bytes: std::sync::atomic::AtomicUsize,
-    /// The attention's group launch on the staged kernel (`mvq_q4_k_group_tma`, sm_90) instead of
-    /// the register one: `MUSER_MVQ_GROUP_TMA=1` or `set_mvq_group_staged`, for measuring; off by
-    /// default, not yet run on a GPU.
-    mvq_group_staged: std::sync::atomic::AtomicBool,
     /// Products of more than 64 tokens in one launch of the staged kernels, 64 tokens per grid
     /// layer (on unless `MUSER_MMQ_ZGRID=0`), instead of one launch per 64 tokens. Same bits per token.
     mmq_zgrid: std::sync::atomic::AtomicBool,
@@ -612,6 +614,10 @@ impl CudaBackend {
             one_token_sums: std::sync::atomic::AtomicBool::new(false),
             fast_mode: std::sync::atomic::AtomicBool::new(false),
             fused_ffn: std::sync::atomic::AtomicBool::new(env_is("MUSER_FUSE", "1")),
+            staged_swiglu: std::sync::atomic::AtomicBool::new(env_is(
+                "MUSER_STAGED_SWIGLU",
+                "1",
+            )),
             cuda_parity: std::sync::atomic::AtomicBool::new(false),
             waves: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
@@ -672,8 +678,9 @@ impl CudaBackend {
                     0
                 } else {
                     match env_usize("MUSER_NORM_TAIL_CLUSTER_SIZE") {
-                        Some(4) => 4,
+                        Some(8) => 8,
                         Some(16) => 16,
+                        _ if cc == (9, 0) => 16,
                         _ => 8,
                     }
                 },
@@ -681,10 +688,6 @@ impl CudaBackend {
             mvq_tma_min_bytes: std::sync::atomic::AtomicUsize::new(
                 env_usize("MUSER_MVQ_TMA_MIN_MB").unwrap_or(50) << 20,
             ),
-            mvq_group_staged: std::sync::atomic::AtomicBool::new(env_is(
-                "MUSER_MVQ_GROUP_TMA",
-                "1",
-            )),
             pdl,
             pdl_small: pdl && !env_is("MUSER_PDL_SMALL", "0"),
             mmq_zgrid: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_ZGRID", "0")),
@@ -863,18 +866,6 @@ impl CudaBackend {
     /// keep the register forms).
     pub fn set_mvq_tma_min_bytes(&self, bytes: usize) {
         self.set_choice(&self.mvq_tma_min_bytes, bytes);
-    }
-
-    /// The smallest launch, in bytes of weights, the staged one-token kernels take now.
-    pub fn mvq_tma_min_bytes(&self) -> usize {
-        self.mvq_tma_min_bytes
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The attention's group launch on the staged kernel (`mvq_q4_k_group_tma`) where the staged
-    /// kernels run (sm_90, stages on), or on the register kernel (the default).
-    pub fn set_mvq_group_staged(&self, on: bool) {
-        self.set_switch(&self.mvq_group_staged, on);
     }
 
     /// The staged one-token kernels' stages now (0: the register forms).
@@ -1091,12 +1082,12 @@ impl CudaBackend {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// `norm_tail` over a cluster of `blocks` blocks a row (4, 8: the default on sm_90, or 16),
-    /// or with 0 one block a row.
+    /// `norm_tail` over a cluster of `blocks` blocks a row (8, or 16: the default on sm_90), or
+    /// with 0 one block a row.
     pub fn set_norm_tail_cluster(&self, blocks: u32) -> Result<()> {
-        if !matches!(blocks, 0 | 4 | 8 | 16) {
+        if !matches!(blocks, 0 | 8 | 16) {
             return Err(Error::Backend(format!(
-                "norm_tail clusters of {blocks} blocks: 0, 4, 8 or 16"
+                "norm_tail clusters of {blocks} blocks: 0, 8 or 16"
             )));
         }
         self.norm_tail_cluster
@@ -1107,6 +1098,21 @@ impl CudaBackend {
 
     pub fn set_fused_ffn(&self, on: bool) {
         self.fused_ffn
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
+    }
+
+    /// Whether the FFN's gate, up and SwiGLU take one staged launch where the pair would be
+    /// staged (`set_staged_swiglu`).
+    pub fn staged_swiglu(&self) -> bool {
+        self.staged_swiglu
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The FFN's gate, up and SwiGLU in one staged launch where the pair would be staged, or
+    /// (the default) the pair then the swiglu kernel.
+    pub fn set_staged_swiglu(&self, on: bool) {
+        self.staged_swiglu
             .store(on, std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
     }
@@ -1533,8 +1539,7 @@ impl CudaBackend {
     /// Whether a group of products of one token may go to `mvq_q4_k_group`: one token, not the
     /// batch-invariant or parity modes, pair launches on (`MUSER_MMQ_PAIR`), groups on (unless
     /// `MUSER_MVQ_GROUP=0`), and the group below the staged forms' threshold (those launches
-    /// keep their pairs), or below `MUSER_MVQ_GROUP_MAX_MB` where that is set, unless the group
-    /// itself is staged (`set_mvq_group_staged`).
+    /// keep their pairs), or below `MUSER_MVQ_GROUP_MAX_MB` where that is set.
     fn group_ok(&self, ws: &[&CudaMatrix], x: &CudaAct) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let bytes: usize = ws.iter().map(|w| w.data.len()).sum();
@@ -1544,14 +1549,7 @@ impl CudaBackend {
             && self.mmq_pairs.load(Relaxed)
             && mvq_group_enabled()
             && (self.mvq_stages.load(Relaxed) == 0
-                || self.group_staged()
                 || bytes < mvq_group_max_bytes().unwrap_or(self.mvq_tma_min_bytes.load(Relaxed)))
-    }
-
-    /// Whether group launches take the staged kernel: asked for, on sm_90 with stages on.
-    fn group_staged(&self) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.hopper && self.mvq_stages.load(Relaxed) > 0 && self.mvq_group_staged.load(Relaxed)
     }
 
     /// A matrix `mvq_q4_k_group` takes: Q4_K, x's width, at most 256 threads, rows a multiple of
@@ -1588,35 +1586,19 @@ impl CudaBackend {
         for s in starts.iter_mut().skip(n + 1) {
             *s = vrows;
         }
-        let fast = self.mvq_planes.load(std::sync::atomic::Ordering::Relaxed) == 2;
-        // The staged form (`group_staged`): 4 threads per 256-column block, `stages` steps of
-        // MVQ_R rows of every column in shared memory, as the staged pair.
-        let staged = self.group_staged();
-        let name = match (staged, fast) {
-            (false, true) => "mvq_q4_k_group_p2",
-            (false, false) => "mvq_q4_k_group",
-            (true, true) => "mvq_q4_k_group_tma_p2",
-            (true, false) => "mvq_q4_k_group_tma",
-        };
-        let (threads, stages, smem) = if staged {
-            let (stages, smem) = staged_memory(
-                self.mvq_stages.load(std::sync::atomic::Ordering::Relaxed),
-                MVQ_R * (cols / 256) * 144,
-            );
-            (q4k_staged_threads(cols / 256), stages, smem)
+        let name = if self.mvq_planes.load(std::sync::atomic::Ordering::Relaxed) == 2 {
+            "mvq_q4_k_group_p2"
         } else {
-            (Self::mvq_threads(members[0].0), 0, 0)
+            "mvq_q4_k_group"
         };
+        let threads = Self::mvq_threads(members[0].0);
         let f = &self.f(name)?;
-        if staged {
-            self.raise_smem(name, f, MVQ_TMA_SMEM as u32)?;
-        }
-        let per_sm = self.blocks_per_sm(name, f, threads, smem)?;
+        let per_sm = self.blocks_per_sm(name, f, threads, 0)?;
         let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, 1);
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (threads, 1, 1),
-            shared_mem_bytes: smem,
+            shared_mem_bytes: 0,
         };
         let xv = x.data.slice(..cols);
         let mut w = words::Words::new(&self.stream);
@@ -1643,16 +1625,11 @@ impl CudaBackend {
             .i32(vrows as i32)
             .i32(cols as i32)
             .i32(rpb as i32);
-        if staged {
-            w.i32(stages as i32);
-        }
-        // SAFETY: the words follow mvq_q4_k_group's parameters (the staged form's: the same and
-        // `stages`); each matrix has its rows x cols Q4_K weights and each output one row of its
-        // rows (checked above); the segments past the n matrices are empty (their starts are
-        // vrows), so their repeated pointers are never used; threads cover cols / 256 column
-        // blocks (<= 256 threads at 8 a block, mvq_group_member, so at 4 too); the staged form's
-        // dynamic shared memory holds `stages` stages of MVQ_R rows (raised to MVQ_TMA_SMEM >=
-        // smem); the kernel reads x only after its pdl_wait.
+        // SAFETY: the words follow mvq_q4_k_group's parameters; each matrix has its rows x cols
+        // Q4_K weights and each output one row of its rows (checked above); the segments past
+        // the n matrices are empty (their starts are vrows), so their repeated pointers are never
+        // used; threads cover cols / 256 column blocks (<= 256 threads, mvq_group_member); the
+        // kernel reads x only after its pdl_wait.
         unsafe { self.launch_raw(f, cfg, w.vals(), self.pdl) }.map_err(dev(name))
     }
 
@@ -1791,18 +1768,19 @@ impl CudaBackend {
         } else {
             Self::mvq_threads(w)
         };
-        // sm_90 and newer: the TMA-staged forms, where they exist (not fused, at most 256 threads).
+        // sm_90 and newer: the TMA-staged forms, where they exist (fused: Q4_K's only; at most
+        // 256 threads).
         let stages = self.mvq_stages.load(std::sync::atomic::Ordering::Relaxed);
-        let launch_bytes = w.data.len() * if second.is_some() { 2 } else { 1 };
+        let launch_bytes = w.data.len() * if second.is_some() || up.is_some() { 2 } else { 1 };
         if stages > 0
-            && up.is_none()
+            && (up.is_none() || (w.ty == GgmlType::Q4_K && w.rows % 2 == 0))
             && threads <= 256
             && launch_bytes
                 >= self
                     .mvq_tma_min_bytes
                     .load(std::sync::atomic::Ordering::Relaxed)
         {
-            return self.matvec_q_tma(w, x, out, t, second, (ranges, nbs, threads), stages);
+            return self.matvec_q_tma(w, up, x, out, t, second, (ranges, nbs, threads), stages);
         }
         let name: &'static str = match (w.ty, threads <= 256, up.is_some(), second.is_some()) {
             (GgmlType::Q4_K, true, false, false) if ranges > 1 => "mvq_q4_k_split",
@@ -1893,10 +1871,14 @@ impl CudaBackend {
 
     /// `matvec_q` through the TMA-staged kernels (`mvq_*_tma`, kernels/matvec.cu): the same
     /// arithmetic, so the same bits; `split` = (column ranges, blocks per range, threads) as
-    /// `matvec_q` chose them.
+    /// `matvec_q` chose them. With `up` (Q4_K, one shape, checked by the caller): the FFN's gate
+    /// `w`, up and SwiGLU into `out` (`mvq_q4_k_swiglu_tma`: the bits of the staged pair then
+    /// the swiglu kernel).
+    #[allow(clippy::too_many_arguments)]
     fn matvec_q_tma(
         &self,
         w: &CudaMatrix,
+        up: Option<&CudaMatrix>,
         x: &CudaAct,
         out: &mut CudaAct,
         t: usize,
@@ -1915,7 +1897,19 @@ impl CudaBackend {
                 )));
             }
         };
+        if up.is_some() && (q6 || ranges > 1 || second.is_some()) {
+            return Err(Error::Backend(
+                "mvq: the staged SwiGLU is Q4_K's, whole rows, alone".into(),
+            ));
+        }
         let name: &'static str = match (q6, ranges > 1, second.is_some(), fast) {
+            _ if up.is_some() => {
+                if fast {
+                    "mvq_q4_k_swiglu_tma_p2"
+                } else {
+                    "mvq_q4_k_swiglu_tma"
+                }
+            }
             (false, false, false, false) => "mvq_q4_k_tma",
             (false, true, false, false) => "mvq_q4_k_split_tma",
             (false, false, true, false) => "mvq_q4_k_pair_tma",
@@ -1947,8 +1941,18 @@ impl CudaBackend {
         let f = &self.f(name)?;
         self.raise_smem(name, f, MVQ_TMA_SMEM as u32)?;
         let per_sm = self.blocks_per_sm(name, f, threads, smem)?;
-        let vrows = if second.is_some() { 2 * w.rows } else { w.rows };
-        let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, ranges);
+        let vrows = if second.is_some() || up.is_some() {
+            2 * w.rows
+        } else {
+            w.rows
+        };
+        let (mut rpb, mut grid) = self.mvq_wave(vrows, MVQ_R, per_sm, ranges);
+        if up.is_some() && rpb > MVQ_TMA_SWIGLU_ROWS {
+            // The staged SwiGLU keeps a block's sums for its end for so many rows (more blocks
+            // then; the kernel's two-thread path past them is never taken).
+            rpb = MVQ_TMA_SWIGLU_ROWS;
+            grid = vrows.div_ceil(rpb) as u32;
+        }
         let mut g = if ranges > 1 {
             Some(self.scratch()?)
         } else {
@@ -1957,11 +1961,12 @@ impl CudaBackend {
         let split = self.split_scratch(&mut g, ranges * w.rows, grid)?;
         let (xv, mut yv, w2, mut y2v) = Self::token_rows(w, x, out, t, second);
         let mut b = words::Words::new(&self.stream);
-        // W, then W2 (W again when there is none); Q6_K's block count.
+        // W, then W2 (the up matrix when fused; W again when there is none); Q6_K's block count.
         b.read(&w.data);
-        match w2 {
-            Some(w2) => b.read(&w2.data),
-            None => b.again(0),
+        match (w2, up) {
+            (Some(w2), _) => b.read(&w2.data),
+            (None, Some(u)) => b.read(&u.data),
+            (None, None) => b.again(0),
         };
         if q6 {
             b.i64(w.nbt);
@@ -1987,9 +1992,9 @@ impl CudaBackend {
         };
         // SAFETY: the kernel's parameters in order (kernels/matvec.cu MVQ_TMA4 / MVQ_TMA6), each
         // a word; threads cover nbs column blocks (<= 32, checked by matvec_q's threads <= 256);
-        // it reads the matrix (and W2, of the same shape and format: checked by matvec_q), one
-        // row of x (t < x.rows, checked by the callers), writes rows outputs of row t (and of
-        // out2), and a split launch ranges x rows partial sums and grid counters (grown above);
+        // it reads the matrix (and W2 or the up matrix, of the same shape and format: checked
+        // by matvec_q or ffn_swiglu), one row of x (t < x.rows, checked by the callers), writes
+        // rows outputs of row t (and of out2), and a split launch ranges x rows partial sums and grid counters (grown above);
         // its dynamic shared memory holds `stages` stages of `stride` bytes (raised to
         // MVQ_TMA_SMEM >= smem);
         // a Q6_K matrix's buffer has the 16 bytes of padding its last d cover may read
@@ -3224,24 +3229,7 @@ impl CudaBackend {
                 // tables, bound by bind_caches for this batch; slots derive from positions checked
                 // against each cache's n_ctx) and writes n x n_kv_head x n_split partials into
                 // `part`. (Not at all under MUSER_SKIP_KERNELS naming it.)
-                if self.pdl_small && attn_pdl() {
-                    let mut b = words::Words::new(&self.stream);
-                    b.read(&q.data)
-                        .read(&s.seqtab)
-                        .i32(layer_i)
-                        .i64(row_bytes)
-                        .read(&s.pos)
-                        .i32(n_swa)
-                        .f32(spec.scale)
-                        .i32(n_kv_head)
-                        .write(&mut s.part);
-                    // SAFETY: the reads and writes above, at this grid; the words follow the
-                    // attention kernels' parameters (q, seqtab, layer, row_bytes, pos, n_swa,
-                    // scale, n_kv_head, part: kernels/attention.cu), and launched programmatically
-                    // the kernel touches memory only after its pdl_wait (its first statement
-                    // after pdl_trigger).
-                    unsafe { self.launch_raw(&func, cfg, b.vals(), true) }.map_err(dev(&name))?;
-                } else if !self.skipped(&func) {
+                if !self.skipped(&func) {
                     let mut b = self.stream.launch_builder(&func);
                     b.arg(&q.data)
                         .arg(&s.seqtab)
@@ -3399,6 +3387,10 @@ fn mvq_range_blocks() -> usize {
 
 /// A staged one-token launch's stages of `stride` bytes (as asked, at most what MVQ_TMA_SMEM holds,
 /// at least 2) and its dynamic shared memory.
+/// Virtual rows (gate and up) of a block of the staged SwiGLU whose sums it keeps for its end
+/// (kernels/matvec.cu MVQ_TMA_SWIGLU_STEPS steps of MVQ_R).
+const MVQ_TMA_SWIGLU_ROWS: usize = 64 * MVQ_R;
+
 fn staged_memory(stages: usize, stride: usize) -> (usize, u32) {
     let stages = stages.min(MVQ_TMA_SMEM / stride).max(2);
     (stages, (stages * stride) as u32)
@@ -3415,14 +3407,6 @@ fn q4k_staged_threads(nbs: usize) -> u32 {
 fn mvq_group_max_bytes() -> Option<usize> {
     static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     *N.get_or_init(|| env_usize("MUSER_MVQ_GROUP_MAX_MB").map(|mb| mb << 20))
-}
-
-/// One token's attention (`attn_tcd*`, `attn_*`) launched programmatically too, with the small
-/// kernels (`MUSER_PDL_ATTN=1`, for measuring; off by default, not yet run on a GPU): its launch
-/// and its blocks' scheduling overlap `qkv_prep`'s end; the kernels call `pdl_wait` first.
-fn attn_pdl() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| env_is("MUSER_PDL_ATTN", "1"))
 }
 
 /// Group launches of one token's products of one input (`mvq_q4_k_group`) unless
@@ -4431,19 +4415,27 @@ impl Backend for CudaBackend {
         out: &mut CudaAct,
     ) -> Result<()> {
         // One token of Q4_K gate and up: one launch computes both products and the SwiGLU
-        // (each product summed as the unfused kernel sums it). Off unless `set_fused_ffn(true)`
-        // or `MUSER_FUSE=1`: gpu.rs's bit-for-bit comparison with the unfused path passed on the
+        // (each product summed as the unfused kernel sums it). On the staged kernel where the
+        // pair would take it (`mvq_q4_k_swiglu_tma`, with `set_staged_swiglu(true)` or
+        // `MUSER_STAGED_SWIGLU=1`); on the register kernel only with `set_fused_ffn(true)` or
+        // `MUSER_FUSE=1`: gpu.rs's bit-for-bit comparison with the unfused path passed on the
         // H200 (2026-11-30), but it is slower than the staged gate and up pair and the swiglu
         // kernel (tg128 123.9 against 135.4 tokens/s, H200 2026-11-30, docs/BENCHMARKS.md).
+        use std::sync::atomic::Ordering::Relaxed;
         let fuse = x.rows == 1
             && !self.invariant()
-            && !self.cuda_parity.load(std::sync::atomic::Ordering::Relaxed)
+            && !self.cuda_parity.load(Relaxed)
             && w_gate.ty == GgmlType::Q4_K
             && w_up.ty == GgmlType::Q4_K
             && (w_gate.rows, w_gate.cols) == (w_up.rows, w_up.cols)
             && x.cols == w_gate.cols
             && Self::mvq_for(w_gate)
-            && self.fused_ffn.load(std::sync::atomic::Ordering::Relaxed);
+            && (self.fused_ffn.load(Relaxed)
+                || (self.staged_swiglu.load(Relaxed)
+                    && self.mmq_pairs.load(Relaxed)
+                    && Self::mvq_pair_for(w_gate, w_up)
+                    && self.mvq_stages.load(Relaxed) > 0
+                    && 2 * w_gate.data.len() >= self.mvq_tma_min_bytes.load(Relaxed)));
         // `--fp8-weights`, several tokens: gate and up as one FP8 product of the two stacked,
         // the SwiGLU read from its output (swiglu_fast's arithmetic).
         if x.rows > 1 && w_gate.rows == w_up.rows && self.joint8_route(&[w_gate, w_up], x)? {
@@ -4571,14 +4563,13 @@ impl Backend for CudaBackend {
                 check(next, resid.rows, resid.cols, "norm_tail")?;
                 let n = resid.cols as i32;
                 let with_sums = resid.cols % 8 == 0 && self.sums_wanted(resid.rows);
-                // `norm_tail_cluster` (the default where it applies): a row over a cluster of
-                // 8 blocks of 128 threads (kernels/norm.cu; 4 or 16 blocks of 1024 / blocks
-                // for measuring), where no sums of 8 are wanted, on sm_90; else a block per row.
+                // `norm_tail_cluster16` or `norm_tail_cluster` (the default where it applies):
+                // a row over a cluster of 16 blocks of 64 threads or 8 of 128 (kernels/norm.cu),
+                // where no sums of 8 are wanted, on sm_90 and newer; else a block per row.
                 let blocks = self.norm_tail_cluster();
                 let cluster = self.hopper && !with_sums && resid.cols <= 8192 && blocks > 0;
                 let (name, cfg, blocks) = if cluster {
                     let name = match blocks {
-                        4 => "norm_tail_cluster4",
                         16 => "norm_tail_cluster16",
                         _ => "norm_tail_cluster",
                     };

@@ -399,7 +399,10 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     // The FFN's gate and up as one pair launch (ffn_swiglu): each product as
                     // alone (the same bits in the batch-invariant mode and at one token, the
                     // x-stationary pair kernels; else within the bound against the CPU below),
-                    // the pair off for comparison.
+                    // the pair off for comparison. (Not the staged SwiGLU's one launch, which
+                    // writes neither: staged_one_token_products_give_the_register_bits.)
+                    let staged_swiglu = gpu_b.staged_swiglu();
+                    gpu_b.set_staged_swiglu(false);
                     let gm = &file.tensors.layers[0].ffn_gate;
                     let gg = gpu_b.matrix(&file.gguf, gm).unwrap();
                     let mut g_alone = gpu_b.act(n, gm.rows).unwrap();
@@ -433,6 +436,7 @@ fn matvec_kernels_match_the_cpu_per_format() {
                         );
                     }
                     gpu_b.set_mmq_pairs(true);
+                    gpu_b.set_staged_swiglu(staged_swiglu);
                 }
                 if !invariant && n > 64 {
                     // More than 64 tokens: the f16 tensor-core products (gemm16) in the
@@ -781,11 +785,11 @@ fn norms_match_the_cpu_at_real_widths() {
         (normed, b.read(&xa).unwrap(), b.read(&next).unwrap())
     }
     // Three rows (the block-per-row kernels, with sums of 8), and one row with and without
-    // the cluster forms of the tail (`set_norm_tail_cluster`: 8 blocks, the default, and 4 and
-    // 16; sm_90; they take rows without sums).
+    // the cluster forms of the tail (`set_norm_tail_cluster`: 16 blocks, the default on sm_90,
+    // and 8; sm_90 and newer; they take rows without sums).
     let default_form = g.norm_tail_cluster();
     for n in [256usize, 2048, 6656, 8192] {
-        for (rows, blocks) in [(3, 0), (1, 0), (1, 8), (1, 4), (1, 16)] {
+        for (rows, blocks) in [(3, 0), (1, 0), (1, 8), (1, 16)] {
             if blocks > 0 && !g.hopper() {
                 continue;
             }
@@ -1942,6 +1946,59 @@ fn staged_one_token_products_give_the_register_bits() {
                     "{layout} {name} planes {planes}: {differ:?}"
                 );
             }
+            // The FFN's gate, up and SwiGLU in one staged launch (`mvq_q4_k_swiglu_tma`, Q4_K
+            // only) against the staged pair then the swiglu kernel: the same bits. The gate's
+            // output starts as NaN: the fused launch never writes it, the pair always does, so
+            // the two paths are told apart.
+            if layout == "q4_k" {
+                let (wg, wu) = (&pairs[0].1, &pairs[0].2);
+                g.set_mvq_stages(4);
+                let mut xg = g.act(1, wg.cols).unwrap();
+                g.stream
+                    .memcpy_htod(&x_for(wg.cols), xg_data(&mut xg))
+                    .unwrap();
+                let ffn = |fused: bool| {
+                    g.set_staged_swiglu(fused);
+                    let (mut fg, mut fu, mut fo) = (
+                        g.act(1, wg.rows).unwrap(),
+                        g.act(1, wg.rows).unwrap(),
+                        g.act(1, wg.rows).unwrap(),
+                    );
+                    g.stream
+                        .memcpy_htod(&vec![f32::NAN; wg.rows], xg_data(&mut fg))
+                        .unwrap();
+                    g.ffn_swiglu(wg, wu, &xg, &mut fg, &mut fu, &mut fo)
+                        .unwrap();
+                    let gate_unwritten = g.read(&fg).unwrap().iter().all(|v| v.is_nan());
+                    (g.read(&fo).unwrap(), gate_unwritten)
+                };
+                let default_form = g.staged_swiglu();
+                let (want, pair_left_gate) = ffn(false);
+                let (got, fused_left_gate) = ffn(true);
+                g.set_staged_swiglu(default_form);
+                let bad = got
+                    .iter()
+                    .zip(&want)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                let finite = want.iter().all(|v| v.is_finite());
+                rows.push(format!(
+                    "q4_k  ffn gate+up+swiglu {}x{} planes {planes}: one staged launch against the pair then swiglu: {bad} of {} differ",
+                    wg.rows,
+                    wg.cols,
+                    want.len()
+                ));
+                assert!(
+                    !pair_left_gate && fused_left_gate,
+                    "the unfused path wrote the gate ({}), the fused one left it ({})",
+                    !pair_left_gate,
+                    fused_left_gate
+                );
+                assert!(
+                    finite && got.len() == want.len() && bad == 0,
+                    "staged SwiGLU planes {planes}: {bad} values differ (finite: {finite})"
+                );
+            }
         }
         g.set_mvq_planes(3);
     }
@@ -2798,15 +2855,13 @@ fn large_reads_give_the_device_values() {
 /// attention's products): each output the bits of its matrix alone, with three and two digit
 /// planes; with every matrix Q4_K (one launch of four) and in llama.cpp's Q4_K_M layout (V may be
 /// Q6_K: then three in the group and V alone). The 30B's widths: 6656 columns, 4096 + 4096 + 256
-/// + 256 rows. On sm_90 also the staged group (`set_mvq_group_staged`, for measuring) against
-/// each matrix alone on the staged kernels.
+/// + 256 rows.
 #[test]
 fn grouped_one_token_products_give_the_bits_alone() {
     let Some(g) = gpu() else { return };
     let dir = std::env::temp_dir().join(format!("muser-group-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut rows = Vec::new();
-    let default_min = g.mvq_tma_min_bytes();
     for layout in ["q4_k", "q4_k_m"] {
         let file = layer_file(&dir, layout, (512, 32, 512), 23);
         let l = &file.tensors.layers[0];
@@ -2825,14 +2880,7 @@ fn grouped_one_token_products_give_the_bits_alone() {
             .collect();
         let mut xg = g.act(1, 6656).unwrap();
         g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
-        let forms: &[bool] = if g.hopper() { &[false, true] } else { &[false] };
-        for (&staged, planes) in forms
-            .iter()
-            .flat_map(|s| [3usize, 2].into_iter().map(move |p| (s, p)))
-        {
-            // Staged: every launch on the staged kernels, the group's and each matrix's alone.
-            g.set_mvq_tma_min_bytes(if staged { 0 } else { default_min });
-            g.set_mvq_group_staged(staged);
+        for planes in [3usize, 2] {
             g.set_mvq_planes(planes);
             let mut alone = Vec::new();
             for w in &ws {
@@ -2872,8 +2920,7 @@ fn grouped_one_token_products_give_the_bits_alone() {
                 );
             }
             rows.push(format!(
-                "{layout:<6} planes {planes}{}: {} ({}) same bits as alone",
-                if staged { " staged" } else { "" },
+                "{layout:<6} planes {planes}: {} ({}) same bits as alone",
                 group.unwrap_or_default(),
                 ws.iter()
                     .map(|w| w.ty.to_string())
@@ -2882,7 +2929,6 @@ fn grouped_one_token_products_give_the_bits_alone() {
             ));
         }
         g.set_mvq_planes(3);
-        g.set_mvq_group_staged(false);
     }
     println!("{}", rows.join("\n"));
     std::fs::remove_dir_all(&dir).ok();
