@@ -971,31 +971,19 @@ extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_pair_
 // weights rather than per 32, and its activations as four runs of 16 (digits, scale and sum as
 // x_digits). The weights come through the TMA: `stages` stages of MVQ_R rows in shared memory,
 // each row the launch's column range (nbl blocks of 144 B) as in the file; the stage stride is
-// the host's, MVQ_R * nbs * 144 (nbs = nb without SPLIT). SWIGLU (with PAIR: W the FFN's gate,
-// W2 its up): a step's rows are gate rows 2q, 2q + 1 and up rows 2q, 2q + 1 (q the step's index
-// over the launch), each row's sum as the pair's, and y[2q + i] = silu(gate) * up (the swiglu
-// kernel's f64 expression, mvq_finish's FUSED), formed by the block's threads together after its
-// last step (at each step by two threads, it made decode 4% slower, H200 2026-12-01): the bits
-// of the pair then the swiglu kernel, in one launch (y2 unused). Nsight put the 8-thread form (as
+// the host's, MVQ_R * nbs * 144 (nbs = nb without SPLIT). Nsight put the 8-thread form (as
 // mvq_q4_k) at 60% of the SMs' issue rate at 2.66 TB/s: the products were bound by instructions
 // (3.8 per weight, 2.2 here), not by loads in flight.
 // Per row: sum over the thread's runs of (d sc) (q . X) 2^(E-B) - (dmin m) sum x, the integer dot
 // products exact (as mvq_q4_k), combined in f32 in a fixed order; partial rows summed over the
 // block in a fixed order (warp_sum4, then warps in order).
-#define MVQ_TMA_SWIGLU_STEPS 64  // lib.rs MVQ_TMA_SWIGLU_ROWS / MVQ_R: a block's steps (the host's cap)
-// silu(g) u as the swiglu kernel computes it (kernels/elementwise.cu), and mvq_finish's FUSED.
-__device__ __forceinline__ float swiglu_f64(float g, float u) {
-    const double gv = g;
-    return (float)__dmul_rn(gv / (1.0 + exp(-gv)), (double)u);
-}
-template <bool PAIR, bool SPLIT, int P, bool SWIGLU = false>
+template <bool PAIR, bool SPLIT, int P>
 __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
                                              float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
                                              float* __restrict__ part, unsigned* cnt, int nbs, int stages) {
     extern __shared__ __align__(128) u8 stage_mem[];
     __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
     __shared__ __align__(8) u64 bars[MVQ_TMA_MAX_STAGES];
-    __shared__ float gu[SWIGLU ? MVQ_TMA_SWIGLU_STEPS : 1][MVQ_R / 2][2];  // SWIGLU: each step's (gate, up) sums
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int nb = cols >> 8, b0 = tid >> 2, j = tid & 3;
     const int b_off = SPLIT ? blockIdx.y * nbs : 0;
@@ -1015,13 +1003,7 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
             int row = min(r_begin + k * MVQ_R + r, vrows - 1);
-            const u8* M;
-            if (SWIGLU) {  // virtual row 4q + i: gate (i < 2) or up row 2q + (i & 1)
-                M = (row & 2) ? W2 : W;
-                row = ((row >> 2) << 1) | (row & 1);
-            } else {
-                M = mvq_seg<PAIR>(W, W2, row, rows);
-            }
+            const u8* M = mvq_seg<PAIR>(W, W2, row, rows);
             tma_copy(stage_mem + s * stride + r * rb, M + ((long long)row * nb + b_off) * 144, (u32)rb, &bars[s]);
         }
     };
@@ -1099,23 +1081,7 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
         const int it = k & 1;
         if ((lane & 7) == 0) red[it][warp][lane >> 3] = v;
         __syncthreads();  // every thread's reads of stage s are done: it may be refilled
-        if (SWIGLU) {
-            // Gate in slot tid, up in slot tid + 2; their SwiGLU after the last step, by the
-            // block's threads together (steps past MVQ_TMA_SWIGLU_STEPS, which the host's cap on
-            // rows per block rules out: here, by these two, the same bits).
-            const int o = (r0 >> 1) + tid;
-            if (tid < MVQ_R / 2 && o < rows) {
-                float g = 0.0f, u = 0.0f;
-                for (int w = 0; w < nw; w++) g += red[it][w][tid];
-                for (int w = 0; w < nw; w++) u += red[it][w][tid + MVQ_R / 2];
-                if (k < MVQ_TMA_SWIGLU_STEPS) {
-                    gu[k][tid][0] = g;
-                    gu[k][tid][1] = u;
-                } else {
-                    y[o] = swiglu_f64(g, u);
-                }
-            }
-        } else if (tid < MVQ_R) {
+        if (tid < MVQ_R) {
             const int rr = r0 + tid;
             float sum = 0.0f;
             for (int w = 0; w < nw; w++) sum += red[it][w][tid];
@@ -1126,14 +1092,6 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
             }
         }
         if (tid == 0 && k + stages < steps) issue(k + stages);
-    }
-    if (SWIGLU) {
-        __syncthreads();  // the last step's sums
-        const int n_out = min(steps, MVQ_TMA_SWIGLU_STEPS) * (MVQ_R / 2);
-        for (int i = tid; i < n_out; i += blockDim.x) {
-            const int o = (r_begin >> 1) + i;  // step i / 2's output i % 2
-            if (o < rows) y[o] = swiglu_f64(gu[i >> 1][i & 1][0], gu[i >> 1][i & 1][1]);
-        }
     }
     if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
 }
@@ -1242,15 +1200,6 @@ MVQ_TMA4(mvq_q4_k_pair_tma, true, false, 3)
 MVQ_TMA4(mvq_q4_k_tma_p2, false, false, 2)
 MVQ_TMA4(mvq_q4_k_split_tma_p2, false, true, 2)
 MVQ_TMA4(mvq_q4_k_pair_tma_p2, true, false, 2)
-// The FFN's gate, up and SwiGLU at one token (SWIGLU above): W the gate, W2 the up, y the SwiGLU.
-#define MVQ_TMA4_SWIGLU(NAME, P)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* W, const u8* W2, const float* x, float* y, float* y2,     \
-                                                           int rows, int cols, int rpb, float* part, unsigned* cnt, int nbs, \
-                                                           int stages) {                                                     \
-        mvq_q4_k_tma<true, false, P, true>(W, W2, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                       \
-    }
-MVQ_TMA4_SWIGLU(mvq_q4_k_swiglu_tma, 3)
-MVQ_TMA4_SWIGLU(mvq_q4_k_swiglu_tma_p2, 2)
 MVQ_TMA6(mvq_q6_k_tma, false, false, 3)
 MVQ_TMA6(mvq_q6_k_split_tma, false, true, 3)
 MVQ_TMA6(mvq_q6_k_pair_tma, true, false, 3)

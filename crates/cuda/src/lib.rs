@@ -397,10 +397,6 @@ pub struct CudaBackend {
     fast_mode: std::sync::atomic::AtomicBool,
     /// One launch for the FFN's gate, up and SwiGLU at one token (`ffn_swiglu`).
     fused_ffn: std::sync::atomic::AtomicBool,
-    /// The same where the gate and up pair takes the staged kernel (`mvq_q4_k_swiglu_tma`: the
-    /// pair's and the swiglu kernel's bits in one launch), with `MUSER_STAGED_SWIGLU=1` (for
-    /// measuring).
-    staged_swiglu: std::sync::atomic::AtomicBool,
     /// `--mode cuda-parity`: products of Q4_0/Q8_0/Q4_K/Q5_K/Q6_K/F16 weights as llama.cpp
     /// b11434's CUDA build computes one token (kernels/parity.cu; the CPU model
     /// cpu/cuda_anchor.rs, bit for bit), every token of a batch alone; the rest accurate.
@@ -614,10 +610,6 @@ impl CudaBackend {
             one_token_sums: std::sync::atomic::AtomicBool::new(false),
             fast_mode: std::sync::atomic::AtomicBool::new(false),
             fused_ffn: std::sync::atomic::AtomicBool::new(env_is("MUSER_FUSE", "1")),
-            staged_swiglu: std::sync::atomic::AtomicBool::new(env_is(
-                "MUSER_STAGED_SWIGLU",
-                "1",
-            )),
             cuda_parity: std::sync::atomic::AtomicBool::new(false),
             waves: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
@@ -1098,21 +1090,6 @@ impl CudaBackend {
 
     pub fn set_fused_ffn(&self, on: bool) {
         self.fused_ffn
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-        self.bump_epoch();
-    }
-
-    /// Whether the FFN's gate, up and SwiGLU take one staged launch where the pair would be
-    /// staged (`set_staged_swiglu`).
-    pub fn staged_swiglu(&self) -> bool {
-        self.staged_swiglu
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// The FFN's gate, up and SwiGLU in one staged launch where the pair would be staged, or
-    /// (the default) the pair then the swiglu kernel.
-    pub fn set_staged_swiglu(&self, on: bool) {
-        self.staged_swiglu
             .store(on, std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
     }
@@ -1768,19 +1745,18 @@ impl CudaBackend {
         } else {
             Self::mvq_threads(w)
         };
-        // sm_90 and newer: the TMA-staged forms, where they exist (fused: Q4_K's only; at most
-        // 256 threads).
+        // sm_90 and newer: the TMA-staged forms, where they exist (not fused, at most 256 threads).
         let stages = self.mvq_stages.load(std::sync::atomic::Ordering::Relaxed);
-        let launch_bytes = w.data.len() * if second.is_some() || up.is_some() { 2 } else { 1 };
+        let launch_bytes = w.data.len() * if second.is_some() { 2 } else { 1 };
         if stages > 0
-            && (up.is_none() || (w.ty == GgmlType::Q4_K && w.rows % 2 == 0))
+            && up.is_none()
             && threads <= 256
             && launch_bytes
                 >= self
                     .mvq_tma_min_bytes
                     .load(std::sync::atomic::Ordering::Relaxed)
         {
-            return self.matvec_q_tma(w, up, x, out, t, second, (ranges, nbs, threads), stages);
+            return self.matvec_q_tma(w, x, out, t, second, (ranges, nbs, threads), stages);
         }
         let name: &'static str = match (w.ty, threads <= 256, up.is_some(), second.is_some()) {
             (GgmlType::Q4_K, true, false, false) if ranges > 1 => "mvq_q4_k_split",
@@ -1871,14 +1847,10 @@ impl CudaBackend {
 
     /// `matvec_q` through the TMA-staged kernels (`mvq_*_tma`, kernels/matvec.cu): the same
     /// arithmetic, so the same bits; `split` = (column ranges, blocks per range, threads) as
-    /// `matvec_q` chose them. With `up` (Q4_K, one shape, checked by the caller): the FFN's gate
-    /// `w`, up and SwiGLU into `out` (`mvq_q4_k_swiglu_tma`: the bits of the staged pair then
-    /// the swiglu kernel).
-    #[allow(clippy::too_many_arguments)]
+    /// `matvec_q` chose them.
     fn matvec_q_tma(
         &self,
         w: &CudaMatrix,
-        up: Option<&CudaMatrix>,
         x: &CudaAct,
         out: &mut CudaAct,
         t: usize,
@@ -1897,19 +1869,7 @@ impl CudaBackend {
                 )));
             }
         };
-        if up.is_some() && (q6 || ranges > 1 || second.is_some()) {
-            return Err(Error::Backend(
-                "mvq: the staged SwiGLU is Q4_K's, whole rows, alone".into(),
-            ));
-        }
         let name: &'static str = match (q6, ranges > 1, second.is_some(), fast) {
-            _ if up.is_some() => {
-                if fast {
-                    "mvq_q4_k_swiglu_tma_p2"
-                } else {
-                    "mvq_q4_k_swiglu_tma"
-                }
-            }
             (false, false, false, false) => "mvq_q4_k_tma",
             (false, true, false, false) => "mvq_q4_k_split_tma",
             (false, false, true, false) => "mvq_q4_k_pair_tma",
@@ -1941,18 +1901,8 @@ impl CudaBackend {
         let f = &self.f(name)?;
         self.raise_smem(name, f, MVQ_TMA_SMEM as u32)?;
         let per_sm = self.blocks_per_sm(name, f, threads, smem)?;
-        let vrows = if second.is_some() || up.is_some() {
-            2 * w.rows
-        } else {
-            w.rows
-        };
-        let (mut rpb, mut grid) = self.mvq_wave(vrows, MVQ_R, per_sm, ranges);
-        if up.is_some() && rpb > MVQ_TMA_SWIGLU_ROWS {
-            // The staged SwiGLU keeps a block's sums for its end for so many rows (more blocks
-            // then; the kernel's two-thread path past them is never taken).
-            rpb = MVQ_TMA_SWIGLU_ROWS;
-            grid = vrows.div_ceil(rpb) as u32;
-        }
+        let vrows = if second.is_some() { 2 * w.rows } else { w.rows };
+        let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, ranges);
         let mut g = if ranges > 1 {
             Some(self.scratch()?)
         } else {
@@ -1961,12 +1911,11 @@ impl CudaBackend {
         let split = self.split_scratch(&mut g, ranges * w.rows, grid)?;
         let (xv, mut yv, w2, mut y2v) = Self::token_rows(w, x, out, t, second);
         let mut b = words::Words::new(&self.stream);
-        // W, then W2 (the up matrix when fused; W again when there is none); Q6_K's block count.
+        // W, then W2 (W again when there is none); Q6_K's block count.
         b.read(&w.data);
-        match (w2, up) {
-            (Some(w2), _) => b.read(&w2.data),
-            (None, Some(u)) => b.read(&u.data),
-            (None, None) => b.again(0),
+        match w2 {
+            Some(w2) => b.read(&w2.data),
+            None => b.again(0),
         };
         if q6 {
             b.i64(w.nbt);
@@ -1992,9 +1941,9 @@ impl CudaBackend {
         };
         // SAFETY: the kernel's parameters in order (kernels/matvec.cu MVQ_TMA4 / MVQ_TMA6), each
         // a word; threads cover nbs column blocks (<= 32, checked by matvec_q's threads <= 256);
-        // it reads the matrix (and W2 or the up matrix, of the same shape and format: checked
-        // by matvec_q or ffn_swiglu), one row of x (t < x.rows, checked by the callers), writes
-        // rows outputs of row t (and of out2), and a split launch ranges x rows partial sums and grid counters (grown above);
+        // it reads the matrix (and W2, of the same shape and format: checked by matvec_q), one
+        // row of x (t < x.rows, checked by the callers), writes rows outputs of row t (and of
+        // out2), and a split launch ranges x rows partial sums and grid counters (grown above);
         // its dynamic shared memory holds `stages` stages of `stride` bytes (raised to
         // MVQ_TMA_SMEM >= smem);
         // a Q6_K matrix's buffer has the 16 bytes of padding its last d cover may read
@@ -3387,10 +3336,6 @@ fn mvq_range_blocks() -> usize {
 
 /// A staged one-token launch's stages of `stride` bytes (as asked, at most what MVQ_TMA_SMEM holds,
 /// at least 2) and its dynamic shared memory.
-/// Virtual rows (gate and up) of a block of the staged SwiGLU whose sums it keeps for its end
-/// (kernels/matvec.cu MVQ_TMA_SWIGLU_STEPS steps of MVQ_R).
-const MVQ_TMA_SWIGLU_ROWS: usize = 64 * MVQ_R;
-
 fn staged_memory(stages: usize, stride: usize) -> (usize, u32) {
     let stages = stages.min(MVQ_TMA_SMEM / stride).max(2);
     (stages, (stages * stride) as u32)
@@ -4415,27 +4360,22 @@ impl Backend for CudaBackend {
         out: &mut CudaAct,
     ) -> Result<()> {
         // One token of Q4_K gate and up: one launch computes both products and the SwiGLU
-        // (each product summed as the unfused kernel sums it). On the staged kernel where the
-        // pair would take it (`mvq_q4_k_swiglu_tma`, with `set_staged_swiglu(true)` or
-        // `MUSER_STAGED_SWIGLU=1`); on the register kernel only with `set_fused_ffn(true)` or
-        // `MUSER_FUSE=1`: gpu.rs's bit-for-bit comparison with the unfused path passed on the
+        // (each product summed as the unfused kernel sums it). Off unless `set_fused_ffn(true)`
+        // or `MUSER_FUSE=1`: gpu.rs's bit-for-bit comparison with the unfused path passed on the
         // H200 (2026-11-30), but it is slower than the staged gate and up pair and the swiglu
-        // kernel (tg128 123.9 against 135.4 tokens/s, H200 2026-11-30, docs/BENCHMARKS.md).
-        use std::sync::atomic::Ordering::Relaxed;
+        // kernel (tg128 123.9 against 135.4 tokens/s, H200 2026-11-30, docs/BENCHMARKS.md). The
+        // same on the staged kernel (the pair's rows interleaved, the SwiGLU at each block's end;
+        // the same bits as the staged pair then the swiglu kernel) was slower too: 151.3/151.6
+        // against 153.3/153.0 (H200 2026-12-01, thirteenth session), and was removed.
         let fuse = x.rows == 1
             && !self.invariant()
-            && !self.cuda_parity.load(Relaxed)
+            && !self.cuda_parity.load(std::sync::atomic::Ordering::Relaxed)
             && w_gate.ty == GgmlType::Q4_K
             && w_up.ty == GgmlType::Q4_K
             && (w_gate.rows, w_gate.cols) == (w_up.rows, w_up.cols)
             && x.cols == w_gate.cols
             && Self::mvq_for(w_gate)
-            && (self.fused_ffn.load(Relaxed)
-                || (self.staged_swiglu.load(Relaxed)
-                    && self.mmq_pairs.load(Relaxed)
-                    && Self::mvq_pair_for(w_gate, w_up)
-                    && self.mvq_stages.load(Relaxed) > 0
-                    && 2 * w_gate.data.len() >= self.mvq_tma_min_bytes.load(Relaxed)));
+            && self.fused_ffn.load(std::sync::atomic::Ordering::Relaxed);
         // `--fp8-weights`, several tokens: gate and up as one FP8 product of the two stacked,
         // the SwiGLU read from its output (swiglu_fast's arithmetic).
         if x.rows > 1 && w_gate.rows == w_up.rows && self.joint8_route(&[w_gate, w_up], x)? {

@@ -66,8 +66,6 @@ fn every_kernel_source_compiles_for_sm_90() {
         "mv_f32_4_1",
         "xq_planes",
         "mvq_q4_k_pair_tma",
-        "mvq_q4_k_swiglu_tma",
-        "mvq_q4_k_swiglu_tma_p2",
         "mvq_q4_k_split_tma_p2",
         "mvq_q6_k_tma",
         "mvq_q6_k_split_tma",
