@@ -444,7 +444,7 @@ pub struct CudaBackend {
     /// for comparison).
     mvq_planes: std::sync::atomic::AtomicUsize,
     /// Stages of the x-stationary kernels' TMA-staged forms (`mvq_*_tma`, sm_90 and newer); 0:
-    /// the register forms (`MUSER_MVQ_STAGES`, default 4; 0 turns the staged forms off).
+    /// the register forms (`MUSER_MVQ_STAGES`, default 3; 0 turns the staged forms off).
     mvq_stages: std::sync::atomic::AtomicUsize,
     /// sm_90 or newer (the TMA, programmatic launches).
     hopper: bool,
