@@ -13,10 +13,7 @@
 // keys; V: lanes own dimensions. Online softmax in f32.
 // attn_combine merges the splits and applies the output gate: out = attn * sigmoid(gate).
 
-#define KV_F32 0
-#define KV_F16 1
-#define KV_BF16 2
-#define KV_Q8_0 3
+// (The cache types KV_*: common.cuh.)
 // (kv.cu holds the KV store, the fused QK preparation and attn_combine.)
 
 // 8 consecutive values d0..d0+7 of a cache row (head g's slice starts at g*HD).
@@ -548,10 +545,20 @@ __device__ __forceinline__ void tcd_ldm4t(u32 (&r)[4], const void* p) {
                  : "r"(tcd_smem(p)));
 }
 
-template <int NREP, int HD, bool SPLIT, bool CPA>
+// PREP (`attn_tcd2p_*`, one token only: MUSER_ATTN_PREP=1, for measuring): q, k and v are the
+// raw projections and the block does qkv_prep's work itself, with qkv_prep's arithmetic (qk_head,
+// store_vals): the RoPE angles' (sin, cos) at the token's position once into shared memory, its
+// KV head's NREP query rows QK-normed and rotated into shared memory (every split's block does
+// this), and the block whose split holds the token's own key QK-norms, rotates and stores that
+// key and value in the cache before it stages any. The same q and cache values as qkv_prep then
+// this kernel, so the same bits, without qkv_prep's launch. With several tokens one token's
+// block could read another's key before it is stored: the host takes this form for one only.
+template <int NREP, int HD, bool SPLIT, bool CPA, bool PREP = false>
 __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const u64* __restrict__ seqtab, int layer,
                                               long long row_bytes, const u32* __restrict__ pos, int n_swa, float scale,
-                                              int n_kv_head, float* __restrict__ part) {
+                                              int n_kv_head, float* __restrict__ part, const float* __restrict__ kraw = nullptr,
+                                              const float* __restrict__ vraw = nullptr, float eps = 0.0f, float q_scale = 1.0f,
+                                              const double* __restrict__ inv_freq = nullptr, int kt = 0) {
     static_assert(NREP <= 16, "one row tile holds a KV head's query heads");
     constexpr int KT = 64, KS = HD + 8, VS = KT + 8, NK = HD / 16, ND = HD / 8;
     constexpr int VT = HD * VS > KT * KS ? HD * VS : KT * KS;  // V transposed, or as rows (CPA)
@@ -573,6 +580,37 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
     u8 *kcm, *vcm;
     int ring;
     kv_layer(seqtab, t, layer, &kcm, &vcm, &ring);
+    // This KV head's query rows: q's (prepared by qkv_prep), or, with PREP, prepared here into
+    // shared memory (qs: the staging area, free until the first tile).
+    float* qs = (float*)smem;  // NREP (<= 16) rows of HD
+    if constexpr (PREP) {
+        constexpr int DPL = HD / 32;
+        const float* qrows = q + ((long long)t * n_head + (long long)g * NREP) * HD;
+        double* rs = (double*)(qs + 16 * HD);  // (sin, cos) of pair j's angle at [2j], [2j + 1]
+        static_assert((16 * HD + 2 * HD) * 4 <= (int)sizeof(smem), "prepared rows fit the staging area");
+        if (inv_freq)
+            for (int j = threadIdx.x; j < HD / 2; j += blockDim.x) sincos(__dmul_rn((double)pos[t], inv_freq[j]), &rs[2 * j], &rs[2 * j + 1]);
+        __syncthreads();
+        const bool own = k0 <= p && p < k1;  // this split holds the token's key: store K and V
+        for (int h = warp; h < NREP + (own ? 2 : 0); h += 4) {
+            const float* src = h < NREP ? qrows + (long long)h * HD : (h == NREP ? kraw : vraw) + ((long long)t * n_kv_head + g) * HD;
+            float x[DPL];
+#pragma unroll
+            for (int i = 0; i < DPL; i++) x[i] = src[lane * DPL + i];
+            if (h <= NREP)
+                qk_head<HD, DPL>(x, lane, h < NREP ? q_scale : 1.0f, eps, inv_freq != nullptr,
+                                 [&](int j, double& sn, double& cs) { sn = rs[2 * j]; cs = rs[2 * j + 1]; });
+            if (h < NREP) {
+#pragma unroll
+                for (int i = 0; i < DPL; i++) qs[h * HD + lane * DPL + i] = x[i];
+            } else {
+                u8* row = (h == NREP ? kcm : vcm) + kv_slot((u32)p, ring) * row_bytes;
+                store_vals<DPL>(row, g * HD + lane * DPL, x, kt, lane);
+                __threadfence();  // the stored key and value, before the tiles' copies read them
+            }
+        }
+        __syncthreads();
+    }
     u32 qh[NK][4], ql[SPLIT ? NK : 1][4];
     float down[2];
     {
@@ -581,7 +619,8 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
         for (int ab = 0; ab < 2; ab++) {
             const int r = gq + 8 * ab;
             const bool ok = r < NREP;
-            tc_q_row<NK>(q + ((long long)t * n_head + (long long)g * NREP + (ok ? r : 0)) * HD, ok, scale, tq, x[ab]);
+            if constexpr (PREP) tc_q_row<NK>(qs + (ok ? r : 0) * HD, ok, scale, tq, x[ab]);
+            else tc_q_row<NK>(q + ((long long)t * n_head + (long long)g * NREP + (ok ? r : 0)) * HD, ok, scale, tq, x[ab]);
         }
         tc_q_frags<NK, SPLIT>(x, qh, ql, down);
     }
@@ -686,11 +725,23 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
         float scale, int n_kv_head, float* part) {                                                       \
         attn_tcd_impl<NREP, HD, SPLIT, CPA>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part); \
     }
+// The PREP form (attn_tcd2p): attn_tcd2's parameters, then qkv_prep's (k, v, eps, q_scale,
+// inv_freq or null, the cache type).
+#define ATTN_TCD_PREP(NAME, NREP, HD, SPLIT)                                                                   \
+    extern "C" __global__ void __launch_bounds__(128) NAME(                                                   \
+        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,        \
+        float scale, int n_kv_head, float* part, const float* k, const float* v, float eps, float q_scale,   \
+        const double* inv_freq, int kt) {                                                                    \
+        attn_tcd_impl<NREP, HD, SPLIT, true, true>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, \
+                                                   part, k, v, eps, q_scale, inv_freq, kt);                  \
+    }
 #define ATTN_TCD_ENTRY(NREP, HD)                                                \
     ATTN_TCD_ONE(attn_tcd_##NREP##_##HD, NREP, HD, false, false)                \
     ATTN_TCD_ONE(attn_tcd_##NREP##_##HD##_split, NREP, HD, true, false)         \
     ATTN_TCD_ONE(attn_tcd2_##NREP##_##HD, NREP, HD, false, true)                \
-    ATTN_TCD_ONE(attn_tcd2_##NREP##_##HD##_split, NREP, HD, true, true)
+    ATTN_TCD_ONE(attn_tcd2_##NREP##_##HD##_split, NREP, HD, true, true)         \
+    ATTN_TCD_PREP(attn_tcd2p_##NREP##_##HD, NREP, HD, false)                    \
+    ATTN_TCD_PREP(attn_tcd2p_##NREP##_##HD##_split, NREP, HD, true)
 
 // One program per (NREP, HD): the backend compiles the variant a model needs (-DATTN_NREP=.. -DATTN_HD=..).
 ATTN_TYPES(ATTN_NREP, ATTN_HD)

@@ -397,6 +397,12 @@ pub struct CudaBackend {
     fast_mode: std::sync::atomic::AtomicBool,
     /// One launch for the FFN's gate, up and SwiGLU at one token (`ffn_swiglu`).
     fused_ffn: std::sync::atomic::AtomicBool,
+    /// One token's attention prepares its own q, k and v (`attn_tcd2p`, kernels/attention.cu
+    /// PREP), no `qkv_prep` launch: `MUSER_ATTN_PREP=1` or `set_attn_prep` (for measuring; off by
+    /// default, not yet run on a GPU).
+    attn_prep: std::sync::atomic::AtomicBool,
+    /// Launches of `attn_tcd2p` so far (`attn_prep_launches`; a captured graph's, once).
+    attn_prep_count: std::sync::atomic::AtomicU64,
     /// `--mode cuda-parity`: products of Q4_0/Q8_0/Q4_K/Q5_K/Q6_K/F16 weights as llama.cpp
     /// b11434's CUDA build computes one token (kernels/parity.cu; the CPU model
     /// cpu/cuda_anchor.rs, bit for bit), every token of a batch alone; the rest accurate.
@@ -610,6 +616,8 @@ impl CudaBackend {
             one_token_sums: std::sync::atomic::AtomicBool::new(false),
             fast_mode: std::sync::atomic::AtomicBool::new(false),
             fused_ffn: std::sync::atomic::AtomicBool::new(env_is("MUSER_FUSE", "1")),
+            attn_prep: std::sync::atomic::AtomicBool::new(env_is("MUSER_ATTN_PREP", "1")),
+            attn_prep_count: std::sync::atomic::AtomicU64::new(0),
             cuda_parity: std::sync::atomic::AtomicBool::new(false),
             waves: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
@@ -1092,6 +1100,20 @@ impl CudaBackend {
         self.fused_ffn
             .store(on, std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
+    }
+
+    /// One token's attention on `attn_tcd2` prepares its own q, k and v (`attn_tcd2p`: the bits
+    /// of `qkv_prep` then `attn_tcd2`, one launch fewer), or (the default) after `qkv_prep`.
+    pub fn set_attn_prep(&self, on: bool) {
+        self.attn_prep
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
+    }
+
+    /// Launches of `attn_tcd2p` so far (those recorded into a graph count once).
+    pub fn attn_prep_launches(&self) -> u64 {
+        self.attn_prep_count
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn f(&self, name: &str) -> Result<CudaFunction> {
@@ -3043,6 +3065,14 @@ impl CudaBackend {
     /// least `attn_tcd_from()` tokens (1: every decode step; fewer take the CUDA-core kernel's
     /// quarter-head blocks), at most 16 query heads per KV head
     /// (one row tile), not the batch-invariant or parity modes.
+    /// Whether one token's attention may prepare its own q, k and v (`attn_tcd2p`): it takes
+    /// `attn_tcd2` (not the prompt kernel), whose head dimension qkv_prep has too.
+    fn attn_prep_for(&self, kv: &SeqView, spec: AttnSpec) -> bool {
+        self.attn_tcd_for(kv, spec, 1)
+            && self.attn_tcd.load(std::sync::atomic::Ordering::Relaxed) == 2
+            && !self.attn_tc_for(kv, spec, 1)
+    }
+
     fn attn_tcd_for(&self, kv: &SeqView, spec: AttnSpec, n: usize) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let nrep = spec.n_head / spec.n_head_kv.max(1);
@@ -3056,7 +3086,10 @@ impl CudaBackend {
     }
 
     /// Attention of `n` queries over a layer's stored keys (split-K partials, then the merge
-    /// with the output gate).
+    /// with the output gate). With `prep` (one token on `attn_tcd2`, `attn_prep_for`), q is the
+    /// raw projection and the token's key and value are not yet stored: the attention kernel
+    /// does qkv_prep's work (`attn_tcd2p`).
+    #[allow(clippy::too_many_arguments)]
     fn attend_cached(
         &self,
         kv: &SeqView,
@@ -3065,6 +3098,7 @@ impl CudaBackend {
         q: &CudaAct,
         gate: Option<&CudaAct>,
         out: &mut CudaAct,
+        prep: Option<AttnPrep<'_>>,
     ) -> Result<()> {
         let nrep = spec.n_head / spec.n_head_kv;
         let mut g = self.scratch()?;
@@ -3080,6 +3114,11 @@ impl CudaBackend {
         };
         let n_kv_head = spec.n_head_kv as i32;
         let tc = self.attn_tc_for(kv, spec, n);
+        if prep.is_some() && tc {
+            return Err(Error::Backend(
+                "attention with its own QK preparation on the prompt kernel".into(),
+            ));
+        }
         let n_split = if tc {
             // Prompt chunks on the tensor cores: every visible key in one split
             // (kernels/attention.cu attn_tc).
@@ -3153,10 +3192,13 @@ impl CudaBackend {
                 } else {
                     "_split"
                 };
-                let v = if self.attn_tcd.load(std::sync::atomic::Ordering::Relaxed) == 2 {
-                    "2"
-                } else {
-                    ""
+                let v = match (
+                    self.attn_tcd.load(std::sync::atomic::Ordering::Relaxed),
+                    prep.is_some(),
+                ) {
+                    (2, true) => "2p",
+                    (2, false) => "2",
+                    _ => "",
                 };
                 format!("attn_tcd{v}_{nrep}_{}{split}", spec.head_dim)
             } else {
@@ -3167,7 +3209,56 @@ impl CudaBackend {
                     if groups > 1 { "_g4" } else { "" }
                 )
             };
-            {
+            if prep.is_some() && !(n == 1 && name.starts_with("attn_tcd2p_")) {
+                return Err(Error::Backend(format!(
+                    "attention with its own QK preparation: one token on attn_tcd2, not {name} at {n}"
+                )));
+            }
+            if let Some(pr) = prep {
+                let func = self.f(&name)?;
+                let cfg = LaunchConfig {
+                    grid_dim: (spec.n_head_kv as u32, n_split as u32, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                let inv_freq = match pr.rope_base {
+                    Some(base) => Some(
+                        s.inv_freq
+                            .get(&(base.to_bits(), spec.head_dim))
+                            .ok_or_else(|| Error::Backend("rope table".into()))?,
+                    ),
+                    None => None,
+                };
+                let mut b = words::Words::new(&self.stream);
+                b.read(&q.data)
+                    .read(&s.seqtab)
+                    .i32(layer_i)
+                    .i64(row_bytes)
+                    .read(&s.pos)
+                    .i32(n_swa)
+                    .f32(spec.scale)
+                    .i32(n_kv_head)
+                    .write(&mut s.part)
+                    .read(&pr.k.data)
+                    .read(&pr.v.data)
+                    .f32(pr.eps)
+                    .f32(pr.q_scale);
+                match inv_freq {
+                    Some(t) => b.read(t),
+                    None => b.null(),
+                };
+                b.i32(kv_code(kv.ty));
+                // SAFETY: the words follow attn_tcd2p's parameters (kernels/attention.cu
+                // ATTN_TCD_PREP); one token (checked above) reads its raw q, k and v rows
+                // (n_head, n_kv_head and n_kv_head heads of head_dim: the caller's checked
+                // projections), the rope table of head_dim / 2 angles or null, visible rows of
+                // its own cache (seqtab, bound by bind_caches), and writes its key and value row
+                // at its position's slot (checked against the cache's n_ctx) and n_kv_head x
+                // n_split partials into `part`; launched the ordinary way.
+                unsafe { self.launch_raw(&func, cfg, b.vals(), false) }.map_err(dev(&name))?;
+                self.attn_prep_count
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            } else {
                 let func = self.f(&name)?;
                 let cfg = LaunchConfig {
                     grid_dim: ((spec.n_head_kv * groups) as u32, n_split as u32, n as u32),
@@ -3384,6 +3475,15 @@ struct SeqView {
     max_ctx: usize,
     /// Every token of the micro-batch reads one cache (a prompt chunk).
     one_seq: bool,
+}
+
+/// qkv_prep's inputs for the attention kernel that does its work (`attend_cached`'s `prep`).
+struct AttnPrep<'a> {
+    k: &'a CudaAct,
+    v: &'a CudaAct,
+    eps: f32,
+    q_scale: f32,
+    rope_base: Option<f32>,
 }
 
 fn kv_code(ty: KvType) -> i32 {
@@ -4263,7 +4363,7 @@ impl Backend for CudaBackend {
                 // cache's n_ctx; ring slots are pos % ring). One stream orders it before the reads.
                 unsafe { b.launch(cfg) }.map_err(dev("kv_store"))?;
                 drop(g);
-                self.attend_cached(&kv, spec, n, q, gate, out)
+                self.attend_cached(&kv, spec, n, q, gate, out, None)
             },
         )
     }
@@ -4291,6 +4391,22 @@ impl Backend for CudaBackend {
                     .ok_or_else(|| Error::Backend("no scratch".into()))?;
                 if let Some(base) = qk.rope_base {
                     self.inv_freq(s, base, spec.head_dim)?;
+                }
+                if n == 1
+                    && self.attn_prep.load(std::sync::atomic::Ordering::Relaxed)
+                    && self.attn_prep_for(&kv, spec)
+                {
+                    // One token on attn_tcd2: the attention kernel prepares q, k and v itself
+                    // (attn_tcd2p), no qkv_prep launch; q stays the raw projection.
+                    drop(g);
+                    let prep = AttnPrep {
+                        k,
+                        v,
+                        eps: qk.eps,
+                        q_scale: qk.q_scale,
+                        rope_base: qk.rope_base,
+                    };
+                    return self.attend_cached(&kv, spec, n, q, Some(gate), out, Some(prep));
                 }
                 let (nh, nkv) = (spec.n_head as i32, spec.n_head_kv as i32);
                 let (row_bytes, kt) = (kv.row_bytes as i64, kv_code(kv.ty));
@@ -4327,7 +4443,7 @@ impl Backend for CudaBackend {
                 drop(b);
                 drop(g);
                 q.xs_ok = false;
-                self.attend_cached(&kv, spec, n, q, Some(gate), out)
+                self.attend_cached(&kv, spec, n, q, Some(gate), out, None)
             },
         )
     }

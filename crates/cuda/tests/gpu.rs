@@ -1644,6 +1644,90 @@ fn fused_ffn_gives_the_unfused_bits() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// One token's attention preparing its own q, k and v (`attn_tcd2p`: QK-norm, RoPE and the KV
+/// store inside the attention kernel, no `qkv_prep` launch) must give the bits of `qkv_prep` then
+/// `attn_tcd2`: the same arithmetic on the same values. On every fixture (2 and 4 query heads a
+/// KV head; the sliding layers' RoPE and ring, the full layers' plane) and on synthetic models
+/// with 8 and 16 (the 30B's: 32 query heads over 2 KV heads of 128; a 16-key window, so the ring
+/// wraps), f16 cache, graph decode of 40 tokens, in the accurate and the fast mode.
+#[test]
+fn attention_preparing_its_own_qkv_gives_the_bits() {
+    let Some(_) = gpu() else { return };
+    let dir = std::env::temp_dir().join(format!("muser-prep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut paths: Vec<(String, PathBuf)> = names()
+        .into_iter()
+        .map(|n| {
+            let p = fixtures().join("models").join(format!("{n}.gguf"));
+            (n, p)
+        })
+        .collect();
+    let heads16 = muser_engine::synth::Preset {
+        name: "heads16",
+        n_layer: 4,
+        n_embd: 512,
+        n_ff: 1024,
+        n_head: 32,
+        n_head_kv: 2,
+        head_dim: 128,
+        n_vocab: 512,
+        n_ctx: 4096,
+        n_swa: 16,
+    };
+    let mid = muser_engine::synth::preset("mid").unwrap().clone();
+    for p in [mid, heads16] {
+        let path = dir.join(format!("{}.gguf", p.name));
+        muser_engine::synth::write(&path, &p, muser_engine::synth::Layout::Q4KM, 7).unwrap();
+        paths.push((p.name.to_string(), path));
+    }
+    for (name, path) in paths {
+        let file = ModelFile::open(&path).unwrap();
+        for fast in [false, true] {
+            let run = |prep: bool| {
+                let b = CudaBackend::new(0).unwrap();
+                b.set_fast_mode(fast).unwrap();
+                b.set_attn_prep(prep);
+                let m = MuseGlimmer::load(&file, b).unwrap();
+                let toks: Vec<u32> = (0..40u32)
+                    .map(|i| (i * 7919 + 11) % m.config.n_vocab as u32)
+                    .collect();
+                let mut s = Session::new(&m, KvType::F16, 64).unwrap();
+                let mut dec = GraphDecoder::new(&m).unwrap();
+                let (mut all, mut l) = (Vec::new(), Vec::new());
+                for &t in &toks {
+                    dec.step(&mut s.kv, t, Some(&mut l)).unwrap();
+                    all.extend_from_slice(&l);
+                }
+                (all, m.backend.attn_prep_launches())
+            };
+            let ((a, none), (b, launches)) = (run(false), run(true));
+            assert!(
+                none == 0 && launches > 0,
+                "{name}: attn_tcd2p launched {none} times without the switch, {launches} with it"
+            );
+            let finite = a.iter().all(|v| v.is_finite());
+            let differ = if a.len() == b.len() {
+                a.iter()
+                    .zip(&b)
+                    .filter(|(x, y)| x.to_bits() != y.to_bits())
+                    .count()
+            } else {
+                usize::MAX
+            };
+            println!(
+                "{name:<14} {} attention with its own QK preparation: {differ} of {} logits differ",
+                if fast { "fast    " } else { "accurate" },
+                a.len()
+            );
+            assert!(
+                finite && differ == 0,
+                "{name} fast={fast}: {differ} logits differ (finite: {finite})"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[path = "../../engine/tests/common/batched.rs"]
 mod batched;
 
