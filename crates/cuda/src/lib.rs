@@ -167,6 +167,8 @@ struct Scratch {
     /// (zero between launches: the last block of a range resets its own).
     vpart: CudaSlice<f32>,
     vcnt: CudaSlice<u32>,
+    /// One token's merging attention's per-KV-head counters (zero between launches).
+    acnt: CudaSlice<u32>,
     /// Greedy selection's per-chunk best values and indices, and its per-row counters.
     amax_v: CudaSlice<f32>,
     amax_i: CudaSlice<i32>,
@@ -403,6 +405,12 @@ pub struct CudaBackend {
     attn_prep: std::sync::atomic::AtomicBool,
     /// Launches of `attn_tcd2p` so far (`attn_prep_launches`; a captured graph's, once).
     attn_prep_count: std::sync::atomic::AtomicU64,
+    /// One token's attention on `attn_tcd2` merges its splits in its last block
+    /// (`attn_tcd2c`, kernels/attention.cu MERGES), no `attn_combine` launch: `MUSER_ATTN_MERGE=1`
+    /// or `set_attn_merge` (for measuring; off by default, not yet run on a GPU).
+    attn_merge: std::sync::atomic::AtomicBool,
+    /// Launches of the merging forms so far (`attn_merge_launches`).
+    attn_merge_count: std::sync::atomic::AtomicU64,
     /// `--mode cuda-parity`: products of Q4_0/Q8_0/Q4_K/Q5_K/Q6_K/F16 weights as llama.cpp
     /// b11434's CUDA build computes one token (kernels/parity.cu; the CPU model
     /// cpu/cuda_anchor.rs, bit for bit), every token of a batch alone; the rest accurate.
@@ -618,6 +626,8 @@ impl CudaBackend {
             fused_ffn: std::sync::atomic::AtomicBool::new(env_is("MUSER_FUSE", "1")),
             attn_prep: std::sync::atomic::AtomicBool::new(env_is("MUSER_ATTN_PREP", "1")),
             attn_prep_count: std::sync::atomic::AtomicU64::new(0),
+            attn_merge: std::sync::atomic::AtomicBool::new(env_is("MUSER_ATTN_MERGE", "1")),
+            attn_merge_count: std::sync::atomic::AtomicU64::new(0),
             cuda_parity: std::sync::atomic::AtomicBool::new(false),
             waves: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
@@ -1116,6 +1126,20 @@ impl CudaBackend {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// One token's attention on `attn_tcd2` merges its splits itself (`attn_tcd2c`: the bits of
+    /// `attn_combine`, one launch fewer), or (the default) `attn_combine` merges them.
+    pub fn set_attn_merge(&self, on: bool) {
+        self.attn_merge
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
+    }
+
+    /// Launches of the merging attention forms so far (those recorded into a graph count once).
+    pub fn attn_merge_launches(&self) -> u64 {
+        self.attn_merge_count
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     fn f(&self, name: &str) -> Result<CudaFunction> {
         let g = self
             .funcs
@@ -1191,6 +1215,7 @@ impl CudaBackend {
                 mpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 vpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 vcnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                acnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_v: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_i: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_cnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
@@ -3119,6 +3144,8 @@ impl CudaBackend {
                 "attention with its own QK preparation on the prompt kernel".into(),
             ));
         }
+        // One token on attn_tcd2 may merge its splits itself (`set_attn_merge`): no attn_combine.
+        let mut merged = false;
         let n_split = if tc {
             // Prompt chunks on the tensor cores: every visible key in one split
             // (kernels/attention.cu attn_tc).
@@ -3192,12 +3219,14 @@ impl CudaBackend {
                 } else {
                     "_split"
                 };
-                let v = match (
-                    self.attn_tcd.load(std::sync::atomic::Ordering::Relaxed),
-                    prep.is_some(),
-                ) {
-                    (2, true) => "2p",
-                    (2, false) => "2",
+                let tcd2 = self.attn_tcd.load(std::sync::atomic::Ordering::Relaxed) == 2;
+                merged =
+                    tcd2 && n == 1 && self.attn_merge.load(std::sync::atomic::Ordering::Relaxed);
+                let v = match (tcd2, prep.is_some(), merged) {
+                    (true, true, true) => "2pc",
+                    (true, true, false) => "2p",
+                    (true, false, true) => "2c",
+                    (true, false, false) => "2",
                     _ => "",
                 };
                 format!("attn_tcd{v}_{nrep}_{}{split}", spec.head_dim)
@@ -3209,19 +3238,25 @@ impl CudaBackend {
                     if groups > 1 { "_g4" } else { "" }
                 )
             };
-            if prep.is_some() && !(n == 1 && name.starts_with("attn_tcd2p_")) {
+            if prep.is_some() && !(n == 1 && name.starts_with("attn_tcd2p")) {
                 return Err(Error::Backend(format!(
                     "attention with its own QK preparation: one token on attn_tcd2, not {name} at {n}"
                 )));
             }
-            if let Some(pr) = prep {
+            if prep.is_some() || merged {
+                // attn_tcd2p / attn_tcd2c / attn_tcd2pc: every parameter, those of a form it
+                // does not take null or zero.
                 let func = self.f(&name)?;
                 let cfg = LaunchConfig {
                     grid_dim: (spec.n_head_kv as u32, n_split as u32, 1),
                     block_dim: (128, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                let inv_freq = match pr.rope_base {
+                check(out, 1, spec.n_head * spec.head_dim, "attention")?;
+                if merged {
+                    self.grow(&mut s.acnt, spec.n_head_kv)?;
+                }
+                let inv_freq = match prep.as_ref().and_then(|pr| pr.rope_base) {
                     Some(base) => Some(
                         s.inv_freq
                             .get(&(base.to_bits(), spec.head_dim))
@@ -3238,26 +3273,47 @@ impl CudaBackend {
                     .i32(n_swa)
                     .f32(spec.scale)
                     .i32(n_kv_head)
-                    .write(&mut s.part)
-                    .read(&pr.k.data)
-                    .read(&pr.v.data)
-                    .f32(pr.eps)
-                    .f32(pr.q_scale);
+                    .write(&mut s.part);
+                match &prep {
+                    Some(pr) => b
+                        .read(&pr.k.data)
+                        .read(&pr.v.data)
+                        .f32(pr.eps)
+                        .f32(pr.q_scale),
+                    None => b.null().null().f32(0.0).f32(1.0),
+                };
                 match inv_freq {
                     Some(t) => b.read(t),
                     None => b.null(),
                 };
                 b.i32(kv_code(kv.ty));
-                // SAFETY: the words follow attn_tcd2p's parameters (kernels/attention.cu
-                // ATTN_TCD_PREP); one token (checked above) reads its raw q, k and v rows
-                // (n_head, n_kv_head and n_kv_head heads of head_dim: the caller's checked
-                // projections), the rope table of head_dim / 2 angles or null, visible rows of
-                // its own cache (seqtab, bound by bind_caches), and writes its key and value row
-                // at its position's slot (checked against the cache's n_ctx) and n_kv_head x
-                // n_split partials into `part`; launched the ordinary way.
+                match (merged, gate) {
+                    (true, Some(gt)) => b.read(&gt.data),
+                    _ => b.null(),
+                };
+                if merged {
+                    b.write(&mut out.data).write(&mut s.acnt);
+                } else {
+                    b.null().null();
+                }
+                // SAFETY: the words follow the kernel's parameters (kernels/attention.cu
+                // ATTN_TCD_X); one token (checked above) reads q (raw with PREP: n_head heads of
+                // head_dim), with PREP its raw k and v rows (n_kv_head heads) and the rope table
+                // (head_dim / 2 angles) or null, visible rows of its own cache (seqtab, bound by
+                // bind_caches), and with PREP writes its key and value row at its position's
+                // slot (checked against the cache's n_ctx); it writes n_kv_head x n_split
+                // partials into `part`, and with MERGES the gated output (n_head x head_dim,
+                // checked above) and the n_kv_head counters (grown above, zero between
+                // launches: the merging block resets its own); launched the ordinary way.
                 unsafe { self.launch_raw(&func, cfg, b.vals(), false) }.map_err(dev(&name))?;
-                self.attn_prep_count
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if prep.is_some() {
+                    self.attn_prep_count
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                if merged {
+                    self.attn_merge_count
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
             } else {
                 let func = self.f(&name)?;
                 let cfg = LaunchConfig {
@@ -3286,6 +3342,10 @@ impl CudaBackend {
             }
             n_split
         };
+        if merged {
+            out.xs_ok = false;
+            return Ok(());
+        }
         let (ns, nr, hd) = (n_split as i32, nrep as i32, spec.head_dim as i32);
         let func = self.f("attn_combine")?;
         let mut b = words::Words::new(&self.stream);

@@ -1645,13 +1645,15 @@ fn fused_ffn_gives_the_unfused_bits() {
 }
 
 /// One token's attention preparing its own q, k and v (`attn_tcd2p`: QK-norm, RoPE and the KV
-/// store inside the attention kernel, no `qkv_prep` launch) must give the bits of `qkv_prep` then
-/// `attn_tcd2`: the same arithmetic on the same values. On every fixture (2 and 4 query heads a
+/// store inside the attention kernel, no `qkv_prep` launch), merging its own splits
+/// (`attn_tcd2c`: the last block of a KV head does `attn_combine`'s work, no `attn_combine`
+/// launch), or both (`attn_tcd2pc`) must give the bits of `qkv_prep`, `attn_tcd2` and
+/// `attn_combine`: the same arithmetic on the same values, in the same order. On every fixture (2 and 4 query heads a
 /// KV head; the sliding layers' RoPE and ring, the full layers' plane) and on synthetic models
 /// with 8 and 16 (the 30B's: 32 query heads over 2 KV heads of 128; a 16-key window, so the ring
 /// wraps), f16 cache, graph decode of 40 tokens, in the accurate and the fast mode.
 #[test]
-fn attention_preparing_its_own_qkv_gives_the_bits() {
+fn attention_preparing_and_merging_itself_gives_the_bits() {
     let Some(_) = gpu() else { return };
     let dir = std::env::temp_dir().join(format!("muser-prep-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -1683,10 +1685,11 @@ fn attention_preparing_its_own_qkv_gives_the_bits() {
     for (name, path) in paths {
         let file = ModelFile::open(&path).unwrap();
         for fast in [false, true] {
-            let run = |prep: bool| {
+            let run = |prep: bool, merge: bool| {
                 let b = CudaBackend::new(0).unwrap();
                 b.set_fast_mode(fast).unwrap();
                 b.set_attn_prep(prep);
+                b.set_attn_merge(merge);
                 let m = MuseGlimmer::load(&file, b).unwrap();
                 let toks: Vec<u32> = (0..40u32)
                     .map(|i| (i * 7919 + 11) % m.config.n_vocab as u32)
@@ -1698,31 +1701,49 @@ fn attention_preparing_its_own_qkv_gives_the_bits() {
                     dec.step(&mut s.kv, t, Some(&mut l)).unwrap();
                     all.extend_from_slice(&l);
                 }
-                (all, m.backend.attn_prep_launches())
+                let launches = (
+                    m.backend.attn_prep_launches(),
+                    m.backend.attn_merge_launches(),
+                );
+                (all, launches)
             };
-            let ((a, none), (b, launches)) = (run(false), run(true));
-            assert!(
-                none == 0 && launches > 0,
-                "{name}: attn_tcd2p launched {none} times without the switch, {launches} with it"
+            let (a, none) = run(false, false);
+            assert_eq!(
+                none,
+                (0, 0),
+                "{name}: a fused form launched without its switch"
             );
-            let finite = a.iter().all(|v| v.is_finite());
-            let differ = if a.len() == b.len() {
-                a.iter()
-                    .zip(&b)
-                    .filter(|(x, y)| x.to_bits() != y.to_bits())
-                    .count()
-            } else {
-                usize::MAX
-            };
-            println!(
-                "{name:<14} {} attention with its own QK preparation: {differ} of {} logits differ",
-                if fast { "fast    " } else { "accurate" },
-                a.len()
-            );
-            assert!(
-                finite && differ == 0,
-                "{name} fast={fast}: {differ} logits differ (finite: {finite})"
-            );
+            assert!(a.iter().all(|v| v.is_finite()), "{name}: not finite");
+            for (prep, merge) in [(true, false), (false, true), (true, true)] {
+                let (b, (np, nm)) = run(prep, merge);
+                assert!(
+                    (np > 0) == prep && (nm > 0) == merge,
+                    "{name}: prep {prep} merge {merge}: the forms launched {np} and {nm} times"
+                );
+                let differ = if a.len() == b.len() {
+                    a.iter()
+                        .zip(&b)
+                        .filter(|(x, y)| x.to_bits() != y.to_bits())
+                        .count()
+                } else {
+                    usize::MAX
+                };
+                println!(
+                    "{name:<14} {} attention{}{}: {differ} of {} logits differ",
+                    if fast { "fast    " } else { "accurate" },
+                    if prep {
+                        " with its own QK preparation"
+                    } else {
+                        ""
+                    },
+                    if merge { " merging its splits" } else { "" },
+                    a.len()
+                );
+                assert!(
+                    differ == 0,
+                    "{name} fast={fast} prep={prep} merge={merge}: {differ} logits differ"
+                );
+            }
         }
     }
     std::fs::remove_dir_all(&dir).ok();
