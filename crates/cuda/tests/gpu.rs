@@ -1685,15 +1685,21 @@ fn attention_preparing_and_merging_itself_gives_the_bits() {
     for (name, path) in paths {
         let file = ModelFile::open(&path).unwrap();
         for fast in [false, true] {
+            // One backend and model per mode; the switches change between runs (each a fresh
+            // cache and graph: a switch makes captured graphs stale).
+            let g = CudaBackend::new(0).unwrap();
+            g.set_fast_mode(fast).unwrap();
+            let m = MuseGlimmer::load(&file, g).unwrap();
+            let toks: Vec<u32> = (0..40u32)
+                .map(|i| (i * 7919 + 11) % m.config.n_vocab as u32)
+                .collect();
             let run = |prep: bool, merge: bool| {
-                let b = CudaBackend::new(0).unwrap();
-                b.set_fast_mode(fast).unwrap();
-                b.set_attn_prep(prep);
-                b.set_attn_merge(merge);
-                let m = MuseGlimmer::load(&file, b).unwrap();
-                let toks: Vec<u32> = (0..40u32)
-                    .map(|i| (i * 7919 + 11) % m.config.n_vocab as u32)
-                    .collect();
+                m.backend.set_attn_prep(prep);
+                m.backend.set_attn_merge(merge);
+                let before = (
+                    m.backend.attn_prep_launches(),
+                    m.backend.attn_merge_launches(),
+                );
                 let mut s = Session::new(&m, KvType::F16, 64).unwrap();
                 let mut dec = GraphDecoder::new(&m).unwrap();
                 let (mut all, mut l) = (Vec::new(), Vec::new());
@@ -1702,8 +1708,8 @@ fn attention_preparing_and_merging_itself_gives_the_bits() {
                     all.extend_from_slice(&l);
                 }
                 let launches = (
-                    m.backend.attn_prep_launches(),
-                    m.backend.attn_merge_launches(),
+                    m.backend.attn_prep_launches() - before.0,
+                    m.backend.attn_merge_launches() - before.1,
                 );
                 (all, launches)
             };
