@@ -405,8 +405,8 @@ pub struct CudaBackend {
     attn_prep: std::sync::atomic::AtomicBool,
     /// Launches of `attn_tcd2p` so far (`attn_prep_launches`; a captured graph's, once).
     attn_prep_count: std::sync::atomic::AtomicU64,
-    /// One token's attention on `attn_tcd2` merges its splits in its last block
-    /// (`attn_tcd2c`, kernels/attention.cu MERGES), no `attn_combine` launch: `MUSER_ATTN_MERGE=1`
+    /// Attention on `attn_tcd2` (one token or a decode batch) merges its splits in the last block
+    /// of each token's KV head (`attn_tcd2c`, kernels/attention.cu MERGES), no `attn_combine` launch: `MUSER_ATTN_MERGE=1`
     /// or `set_attn_merge` (for measuring; off by default, not yet run on a GPU).
     attn_merge: std::sync::atomic::AtomicBool,
     /// Launches of the merging forms so far (`attn_merge_launches`).
@@ -1126,7 +1126,7 @@ impl CudaBackend {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// One token's attention on `attn_tcd2` merges its splits itself (`attn_tcd2c`: the bits of
+    /// Attention on `attn_tcd2` merges its splits itself (`attn_tcd2c`: the bits of
     /// `attn_combine`, one launch fewer), or (the default) `attn_combine` merges them.
     pub fn set_attn_merge(&self, on: bool) {
         self.attn_merge
@@ -3144,7 +3144,7 @@ impl CudaBackend {
                 "attention with its own QK preparation on the prompt kernel".into(),
             ));
         }
-        // One token on attn_tcd2 may merge its splits itself (`set_attn_merge`): no attn_combine.
+        // Attention on attn_tcd2 may merge its splits itself (`set_attn_merge`): no attn_combine.
         let mut merged = false;
         let n_split = if tc {
             // Prompt chunks on the tensor cores: every visible key in one split
@@ -3220,8 +3220,7 @@ impl CudaBackend {
                     "_split"
                 };
                 let tcd2 = self.attn_tcd.load(std::sync::atomic::Ordering::Relaxed) == 2;
-                merged =
-                    tcd2 && n == 1 && self.attn_merge.load(std::sync::atomic::Ordering::Relaxed);
+                merged = tcd2 && self.attn_merge.load(std::sync::atomic::Ordering::Relaxed);
                 let v = match (tcd2, prep.is_some(), merged) {
                     (true, true, true) => "2pc",
                     (true, true, false) => "2p",
@@ -3248,13 +3247,13 @@ impl CudaBackend {
                 // does not take null or zero.
                 let func = self.f(&name)?;
                 let cfg = LaunchConfig {
-                    grid_dim: (spec.n_head_kv as u32, n_split as u32, 1),
+                    grid_dim: (spec.n_head_kv as u32, n_split as u32, n as u32),
                     block_dim: (128, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                check(out, 1, spec.n_head * spec.head_dim, "attention")?;
+                check(out, n, spec.n_head * spec.head_dim, "attention")?;
                 if merged {
-                    self.grow(&mut s.acnt, spec.n_head_kv)?;
+                    self.grow(&mut s.acnt, n * spec.n_head_kv)?;
                 }
                 let inv_freq = match prep.as_ref().and_then(|pr| pr.rope_base) {
                     Some(base) => Some(
@@ -3297,14 +3296,14 @@ impl CudaBackend {
                     b.null().null();
                 }
                 // SAFETY: the words follow the kernel's parameters (kernels/attention.cu
-                // ATTN_TCD_X); one token (checked above) reads q (raw with PREP: n_head heads of
-                // head_dim), with PREP its raw k and v rows (n_kv_head heads) and the rope table
-                // (head_dim / 2 angles) or null, visible rows of its own cache (seqtab, bound by
-                // bind_caches), and with PREP writes its key and value row at its position's
-                // slot (checked against the cache's n_ctx); it writes n_kv_head x n_split
-                // partials into `part`, and with MERGES the gated output (n_head x head_dim,
-                // checked above) and the n_kv_head counters (grown above, zero between
-                // launches: the merging block resets its own); launched the ordinary way.
+                // ATTN_TCD_X); each of the n tokens (one with PREP, checked above) reads q (raw
+                // with PREP: n_head heads of head_dim), with PREP its raw k and v rows (n_kv_head
+                // heads) and the rope table (head_dim / 2 angles) or null, visible rows of its own
+                // cache (seqtab, bound by bind_caches), and with PREP writes its key and value row
+                // at its position's slot (checked against the cache's n_ctx); it writes n x
+                // n_kv_head x n_split partials into `part`, and with MERGES the gated output (n x
+                // n_head x head_dim, checked above) and n x n_kv_head counters (grown above, zero
+                // between launches: each merging block resets its own); launched the ordinary way.
                 unsafe { self.launch_raw(&func, cfg, b.vals(), false) }.map_err(dev(&name))?;
                 if prep.is_some() {
                     self.attn_prep_count

@@ -1651,7 +1651,9 @@ fn fused_ffn_gives_the_unfused_bits() {
 /// `attn_combine`: the same arithmetic on the same values, in the same order. On every fixture (2 and 4 query heads a
 /// KV head; the sliding layers' RoPE and ring, the full layers' plane) and on synthetic models
 /// with 8 and 16 (the 30B's: 32 query heads over 2 KV heads of 128; a 16-key window, so the ring
-/// wraps), f16 cache, graph decode of 40 tokens, in the accurate and the fast mode.
+/// wraps), f16 cache, graph decode of 40 tokens, in the accurate and the fast mode; and the merge
+/// at several tokens, five sequences batched (their prompts in one micro-batch, then their decode
+/// steps together).
 #[test]
 fn attention_preparing_and_merging_itself_gives_the_bits() {
     let Some(_) = gpu() else { return };
@@ -1750,6 +1752,47 @@ fn attention_preparing_and_merging_itself_gives_the_bits() {
                     "{name} fast={fast} prep={prep} merge={merge}: {differ} logits differ"
                 );
             }
+            // The merge at several tokens: five sequences' prompts in one micro-batch, then
+            // their decode steps together (1 to 5 tokens a step, each its own cache).
+            let seqs: Vec<Vec<u32>> = (0..5u32)
+                .map(|i| {
+                    (0..16 + 3 * i)
+                        .map(|j| (j * 7919 + 97 * i + 5) % m.config.n_vocab as u32)
+                        .collect()
+                })
+                .collect();
+            let prompts = [5usize, 12, 1, 9, 3];
+            let batch = |merge: bool| {
+                m.backend.set_attn_prep(false);
+                m.backend.set_attn_merge(merge);
+                let before = m.backend.attn_merge_launches();
+                let got = batched::together(&m, &seqs, &prompts, KvType::F16, 64).unwrap();
+                (got, m.backend.attn_merge_launches() - before)
+            };
+            let ((a, none), (b, merges)) = (batch(false), batch(true));
+            m.backend.set_attn_merge(false);
+            let (flat_a, flat_b): (Vec<f32>, Vec<f32>) = (
+                a.into_iter().flatten().flatten().collect(),
+                b.into_iter().flatten().flatten().collect(),
+            );
+            let differ = if flat_a.len() == flat_b.len() {
+                flat_a
+                    .iter()
+                    .zip(&flat_b)
+                    .filter(|(x, y)| x.to_bits() != y.to_bits())
+                    .count()
+            } else {
+                usize::MAX
+            };
+            println!(
+                "{name:<14} {} five sequences batched, attention merging its splits: {differ} of {} logits differ",
+                if fast { "fast    " } else { "accurate" },
+                flat_a.len()
+            );
+            assert!(
+                none == 0 && merges > 0 && differ == 0,
+                "{name} fast={fast}: batched merge launched {merges} times ({none} off), {differ} logits differ"
+            );
         }
     }
     std::fs::remove_dir_all(&dir).ok();
