@@ -21,7 +21,7 @@ B="carry/bin/muser bench -m $MODEL --device cuda --mode fast --fp8-weights"
 run() { echo "== $1" >> "$OUT/decode.log"; env ${1//,/ } timeout 40 $B -p 0 -n 128 -r 2 >> "$OUT/decode.log" 2>&1; }
 timeout 150 $B -p 0 -n 16 -r 1 > "$OUT/warm.log" 2>&1; echo "warm $(el) s"
 if has tests; then
-  MUSER_FIXTURES=$FX timeout 200 carry/bin/gpu-tests --nocapture --test-threads 1 ${GPU_SKIP:+--skip $GPU_SKIP} \
+  MUSER_FIXTURES=$FX timeout ${TESTS_TIMEOUT:-300} carry/bin/gpu-tests --nocapture --test-threads 1 ${GPU_SKIP:+--skip $GPU_SKIP} \
     > "$OUT/gpu-tests.log" 2>&1
   grep -E '^test result|panicked|^test .*FAILED' "$OUT/gpu-tests.log" | tail -6; echo "tests $(el) s"
 fi
