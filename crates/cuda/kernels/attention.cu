@@ -554,9 +554,10 @@ __device__ __forceinline__ void tcd_ldm4t(u32 (&r)[4], const void* p) {
 // this kernel, so the same bits, without qkv_prep's launch. With several tokens one token's
 // block could read another's key before it is stored: the host takes this form for one only.
 // MERGES (`attn_tcd2c_*`, `attn_tcd2pc_*`: MUSER_ATTN_MERGE=1, for measuring; any number of
-// tokens, PREP only one): the last of a (token, KV head)'s blocks to finish (a counter per pair, reset by that block; empty splits count
-// too) merges the splits as attn_combine does (kv.cu), with its arithmetic in its order, so the
-// same bits, and writes the gated output: no attn_combine launch (tcd_merge).
+// tokens, PREP only one): the last of a (token, KV head)'s blocks to finish (a counter per pair,
+// reset by that block; empty splits count too) merges the splits as attn_combine does (kv.cu),
+// with its arithmetic in its order, so the same bits, and writes the gated output: no
+// attn_combine launch (tcd_merge).
 #define TCD_MERGE_MAX_SPLITS 64  // kv.cu COMBINE_MAX_SPLITS, lib.rs ATTN_MAX_SPLITS
 template <int NREP, int HD>
 __device__ __forceinline__ void tcd_merge(const float* part, int n_split, int t, int g, int n_kv_head, int p, int n_swa,
