@@ -632,6 +632,29 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// Every step's logits of a graph decode of `toks` from a fresh cache of 64 positions.
+fn graph_logits(m: &MuseGlimmer<CudaBackend>, toks: &[u32], kv: KvType) -> Vec<f32> {
+    let mut s = Session::new(m, kv, 64).unwrap();
+    let mut dec = GraphDecoder::new(m).unwrap();
+    let (mut all, mut l) = (Vec::new(), Vec::new());
+    for &t in toks {
+        dec.step(&mut s.kv, t, Some(&mut l)).unwrap();
+        all.extend_from_slice(&l);
+    }
+    all
+}
+
+/// How many values of `a` and `b` differ in their bits (every one when the lengths differ).
+fn bits_differing(a: &[f32], b: &[f32]) -> usize {
+    if a.len() != b.len() {
+        return a.len().max(b.len());
+    }
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
 /// `mat`'s exact weights (the CPU's dequantization), rows x cols, row-major.
 fn exact_weights(
     cpu: &CpuBackend,
@@ -1624,14 +1647,7 @@ fn fused_ffn_gives_the_unfused_bits() {
             let toks: Vec<u32> = (0..24u32)
                 .map(|i| (i * 7919 + 3) % m.config.n_vocab as u32)
                 .collect();
-            let mut s = Session::new(&m, KvType::F32, 64).unwrap();
-            let mut dec = GraphDecoder::new(&m).unwrap();
-            let (mut all, mut l) = (Vec::new(), Vec::new());
-            for &t in &toks {
-                dec.step(&mut s.kv, t, Some(&mut l)).unwrap();
-                all.extend_from_slice(&l);
-            }
-            all
+            graph_logits(&m, &toks, KvType::F32)
         };
         let (a, b) = (run(false), run(true));
         let same = a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
@@ -1648,12 +1664,12 @@ fn fused_ffn_gives_the_unfused_bits() {
 /// store inside the attention kernel, no `qkv_prep` launch), merging its own splits
 /// (`attn_tcd2c`: the last block of a KV head does `attn_combine`'s work, no `attn_combine`
 /// launch), or both (`attn_tcd2pc`) must give the bits of `qkv_prep`, `attn_tcd2` and
-/// `attn_combine`: the same arithmetic on the same values, in the same order. On every fixture (2 and 4 query heads a
-/// KV head; the sliding layers' RoPE and ring, the full layers' plane) and on synthetic models
-/// with 8 and 16 (the 30B's: 32 query heads over 2 KV heads of 128; a 16-key window, so the ring
-/// wraps), f16 cache, graph decode of 40 tokens, in the accurate and the fast mode; and the merge
-/// at several tokens, five sequences batched (their prompts in one micro-batch, then their decode
-/// steps together).
+/// `attn_combine`: the same arithmetic on the same values, in the same order. On every fixture
+/// (2 and 4 query heads a KV head; the sliding layers' RoPE and ring, the full layers' plane) and
+/// on synthetic models with 8 and 16 (the 30B's: 32 query heads over 2 KV heads of 128; a 16-key
+/// window, so the ring wraps), f16 cache, graph decode of 40 tokens, in the accurate and the fast
+/// mode; and the merge at several tokens, five sequences batched (their prompts in one
+/// micro-batch, then their decode steps together).
 #[test]
 fn attention_preparing_and_merging_itself_gives_the_bits() {
     let Some(_) = gpu() else { return };
@@ -1702,13 +1718,7 @@ fn attention_preparing_and_merging_itself_gives_the_bits() {
                     m.backend.attn_prep_launches(),
                     m.backend.attn_merge_launches(),
                 );
-                let mut s = Session::new(&m, KvType::F16, 64).unwrap();
-                let mut dec = GraphDecoder::new(&m).unwrap();
-                let (mut all, mut l) = (Vec::new(), Vec::new());
-                for &t in &toks {
-                    dec.step(&mut s.kv, t, Some(&mut l)).unwrap();
-                    all.extend_from_slice(&l);
-                }
+                let all = graph_logits(&m, &toks, KvType::F16);
                 let launches = (
                     m.backend.attn_prep_launches() - before.0,
                     m.backend.attn_merge_launches() - before.1,
@@ -1728,14 +1738,7 @@ fn attention_preparing_and_merging_itself_gives_the_bits() {
                     (np > 0) == prep && (nm > 0) == merge,
                     "{name}: prep {prep} merge {merge}: the forms launched {np} and {nm} times"
                 );
-                let differ = if a.len() == b.len() {
-                    a.iter()
-                        .zip(&b)
-                        .filter(|(x, y)| x.to_bits() != y.to_bits())
-                        .count()
-                } else {
-                    usize::MAX
-                };
+                let differ = bits_differing(&a, &b);
                 println!(
                     "{name:<14} {} attention{}{}: {differ} of {} logits differ",
                     if fast { "fast    " } else { "accurate" },
@@ -1775,15 +1778,7 @@ fn attention_preparing_and_merging_itself_gives_the_bits() {
                 a.into_iter().flatten().flatten().collect(),
                 b.into_iter().flatten().flatten().collect(),
             );
-            let differ = if flat_a.len() == flat_b.len() {
-                flat_a
-                    .iter()
-                    .zip(&flat_b)
-                    .filter(|(x, y)| x.to_bits() != y.to_bits())
-                    .count()
-            } else {
-                usize::MAX
-            };
+            let differ = bits_differing(&flat_a, &flat_b);
             println!(
                 "{name:<14} {} five sequences batched, attention merging its splits: {differ} of {} logits differ",
                 if fast { "fast    " } else { "accurate" },
