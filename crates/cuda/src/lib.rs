@@ -1115,9 +1115,7 @@ impl CudaBackend {
     /// One token's attention on `attn_tcd2` prepares its own q, k and v (`attn_tcd2p`: the bits
     /// of `qkv_prep` then `attn_tcd2`, one launch fewer), or (the default) after `qkv_prep`.
     pub fn set_attn_prep(&self, on: bool) {
-        self.attn_prep
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-        self.bump_epoch();
+        self.set_switch(&self.attn_prep, on);
     }
 
     /// Launches of `attn_tcd2p` so far (those recorded into a graph count once).
@@ -1129,9 +1127,7 @@ impl CudaBackend {
     /// Attention on `attn_tcd2` merges its splits itself (`attn_tcd2c`: the bits of
     /// `attn_combine`, one launch fewer), or (the default) `attn_combine` merges them.
     pub fn set_attn_merge(&self, on: bool) {
-        self.attn_merge
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-        self.bump_epoch();
+        self.set_switch(&self.attn_merge, on);
     }
 
     /// Launches of the merging attention forms so far (those recorded into a graph count once).
@@ -3138,12 +3134,12 @@ impl CudaBackend {
             0
         };
         let n_kv_head = spec.n_head_kv as i32;
-        let tc = self.attn_tc_for(kv, spec, n);
-        if prep.is_some() && tc {
-            return Err(Error::Backend(
-                "attention with its own QK preparation on the prompt kernel".into(),
-            ));
+        if prep.is_some() && !(n == 1 && self.attn_prep_for(kv, spec)) {
+            return Err(Error::Backend(format!(
+                "attention with its own QK preparation: one token on attn_tcd2, not {n} tokens here"
+            )));
         }
+        let tc = self.attn_tc_for(kv, spec, n);
         // Attention on attn_tcd2 may merge its splits itself (`set_attn_merge`): no attn_combine.
         let mut merged = false;
         let n_split = if tc {
@@ -3237,11 +3233,6 @@ impl CudaBackend {
                     if groups > 1 { "_g4" } else { "" }
                 )
             };
-            if prep.is_some() && !(n == 1 && name.starts_with("attn_tcd2p")) {
-                return Err(Error::Backend(format!(
-                    "attention with its own QK preparation: one token on attn_tcd2, not {name} at {n}"
-                )));
-            }
             if prep.is_some() || merged {
                 // attn_tcd2p / attn_tcd2c / attn_tcd2pc: every parameter, those of a form it
                 // does not take null or zero.

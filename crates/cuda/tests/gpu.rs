@@ -34,6 +34,34 @@ fn fixtures() -> PathBuf {
         .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"))
 }
 
+/// A fixture's model file.
+fn model_path(name: &str) -> PathBuf {
+    fixtures().join("models").join(format!("{name}.gguf"))
+}
+
+/// Each named fixture's model, then each preset written in llama.cpp's Q4_K_M layout into `dir`
+/// (seed `seed`): (name, path).
+fn models_and_presets(
+    names: Vec<String>,
+    presets: &[muser_engine::synth::Preset],
+    dir: &std::path::Path,
+    seed: u64,
+) -> Vec<(String, PathBuf)> {
+    let mut paths: Vec<(String, PathBuf)> = names
+        .into_iter()
+        .map(|n| {
+            let p = model_path(&n);
+            (n, p)
+        })
+        .collect();
+    for p in presets {
+        let path = dir.join(format!("{}.gguf", p.name));
+        muser_engine::synth::write(&path, p, muser_engine::synth::Layout::Q4KM, seed).unwrap();
+        paths.push((p.name.to_string(), path));
+    }
+    paths
+}
+
 /// Every fixture, sorted: each `<name>` with `models/<name>.gguf` and `golden/<name>/tokens.i32`.
 fn names() -> Vec<String> {
     let fix = fixtures();
@@ -97,7 +125,7 @@ fn cuda_matches_cpu_accurate_on_every_fixture() {
 
 fn check_fixture(name: &str, rows: &mut Vec<String>) -> Result<Vec<String>, muser_engine::Error> {
     let mut failures = Vec::new();
-    let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf")))?;
+    let file = ModelFile::open(model_path(&name))?;
     let cpu = MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0)?)?;
     let gpu = MuseGlimmer::load(&file, CudaBackend::new(0)?)?;
     let toks = tokens(name);
@@ -692,8 +720,7 @@ fn tensor_parallel_over_gpus_matches_one_gpu() {
     let mut failures = Vec::new();
     let mut ran = 0;
     for name in names() {
-        let file =
-            ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).expect("open");
+        let file = ModelFile::open(model_path(&name)).expect("open");
         let one = MuseGlimmer::load(&file, CudaBackend::new(0).expect("gpu 0")).expect("load");
         let toks = tokens(&name);
         let n_vocab = one.config.n_vocab;
@@ -937,8 +964,7 @@ fn fast_mode_prompts_and_decode_stay_within_its_tolerance() {
     let mut failures = Vec::new();
     for name in names() {
         let bound = sensitivity(&name) * 2f64.powi(-10);
-        let file =
-            ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).expect("open");
+        let file = ModelFile::open(model_path(&name)).expect("open");
         let cpu =
             MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
         let g = CudaBackend::new(0).unwrap();
@@ -1118,8 +1144,7 @@ fn f16_prompt_products_meet_each_modes_bound() {
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     for name in names() {
-        let file =
-            ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).expect("open");
+        let file = ModelFile::open(model_path(&name)).expect("open");
         let cpu =
             MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
         let toks = tokens(&name);
@@ -1217,21 +1242,27 @@ fn attention_f64_row(
     out
 }
 
-/// The attention checks' synthetic model (written into `dir`): the 30B's 16 query heads per KV
-/// head and head_dim 128, a window of 128, 4 layers (0 sliding, 3 full).
-fn nrep16_file(dir: &std::path::Path) -> ModelFile {
-    let p = muser_engine::synth::Preset {
-        name: "t",
+/// The 30B's attention shape (32 query heads over 2 KV heads of 128) in 4 layers (3 sliding with a
+/// window of `n_swa`, 1 full), `n_embd` wide, FFN 1024, 512 tokens.
+fn nrep16_preset(name: &'static str, n_embd: usize, n_swa: usize) -> muser_engine::synth::Preset {
+    muser_engine::synth::Preset {
+        name,
         n_layer: 4,
-        n_embd: 1024,
+        n_embd,
         n_ff: 1024,
         n_head: 32,
         n_head_kv: 2,
         head_dim: 128,
         n_vocab: 512,
         n_ctx: 4096,
-        n_swa: 128,
-    };
+        n_swa,
+    }
+}
+
+/// The attention checks' synthetic model (written into `dir`): the 30B's 16 query heads per KV
+/// head and head_dim 128, a window of 128, 4 layers (0 sliding, 3 full).
+fn nrep16_file(dir: &std::path::Path) -> ModelFile {
+    let p = nrep16_preset("t", 1024, 128);
     let path = dir.join("nrep16.gguf");
     muser_engine::synth::write(&path, &p, muser_engine::synth::Layout::Q4KM, 5).unwrap();
     ModelFile::open(&path).unwrap()
@@ -1422,7 +1453,7 @@ fn decode_batches_on_tensor_core_attention_match_the_cuda_cores() {
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     for name in names() {
-        let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).unwrap();
+        let file = ModelFile::open(model_path(&name)).unwrap();
         let toks = tokens(&name);
         let bounds = f16_cache_bounds(&file, &name, &toks);
         let seqs = sequences(&toks, 10, 5, 20, 2);
@@ -1568,8 +1599,7 @@ fn prompt_attention_on_tensor_cores_matches_the_cuda_cores() {
     drop(gpu);
     std::fs::remove_dir_all(&dir).ok();
     for name in names() {
-        let file =
-            ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).expect("open");
+        let file = ModelFile::open(model_path(&name)).expect("open");
         let toks = tokens(&name);
         let bounds = f16_cache_bounds(&file, &name, &toks);
         for fast in [false, true] {
@@ -1620,23 +1650,12 @@ fn fused_ffn_gives_the_unfused_bits() {
     let Some(_) = gpu() else { return };
     let dir = std::env::temp_dir().join(format!("muser-fuse-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut paths: Vec<(String, PathBuf)> = names()
+    let q4km = names()
         .into_iter()
         .filter(|n| n.ends_with("q4_k_m"))
-        .map(|n| {
-            (
-                n.clone(),
-                fixtures().join("models").join(format!("{n}.gguf")),
-            )
-        })
         .collect();
-    for preset in ["small", "mid"] {
-        let path = dir.join(format!("{preset}.gguf"));
-        let p = muser_engine::synth::preset(preset).unwrap();
-        muser_engine::synth::write(&path, p, muser_engine::synth::Layout::Q4KM, 5).unwrap();
-        paths.push((preset.to_string(), path));
-    }
-    for (name, path) in paths {
+    let presets = ["small", "mid"].map(|p| muser_engine::synth::preset(p).unwrap().clone());
+    for (name, path) in models_and_presets(q4km, &presets, &dir, 5) {
         let file = ModelFile::open(&path).unwrap();
         let run = |fused: bool| {
             let b = CudaBackend::new(0).unwrap();
@@ -1675,32 +1694,9 @@ fn attention_preparing_and_merging_itself_gives_the_bits() {
     let Some(_) = gpu() else { return };
     let dir = std::env::temp_dir().join(format!("muser-prep-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut paths: Vec<(String, PathBuf)> = names()
-        .into_iter()
-        .map(|n| {
-            let p = fixtures().join("models").join(format!("{n}.gguf"));
-            (n, p)
-        })
-        .collect();
-    let heads16 = muser_engine::synth::Preset {
-        name: "heads16",
-        n_layer: 4,
-        n_embd: 512,
-        n_ff: 1024,
-        n_head: 32,
-        n_head_kv: 2,
-        head_dim: 128,
-        n_vocab: 512,
-        n_ctx: 4096,
-        n_swa: 16,
-    };
+    let heads16 = nrep16_preset("heads16", 512, 16);
     let mid = muser_engine::synth::preset("mid").unwrap().clone();
-    for p in [mid, heads16] {
-        let path = dir.join(format!("{}.gguf", p.name));
-        muser_engine::synth::write(&path, &p, muser_engine::synth::Layout::Q4KM, 7).unwrap();
-        paths.push((p.name.to_string(), path));
-    }
-    for (name, path) in paths {
+    for (name, path) in models_and_presets(names(), &[mid, heads16], &dir, 7) {
         let file = ModelFile::open(&path).unwrap();
         for fast in [false, true] {
             // One backend and model per mode; the switches change between runs (each a fresh
@@ -1806,7 +1802,7 @@ fn going_back_in_a_cache_gives_a_fresh_caches_bits() {
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     for name in names() {
-        let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).unwrap();
+        let file = ModelFile::open(model_path(&name)).unwrap();
         let toks = tokens(&name);
         if toks.len() < 48 {
             failures.push(format!("{name}: only {} tokens", toks.len()));
@@ -1854,7 +1850,7 @@ fn recorded_steps_give_the_eager_bits() {
     let Some(_) = gpu() else { return };
     let mut rows = Vec::new();
     for name in names() {
-        let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).unwrap();
+        let file = ModelFile::open(model_path(&name)).unwrap();
         let toks = tokens(&name);
         let seqs = five_sequences(&toks, 5, 20, 4);
         let prompts = [3usize, 9, 1, 14, 6];
@@ -1913,7 +1909,7 @@ fn batched_sequences_match_one_at_a_time() {
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     for name in names() {
-        let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).unwrap();
+        let file = ModelFile::open(model_path(&name)).unwrap();
         let toks = tokens(&name);
         let seqs = five_sequences(&toks, 7, 24, 3);
         let prompts = [5usize, 12, 1, 20, 9];
@@ -2373,7 +2369,7 @@ fn llama_cuda_anchor_report() {
         let anchor = read_f32(&d.join("llama-cuda-ub1-kv_f16.f32"))
             .unwrap_or_else(|| panic!("{name}: no llama.cpp CUDA logits in {}", d.display()));
         let anchor_greedy = read_ids(&d.join("llama-cuda-greedy-kv_f16.i32")).expect("greedy ids");
-        let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).unwrap();
+        let file = ModelFile::open(model_path(&name)).unwrap();
         let gpu_model = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
         let n_vocab = gpu_model.config.n_vocab;
         let toks = tokens(&name);
@@ -2481,7 +2477,7 @@ fn cuda_parity_products_match_the_cpu_model() {
     let cpu = CpuBackend::new(NumericMode::CudaParity, 0).unwrap();
     let mut report = Vec::new();
     for name in names() {
-        let file = ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).unwrap();
+        let file = ModelFile::open(model_path(&name)).unwrap();
         let t = &file.tensors;
         let l0 = &t.layers[0];
         let mut checked = 0;
@@ -2847,8 +2843,7 @@ fn fp8_weights_prompts_stay_within_their_bound() {
     let mut rows = Vec::new();
     let mut failures = Vec::new();
     for name in names() {
-        let file =
-            ModelFile::open(fixtures().join("models").join(format!("{name}.gguf"))).expect("open");
+        let file = ModelFile::open(model_path(&name)).expect("open");
         let cpu =
             MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
         let toks = tokens(&name);
