@@ -4,7 +4,7 @@
 # 90 s in the thirteenth session before its attention forms' test, TESTS_TIMEOUT caps it at 300 s;
 # the A/B runs stop at 550 s into the call, about 25 s each):
 #   tests  gpu.rs on every fixture (MUSER_FIXTURES, default tests/fixtures; GPU_SKIP=name skips a
-#          test);
+#          test; GPU_FILTER=name runs only the tests whose names contain it);
 #   ab     decode tg128 (`--mode fast --fp8-weights`), alternating: the default (X=0) and each of
 #          AB (space-separated; each one or more comma-separated VAR=VALUE, e.g.
 #          "MUSER_NORM_TAIL_CLUSTER_SIZE=8 MUSER_MVQ_TMA_MIN_MB=100,MUSER_MVQ_STAGES=3"),
@@ -22,7 +22,7 @@ B="carry/bin/muser bench -m $MODEL --device cuda --mode fast --fp8-weights"
 run() { echo "== $1" >> "$OUT/decode.log"; env ${1//,/ } timeout 40 $B -p 0 -n 128 -r 2 >> "$OUT/decode.log" 2>&1; }
 timeout 150 $B -p 0 -n 16 -r 1 > "$OUT/warm.log" 2>&1; echo "warm $(el) s"
 if has tests; then
-  MUSER_FIXTURES=$FX timeout ${TESTS_TIMEOUT:-300} carry/bin/gpu-tests --nocapture --test-threads 1 ${GPU_SKIP:+--skip $GPU_SKIP} \
+  MUSER_FIXTURES=$FX timeout ${TESTS_TIMEOUT:-300} carry/bin/gpu-tests --nocapture --test-threads 1 ${GPU_SKIP:+--skip $GPU_SKIP} ${GPU_FILTER:-} \
     > "$OUT/gpu-tests.log" 2>&1
   grep -E '^test result|panicked|^test .*FAILED' "$OUT/gpu-tests.log" | tail -6; echo "tests $(el) s"
 fi

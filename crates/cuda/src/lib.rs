@@ -312,6 +312,13 @@ fn env_is(name: &str, value: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == value)
 }
 
+/// Dynamic shared memory of an ALL form's block (kernels/matvec.cu mvq_q4_k ALL) of `rpb` rows of
+/// `cols` Q4_K columns and `threads` threads: 16 bytes per row and column block (the headers),
+/// 16 per row and thread (the codes).
+fn mvq_all_bytes(rpb: usize, cols: usize, threads: u32) -> usize {
+    rpb * (cols / 256 + threads as usize) * 16
+}
+
 /// Environment variable `name` as a count (the measurement knobs), if it is set to one.
 fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok()?.parse().ok()
@@ -411,6 +418,12 @@ pub struct CudaBackend {
     attn_merge: std::sync::atomic::AtomicBool,
     /// Launches of the merging forms so far (`attn_merge_launches`).
     attn_merge_count: std::sync::atomic::AtomicU64,
+    /// Plain one-token Q4_K launches on the register kernel ask for every weight of a block's
+    /// rows at once, into shared memory (`mvq_q4_k_all`, kernels/matvec.cu ALL; the same bits):
+    /// `MUSER_MVQ_ALL=1` or `set_mvq_all` (for measuring; off by default).
+    mvq_all: std::sync::atomic::AtomicBool,
+    /// Launches of the ALL forms so far (`mvq_all_launches`; a captured graph's, once).
+    mvq_all_count: std::sync::atomic::AtomicU64,
     /// `--mode cuda-parity`: products of Q4_0/Q8_0/Q4_K/Q5_K/Q6_K/F16 weights as llama.cpp
     /// b11434's CUDA build computes one token (kernels/parity.cu; the CPU model
     /// cpu/cuda_anchor.rs, bit for bit), every token of a batch alone; the rest accurate.
@@ -628,6 +641,8 @@ impl CudaBackend {
             attn_prep_count: std::sync::atomic::AtomicU64::new(0),
             attn_merge: std::sync::atomic::AtomicBool::new(env_is("MUSER_ATTN_MERGE", "1")),
             attn_merge_count: std::sync::atomic::AtomicU64::new(0),
+            mvq_all: std::sync::atomic::AtomicBool::new(env_is("MUSER_MVQ_ALL", "1")),
+            mvq_all_count: std::sync::atomic::AtomicU64::new(0),
             cuda_parity: std::sync::atomic::AtomicBool::new(false),
             waves: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
@@ -1121,6 +1136,18 @@ impl CudaBackend {
     /// Launches of `attn_tcd2p` so far (those recorded into a graph count once).
     pub fn attn_prep_launches(&self) -> u64 {
         self.attn_prep_count
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Plain one-token Q4_K launches on the register kernel load all of a block's rows at once
+    /// (`mvq_q4_k_all`: the same bits), or (the default) a step ahead.
+    pub fn set_mvq_all(&self, on: bool) {
+        self.set_switch(&self.mvq_all, on);
+    }
+
+    /// Launches of the ALL forms so far (those recorded into a graph count once).
+    pub fn mvq_all_launches(&self) -> u64 {
+        self.mvq_all_count
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -1702,6 +1729,47 @@ impl CudaBackend {
         (rpb, vrows.div_ceil(rpb) as u32)
     }
 
+    /// The ALL form of plain launch `name` (`mvq_q4_k_all`, `set_mvq_all`) over `vrows` rows of
+    /// `cols` columns: its kernel, rows per block, blocks and shared memory, one wave of resident
+    /// blocks as the register form's (`per_sm` of them per SM, fewer where the shared memory
+    /// holds fewer); None where a block's rows would not fit.
+    fn mvq_all_wave(
+        &self,
+        name: &'static str,
+        vrows: usize,
+        cols: usize,
+        threads: u32,
+        per_sm: u32,
+    ) -> Result<Option<(&'static str, CudaFunction, usize, u32, u32)>> {
+        let all: &'static str = if name == "mvq_q4_k_p2" {
+            "mvq_q4_k_all_p2"
+        } else {
+            "mvq_q4_k_all"
+        };
+        let f = self.f(all)?;
+        // A block's dynamic shared memory may be what its static part leaves of the opt-in.
+        let fixed = f
+            .get_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+            )
+            .map_err(dev("static shared memory"))?;
+        let most = self.smem_optin.saturating_sub(fixed.max(0) as u32);
+        self.raise_smem(all, &f, most)?;
+        let mut per_sm = per_sm;
+        loop {
+            let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, 1);
+            let smem = mvq_all_bytes(rpb, cols, threads);
+            if smem > most as usize {
+                return Ok(None);
+            }
+            let fits = self.blocks_per_sm(all, &f, threads, smem as u32)?;
+            if fits >= per_sm || per_sm == 1 {
+                return Ok(Some((all, f, rpb, grid, smem as u32)));
+            }
+            per_sm = fits;
+        }
+    }
+
     /// A column-split launch's partial sums (`parts` floats) and its `grid` row-range counters,
     /// grown in the scratch `g` holds (None when the launch is not split).
     fn split_scratch<'a>(
@@ -1844,6 +1912,21 @@ impl CudaBackend {
         let f = &self.f(name)?;
         let per_sm = self.blocks_per_sm(name, f, threads, 0)?;
         let (rpb, grid) = self.mvq_wave(vrows, step, per_sm, ranges);
+        // `set_mvq_all`: a plain launch may take the ALL form, its rows in shared memory.
+        let all = if matches!(name, "mvq_q4_k" | "mvq_q4_k_p2")
+            && self.mvq_all.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            // `MUSER_MVQ_ALL_PER_SM=N` (for measuring): N blocks an SM, not the register form's.
+            let want = env_usize("MUSER_MVQ_ALL_PER_SM").map_or(per_sm, |n| n.clamp(1, 32) as u32);
+            self.mvq_all_wave(name, vrows, w.cols, threads, want)?
+        } else {
+            None
+        };
+        let (name, f, rpb, grid, smem) = match all {
+            Some((name, f, rpb, grid, smem)) => (name, f, rpb, grid, smem),
+            None => (name, f.clone(), rpb, grid, 0),
+        };
+        let f = &f;
         let mut g = if ranges > 1 {
             Some(self.scratch()?)
         } else {
@@ -1855,8 +1938,12 @@ impl CudaBackend {
         let cfg = LaunchConfig {
             grid_dim: (grid, ranges as u32, 1),
             block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: smem,
         };
+        if smem > 0 {
+            self.mvq_all_count
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         // Launched programmatically (`pdl`) or the ordinary way: the kernel reads nothing an
         // earlier kernel writes before its pdl_wait (kernels/common.cuh), only the weights.
         let mut b = words::Words::new(&self.stream);
@@ -1880,7 +1967,8 @@ impl CudaBackend {
         }
         // SAFETY: the words follow the kernel's parameters (kernels/matvec.cu) in order; threads
         // cover cols / 256 column blocks, or nbs of them per range in a split launch (<=
-        // MVQ_MAX_COLS, the kernel's static shared memory is sized for it); the kernel reads the
+        // MVQ_MAX_COLS, the kernel's static shared memory is sized for it; an ALL form's dynamic
+        // shared memory is mvq_all_bytes of its rpb, its limit raised); the kernel reads the
         // matrix (and `up` or W2, checked above or by the caller to have the same shape and
         // format) and one row of x, and writes rows outputs of row t (of each output in a pair
         // launch; both checked by the caller); a split launch also writes ranges x rows partial

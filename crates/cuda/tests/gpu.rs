@@ -1679,6 +1679,138 @@ fn fused_ffn_gives_the_unfused_bits() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The ALL forms of the plain one-token Q4_K launches (`mvq_q4_k_all`: every weight of a block's
+/// rows asked for at once, into shared memory) must give the register kernel's bits: the same
+/// arithmetic on the same bytes. Alone, on the 30B's O (6,656 x 4,096: 128 threads), a narrow
+/// matrix (768 columns: 24 column blocks' threads and 8 idle in the last warp) and a wide one
+/// (6,656 columns: 208 threads), three and two planes; a matrix too large for shared memory
+/// (the FFN's up projection) must fall back to the register form. Then in graph decode of every
+/// Q4_K_M fixture and the mid preset, accurate and fast mode.
+#[test]
+fn products_with_all_rows_at_once_give_the_register_bits() {
+    let Some(g) = gpu() else { return };
+    g.set_mvq_stages(0);
+    let dir = std::env::temp_dir().join(format!("muser-all-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let x_for = |cols: usize| -> Vec<f32> {
+        (0..cols)
+            .map(|i| {
+                let v = ((i * 7919 % 2003) as f32 / 1001.5 - 1.0) * 0.9;
+                if (i / 48) % 5 == 0 { v * 1e-3 } else { v }
+            })
+            .collect()
+    };
+    let mut rows = Vec::new();
+    for n_head in [32usize, 6] {
+        let file = layer_file(&dir, "q4_k", (2048, n_head, 1003), 13);
+        let l = &file.tensors.layers[0];
+        let up = |m| g.matrix(&file.gguf, m).unwrap();
+        let cases = [
+            ("attn_output", up(&l.attn_output)),
+            ("attn_k", up(&l.attn_k)),
+            ("ffn_up", up(&l.ffn_up)),
+        ];
+        for planes in [3usize, 2] {
+            g.set_mvq_planes(planes);
+            for (name, w) in &cases {
+                let run = |all: bool| {
+                    g.set_mvq_all(all);
+                    let before = g.mvq_all_launches();
+                    let mut xg = g.act(1, w.cols).unwrap();
+                    g.stream
+                        .memcpy_htod(&x_for(w.cols), xg_data(&mut xg))
+                        .unwrap();
+                    let mut y = g.act(1, w.rows).unwrap();
+                    g.matmul(w, &xg, &mut y).unwrap();
+                    (g.read(&y).unwrap(), g.mvq_all_launches() - before)
+                };
+                let (a, none) = run(false);
+                let (b, n) = run(true);
+                g.set_mvq_all(false);
+                let differ = bits_differing(&a, &b);
+                rows.push(format!(
+                    "{name:<12} {}x{} planes {planes}: the ALL form launched {n} time(s), {differ} of {} rows differ",
+                    w.rows,
+                    w.cols,
+                    a.len()
+                ));
+                assert!(a.iter().all(|v| v.is_finite()), "{name}: not finite");
+                assert!(a.iter().any(|v| *v != 0.0), "{name}: all zero");
+                assert!(
+                    none == 0 && n == 1,
+                    "{name}: the ALL form launched {n} times ({none} without its switch)"
+                );
+                assert_eq!(differ, 0, "{name} {}x{} planes {planes}", w.rows, w.cols);
+            }
+        }
+    }
+    g.set_mvq_planes(3);
+    // The 30B's FFN up projection (19,968 rows of 6,656 columns: 284 KB a block at the register
+    // form's two blocks an SM, more at one) does not fit: the register form.
+    let big = layer_file(&dir, "q4_k", (19968, 4, 512), 17);
+    let w = g.matrix(&big.gguf, &big.tensors.layers[0].ffn_up).unwrap();
+    g.set_mvq_all(true);
+    let before = g.mvq_all_launches();
+    let mut xg = g.act(1, w.cols).unwrap();
+    let mut y = g.act(1, w.rows).unwrap();
+    g.stream
+        .memcpy_htod(&x_for(w.cols), xg_data(&mut xg))
+        .unwrap();
+    g.matmul(&w, &xg, &mut y).unwrap();
+    let fell_back = g.mvq_all_launches() == before;
+    g.set_mvq_all(false);
+    g.set_mvq_stages(4);
+    rows.push(format!(
+        "ffn_up       {}x{}: {}",
+        w.rows,
+        w.cols,
+        if fell_back {
+            "the register form (too large)"
+        } else {
+            "the ALL form"
+        }
+    ));
+    println!("{}", rows.join("\n"));
+    assert!(fell_back, "{}x{} took the ALL form", w.rows, w.cols);
+    drop(big);
+
+    let q4km = names()
+        .into_iter()
+        .filter(|n| n.ends_with("q4_k_m"))
+        .collect();
+    let mid = muser_engine::synth::preset("mid").unwrap().clone();
+    for (name, path) in models_and_presets(q4km, &[mid], &dir, 9) {
+        let file = ModelFile::open(&path).unwrap();
+        for fast in [false, true] {
+            let b = CudaBackend::new(0).unwrap();
+            b.set_fast_mode(fast).unwrap();
+            let m = MuseGlimmer::load(&file, b).unwrap();
+            let toks: Vec<u32> = (0..24u32)
+                .map(|i| (i * 7919 + 5) % m.config.n_vocab as u32)
+                .collect();
+            let run = |all: bool| {
+                m.backend.set_mvq_all(all);
+                let before = m.backend.mvq_all_launches();
+                let l = graph_logits(&m, &toks, KvType::F16);
+                (l, m.backend.mvq_all_launches() - before)
+            };
+            let ((a, none), (b, n)) = (run(false), run(true));
+            let differ = bits_differing(&a, &b);
+            println!(
+                "{name:<14} {} decode, plain Q4_K products all rows at once ({n} launches): {differ} of {} logits differ",
+                if fast { "fast    " } else { "accurate" },
+                a.len()
+            );
+            assert!(a.iter().all(|v| v.is_finite()), "{name}: not finite");
+            assert!(
+                none == 0 && n > 0 && differ == 0,
+                "{name} fast={fast}: ALL launched {n} times ({none} off), {differ} logits differ"
+            );
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// One token's attention preparing its own q, k and v (`attn_tcd2p`: QK-norm, RoPE and the KV
 /// store inside the attention kernel, no `qkv_prep` launch), merging its own splits
 /// (`attn_tcd2c`: the last block of a KV head does `attn_combine`'s work, no `attn_combine`
