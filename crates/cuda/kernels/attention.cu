@@ -545,78 +545,10 @@ __device__ __forceinline__ void tcd_ldm4t(u32 (&r)[4], const void* p) {
                  : "r"(tcd_smem(p)));
 }
 
-// PREP (`attn_tcd2p_*`, one token only: MUSER_ATTN_PREP=1, for measuring): q, k and v are the
-// raw projections and the block does qkv_prep's work itself, with qkv_prep's arithmetic (qk_head,
-// store_vals): the RoPE angles' (sin, cos) at the token's position once into shared memory, its
-// KV head's NREP query rows QK-normed and rotated into shared memory (every split's block does
-// this), and the block whose split holds the token's own key QK-norms, rotates and stores that
-// key and value in the cache before it stages any. The same q and cache values as qkv_prep then
-// this kernel, so the same bits, without qkv_prep's launch. With several tokens one token's
-// block could read another's key before it is stored: the host takes this form for one only.
-// MERGES (`attn_tcd2c_*`, `attn_tcd2pc_*`: MUSER_ATTN_MERGE=1, for measuring; any number of
-// tokens, PREP only one): the last of a (token, KV head)'s blocks to finish (a counter per pair,
-// reset by that block; empty splits count too) merges the splits as attn_combine does (kv.cu),
-// with its arithmetic in its order, so the same bits, and writes the gated output: no
-// attn_combine launch (tcd_merge).
-#define TCD_MERGE_MAX_SPLITS 64  // kv.cu COMBINE_MAX_SPLITS, lib.rs ATTN_MAX_SPLITS
-template <int NREP, int HD>
-__device__ __forceinline__ void tcd_merge(const float* part, int n_split, int t, int g, int n_kv_head, int p, int n_swa,
-                                          const float* gate, float* out, unsigned* cnt, float* sh) {
-    __shared__ bool last;
-    __threadfence();  // this block's partials, visible to the block that merges them
-    __syncthreads();  // (and every thread done with the shared memory reused below)
-    if (threadIdx.x == 0) last = atomicAdd(&cnt[t * n_kv_head + g], 1u) == (unsigned)n_split - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
-    const int n_keys = p - lo + 1;
-    const int chunk = attn_chunk(n_keys, n_split);
-    const int used = min((n_keys + chunk - 1) / chunk, TCD_MERGE_MAX_SPLITS);
-    const float* base = part + ((long long)t * n_kv_head + g) * n_split * NREP * (HD + 2);
-    constexpr int S = TCD_MERGE_MAX_SPLITS;
-    float *sm = sh, *sl = sh + NREP * S, *sc = sh + 2 * NREP * S, *sL = sh + 3 * NREP * S;
-    for (int i = threadIdx.x; i < used * NREP; i += blockDim.x) {
-        const int sp = i / NREP, r = i % NREP;
-        const float* e = base + ((long long)sp * NREP + r) * (HD + 2);
-        sm[r * S + sp] = __ldcg(e + HD);
-        sl[r * S + sp] = __ldcg(e + HD + 1);
-    }
-    __syncthreads();
-    if (threadIdx.x < NREP) {  // head r's M, weights and L, as attn_combine's thread 0
-        const int r = threadIdx.x;
-        float M = -__int_as_float(0x7f800000);
-        for (int sp = 0; sp < used; sp++)
-            if (sl[r * S + sp] > 0.0f) M = fmaxf(M, sm[r * S + sp]);
-        float L = 0.0f;
-        for (int sp = 0; sp < used; sp++) {
-            const float c = sl[r * S + sp] > 0.0f ? expf(sm[r * S + sp] - M) : 0.0f;
-            sc[r * S + sp] = c;
-            if (sl[r * S + sp] > 0.0f) L += sl[r * S + sp] * c;
-        }
-        sL[r] = L;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < NREP * HD; i += blockDim.x) {
-        const int r = i / HD, d = i % HD;
-        float a = 0.0f;
-        for (int sp = 0; sp < used; sp++)
-            if (sl[r * S + sp] > 0.0f) a += __ldcg(base + ((long long)sp * NREP + r) * (HD + 2) + d) * sc[r * S + sp];
-        const long long o = ((long long)t * n_kv_head * NREP + (long long)g * NREP + r) * HD + d;
-        const float v = a / sL[r];
-        out[o] = gate ? (float)((double)v / (1.0 + exp(-(double)gate[o]))) : v;
-    }
-    if (threadIdx.x == 0) cnt[t * n_kv_head + g] = 0u;
-}
-
-template <int NREP, int HD, bool SPLIT, bool CPA, bool PREP = false, bool MERGES = false>
+template <int NREP, int HD, bool SPLIT, bool CPA>
 __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const u64* __restrict__ seqtab, int layer,
                                               long long row_bytes, const u32* __restrict__ pos, int n_swa, float scale,
-                                              int n_kv_head, float* __restrict__ part, const float* __restrict__ kraw = nullptr,
-                                              const float* __restrict__ vraw = nullptr, float eps = 0.0f, float q_scale = 1.0f,
-                                              const double* __restrict__ inv_freq = nullptr, int kt = 0,
-                                              const float* __restrict__ gate = nullptr, float* __restrict__ mout = nullptr,
-                                              unsigned* __restrict__ mcnt = nullptr) {
+                                              int n_kv_head, float* __restrict__ part) {
     static_assert(NREP <= 16, "one row tile holds a KV head's query heads");
     constexpr int KT = 64, KS = HD + 8, VS = KT + 8, NK = HD / 16, ND = HD / 8;
     constexpr int VT = HD * VS > KT * KS ? HD * VS : KT * KS;  // V transposed, or as rows (CPA)
@@ -634,44 +566,10 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
     const int n_keys = p - lo + 1;
     const int chunk = attn_chunk(n_keys, n_split);
     const int k0 = lo + split * chunk, k1 = min(p + 1, k0 + chunk);
-    if (k0 >= k1) {  // an empty split: attn_combine skips it (same arithmetic on pos)
-        if constexpr (MERGES) tcd_merge<NREP, HD>(part, n_split, t, g, n_kv_head, p, n_swa, gate, mout, mcnt, (float*)smem);
-        return;
-    }
+    if (k0 >= k1) return;  // an empty split: attn_combine skips it (same arithmetic on pos)
     u8 *kcm, *vcm;
     int ring;
     kv_layer(seqtab, t, layer, &kcm, &vcm, &ring);
-    // This KV head's query rows: q's (prepared by qkv_prep), or, with PREP, prepared here into
-    // shared memory (qs: the staging area, free until the first tile).
-    float* qs = (float*)smem;  // NREP (<= 16) rows of HD
-    if constexpr (PREP) {
-        constexpr int DPL = HD / 32;
-        const float* qrows = q + ((long long)t * n_head + (long long)g * NREP) * HD;
-        double* rs = (double*)(qs + 16 * HD);  // (sin, cos) of pair j's angle at [2j], [2j + 1]
-        static_assert((16 * HD + 2 * HD) * 4 <= (int)sizeof(smem), "prepared rows fit the staging area");
-        if (inv_freq)
-            for (int j = threadIdx.x; j < HD / 2; j += blockDim.x) sincos(__dmul_rn((double)pos[t], inv_freq[j]), &rs[2 * j], &rs[2 * j + 1]);
-        __syncthreads();
-        const bool own = k0 <= p && p < k1;  // this split holds the token's key: store K and V
-        for (int h = warp; h < NREP + (own ? 2 : 0); h += 4) {
-            const float* src = h < NREP ? qrows + (long long)h * HD : (h == NREP ? kraw : vraw) + ((long long)t * n_kv_head + g) * HD;
-            float x[DPL];
-#pragma unroll
-            for (int i = 0; i < DPL; i++) x[i] = src[lane * DPL + i];
-            if (h <= NREP)
-                qk_head<HD, DPL>(x, lane, h < NREP ? q_scale : 1.0f, eps, inv_freq != nullptr,
-                                 [&](int j, double& sn, double& cs) { sn = rs[2 * j]; cs = rs[2 * j + 1]; });
-            if (h < NREP) {
-#pragma unroll
-                for (int i = 0; i < DPL; i++) qs[h * HD + lane * DPL + i] = x[i];
-            } else {
-                u8* row = (h == NREP ? kcm : vcm) + kv_slot((u32)p, ring) * row_bytes;
-                store_vals<DPL>(row, g * HD + lane * DPL, x, kt, lane);
-                __threadfence();  // the stored key and value, before the tiles' copies read them
-            }
-        }
-        __syncthreads();
-    }
     u32 qh[NK][4], ql[SPLIT ? NK : 1][4];
     float down[2];
     {
@@ -680,8 +578,7 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
         for (int ab = 0; ab < 2; ab++) {
             const int r = gq + 8 * ab;
             const bool ok = r < NREP;
-            if constexpr (PREP) tc_q_row<NK>(qs + (ok ? r : 0) * HD, ok, scale, tq, x[ab]);
-            else tc_q_row<NK>(q + ((long long)t * n_head + (long long)g * NREP + (ok ? r : 0)) * HD, ok, scale, tq, x[ab]);
+            tc_q_row<NK>(q + ((long long)t * n_head + (long long)g * NREP + (ok ? r : 0)) * HD, ok, scale, tq, x[ab]);
         }
         tc_q_frags<NK, SPLIT>(x, qh, ql, down);
     }
@@ -777,10 +674,6 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
         out[h * (HD + 2) + HD] = M;
         out[h * (HD + 2) + HD + 1] = L;
     }
-    if constexpr (MERGES) {
-        static_assert((3 * TCD_MERGE_MAX_SPLITS + 1) * 16 * 4 <= (int)sizeof(smem), "the merge's tables fit");
-        tcd_merge<NREP, HD>(part, n_split, t, g, n_kv_head, p, n_swa, gate, mout, mcnt, (float*)smem);
-    }
 }
 // One entry point of attn_tcd_impl: NAME its exported name, SPLIT the accurate mode's hi + lo
 // form, CPA the cp.async staging (attn_tcd2).
@@ -790,29 +683,11 @@ __device__ __forceinline__ void attn_tcd_impl(const float* __restrict__ q, const
         float scale, int n_kv_head, float* part) {                                                       \
         attn_tcd_impl<NREP, HD, SPLIT, CPA>(q, seqtab, layer, row_bytes, pos, n_swa, scale, n_kv_head, part); \
     }
-// The PREP and MERGES forms (attn_tcd2p, attn_tcd2c, attn_tcd2pc): attn_tcd2's parameters, then
-// qkv_prep's (k, v, eps, q_scale, inv_freq or null, the cache type; unused without PREP), then
-// attn_combine's output side (the gate or null, the output, the counters; unused without MERGES).
-#define ATTN_TCD_X(NAME, NREP, HD, SPLIT, PREP, MERGES)                                                         \
-    extern "C" __global__ void __launch_bounds__(128) NAME(                                                   \
-        const float* q, const u64* seqtab, int layer, long long row_bytes, const u32* pos, int n_swa,        \
-        float scale, int n_kv_head, float* part, const float* k, const float* v, float eps, float q_scale,   \
-        const double* inv_freq, int kt, const float* gate, float* out, unsigned* cnt) {                      \
-        attn_tcd_impl<NREP, HD, SPLIT, true, PREP, MERGES>(q, seqtab, layer, row_bytes, pos, n_swa, scale,      \
-                                                          n_kv_head, part, k, v, eps, q_scale, inv_freq, kt,  \
-                                                          gate, out, cnt);                                    \
-    }
 #define ATTN_TCD_ENTRY(NREP, HD)                                                \
     ATTN_TCD_ONE(attn_tcd_##NREP##_##HD, NREP, HD, false, false)                \
     ATTN_TCD_ONE(attn_tcd_##NREP##_##HD##_split, NREP, HD, true, false)         \
     ATTN_TCD_ONE(attn_tcd2_##NREP##_##HD, NREP, HD, false, true)                \
-    ATTN_TCD_ONE(attn_tcd2_##NREP##_##HD##_split, NREP, HD, true, true)         \
-    ATTN_TCD_X(attn_tcd2p_##NREP##_##HD, NREP, HD, false, true, false)          \
-    ATTN_TCD_X(attn_tcd2p_##NREP##_##HD##_split, NREP, HD, true, true, false)   \
-    ATTN_TCD_X(attn_tcd2c_##NREP##_##HD, NREP, HD, false, false, true)          \
-    ATTN_TCD_X(attn_tcd2c_##NREP##_##HD##_split, NREP, HD, true, false, true)   \
-    ATTN_TCD_X(attn_tcd2pc_##NREP##_##HD, NREP, HD, false, true, true)          \
-    ATTN_TCD_X(attn_tcd2pc_##NREP##_##HD##_split, NREP, HD, true, true, true)
+    ATTN_TCD_ONE(attn_tcd2_##NREP##_##HD##_split, NREP, HD, true, true)
 
 // One program per (NREP, HD): the backend compiles the variant a model needs (-DATTN_NREP=.. -DATTN_HD=..).
 ATTN_TYPES(ATTN_NREP, ATTN_HD)

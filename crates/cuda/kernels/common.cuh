@@ -230,13 +230,6 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const u32 (&a)[4], u32 b0
 // ==== The copy engine (TMA, sm_90): bulk copies into shared memory counted on mbarriers ====
 // Used by the staged one-token kernels (matvec.cu) and the products of a few tokens (qmma.cu).
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-// 16 bytes from global to shared memory without registers (cp.async, sm_80; cached in L2 only),
-// in this thread's current group; the group closed by cp_async_commit.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 __device__ __forceinline__ void mbar_init(u64* bar) {
 #if __CUDA_ARCH__ >= 900
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");

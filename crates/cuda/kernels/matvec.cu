@@ -629,13 +629,7 @@ __device__ __forceinline__ void mvq_load_q4k(const u8* __restrict__ W, const u8*
 // P: digit planes of the activations (3; 2 in `--mode fast`, x_digits).
 // GROUP: the virtual rows of *grp (rows = its vrows); W, W2, y, y2 unused. Each row's arithmetic as
 // alone: the same bits.
-// ALL (`mvq_q4_k_all`, `_all_p2`: MUSER_MVQ_ALL=1, for measuring; plain launches only): every
-// weight of the block's rows asked for at once, before pdl_wait, by cp.async into dynamic shared
-// memory (mvq_all_bytes: each row's 16-byte headers, one per column block, then its codes, 16
-// bytes a thread); the steps then read them from there. The short products (O: 4 steps a block)
-// wait on one round trip to memory instead of one a step, and their loads run while the kernel
-// before them finishes. The same arithmetic on the same bytes: the same bits.
-template <bool PF, bool FUSED, bool PAIR = false, bool SPLIT = false, int P = 3, bool GROUP = false, bool ALL = false>
+template <bool PF, bool FUSED, bool PAIR = false, bool SPLIT = false, int P = 3, bool GROUP = false>
 __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
                                          float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
                                          float* __restrict__ part = nullptr, unsigned* cnt = nullptr, int nbs = 0,
@@ -662,23 +656,9 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
             mvq_load_q4k<FUSED, PAIR>(W, W2, r0, rows, nb, b, sub, h, q);
         }
     };
-    // ALL: the block's rows, headers [row][column block] then codes [row][thread] (16 bytes each).
-    extern __shared__ __align__(128) u8 stage_mem[];
-    uint4* const all_hd = (uint4*)stage_mem;
-    uint4* const all_qq = all_hd + rpb * nb;
     // The first rows' weights (they do not depend on x) in flight while x becomes digits, and,
-    // launched programmatically (lib.rs launch_raw), while the kernel before finishes. ALL: all
-    // of the block's rows.
+    // launched programmatically (lib.rs launch_raw), while the kernel before finishes.
     pdl_trigger();
-    if (ALL) {
-        static_assert(!(ALL && (PF || FUSED || PAIR || SPLIT || GROUP)), "ALL: the plain form only");
-        for (int i = 0; i < r_end - r_begin; i++) {
-            const u8* blk = W + ((long long)(r_begin + i) * nb + b) * 144;
-            if (on && sub == 0) cp_async16(all_hd + i * nb + b, blk);
-            cp_async16(all_qq + i * blockDim.x + tid, blk + 16 + 16 * sub);
-        }
-        cp_async_commit();
-    }
     if (PF && r_begin < r_end) load(r_begin, nhd, nqq);
     pdl_wait();
     u32 l0[4], l1[4], l2[4], h0[4], h1[4], h2[4];
@@ -699,22 +679,10 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
         x_digits<16, P>(v, h0, h1, h2, hsc, hsum);
         hsc *= 0.0625f;  // the high nibbles are taken in place, as 16 q (q4_hi): 2^(E - BITS - 4), exact
     }
-    if (ALL) {
-        cp_async_wait_all();
-        __syncthreads();  // the headers other threads copied
-    }
     float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;  // this launch's rows of W
     int it = 0;
     for (int r0 = r_begin; r0 < r_end; r0 += STEP, it ^= 1) {
-        if (ALL) {
-            // Rows past the block's last repeat it (their sums are not written), as load's clamp.
-#pragma unroll
-            for (int r = 0; r < MVQ_R; r++) {
-                const int i = min(r0 + r, r_end - 1) - r_begin;
-                hd[r] = all_hd[i * nb + b];
-                qq[r] = all_qq[i * blockDim.x + tid];
-            }
-        } else if (PF) {
+        if (PF) {
 #pragma unroll
             for (int r = 0; r < MVQ_R; r++) { hd[r] = nhd[r]; qq[r] = nqq[r]; }
             if (r0 + STEP < r_end) load(r0 + STEP, nhd, nqq);
@@ -803,13 +771,6 @@ extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k_pair(
 // `--mode fast`: the same kernels with two digit planes (P = 2).
 extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k_p2(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
     mvq_q4_k<true, false, false, false, 2>(W, W, x, y, y, rows, cols, rpb);
-}
-// The ALL forms (MUSER_MVQ_ALL=1): rpb rows' weights in mvq_all_bytes of dynamic shared memory.
-extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k_all(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
-    mvq_q4_k<false, false, false, false, 3, false, true>(W, W, x, y, y, rows, cols, rpb);
-}
-extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k_all_p2(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
-    mvq_q4_k<false, false, false, false, 2, false, true>(W, W, x, y, y, rows, cols, rpb);
 }
 extern "C" __global__ void __launch_bounds__(MVQ_MAX_THREADS) mvq_q4_k_wide_p2(const u8* W, const float* x, float* y, int rows, int cols, int rpb) {
     mvq_q4_k<false, false, false, false, 2>(W, W, x, y, y, rows, cols, rpb);

@@ -69,8 +69,13 @@ __device__ __forceinline__ u32 qm_pair(u32 w, int i) {
 // the tokens' x^ and run sums, then each warp's decoded constants for the step (32 rows of
 // QM_CROW bytes): lib.rs's qmma sizes it the same way.
 
-// cp_async16 and cp_async_commit (common.cuh) stage the tiles; wait until at most stages - 2 of
-// this thread's groups are pending (stages 2..QM_MAX_STAGES).
+// 16 bytes from global to shared memory without registers (cp.async, sm_80), in this thread's
+// current group; the group closed by cp_async_commit; wait until at most stages - 2 of this
+// thread's groups are pending (stages 2..QM_MAX_STAGES).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_stages(int stages) {
     switch (stages) {
         case 2: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;

@@ -167,8 +167,6 @@ struct Scratch {
     /// (zero between launches: the last block of a range resets its own).
     vpart: CudaSlice<f32>,
     vcnt: CudaSlice<u32>,
-    /// One token's merging attention's per-KV-head counters (zero between launches).
-    acnt: CudaSlice<u32>,
     /// Greedy selection's per-chunk best values and indices, and its per-row counters.
     amax_v: CudaSlice<f32>,
     amax_i: CudaSlice<i32>,
@@ -312,13 +310,6 @@ fn env_is(name: &str, value: &str) -> bool {
     std::env::var(name).is_ok_and(|v| v == value)
 }
 
-/// Dynamic shared memory of an ALL form's block (kernels/matvec.cu mvq_q4_k ALL) of `rpb` rows of
-/// `cols` Q4_K columns and `threads` threads: 16 bytes per row and column block (the headers),
-/// 16 per row and thread (the codes).
-fn mvq_all_bytes(rpb: usize, cols: usize, threads: u32) -> usize {
-    rpb * (cols / 256 + threads as usize) * 16
-}
-
 /// Environment variable `name` as a count (the measurement knobs), if it is set to one.
 fn env_usize(name: &str) -> Option<usize> {
     std::env::var(name).ok()?.parse().ok()
@@ -406,24 +397,6 @@ pub struct CudaBackend {
     fast_mode: std::sync::atomic::AtomicBool,
     /// One launch for the FFN's gate, up and SwiGLU at one token (`ffn_swiglu`).
     fused_ffn: std::sync::atomic::AtomicBool,
-    /// One token's attention prepares its own q, k and v (`attn_tcd2p`, kernels/attention.cu
-    /// PREP), no `qkv_prep` launch: `MUSER_ATTN_PREP=1` or `set_attn_prep` (for measuring; off by
-    /// default, not yet run on a GPU).
-    attn_prep: std::sync::atomic::AtomicBool,
-    /// Launches of `attn_tcd2p` so far (`attn_prep_launches`; a captured graph's, once).
-    attn_prep_count: std::sync::atomic::AtomicU64,
-    /// Attention on `attn_tcd2` (one token or a decode batch) merges its splits in the last block
-    /// of each token's KV head (`attn_tcd2c`, kernels/attention.cu MERGES), no `attn_combine` launch: `MUSER_ATTN_MERGE=1`
-    /// or `set_attn_merge` (for measuring; off by default, not yet run on a GPU).
-    attn_merge: std::sync::atomic::AtomicBool,
-    /// Launches of the merging forms so far (`attn_merge_launches`).
-    attn_merge_count: std::sync::atomic::AtomicU64,
-    /// Plain one-token Q4_K launches on the register kernel ask for every weight of a block's
-    /// rows at once, into shared memory (`mvq_q4_k_all`, kernels/matvec.cu ALL; the same bits):
-    /// `MUSER_MVQ_ALL=1` or `set_mvq_all` (for measuring; off by default).
-    mvq_all: std::sync::atomic::AtomicBool,
-    /// Launches of the ALL forms so far (`mvq_all_launches`; a captured graph's, once).
-    mvq_all_count: std::sync::atomic::AtomicU64,
     /// `--mode cuda-parity`: products of Q4_0/Q8_0/Q4_K/Q5_K/Q6_K/F16 weights as llama.cpp
     /// b11434's CUDA build computes one token (kernels/parity.cu; the CPU model
     /// cpu/cuda_anchor.rs, bit for bit), every token of a batch alone; the rest accurate.
@@ -637,12 +610,6 @@ impl CudaBackend {
             one_token_sums: std::sync::atomic::AtomicBool::new(false),
             fast_mode: std::sync::atomic::AtomicBool::new(false),
             fused_ffn: std::sync::atomic::AtomicBool::new(env_is("MUSER_FUSE", "1")),
-            attn_prep: std::sync::atomic::AtomicBool::new(env_is("MUSER_ATTN_PREP", "1")),
-            attn_prep_count: std::sync::atomic::AtomicU64::new(0),
-            attn_merge: std::sync::atomic::AtomicBool::new(env_is("MUSER_ATTN_MERGE", "1")),
-            attn_merge_count: std::sync::atomic::AtomicU64::new(0),
-            mvq_all: std::sync::atomic::AtomicBool::new(env_is("MUSER_MVQ_ALL", "1")),
-            mvq_all_count: std::sync::atomic::AtomicU64::new(0),
             cuda_parity: std::sync::atomic::AtomicBool::new(false),
             waves: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
@@ -1127,42 +1094,6 @@ impl CudaBackend {
         self.bump_epoch();
     }
 
-    /// One token's attention on `attn_tcd2` prepares its own q, k and v (`attn_tcd2p`: the bits
-    /// of `qkv_prep` then `attn_tcd2`, one launch fewer), or (the default) after `qkv_prep`.
-    pub fn set_attn_prep(&self, on: bool) {
-        self.set_switch(&self.attn_prep, on);
-    }
-
-    /// Launches of `attn_tcd2p` so far (those recorded into a graph count once).
-    pub fn attn_prep_launches(&self) -> u64 {
-        self.attn_prep_count
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Plain one-token Q4_K launches on the register kernel load all of a block's rows at once
-    /// (`mvq_q4_k_all`: the same bits), or (the default) a step ahead.
-    pub fn set_mvq_all(&self, on: bool) {
-        self.set_switch(&self.mvq_all, on);
-    }
-
-    /// Launches of the ALL forms so far (those recorded into a graph count once).
-    pub fn mvq_all_launches(&self) -> u64 {
-        self.mvq_all_count
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Attention on `attn_tcd2` merges its splits itself (`attn_tcd2c`: the bits of
-    /// `attn_combine`, one launch fewer), or (the default) `attn_combine` merges them.
-    pub fn set_attn_merge(&self, on: bool) {
-        self.set_switch(&self.attn_merge, on);
-    }
-
-    /// Launches of the merging attention forms so far (those recorded into a graph count once).
-    pub fn attn_merge_launches(&self) -> u64 {
-        self.attn_merge_count
-            .load(std::sync::atomic::Ordering::Relaxed)
-    }
-
     fn f(&self, name: &str) -> Result<CudaFunction> {
         let g = self
             .funcs
@@ -1238,7 +1169,6 @@ impl CudaBackend {
                 mpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 vpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 vcnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
-                acnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_v: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_i: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_cnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
@@ -1729,47 +1659,6 @@ impl CudaBackend {
         (rpb, vrows.div_ceil(rpb) as u32)
     }
 
-    /// The ALL form of plain launch `name` (`mvq_q4_k_all`, `set_mvq_all`) over `vrows` rows of
-    /// `cols` columns: its kernel, rows per block, blocks and shared memory, one wave of resident
-    /// blocks as the register form's (`per_sm` of them per SM, fewer where the shared memory
-    /// holds fewer); None where a block's rows would not fit.
-    fn mvq_all_wave(
-        &self,
-        name: &'static str,
-        vrows: usize,
-        cols: usize,
-        threads: u32,
-        per_sm: u32,
-    ) -> Result<Option<(&'static str, CudaFunction, usize, u32, u32)>> {
-        let all: &'static str = if name == "mvq_q4_k_p2" {
-            "mvq_q4_k_all_p2"
-        } else {
-            "mvq_q4_k_all"
-        };
-        let f = self.f(all)?;
-        // A block's dynamic shared memory may be what its static part leaves of the opt-in.
-        let fixed = f
-            .get_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
-            )
-            .map_err(dev("static shared memory"))?;
-        let most = self.smem_optin.saturating_sub(fixed.max(0) as u32);
-        self.raise_smem(all, &f, most)?;
-        let mut per_sm = per_sm;
-        loop {
-            let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, 1);
-            let smem = mvq_all_bytes(rpb, cols, threads);
-            if smem > most as usize {
-                return Ok(None);
-            }
-            let fits = self.blocks_per_sm(all, &f, threads, smem as u32)?;
-            if fits >= per_sm || per_sm == 1 {
-                return Ok(Some((all, f, rpb, grid, smem as u32)));
-            }
-            per_sm = fits;
-        }
-    }
-
     /// A column-split launch's partial sums (`parts` floats) and its `grid` row-range counters,
     /// grown in the scratch `g` holds (None when the launch is not split).
     fn split_scratch<'a>(
@@ -1912,21 +1801,6 @@ impl CudaBackend {
         let f = &self.f(name)?;
         let per_sm = self.blocks_per_sm(name, f, threads, 0)?;
         let (rpb, grid) = self.mvq_wave(vrows, step, per_sm, ranges);
-        // `set_mvq_all`: a plain launch may take the ALL form, its rows in shared memory.
-        let all = if matches!(name, "mvq_q4_k" | "mvq_q4_k_p2")
-            && self.mvq_all.load(std::sync::atomic::Ordering::Relaxed)
-        {
-            // `MUSER_MVQ_ALL_PER_SM=N` (for measuring): N blocks an SM, not the register form's.
-            let want = env_usize("MUSER_MVQ_ALL_PER_SM").map_or(per_sm, |n| n.clamp(1, 32) as u32);
-            self.mvq_all_wave(name, vrows, w.cols, threads, want)?
-        } else {
-            None
-        };
-        let (name, f, rpb, grid, smem) = match all {
-            Some((name, f, rpb, grid, smem)) => (name, f, rpb, grid, smem),
-            None => (name, f.clone(), rpb, grid, 0),
-        };
-        let f = &f;
         let mut g = if ranges > 1 {
             Some(self.scratch()?)
         } else {
@@ -1938,12 +1812,8 @@ impl CudaBackend {
         let cfg = LaunchConfig {
             grid_dim: (grid, ranges as u32, 1),
             block_dim: (threads, 1, 1),
-            shared_mem_bytes: smem,
+            shared_mem_bytes: 0,
         };
-        if smem > 0 {
-            self.mvq_all_count
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
         // Launched programmatically (`pdl`) or the ordinary way: the kernel reads nothing an
         // earlier kernel writes before its pdl_wait (kernels/common.cuh), only the weights.
         let mut b = words::Words::new(&self.stream);
@@ -1967,8 +1837,7 @@ impl CudaBackend {
         }
         // SAFETY: the words follow the kernel's parameters (kernels/matvec.cu) in order; threads
         // cover cols / 256 column blocks, or nbs of them per range in a split launch (<=
-        // MVQ_MAX_COLS, the kernel's static shared memory is sized for it; an ALL form's dynamic
-        // shared memory is mvq_all_bytes of its rpb, its limit raised); the kernel reads the
+        // MVQ_MAX_COLS, the kernel's static shared memory is sized for it); the kernel reads the
         // matrix (and `up` or W2, checked above or by the caller to have the same shape and
         // format) and one row of x, and writes rows outputs of row t (of each output in a pair
         // launch; both checked by the caller); a split launch also writes ranges x rows partial
@@ -3174,14 +3043,6 @@ impl CudaBackend {
     /// least `attn_tcd_from()` tokens (1: every decode step; fewer take the CUDA-core kernel's
     /// quarter-head blocks), at most 16 query heads per KV head
     /// (one row tile), not the batch-invariant or parity modes.
-    /// Whether one token's attention may prepare its own q, k and v (`attn_tcd2p`): it takes
-    /// `attn_tcd2` (not the prompt kernel), whose head dimension qkv_prep has too.
-    fn attn_prep_for(&self, kv: &SeqView, spec: AttnSpec) -> bool {
-        self.attn_tcd_for(kv, spec, 1)
-            && self.attn_tcd.load(std::sync::atomic::Ordering::Relaxed) == 2
-            && !self.attn_tc_for(kv, spec, 1)
-    }
-
     fn attn_tcd_for(&self, kv: &SeqView, spec: AttnSpec, n: usize) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let nrep = spec.n_head / spec.n_head_kv.max(1);
@@ -3195,10 +3056,7 @@ impl CudaBackend {
     }
 
     /// Attention of `n` queries over a layer's stored keys (split-K partials, then the merge
-    /// with the output gate). With `prep` (one token on `attn_tcd2`, `attn_prep_for`), q is the
-    /// raw projection and the token's key and value are not yet stored: the attention kernel
-    /// does qkv_prep's work (`attn_tcd2p`).
-    #[allow(clippy::too_many_arguments)]
+    /// with the output gate).
     fn attend_cached(
         &self,
         kv: &SeqView,
@@ -3207,7 +3065,6 @@ impl CudaBackend {
         q: &CudaAct,
         gate: Option<&CudaAct>,
         out: &mut CudaAct,
-        prep: Option<AttnPrep<'_>>,
     ) -> Result<()> {
         let nrep = spec.n_head / spec.n_head_kv;
         let mut g = self.scratch()?;
@@ -3222,14 +3079,7 @@ impl CudaBackend {
             0
         };
         let n_kv_head = spec.n_head_kv as i32;
-        if prep.is_some() && !(n == 1 && self.attn_prep_for(kv, spec)) {
-            return Err(Error::Backend(format!(
-                "attention with its own QK preparation: one token on attn_tcd2, not {n} tokens here"
-            )));
-        }
         let tc = self.attn_tc_for(kv, spec, n);
-        // Attention on attn_tcd2 may merge its splits itself (`set_attn_merge`): no attn_combine.
-        let mut merged = false;
         let n_split = if tc {
             // Prompt chunks on the tensor cores: every visible key in one split
             // (kernels/attention.cu attn_tc).
@@ -3303,14 +3153,10 @@ impl CudaBackend {
                 } else {
                     "_split"
                 };
-                let tcd2 = self.attn_tcd.load(std::sync::atomic::Ordering::Relaxed) == 2;
-                merged = tcd2 && self.attn_merge.load(std::sync::atomic::Ordering::Relaxed);
-                let v = match (tcd2, prep.is_some(), merged) {
-                    (true, true, true) => "2pc",
-                    (true, true, false) => "2p",
-                    (true, false, true) => "2c",
-                    (true, false, false) => "2",
-                    _ => "",
+                let v = if self.attn_tcd.load(std::sync::atomic::Ordering::Relaxed) == 2 {
+                    "2"
+                } else {
+                    ""
                 };
                 format!("attn_tcd{v}_{nrep}_{}{split}", spec.head_dim)
             } else {
@@ -3321,78 +3167,7 @@ impl CudaBackend {
                     if groups > 1 { "_g4" } else { "" }
                 )
             };
-            if prep.is_some() || merged {
-                // attn_tcd2p / attn_tcd2c / attn_tcd2pc: every parameter, those of a form it
-                // does not take null or zero.
-                let func = self.f(&name)?;
-                let cfg = LaunchConfig {
-                    grid_dim: (spec.n_head_kv as u32, n_split as u32, n as u32),
-                    block_dim: (128, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                check(out, n, spec.n_head * spec.head_dim, "attention")?;
-                if merged {
-                    self.grow(&mut s.acnt, n * spec.n_head_kv)?;
-                }
-                let inv_freq = match prep.as_ref().and_then(|pr| pr.rope_base) {
-                    Some(base) => Some(
-                        s.inv_freq
-                            .get(&(base.to_bits(), spec.head_dim))
-                            .ok_or_else(|| Error::Backend("rope table".into()))?,
-                    ),
-                    None => None,
-                };
-                let mut b = words::Words::new(&self.stream);
-                b.read(&q.data)
-                    .read(&s.seqtab)
-                    .i32(layer_i)
-                    .i64(row_bytes)
-                    .read(&s.pos)
-                    .i32(n_swa)
-                    .f32(spec.scale)
-                    .i32(n_kv_head)
-                    .write(&mut s.part);
-                match &prep {
-                    Some(pr) => b
-                        .read(&pr.k.data)
-                        .read(&pr.v.data)
-                        .f32(pr.eps)
-                        .f32(pr.q_scale),
-                    None => b.null().null().f32(0.0).f32(1.0),
-                };
-                match inv_freq {
-                    Some(t) => b.read(t),
-                    None => b.null(),
-                };
-                b.i32(kv_code(kv.ty));
-                match (merged, gate) {
-                    (true, Some(gt)) => b.read(&gt.data),
-                    _ => b.null(),
-                };
-                if merged {
-                    b.write(&mut out.data).write(&mut s.acnt);
-                } else {
-                    b.null().null();
-                }
-                // SAFETY: the words follow the kernel's parameters (kernels/attention.cu
-                // ATTN_TCD_X); each of the n tokens (one with PREP, checked above) reads q (raw
-                // with PREP: n_head heads of head_dim), with PREP its raw k and v rows (n_kv_head
-                // heads) and the rope table (head_dim / 2 angles) or null, visible rows of its own
-                // cache (seqtab, bound by bind_caches), and with PREP writes its key and value row
-                // at its position's slot (checked against the cache's n_ctx); it writes n x
-                // n_kv_head x n_split partials into `part`, and with MERGES the gated output (n x
-                // n_head x head_dim, checked above) and n x n_kv_head counters (grown above, zero
-                // between launches: each merging block resets its own); launched the ordinary way.
-                unsafe { self.launch_raw(&func, cfg, b.vals(), false) }.map_err(dev(&name))?;
-                if prep.is_some() {
-                    self.attn_prep_count
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                if merged {
-                    self.attn_merge_count
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-            } else {
+            {
                 let func = self.f(&name)?;
                 let cfg = LaunchConfig {
                     grid_dim: ((spec.n_head_kv * groups) as u32, n_split as u32, n as u32),
@@ -3420,10 +3195,6 @@ impl CudaBackend {
             }
             n_split
         };
-        if merged {
-            out.xs_ok = false;
-            return Ok(());
-        }
         let (ns, nr, hd) = (n_split as i32, nrep as i32, spec.head_dim as i32);
         let func = self.f("attn_combine")?;
         let mut b = words::Words::new(&self.stream);
@@ -3613,15 +3384,6 @@ struct SeqView {
     max_ctx: usize,
     /// Every token of the micro-batch reads one cache (a prompt chunk).
     one_seq: bool,
-}
-
-/// qkv_prep's inputs for the attention kernel that does its work (`attend_cached`'s `prep`).
-struct AttnPrep<'a> {
-    k: &'a CudaAct,
-    v: &'a CudaAct,
-    eps: f32,
-    q_scale: f32,
-    rope_base: Option<f32>,
 }
 
 fn kv_code(ty: KvType) -> i32 {
@@ -4501,7 +4263,7 @@ impl Backend for CudaBackend {
                 // cache's n_ctx; ring slots are pos % ring). One stream orders it before the reads.
                 unsafe { b.launch(cfg) }.map_err(dev("kv_store"))?;
                 drop(g);
-                self.attend_cached(&kv, spec, n, q, gate, out, None)
+                self.attend_cached(&kv, spec, n, q, gate, out)
             },
         )
     }
@@ -4529,22 +4291,6 @@ impl Backend for CudaBackend {
                     .ok_or_else(|| Error::Backend("no scratch".into()))?;
                 if let Some(base) = qk.rope_base {
                     self.inv_freq(s, base, spec.head_dim)?;
-                }
-                if n == 1
-                    && self.attn_prep.load(std::sync::atomic::Ordering::Relaxed)
-                    && self.attn_prep_for(&kv, spec)
-                {
-                    // One token on attn_tcd2: the attention kernel prepares q, k and v itself
-                    // (attn_tcd2p), no qkv_prep launch; q stays the raw projection.
-                    drop(g);
-                    let prep = AttnPrep {
-                        k,
-                        v,
-                        eps: qk.eps,
-                        q_scale: qk.q_scale,
-                        rope_base: qk.rope_base,
-                    };
-                    return self.attend_cached(&kv, spec, n, q, Some(gate), out, Some(prep));
                 }
                 let (nh, nkv) = (spec.n_head as i32, spec.n_head_kv as i32);
                 let (row_bytes, kt) = (kv.row_bytes as i64, kv_code(kv.ty));
@@ -4581,7 +4327,7 @@ impl Backend for CudaBackend {
                 drop(b);
                 drop(g);
                 q.xs_ok = false;
-                self.attend_cached(&kv, spec, n, q, Some(gate), out, None)
+                self.attend_cached(&kv, spec, n, q, Some(gate), out)
             },
         )
     }
