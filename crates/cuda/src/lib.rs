@@ -1896,8 +1896,13 @@ impl CudaBackend {
         };
         let stride = MVQ_R * row_bytes;
         // Q4_K's staged kernel takes 4 threads per 256-column block (Q6_K's 8, as the others).
-        let threads = if q6 { threads } else { q4k_staged_threads(nbs) };
-        let (stages, smem) = staged_memory(stages, stride);
+        let threads = if q6 {
+            threads
+        } else {
+            ((nbs * 4) as u32).div_ceil(32) * 32
+        };
+        let stages = stages.min(MVQ_TMA_SMEM / stride).max(2);
+        let smem = (stages * stride) as u32;
         let f = &self.f(name)?;
         self.raise_smem(name, f, MVQ_TMA_SMEM as u32)?;
         let per_sm = self.blocks_per_sm(name, f, threads, smem)?;
@@ -3332,18 +3337,6 @@ fn mvq_range_blocks() -> usize {
             .filter(|n| (1..=32).contains(n))
             .unwrap_or(32)
     })
-}
-
-/// A staged one-token launch's stages of `stride` bytes (as asked, at most what MVQ_TMA_SMEM holds,
-/// at least 2) and its dynamic shared memory.
-fn staged_memory(stages: usize, stride: usize) -> (usize, u32) {
-    let stages = stages.min(MVQ_TMA_SMEM / stride).max(2);
-    (stages, (stages * stride) as u32)
-}
-
-/// Threads of the staged Q4_K kernel over `nbs` 256-column blocks: 4 a block, whole warps.
-fn q4k_staged_threads(nbs: usize) -> u32 {
-    ((nbs * 4) as u32).div_ceil(32) * 32
 }
 
 /// `MUSER_MVQ_GROUP_MAX_MB` (for measuring): the largest group of one-token products, in bytes of

@@ -1231,27 +1231,21 @@ fn attention_f64_row(
     out
 }
 
-/// The 30B's attention shape (32 query heads over 2 KV heads of 128) in 4 layers (3 sliding with a
-/// window of `n_swa`, 1 full), `n_embd` wide, FFN 1024, 512 tokens.
-fn nrep16_preset(name: &'static str, n_embd: usize, n_swa: usize) -> muser_engine::synth::Preset {
-    muser_engine::synth::Preset {
-        name,
+/// The attention checks' synthetic model (written into `dir`): the 30B's 16 query heads per KV
+/// head (32 over 2) and head_dim 128, 4 layers (0 to 2 sliding with a window of 128, 3 full).
+fn nrep16_file(dir: &std::path::Path) -> ModelFile {
+    let p = muser_engine::synth::Preset {
+        name: "t",
         n_layer: 4,
-        n_embd,
+        n_embd: 1024,
         n_ff: 1024,
         n_head: 32,
         n_head_kv: 2,
         head_dim: 128,
         n_vocab: 512,
         n_ctx: 4096,
-        n_swa,
-    }
-}
-
-/// The attention checks' synthetic model (written into `dir`): the 30B's 16 query heads per KV
-/// head and head_dim 128, a window of 128, 4 layers (0 sliding, 3 full).
-fn nrep16_file(dir: &std::path::Path) -> ModelFile {
-    let p = nrep16_preset("t", 1024, 128);
+        n_swa: 128,
+    };
     let path = dir.join("nrep16.gguf");
     muser_engine::synth::write(&path, &p, muser_engine::synth::Layout::Q4KM, 5).unwrap();
     ModelFile::open(&path).unwrap()
