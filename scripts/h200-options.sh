@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the H200 machine (carry/bin in place, the synthetic 30B written if missing): gpu.rs and a
 # decode A/B of measurement options against the default. STAGES (default "tests ab"; gpu.rs took
-# 67 s on the carried fixtures in the fourteenth session, TESTS_TIMEOUT caps it at 300 s; the A/B
-# runs stop at 550 s into the call, about 25 s each):
+# 67 s on the carried fixtures in the fourteenth session and 111 s on the in-tree ones in the
+# fifteenth, TESTS_TIMEOUT caps it at 300 s; the A/B runs stop at 550 s into the call, about 25 s
+# each):
 #   tests  gpu.rs on every fixture (MUSER_FIXTURES, default tests/fixtures; GPU_SKIP=name skips a
 #          test; GPU_FILTER=name runs only the tests whose names contain it);
 #   ab     decode tg128 (`--mode fast --fp8-weights`), alternating: the default (X=0) and each of

@@ -39,29 +39,6 @@ fn model_path(name: &str) -> PathBuf {
     fixtures().join("models").join(format!("{name}.gguf"))
 }
 
-/// Each named fixture's model, then each preset written in llama.cpp's Q4_K_M layout into `dir`
-/// (seed `seed`): (name, path).
-fn models_and_presets(
-    names: Vec<String>,
-    presets: &[muser_engine::synth::Preset],
-    dir: &std::path::Path,
-    seed: u64,
-) -> Vec<(String, PathBuf)> {
-    let mut paths: Vec<(String, PathBuf)> = names
-        .into_iter()
-        .map(|n| {
-            let p = model_path(&n);
-            (n, p)
-        })
-        .collect();
-    for p in presets {
-        let path = dir.join(format!("{}.gguf", p.name));
-        muser_engine::synth::write(&path, p, muser_engine::synth::Layout::Q4KM, seed).unwrap();
-        paths.push((p.name.to_string(), path));
-    }
-    paths
-}
-
 /// Every fixture, sorted: each `<name>` with `models/<name>.gguf` and `golden/<name>/tokens.i32`.
 fn names() -> Vec<String> {
     let fix = fixtures();
@@ -125,7 +102,7 @@ fn cuda_matches_cpu_accurate_on_every_fixture() {
 
 fn check_fixture(name: &str, rows: &mut Vec<String>) -> Result<Vec<String>, muser_engine::Error> {
     let mut failures = Vec::new();
-    let file = ModelFile::open(model_path(&name))?;
+    let file = ModelFile::open(model_path(name))?;
     let cpu = MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0)?)?;
     let gpu = MuseGlimmer::load(&file, CudaBackend::new(0)?)?;
     let toks = tokens(name);
@@ -658,18 +635,6 @@ fn report(title: &str, rows: &[String], failures: &[String]) {
 /// Whether two outputs are the same bits, value for value.
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
-/// Every step's logits of a graph decode of `toks` from a fresh cache of 64 positions.
-fn graph_logits(m: &MuseGlimmer<CudaBackend>, toks: &[u32], kv: KvType) -> Vec<f32> {
-    let mut s = Session::new(m, kv, 64).unwrap();
-    let mut dec = GraphDecoder::new(m).unwrap();
-    let (mut all, mut l) = (Vec::new(), Vec::new());
-    for &t in toks {
-        dec.step(&mut s.kv, t, Some(&mut l)).unwrap();
-        all.extend_from_slice(&l);
-    }
-    all
 }
 
 /// `mat`'s exact weights (the CPU's dequantization), rows x cols, row-major.
@@ -1633,12 +1598,21 @@ fn fused_ffn_gives_the_unfused_bits() {
     let Some(_) = gpu() else { return };
     let dir = std::env::temp_dir().join(format!("muser-fuse-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let q4km = names()
+    let mut paths: Vec<(String, PathBuf)> = names()
         .into_iter()
         .filter(|n| n.ends_with("q4_k_m"))
+        .map(|n| {
+            let p = model_path(&n);
+            (n, p)
+        })
         .collect();
-    let presets = ["small", "mid"].map(|p| muser_engine::synth::preset(p).unwrap().clone());
-    for (name, path) in models_and_presets(q4km, &presets, &dir, 5) {
+    for preset in ["small", "mid"] {
+        let path = dir.join(format!("{preset}.gguf"));
+        let p = muser_engine::synth::preset(preset).unwrap();
+        muser_engine::synth::write(&path, p, muser_engine::synth::Layout::Q4KM, 5).unwrap();
+        paths.push((preset.to_string(), path));
+    }
+    for (name, path) in paths {
         let file = ModelFile::open(&path).unwrap();
         let run = |fused: bool| {
             let b = CudaBackend::new(0).unwrap();
@@ -1649,7 +1623,14 @@ fn fused_ffn_gives_the_unfused_bits() {
             let toks: Vec<u32> = (0..24u32)
                 .map(|i| (i * 7919 + 3) % m.config.n_vocab as u32)
                 .collect();
-            graph_logits(&m, &toks, KvType::F32)
+            let mut s = Session::new(&m, KvType::F32, 64).unwrap();
+            let mut dec = GraphDecoder::new(&m).unwrap();
+            let (mut all, mut l) = (Vec::new(), Vec::new());
+            for &t in &toks {
+                dec.step(&mut s.kv, t, Some(&mut l)).unwrap();
+                all.extend_from_slice(&l);
+            }
+            all
         };
         let (a, b) = (run(false), run(true));
         let same = a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
