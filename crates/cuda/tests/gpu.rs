@@ -1643,6 +1643,127 @@ fn fused_ffn_gives_the_unfused_bits() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// One token's FFN as one launch (`mvq_ffn_chain_*`: the staged gate and up pair, the SwiGLU
+/// and the staged down projection, grid barriers between) gives the bits of the three launches
+/// it replaces: at the 30B's widths with a Q4_K down projection (`q4_k`) and a Q6_K one (a
+/// one-layer `q4_k_m` file: its only layer takes more bits), three and two digit planes, 2, 3, 4
+/// and 8 stages, three launches in a row (the barrier's counter and the split's counters reused);
+/// then a captured decode step of each file, 24 tokens, gives the same logits with it and without.
+#[test]
+fn ffn_chain_gives_the_three_launches_bits() {
+    let Some(g) = gpu() else { return };
+    if g.mvq_stages() == 0 {
+        println!(
+            "SKIPPED: the FFN chain runs on the staged kernels, sm_90 or newer ({})",
+            g.device_name()
+        );
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("muser-chain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rows = Vec::new();
+    for layout in ["q4_k", "q4_k_m"] {
+        let file = layer_file(&dir, layout, (19968, 4, 1003), 13);
+        let l = &file.tensors.layers[0];
+        let up = |m| g.matrix(&file.gguf, m).unwrap();
+        let (wg, wu, wd) = (up(&l.ffn_gate), up(&l.ffn_up), up(&l.ffn_down));
+        let x: Vec<f32> = (0..wg.cols)
+            .map(|i| {
+                let v = ((i * 7919 % 2003) as f32 / 1001.5 - 1.0) * 0.9;
+                if (i / 48) % 5 == 0 { v * 1e-3 } else { v }
+            })
+            .collect();
+        let mut xg = g.act(1, wg.cols).unwrap();
+        g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
+        let run = |chain: bool| -> Vec<Vec<f32>> {
+            g.set_ffn_chain(chain);
+            assert_eq!(
+                g.ffn_chain_for(&wg, &wu, &wd, &xg).is_some(),
+                chain,
+                "{layout}: the chain's route"
+            );
+            let mut outs = Vec::new();
+            for _ in 0..3 {
+                let mut gate = g.act(1, wg.rows).unwrap();
+                let mut upv = g.act(1, wg.rows).unwrap();
+                let mut act = g.act(1, wg.rows).unwrap();
+                let mut out = g.act(1, wd.rows).unwrap();
+                g.ffn(&wg, &wu, &wd, &xg, &mut gate, &mut upv, &mut act, &mut out)
+                    .unwrap();
+                let mut v = g.read(&gate).unwrap();
+                v.extend(g.read(&upv).unwrap());
+                v.extend(g.read(&act).unwrap());
+                v.extend(g.read(&out).unwrap());
+                outs.push(v);
+            }
+            outs
+        };
+        for planes in [3usize, 2] {
+            g.set_mvq_planes(planes);
+            for stages in [2usize, 3, 4, 8] {
+                g.set_mvq_stages(stages);
+                let three = run(false).swap_remove(0);
+                assert!(three.iter().all(|v| v.is_finite()), "{layout}: not finite");
+                let chained = run(true);
+                let bad: Vec<usize> = chained
+                    .iter()
+                    .map(|c| {
+                        c.len().abs_diff(three.len())
+                            + c.iter()
+                                .zip(&three)
+                                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                                .count()
+                    })
+                    .collect();
+                rows.push(format!(
+                    "{layout:<6} down {} {}x{} planes {planes} stages {stages}: values differing in 3 launches {bad:?}",
+                    wd.ty, wd.rows, wd.cols
+                ));
+                assert!(
+                    bad.iter().all(|&n| n == 0),
+                    "{layout} planes {planes} stages {stages}: {bad:?} values differ"
+                );
+            }
+        }
+        g.set_mvq_planes(3);
+        g.set_mvq_stages(3);
+        g.set_ffn_chain(false);
+        // The captured step (programmatic launches, the chain launched cooperatively in the
+        // graph), default stages and planes.
+        let step = |chain: bool| -> Vec<f32> {
+            let b = CudaBackend::new(0).unwrap();
+            b.set_ffn_chain(chain);
+            let m = MuseGlimmer::load(&file, b).unwrap();
+            let toks: Vec<u32> = (0..24u32)
+                .map(|i| (i * 7919 + 3) % m.config.n_vocab as u32)
+                .collect();
+            let mut s = Session::new(&m, KvType::F16, 64).unwrap();
+            let mut dec = GraphDecoder::new(&m).unwrap();
+            let (mut all, mut lg) = (Vec::new(), Vec::new());
+            for &t in &toks {
+                dec.step(&mut s.kv, t, Some(&mut lg)).unwrap();
+                all.extend_from_slice(&lg);
+            }
+            all
+        };
+        let (a, b) = (step(false), step(true));
+        let bad = a.len().abs_diff(b.len())
+            + a.iter()
+                .zip(&b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+        rows.push(format!(
+            "{layout:<6} captured decode, 24 tokens: {bad} logits differ with the chain"
+        ));
+        assert!(
+            bad == 0 && a.iter().all(|v| v.is_finite()),
+            "{layout}: the chain changed the decode's logits ({bad})"
+        );
+    }
+    println!("{}", rows.join("\n"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[path = "../../engine/tests/common/batched.rs"]
 mod batched;
 
