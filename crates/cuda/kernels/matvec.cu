@@ -1238,6 +1238,33 @@ MVQ_TMA6(mvq_q6_k_tma_p2, false, false, 2)
 MVQ_TMA6(mvq_q6_k_split_tma_p2, false, true, 2)
 MVQ_TMA6(mvq_q6_k_pair_tma_p2, true, false, 2)
 
+// CHAIN_CLOCK=N (MUSER_NVRTC_DEFINES, measurement): the N-th launch of the chain prints, for every
+// block, its SM and the global timer (ns) at 7 points: entry, after pdl_wait, after the pair, after
+// each barrier, after the down projection, at the end.
+#ifdef CHAIN_CLOCK
+__device__ unsigned chain_launches;
+__device__ __forceinline__ unsigned long long gtimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define CHAIN_STAMP(i) unsigned long long ts##i = gtimer()
+#define CHAIN_PRINT()                                                                                                   \
+    if (threadIdx.x == 0) {                                                                                             \
+        const unsigned n = *(volatile unsigned*)&chain_launches;                                                       \
+        unsigned sm;                                                                                                    \
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));                                                                \
+        if (n == CHAIN_CLOCK)                                                                                           \
+            printf("CHAIN %d %d %u %llu %llu %llu %llu %llu %llu %llu\n", (int)Q6, blockIdx.x, sm, ts0, ts1, ts2, ts3, ts4, \
+                   ts5, ts6);                                                                                           \
+        __syncwarp(1);                                                                                                  \
+    }                                                                                                                   \
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&chain_launches, 1u)
+#else
+#define CHAIN_STAMP(i)
+#define CHAIN_PRINT()
+#endif
+
 // ==== The feed-forward of one token in one launch (sm_90): gate and up, SwiGLU, down ====
 // The staged pair (mvq_q4_k_tma, PAIR), the swiglu kernel and the staged down projection
 // (mvq_q4_k_tma or mvq_q6_k_tma, column-split as the host splits it alone) as three phases of one
@@ -1260,6 +1287,7 @@ __device__ __forceinline__ void mvq_ffn_chain(const u8* __restrict__ Wg, const u
     __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
     __shared__ __align__(8) u64 bars[MVQ_TMA_MAX_STAGES];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, G = gridDim.x;
+    CHAIN_STAMP(0);
     // Phase 1, the pair: virtual rows [0, F) of Wg then [F, 2F) of Wu, nb1 column blocks a row.
     const int nb1 = C >> 8, vrows = 2 * F, rb1 = nb1 * 144, nw1 = (nb1 * 4 + 31) >> 5;
     const int r1 = blockIdx.x * rpb1, e1 = min(vrows, r1 + rpb1);
@@ -1320,6 +1348,7 @@ __device__ __forceinline__ void mvq_ffn_chain(const u8* __restrict__ Wg, const u
     if (tid == 0)
         for (int k = 0; k < min(stages, steps); k++) issue(k);
     pdl_wait();
+    CHAIN_STAMP(1);
     // Phase 1: mvq_q4_k_tma<PAIR>'s loop.
     {
         const int b0 = tid >> 2, j = tid & 3;
@@ -1355,7 +1384,9 @@ __device__ __forceinline__ void mvq_ffn_chain(const u8* __restrict__ Wg, const u
             if (tid == 0 && k + stages < steps) issue(k + stages);
         }
     }
+    CHAIN_STAMP(2);
     if (!(flags & 1)) grid_barrier(gbar, (unsigned)flags >> 8);
+    CHAIN_STAMP(3);
     // Phase 2: the swiglu kernel's expression over this block's share of the F values.
     {
         const int per = (F + G - 1) / G, i0 = blockIdx.x * per, i1 = min(F, i0 + per);
@@ -1365,7 +1396,13 @@ __device__ __forceinline__ void mvq_ffn_chain(const u8* __restrict__ Wg, const u
         }
     }
     if (!(flags & 1)) grid_barrier(gbar, (unsigned)flags >> 8);
-    // Phase 3: the column-split staged down projection, its activations from L2.
+    CHAIN_STAMP(4);
+    // Phase 3: the column-split staged down projection. Its activations, written by other blocks
+    // before the barrier, are read through the L1 (ld_after_wait, as the down's kernel alone reads
+    // them): the barrier's acquire (ld.acquire.gpu, then bar.sync) orders them after the writes and
+    // leaves no line of them in the L1 from before. From L2 only (ld_cg4), every block's reads at
+    // once made the L2 slices holding them a hot spot: a block without rows spent 10 us here
+    // (CHAIN_CLOCK, H200 2026-12-01), where the 4 blocks of an SM (one column range) share lines.
     float* yp = ranges > 1 ? part + (long long)yr * C : y;
     if (!Q6) {
         const int b0 = tid >> 2, j = tid & 3;
@@ -1373,7 +1410,7 @@ __device__ __forceinline__ void mvq_ffn_chain(const u8* __restrict__ Wg, const u
         const int bl = on ? b0 : 0;
         u32 d0[4][4], d1[4][4], d2[4][4];
         float xsc[4], xsum_a, xsum_b;
-        q4k_tma_x<P, true>(act, bl + b_off, j, d0, d1, d2, xsc, xsum_a, xsum_b);
+        q4k_tma_x<P, false>(act, bl + b_off, j, d0, d1, d2, xsc, xsum_a, xsum_b);
         for (int k3 = 0; k3 < steps3; k3++) {
             const int k = steps1 + k3, s = k % stages, r0 = r3 + k3 * MVQ_R;
             mbar_wait(&bars[s], (u32)((k / stages) & 1));
@@ -1399,7 +1436,7 @@ __device__ __forceinline__ void mvq_ffn_chain(const u8* __restrict__ Wg, const u
         u32 x0[4][2], x1[4][2], x2[4][2];
         float xsc[4];
         int xc[3][4];
-        q6_x_digits<P, true>(act, bl + b_off, n, k8, x0, x1, x2, xsc, xc);
+        q6_x_digits<P, false>(act, bl + b_off, n, k8, x0, x1, x2, xsc, xc);
         for (int k3 = 0; k3 < steps3; k3++) {
             const int k = steps1 + k3, s = k % stages, r0 = r3 + k3 * MVQ_R;
             mbar_wait(&bars[s], (u32)((k / stages) & 1));
@@ -1415,7 +1452,10 @@ __device__ __forceinline__ void mvq_ffn_chain(const u8* __restrict__ Wg, const u
             if (tid == 0 && k + stages < steps) issue(k + stages);
         }
     }
+    CHAIN_STAMP(5);
     if (ranges > 1) mvq_split_sum_at(part, y, cnt, C, r3, e3, ch, ranges);
+    CHAIN_STAMP(6);
+    CHAIN_PRINT();
 }
 
 // Entry points. The parameters: the three matrices, the down projection's Q6_K block count (0 for
