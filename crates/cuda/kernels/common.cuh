@@ -165,38 +165,6 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const u32 (&a)[4], u32 b0
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// A barrier over every block of a launch whose blocks are all resident at once (the host launches
-// it cooperatively: the driver refuses a grid larger than one wave). One counter, never reset:
-// every block adds 1 but block 0, which adds 2^31 - (G - 1), so after the last of the G arrivals
-// the low 31 bits are back to 0 and the top bit has flipped; each block waits (its thread 0) until
-// it sees the flip. The scheme of CUDA's cooperative groups grid sync. The fences make every write
-// before the barrier, by any block, visible to reads after it that bypass the L1 (ld_cg4, __ldcg).
-// sleep_ns (measurement): the waiting thread sleeps that long between its reads of the counter.
-__device__ __forceinline__ void grid_barrier(unsigned* c, unsigned sleep_ns = 0) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
-        __threadfence();
-        const unsigned old = atomicAdd(c, add);
-        unsigned now;
-        while (true) {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(c) : "memory");
-            if ((old ^ now) & 0x80000000u) break;
-            if (sleep_ns) __nanosleep(sleep_ns);
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}
-
-// A load of data another block of the same launch wrote (after a grid_barrier): from L2, never a
-// line the SM's L1 may hold from before the write.
-__device__ __forceinline__ float4 ld_cg4(const float* p) {
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
-    return v;
-}
-
 // ==== The copy engine (TMA, sm_90): bulk copies into shared memory counted on mbarriers ====
 // Used by the staged one-token kernels (matvec.cu) and the products of a few tokens (qmma.cu).
 __device__ __forceinline__ u32 smem_addr(const void* p) { return (u32)__cvta_generic_to_shared(p); }

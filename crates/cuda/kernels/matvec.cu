@@ -553,27 +553,21 @@ __device__ __forceinline__ void mvq_finish(const float (&acc)[MVQ_R], float (*re
 // ((p0 + p1) + p2) ..., into y: a fixed order whatever the timing.
 // Every block of the launch must reach this (no early return before it): a block that did not
 // would leave its range's counter short and the next launch's count wrong.
-// mvq_split_sum_at: the same for row range `range` of a launch of `ranges` column ranges laid out
-// otherwise (mvq_ffn_chain's down projection).
-__device__ __forceinline__ void mvq_split_sum_at(const float* __restrict__ part, float* __restrict__ y, unsigned* cnt,
-                                                 int rows, int r_begin, int r_end, int range, int ranges) {
+__device__ __forceinline__ void mvq_split_sum(const float* __restrict__ part, float* __restrict__ y, unsigned* cnt, int rows,
+                                              int r_begin, int r_end) {
     __shared__ bool last;
     __threadfence();  // this block's partial rows, visible to the block that adds them
     __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&cnt[range], 1u) == ranges - 1;
+    if (threadIdx.x == 0) last = atomicAdd(&cnt[blockIdx.x], 1u) == gridDim.y - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
     for (int r = r_begin + (int)threadIdx.x; r < r_end; r += blockDim.x) {
         float s = 0.0f;
-        for (int k = 0; k < ranges; k++) s += __ldcg(part + (long long)k * rows + r);
+        for (int k = 0; k < (int)gridDim.y; k++) s += __ldcg(part + (long long)k * rows + r);
         y[r] = s;
     }
-    if (threadIdx.x == 0) cnt[range] = 0u;
-}
-__device__ __forceinline__ void mvq_split_sum(const float* __restrict__ part, float* __restrict__ y, unsigned* cnt, int rows,
-                                              int r_begin, int r_end) {
-    mvq_split_sum_at(part, y, cnt, rows, r_begin, r_end, blockIdx.x, gridDim.y);
+    if (threadIdx.x == 0) cnt[blockIdx.x] = 0u;
 }
 
 // Pair launches (PAIR): the rows of two matrices of one shape, W's then W2's, as 2 x rows
@@ -806,13 +800,13 @@ __device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s
 // and scales, runs of 8 (mvq_q6_k and its staged form), and for each plane and quarter -32 times
 // the sum of its 8 digits (xc: signed for the top plane, unsigned below it), where q6_dot's
 // integer sums start.
-template <int P, bool CG = false>
+template <int P>
 __device__ __forceinline__ void q6_x_digits(const float* __restrict__ x, int b, int n, int k8, u32 (&x0)[4][2], u32 (&x1)[4][2],
                                             u32 (&x2)[4][2], float (&xsc)[4], int (&xc)[3][4]) {
 #pragma unroll
     for (int qt = 0; qt < 4; qt++) {
         const int e = b * 256 + 128 * n + 32 * qt + 8 * k8;
-        const float4 a = CG ? ld_cg4(x + e) : ld_after_wait(x + e), c = CG ? ld_cg4(x + e + 4) : ld_after_wait(x + e + 4);
+        const float4 a = ld_after_wait(x + e), c = ld_after_wait(x + e + 4);
         const float v[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
         float unused;
         x_digits<8, P>(v, x0[qt], x1[qt], x2[qt], xsc[qt], unused);
@@ -971,73 +965,6 @@ extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_pair_
 // barrier in mvq_finish, which every thread reaches after its reads of that stage.
 #define MVQ_TMA_MAX_STAGES 8
 
-// The staged Q4_K kernels' activations for thread j of column block b (x_digits over four runs
-// of 16: x[b 256 + 64 j + 16 u ..+16), u = 0..3: the low nibbles of code bytes 0..15 (u = 0) and
-// 16..31 (u = 1) of the thread's 32, the high nibbles of the same (u = 2, 3)). CG: x was written
-// by another block of this launch (mvq_ffn_chain), read from L2 (ld_cg4), not the L1.
-template <int P, bool CG>
-__device__ __forceinline__ void q4k_tma_x(const float* __restrict__ x, int b, int j, u32 (&d0)[4][4], u32 (&d1)[4][4],
-                                          u32 (&d2)[4][4], float (&xsc)[4], float& xsum_a, float& xsum_b) {
-    float sums[4];
-#pragma unroll
-    for (int u = 0; u < 4; u++) {
-        float v[16];
-        const float* xp = x + b * 256 + 64 * j + 16 * u;
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float4 a = CG ? ld_cg4(xp + 4 * i) : ld_after_wait(xp + 4 * i);
-            v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
-        }
-        x_digits<16, P>(v, d0[u], d1[u], d2[u], xsc[u], sums[u]);
-    }
-    xsc[2] *= 0.0625f;  // the high nibbles' runs: codes taken as 16 q (q4_hi), exact
-    xsc[3] *= 0.0625f;
-    xsum_a = sums[0] + sums[1];  // sub-block 2j
-    xsum_b = sums[2] + sums[3];  // sub-block 2j + 1
-}
-
-// One staged Q4_K row's part for thread j: `row` is the row's block in shared memory (144 bytes
-// as in the file). Per row: sum over the thread's runs of (d sc) (q . X) 2^(E-B) - (dmin m) sum x,
-// the integer dot products exact (as mvq_q4_k), combined in f32 in a fixed order.
-template <int P>
-__device__ __forceinline__ float q4k_tma_row(const u8* row, int j, const u32 (&d0)[4][4], const u32 (&d1)[4][4],
-                                             const u32 (&d2)[4][4], const float (&xsc)[4], float xsum_a, float xsum_b) {
-    const uint4 hd = *(const uint4*)(row);
-    const uint4 qa = *(const uint4*)(row + 16 + 32 * j);
-    const uint4 qb = *(const uint4*)(row + 32 + 32 * j);
-    float qx[4];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const uint4 qq = h ? qb : qa;
-        const u32 q[4] = {qq.x, qq.y, qq.z, qq.w};
-        u32 a0 = 0, a1 = 0, c0 = 0, c1 = 0;
-        int a2 = 0, c2 = 0;
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            const u32 lo = q[w] & 0x0F0F0F0Fu, hi = q[w] & 0xF0F0F0F0u;  // hi: 16 q (q4_hi)
-            if (P == 3) {
-                a0 = dp4a_uu(lo, d0[h][w], a0); a1 = dp4a_uu(lo, d1[h][w], a1); a2 = dp4a_ss(lo, d2[h][w], a2);
-                c0 = dp4a_uu(hi, d0[h + 2][w], c0); c1 = dp4a_uu(hi, d1[h + 2][w], c1); c2 = dp4a_us(hi, d2[h + 2][w], c2);
-            } else {  // the top plane (signed) is d1
-                a0 = dp4a_uu(lo, d0[h][w], a0); a2 = dp4a_ss(lo, d1[h][w], a2);
-                c0 = dp4a_uu(hi, d0[h + 2][w], c0); c2 = dp4a_us(hi, d1[h + 2][w], c2);
-            }
-        }
-        // As mvq_q4_k: exact integer sums, one rounding in the fma; the scale's product rounded
-        // on its own (__fmul_rn: never contracted into the sum qx[0] + qx[1] below, which the
-        // compiler did once this became a function).
-        qx[h] = __fmul_rn(P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0))
-                                 : fmaf(256.0f, (float)a2, (float)(int)a0), xsc[h]);
-        qx[h + 2] = __fmul_rn(P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0))
-                                     : fmaf(256.0f, (float)c2, (float)(int)c0), xsc[h + 2]);
-    }
-    const float d = h2f((u16)(hd.x & 0xFFFF)), dm = h2f((u16)(hd.x >> 16));
-    float sa, ma, sb, mb;
-    scale_min_pair(j, hd.y, hd.z, hd.w, &sa, &ma, &sb, &mb);
-    // w = d sc q - dmin m, over sub-blocks 2j (runs 0, 1) and 2j + 1 (runs 2, 3).
-    return ((d * sa) * (qx[0] + qx[1]) - (dm * ma) * xsum_a) + ((d * sb) * (qx[2] + qx[3]) - (dm * mb) * xsum_b);
-}
-
 // The staged Q4_K kernel: the block's threads cover the launch's column range with 4 threads per
 // 256-column block, thread j of a block taking its 32 code bytes 32j.. (64 weights: sub-blocks
 // 2j and 2j + 1, the low and high nibbles), so each row's scales and mins are decoded once per 64
@@ -1047,8 +974,9 @@ __device__ __forceinline__ float q4k_tma_row(const u8* row, int j, const u32 (&d
 // the host's, MVQ_R * nbs * 144 (nbs = nb without SPLIT). Nsight put the 8-thread form (as
 // mvq_q4_k) at 60% of the SMs' issue rate at 2.66 TB/s: the products were bound by instructions
 // (3.8 per weight, 2.2 here), not by loads in flight.
-// Each row as q4k_tma_row; partial rows summed over the block in a fixed order (warp_sum4, then
-// warps in order).
+// Per row: sum over the thread's runs of (d sc) (q . X) 2^(E-B) - (dmin m) sum x, the integer dot
+// products exact (as mvq_q4_k), combined in f32 in a fixed order; partial rows summed over the
+// block in a fixed order (warp_sum4, then warps in order).
 template <bool PAIR, bool SPLIT, int P>
 __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
                                              float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
@@ -1085,9 +1013,28 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
     if (tid == 0)
         for (int k = 0; k < min(stages, steps); k++) issue(k);
     pdl_wait();
+    // Runs u = 0..3: x[b 256 + 64 j + 16 u ..+16): the low nibbles of code bytes 0..15 (u = 0) and
+    // 16..31 (u = 1) of the thread's 32, the high nibbles of the same (u = 2, 3).
     u32 d0[4][4], d1[4][4], d2[4][4];
     float xsc[4], xsum_a, xsum_b;
-    q4k_tma_x<P, false>(x, b, j, d0, d1, d2, xsc, xsum_a, xsum_b);
+    {
+        float sums[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float v[16];
+            const float* xp = x + b * 256 + 64 * j + 16 * u;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float4 a = ld_after_wait(xp + 4 * i);
+                v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
+            }
+            x_digits<16, P>(v, d0[u], d1[u], d2[u], xsc[u], sums[u]);
+        }
+        xsc[2] *= 0.0625f;  // the high nibbles' runs: codes taken as 16 q (q4_hi), exact
+        xsc[3] *= 0.0625f;
+        xsum_a = sums[0] + sums[1];  // sub-block 2j
+        xsum_b = sums[2] + sums[3];  // sub-block 2j + 1
+    }
     float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;
     for (int k = 0; k < steps; k++) {
         const int s = k % stages, r0 = r_begin + k * MVQ_R;
@@ -1096,7 +1043,39 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
         float acc[MVQ_R];
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
-            { const float v = q4k_tma_row<P>(st + r * rb, j, d0, d1, d2, xsc, xsum_a, xsum_b); acc[r] = on ? v : 0.0f; }
+            const uint4 hd = *(const uint4*)(st + r * rb);
+            const uint4 qa = *(const uint4*)(st + r * rb + 16 + 32 * j);
+            const uint4 qb = *(const uint4*)(st + r * rb + 32 + 32 * j);
+            float qx[4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint4 qq = h ? qb : qa;
+                const u32 q[4] = {qq.x, qq.y, qq.z, qq.w};
+                u32 a0 = 0, a1 = 0, c0 = 0, c1 = 0;
+                int a2 = 0, c2 = 0;
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    const u32 lo = q[w] & 0x0F0F0F0Fu, hi = q[w] & 0xF0F0F0F0u;  // hi: 16 q (q4_hi)
+                    if (P == 3) {
+                        a0 = dp4a_uu(lo, d0[h][w], a0); a1 = dp4a_uu(lo, d1[h][w], a1); a2 = dp4a_ss(lo, d2[h][w], a2);
+                        c0 = dp4a_uu(hi, d0[h + 2][w], c0); c1 = dp4a_uu(hi, d1[h + 2][w], c1); c2 = dp4a_us(hi, d2[h + 2][w], c2);
+                    } else {  // the top plane (signed) is d1
+                        a0 = dp4a_uu(lo, d0[h][w], a0); a2 = dp4a_ss(lo, d1[h][w], a2);
+                        c0 = dp4a_uu(hi, d0[h + 2][w], c0); c2 = dp4a_us(hi, d1[h + 2][w], c2);
+                    }
+                }
+                // As mvq_q4_k: exact integer sums, one rounding in the fma.
+                qx[h] = (P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0))
+                                : fmaf(256.0f, (float)a2, (float)(int)a0)) * xsc[h];
+                qx[h + 2] = (P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0))
+                                    : fmaf(256.0f, (float)c2, (float)(int)c0)) * xsc[h + 2];
+            }
+            const float d = h2f((u16)(hd.x & 0xFFFF)), dm = h2f((u16)(hd.x >> 16));
+            float sa, ma, sb, mb;
+            scale_min_pair(j, hd.y, hd.z, hd.w, &sa, &ma, &sb, &mb);
+            // w = d sc q - dmin m, over sub-blocks 2j (runs 0, 1) and 2j + 1 (runs 2, 3).
+            acc[r] = on ? ((d * sa) * (qx[0] + qx[1]) - (dm * ma) * xsum_a) + ((d * sb) * (qx[2] + qx[3]) - (dm * mb) * xsum_b)
+                        : 0.0f;
         }
         const float v = warp_sum4(acc, lane);
         const int it = k & 1;
@@ -1121,23 +1100,6 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
 // cover (the range's d start anywhere in a 16-byte word: 15 bytes before it at most, and the
 // device buffer of a Q6_K matrix carries 16 bytes of padding past d, lib.rs matrix_from_bytes).
 __device__ __forceinline__ int q6_stage_row(int nbl) { return nbl * 208 + ((2 * nbl + 15) & ~15) + 16; }
-
-// One staged Q6_K row's part for a lane (n, k8) of column block bl: `st` is the row's range in
-// shared memory as mvq_q6_k_tma lays it out (nbl blocks), `dmis` where its d start in their
-// 16-byte-aligned cover. The arithmetic of mvq_q6_k (q6_dot).
-template <int P>
-__device__ __forceinline__ float q6k_tma_row(const u8* st, int nbl, int bl, int n, int k8, int dmis, const u32 (&x0)[4][2],
-                                             const u32 (&x1)[4][2], const u32 (&x2)[4][2], const float (&xsc)[4],
-                                             const int (&xc)[3][4]) {
-    const float dr = h2f(*(const u16*)(st + nbl * 208 + dmis + 2 * bl));
-    const uint2 L0 = *(const uint2*)(st + bl * 128 + 64 * n + 8 * k8);
-    const uint2 L1 = *(const uint2*)(st + bl * 128 + 64 * n + 32 + 8 * k8);
-    const uint2 H = *(const uint2*)(st + nbl * 128 + bl * 64 + 32 * n + 8 * k8);
-    const u32* s4 = (const u32*)(st + nbl * 192 + bl * 16 + 8 * n);
-    const u32 w0 = s4[0], w1 = s4[1];
-    const u32 scw = (k8 >> 1) ? __byte_perm(w0, w1, 0x7531) : __byte_perm(w0, w1, 0x6420);
-    return q6_dot<P>(L0, L1, H, scw, dr, x0, x1, x2, xsc, xc);
-}
 
 // The staged form of mvq_q6_k (PF), as mvq_q4_k_tma.
 template <bool PAIR, bool SPLIT, int P>
@@ -1199,10 +1161,17 @@ __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8*
         float acc[MVQ_R];
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
+            const u8* st = stage_mem + s * stride + r * rb;
             const int row = min(r0 + r, vrows - 1);
             const long long d0 = nbt * 208 + 2 * ((long long)(PAIR && row >= rows ? row - rows : row) * nb + b_off);
-            const float v = q6k_tma_row<P>(stage_mem + s * stride + r * rb, nbl, bl, n, k8, (int)(d0 & 15), x0, x1, x2, xsc, xc);
-                acc[r] = on ? v : 0.0f;
+            const float dr = h2f(*(const u16*)(st + nbl * 208 + (int)(d0 & 15) + 2 * bl));
+            const uint2 L0 = *(const uint2*)(st + bl * 128 + 64 * n + 8 * k8);
+            const uint2 L1 = *(const uint2*)(st + bl * 128 + 64 * n + 32 + 8 * k8);
+            const uint2 H = *(const uint2*)(st + nbl * 128 + bl * 64 + 32 * n + 8 * k8);
+            const u32* s4 = (const u32*)(st + nbl * 192 + bl * 16 + 8 * n);
+            const u32 w0 = s4[0], w1 = s4[1];
+            const u32 scw = (k8 >> 1) ? __byte_perm(w0, w1, 0x7531) : __byte_perm(w0, w1, 0x6420);
+            acc[r] = on ? q6_dot<P>(L0, L1, H, scw, dr, x0, x1, x2, xsc, xc) : 0.0f;
         }
         if (PAIR && r0 >= rows) mvq_finish<MVQ_R, false>(acc, red, k & 1, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
         else mvq_finish<MVQ_R, false>(acc, red, k & 1, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
@@ -1237,243 +1206,3 @@ MVQ_TMA6(mvq_q6_k_pair_tma, true, false, 3)
 MVQ_TMA6(mvq_q6_k_tma_p2, false, false, 2)
 MVQ_TMA6(mvq_q6_k_split_tma_p2, false, true, 2)
 MVQ_TMA6(mvq_q6_k_pair_tma_p2, true, false, 2)
-
-// CHAIN_CLOCK=N (MUSER_NVRTC_DEFINES, measurement): the N-th launch of the chain prints, for every
-// block, its SM and the global timer (ns) at 7 points: entry, after pdl_wait, after the pair, after
-// each barrier, after the down projection, at the end.
-#ifdef CHAIN_CLOCK
-__device__ unsigned chain_launches;
-__device__ __forceinline__ unsigned long long gtimer() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-#define CHAIN_STAMP(i) unsigned long long ts##i = gtimer()
-#define CHAIN_PRINT()                                                                                                   \
-    if (threadIdx.x == 0) {                                                                                             \
-        const unsigned n = *(volatile unsigned*)&chain_launches;                                                       \
-        unsigned sm;                                                                                                    \
-        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));                                                                \
-        if (n == CHAIN_CLOCK)                                                                                           \
-            printf("CHAIN %d %d %u %llu %llu %llu %llu %llu %llu %llu\n", (int)Q6, blockIdx.x, sm, ts0, ts1, ts2, ts3, ts4, \
-                   ts5, ts6);                                                                                           \
-        __syncwarp(1);                                                                                                  \
-    }                                                                                                                   \
-    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&chain_launches, 1u)
-#else
-#define CHAIN_STAMP(i)
-#define CHAIN_PRINT()
-#endif
-
-// ==== The feed-forward of one token in one launch (sm_90): gate and up, SwiGLU, down ====
-// The staged pair (mvq_q4_k_tma, PAIR), the swiglu kernel and the staged down projection
-// (mvq_q4_k_tma or mvq_q6_k_tma, column-split as the host splits it alone) as three phases of one
-// launch, separated by grid_barrier, so that the down projection's weights stream into shared
-// memory while the pair's last rows, the SwiGLU and the barriers run: its stages are the pair's
-// ring continued (step k of the launch in stage k % stages, the pair's steps first), so no SM's
-// copies stop between the two products. Each phase computes what its kernel computes, in the same
-// order (a row's sums do not depend on which block takes it): the same bits as the three launches
-// (gpu.rs checks it). The launch has one wave of blocks (all resident: grid_barrier); the down's
-// blocks are (column range, row chunk) = (b % ranges, b / ranges), so G is a multiple of ranges.
-// Q6: the down projection is Q6_K (8 threads a column block), else Q4_K (4). Gate and up are Q4_K,
-// F rows of C columns; the down projection C rows of F columns. nw1, nw3: the warps each phase's
-// kernel alone has (its partial rows summed over that many, in order).
-template <bool Q6, int P>
-__device__ __forceinline__ void mvq_ffn_chain(const u8* __restrict__ Wg, const u8* __restrict__ Wu, const u8* __restrict__ Wd,
-                                              long long nbt, const float* __restrict__ x, float* gate, float* up, float* act,
-                                              float* __restrict__ y, int F, int C, int rpb1, int rpb3, int ranges, int nbs,
-                                              float* __restrict__ part, unsigned* cnt, unsigned* gbar, int stages, int stride, int flags) {
-    extern __shared__ __align__(128) u8 stage_mem[];
-    __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
-    __shared__ __align__(8) u64 bars[MVQ_TMA_MAX_STAGES];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, G = gridDim.x;
-    CHAIN_STAMP(0);
-    // Phase 1, the pair: virtual rows [0, F) of Wg then [F, 2F) of Wu, nb1 column blocks a row.
-    const int nb1 = C >> 8, vrows = 2 * F, rb1 = nb1 * 144, nw1 = (nb1 * 4 + 31) >> 5;
-    const int r1 = blockIdx.x * rpb1, e1 = min(vrows, r1 + rpb1);
-    const int steps1 = r1 < e1 ? (e1 - r1 + MVQ_R - 1) / MVQ_R : 0;
-    // Phase 3, the down projection: column range yr (nbl blocks from b_off) of rows [r3, e3).
-    const int nbd = F >> 8, yr = blockIdx.x % ranges, ch = blockIdx.x / ranges;
-    const int b_off = yr * nbs, nbl = min(nbs, nbd - b_off);
-    const int nw3 = ((Q6 ? 8 : 4) * nbs + 31) >> 5;
-    const int r3 = ch * rpb3, e3 = min(C, r3 + rpb3);
-    const int steps3 = r3 < e3 ? (e3 - r3 + MVQ_R - 1) / MVQ_R : 0;
-    const int rb3 = Q6 ? q6_stage_row(nbl) : nbl * 144;
-    const int steps = steps1 + steps3;
-    mbar_init_all(bars, stages);
-    // Step k's rows (clamped to the phase's last) into stage k % stages.
-    auto issue = [&](int k) {
-        const int s = k % stages;
-        u8* dst = stage_mem + s * stride;
-        if (k < steps1) {
-            mbar_expect(&bars[s], (u32)(MVQ_R * rb1));
-#pragma unroll
-            for (int r = 0; r < MVQ_R; r++) {
-                int row = min(r1 + k * MVQ_R + r, vrows - 1);
-                const u8* M = mvq_seg<true>(Wg, Wu, row, F);
-                tma_copy(dst + r * rb1, M + (long long)row * nb1 * 144, (u32)rb1, &bars[s]);
-            }
-            return;
-        }
-        const int k3 = k - steps1;
-        if (!Q6) {
-            mbar_expect(&bars[s], (u32)(MVQ_R * rb3));
-#pragma unroll
-            for (int r = 0; r < MVQ_R; r++) {
-                const int row = min(r3 + k3 * MVQ_R + r, C - 1);
-                tma_copy(dst + r * rb3, Wd + ((long long)row * nbd + b_off) * 144, (u32)rb3, &bars[s]);
-            }
-            return;
-        }
-        u32 total = 0;
-        long long blk[MVQ_R];
-#pragma unroll
-        for (int r = 0; r < MVQ_R; r++) {
-            blk[r] = (long long)min(r3 + k3 * MVQ_R + r, C - 1) * nbd + b_off;
-            const long long d0 = nbt * 208 + 2 * blk[r];
-            total += nbl * 208 + (u32)(((d0 + 2 * nbl + 15) & ~15LL) - (d0 & ~15LL));
-        }
-        mbar_expect(&bars[s], total);
-#pragma unroll
-        for (int r = 0; r < MVQ_R; r++) {
-            u8* d = dst + r * rb3;
-            tma_copy(d, Wd + blk[r] * 128, (u32)(nbl * 128), &bars[s]);
-            tma_copy(d + nbl * 128, Wd + nbt * 128 + blk[r] * 64, (u32)(nbl * 64), &bars[s]);
-            tma_copy(d + nbl * 192, Wd + nbt * 192 + blk[r] * 16, (u32)(nbl * 16), &bars[s]);
-            const long long d0 = nbt * 208 + 2 * blk[r], a0 = d0 & ~15LL;
-            tma_copy(d + nbl * 208, Wd + a0, (u32)(((d0 + 2 * nbl + 15) & ~15LL) - a0), &bars[s]);
-        }
-    };
-    pdl_trigger();
-    if (tid == 0)
-        for (int k = 0; k < min(stages, steps); k++) issue(k);
-    pdl_wait();
-    CHAIN_STAMP(1);
-    // Phase 1: mvq_q4_k_tma<PAIR>'s loop.
-    {
-        const int b0 = tid >> 2, j = tid & 3;
-        const bool on = b0 < nb1;
-        const int bl = on ? b0 : 0;
-        u32 d0[4][4], d1[4][4], d2[4][4];
-        float xsc[4], xsum_a, xsum_b;
-        q4k_tma_x<P, false>(x, bl, j, d0, d1, d2, xsc, xsum_a, xsum_b);
-        for (int k = 0; k < steps1; k++) {
-            const int s = k % stages, r0 = r1 + k * MVQ_R;
-            mbar_wait(&bars[s], (u32)((k / stages) & 1));
-            // Warps past the pair's (the Q6_K down projection's block is wider) only keep the
-            // barriers: their sums would be zeros the pair's kernel does not add.
-            if (warp < nw1) {
-                const u8* st = stage_mem + s * stride + bl * 144;
-                float acc[MVQ_R];
-#pragma unroll
-                for (int r = 0; r < MVQ_R; r++) { const float v = q4k_tma_row<P>(st + r * rb1, j, d0, d1, d2, xsc, xsum_a, xsum_b); acc[r] = on ? v : 0.0f; }
-                const float v = warp_sum4(acc, lane);
-                if ((lane & 7) == 0) red[k & 1][warp][lane >> 3] = v;
-            }
-            __syncthreads();  // every thread's reads of stage s are done: it may be refilled
-            if (tid < MVQ_R) {
-                const int rr = r0 + tid;
-                float sum = 0.0f;
-                for (int w = 0; w < nw1; w++) sum += red[k & 1][w][tid];
-                if (r0 >= F) {
-                    if (rr < e1) up[rr - F] = sum;
-                } else if (rr < min(e1, F)) {
-                    gate[rr] = sum;
-                }
-            }
-            if (tid == 0 && k + stages < steps) issue(k + stages);
-        }
-    }
-    CHAIN_STAMP(2);
-    if (!(flags & 1)) grid_barrier(gbar, (unsigned)flags >> 8);
-    CHAIN_STAMP(3);
-    // Phase 2: the swiglu kernel's expression over this block's share of the F values.
-    {
-        const int per = (F + G - 1) / G, i0 = blockIdx.x * per, i1 = min(F, i0 + per);
-        for (int i = i0 + tid; i < i1; i += blockDim.x) {
-            const double gv = __ldcg(gate + i);
-            act[i] = (float)__dmul_rn(gv / (1.0 + exp(-gv)), (double)__ldcg(up + i));
-        }
-    }
-    if (!(flags & 1)) grid_barrier(gbar, (unsigned)flags >> 8);
-    CHAIN_STAMP(4);
-    // Phase 3: the column-split staged down projection. Its activations, written by other blocks
-    // before the barrier, are read through the L1 (ld_after_wait, as the down's kernel alone reads
-    // them): the barrier's acquire (ld.acquire.gpu, then bar.sync) orders them after the writes and
-    // leaves no line of them in the L1 from before. From L2 only (ld_cg4), every block's reads at
-    // once made the L2 slices holding them a hot spot: a block without rows spent 10 us here
-    // (CHAIN_CLOCK, H200 2026-12-01), where the 4 blocks of an SM (one column range) share lines.
-    float* yp = ranges > 1 ? part + (long long)yr * C : y;
-    if (!Q6) {
-        const int b0 = tid >> 2, j = tid & 3;
-        const bool on = b0 < nbl;
-        const int bl = on ? b0 : 0;
-        u32 d0[4][4], d1[4][4], d2[4][4];
-        float xsc[4], xsum_a, xsum_b;
-        q4k_tma_x<P, false>(act, bl + b_off, j, d0, d1, d2, xsc, xsum_a, xsum_b);
-        for (int k3 = 0; k3 < steps3; k3++) {
-            const int k = steps1 + k3, s = k % stages, r0 = r3 + k3 * MVQ_R;
-            mbar_wait(&bars[s], (u32)((k / stages) & 1));
-            const u8* st = stage_mem + s * stride + bl * 144;
-            float acc[MVQ_R];
-#pragma unroll
-            for (int r = 0; r < MVQ_R; r++) { const float v = q4k_tma_row<P>(st + r * rb3, j, d0, d1, d2, xsc, xsum_a, xsum_b); acc[r] = on ? v : 0.0f; }
-            const float v = warp_sum4(acc, lane);
-            if ((lane & 7) == 0) red[k3 & 1][warp][lane >> 3] = v;
-            __syncthreads();
-            if (tid < MVQ_R) {
-                const int rr = r0 + tid;
-                float sum = 0.0f;
-                for (int w = 0; w < nw3; w++) sum += red[k3 & 1][w][tid];
-                if (rr < e3) yp[rr] = sum;
-            }
-            if (tid == 0 && k + stages < steps) issue(k + stages);
-        }
-    } else {
-        const int b0 = tid >> 3, sub = tid & 7, n = sub >> 2, k8 = sub & 3;
-        const bool on = b0 < nbl;
-        const int bl = on ? b0 : 0;
-        u32 x0[4][2], x1[4][2], x2[4][2];
-        float xsc[4];
-        int xc[3][4];
-        q6_x_digits<P, false>(act, bl + b_off, n, k8, x0, x1, x2, xsc, xc);
-        for (int k3 = 0; k3 < steps3; k3++) {
-            const int k = steps1 + k3, s = k % stages, r0 = r3 + k3 * MVQ_R;
-            mbar_wait(&bars[s], (u32)((k / stages) & 1));
-            float acc[MVQ_R];
-#pragma unroll
-            for (int r = 0; r < MVQ_R; r++) {
-                const int row = min(r0 + r, C - 1);
-                const long long d0 = nbt * 208 + 2 * ((long long)row * nbd + b_off);
-                const float v = q6k_tma_row<P>(stage_mem + s * stride + r * rb3, nbl, bl, n, k8, (int)(d0 & 15), x0, x1, x2, xsc, xc);
-                acc[r] = on ? v : 0.0f;
-            }
-            mvq_finish<MVQ_R, false>(acc, red, k3 & 1, yp, r0, e3, tid, lane, warp, nw3);
-            if (tid == 0 && k + stages < steps) issue(k + stages);
-        }
-    }
-    CHAIN_STAMP(5);
-    if (ranges > 1) mvq_split_sum_at(part, y, cnt, C, r3, e3, ch, ranges);
-    CHAIN_STAMP(6);
-    CHAIN_PRINT();
-}
-
-// Entry points. The parameters: the three matrices, the down projection's Q6_K block count (0 for
-// Q4_K), x, the gate, up and SwiGLU outputs (F values each), y (C), F, C, the pair's and the down's
-// rows per block, the down's column ranges and blocks per range, its partial rows (ranges x C)
-// and row-chunk counters (G / ranges, zero between launches), the barrier counter, the stages and
-// the stage stride (bytes, the larger of the two phases'), and measurement flags (MUSER_FFN_CHAIN_FLAGS:
-// bit 0 leaves the barriers out, timing only, the outputs wrong; bits 8.. the barrier's sleep in ns).
-#define MVQ_CHAIN(NAME, Q6, P)                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* Wg, const u8* Wu, const u8* Wd, long long nbt,       \
-                                                           const float* x, float* gate, float* up, float* act, float* y, \
-                                                           int F, int C, int rpb1, int rpb3, int ranges, int nbs,         \
-                                                           float* part, unsigned* cnt, unsigned* gbar, int stages,        \
-                                                           int stride, int flags) {                                       \
-        mvq_ffn_chain<Q6, P>(Wg, Wu, Wd, nbt, x, gate, up, act, y, F, C, rpb1, rpb3, ranges, nbs, part, cnt, gbar, stages, \
-                             stride, flags);                                                                              \
-    }
-MVQ_CHAIN(mvq_ffn_chain_q4, false, 3)
-MVQ_CHAIN(mvq_ffn_chain_q6, true, 3)
-MVQ_CHAIN(mvq_ffn_chain_q4_p2, false, 2)
-MVQ_CHAIN(mvq_ffn_chain_q6_p2, true, 2)

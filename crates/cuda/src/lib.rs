@@ -167,8 +167,6 @@ struct Scratch {
     /// (zero between launches: the last block of a range resets its own).
     vpart: CudaSlice<f32>,
     vcnt: CudaSlice<u32>,
-    /// `grid_barrier`'s counter (kernels/common.cuh): its low 31 bits zero between launches.
-    gbar: CudaSlice<u32>,
     /// Greedy selection's per-chunk best values and indices, and its per-row counters.
     amax_v: CudaSlice<f32>,
     amax_i: CudaSlice<i32>,
@@ -399,9 +397,6 @@ pub struct CudaBackend {
     fast_mode: std::sync::atomic::AtomicBool,
     /// One launch for the FFN's gate, up and SwiGLU at one token (`ffn_swiglu`).
     fused_ffn: std::sync::atomic::AtomicBool,
-    /// One launch for the whole FFN of one token where its products take the staged kernels
-    /// (`ffn`: `mvq_ffn_chain_*`, the same bits as the three launches).
-    ffn_chain: std::sync::atomic::AtomicBool,
     /// `--mode cuda-parity`: products of Q4_0/Q8_0/Q4_K/Q5_K/Q6_K/F16 weights as llama.cpp
     /// b11434's CUDA build computes one token (kernels/parity.cu; the CPU model
     /// cpu/cuda_anchor.rs, bit for bit), every token of a batch alone; the rest accurate.
@@ -615,9 +610,6 @@ impl CudaBackend {
             one_token_sums: std::sync::atomic::AtomicBool::new(false),
             fast_mode: std::sync::atomic::AtomicBool::new(false),
             fused_ffn: std::sync::atomic::AtomicBool::new(env_is("MUSER_FUSE", "1")),
-            ffn_chain: std::sync::atomic::AtomicBool::new(
-                std::env::var("MUSER_FFN_CHAIN").is_ok_and(|v| v != "0"),
-            ),
             cuda_parity: std::sync::atomic::AtomicBool::new(false),
             waves: Mutex::new(HashMap::new()),
             staging: Mutex::new(None),
@@ -1102,13 +1094,6 @@ impl CudaBackend {
         self.bump_epoch();
     }
 
-    /// One token's FFN as one launch (`mvq_ffn_chain_*`) where it qualifies (`ffn_chain_for`).
-    pub fn set_ffn_chain(&self, on: bool) {
-        self.ffn_chain
-            .store(on, std::sync::atomic::Ordering::Relaxed);
-        self.bump_epoch();
-    }
-
     fn f(&self, name: &str) -> Result<CudaFunction> {
         let g = self
             .funcs
@@ -1184,7 +1169,6 @@ impl CudaBackend {
                 mpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 vpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 vcnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
-                gbar: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_v: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_i: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_cnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
@@ -1861,166 +1845,6 @@ impl CudaBackend {
         unsafe { self.launch_raw(f, cfg, b.vals(), self.pdl) }.map_err(dev(name))
     }
 
-    /// Whether one token's FFN may run as one `mvq_ffn_chain_*` launch, and if so its down
-    /// projection's (column ranges, blocks per range), as `matvec_q` would split it alone. Only
-    /// where the three launches it replaces would take the staged kernels (`mvq_q4_k_pair_tma`,
-    /// `swiglu`, the staged down projection), so that it gives their bits: one token, not the
-    /// batch-invariant, parity or fused-FFN paths, pair launches on, Q4_K gate and up of one shape,
-    /// a Q4_K or Q6_K down projection of the matching shape, and both products at least
-    /// `mvq_tma_min_bytes`. Off unless `set_ffn_chain(true)` or `MUSER_FFN_CHAIN=1`.
-    pub fn ffn_chain_for(
-        &self,
-        w_gate: &CudaMatrix,
-        w_up: &CudaMatrix,
-        w_down: &CudaMatrix,
-        x: &CudaAct,
-    ) -> Option<(usize, usize)> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let min = self.mvq_tma_min_bytes.load(Relaxed);
-        let ok = self.ffn_chain.load(Relaxed)
-            && ffn_chain_formats(w_down.ty)
-            && x.rows == 1
-            && x.cols == w_gate.cols
-            && self.mvq_stages.load(Relaxed) > 0
-            && !self.invariant()
-            && !self.cuda_parity.load(Relaxed)
-            && !self.fused_ffn.load(Relaxed)
-            && self.mmq_pairs.load(Relaxed)
-            && w_gate.ty == GgmlType::Q4_K
-            && Self::mvq_pair_for(w_gate, w_up)
-            && matches!(w_down.ty, GgmlType::Q4_K | GgmlType::Q6_K)
-            && Self::mvq_for(w_down)
-            && w_down.cols == w_gate.rows
-            && w_down.rows == w_gate.cols
-            && w_down.rows % MVQ_R == 0
-            && self.gemm16_route(w_down, 1).is_none()
-            && !self.mmq_route(w_down, 1)
-            && 2 * w_gate.data.len() >= min
-            && w_down.data.len() >= min;
-        if !ok {
-            return None;
-        }
-        // matvec_q's split of the down projection alone; the staged forms need <= 32 blocks a
-        // range (256 threads).
-        let nbd = w_down.cols / 256;
-        let range_blocks = mvq_range_blocks();
-        let ranges = if nbd > range_blocks && mvq_split() {
-            nbd.div_ceil(range_blocks)
-        } else {
-            1
-        };
-        let nbs = nbd.div_ceil(ranges);
-        (nbs <= 32).then_some((ranges, nbs))
-    }
-
-    /// One token's FFN in one launch (`mvq_ffn_chain_*`, kernels/matvec.cu): the staged pair
-    /// into `gate` and `up`, the SwiGLU into `act`, the staged down projection into `out`, with
-    /// grid-wide barriers between, the down projection's first stages loaded before them.
-    #[allow(clippy::too_many_arguments)]
-    fn ffn_chain(
-        &self,
-        w_gate: &CudaMatrix,
-        w_up: &CudaMatrix,
-        w_down: &CudaMatrix,
-        x: &CudaAct,
-        gate: &mut CudaAct,
-        up: &mut CudaAct,
-        act: &mut CudaAct,
-        out: &mut CudaAct,
-        (ranges, nbs): (usize, usize),
-    ) -> Result<()> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let (f_rows, c) = (w_gate.rows, w_gate.cols);
-        check(gate, 1, f_rows, "ffn")?;
-        check(up, 1, f_rows, "ffn")?;
-        check(act, 1, f_rows, "ffn")?;
-        check(out, 1, c, "ffn")?;
-        let q6 = w_down.ty == GgmlType::Q6_K;
-        let fast = self.mvq_planes.load(Relaxed) == 2;
-        let name: &'static str = match (q6, fast) {
-            (false, false) => "mvq_ffn_chain_q4",
-            (true, false) => "mvq_ffn_chain_q6",
-            (false, true) => "mvq_ffn_chain_q4_p2",
-            (true, true) => "mvq_ffn_chain_q6_p2",
-        };
-        // Threads: the more of the pair's (4 per column block) and the down's (4 or 8 per block
-        // of a range); a stage: the larger of the two phases' (MVQ_R rows, as matvec_q_tma).
-        let nb1 = c / 256;
-        let whole = |n: usize| (n as u32).div_ceil(32) * 32;
-        let threads = whole(nb1 * 4).max(whole(nbs * if q6 { 8 } else { 4 }));
-        let row3 = if q6 {
-            nbs * 208 + (2 * nbs).next_multiple_of(16) + 16
-        } else {
-            nbs * 144
-        };
-        let stride = MVQ_R * (nb1 * 144).max(row3);
-        let stages = env_usize("MUSER_FFN_CHAIN_STAGES")
-            .unwrap_or_else(|| self.mvq_stages.load(Relaxed))
-            .min(MVQ_TMA_SMEM / stride)
-            .clamp(2, MVQ_TMA_MAX_STAGES);
-        let smem = (stages * stride) as u32;
-        let f = &self.f(name)?;
-        self.raise_smem(name, f, MVQ_TMA_SMEM as u32)?;
-        let per_sm = self.blocks_per_sm(name, f, threads, smem)? as usize;
-        // One wave (every block resident: the kernel's barriers wait for all of them), a whole
-        // number of row chunks of `ranges` blocks.
-        let grid = (per_sm * self.sm_count as usize) / ranges * ranges;
-        if grid == 0 {
-            return Err(Error::Backend(format!(
-                "{name}: {ranges} column ranges, {per_sm} blocks per SM"
-            )));
-        }
-        let chunks = grid / ranges;
-        let rpb1 = (2 * f_rows).div_ceil(grid).next_multiple_of(MVQ_R);
-        let rpb3 = c.div_ceil(chunks).next_multiple_of(MVQ_R);
-        let mut g = self.scratch()?;
-        let s = g
-            .as_mut()
-            .ok_or_else(|| Error::Backend("no scratch".into()))?;
-        self.grow(&mut s.vpart, ranges * c)?;
-        self.grow(&mut s.vcnt, chunks)?;
-        let mut b = words::Words::new(&self.stream);
-        b.read(&w_gate.data).read(&w_up.data).read(&w_down.data);
-        b.i64(if q6 { w_down.nbt } else { 0 });
-        b.read(&x.data)
-            .write(&mut gate.data)
-            .write(&mut up.data)
-            .write(&mut act.data)
-            .write(&mut out.data);
-        b.i32(f_rows as i32)
-            .i32(c as i32)
-            .i32(rpb1 as i32)
-            .i32(rpb3 as i32)
-            .i32(ranges as i32)
-            .i32(nbs as i32);
-        b.write(&mut s.vpart).write(&mut s.vcnt).write(&mut s.gbar);
-        b.i32(stages as i32)
-            .i32(stride as i32)
-            .i32(env_usize("MUSER_FFN_CHAIN_FLAGS").unwrap_or(0) as i32);
-        let cfg = LaunchConfig {
-            grid_dim: (grid as u32, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: smem,
-        };
-        gate.xs_ok = false;
-        up.xs_ok = false;
-        act.xs_ok = false;
-        out.xs_ok = false;
-        // SAFETY: the words follow the kernel's parameters (kernels/matvec.cu MVQ_CHAIN) in
-        // order; gate and up are Q4_K of one shape (F x C), the down projection C x F of Q4_K or
-        // Q6_K (its Q6_K buffer padded for the last d cover, matrix_from_bytes), checked by
-        // ffn_chain_for; x holds C values, gate, up and act F, out C (checked above); threads
-        // cover the pair's C / 256 column blocks and the down's nbs (<= 32) per range; the
-        // partial rows (ranges x C) and the chunk counters (grid / ranges) were grown above,
-        // and the counters and gbar are zero (low bits) between launches; the dynamic shared
-        // memory holds `stages` stages of `stride` bytes (raised to MVQ_TMA_SMEM >= smem).
-        // Cooperative: the driver refuses a grid whose blocks cannot all be resident, so the
-        // kernel's grid barriers cannot wait on a block that never starts. Launched
-        // programmatically, it reads x only after pdl_wait.
-        unsafe { self.launch_ex(f, cfg, b.vals(), self.pdl, 1, ffn_chain_cooperative()) }
-            .map_err(dev(name))
-    }
-
     /// `matvec_q` through the TMA-staged kernels (`mvq_*_tma`, kernels/matvec.cu): the same
     /// arithmetic, so the same bits; `split` = (column ranges, blocks per range, threads) as
     /// `matvec_q` chose them.
@@ -2150,13 +1974,11 @@ impl CudaBackend {
         programmatic: bool,
     ) -> std::result::Result<(), cudarc::driver::DriverError> {
         // SAFETY: the caller's promises are launch_ex's, without a cluster.
-        unsafe { self.launch_ex(f, cfg, args, programmatic, 1, false) }
+        unsafe { self.launch_ex(f, cfg, args, programmatic, 1) }
     }
 
     /// `launch_raw`, with thread-block clusters of `cluster` blocks along x when it is above 1
-    /// (sm_90; the grid's x a multiple of it), and `cooperative`: the driver refuses the launch
-    /// unless every block of the grid can be resident at once (kernels that wait for each
-    /// other's blocks: `grid_barrier`).
+    /// (sm_90; the grid's x a multiple of it).
     ///
     /// # Safety
     /// As `launch_raw`; with a cluster, the kernel is written for clusters of that size.
@@ -2167,7 +1989,6 @@ impl CudaBackend {
         args: &mut [u64],
         programmatic: bool,
         cluster: u32,
-        cooperative: bool,
     ) -> std::result::Result<(), cudarc::driver::DriverError> {
         use cudarc::driver::sys;
         if self.skipped(f) {
@@ -2180,7 +2001,7 @@ impl CudaBackend {
         // SAFETY: an all-zero CUlaunchAttribute is a valid value of the C struct (id 0, the
         // union's bytes zero); the id and the union member set next are the ones the driver
         // reads together.
-        let mut attrs: [sys::CUlaunchAttribute; 3] = unsafe { std::mem::zeroed() };
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
         let mut n = 0;
         if programmatic {
             attrs[n].id =
@@ -2193,11 +2014,6 @@ impl CudaBackend {
             attrs[n].value.clusterDim.x = cluster;
             attrs[n].value.clusterDim.y = 1;
             attrs[n].value.clusterDim.z = 1;
-            n += 1;
-        }
-        if cooperative {
-            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
-            attrs[n].value.cooperative = 1;
             n += 1;
         }
         let lc = sys::CUlaunchConfig {
@@ -3523,23 +3339,6 @@ fn mvq_range_blocks() -> usize {
     })
 }
 
-/// `MUSER_FFN_CHAIN=q4` or `=q6` (for measuring): the chain only for down projections of that
-/// format; any other value but 0 (or `set_ffn_chain`), both.
-fn ffn_chain_formats(ty: GgmlType) -> bool {
-    match std::env::var("MUSER_FFN_CHAIN").as_deref() {
-        Ok("q4") => ty == GgmlType::Q4_K,
-        Ok("q6") => ty == GgmlType::Q6_K,
-        _ => true,
-    }
-}
-
-/// `MUSER_FFN_CHAIN_COOP=0` (for measuring): the FFN chain launched without the cooperative
-/// attribute (the grid is one wave either way; the attribute makes the driver check it).
-fn ffn_chain_cooperative() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !env_is("MUSER_FFN_CHAIN_COOP", "0"))
-}
-
 /// `MUSER_MVQ_GROUP_MAX_MB` (for measuring): the largest group of one-token products, in bytes of
 /// weights, `mvq_q4_k_group` takes, apart from the staged forms' threshold, so that a lower
 /// `MUSER_MVQ_TMA_MIN_MB` (O staged) keeps the group (the ninth session's 10 MB had lost it too).
@@ -4544,36 +4343,6 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn ffn(
-        &self,
-        w_gate: &CudaMatrix,
-        w_up: &CudaMatrix,
-        w_down: &CudaMatrix,
-        x: &CudaAct,
-        gate: &mut CudaAct,
-        up: &mut CudaAct,
-        act: &mut CudaAct,
-        out: &mut CudaAct,
-    ) -> Result<()> {
-        if let Some(split) = self.ffn_chain_for(w_gate, w_up, w_down, x) {
-            return self.timed(
-                || {
-                    format!(
-                        "ffn chain {}x{} + {} {}x{} n=1",
-                        2 * w_gate.rows,
-                        w_gate.cols,
-                        w_down.ty,
-                        w_down.rows,
-                        w_down.cols
-                    )
-                },
-                || self.ffn_chain(w_gate, w_up, w_down, x, gate, up, act, out, split),
-            );
-        }
-        self.ffn_swiglu(w_gate, w_up, x, gate, up, act)?;
-        self.matmul(w_down, act, out)
-    }
-
     fn ffn_swiglu(
         &self,
         w_gate: &CudaMatrix,
@@ -4781,7 +4550,7 @@ impl Backend for CudaBackend {
                 // `blocks` blocks of 1024 / blocks threads per row of n <= 8192 (8 values a
                 // thread; no sums then), in three equal-shaped buffers; the words follow the
                 // kernel's parameters (the same for all); it waits first.
-                unsafe { self.launch_ex(&func, cfg, b.vals(), self.pdl_small, blocks, false) }
+                unsafe { self.launch_ex(&func, cfg, b.vals(), self.pdl_small, blocks) }
                     .map_err(dev(name))?;
                 resid.xs_ok = false;
                 next.xs_ok = with_sums;

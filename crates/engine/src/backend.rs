@@ -413,26 +413,6 @@ pub trait Backend: Send + Sync {
         self.matmul(w_up, x, up)?;
         self.swiglu(gate, up, out)
     }
-
-    /// The feed-forward whole: `out = W_down (silu(W_gate x) * (W_up x))`, the SwiGLU left in
-    /// `act` (`gate` and `up` scratch, as for `ffn_swiglu`). Reference composition; a backend
-    /// may run it in fewer launches only if every product and the SwiGLU keep the arithmetic
-    /// of `ffn_swiglu` then `matmul`.
-    #[allow(clippy::too_many_arguments)]
-    fn ffn(
-        &self,
-        w_gate: &Self::Matrix,
-        w_up: &Self::Matrix,
-        w_down: &Self::Matrix,
-        x: &Self::Act,
-        gate: &mut Self::Act,
-        up: &mut Self::Act,
-        act: &mut Self::Act,
-        out: &mut Self::Act,
-    ) -> Result<()> {
-        self.ffn_swiglu(w_gate, w_up, x, gate, up, act)?;
-        self.matmul(w_down, act, out)
-    }
 }
 
 /// `Backend::matmul_group`'s reference composition: `matmul_pair` on consecutive pairs of `ws`,

@@ -419,7 +419,8 @@ impl<B: Backend> MuseGlimmer<B> {
             self.show("ffn_norm", Some(il), h)?;
 
             // SwiGLU feed-forward.
-            b.ffn(&l.ffn_gate, &l.ffn_up, &l.ffn_down, h, fg, fu, f, oc)?;
+            b.ffn_swiglu(&l.ffn_gate, &l.ffn_up, h, fg, fu, f)?;
+            b.matmul(&l.ffn_down, f, oc)?;
             self.show("ffn_out", Some(il), oc)?;
             // x += rms_norm(f, 1e-8) * post_ffw_norm; h = the next layer's attn_norm, or the final norm.
             let next_norm = self
