@@ -58,7 +58,9 @@ __device__ __forceinline__ void pdl_wait() {
 // made .nc by the compiler too (seen in the same SASS), so the load is written out: volatile, it
 // stays after pdl_wait (also volatile). X_LOAD (MUSER_NVRTC_DEFINES, for measurements): 0 =
 // ld.global.ca (L1 and L2, the default), 1 = ld.global.cg (L2 only, with a memory clobber: the
-// form of d768fe3), 2 = __ldg (read-only path: wrong under PDL, on by default; lib.rs then turns PDL off).
+// form of d768fe3), 2 = __ldg (read-only path: wrong under PDL, on by default; lib.rs then turns PDL off),
+// 3 = no load at all, values made from the address (timing only, the outputs wrong: what the
+// one-token products' activation reads cost).
 #ifndef X_LOAD
 #define X_LOAD 0
 #endif
@@ -66,6 +68,9 @@ __device__ __forceinline__ float4 ld_after_wait(const float* p) {
     float4 v;
 #if X_LOAD == 2
     v = __ldg(reinterpret_cast<const float4*>(p));
+#elif X_LOAD == 3
+    const float f = (float)((unsigned)(reinterpret_cast<unsigned long long>(p) >> 4) & 1023u) * 1e-3f;
+    v = make_float4(f, -f, 0.5f * f, 0.25f - f);
 #elif X_LOAD == 1
     asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
 #else
