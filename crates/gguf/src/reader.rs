@@ -493,11 +493,7 @@ fn parse_header(buf: &[u8]) -> Result<Header> {
                 ggml_type.block_size()
             ))
         })?;
-        let n_rows = if dims[0] == 0 {
-            0
-        } else {
-            n_elements / dims[0]
-        };
+        let n_rows = n_elements.checked_div(dims[0]).unwrap_or(0);
         let n_bytes = row_bytes
             .checked_mul(n_rows)
             .ok_or_else(|| GgufError::Format(format!("tensor '{name}' byte size overflows")))?;

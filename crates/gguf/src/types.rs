@@ -190,7 +190,7 @@ impl GgmlType {
     /// blocks or the size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let (blck, bytes) = self.block_geometry();
-        if n % blck as u64 != 0 {
+        if !n.is_multiple_of(blck as u64) {
             return None;
         }
         (n / blck as u64).checked_mul(bytes as u64)

@@ -109,7 +109,7 @@ impl GgufWriter {
                 ty.name()
             ))
         })?;
-        Ok(if dims[0] == 0 { 0 } else { row * (n / dims[0]) })
+        Ok(row * n.checked_div(dims[0]).unwrap_or(0))
     }
 
     /// Add a tensor whose bytes the writer holds. `dims` are in ggml order (row length first).
