@@ -116,12 +116,7 @@ fn check_fixture(name: &str, rows: &mut Vec<String>) -> Result<Vec<String>, muse
         // Decode path: one token at a time through the captured graph.
         let mut s = Session::new(&gpu, kv, 256)?;
         let mut dec = GraphDecoder::new(&gpu)?;
-        let mut decode = Vec::new();
-        let mut l = Vec::new();
-        for &t in &toks {
-            dec.step(&mut s.kv, t, Some(&mut l))?;
-            decode.extend_from_slice(&l);
-        }
+        let decode = graph_steps(&mut dec, &mut s.kv, &toks)?;
         let dd = max_dls(&decode, &want, n_vocab);
         // Greedy continuation of 32 tokens: CPU session vs CUDA graph.
         let mut cs = Session::new(&cpu, kv, 256)?;
@@ -132,7 +127,7 @@ fn check_fixture(name: &str, rows: &mut Vec<String>) -> Result<Vec<String>, muse
             next = argmax(&cs.feed(&[next], 1, Logits::Last)?) as u32;
         }
         let mut gpu_greedy = Vec::new();
-        let mut g_next = argmax(&l) as u32;
+        let mut g_next = argmax(&decode[decode.len() - n_vocab..]) as u32;
         for _ in 0..32 {
             gpu_greedy.push(g_next);
             g_next = dec.step(&mut s.kv, g_next, None)?;
@@ -633,6 +628,21 @@ fn report(title: &str, rows: &[String], failures: &[String]) {
 }
 
 /// Whether two outputs are the same bits, value for value.
+/// Every step's logits, one after another, of `toks` fed one at a time through `dec`'s captured
+/// graph into `kv`.
+fn graph_steps(
+    dec: &mut GraphDecoder<'_>,
+    kv: &mut muser_cuda::CudaKv,
+    toks: &[u32],
+) -> Result<Vec<f32>, muser_engine::Error> {
+    let (mut all, mut l) = (Vec::new(), Vec::new());
+    for &t in toks {
+        dec.step(kv, t, Some(&mut l))?;
+        all.extend_from_slice(&l);
+    }
+    Ok(all)
+}
+
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
@@ -848,11 +858,7 @@ fn wide_synthetic_models_match_the_cpu() {
             .unwrap();
         let mut s = Session::new(&gpu, KvType::F32, 256).unwrap();
         let mut dec = GraphDecoder::new(&gpu).unwrap();
-        let (mut decode, mut l) = (Vec::new(), Vec::new());
-        for &t in &toks {
-            dec.step(&mut s.kv, t, Some(&mut l)).unwrap();
-            decode.extend_from_slice(&l);
-        }
+        let decode = graph_steps(&mut dec, &mut s.kv, &toks).unwrap();
         // The prompt again on the f16 tensor-core products (gemm16, split), the threshold
         // lowered so that 40 tokens take them.
         let g16 = CudaBackend::new(0).unwrap();
@@ -870,7 +876,7 @@ fn wide_synthetic_models_match_the_cpu() {
         );
         let mut cs = Session::new(&cpu, KvType::F32, 256).unwrap();
         let mut next = argmax(&cs.feed(&toks, 512, Logits::Last).unwrap()) as u32;
-        let mut g_next = argmax(&l) as u32;
+        let mut g_next = argmax(&decode[decode.len() - n_vocab..]) as u32;
         let (mut cg, mut gg) = (Vec::new(), Vec::new());
         for _ in 0..16 {
             cg.push(next);
@@ -1625,15 +1631,10 @@ fn fused_ffn_gives_the_unfused_bits() {
                 .collect();
             let mut s = Session::new(&m, KvType::F32, 64).unwrap();
             let mut dec = GraphDecoder::new(&m).unwrap();
-            let (mut all, mut l) = (Vec::new(), Vec::new());
-            for &t in &toks {
-                dec.step(&mut s.kv, t, Some(&mut l)).unwrap();
-                all.extend_from_slice(&l);
-            }
-            all
+            graph_steps(&mut dec, &mut s.kv, &toks).unwrap()
         };
         let (a, b) = (run(false), run(true));
-        let same = a.len() == b.len() && a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits());
+        let same = same_bits(&a, &b);
         println!(
             "{name:<14} fused FFN vs unfused: {}",
             if same { "identical bits" } else { "DIFFERENT" }
@@ -2236,13 +2237,9 @@ fn llama_cuda_anchor_report() {
         // Muser CUDA accurate, one token per graph replay.
         let mut s = Session::new(&gpu_model, KvType::F16, 256).unwrap();
         let mut dec = GraphDecoder::new(&gpu_model).unwrap();
-        let (mut muser, mut l) = (Vec::new(), Vec::new());
-        for &t in &toks {
-            dec.step(&mut s.kv, t, Some(&mut l)).unwrap();
-            muser.extend_from_slice(&l);
-        }
+        let muser = graph_steps(&mut dec, &mut s.kv, &toks).unwrap();
         let mut muser_greedy = Vec::new();
-        let mut next = argmax(&l) as u32;
+        let mut next = argmax(&muser[muser.len() - n_vocab..]) as u32;
         for _ in 0..32 {
             muser_greedy.push(next);
             next = dec.step(&mut s.kv, next, None).unwrap();
@@ -2265,11 +2262,7 @@ fn llama_cuda_anchor_report() {
         let par_model = MuseGlimmer::load(&file, par_backend).unwrap();
         let mut ps = Session::new(&par_model, KvType::F16, 256).unwrap();
         let mut pdec = GraphDecoder::new(&par_model).unwrap();
-        let mut parity = Vec::new();
-        for &t in &toks {
-            pdec.step(&mut ps.kv, t, Some(&mut l)).unwrap();
-            parity.extend_from_slice(&l);
-        }
+        let parity = graph_steps(&mut pdec, &mut ps.kv, &toks).unwrap();
         let d_parity = max_dls(&parity, &anchor, n_vocab);
         let d_muser = max_dls(&muser, &anchor, n_vocab);
         let d_cpu = max_dls(&cpu_logits, &anchor, n_vocab);
