@@ -1950,6 +1950,155 @@ fn staged_one_token_products_give_the_register_bits() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The staged Q4_K launches that hand their steps out from a counter (`set_mvq_dyn`) give the
+/// bits of the fixed row runs: alone and in pairs, both plane counts, 2 to 8 stages, past a full
+/// turn of the counter pairs (each launch takes the next pair, its last block resets it), and in
+/// captured decode steps of the Q4_K_M fixtures and two synthetic models.
+#[test]
+fn counter_scheduled_products_give_the_staged_bits() {
+    let Some(g) = gpu() else { return };
+    g.set_mvq_stages(4);
+    if g.mvq_stages() == 0 {
+        println!(
+            "SKIPPED: the staged kernels need sm_90 or newer ({})",
+            g.device_name()
+        );
+        return;
+    }
+    g.set_mvq_tma_min_bytes(0);
+    let dir = std::env::temp_dir().join(format!("muser-dyn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = layer_file(&dir, "q4_k", (19968, 4, 1003), 13);
+    let l = &file.tensors.layers[0];
+    let up = |m| g.matrix(&file.gguf, m).unwrap();
+    let (gate, upm, q, qg, o) = (
+        up(&l.ffn_gate),
+        up(&l.ffn_up),
+        up(&l.attn_q),
+        up(&l.attn_gate),
+        up(&l.attn_output),
+    );
+    let cases: [(
+        &str,
+        &muser_cuda::CudaMatrix,
+        Option<&muser_cuda::CudaMatrix>,
+    ); 4] = [
+        ("ffn_gate+up", &gate, Some(&upm)),
+        ("attn_q+gate", &q, Some(&qg)),
+        ("ffn_up", &upm, None),
+        ("attn_output", &o, None),
+    ];
+    let x_for = |cols: usize| -> Vec<f32> {
+        (0..cols)
+            .map(|i| {
+                ((i * 6007 % 1999) as f32 / 999.5 - 1.0) * if i % 37 == 0 { 1e-3 } else { 1.0 }
+            })
+            .collect()
+    };
+    let run = |w: &muser_cuda::CudaMatrix, w2: Option<&muser_cuda::CudaMatrix>| {
+        let mut xg = g.act(1, w.cols).unwrap();
+        g.stream
+            .memcpy_htod(&x_for(w.cols), xg_data(&mut xg))
+            .unwrap();
+        let mut y = g.act(1, w.rows).unwrap();
+        let mut y2 = g.act(1, w.rows).unwrap();
+        match w2 {
+            Some(w2) => g.matmul_pair(w, w2, &xg, &mut y, &mut y2).unwrap(),
+            None => g.matmul(w, &xg, &mut y).unwrap(),
+        }
+        let mut v = g.read(&y).unwrap();
+        if w2.is_some() {
+            v.extend(g.read(&y2).unwrap());
+        }
+        v
+    };
+    let mut rows = Vec::new();
+    for planes in [3usize, 2] {
+        g.set_mvq_planes(planes);
+        for (name, w, w2) in cases {
+            g.set_mvq_dyn(false);
+            g.set_mvq_stages(4);
+            let fixed = run(w, w2);
+            assert!(fixed.iter().all(|v| v.is_finite()), "{name}: not finite");
+            g.set_mvq_dyn(true);
+            let mut differ = Vec::new();
+            for stages in [2usize, 3, 8, 4, 4] {
+                g.set_mvq_stages(stages);
+                if !same_bits(&run(w, w2), &fixed) {
+                    differ.push(format!("{stages} stages"));
+                }
+            }
+            rows.push(format!(
+                "{name:<12} {}x{} planes {planes}: counter-scheduled {}",
+                w.rows,
+                w.cols,
+                if differ.is_empty() {
+                    "same bits"
+                } else {
+                    "DIFFER"
+                }
+            ));
+            assert!(
+                differ.is_empty(),
+                "{name} planes {planes}: {differ:?} differ"
+            );
+        }
+    }
+    // Past a turn of the counter pairs: every launch the fixed runs' bits.
+    g.set_mvq_planes(2);
+    g.set_mvq_stages(4);
+    g.set_mvq_dyn(false);
+    let fixed = run(&gate, Some(&upm));
+    g.set_mvq_dyn(true);
+    let bad = (0..600)
+        .filter(|_| !same_bits(&run(&gate, Some(&upm)), &fixed))
+        .count();
+    rows.push(format!("ffn_gate+up, 600 launches in a row: {bad} differ"));
+    assert_eq!(bad, 0, "{bad} of 600 launches differ");
+    g.set_mvq_dyn(false);
+    g.set_mvq_planes(3);
+    // Captured decode steps, every Q4_K launch staged.
+    let mut paths: Vec<(String, PathBuf)> = names()
+        .into_iter()
+        .filter(|n| n.ends_with("q4_k_m"))
+        .map(|n| {
+            let p = model_path(&n);
+            (n, p)
+        })
+        .collect();
+    for preset in ["small", "mid"] {
+        let path = dir.join(format!("{preset}.gguf"));
+        let p = muser_engine::synth::preset(preset).unwrap();
+        muser_engine::synth::write(&path, p, muser_engine::synth::Layout::Q4KM, 7).unwrap();
+        paths.push((preset.to_string(), path));
+    }
+    for (name, path) in paths {
+        let file = ModelFile::open(&path).unwrap();
+        let steps = |dyn_steps: bool| {
+            let b = CudaBackend::new(0).unwrap();
+            b.set_mvq_stages(3);
+            b.set_mvq_tma_min_bytes(0);
+            b.set_mvq_dyn(dyn_steps);
+            let m = MuseGlimmer::load(&file, b).unwrap();
+            let toks: Vec<u32> = (0..24u32)
+                .map(|i| (i * 7919 + 5) % m.config.n_vocab as u32)
+                .collect();
+            let mut s = Session::new(&m, KvType::F32, 64).unwrap();
+            let mut dec = GraphDecoder::new(&m).unwrap();
+            graph_steps(&mut dec, &mut s.kv, &toks).unwrap()
+        };
+        let (a, b) = (steps(false), steps(true));
+        let same = same_bits(&a, &b);
+        rows.push(format!(
+            "{name:<14} captured decode, counter-scheduled: {}",
+            if same { "same bits" } else { "DIFFERENT" }
+        ));
+        assert!(same, "{name}: counter scheduling changed the logits");
+    }
+    println!("{}", rows.join("\n"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn device_argmax_picks_the_first_largest() {
     let Some(g) = gpu() else { return };
