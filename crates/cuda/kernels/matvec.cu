@@ -977,13 +977,7 @@ extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_pair_
 // Per row: sum over the thread's runs of (d sc) (q . X) 2^(E-B) - (dmin m) sum x, the integer dot
 // products exact (as mvq_q4_k), combined in f32 in a fixed order; partial rows summed over the
 // block in a fixed order (warp_sum4, then warps in order).
-// DYN (not with SPLIT): the steps are not fixed runs of rows per block but handed out one at a
-// time from a counter, cnt[0], by each block's issuing thread as it refills a stage, so blocks on
-// SMs that stream faster take more of them and the launch's blocks finish together; cnt[1] counts
-// the finished blocks, and the last resets both to 0 for the next launch on them (the host hands
-// each launch its own pair of counters). A row's arithmetic does not depend on which block runs it:
-// the same bits.
-template <bool PAIR, bool SPLIT, int P, bool DYN = false>
+template <bool PAIR, bool SPLIT, int P>
 __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
                                              float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
                                              float* __restrict__ part, unsigned* cnt, int nbs, int stages) {
@@ -1013,37 +1007,11 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
             tma_copy(stage_mem + s * stride + r * rb, M + ((long long)row * nb + b_off) * 144, (u32)rb, &bars[s]);
         }
     };
-    // DYN: the step the counter gave (`next`, asked for one refill earlier so its latency hides
-    // behind a step) into stage k % stages, named in step_of; past the last step, only the name.
-    __shared__ int step_of[MVQ_TMA_MAX_STAGES];
-    const int all_steps = (vrows + MVQ_R - 1) / MVQ_R;
-    int next = 0;
-    auto issue_dyn = [&](int k) {
-        const int s = k % stages, c = next;
-        step_of[s] = c;
-        if (c < all_steps) {
-            mbar_expect(&bars[s], (u32)(MVQ_R * rb));
-#pragma unroll
-            for (int r = 0; r < MVQ_R; r++) {
-                int row = min(c * MVQ_R + r, vrows - 1);
-                const u8* M = mvq_seg<PAIR>(W, W2, row, rows);
-                tma_copy(stage_mem + s * stride + r * rb, M + ((long long)row * nb + b_off) * 144, (u32)rb, &bars[s]);
-            }
-            next = (int)atomicAdd(cnt, 1u);
-        }
-    };
     // The first stages (the weights do not depend on x) in flight while x becomes digits, and,
-    // launched programmatically, while the kernel before finishes (the counters were last
-    // touched by a launch long finished: the host's rotation).
+    // launched programmatically, while the kernel before finishes.
     pdl_trigger();
-    if (tid == 0) {
-        if (DYN) {
-            next = (int)atomicAdd(cnt, 1u);
-            for (int k = 0; k < stages; k++) issue_dyn(k);
-        } else {
-            for (int k = 0; k < min(stages, steps); k++) issue(k);
-        }
-    }
+    if (tid == 0)
+        for (int k = 0; k < min(stages, steps); k++) issue(k);
     pdl_wait();
     // Runs u = 0..3: x[b 256 + 64 j + 16 u ..+16): the low nibbles of code bytes 0..15 (u = 0) and
     // 16..31 (u = 1) of the thread's 32, the high nibbles of the same (u = 2, 3).
@@ -1068,16 +1036,8 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
         xsum_b = sums[2] + sums[3];  // sub-block 2j + 1
     }
     float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;
-    if (DYN) __syncthreads();  // step_of's first names, written by thread 0
-    const int r_lim = DYN ? vrows : r_end;
-    for (int k = 0; DYN || k < steps; k++) {
-        const int s = k % stages;
-        int r0 = r_begin + k * MVQ_R;
-        if (DYN) {
-            const int c = step_of[s];  // rewritten only after the barrier below
-            if (c >= all_steps) break;
-            r0 = c * MVQ_R;
-        }
+    for (int k = 0; k < steps; k++) {
+        const int s = k % stages, r0 = r_begin + k * MVQ_R;
         mbar_wait(&bars[s], (u32)((k / stages) & 1));
         const u8* st = stage_mem + s * stride + bl * 144;
         float acc[MVQ_R];
@@ -1126,26 +1086,14 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
             float sum = 0.0f;
             for (int w = 0; w < nw; w++) sum += red[it][w][tid];
             if (PAIR && r0 >= rows) {
-                if (rr < r_lim) y2[rr - rows] = sum;
-            } else if (rr < (PAIR ? min(r_lim, rows) : r_lim)) {
+                if (rr < r_end) y2[rr - rows] = sum;
+            } else if (rr < (PAIR ? min(r_end, rows) : r_end)) {
                 yp[rr] = sum;
             }
         }
-        if (DYN) {
-            if (tid == 0) issue_dyn(k + stages);
-        } else if (tid == 0 && k + stages < steps) {
-            issue(k + stages);
-        }
+        if (tid == 0 && k + stages < steps) issue(k + stages);
     }
     if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
-    // DYN: every step this block asked the counter for was answered before it ends here.
-    if (DYN && tid == 0) {
-        __threadfence();
-        if (atomicAdd(cnt + 1, 1u) == gridDim.x - 1) {
-            cnt[0] = 0;
-            cnt[1] = 0;
-        }
-    }
 }
 
 // Bytes of a Q6_K row range of nbl blocks in a stage: ql, qh, scales, then d's 16-byte-aligned
@@ -1246,12 +1194,6 @@ __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8*
                                                            int nbs, int stages) {                                            \
         mvq_q6_k_tma<PAIR, SPLIT, P>(W, W2, nbt, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                         \
     }
-#define MVQ_TMA4D(NAME, PAIR, P)                                                                                                \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* W, const u8* W2, const float* x, float* y, float* y2,     \
-                                                           int rows, int cols, int rpb, float* part, unsigned* cnt, int nbs, \
-                                                           int stages) {                                                     \
-        mvq_q4_k_tma<PAIR, false, P, true>(W, W2, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                        \
-    }
 MVQ_TMA4(mvq_q4_k_tma, false, false, 3)
 MVQ_TMA4(mvq_q4_k_split_tma, false, true, 3)
 MVQ_TMA4(mvq_q4_k_pair_tma, true, false, 3)
@@ -1264,7 +1206,3 @@ MVQ_TMA6(mvq_q6_k_pair_tma, true, false, 3)
 MVQ_TMA6(mvq_q6_k_tma_p2, false, false, 2)
 MVQ_TMA6(mvq_q6_k_split_tma_p2, false, true, 2)
 MVQ_TMA6(mvq_q6_k_pair_tma_p2, true, false, 2)
-MVQ_TMA4D(mvq_q4_k_tma_dyn, false, 3)
-MVQ_TMA4D(mvq_q4_k_pair_tma_dyn, true, 3)
-MVQ_TMA4D(mvq_q4_k_tma_dyn_p2, false, 2)
-MVQ_TMA4D(mvq_q4_k_pair_tma_dyn_p2, true, 2)

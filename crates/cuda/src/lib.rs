@@ -167,10 +167,6 @@ struct Scratch {
     /// (zero between launches: the last block of a range resets its own).
     vpart: CudaSlice<f32>,
     vcnt: CudaSlice<u32>,
-    /// The counters of the `_dyn` one-token launches: DYN_SLOTS pairs (next step, finished
-    /// blocks), zero between launches (the last block resets its pair); launches take them in
-    /// turn, so a pair comes back only DYN_SLOTS launches later, long after its last one ended.
-    dyn_cnt: CudaSlice<u32>,
     /// Greedy selection's per-chunk best values and indices, and its per-row counters.
     amax_v: CudaSlice<f32>,
     amax_i: CudaSlice<i32>,
@@ -232,8 +228,6 @@ const MVQ_TMA_MAX_STAGES: usize = 8;
 /// The dynamic shared memory the TMA-staged one-token kernels may take (of the H100's and H200's
 /// 227 KiB per block): stages are dropped, down to 2, to fit.
 const MVQ_TMA_SMEM: usize = 200 * 1024;
-/// Counter pairs of the `_dyn` one-token launches (`Scratch::dyn_cnt`).
-const DYN_SLOTS: usize = 256;
 /// Most key splits of one token's attention (kernels/kv.cu COMBINE_MAX_SPLITS: attn_combine's
 /// shared arrays hold this many).
 const ATTN_MAX_SPLITS: usize = 64;
@@ -466,12 +460,6 @@ pub struct CudaBackend {
     /// 50: the 30B's Q4_K FFN down projections, 75 MB, too; H200, 2026-11-30, twelfth session:
     /// 151.94/152.11/152.08 tokens/s against 151.08/151.06/150.93 at 100 MB, alternating in one call).
     mvq_tma_min_bytes: std::sync::atomic::AtomicUsize,
-    /// The staged Q4_K one-token launches that are not column-split hand their steps out from a
-    /// counter (`mvq_*_tma_dyn`: blocks that stream faster take more; the same bits), where
-    /// `MUSER_MVQ_DYN=1` or `set_mvq_dyn`. Each such launch takes the next pair of counters of
-    /// `DYN_SLOTS` (`Scratch::dyn_cnt`).
-    mvq_dyn: std::sync::atomic::AtomicBool,
-    dyn_slot: std::sync::atomic::AtomicUsize,
     /// Products of more than 64 tokens in one launch of the staged kernels, 64 tokens per grid
     /// layer (on unless `MUSER_MMQ_ZGRID=0`), instead of one launch per 64 tokens. Same bits per token.
     mmq_zgrid: std::sync::atomic::AtomicBool,
@@ -692,8 +680,6 @@ impl CudaBackend {
             mvq_tma_min_bytes: std::sync::atomic::AtomicUsize::new(
                 env_usize("MUSER_MVQ_TMA_MIN_MB").unwrap_or(50) << 20,
             ),
-            mvq_dyn: std::sync::atomic::AtomicBool::new(env_is("MUSER_MVQ_DYN", "1")),
-            dyn_slot: std::sync::atomic::AtomicUsize::new(0),
             pdl,
             pdl_small: pdl && !env_is("MUSER_PDL_SMALL", "0"),
             mmq_zgrid: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_ZGRID", "0")),
@@ -872,13 +858,6 @@ impl CudaBackend {
     /// keep the register forms).
     pub fn set_mvq_tma_min_bytes(&self, bytes: usize) {
         self.set_choice(&self.mvq_tma_min_bytes, bytes);
-    }
-
-    /// Whether the staged Q4_K one-token launches that are not column-split take their steps
-    /// from a counter (`mvq_*_tma_dyn`; the same bits).
-    pub fn set_mvq_dyn(&self, on: bool) {
-        self.mvq_dyn.store(on, std::sync::atomic::Ordering::Relaxed);
-        self.bump_epoch();
     }
 
     /// The staged one-token kernels' stages now (0: the register forms).
@@ -1190,7 +1169,6 @@ impl CudaBackend {
                 mpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 vpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 vcnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
-                dyn_cnt: s.alloc_zeros(2 * DYN_SLOTS).map_err(dev("alloc"))?,
                 amax_v: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_i: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_cnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
@@ -1910,18 +1888,6 @@ impl CudaBackend {
                 ));
             }
         };
-        let dyn_steps =
-            !q6 && ranges == 1 && self.mvq_dyn.load(std::sync::atomic::Ordering::Relaxed);
-        let name: &'static str = match (dyn_steps, name) {
-            (false, n) => n,
-            (true, "mvq_q4_k_tma") => "mvq_q4_k_tma_dyn",
-            (true, "mvq_q4_k_pair_tma") => "mvq_q4_k_pair_tma_dyn",
-            (true, "mvq_q4_k_tma_p2") => "mvq_q4_k_tma_dyn_p2",
-            (true, "mvq_q4_k_pair_tma_p2") => "mvq_q4_k_pair_tma_dyn_p2",
-            (true, n) => {
-                return Err(Error::Backend(format!("no counter-scheduled form of {n}")));
-            }
-        };
         // A stage: MVQ_R rows of nbs column blocks (q6_stage_row in matvec.cu for Q6_K).
         let row_bytes = if q6 {
             nbs * 208 + (2 * nbs).next_multiple_of(16) + 16
@@ -1942,24 +1908,12 @@ impl CudaBackend {
         let per_sm = self.blocks_per_sm(name, f, threads, smem)?;
         let vrows = if second.is_some() { 2 * w.rows } else { w.rows };
         let (rpb, grid) = self.mvq_wave(vrows, MVQ_R, per_sm, ranges);
-        let mut g = if ranges > 1 || dyn_steps {
+        let mut g = if ranges > 1 {
             Some(self.scratch()?)
         } else {
             None
         };
-        let (split, mut dyn_cnt) = if dyn_steps {
-            let slot = self
-                .dyn_slot
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                % DYN_SLOTS;
-            let s = g
-                .as_mut()
-                .and_then(|g| g.as_mut())
-                .ok_or_else(|| Error::Backend("no scratch".into()))?;
-            (None, Some(s.dyn_cnt.slice_mut(2 * slot..2 * slot + 2)))
-        } else {
-            (self.split_scratch(&mut g, ranges * w.rows, grid)?, None)
-        };
+        let split = self.split_scratch(&mut g, ranges * w.rows, grid)?;
         let (xv, mut yv, w2, mut y2v) = Self::token_rows(w, x, out, t, second);
         let mut b = words::Words::new(&self.stream);
         // W, then W2 (W again when there is none); Q6_K's block count.
@@ -1979,12 +1933,10 @@ impl CudaBackend {
             None => b.again(y_word),
         };
         b.i32(w.rows as i32).i32(w.cols as i32).i32(rpb as i32);
-        match (split, dyn_cnt.as_mut()) {
-            (Some((part, cnt)), _) => b.write(part).write(cnt),
-            // A `_dyn` launch's counter pair; no partial sums.
-            (None, Some(c)) => b.null().write(c),
+        match split {
+            Some((part, cnt)) => b.write(part).write(cnt),
             // Null: read only by column-split launches.
-            (None, None) => b.null().null(),
+            None => b.null().null(),
         };
         b.i32(nbs as i32).i32(stages as i32);
         let cfg = LaunchConfig {
@@ -1998,9 +1950,7 @@ impl CudaBackend {
         // row of x (t < x.rows, checked by the callers), writes rows outputs of row t (and of
         // out2), and a split launch ranges x rows partial sums and grid counters (grown above);
         // its dynamic shared memory holds `stages` stages of `stride` bytes (raised to
-        // MVQ_TMA_SMEM >= smem); a `_dyn` launch reads, adds to and resets its own pair of
-        // counters, zero at its start (the last launch on the pair reset them, and the
-        // DYN_SLOTS launches since have put it long in the past on this one stream);
+        // MVQ_TMA_SMEM >= smem);
         // a Q6_K matrix's buffer has the 16 bytes of padding its last d cover may read
         // (matrix_from_bytes). Launched programmatically it reads x only after pdl_wait.
         unsafe { self.launch_raw(f, cfg, b.vals(), self.pdl) }.map_err(dev(name))
