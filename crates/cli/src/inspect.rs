@@ -69,7 +69,7 @@ pub fn run(a: Args) -> CliResult {
                 "  logit_scale {}  softcap {}",
                 c.logit_scale,
                 c.softcap
-                    .map_or("none (key absent)".to_string(), |v| v.to_string())
+                    .map_or("none (0)".to_string(), |v| v.to_string())
             );
             let kinds: String = c
                 .layer_kinds

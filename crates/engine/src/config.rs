@@ -69,7 +69,11 @@ pub struct MuseConfig {
     pub rope_freq_base_swa: f32,
     /// `logit_scale` (transformers' `output_multiplier`).
     pub logit_scale: f32,
-    /// `final_logit_softcapping`; `None` when the key is absent (llama.cpp then skips the cap).
+    /// `final_logit_softcapping`; `None` when it is 0 (llama.cpp then skips the cap). The key is
+    /// required: where it is absent, llama.cpp b11434 caps at its default 30
+    /// (`llama-hparams.h`: `f_final_logit_softcapping = 30.0f`, read as optional in
+    /// `models/muse-glimmer.cpp`) while transformers would not cap at all, and the converter
+    /// always writes it (`conversion/muse_glimmer.py`), so a file without it has no one meaning.
     pub softcap: Option<f32>,
 }
 
@@ -208,7 +212,7 @@ impl MuseConfig {
         let rope_freq_base = get_f32(g, "rope.freq_base")?;
         let rope_freq_base_swa = get_opt_f32(g, "rope.freq_base_swa")?.unwrap_or(rope_freq_base);
         let logit_scale = get_f32(g, "logit_scale")?;
-        let softcap = get_opt_f32(g, "final_logit_softcapping")?;
+        let softcap = get_f32(g, "final_logit_softcapping")?;
 
         // Widths the kernels index with 32-bit integers, products that cannot wrap, positions that
         // stay below u32::MAX (the caches' empty-slot marker), and no more layers than the file
@@ -274,17 +278,13 @@ impl MuseConfig {
                 "rope.freq_base = {rope_freq_base} / rope.freq_base_swa = {rope_freq_base_swa}, expected > 0"
             )));
         }
-        if let Some(c) = softcap {
-            if !(c > 0.0) {
-                // llama.cpp treats 0 as "no cap"; any other non-positive value is meaningless.
-                if c != 0.0 {
-                    return Err(Error::Config(format!(
-                        "final_logit_softcapping = {c}, expected > 0"
-                    )));
-                }
-            }
+        // llama.cpp treats 0 as "no cap"; any other non-positive value is meaningless.
+        if !(softcap > 0.0) && softcap != 0.0 {
+            return Err(Error::Config(format!(
+                "final_logit_softcapping = {softcap}, expected > 0 (or 0: no cap)"
+            )));
         }
-        let softcap = softcap.filter(|&c| c != 0.0);
+        let softcap = Some(softcap).filter(|&c| c != 0.0);
         if let Some(v) = g.get(&key("rope.dimension_count")) {
             match v.as_i64() {
                 Some(n) if n as usize == head_dim => {}

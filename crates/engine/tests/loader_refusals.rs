@@ -90,6 +90,7 @@ fn every_required_key_is_required() {
         "muse-glimmer.attention.sliding_window_pattern",
         "muse-glimmer.rope.freq_base",
         "muse-glimmer.logit_scale",
+        "muse-glimmer.final_logit_softcapping",
         "tokenizer.ggml.tokens",
     ] {
         let kv2: Vec<_> = kv.iter().filter(|(k, _)| k != key).cloned().collect();

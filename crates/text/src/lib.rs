@@ -53,6 +53,6 @@ pub use atem::{AtemStream, ChatDelta, ParsedMessage, ToolCallParser};
 pub use error::{Result, TextError};
 pub use message::{FunctionCall, FunctionDef, Message, Tool, ToolCall};
 pub use stream::{StopReason, StreamDecoder};
-pub use template::{ChatTemplate, KNOWN_ROLES};
+pub use template::{ChatTemplate, KNOWN_ROLES, TEMPLATE_FUEL};
 pub use tokenizer::{DEFAULT_MAX_INPUT_BYTES, LLAMA3_REGEX, LLAMA4_REGEX, Tokenizer};
 pub use vocab::{PreTokenizer, TokenType, Vocab};

@@ -39,6 +39,13 @@ pub struct ChatTemplate {
     specials: Map<String, Json>,
 }
 
+/// The fuel of one rendering (minijinja's `fuel`: about one per instruction and one per 64
+/// bytes of data created). Muse Glimmer's template renders 30,000 messages with a tool within
+/// it (`template_golden.rs`, `a_hostile_template_runs_out_of_fuel`): more than any context holds
+/// (at 131,072 tokens and at least 5 tokens a message, 26,215), while a runaway loop stops after
+/// about a second of work on one core.
+pub const TEMPLATE_FUEL: u64 = 40_000_000;
+
 impl ChatTemplate {
     /// Compiles `source`; `origin` names it in errors ("tokenizer.chat_template", a path).
     pub fn new(source: impl Into<String>, origin: impl Into<String>) -> Result<Self> {
@@ -52,6 +59,9 @@ impl ChatTemplate {
             .map_err(|e| TextError::Template(e.to_string()))?;
         env.set_syntax(syntax);
         env.set_auto_escape_callback(|_| AutoEscape::None);
+        // A template comes from the file (or a path): its loops are bounded by fuel, so a
+        // hostile one ends in an error instead of holding a request (or the server) forever.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_formatter(python_formatter);
         env.add_filter("tojson", tojson);

@@ -186,6 +186,48 @@ impl Vocab {
                 "'tokenizer.ggml.add_space_prefix' is true: llama.cpp then drops a leading space when it detokenizes a BPE vocabulary, which Muser does not do".into(),
             ));
         }
+        // llama.cpp appends EOS to every tokenized prompt when `add_eos_token` is true
+        // (llama-vocab.cpp, the BPE branch of `tokenize`); Muser does not. False, or absent, is
+        // what the converter writes for Muse Glimmer's vocabulary; true is refused.
+        if flag("tokenizer.ggml.add_eos_token", false)? {
+            return Err(TextError::Unsupported(
+                "'tokenizer.ggml.add_eos_token' is true: llama.cpp then appends EOS to every prompt, which Muser does not do".into(),
+            ));
+        }
+        // llama.cpp's sampler never draws the tokens `suppress_tokens` lists (their logits set
+        // to -inf: llama-vocab.cpp, common/sampling.cpp); Muser's samplers know no such list,
+        // so a file that names any is refused rather than sampled differently.
+        match g.get("tokenizer.ggml.suppress_tokens") {
+            None => {}
+            Some(Value::Array(a)) if a.is_empty() => {}
+            Some(v) => {
+                return Err(TextError::Unsupported(format!(
+                    "'tokenizer.ggml.suppress_tokens' = {}: tokens llama.cpp never samples; Muser does not implement that list",
+                    v.summary(4)
+                )));
+            }
+        }
+        // Byte-level BPE spells any text with its 256 byte characters; a vocabulary that lacks
+        // one cannot encode text holding that byte (llama.cpp fails there, transformers drops
+        // the byte): refused here, with the first missing byte named.
+        {
+            let singles: std::collections::HashSet<char> = tokens
+                .iter()
+                .filter_map(|t| {
+                    let mut c = t.chars();
+                    match (c.next(), c.next()) {
+                        (Some(ch), None) => Some(ch),
+                        _ => None,
+                    }
+                })
+                .collect();
+            if let Some(b) = (0..=255u8).find(|&b| !singles.contains(&crate::byte_level::byte_to_char(b))) {
+                return Err(TextError::Vocab(format!(
+                    "'{KEY_TOKENS}' lacks the byte-level token for byte 0x{b:02x} ({:?}): text holding that byte could not be encoded",
+                    crate::byte_level::byte_to_char(b)
+                )));
+            }
+        }
         let eot = id("tokenizer.ggml.eot_token_id")?;
         if pre == PreTokenizer::Llama4 && eot.is_none() {
             // Muse Glimmer ends every turn with <|eot|>: without its id generation would run

@@ -269,3 +269,36 @@ fn a_developer_message_is_the_system_prompt() {
         .to_string();
     assert!(e.contains("message 1") && e.contains("developer"), "{e}");
 }
+
+/// A template in a file can loop without end: its rendering runs on fuel
+/// (`muser_text::TEMPLATE_FUEL`) and ends in an error that says so, while Muse Glimmer's own
+/// template renders a conversation longer than any context (30,000 messages with tools).
+#[test]
+fn a_hostile_template_runs_out_of_fuel() {
+    let hostile = ChatTemplate::new(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% for k in range(100000) %}x{% endfor %}{% endfor %}{% endfor %}",
+        "test",
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    let err = hostile
+        .render(&json!([{"role": "user", "content": "hi"}]), None, true, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("fuel"), "{err}");
+    assert!(t0.elapsed().as_secs() < 60, "took {:?}", t0.elapsed());
+    let (t, _) = setup();
+    let messages: Vec<Value> = (0..30_000)
+        .map(|i| {
+            json!({"role": if i % 2 == 0 { "user" } else { "assistant" },
+                   "content": format!("message {i} with a few words of text")})
+        })
+        .collect();
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Weather", "parameters": {"type": "object",
+        "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+    let out = t
+        .render(&Value::Array(messages), Some(&tools), true, None)
+        .unwrap();
+    assert!(out.contains("message 29999"));
+}

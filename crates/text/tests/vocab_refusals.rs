@@ -82,3 +82,47 @@ fn missing_types_unknown_types_and_mistyped_flags_are_refused() {
             .is_ok()
     );
 }
+
+/// Keys llama.cpp acts on and Muser does not implement: a true `add_eos_token` (EOS appended to
+/// every prompt) and a `suppress_tokens` list (never sampled); and a vocabulary without one of
+/// the 256 byte-level tokens (that byte could not be encoded).
+#[test]
+fn appended_eos_suppressed_tokens_and_missing_bytes_are_refused() {
+    refused(
+        |kv| kv.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(true))),
+        &["tokenizer.ggml.add_eos_token", "appends EOS"],
+    );
+    assert!(
+        edited(|kv| kv.push(("tokenizer.ggml.add_eos_token".into(), Value::Bool(false)))).is_ok()
+    );
+    refused(
+        |kv| {
+            kv.push((
+                "tokenizer.ggml.suppress_tokens".into(),
+                Value::Array(Array::I32(vec![5, 7])),
+            ))
+        },
+        &["tokenizer.ggml.suppress_tokens"],
+    );
+    assert!(
+        edited(|kv| kv.push((
+            "tokenizer.ggml.suppress_tokens".into(),
+            Value::Array(Array::I32(vec![]))
+        )))
+        .is_ok()
+    );
+    // 'z' renamed: byte 0x7a has no token.
+    refused(
+        |kv| {
+            for (k, v) in kv.iter_mut() {
+                if k == "tokenizer.ggml.tokens"
+                    && let Value::Array(Array::String(t)) = v
+                {
+                    let i = t.iter().position(|s| s == "z").unwrap();
+                    t[i] = "z-renamed".into();
+                }
+            }
+        },
+        &["byte 0x7a"],
+    );
+}
