@@ -68,8 +68,7 @@ pub fn run(a: Args) -> CliResult {
             println!(
                 "  logit_scale {}  softcap {}",
                 c.logit_scale,
-                c.softcap
-                    .map_or("none (0)".to_string(), |v| v.to_string())
+                c.softcap.map_or("none (0)".to_string(), |v| v.to_string())
             );
             let kinds: String = c
                 .layer_kinds

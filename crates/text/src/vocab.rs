@@ -221,7 +221,9 @@ impl Vocab {
                     }
                 })
                 .collect();
-            if let Some(b) = (0..=255u8).find(|&b| !singles.contains(&crate::byte_level::byte_to_char(b))) {
+            if let Some(b) =
+                (0..=255u8).find(|&b| !singles.contains(&crate::byte_level::byte_to_char(b)))
+            {
                 return Err(TextError::Vocab(format!(
                     "'{KEY_TOKENS}' lacks the byte-level token for byte 0x{b:02x} ({:?}): text holding that byte could not be encoded",
                     crate::byte_level::byte_to_char(b)

@@ -282,7 +282,12 @@ fn a_hostile_template_runs_out_of_fuel() {
     .unwrap();
     let t0 = std::time::Instant::now();
     let err = hostile
-        .render(&json!([{"role": "user", "content": "hi"}]), None, true, None)
+        .render(
+            &json!([{"role": "user", "content": "hi"}]),
+            None,
+            true,
+            None,
+        )
         .unwrap_err()
         .to_string();
     assert!(err.contains("fuel"), "{err}");

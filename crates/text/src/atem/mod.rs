@@ -80,13 +80,14 @@ impl ToolCallParser {
             tools: HashMap::new(),
             extract_reasoning: true,
         };
+        let mut budget = schema::VISIT_BUDGET;
         for t in tools {
             let params = t.function.parameters.clone().unwrap_or(Value::Null);
             let props = params.get("properties").and_then(Value::as_object);
             let kinds = props
                 .into_iter()
                 .flatten()
-                .map(|(name, s)| (name.clone(), schema::may_be_string(s, &params)))
+                .map(|(name, s)| (name.clone(), schema::may_be_string(s, &params, &mut budget)))
                 .collect();
             p.tools.insert(t.function.name.clone(), kinds);
         }

@@ -8,85 +8,128 @@ use serde_json::Value;
 
 const MAX_DEPTH: usize = 32;
 
+/// Schema nodes the questions of one request's tools may visit together. A request's schema is
+/// the client's: references that fan out (`anyOf` of the same `$ref`, nested) would otherwise
+/// cost branches^depth visits, so once the budget is spent every answer is "not a string", as
+/// for a cycle.
+pub const VISIT_BUDGET: usize = 200_000;
+
 /// `schema` may validate a string. `root` is the document `$ref`s point into (the tool's
-/// `parameters`). Cycles and unresolvable references count as "not a string", as in llama.cpp.
-pub fn may_be_string(schema: &Value, root: &Value) -> bool {
-    check(schema, root, 0)
+/// `parameters`). Cycles (a reference to a target already on the path, as llama.cpp's
+/// `may_be_string_impl` keeps them), unresolvable references, and a spent `budget` (schema
+/// nodes left to visit, shared by a request's questions) count as "not a string".
+pub fn may_be_string(schema: &Value, root: &Value, budget: &mut usize) -> bool {
+    let mut walk = Walk {
+        root,
+        path: Vec::new(),
+        left: *budget,
+    };
+    let found = walk.check(schema, 0);
+    *budget = walk.left;
+    found
 }
 
-fn check(schema: &Value, root: &Value, depth: usize) -> bool {
-    let Some(s) = schema.as_object() else {
-        return false;
-    };
-    if depth > MAX_DEPTH {
-        return false;
-    }
-    if let Some(r) = s.get("$ref") {
-        return r
-            .as_str()
-            .and_then(|r| resolve(r, root))
-            .is_some_and(|t| check(t, root, depth + 1));
-    }
-    if let Some(alts) = s.get("oneOf").or_else(|| s.get("anyOf")) {
-        return alts
-            .as_array()
-            .is_some_and(|a| a.iter().any(|c| check(c, root, depth + 1)));
-    }
-    // {"type": ["a", "b"], ...} is {"anyOf": [{"type": "a", ...}, {"type": "b", ...}]}.
-    if let Some(Value::Array(types)) = s.get("type") {
-        return types.iter().any(|t| {
-            let mut alt = s.clone();
-            alt.insert("type".into(), t.clone());
-            check(&Value::Object(alt), root, depth + 1)
-        });
-    }
-    if let Some(c) = s.get("const") {
-        return c.is_string();
-    }
-    if let Some(e) = s.get("enum") {
-        return e.as_array().is_some_and(|a| a.iter().any(Value::is_string));
-    }
-    let has_properties = s.contains_key("properties")
-        || s.get("additionalProperties")
-            .is_some_and(|a| *a != Value::Bool(true));
-    match s.get("type").and_then(Value::as_str) {
-        None => {
-            if has_properties {
-                false
-            } else if let Some(all) = s.get("allOf") {
-                all_of(all, root, depth)
-            } else if s.contains_key("items") || s.contains_key("prefixItems") {
-                false
-            } else {
-                ["pattern", "minLength", "maxLength", "format"]
-                    .iter()
-                    .any(|k| s.contains_key(*k))
-            }
-        }
-        Some("string") => s.get("allOf").is_none_or(|all| all_of(all, root, depth)),
-        Some("object") if !has_properties => {
-            s.get("allOf").is_some_and(|all| all_of(all, root, depth))
-        }
-        Some(_) => false,
-    }
+struct Walk<'a> {
+    root: &'a Value,
+    /// The `$ref` targets on the path from the question's schema to here.
+    path: Vec<*const Value>,
+    /// Nodes left to visit.
+    left: usize,
 }
 
-/// Every child that constrains anything must allow a string, and one must.
-fn all_of(all: &Value, root: &Value, depth: usize) -> bool {
-    let Some(children) = all.as_array() else {
-        return false;
-    };
-    let mut any_string = false;
-    for c in children {
-        if is_any(c) {
-            continue;
-        }
-        if !check(c, root, depth + 1) {
+impl<'a> Walk<'a> {
+    fn check(&mut self, schema: &'a Value, depth: usize) -> bool {
+        let Some(s) = schema.as_object() else {
+            return false;
+        };
+        if depth > MAX_DEPTH || self.left == 0 {
             return false;
         }
-        any_string = true;
+        self.left -= 1;
+        if let Some(r) = s.get("$ref") {
+            let Some(t) = r.as_str().and_then(|r| resolve(r, self.root)) else {
+                return false;
+            };
+            let key: *const Value = t;
+            if self.path.contains(&key) {
+                return false;
+            }
+            self.path.push(key);
+            let found = self.check(t, depth + 1);
+            self.path.pop();
+            return found;
+        }
+        if let Some(alts) = s.get("oneOf").or_else(|| s.get("anyOf")) {
+            return alts
+                .as_array()
+                .is_some_and(|a| a.iter().any(|c| self.check(c, depth + 1)));
+        }
+        // {"type": ["a", "b"], ...} is {"anyOf": [{"type": "a", ...}, {"type": "b", ...}]}.
+        if let Some(Value::Array(types)) = s.get("type") {
+            return types.iter().any(|t| {
+                let mut alt = s.clone();
+                alt.insert("type".into(), t.clone());
+                // The variant is a new value: its own references resolve in root as before.
+                let alt = Value::Object(alt);
+                let mut inner = Walk {
+                    root: self.root,
+                    path: std::mem::take(&mut self.path),
+                    left: self.left,
+                };
+                let found = inner.check(&alt, depth + 1);
+                self.path = inner.path;
+                self.left = inner.left;
+                found
+            });
+        }
+        if let Some(c) = s.get("const") {
+            return c.is_string();
+        }
+        if let Some(e) = s.get("enum") {
+            return e.as_array().is_some_and(|a| a.iter().any(Value::is_string));
+        }
+        let has_properties = s.contains_key("properties")
+            || s.get("additionalProperties")
+                .is_some_and(|a| *a != Value::Bool(true));
+        match s.get("type").and_then(Value::as_str) {
+            None => {
+                if has_properties {
+                    false
+                } else if let Some(all) = s.get("allOf") {
+                    self.all_of(all, depth)
+                } else if s.contains_key("items") || s.contains_key("prefixItems") {
+                    false
+                } else {
+                    ["pattern", "minLength", "maxLength", "format"]
+                        .iter()
+                        .any(|k| s.contains_key(*k))
+                }
+            }
+            Some("string") => s.get("allOf").is_none_or(|all| self.all_of(all, depth)),
+            Some("object") if !has_properties => {
+                s.get("allOf").is_some_and(|all| self.all_of(all, depth))
+            }
+            Some(_) => false,
+        }
     }
-    any_string
+
+    /// Every child that constrains anything must allow a string, and one must.
+    fn all_of(&mut self, all: &'a Value, depth: usize) -> bool {
+        let Some(children) = all.as_array() else {
+            return false;
+        };
+        let mut any_string = false;
+        for c in children {
+            if is_any(c) {
+                continue;
+            }
+            if !self.check(c, depth + 1) {
+                return false;
+            }
+            any_string = true;
+        }
+        any_string
+    }
 }
 
 /// A schema that llama.cpp builds as "any": no keyword that constrains the kind of value.
@@ -168,7 +211,51 @@ mod tests {
             (json!({"type": "string", "allOf": [{"minLength": 1}]}), true),
             (json!(true), false),
         ] {
-            assert_eq!(may_be_string(&schema, &root), want, "{schema}");
+            assert_eq!(
+                may_be_string(&schema, &root, &mut VISIT_BUDGET.clone()),
+                want,
+                "{schema}"
+            );
         }
+    }
+
+    /// References that fan out (each `anyOf` of four references to itself) are cut at the
+    /// cycle, and a wide acyclic fan-out (4^12 paths) at the request's visit budget: both answer
+    /// at once.
+    #[test]
+    fn fanning_references_answer_at_once() {
+        let t0 = std::time::Instant::now();
+        let root = json!({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/a"},
+            {"$ref": "#/$defs/a"}, {"$ref": "#/$defs/a"}]}}});
+        let mut budget = VISIT_BUDGET;
+        assert!(!may_be_string(
+            &json!({"$ref": "#/$defs/a"}),
+            &root,
+            &mut budget
+        ));
+        let mut defs = serde_json::Map::new();
+        for i in 0..12 {
+            let next = format!("#/$defs/d{}", i + 1);
+            defs.insert(
+                format!("d{i}"),
+                json!({"anyOf": [{"$ref": next}, {"$ref": next}, {"$ref": next}, {"$ref": next}]}),
+            );
+        }
+        defs.insert("d12".into(), json!({"type": "number"}));
+        let root = json!({"$defs": defs});
+        assert!(!may_be_string(
+            &json!({"$ref": "#/$defs/d0"}),
+            &root,
+            &mut budget
+        ));
+        assert_eq!(budget, 0, "the acyclic fan-out spends the budget");
+        // A string at the end of one short path is still found.
+        let root = json!({"$defs": {"s": {"anyOf": [{"$ref": "#/$defs/s"}, {"type": "string"}]}}});
+        assert!(may_be_string(
+            &json!({"$ref": "#/$defs/s"}),
+            &root,
+            &mut VISIT_BUDGET.clone()
+        ));
+        assert!(t0.elapsed().as_secs() < 5, "{:?}", t0.elapsed());
     }
 }
