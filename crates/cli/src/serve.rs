@@ -52,6 +52,10 @@ pub struct Args {
     /// Seconds in-flight requests get to finish on SIGTERM before they are cancelled.
     #[arg(long = "shutdown-timeout", default_value_t = 30)]
     pub shutdown_timeout: u64,
+    /// Seconds a stream may go without its client taking anything it was sent before its
+    /// sequence is cancelled and its slot given to the next request.
+    #[arg(long = "stall-timeout", default_value_t = 60)]
+    pub stall_timeout: u64,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -108,6 +112,7 @@ pub fn run(a: Args) -> CliResult {
             kv_type,
             kv_budget_bytes,
             prefix_reuse: !a.no_prefix_reuse,
+            stall_timeout: Duration::from_secs(a.stall_timeout),
         },
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes,

@@ -557,6 +557,7 @@ async fn prefix_reuse_answers_as_a_fresh_run() {
     let s = Server::start(Opts::default()).await;
     let fresh = Server::start(Opts {
         prefix_reuse: false,
+        stall_timeout: std::time::Duration::from_secs(60),
         ..Opts::default()
     })
     .await;

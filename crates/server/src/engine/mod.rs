@@ -37,6 +37,10 @@ pub struct EngineConfig {
     /// Keep a finished sequence's cache in its slot, and start a new sequence whose prompt
     /// begins with the same tokens in that slot, from where they end (prefix reuse).
     pub prefix_reuse: bool,
+    /// A sequence whose client has taken none of its queued events for this long (a stream
+    /// nobody reads) is cancelled: its slot and KV go to the next request. Finished answers
+    /// waiting for such a client are dropped after it too.
+    pub stall_timeout: std::time::Duration,
 }
 
 /// One choice of a request: its prompt and its sampler.

@@ -48,6 +48,8 @@ struct Seq {
     decoder: StreamDecoder,
     /// Events not yet taken by the client (the channel was full): the sequence waits for them.
     outbox: VecDeque<Event>,
+    /// Since when the client has taken none of `outbox` (None: it took everything).
+    stalled_since: Option<Instant>,
     slot: usize,
     /// KV bytes reserved at admission (the worst case of prompt + max_tokens).
     reserve: usize,
@@ -93,7 +95,7 @@ pub(super) struct Worker<B: Backend> {
     /// The last step's logits (reused: `forward_into`).
     logits: Vec<f32>,
     /// Final events of finished sequences whose clients have not read them yet.
-    draining: Vec<(tokio::sync::mpsc::Sender<Event>, VecDeque<Event>)>,
+    draining: Vec<(tokio::sync::mpsc::Sender<Event>, VecDeque<Event>, Instant)>,
     shutdown: Option<Instant>,
     /// Tokens generated since `rate_since` (the tokens/s gauge).
     rate_tokens: usize,
@@ -248,6 +250,7 @@ impl<B: Backend> Worker<B> {
                 sampler: Sampler::new(params),
                 decoder: StreamDecoder::new(job.skip_special, job.stops.iter().cloned()),
                 outbox: VecDeque::new(),
+                stalled_since: None,
                 slot: usize::MAX,
                 reserve: self.shared.cost.bytes(positions),
                 arrived,
@@ -288,7 +291,7 @@ impl<B: Backend> Worker<B> {
             }
         }
         self.release_done();
-        self.draining.retain(|(tx, _)| !tx.is_closed());
+        self.draining.retain(|(tx, _, _)| !tx.is_closed());
     }
 
     /// Move waiting sequences into free slots, oldest first, while the KV budget holds them
@@ -438,8 +441,11 @@ impl<B: Backend> Worker<B> {
     fn finish_unadmitted(&mut self, mut s: Seq) {
         self.shared.active.fetch_sub(1, Ordering::SeqCst);
         if !s.outbox.is_empty() {
-            self.draining
-                .push((s.job.tx.clone(), std::mem::take(&mut s.outbox)));
+            self.draining.push((
+                s.job.tx.clone(),
+                std::mem::take(&mut s.outbox),
+                Instant::now(),
+            ));
         }
     }
 
@@ -775,23 +781,47 @@ impl<B: Backend> Worker<B> {
             self.reserved -= s.reserve;
             self.shared.active.fetch_sub(1, Ordering::SeqCst);
             if !s.outbox.is_empty() {
-                self.draining
-                    .push((s.job.tx.clone(), std::mem::take(&mut s.outbox)));
+                self.draining.push((
+                    s.job.tx.clone(),
+                    std::mem::take(&mut s.outbox),
+                    Instant::now(),
+                ));
             }
         }
         // Keep admission order (swap_remove moved the last one): older sequences prompt first.
         self.running.sort_by_key(|s| s.arrived);
     }
 
-    /// Hand queued events to the clients; a closed channel cancels its sequences next step.
+    /// Hand queued events to the clients; a closed channel cancels its sequences next step, and
+    /// so does a client that has taken nothing for `stall_timeout` (its stream is never read:
+    /// without this it would hold its slot, and with `--parallel` such clients every slot).
     fn flush(&mut self) {
+        let limit = self.cfg.stall_timeout;
+        let now = Instant::now();
         for s in &mut self.running {
-            if send_all(&s.job.tx, &mut s.outbox) == Sent::Closed && !s.done {
-                cancel(s);
+            let before = s.outbox.len();
+            match send_all(&s.job.tx, &mut s.outbox) {
+                Sent::Closed if !s.done => cancel(s),
+                Sent::Blocked => {
+                    if s.outbox.len() < before {
+                        s.stalled_since = Some(now);
+                    }
+                    let since = *s.stalled_since.get_or_insert(now);
+                    if now.duration_since(since) >= limit && !s.done {
+                        stalled(s, limit);
+                    }
+                }
+                _ => s.stalled_since = None,
             }
         }
-        self.draining
-            .retain_mut(|(tx, q)| send_all(tx, q) == Sent::Blocked);
+        self.draining.retain_mut(|(tx, q, since)| {
+            let before = q.len();
+            let blocked = send_all(tx, q) == Sent::Blocked;
+            if q.len() < before {
+                *since = now;
+            }
+            blocked && now.duration_since(*since) < limit
+        });
         self.release_done();
     }
 
@@ -864,6 +894,16 @@ fn cancel(s: &mut Seq) {
     metrics::counter!("muser_sequences_finished_total", "reason" => "cancelled").increment(1);
     s.done = true;
     s.outbox.clear();
+}
+
+/// The client has taken nothing for `limit`: end the sequence (its slot is freed by
+/// `release_done`; what it queued is dropped).
+fn stalled(s: &mut Seq, limit: Duration) {
+    tracing::warn!(request_id = %s.job.request_id, choice = s.index, generated = s.generated, seconds = limit.as_secs_f64(), "cancelled: the client took nothing it was sent");
+    metrics::counter!("muser_sequences_finished_total", "reason" => "stalled").increment(1);
+    s.done = true;
+    s.outbox.clear();
+    s.stalled_since = None;
 }
 
 #[derive(PartialEq)]

@@ -35,6 +35,7 @@ pub struct Opts {
     /// Tokens chosen through `Backend::draw_rows` (a GPU's draw), not the host sampler.
     pub row_draws: bool,
     pub prefix_reuse: bool,
+    pub stall_timeout: Duration,
     /// `--kv-budget-mib` in bytes (None: `--parallel` full contexts).
     pub kv_budget: Option<usize>,
 }
@@ -53,6 +54,7 @@ impl Default for Opts {
             grace: Duration::from_secs(10),
             row_draws: false,
             prefix_reuse: true,
+            stall_timeout: Duration::from_secs(60),
             kv_budget: None,
         }
     }
@@ -85,6 +87,7 @@ impl Server {
                 kv_type: KvType::F16,
                 kv_budget_bytes: o.kv_budget,
                 prefix_reuse: o.prefix_reuse,
+                stall_timeout: o.stall_timeout,
             },
             api_key: o.api_key,
             max_body_bytes: o.max_body_bytes,
