@@ -167,6 +167,12 @@ async fn bad_requests_get_openai_errors_while_streams_run() {
             Some("stop"),
         ),
         (
+            "/v1/completions",
+            json!({"prompt": "p", "stop": ["ok", "y".repeat(1025)]}),
+            400,
+            Some("stop"),
+        ),
+        (
             chat,
             json!({"messages": hi, "tool_choice": "required", "tools": []}),
             400,
