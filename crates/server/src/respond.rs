@@ -70,10 +70,22 @@ fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     })
 }
 
-/// A token's text for logprobs: what it decodes to, special tokens included.
+/// A token's text for logprobs: what it decodes to, special tokens included; a token whose
+/// bytes are not whole UTF-8 (a piece of a character) as OpenAI writes it, "bytes:\\xe2\\x80",
+/// so that such tokens keep distinct names instead of all reading "\u{fffd}".
 fn token_text(tok: &Tokenizer, id: u32) -> (String, Vec<u8>) {
     let b = tok.piece(id, false).map(<[u8]>::to_vec).unwrap_or_default();
-    (String::from_utf8_lossy(&b).into_owned(), b)
+    let s = match std::str::from_utf8(&b) {
+        Ok(s) => s.to_string(),
+        Err(_) => {
+            let mut s = String::from("bytes:");
+            for x in &b {
+                s.push_str(&format!("\\x{x:02x}"));
+            }
+            s
+        }
+    };
+    (s, b)
 }
 
 /// Chat's `logprobs.content[i]`.
@@ -159,11 +171,11 @@ impl CompletionLogprobs {
     fn push(&mut self, tok: &Tokenizer, id: u32, lp: &TokenLogprob, offset: usize) {
         self.tokens.push(json!(token_text(tok, id).0));
         self.token_logprobs.push(json!(lp.logprob));
-        let top: Map<String, Value> = lp
-            .top
-            .iter()
-            .map(|&(t, l)| (token_text(tok, t).0, json!(l)))
-            .collect();
+        // Most likely first: where two tokens read the same, the map keeps the likelier one.
+        let mut top = Map::new();
+        for &(t, l) in &lp.top {
+            top.entry(token_text(tok, t).0).or_insert(json!(l));
+        }
         self.top_logprobs.push(Value::Object(top));
         self.text_offset.push(json!(offset));
     }

@@ -397,16 +397,36 @@ async fn logprobs_for_chat_and_completions() {
     assert_eq!(lp["text_offset"][0], 0);
     for (i, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
         let top = top.as_object().unwrap();
-        assert!(!top.is_empty() && top.len() <= 3);
+        // Three names: tokens that are pieces of a character read "bytes:\\x..", not all "\u{fffd}".
+        assert_eq!(top.len(), 3, "{top:?}");
         let best = top
             .values()
             .map(|x| x.as_f64().unwrap())
             .fold(f64::MIN, f64::max);
-        // Greedy: the chosen token is the most likely one. (Tokens with the same text share a
-        // key in this format, so the map may hold a less likely twin of the best.)
+        // Greedy: the chosen token is the most likely one, under its own name in the map.
         let chosen = lp["token_logprobs"][i].as_f64().unwrap();
-        assert!(chosen <= 0.0 && chosen >= best - 1e-5, "{chosen} vs {best}");
+        assert!(
+            chosen <= 0.0 && (chosen - best).abs() <= 1e-6,
+            "{chosen} vs {best}"
+        );
+        let name = lp["tokens"][i].as_str().unwrap();
+        assert_eq!(top[name].as_f64(), Some(chosen), "{name:?} in {top:?}");
     }
+    // "hi" at temperature 0 starts with a piece of a character on the test model: the greedy
+    // token's own entry, and 20 distinct alternatives.
+    let v = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "hi", "max_tokens": 1, "logprobs": 20, "temperature": 0}),
+        )
+        .await
+        .json();
+    let lp = &v["choices"][0]["logprobs"];
+    let top = lp["top_logprobs"][0].as_object().unwrap();
+    assert_eq!(top.len(), 20, "{top:?}");
+    let name = lp["tokens"][0].as_str().unwrap();
+    assert!(name.starts_with("bytes:\\x"), "{name:?}");
+    assert_eq!(top[name], lp["token_logprobs"][0], "{name:?} in {top:?}");
 
     let v = s
         .post(
