@@ -695,6 +695,41 @@ async fn kept_caches_count_against_the_kv_budget() {
     }
 }
 
+/// A prompt that shares only its first token with a kept conversation takes an empty slot, so
+/// the conversation is still there when it comes back (before, the one-token prefix won the
+/// slot and cut the conversation's cache to it).
+#[tokio::test]
+async fn a_one_token_prefix_does_not_take_a_kept_conversation() {
+    let s = Server::start(Opts {
+        parallel: 2,
+        ..Opts::default()
+    })
+    .await;
+    let a = s
+        .token_ids(
+            "Once upon a time a fox lived in a quiet wood near the river and sang",
+            Some(false),
+        )
+        .await;
+    let mut b = vec![a[0]];
+    b.extend(s.token_ids("Seven bakers argued", Some(false)).await);
+    assert_ne!(a[1], b[1]);
+    let run = |p: &Vec<u64>| {
+        let body = json!({"prompt": p, "max_tokens": 4, "temperature": 0, "ignore_eos": true});
+        let s = &s;
+        async move { s.post("/v1/completions", &body).await.json() }
+    };
+    run(&a).await;
+    run(&b).await;
+    let again = run(&a).await;
+    assert_eq!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap() as usize,
+        a.len() - 1
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_prompts_are_chunked_while_streams_run() {
     let s = Server::start(Opts {

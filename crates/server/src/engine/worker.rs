@@ -353,10 +353,14 @@ impl<B: Backend> Worker<B> {
 
     /// The free slot a prompt starts in (its index in `free`) and how many of its first tokens
     /// that slot's cache already holds: the longest reusable prefix (at most all but the last
-    /// prompt token, whose logits the sequence needs), else the least recently freed slot.
+    /// prompt token, whose logits the sequence needs) among the slots where it is at least half
+    /// of what the slot keeps; else an empty slot; else the least recently freed. (A prefix of a
+    /// token or two, a BOS, is no reason to throw away a long kept conversation while an empty
+    /// slot waits.)
     fn pick_slot(&self, prompt: &[u32]) -> Option<(usize, usize)> {
         let backend = &self.model.backend;
-        let mut best: Option<(usize, usize)> = None;
+        // (reuse that counts, the slot is empty, its index in `free`, reuse)
+        let mut best: Option<(usize, bool, usize, usize)> = None;
         for (fi, &slot) in self.free.iter().enumerate() {
             let mut reuse = 0;
             // (With reuse off, release_done has cleared every free slot's cache and history.)
@@ -371,18 +375,22 @@ impl<B: Backend> Worker<B> {
                     }
                 }
             }
+            let kept = self.slots[slot].as_ref().map_or(0, |kv| backend.kv_len(kv));
+            let counted = if 2 * reuse >= kept { reuse } else { 0 };
+            let empty = kept == 0;
             let better = match best {
                 None => true,
-                Some((bi, br)) => {
-                    reuse > br
-                        || (reuse == br && self.freed_at[slot] < self.freed_at[self.free[bi]])
+                Some((bc, be, bi, _)) => {
+                    (counted, empty) > (bc, be)
+                        || ((counted, empty) == (bc, be)
+                            && self.freed_at[slot] < self.freed_at[self.free[bi]])
                 }
             };
             if better {
-                best = Some((fi, reuse));
+                best = Some((counted, empty, fi, reuse));
             }
         }
-        best
+        best.map(|(_, _, fi, reuse)| (fi, reuse))
     }
 
     /// Whether a sequence reserving `need` bytes fits the budget in `slot`, beside the running
