@@ -394,13 +394,21 @@ impl GenRequest {
             Some(Value::Array(_)) => None,
             Some(_) => return Err(ApiError::invalid("tools", "tools must be an array")),
         };
+        const FORCED: &str = "tool_choice may be \"auto\" or \"none\": forcing a tool call needs constrained decoding, which this server does not have";
         match &self.tool_choice {
             None | Some(Value::Null) => Ok(tools),
             Some(Value::String(s)) if s == "auto" => Ok(tools),
             Some(Value::String(s)) if s == "none" => Ok(None),
-            Some(_) => Err(ApiError::unsupported(
+            // Forcing a call ("required", or a named function) is valid OpenAI, not implemented.
+            Some(Value::String(s)) if s == "required" => {
+                Err(ApiError::unsupported("tool_choice", FORCED))
+            }
+            Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+                Err(ApiError::unsupported("tool_choice", FORCED))
+            }
+            Some(_) => Err(ApiError::invalid(
                 "tool_choice",
-                "tool_choice may be \"auto\" or \"none\": forcing a tool call needs constrained decoding, which this server does not have",
+                "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
             )),
         }
     }

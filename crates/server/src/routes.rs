@@ -132,8 +132,10 @@ async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response 
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+            // The scheme is case-insensitive (RFC 7235): "bearer K" is "Bearer K".
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, k)| k.trim());
         if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
             return ApiError::unauthorized().into_response();
         }

@@ -848,6 +848,18 @@ async fn api_key_is_required_when_set() {
     )
     .await;
     assert_eq!(ok.status, 200);
+    // The scheme is case-insensitive (RFC 7235).
+    for scheme in ["bearer", "BEARER"] {
+        let ok = request(
+            &s.addr,
+            "GET",
+            "/v1/models",
+            &[("Authorization", &format!("{scheme} sekrit-key"))],
+            b"",
+        )
+        .await;
+        assert_eq!(ok.status, 200, "{scheme}");
+    }
     let body = json!({"prompt": "x", "max_tokens": 1}).to_string();
     let r = request(&s.addr, "POST", "/v1/completions", &[], body.as_bytes()).await;
     r.openai_error(401);

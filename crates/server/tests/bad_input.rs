@@ -271,6 +271,22 @@ async fn bad_requests_get_openai_errors_while_streams_run() {
         let e = r.openai_error(status);
         assert_eq!(e["param"].as_str(), param, "{path} {body}: {e}");
     }
+    // A tool_choice OpenAI defines but Muser does not implement, against one that means nothing.
+    for (choice, code) in [
+        (json!("required"), "unsupported_value"),
+        (
+            json!({"type": "function", "function": {"name": "f"}}),
+            "unsupported_value",
+        ),
+        (json!("bogus"), "invalid_value"),
+        (json!(7), "invalid_value"),
+    ] {
+        let e = s
+            .post(chat, &json!({"messages": hi, "tool_choice": choice}))
+            .await
+            .openai_error(400);
+        assert_eq!(e["code"], code, "{choice}: {e}");
+    }
     // Over the body limit: 413, whether the length is announced or not.
     let big = json!({"prompt": "x".repeat(100 << 10)}).to_string();
     let r = request(&s.addr, "POST", comp, &[], big.as_bytes()).await;
