@@ -6,6 +6,7 @@
 //! wrapped in two private-use markers before rendering; after rendering, marked tokens are encoded
 //! as plain text and everything else (the template's own tokens) normally.
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use serde_json::Value as Json;
 
 use crate::error::{Result, TextError};
@@ -17,17 +18,32 @@ pub const MARK_END: char = '\u{F0001}';
 
 /// The tokens that user text may not produce: every special token, and every added token that
 /// the template writes itself (`_get_control_tokens`; the template's text stands in for jinja's
-/// literal nodes), longest first so a token wins over the tokens it contains.
-pub fn control_tokens(tok: &Tokenizer, template_source: &str) -> Vec<String> {
-    let mut v: Vec<String> = added_tokens(tok)
+/// literal nodes), found leftmost-longest, so a token wins over the tokens it contains (as
+/// transformers' alternation of them, longest first).
+pub struct Controls {
+    /// None when there are no such tokens.
+    matcher: Option<AhoCorasick>,
+}
+
+pub fn control_tokens(tok: &Tokenizer, template_source: &str) -> Result<Controls> {
+    let v: Vec<&str> = added_tokens(tok)
         .filter(|(t, ty)| {
-            *ty == TokenType::Control
-                || (template_source.contains(t.as_str()) && !t.trim().is_empty())
+            !t.is_empty()
+                && (*ty == TokenType::Control
+                    || (template_source.contains(t.as_str()) && !t.trim().is_empty()))
         })
-        .map(|(t, _)| t.to_string())
+        .map(|(t, _)| t.as_str())
         .collect();
-    v.sort_by_key(|t| std::cmp::Reverse(t.len()));
-    v
+    if v.is_empty() {
+        return Ok(Controls { matcher: None });
+    }
+    let matcher = AhoCorasick::builder()
+        .match_kind(MatchKind::LeftmostLongest)
+        .build(&v)
+        .map_err(|e| TextError::Vocab(format!("control tokens: {e}")))?;
+    Ok(Controls {
+        matcher: Some(matcher),
+    })
 }
 
 fn added_tokens(tok: &Tokenizer) -> impl Iterator<Item = (&String, TokenType)> {
@@ -39,64 +55,67 @@ fn added_tokens(tok: &Tokenizer) -> impl Iterator<Item = (&String, TokenType)> {
 }
 
 /// Wraps control tokens in every string of `v` (not in object keys), after removing stray markers.
-pub fn mark(v: &mut Json, tokens: &[String]) {
+pub fn mark(v: &mut Json, controls: &Controls) {
     match v {
-        Json::String(s) => *s = mark_str(s, tokens),
-        Json::Array(a) => a.iter_mut().for_each(|x| mark(x, tokens)),
-        Json::Object(o) => o.values_mut().for_each(|x| mark(x, tokens)),
+        Json::String(s) => *s = mark_str(s, controls),
+        Json::Array(a) => a.iter_mut().for_each(|x| mark(x, controls)),
+        Json::Object(o) => o.values_mut().for_each(|x| mark(x, controls)),
         _ => {}
     }
 }
 
-fn mark_str(s: &str, tokens: &[String]) -> String {
+/// One pass over the text (it was a scan of every control token at every character: 9 s for a
+/// megabyte with the real vocabulary's 2,048 of them).
+fn mark_str(s: &str, controls: &Controls) -> String {
     let s: String = s
         .chars()
         .filter(|&c| c != MARK_START && c != MARK_END)
         .collect();
+    let Some(m) = &controls.matcher else {
+        return s;
+    };
     let mut out = String::with_capacity(s.len());
-    let mut i = 0;
-    while i < s.len() {
-        if let Some(t) = tokens.iter().find(|t| s[i..].starts_with(t.as_str())) {
-            out.push(MARK_START);
-            out.push_str(t);
-            out.push(MARK_END);
-            i += t.len();
-        } else {
-            let c = s[i..].chars().next().unwrap_or(' ');
-            out.push(c);
-            i += c.len_utf8();
-        }
+    let mut last = 0;
+    for found in m.find_iter(&s) {
+        out.push_str(&s[last..found.start()]);
+        out.push(MARK_START);
+        out.push_str(&s[found.start()..found.end()]);
+        out.push(MARK_END);
+        last = found.end();
     }
+    out.push_str(&s[last..]);
     out
 }
 
 /// Encodes a chat rendered from marked inputs, exactly as `encode_marked_chat`: the text is cut
 /// at every marker; marked tokens are encoded as plain text, other pieces with special tokens.
 pub fn encode_marked(tok: &Tokenizer, chat: &str) -> Result<Vec<u32>> {
-    let mut all: Vec<&str> = added_tokens(tok).map(|(t, _)| t.as_str()).collect();
-    all.sort_by_key(|t| std::cmp::Reverse(t.len()));
-    // (piece, is a marked token)
-    let mut pieces: Vec<(&str, bool)> = Vec::new();
+    // The added tokens by text (the first id of a text, as `token_id`).
+    let mut added: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
+    let v = tok.vocab();
+    for (i, (t, ty)) in v.tokens.iter().zip(&v.types).enumerate() {
+        if matches!(ty, TokenType::Control | TokenType::UserDefined) {
+            added.entry(t.as_str()).or_insert(i as u32);
+        }
+    }
+    // (piece, the id of the added token it is when it was marked)
+    let mut pieces: Vec<(&str, Option<u32>)> = Vec::new();
     let mut text_start = 0;
     let mut i = 0;
     while i < chat.len() {
         let rest = &chat[i..];
         let c = rest.chars().next().unwrap_or(' ');
         if c == MARK_START || c == MARK_END {
-            pieces.push((&chat[text_start..i], false));
+            pieces.push((&chat[text_start..i], None));
             let after = &rest[c.len_utf8()..];
+            // A marked token: an added token's text, then MARK_END.
             let marked = (c == MARK_START)
-                .then(|| {
-                    all.iter().find(|t| {
-                        after
-                            .strip_prefix(**t)
-                            .is_some_and(|r| r.starts_with(MARK_END))
-                    })
-                })
-                .flatten();
+                .then(|| after.find(MARK_END).map(|e| &after[..e]))
+                .flatten()
+                .and_then(|t| added.get(t).map(|&id| (t, id)));
             match marked {
-                Some(t) => {
-                    pieces.push((t, true));
+                Some((t, id)) => {
+                    pieces.push((t, Some(id)));
                     i += c.len_utf8() + t.len() + MARK_END.len_utf8();
                 }
                 // A lone marker: dropped, but it still separates the text around it.
@@ -107,26 +126,33 @@ pub fn encode_marked(tok: &Tokenizer, chat: &str) -> Result<Vec<u32>> {
             i += c.len_utf8();
         }
     }
-    pieces.push((&chat[text_start..], false));
+    pieces.push((&chat[text_start..], None));
 
     let newline = tok.encode("\n", false, true)?;
     let mut ids = tok.encode(pieces[0].0, false, true)?;
-    for &(piece, as_text) in &pieces[1..] {
+    for &(piece, marked) in &pieces[1..] {
         if piece.is_empty() {
             continue;
         }
+        let as_text = marked.is_some();
         // transformers encodes "\n" + piece and strips the newline's ids (a SentencePiece
         // workaround that also decides how byte-level pieces start); kept for identical ids.
-        let with_nl = tok.encode(&format!("\n{piece}"), false, !as_text)?;
+        // A marked token is encoded with no added token matched at all, user-defined ones
+        // included (`_encode_without_added_tokens`): "</tool_output>" in a tool's result stays
+        // text where the template writes the token itself.
+        let encode = |t: &str| {
+            if as_text {
+                tok.encode_without_added(t)
+            } else {
+                tok.encode(t, false, true)
+            }
+        };
+        let with_nl = encode(&format!("\n{piece}"))?;
         let piece_ids = match with_nl.strip_prefix(newline.as_slice()) {
             Some(rest) => rest.to_vec(),
-            None => tok.encode(piece, false, !as_text)?,
+            None => encode(piece)?,
         };
-        if as_text
-            && tok
-                .token_id(piece)
-                .is_some_and(|id| piece_ids.contains(&id))
-        {
+        if marked.is_some_and(|id| piece_ids.contains(&id)) {
             return Err(TextError::InvalidChat(format!(
                 "cannot sanitize {piece:?}: the tokenizer produces it from plain text"
             )));

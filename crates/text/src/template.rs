@@ -205,7 +205,7 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: Option<&Map<String, Json>>,
     ) -> Result<Vec<u32>> {
-        let controls = sanitize::control_tokens(tok, &self.source);
+        let controls = sanitize::control_tokens(tok, &self.source)?;
         let mut messages = messages.clone();
         sanitize::mark(&mut messages, &controls);
         let mut tools = tools.cloned();

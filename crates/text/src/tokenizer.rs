@@ -132,6 +132,23 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// Token ids of `text` with no added token matched at all, control or user-defined: split
+    /// and BPE only (transformers' `_encode_without_added_tokens`, which its sanitized chats use
+    /// for a control token written in user text).
+    pub fn encode_without_added(&self, text: &str) -> Result<Vec<u32>> {
+        if text.len() > self.max_input_bytes {
+            return Err(TextError::InputTooLarge {
+                len: text.len(),
+                limit: self.max_input_bytes,
+            });
+        }
+        let mut ids = Vec::with_capacity(text.len() / 3 + 2);
+        for (s, e) in self.split.matches(text) {
+            self.bpe.encode_word(&text.as_bytes()[s..e], &mut ids);
+        }
+        Ok(ids)
+    }
+
     /// [`encode`](Self::encode) for raw bytes: invalid UTF-8 is an error naming the offset.
     pub fn encode_bytes(
         &self,
