@@ -2,14 +2,18 @@
 //!
 //! Every count, length and offset in a file is checked against the bytes present before it
 //! is used, so a truncated, lying or hostile file yields a [`GgufError`] naming the problem,
-//! never a panic, an out-of-bounds read or an allocation larger than the file.
+//! never a panic, an out-of-bounds read or an allocation larger than the file. Counts are
+//! capped too ([`MAX_ENTRIES`] keys and tensors, [`MAX_ARRAY_STRINGS`] strings in arrays), so
+//! many tiny entries cannot make the parsed header many times the file's size.
 
 mod reader;
 mod types;
 mod value;
 mod writer;
 
-pub use reader::{DEFAULT_ALIGNMENT, GGUF_MAGIC, Gguf, MAX_DIMS, TensorInfo};
+pub use reader::{
+    DEFAULT_ALIGNMENT, GGUF_MAGIC, Gguf, MAX_ARRAY_STRINGS, MAX_DIMS, MAX_ENTRIES, TensorInfo,
+};
 pub use types::{GgmlType, QK_K};
 pub use value::{Array, Value, ValueType};
 pub use writer::GgufWriter;

@@ -17,6 +17,16 @@ use crate::{GgufError, Result};
 /// The most entries (metadata, tensors) reserved before they parse.
 const RESERVE_ENTRIES: usize = 4096;
 
+/// Most metadata entries and most tensors a file may declare. An entry takes about 200 bytes
+/// in memory from as few as 14 on disk, so without a cap a file of nothing but tiny keys made
+/// the parsed header 10 times its own size (a 95 MB file, 955 MB). Real files hold tens of keys
+/// and at most a few thousand tensors.
+pub const MAX_ENTRIES: u64 = 1 << 16;
+/// Most strings all of a file's string arrays may hold together: a String takes 24 bytes and
+/// an allocation from as few as 8 on disk. A real vocabulary is a few hundred thousand tokens
+/// and as many merges.
+pub const MAX_ARRAY_STRINGS: usize = 8 << 20;
+
 /// `GGUF` read as a little-endian u32.
 pub const GGUF_MAGIC: u32 = 0x4655_4747;
 /// Default data alignment when `general.alignment` is absent (`GGUF_DEFAULT_ALIGNMENT`).
@@ -183,6 +193,8 @@ struct Header {
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
+    /// Strings the file's string arrays may still hold (MAX_ARRAY_STRINGS in all).
+    strings_left: usize,
 }
 
 impl<'a> Cursor<'a> {
@@ -334,6 +346,12 @@ fn read_value(c: &mut Cursor<'_>, ty: ValueType, key: &str) -> Result<Value> {
             Array::Bool(v)
         }
         ValueType::String => {
+            if n > c.strings_left {
+                return Err(GgufError::Format(format!(
+                    "array '{key}' holds {n} strings: more than the {MAX_ARRAY_STRINGS} the file's string arrays may hold in all"
+                )));
+            }
+            c.strings_left -= n;
             // A String (24 bytes) is larger than its smallest encoding (8): reserve a bounded
             // part and grow as elements parse.
             let mut v = Vec::with_capacity(n.min(RESERVE_ENTRIES * 64));
@@ -348,7 +366,11 @@ fn read_value(c: &mut Cursor<'_>, ty: ValueType, key: &str) -> Result<Value> {
 }
 
 fn parse_header(buf: &[u8]) -> Result<Header> {
-    let mut c = Cursor { buf, pos: 0 };
+    let mut c = Cursor {
+        buf,
+        pos: 0,
+        strings_left: MAX_ARRAY_STRINGS,
+    };
     let magic = c.u32(&|| "the magic number".into())?;
     if magic != GGUF_MAGIC {
         let shown: String = buf
@@ -384,6 +406,11 @@ fn parse_header(buf: &[u8]) -> Result<Header> {
     let n_kv = c.u64(&|| "the metadata count".into())?;
     // Smallest possible entries: a key is 8 + 1 bytes plus a 4-byte type plus a 1-byte value;
     // a tensor info is 8 + 0 (name) + 4 (n_dims) + 8 (one dim) + 4 (type) + 8 (offset).
+    if n_kv > MAX_ENTRIES {
+        return Err(GgufError::Format(format!(
+            "header claims {n_kv} metadata entries; at most {MAX_ENTRIES} are accepted"
+        )));
+    }
     if n_kv > (c.remaining() / 14) as u64 {
         return Err(GgufError::Format(format!(
             "header claims {n_kv} metadata entries, more than the {} remaining bytes can hold",
@@ -434,6 +461,11 @@ fn parse_header(buf: &[u8]) -> Result<Header> {
         }
     };
 
+    if n_tensors > MAX_ENTRIES {
+        return Err(GgufError::Format(format!(
+            "header claims {n_tensors} tensors; at most {MAX_ENTRIES} are accepted"
+        )));
+    }
     if n_tensors > (c.remaining() / 32) as u64 {
         return Err(GgufError::Format(format!(
             "header claims {n_tensors} tensors, more than the {} remaining bytes can describe",

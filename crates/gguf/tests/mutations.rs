@@ -132,3 +132,38 @@ fn the_fuzz_corpus_replays_cleanly() {
     }
     println!("replayed {n} corpus inputs");
 }
+
+/// Counts are capped as well as checked against the bytes present: a file of many tiny keys,
+/// tensors or array strings would otherwise parse into many times its own size in memory.
+#[test]
+fn counts_past_the_caps_are_refused() {
+    use muser_gguf::{MAX_ARRAY_STRINGS, MAX_ENTRIES};
+    let header = |n_tensors: u64, n_kv: u64| {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(n_tensors.to_le_bytes());
+        b.extend(n_kv.to_le_bytes());
+        b
+    };
+    // Room for the entries' smallest encodings, so only the cap can refuse them.
+    let room = |mut b: Vec<u8>, n: u64| {
+        b.resize(b.len() + 40 * n as usize, 0);
+        b
+    };
+    let e = Gguf::from_bytes(room(header(0, MAX_ENTRIES + 1), MAX_ENTRIES + 1)).unwrap_err();
+    assert!(e.to_string().contains("metadata entries; at most"), "{e}");
+    let e = Gguf::from_bytes(room(header(MAX_ENTRIES + 1, 0), MAX_ENTRIES + 1)).unwrap_err();
+    assert!(e.to_string().contains("tensors; at most"), "{e}");
+    // One string array past the cap, its empty strings all present.
+    let mut b = header(0, 1);
+    let key = b"big";
+    b.extend((key.len() as u64).to_le_bytes());
+    b.extend(key);
+    b.extend(9u32.to_le_bytes()); // array
+    b.extend(8u32.to_le_bytes()); // of strings
+    let n = MAX_ARRAY_STRINGS as u64 + 1;
+    b.extend(n.to_le_bytes());
+    b.resize(b.len() + 8 * n as usize, 0);
+    let e = Gguf::from_bytes(b).unwrap_err();
+    assert!(e.to_string().contains("array 'big' holds"), "{e}");
+}
