@@ -27,14 +27,24 @@ pub fn run(a: Args) -> CliResult {
     );
     println!("\nmetadata ({} keys):", g.metadata().len());
     for (k, v) in g.metadata() {
-        println!("  {k:<48} {:<7} {}", v.value_type().name(), v.summary(8));
+        println!(
+            "  {:<48} {:<7} {}",
+            shown(k),
+            v.value_type().name(),
+            v.summary(8)
+        );
     }
     println!("\ntensors ({}):", g.tensors().len());
     let mut bytes_by_type: std::collections::BTreeMap<&str, u64> = Default::default();
     for t in g.tensors() {
         *bytes_by_type.entry(t.ggml_type.name()).or_default() += t.n_bytes;
         if a.all_tensors || !t.name.starts_with("blk.") || t.name.starts_with("blk.0.") {
-            println!("  {:<36} {:<6} {:?}", t.name, t.ggml_type.name(), t.dims);
+            println!(
+                "  {:<36} {:<6} {:?}",
+                shown(&t.name),
+                t.ggml_type.name(),
+                t.dims
+            );
         }
     }
     if !a.all_tensors {
@@ -96,7 +106,24 @@ pub fn run(a: Args) -> CliResult {
                 "  attn_k_norm: all ones on every layer: {}",
                 f.probes.k_norm_ones
             );
-            println!("verdict: Muser can run this file");
+            // The text side: generate needs the tokenizer, chat and serve's chat route the
+            // template too (or --chat-template-file).
+            let tokenizer = muser_text::Tokenizer::from_gguf(&f.gguf);
+            match &tokenizer {
+                Ok(t) => println!("tokenizer: {} tokens, readable", t.vocab().tokens.len()),
+                Err(e) => println!("tokenizer: refused: {e}"),
+            }
+            match muser_text::ChatTemplate::from_gguf(&f.gguf) {
+                Ok(_) => println!("chat template: compiles"),
+                Err(e) => println!("chat template: {e}"),
+            }
+            match tokenizer {
+                Ok(_) => println!("verdict: Muser can run this file"),
+                Err(e) => {
+                    println!("verdict: Muser refuses this file: its tokenizer: {e}");
+                    return Err(e.into());
+                }
+            }
         }
         Err(e) => {
             println!("verdict: Muser refuses this file: {e}");
@@ -104,4 +131,14 @@ pub fn run(a: Args) -> CliResult {
         }
     }
     Ok(())
+}
+
+/// A name from the file as printed: escaped where it holds control characters, so a hostile
+/// key cannot write terminal escape sequences.
+fn shown(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.chars().any(char::is_control) {
+        std::borrow::Cow::Owned(s.escape_debug().to_string())
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
 }

@@ -306,3 +306,47 @@ fn narrow_weight_copies_outside_fast_cuda_mode_are_refused() {
         }
     }
 }
+
+/// `inspect` judges the tokenizer too: a file whose model loads but whose tokenizer is refused
+/// (here a true add_eos_token) gets the tokenizer's reason, not "can run"; and a key holding
+/// control characters is printed escaped.
+#[test]
+fn inspect_judges_the_tokenizer_and_escapes_names() {
+    use muser_gguf::{Gguf, GgufWriter, Value};
+    let g = Gguf::open(fixture("tame-q4_k_m.gguf")).unwrap();
+    let write = |extra: (&str, Value), name: &str| {
+        let mut w = GgufWriter::new();
+        for (k, v) in g.metadata() {
+            w.add(k, v.clone()).unwrap();
+        }
+        w.add(extra.0, extra.1).unwrap();
+        for t in g.tensors() {
+            w.add_tensor(&t.name, &t.dims, t.ggml_type, g.tensor_data(t).to_vec())
+                .unwrap();
+        }
+        tmp(name, &w.to_bytes().unwrap())
+    };
+    let eos = write(
+        ("tokenizer.ggml.add_eos_token", Value::Bool(true)),
+        "eos.gguf",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_muser"))
+        .args(["inspect", &eos])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(
+        stdout.contains("verdict: Muser refuses this file: its tokenizer")
+            && stdout.contains("add_eos_token"),
+        "{stdout}"
+    );
+    let esc = write(("x.\u{1b}]0;title\u{7}", Value::U32(1)), "esc.gguf");
+    let out = Command::new(env!("CARGO_BIN_EXE_muser"))
+        .args(["inspect", &esc])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains('\u{1b}'), "an escape reached the terminal");
+    assert!(stdout.contains("x.\\u{1b}]0;title\\u{7}"), "{stdout}");
+}

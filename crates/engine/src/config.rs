@@ -193,7 +193,7 @@ impl MuseConfig {
             if let Some(rest) = k.strip_prefix(&prefix) {
                 if !KNOWN_ARCH_KEYS.contains(&rest) {
                     return Err(Error::Config(format!(
-                        "unknown key '{k}': Muser cannot prove it computes what this key asks for, so it refuses the file"
+                        "unknown key {k:?}: Muser cannot prove it computes what this key asks for, so it refuses the file"
                     )));
                 }
             }

@@ -283,7 +283,8 @@ fn load_tensors(g: &Gguf, c: &MuseConfig) -> Result<(Tensors, Probes)> {
         .filter(|n| !ck.used.contains(*n))
         .collect();
     if !unused.is_empty() {
-        let shown: Vec<&str> = unused.iter().take(5).copied().collect();
+        // Quoted as Rust strings: a name may hold anything (an empty name, control characters).
+        let shown: Vec<String> = unused.iter().take(5).map(|n| format!("{n:?}")).collect();
         return Err(Error::Tensor(format!(
             "{} unexpected tensor(s) the Muse Glimmer graph does not use: {}{}",
             unused.len(),

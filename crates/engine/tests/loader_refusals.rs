@@ -142,7 +142,7 @@ fn wrong_types_and_values_are_named() {
     refuses(&c, &ts, &["layer_norm_rms_epsilon", "expected f32"]);
     let mut d = kv.clone();
     set(&mut d, "muse-glimmer.expert_count", Value::U32(8));
-    refuses(&d, &ts, &["unknown key 'muse-glimmer.expert_count'"]);
+    refuses(&d, &ts, &["unknown key \"muse-glimmer.expert_count\""]);
     let mut e = kv.clone();
     set(&mut e, "muse-glimmer.rope.dimension_count", Value::U32(32));
     refuses(&e, &ts, &["rope.dimension_count", "full-head"]);
