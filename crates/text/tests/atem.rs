@@ -253,6 +253,37 @@ fn arguments_are_typed_by_the_schema() {
     );
 }
 
+/// A tool given as the function itself ({"name", "parameters"}, which the template renders as
+/// well) types its arguments as the OpenAI form does.
+#[test]
+fn flat_tools_are_read_as_the_openai_form() {
+    let params =
+        json!({"type": "object", "properties": {"s": {"type": "string"}, "n": {"type": "number"}}});
+    let nested = ToolCallParser::from_json(Some(
+        &json!([{"type": "function", "function": {"name": "f", "parameters": params}}]),
+    ))
+    .unwrap();
+    let flat =
+        ToolCallParser::from_json(Some(&json!([{"name": "f", "parameters": params}]))).unwrap();
+    let text = " to=f<|message|><atem:function_calls>\n<atem:invoke name=\"f\">\n\
+        <atem:parameter name=\"s\">7</atem:parameter>\n<atem:parameter name=\"n\">7</atem:parameter>\n\
+        </atem:invoke>\n</atem:function_calls><|eot|>";
+    let (a, b) = (nested.parse(text), flat.parse(text));
+    assert_eq!(a.tool_calls.len(), 1);
+    assert_eq!(a.tool_calls[0].function.arguments, r#"{"s":"7","n":7}"#);
+    assert_eq!(
+        a.tool_calls[0].function.arguments,
+        b.tool_calls[0].function.arguments
+    );
+    for bad in [
+        json!([{"description": "no name"}]),
+        json!({"name": "f"}),
+        json!([7]),
+    ] {
+        assert!(ToolCallParser::from_json(Some(&bad)).is_err(), "{bad}");
+    }
+}
+
 /// Render an assistant tool call with the real template, parse the generated part back.
 #[test]
 fn template_round_trip() {

@@ -98,11 +98,33 @@ impl ToolCallParser {
     pub fn from_json(tools: Option<&Value>) -> Result<Self> {
         match tools {
             None | Some(Value::Null) => Ok(Self::new(&[])),
-            Some(v) => {
-                let tools: Vec<Tool> = serde_json::from_value(v.clone())
-                    .map_err(|e| TextError::InvalidChat(format!("tools: {e}")))?;
+            Some(Value::Array(list)) => {
+                // OpenAI's form ({"type": "function", "function": {...}}), or the function
+                // itself ({"name": ..., "parameters": ...}), which the template renders too.
+                let tools = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let def = match t.get("function") {
+                            Some(f) => f,
+                            None if t.get("name").is_some() => t,
+                            None => {
+                                return Err(TextError::InvalidChat(format!(
+                                    "tools[{i}]: neither a function nor {{\"function\": ...}}"
+                                )));
+                            }
+                        };
+                        let function = serde_json::from_value(def.clone())
+                            .map_err(|e| TextError::InvalidChat(format!("tools[{i}]: {e}")))?;
+                        Ok(Tool {
+                            kind: "function".into(),
+                            function,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
                 Ok(Self::new(&tools))
             }
+            Some(_) => Err(TextError::InvalidChat("tools must be an array".into())),
         }
     }
 
