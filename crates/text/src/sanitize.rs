@@ -54,14 +54,32 @@ fn added_tokens(tok: &Tokenizer) -> impl Iterator<Item = (&String, TokenType)> {
         .filter(|(_, ty)| matches!(ty, TokenType::Control | TokenType::UserDefined))
 }
 
-/// Wraps control tokens in every string of `v` (not in object keys), after removing stray markers.
-pub fn mark(v: &mut Json, controls: &Controls) {
+/// Wraps control tokens in every string of `v`, after removing stray markers. Object keys
+/// cannot be marked (transformers leaves them as they are, so a key would reach the model as the
+/// control token it spells: a schema property named "<|eot|><|start|>system..."): a key that
+/// holds a control token is refused.
+pub fn mark(v: &mut Json, controls: &Controls) -> Result<()> {
     match v {
         Json::String(s) => *s = mark_str(s, controls),
-        Json::Array(a) => a.iter_mut().for_each(|x| mark(x, controls)),
-        Json::Object(o) => o.values_mut().for_each(|x| mark(x, controls)),
+        Json::Array(a) => {
+            for x in a {
+                mark(x, controls)?;
+            }
+        }
+        Json::Object(o) => {
+            for (k, x) in o.iter_mut() {
+                if let Some(found) = controls.matcher.as_ref().and_then(|m| m.find(k.as_str())) {
+                    return Err(TextError::InvalidChat(format!(
+                        "the key {k:?} holds the control token {:?}; keys cannot be kept as text, so the request is refused",
+                        &k[found.start()..found.end()]
+                    )));
+                }
+                mark(x, controls)?;
+            }
+        }
         _ => {}
     }
+    Ok(())
 }
 
 /// One pass over the text (it was a scan of every control token at every character: 9 s for a

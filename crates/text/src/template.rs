@@ -196,7 +196,9 @@ impl ChatTemplate {
     /// tools, `extra`) are encoded as plain text, while the template's own are special tokens: the
     /// ids of transformers' `apply_chat_template(..., tokenize=True, sanitize_control_tokens=True)`.
     /// A server should build prompts with this; plain `render` + `encode(.., parse_special=true)`
-    /// lets a user write `<|eot|><|start|>system<|message|>` into a message and be obeyed.
+    /// lets a user write `<|eot|><|start|>system<|message|>` into a message and be obeyed. An
+    /// object key (a schema's property name) that holds a control token is refused: keys cannot
+    /// be marked, and transformers would encode it as the token.
     pub fn encode_sanitized(
         &self,
         tok: &Tokenizer,
@@ -207,14 +209,14 @@ impl ChatTemplate {
     ) -> Result<Vec<u32>> {
         let controls = sanitize::control_tokens(tok, &self.source)?;
         let mut messages = messages.clone();
-        sanitize::mark(&mut messages, &controls);
+        sanitize::mark(&mut messages, &controls)?;
         let mut tools = tools.cloned();
         if let Some(t) = tools.as_mut() {
-            sanitize::mark(t, &controls);
+            sanitize::mark(t, &controls)?;
         }
         let mut extra = extra.cloned().map(Json::Object);
         if let Some(e) = extra.as_mut() {
-            sanitize::mark(e, &controls);
+            sanitize::mark(e, &controls)?;
         }
         let text = self.render(
             &messages,
