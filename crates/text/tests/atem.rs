@@ -253,6 +253,22 @@ fn arguments_are_typed_by_the_schema() {
     );
 }
 
+/// A recipient past the longest header a stream waits for is no header, read whole or streamed;
+/// one of exactly that length is one either way.
+#[test]
+fn long_recipients_read_the_same_whole_and_streamed() {
+    let p = ToolCallParser::new(&[]);
+    for n in [255usize, 256, 257, 300] {
+        let text = format!(" to={}<|message|>hello<|eot|>", "a".repeat(n));
+        let m = parse_all_ways(&p, &text);
+        if n <= 256 {
+            assert_ne!(m.content, text, "{n}");
+        } else {
+            assert_eq!(m.content, text, "{n}");
+        }
+    }
+}
+
 /// A tool given as the function itself ({"name", "parameters"}, which the template renders as
 /// well) types its arguments as the OpenAI form does.
 #[test]

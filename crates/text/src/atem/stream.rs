@@ -199,6 +199,11 @@ impl AtemStream {
         }
         if let Some(rest) = self.buf.strip_prefix(TO) {
             if let Some(i) = rest.find(MESSAGE) {
+                // Past MAX_HEADER a stream stops waiting for the header's end; the whole text
+                // is read the same way, so both give the same message.
+                if i > MAX_HEADER {
+                    return Some(State::Raw);
+                }
                 let recipient = &rest[..i];
                 let ch = match recipient {
                     "self" if self.parser.extract_reasoning => Channel::Reasoning,
@@ -213,7 +218,9 @@ impl AtemStream {
             let marker_at = rest
                 .find("<|")
                 .filter(|&j| !MESSAGE.starts_with(&rest[j..]));
-            if rest.len() > MAX_HEADER || marker_at.is_some() {
+            // (MESSAGE is found once it has all come, so a recipient of MAX_HEADER bytes is
+            // still read as one: give up only where even that cannot be.)
+            if rest.len() >= MAX_HEADER + MESSAGE.len() || marker_at.is_some() {
                 return Some(State::Raw);
             }
             return None;
