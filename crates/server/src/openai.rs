@@ -368,32 +368,7 @@ impl GenRequest {
     /// system prompt (its `tojson` of a missing one fails, as it does in transformers): a missing
     /// or null description becomes "", missing parameters an object schema with no properties.
     pub fn chat_tools(&self) -> Result<Option<Value>, ApiError> {
-        let tools = match &self.tools {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(a)) if !a.is_empty() => {
-                let mut a = a.clone();
-                for tool in &mut a {
-                    let f = match tool.get_mut("function") {
-                        Some(f) => f,
-                        None => tool,
-                    };
-                    if let Some(f) = f.as_object_mut() {
-                        if f.get("description").is_none_or(Value::is_null) {
-                            f.insert("description".into(), Value::String(String::new()));
-                        }
-                        if f.get("parameters").is_none_or(Value::is_null) {
-                            f.insert(
-                                "parameters".into(),
-                                serde_json::json!({"type": "object", "properties": {}}),
-                            );
-                        }
-                    }
-                }
-                Some(Value::Array(a))
-            }
-            Some(Value::Array(_)) => None,
-            Some(_) => return Err(ApiError::invalid("tools", "tools must be an array")),
-        };
+        let tools = offered_tools(self.tools.as_ref())?;
         const FORCED: &str = "tool_choice may be \"auto\" or \"none\": forcing a tool call needs constrained decoding, which this server does not have";
         match &self.tool_choice {
             None | Some(Value::Null) => Ok(tools),
@@ -412,6 +387,38 @@ impl GenRequest {
             )),
         }
     }
+}
+
+/// A request's `tools` as the template gets them (None for none): a function's missing or null
+/// `description` becomes "", missing `parameters` an object schema with no properties (OpenAI
+/// makes both optional; the template writes both). Chat and `/tokenize` both take them so.
+pub fn offered_tools(tools: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    Ok(match tools {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(a)) if !a.is_empty() => {
+            let mut a = a.clone();
+            for tool in &mut a {
+                let f = match tool.get_mut("function") {
+                    Some(f) => f,
+                    None => tool,
+                };
+                if let Some(f) = f.as_object_mut() {
+                    if f.get("description").is_none_or(Value::is_null) {
+                        f.insert("description".into(), Value::String(String::new()));
+                    }
+                    if f.get("parameters").is_none_or(Value::is_null) {
+                        f.insert(
+                            "parameters".into(),
+                            serde_json::json!({"type": "object", "properties": {}}),
+                        );
+                    }
+                }
+            }
+            Some(Value::Array(a))
+        }
+        Some(Value::Array(_)) => None,
+        Some(_) => return Err(ApiError::invalid("tools", "tools must be an array")),
+    })
 }
 
 /// Only text reaches this model: a chat message's content parts must be `text` parts. An image,

@@ -396,10 +396,13 @@ async fn tokenize(
             let template = st.template.as_ref().ok_or_else(|| {
                 ApiError::bad_request("this model has no chat template").code("no_chat_template")
             })?;
+            // As a chat request's prompt: text parts only, the tools completed the same way.
+            openai::text_parts_only(messages)?;
+            let tools = openai::offered_tools(r.tools.as_ref())?;
             template.encode_sanitized(
                 tok,
                 messages,
-                r.tools.as_ref(),
+                tools.as_ref(),
                 r.add_generation_prompt.unwrap_or(true),
                 None,
             )?

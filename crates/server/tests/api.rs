@@ -96,6 +96,26 @@ async fn models_health_tokenize_detokenize() {
         .await
         .json();
     assert_eq!(c["usage"]["prompt_tokens"], tc["count"]);
+    // A tool without description or parameters is completed as chat completes it (before, the
+    // template failed on it here); an image part is refused as chat refuses it.
+    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    let tc = s
+        .post("/tokenize", &json!({"messages": msgs, "tools": tools}))
+        .await
+        .json();
+    let full = json!([{"type": "function", "function": {"name": "f", "description": "",
+        "parameters": {"type": "object", "properties": {}}}}]);
+    let tf = s
+        .post("/tokenize", &json!({"messages": msgs, "tools": full}))
+        .await
+        .json();
+    assert!(tc["count"].as_u64().unwrap() > 0);
+    assert_eq!(tc["tokens"], tf["tokens"]);
+    let image =
+        json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
+    s.post("/tokenize", &json!({"messages": image}))
+        .await
+        .openai_error(400);
     s.post("/detokenize", &json!({"tokens": [1, 99999]}))
         .await
         .openai_error(400);
