@@ -39,6 +39,41 @@ pub struct AppState {
     pub max_body_bytes: usize,
     pub metrics: PrometheusHandle,
     pub created: u64,
+    /// Requests reading, parsing and formatting their bodies at once (`Prep`): a body holding
+    /// many small messages grows about 80 times in memory on its way to a prompt (a 6.8 MB body,
+    /// 540 MB), so their number is bounded; the others wait their turn.
+    pub prepare: Arc<tokio::sync::Semaphore>,
+}
+
+/// Requests that may prepare at once: the host's cores, at least 2.
+pub fn prepare_permits() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
+}
+
+/// A turn to read, parse and format a generation request's body, taken before its body is read
+/// (axum runs this extractor before the body's), held until the request is queued.
+pub struct Prep(tokio::sync::OwnedSemaphorePermit);
+
+impl Prep {
+    /// The request is queued (or refused): the next one may prepare.
+    fn done(self) {
+        drop(self.0);
+    }
+}
+
+impl axum::extract::FromRequestParts<AppState> for Prep {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        _parts: &mut axum::http::request::Parts,
+        st: &AppState,
+    ) -> Result<Self, ApiError> {
+        Arc::clone(&st.prepare)
+            .acquire_owned()
+            .await
+            .map(Prep)
+            .map_err(|_| ApiError::unavailable("the server is shutting down"))
+    }
 }
 
 /// The id of one request: the client's `x-request-id` if sane, else a fresh one.
@@ -203,6 +238,7 @@ fn now() -> u64 {
 async fn chat_completions(
     State(st): State<AppState>,
     Extension(rid): Extension<RequestId>,
+    turn: Prep,
     ApiJson(req): ApiJson<GenRequest>,
 ) -> Result<Response, ApiError> {
     req.check_model(&st.model_id)?;
@@ -246,7 +282,9 @@ async fn chat_completions(
         include_usage: opts.include_usage,
         chat_stops: chat_stops.clone(),
     };
-    let rx = submit(&st, &rid, seqs, &opts, false, chat_stops.as_ref())?;
+    let rx = submit(&st, &rid, seqs, &opts, false, chat_stops.as_ref());
+    turn.done();
+    let rx = rx?;
     Ok(if opts.stream {
         respond::stream(meta, rx, st.tok.clone(), Some(parser)).into_response()
     } else {
@@ -257,6 +295,7 @@ async fn chat_completions(
 async fn completions(
     State(st): State<AppState>,
     Extension(rid): Extension<RequestId>,
+    turn: Prep,
     ApiJson(req): ApiJson<GenRequest>,
 ) -> Result<Response, ApiError> {
     req.check_model(&st.model_id)?;
@@ -279,7 +318,9 @@ async fn completions(
         include_usage: opts.include_usage,
         chat_stops: None,
     };
-    let rx = submit(&st, &rid, seqs, &opts, true, None)?;
+    let rx = submit(&st, &rid, seqs, &opts, true, None);
+    turn.done();
+    let rx = rx?;
     Ok(if opts.stream {
         respond::stream(meta, rx, st.tok.clone(), None).into_response()
     } else {
@@ -378,6 +419,7 @@ struct TokenizeRequest {
 
 async fn tokenize(
     State(st): State<AppState>,
+    _turn: Prep,
     ApiJson(r): ApiJson<TokenizeRequest>,
 ) -> Result<Json<Value>, ApiError> {
     if let Some(m) = &r.model
