@@ -376,15 +376,18 @@ async fn model(
 }
 
 async fn health(State(st): State<AppState>) -> Response {
-    if st.engine.accepting() {
-        Json(json!({"status": "ok"})).into_response()
+    let status = if !st.engine.alive() {
+        "engine stopped"
+    } else if !st.engine.accepting() {
+        "shutting down"
     } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "shutting down"})),
-        )
-            .into_response()
-    }
+        return Json(json!({"status": "ok"})).into_response();
+    };
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({"status": status})),
+    )
+        .into_response()
 }
 
 async fn metrics_text(State(st): State<AppState>) -> Response {

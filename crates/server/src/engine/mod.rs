@@ -136,6 +136,8 @@ pub(crate) struct Shared {
     /// `parallel + max_queue`: more active sequences than this are refused with 429.
     capacity: usize,
     accepting: AtomicBool,
+    /// The engine thread runs (false once it has returned or panicked).
+    alive: AtomicBool,
     pub cost: KvCost,
     pub budget: usize,
     pub n_ctx: usize,
@@ -160,6 +162,9 @@ impl EngineHandle {
         let n = job.seqs.len();
         if !self.shared.accepting.load(Ordering::SeqCst) {
             return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        if !self.alive() {
+            return Err(ApiError::unavailable("the engine has stopped"));
         }
         let s = &self.shared;
         for q in &job.seqs {
@@ -208,6 +213,11 @@ impl EngineHandle {
 
     pub fn accepting(&self) -> bool {
         self.shared.accepting.load(Ordering::SeqCst)
+    }
+
+    /// Whether the engine thread still runs.
+    pub fn alive(&self) -> bool {
+        self.shared.alive.load(Ordering::SeqCst)
     }
 
     /// Stop accepting requests; the engine finishes in-flight ones until `deadline`, then
@@ -266,15 +276,27 @@ pub fn start<B: Backend + 'static>(
         active: AtomicUsize::new(0),
         capacity: cfg.parallel + cfg.max_queue,
         accepting: AtomicBool::new(true),
+        alive: AtomicBool::new(true),
         cost,
         budget,
         n_ctx: cfg.n_ctx,
     });
     let (tx, rx) = std::sync::mpsc::channel();
     let worker = worker::Worker::new(model, tok, cfg, shared.clone(), rx)?;
+    /// Marks the engine stopped when its thread ends, by return or by panic.
+    struct Alive(Arc<Shared>);
+    impl Drop for Alive {
+        fn drop(&mut self) {
+            self.0.alive.store(false, Ordering::SeqCst);
+        }
+    }
+    let alive = Alive(shared.clone());
     let join = std::thread::Builder::new()
         .name("muser-engine".into())
-        .spawn(move || worker.run())
+        .spawn(move || {
+            let _alive = alive;
+            worker.run()
+        })
         .map_err(|e| format!("cannot start the engine thread: {e}"))?;
     Ok((EngineHandle { cmd: tx, shared }, join))
 }
