@@ -312,20 +312,8 @@ fn narrow_weight_copies_outside_fast_cuda_mode_are_refused() {
 /// control characters is printed escaped.
 #[test]
 fn inspect_judges_the_tokenizer_and_escapes_names() {
-    use muser_gguf::{Gguf, GgufWriter, Value};
-    let g = Gguf::open(fixture("tame-q4_k_m.gguf")).unwrap();
-    let write = |extra: (&str, Value), name: &str| {
-        let mut w = GgufWriter::new();
-        for (k, v) in g.metadata() {
-            w.add(k, v.clone()).unwrap();
-        }
-        w.add(extra.0, extra.1).unwrap();
-        for t in g.tensors() {
-            w.add_tensor(&t.name, &t.dims, t.ggml_type, g.tensor_data(t).to_vec())
-                .unwrap();
-        }
-        tmp(name, &w.to_bytes().unwrap())
-    };
+    use muser_gguf::Value;
+    let write = |extra: (&str, Value), name: &str| edited_fixture(name, Some(extra), |_, _| None);
     let eos = write(
         ("tokenizer.ggml.add_eos_token", Value::Bool(true)),
         "eos.gguf",
@@ -349,4 +337,46 @@ fn inspect_judges_the_tokenizer_and_escapes_names() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(!stdout.contains('\u{1b}'), "an escape reached the terminal");
     assert!(stdout.contains("x.\\u{1b}]0;title\\u{7}"), "{stdout}");
+}
+
+/// The tame fixture rewritten to a temporary file: with `extra` metadata, and each tensor's
+/// data as `data(name, bytes)` gives it (None: as it was).
+fn edited_fixture(
+    name: &str,
+    extra: Option<(&str, muser_gguf::Value)>,
+    data: impl Fn(&str, &[u8]) -> Option<Vec<u8>>,
+) -> String {
+    use muser_gguf::{Gguf, GgufWriter};
+    let g = Gguf::open(fixture("tame-q4_k_m.gguf")).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.add(k, v.clone()).unwrap();
+    }
+    if let Some((k, v)) = extra {
+        w.add(k, v).unwrap();
+    }
+    for t in g.tensors() {
+        let bytes = g.tensor_data(t);
+        let bytes = data(&t.name, bytes).unwrap_or_else(|| bytes.to_vec());
+        w.add_tensor(&t.name, &t.dims, t.ggml_type, bytes).unwrap();
+    }
+    tmp(name, &w.to_bytes().unwrap())
+}
+
+/// Scales that overflow f32 (every attn_q_norm at 3e38, which the loader accepts: a finite
+/// constant) give NaN logits; generate says so instead of printing token 0 again and again.
+#[test]
+fn nan_logits_stop_generation_with_a_reason() {
+    let path = edited_fixture("nan.gguf", None, |name, bytes| {
+        name.ends_with("attn_q_norm.weight").then(|| {
+            bytes
+                .chunks_exact(4)
+                .flat_map(|_| 3e38f32.to_le_bytes())
+                .collect()
+        })
+    });
+    let (ok, e) = muser(&[
+        "generate", "-m", &path, "-p", "hello", "-n", "4", "--temp", "0",
+    ]);
+    assert!(!ok && e.contains("logits are NaN"), "{e}");
 }

@@ -169,6 +169,22 @@ impl MuseConfig {
     /// Read and validate the configuration. Every missing required key, wrong type or value
     /// the engine does not implement is an error naming the key.
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
+        // A shard of a split GGUF (llama.cpp's gguf-split: `split.no` of `split.count`) holds
+        // part of the tensors; the first also names every key, so without this check it would
+        // be refused for its missing tensors, a message that hides the cause.
+        if let Some(n) = g.get("split.count").and_then(Value::as_i64)
+            && n > 1
+        {
+            let no = g
+                .get("split.no")
+                .and_then(Value::as_i64)
+                .map_or(String::new(), |i| {
+                    format!(" (this is shard {} of them)", i.saturating_add(1))
+                });
+            return Err(Error::Config(format!(
+                "this GGUF is one of {n} shards of a split model{no}: Muser loads one file; merge them first with llama.cpp's `llama-gguf-split --merge FIRST-SHARD.gguf MERGED.gguf`"
+            )));
+        }
         match g.get("general.architecture") {
             Some(Value::String(a)) if a == ARCH => {}
             Some(Value::String(a)) => {

@@ -98,6 +98,24 @@ fn every_required_key_is_required() {
     }
 }
 
+/// A shard of a split GGUF is named as such, with what to do, not refused for its missing
+/// tensors; `split.count` 1 (a whole file) loads.
+#[test]
+fn a_split_shard_is_named() {
+    let (mut kv, ts) = parts();
+    set(&mut kv, "split.count", Value::U16(1));
+    set(&mut kv, "split.no", Value::U16(0));
+    assert!(build(&kv, &ts).is_ok());
+    set(&mut kv, "split.count", Value::U16(3));
+    set(&mut kv, "split.no", Value::U16(1));
+    let half: Vec<Tensor> = ts.iter().take(ts.len() / 2).map(clone).collect();
+    refuses(
+        &kv,
+        &half,
+        &["one of 3 shards", "shard 2", "llama-gguf-split --merge"],
+    );
+}
+
 #[test]
 fn the_sliding_window_pattern_is_never_defaulted() {
     let (kv, ts) = parts();

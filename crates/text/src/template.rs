@@ -79,9 +79,19 @@ impl ChatTemplate {
 
     /// The GGUF's `tokenizer.chat_template`, with the vocabulary's special tokens in its context.
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
-        let source = g.get("tokenizer.chat_template").and_then(GgufValue::as_str).ok_or_else(|| {
-            TextError::Template("the GGUF has no tokenizer.chat_template; pass a template file (--chat-template-file)".into())
-        })?;
+        let source = match g.get("tokenizer.chat_template") {
+            None => {
+                return Err(TextError::Template(
+                    "the GGUF has no tokenizer.chat_template; pass a template file (--chat-template-file)".into(),
+                ));
+            }
+            Some(v) => v.as_str().ok_or_else(|| {
+                TextError::Template(format!(
+                    "tokenizer.chat_template should be a string, found {}; pass a template file (--chat-template-file)",
+                    v.summary(3)
+                ))
+            })?,
+        };
         let mut t = Self::new(source, "tokenizer.chat_template")?;
         // The token strings straight from the GGUF: building a whole tokenizer here would double the load.
         if let Some(GgufValue::Array(muser_gguf::Array::String(tokens))) =

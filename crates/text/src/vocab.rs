@@ -75,18 +75,34 @@ const KEY_MERGES: &str = "tokenizer.ggml.merges";
 
 impl Vocab {
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
-        let model = g.get(KEY_MODEL).and_then(Value::as_str).ok_or_else(|| {
-            TextError::Vocab(format!(
-                "missing '{KEY_MODEL}': this GGUF carries no tokenizer"
-            ))
-        })?;
+        let model = match g.get(KEY_MODEL) {
+            None => {
+                return Err(TextError::Vocab(format!(
+                    "missing '{KEY_MODEL}': this GGUF carries no tokenizer"
+                )));
+            }
+            Some(v) => v
+                .as_str()
+                .ok_or_else(|| wrong_type(KEY_MODEL, "a string", v))?,
+        };
         if model != "gpt2" {
             return Err(TextError::Unsupported(format!(
                 "{KEY_MODEL} = '{model}'; Muser implements the byte-level BPE ('gpt2') that Muse Glimmer uses"
             )));
         }
         // llama.cpp maps "llama4" and "gpt-4o" to one pre-tokenizer (LLAMA_VOCAB_PRE_TYPE_GPT4O).
-        let pre = match g.get(KEY_PRE).and_then(Value::as_str).unwrap_or("default") {
+        let pre_name = match g.get(KEY_PRE) {
+            // llama.cpp then takes its "default" pre-tokenizer, which Muser does not implement.
+            None => {
+                return Err(TextError::Unsupported(format!(
+                    "missing '{KEY_PRE}': llama.cpp would split text with its 'default' pre-tokenizer; supported: 'llama4' (Muse Glimmer), 'gpt-4o', 'llama-bpe'"
+                )));
+            }
+            Some(v) => v
+                .as_str()
+                .ok_or_else(|| wrong_type(KEY_PRE, "a string", v))?,
+        };
+        let pre = match pre_name {
             "llama4" | "gpt-4o" => PreTokenizer::Llama4,
             "llama-bpe" | "llama3" => PreTokenizer::Llama3,
             other => {

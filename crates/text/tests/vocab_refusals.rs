@@ -126,3 +126,33 @@ fn appended_eos_suppressed_tokens_and_missing_bytes_are_refused() {
         &["byte 0x7a"],
     );
 }
+
+/// A missing pre-tokenizer name, or a model or pre-tokenizer name that is not a string, is
+/// named as what it is (not as the name 'default', nor as missing).
+#[test]
+fn missing_and_mistyped_names_say_so() {
+    refused(
+        |kv| kv.retain(|(k, _)| k != "tokenizer.ggml.pre"),
+        &["missing 'tokenizer.ggml.pre'", "'default' pre-tokenizer"],
+    );
+    refused(
+        |kv| {
+            for (k, v) in kv.iter_mut() {
+                if k == "tokenizer.ggml.pre" {
+                    *v = Value::U32(4);
+                }
+            }
+        },
+        &["'tokenizer.ggml.pre' should be a string"],
+    );
+    refused(
+        |kv| {
+            for (k, v) in kv.iter_mut() {
+                if k == "tokenizer.ggml.model" {
+                    *v = Value::U32(4);
+                }
+            }
+        },
+        &["'tokenizer.ggml.model' should be a string"],
+    );
+}

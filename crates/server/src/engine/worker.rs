@@ -635,7 +635,9 @@ impl<B: Backend> Worker<B> {
         }
         let eog = &self.eog;
         let t_sample = Instant::now();
-        let ids: Vec<Option<u32>> = {
+        // Err: the row holds a NaN (a file whose weights or scales overflow f32), which a draw
+        // would silently turn into token 0.
+        let ids: Vec<Option<Result<u32, ()>>> = {
             use rayon::prelude::*;
             self.running
                 .par_iter_mut()
@@ -643,14 +645,17 @@ impl<B: Backend> Worker<B> {
                 .zip(host_draw.par_iter())
                 .map(|((s, r), d)| {
                     let row = r.and_then(|r| logits.get(r * n_vocab..(r + 1) * n_vocab))?;
-                    Some(match d {
+                    if row.iter().any(|v| v.is_nan()) {
+                        return Some(Err(()));
+                    }
+                    Some(Ok(match d {
                         Some(d) => {
                             let mut edited = row.to_vec();
                             d.edit(&mut edited);
                             d.choose(&edited)
                         }
                         None => choose(s, row, eog),
-                    })
+                    }))
                 })
                 .collect()
         };
@@ -658,10 +663,28 @@ impl<B: Backend> Worker<B> {
             let ri = group[gi].0;
             let (row, id) = match *p {
                 Ok(d) => (None, dev_ids.get(d).copied()),
-                Err(h) => (
-                    logits.get(h * n_vocab..(h + 1) * n_vocab),
-                    ids.get(ri).copied().flatten(),
-                ),
+                Err(h) => {
+                    let id = match ids.get(ri).copied().flatten() {
+                        Some(Err(())) => {
+                            let s = &mut self.running[ri];
+                            s.outbox.push_back(Event::Error {
+                                index: s.index,
+                                error: ApiError::internal(
+                                    "the model's logits are NaN: its weights or scales overflow f32 (a damaged file?)",
+                                ),
+                            });
+                            s.done = true;
+                            // Its cache may hold the overflow too: not for reuse.
+                            self.dirty[s.slot] = true;
+                            metrics::counter!("muser_sequences_finished_total", "reason" => "error")
+                                .increment(1);
+                            continue;
+                        }
+                        Some(Ok(id)) => Some(id),
+                        None => None,
+                    };
+                    (logits.get(h * n_vocab..(h + 1) * n_vocab), id)
+                }
             };
             match (row, id, p.is_ok()) {
                 (row, Some(id), true) => self.next_token(ri, row, id),
