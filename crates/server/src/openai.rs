@@ -92,6 +92,8 @@ pub struct Options {
     pub params: SamplingParams,
     /// `None`: fill the context.
     pub max_tokens: Option<usize>,
+    /// The field it came from (`max_completion_tokens` or `max_tokens`), for errors about it.
+    pub max_tokens_param: &'static str,
     pub stops: Vec<String>,
     pub logprobs: Option<usize>,
     pub logit_bias: Vec<(u32, f32)>,
@@ -297,6 +299,7 @@ impl GenRequest {
             n,
             params,
             max_tokens,
+            max_tokens_param: max_name,
             stops,
             logprobs,
             logit_bias,
@@ -477,7 +480,7 @@ pub fn sequences(
                         p.len().saturating_add(m),
                         p.len()
                     ),
-                    "max_tokens",
+                    opts.max_tokens_param,
                 ));
             }
             Some(m) => m,

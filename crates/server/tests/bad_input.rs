@@ -107,7 +107,7 @@ async fn bad_requests_get_openai_errors_while_streams_run() {
             chat,
             json!({"messages": hi, "max_completion_tokens": 100000}),
             400,
-            Some("max_tokens"),
+            Some("max_completion_tokens"),
         ),
         (comp, json!({"prompt": long_text(600)}), 400, Some("prompt")),
         (
@@ -171,6 +171,18 @@ async fn bad_requests_get_openai_errors_while_streams_run() {
             json!({"prompt": "p", "stop": ["ok", "y".repeat(1025)]}),
             400,
             Some("stop"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "p", "max_completion_tokens": 1_000_000}),
+            400,
+            Some("max_completion_tokens"),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "p", "max_tokens": 1_000_000}),
+            400,
+            Some("max_tokens"),
         ),
         (
             chat,
