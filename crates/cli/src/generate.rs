@@ -88,11 +88,11 @@ pub fn run_loop<B: Backend>(
         if stop.load(Ordering::SeqCst) {
             break;
         }
-        // A file whose weights or scales overflow f32 gives NaN logits: sampling would turn them
-        // into token 0, over and over, and say nothing.
-        if logits.iter().any(|v| v.is_nan()) {
+        // A file whose weights or scales overflow f32 gives NaN (or infinite) logits: sampling
+        // would turn them into token 0, over and over, and say nothing.
+        if logits.iter().any(|v| !v.is_finite()) {
             return Err(format!(
-                "the model's logits are NaN after {} positions: its weights or scales overflow f32 (a damaged file?)",
+                "the model's logits are not finite after {} positions: its weights or scales overflow f32 (a damaged file?)",
                 s.pos()
             )
             .into());

@@ -54,7 +54,7 @@ pub struct Args {
     pub shutdown_timeout: u64,
     /// Seconds a stream may go without its client taking anything it was sent before its
     /// sequence is cancelled and its slot given to the next request.
-    #[arg(long = "stall-timeout", default_value_t = 60)]
+    #[arg(long = "stall-timeout", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub stall_timeout: u64,
 }
 

@@ -189,7 +189,7 @@ impl MuseConfig {
             Some(Value::String(a)) if a == ARCH => {}
             Some(Value::String(a)) => {
                 return Err(Error::Config(format!(
-                    "general.architecture is '{a}'; Muser runs only '{ARCH}' (Muse Glimmer)"
+                    "general.architecture is {a:?}; Muser runs only '{ARCH}' (Muse Glimmer)"
                 )));
             }
             Some(v) => {

@@ -150,7 +150,7 @@ fn wrong_types_and_values_are_named() {
         "general.architecture",
         Value::String("llama".into()),
     );
-    refuses(&b, &ts, &["'llama'", "muse-glimmer"]);
+    refuses(&b, &ts, &["\"llama\"", "muse-glimmer"]);
     let mut c = kv.clone();
     set(
         &mut c,

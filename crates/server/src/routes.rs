@@ -50,29 +50,28 @@ pub fn prepare_permits() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().max(2))
 }
 
-/// A turn to read, parse and format a generation request's body, taken before its body is read
-/// (axum runs this extractor before the body's), held until the request is queued.
-pub struct Prep(tokio::sync::OwnedSemaphorePermit);
+/// A turn to parse and format a request's body (`PrepJson`), taken once its bytes have all
+/// come (a slow upload holds no turn) and given back when the work that builds the prompt ends,
+/// even where the client has left by then.
+pub struct Prep(
+    // Held, never read: dropping it gives the turn back.
+    #[allow(dead_code)] tokio::sync::OwnedSemaphorePermit,
+);
 
-impl Prep {
-    /// The request is queued (or refused): the next one may prepare.
-    fn done(self) {
-        drop(self.0);
-    }
-}
+/// A JSON body as `ApiJson` reads it, parsed under a preparation turn (`Prep`), which comes
+/// with it for the formatting that follows.
+pub struct PrepJson<T>(pub T, pub Prep);
 
-impl axum::extract::FromRequestParts<AppState> for Prep {
+impl<T: DeserializeOwned> FromRequest<AppState> for PrepJson<T> {
     type Rejection = ApiError;
 
-    async fn from_request_parts(
-        _parts: &mut axum::http::request::Parts,
-        st: &AppState,
-    ) -> Result<Self, ApiError> {
-        Arc::clone(&st.prepare)
+    async fn from_request(req: Request, st: &AppState) -> Result<Self, ApiError> {
+        let bytes = body_bytes(req, st).await?;
+        let turn = Arc::clone(&st.prepare)
             .acquire_owned()
             .await
-            .map(Prep)
-            .map_err(|_| ApiError::unavailable("the server is shutting down"))
+            .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
+        Ok(PrepJson(parse_json(&bytes)?, Prep(turn)))
     }
 }
 
@@ -186,15 +185,19 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, st: &AppState) -> Result<Self, ApiError> {
-        let bytes = Bytes::from_request(req, st).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(st.max_body_bytes)
-            } else {
-                ApiError::bad_request(format!("cannot read the request body: {}", e.body_text()))
-            }
-        })?;
-        parse_json(&bytes).map(ApiJson)
+        parse_json(&body_bytes(req, st).await?).map(ApiJson)
     }
+}
+
+/// A request's body, whole: 413 over the size limit.
+async fn body_bytes(req: Request, st: &AppState) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, st).await.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(st.max_body_bytes)
+        } else {
+            ApiError::bad_request(format!("cannot read the request body: {}", e.body_text()))
+        }
+    })
 }
 
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
@@ -238,8 +241,7 @@ fn now() -> u64 {
 async fn chat_completions(
     State(st): State<AppState>,
     Extension(rid): Extension<RequestId>,
-    turn: Prep,
-    ApiJson(req): ApiJson<GenRequest>,
+    PrepJson(mut req, turn): PrepJson<GenRequest>,
 ) -> Result<Response, ApiError> {
     req.check_model(&st.model_id)?;
     let template = st.template.as_ref().ok_or_else(|| {
@@ -248,21 +250,25 @@ async fn chat_completions(
         )
         .code("no_chat_template")
     })?;
-    let Some(messages) = &req.messages else {
+    let Some(messages) = req.messages.take() else {
         return Err(ApiError::invalid("messages", "messages is required"));
     };
-    openai::text_parts_only(messages)?;
+    openai::text_parts_only(&messages)?;
     let opts = req.options(Endpoint::Chat, &st.tok)?;
     let tools = req.chat_tools()?;
-    let parser = ToolCallParser::from_json(tools.as_ref())
-        .map_err(|e| ApiError::invalid("tools", e.to_string()))?;
-    // Rendering and tokenizing a body of megabytes takes CPU time: off the async workers, so
-    // the other requests' streams are not held up behind it.
-    let prompt = {
+    // Reading the tools' schemas, rendering and tokenizing a body of megabytes take CPU time:
+    // off the async workers, so the other requests' streams are not held up behind them. The
+    // work owns the messages and the turn, both let go when it ends.
+    let (prompt, parser) = {
         let (template, tok) = (Arc::clone(template), Arc::clone(&st.tok));
-        let (messages, kwargs) = (messages.clone(), req.chat_template_kwargs.clone());
+        let kwargs = req.chat_template_kwargs.take();
         tokio::task::spawn_blocking(move || {
-            template.encode_sanitized(&tok, &messages, tools.as_ref(), true, kwargs.as_ref())
+            let parser = ToolCallParser::from_json(tools.as_ref())
+                .map_err(|e| ApiError::invalid("tools", e.to_string()))?;
+            let prompt =
+                template.encode_sanitized(&tok, &messages, tools.as_ref(), true, kwargs.as_ref());
+            drop(turn);
+            Ok::<_, ApiError>((prompt?, parser))
         })
         .await
         .map_err(|e| ApiError::internal(format!("formatting the chat failed: {e}")))??
@@ -282,9 +288,7 @@ async fn chat_completions(
         include_usage: opts.include_usage,
         chat_stops: chat_stops.clone(),
     };
-    let rx = submit(&st, &rid, seqs, &opts, false, chat_stops.as_ref());
-    turn.done();
-    let rx = rx?;
+    let rx = submit(&st, &rid, seqs, &opts, false, chat_stops.as_ref())?;
     Ok(if opts.stream {
         respond::stream(meta, rx, st.tok.clone(), Some(parser)).into_response()
     } else {
@@ -295,17 +299,20 @@ async fn chat_completions(
 async fn completions(
     State(st): State<AppState>,
     Extension(rid): Extension<RequestId>,
-    turn: Prep,
-    ApiJson(req): ApiJson<GenRequest>,
+    PrepJson(req, turn): PrepJson<GenRequest>,
 ) -> Result<Response, ApiError> {
     req.check_model(&st.model_id)?;
     let opts = req.options(Endpoint::Completions, &st.tok)?;
-    // Tokenizing off the async workers, as the chat's rendering.
+    // Tokenizing off the async workers, as the chat's rendering, under the request's turn.
     let prompts = {
         let tok = Arc::clone(&st.tok);
-        tokio::task::spawn_blocking(move || req.completion_prompts(&tok))
-            .await
-            .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))??
+        tokio::task::spawn_blocking(move || {
+            let prompts = req.completion_prompts(&tok);
+            drop(turn);
+            prompts
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))??
     };
     let seqs = openai::sequences(&prompts, &opts, st.engine.n_ctx(), "prompt")?;
     let meta = Meta {
@@ -318,9 +325,7 @@ async fn completions(
         include_usage: opts.include_usage,
         chat_stops: None,
     };
-    let rx = submit(&st, &rid, seqs, &opts, true, None);
-    turn.done();
-    let rx = rx?;
+    let rx = submit(&st, &rid, seqs, &opts, true, None)?;
     Ok(if opts.stream {
         respond::stream(meta, rx, st.tok.clone(), None).into_response()
     } else {
@@ -422,49 +427,58 @@ struct TokenizeRequest {
 
 async fn tokenize(
     State(st): State<AppState>,
-    _turn: Prep,
-    ApiJson(r): ApiJson<TokenizeRequest>,
+    PrepJson(r, turn): PrepJson<TokenizeRequest>,
 ) -> Result<Json<Value>, ApiError> {
     if let Some(m) = &r.model
         && m != &*st.model_id
     {
         return Err(ApiError::model_not_found(m, &st.model_id));
     }
+    let with_pieces = r.with_pieces.unwrap_or(false);
+    let (template, tok) = (st.template.clone(), Arc::clone(&st.tok));
+    // Off the async workers, under the request's turn, as a chat's prompt.
+    let ids = tokio::task::spawn_blocking(move || -> Result<Vec<u32>, ApiError> {
+        let ids = match (&r.messages, r.content.as_ref().or(r.prompt.as_ref())) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::bad_request(
+                    "give either messages or content/prompt, not both",
+                ));
+            }
+            (Some(messages), None) => {
+                let template = template.as_ref().ok_or_else(|| {
+                    ApiError::bad_request("this model has no chat template")
+                        .code("no_chat_template")
+                })?;
+                // As a chat request's prompt: text parts only, the tools completed the same way.
+                openai::text_parts_only(messages)?;
+                let tools = openai::offered_tools(r.tools.as_ref())?;
+                template.encode_sanitized(
+                    &tok,
+                    messages,
+                    tools.as_ref(),
+                    r.add_generation_prompt.unwrap_or(true),
+                    None,
+                )?
+            }
+            (None, Some(text)) => tok.encode(
+                text,
+                r.add_special.unwrap_or(tok.add_bos_default()),
+                r.parse_special.unwrap_or(false),
+            )?,
+            (None, None) => {
+                return Err(ApiError::invalid(
+                    "content",
+                    "give the text as content (or prompt), or a conversation as messages",
+                ));
+            }
+        };
+        drop(turn);
+        Ok(ids)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))??;
     let tok = &st.tok;
-    let ids = match (&r.messages, r.content.as_ref().or(r.prompt.as_ref())) {
-        (Some(_), Some(_)) => {
-            return Err(ApiError::bad_request(
-                "give either messages or content/prompt, not both",
-            ));
-        }
-        (Some(messages), None) => {
-            let template = st.template.as_ref().ok_or_else(|| {
-                ApiError::bad_request("this model has no chat template").code("no_chat_template")
-            })?;
-            // As a chat request's prompt: text parts only, the tools completed the same way.
-            openai::text_parts_only(messages)?;
-            let tools = openai::offered_tools(r.tools.as_ref())?;
-            template.encode_sanitized(
-                tok,
-                messages,
-                tools.as_ref(),
-                r.add_generation_prompt.unwrap_or(true),
-                None,
-            )?
-        }
-        (None, Some(text)) => tok.encode(
-            text,
-            r.add_special.unwrap_or(tok.add_bos_default()),
-            r.parse_special.unwrap_or(false),
-        )?,
-        (None, None) => {
-            return Err(ApiError::invalid(
-                "content",
-                "give the text as content (or prompt), or a conversation as messages",
-            ));
-        }
-    };
-    let tokens: Vec<Value> = if r.with_pieces.unwrap_or(false) {
+    let tokens: Vec<Value> = if with_pieces {
         ids.iter()
             .map(|&id| {
                 let piece = tok

@@ -68,6 +68,14 @@ pub fn mark(v: &mut Json, controls: &Controls) -> Result<()> {
         }
         Json::Object(o) => {
             for (k, x) in o.iter_mut() {
+                // (Stray markers are stripped from strings; a key keeps them, and
+                // `encode_marked` would take them for marks.)
+                if k.contains([MARK_START, MARK_END]) {
+                    return Err(TextError::InvalidChat(format!(
+                        "the key {:?} holds a private-use character Muser marks control tokens with (U+F0000 or U+F0001), so the request is refused",
+                        k.chars().take(40).collect::<String>()
+                    )));
+                }
                 if let Some(found) = controls.matcher.as_ref().and_then(|m| m.find(k.as_str())) {
                     return Err(TextError::InvalidChat(format!(
                         "the key {k:?} holds the control token {:?}; keys cannot be kept as text, so the request is refused",
@@ -116,6 +124,8 @@ pub fn encode_marked(tok: &Tokenizer, chat: &str) -> Result<Vec<u32>> {
             added.entry(t.as_str()).or_insert(i as u32);
         }
     }
+    // A mark holds one added token: its end is looked for no further than the longest.
+    let longest = added.keys().map(|t| t.len()).max().unwrap_or(0) + MARK_END.len_utf8();
     // (piece, the id of the added token it is when it was marked)
     let mut pieces: Vec<(&str, Option<u32>)> = Vec::new();
     let mut text_start = 0;
@@ -127,8 +137,12 @@ pub fn encode_marked(tok: &Tokenizer, chat: &str) -> Result<Vec<u32>> {
             pieces.push((&chat[text_start..i], None));
             let after = &rest[c.len_utf8()..];
             // A marked token: an added token's text, then MARK_END.
+            let mut window = longest.min(after.len());
+            while !after.is_char_boundary(window) {
+                window -= 1;
+            }
             let marked = (c == MARK_START)
-                .then(|| after.find(MARK_END).map(|e| &after[..e]))
+                .then(|| after[..window].find(MARK_END).map(|e| &after[..e]))
                 .flatten()
                 .and_then(|t| added.get(t).map(|&id| (t, id)));
             match marked {

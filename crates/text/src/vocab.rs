@@ -87,7 +87,7 @@ impl Vocab {
         };
         if model != "gpt2" {
             return Err(TextError::Unsupported(format!(
-                "{KEY_MODEL} = '{model}'; Muser implements the byte-level BPE ('gpt2') that Muse Glimmer uses"
+                "{KEY_MODEL} = {model:?}; Muser implements the byte-level BPE ('gpt2') that Muse Glimmer uses"
             )));
         }
         // llama.cpp maps "llama4" and "gpt-4o" to one pre-tokenizer (LLAMA_VOCAB_PRE_TYPE_GPT4O).
@@ -107,7 +107,7 @@ impl Vocab {
             "llama-bpe" | "llama3" => PreTokenizer::Llama3,
             other => {
                 return Err(TextError::Unsupported(format!(
-                    "{KEY_PRE} = '{other}'; supported: 'llama4' (Muse Glimmer), 'gpt-4o', 'llama-bpe'"
+                    "{KEY_PRE} = {other:?}; supported: 'llama4' (Muse Glimmer), 'gpt-4o', 'llama-bpe'"
                 )));
             }
         };

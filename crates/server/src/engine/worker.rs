@@ -635,8 +635,9 @@ impl<B: Backend> Worker<B> {
         }
         let eog = &self.eog;
         let t_sample = Instant::now();
-        // Err: the row holds a NaN (a file whose weights or scales overflow f32), which a draw
-        // would silently turn into token 0.
+        // Err: the row holds a NaN or an infinity (a file whose weights or scales overflow f32),
+        // which a draw would silently turn into token 0. (Rows drawn on the device are not
+        // checked: their logits never come to the host.)
         let ids: Vec<Option<Result<u32, ()>>> = {
             use rayon::prelude::*;
             self.running
@@ -645,7 +646,7 @@ impl<B: Backend> Worker<B> {
                 .zip(host_draw.par_iter())
                 .map(|((s, r), d)| {
                     let row = r.and_then(|r| logits.get(r * n_vocab..(r + 1) * n_vocab))?;
-                    if row.iter().any(|v| v.is_nan()) {
+                    if row.iter().any(|v| !v.is_finite()) {
                         return Some(Err(()));
                     }
                     Some(Ok(match d {
@@ -670,7 +671,7 @@ impl<B: Backend> Worker<B> {
                             s.outbox.push_back(Event::Error {
                                 index: s.index,
                                 error: ApiError::internal(
-                                    "the model's logits are NaN: its weights or scales overflow f32 (a damaged file?)",
+                                    "the model's logits are not finite: its weights or scales overflow f32 (a damaged file?)",
                                 ),
                             });
                             s.done = true;
@@ -829,12 +830,33 @@ impl<B: Backend> Worker<B> {
     fn flush(&mut self) {
         let limit = self.cfg.stall_timeout;
         let now = Instant::now();
+        // The choices of one request share its channel: the client is reading if any event went
+        // out on that channel, whichever choice it came from (the first of them may take every
+        // free place while the others wait).
+        let mut moving: Vec<tokio::sync::mpsc::Sender<Event>> = Vec::new();
+        let mut sent = Vec::with_capacity(self.running.len());
         for s in &mut self.running {
             let before = s.outbox.len();
-            match send_all(&s.job.tx, &mut s.outbox) {
+            let r = send_all(&s.job.tx, &mut s.outbox);
+            if s.outbox.len() < before && !moving.iter().any(|t| t.same_channel(&s.job.tx)) {
+                moving.push(s.job.tx.clone());
+            }
+            sent.push(r);
+        }
+        for (tx, q, _) in &mut self.draining {
+            let before = q.len();
+            send_all(tx, q);
+            if q.len() < before && !moving.iter().any(|t| t.same_channel(tx)) {
+                moving.push(tx.clone());
+            }
+        }
+        let read =
+            |tx: &tokio::sync::mpsc::Sender<Event>| moving.iter().any(|t| t.same_channel(tx));
+        for (s, r) in self.running.iter_mut().zip(sent) {
+            match r {
                 Sent::Closed if !s.done => cancel(s),
                 Sent::Blocked => {
-                    if s.outbox.len() < before {
+                    if read(&s.job.tx) {
                         s.stalled_since = Some(now);
                     }
                     let since = *s.stalled_since.get_or_insert(now);
@@ -846,12 +868,13 @@ impl<B: Backend> Worker<B> {
             }
         }
         self.draining.retain_mut(|(tx, q, since)| {
-            let before = q.len();
-            let blocked = send_all(tx, q) == Sent::Blocked;
-            if q.len() < before {
+            if q.is_empty() || tx.is_closed() {
+                return false;
+            }
+            if read(tx) {
                 *since = now;
             }
-            blocked && now.duration_since(*since) < limit
+            now.duration_since(*since) < limit
         });
         self.release_done();
     }

@@ -38,16 +38,37 @@ struct Walk<'a> {
 }
 
 impl<'a> Walk<'a> {
+    /// Takes `n` visits from the budget; false once it is spent.
+    fn spend(&mut self, n: usize) -> bool {
+        if self.left < n {
+            self.left = 0;
+            return false;
+        }
+        self.left -= n;
+        true
+    }
+
     fn check(&mut self, schema: &'a Value, depth: usize) -> bool {
+        self.check_as(schema, depth, None)
+    }
+
+    /// `schema`, its `type` taken as `ty` where that is given: one member of a type array, as
+    /// llama.cpp's `{"anyOf": [{"type": "a", ...}, {"type": "b", ...}]}` (without copying the
+    /// schema for each).
+    fn check_as(&mut self, schema: &'a Value, depth: usize, ty: Option<&'a Value>) -> bool {
+        if depth > MAX_DEPTH || !self.spend(1) {
+            return false;
+        }
         let Some(s) = schema.as_object() else {
             return false;
         };
-        if depth > MAX_DEPTH || self.left == 0 {
-            return false;
-        }
-        self.left -= 1;
         if let Some(r) = s.get("$ref") {
-            let Some(t) = r.as_str().and_then(|r| resolve(r, self.root)) else {
+            // A pointer is read part by part: its length is work too.
+            let Some(t) = r
+                .as_str()
+                .filter(|r| self.spend(r.len() / 16))
+                .and_then(|r| resolve(r, self.root))
+            else {
                 return false;
             };
             let key: *const Value = t;
@@ -64,34 +85,24 @@ impl<'a> Walk<'a> {
                 .as_array()
                 .is_some_and(|a| a.iter().any(|c| self.check(c, depth + 1)));
         }
-        // {"type": ["a", "b"], ...} is {"anyOf": [{"type": "a", ...}, {"type": "b", ...}]}.
-        if let Some(Value::Array(types)) = s.get("type") {
-            return types.iter().any(|t| {
-                let mut alt = s.clone();
-                alt.insert("type".into(), t.clone());
-                // The variant is a new value: its own references resolve in root as before.
-                let alt = Value::Object(alt);
-                let mut inner = Walk {
-                    root: self.root,
-                    path: std::mem::take(&mut self.path),
-                    left: self.left,
-                };
-                let found = inner.check(&alt, depth + 1);
-                self.path = inner.path;
-                self.left = inner.left;
-                found
-            });
+        let ty = ty.or_else(|| s.get("type"));
+        if let Some(Value::Array(types)) = ty {
+            return types
+                .iter()
+                .any(|t| self.check_as(schema, depth + 1, Some(t)));
         }
         if let Some(c) = s.get("const") {
             return c.is_string();
         }
         if let Some(e) = s.get("enum") {
-            return e.as_array().is_some_and(|a| a.iter().any(Value::is_string));
+            return e
+                .as_array()
+                .is_some_and(|a| self.spend(a.len() / 16) && a.iter().any(Value::is_string));
         }
         let has_properties = s.contains_key("properties")
             || s.get("additionalProperties")
                 .is_some_and(|a| *a != Value::Bool(true));
-        match s.get("type").and_then(Value::as_str) {
+        match ty.and_then(Value::as_str) {
             None => {
                 if has_properties {
                     false
@@ -120,6 +131,9 @@ impl<'a> Walk<'a> {
         };
         let mut any_string = false;
         for c in children {
+            if !self.spend(1) {
+                return false;
+            }
             if is_any(c) {
                 continue;
             }
