@@ -356,6 +356,7 @@ fn submit(
         logprobs: opts.logprobs,
         ignore_eos: opts.ignore_eos,
         logit_bias: opts.logit_bias.clone(),
+        max_tokens_param: opts.max_tokens_param,
         tx,
     })?;
     Ok(rx)

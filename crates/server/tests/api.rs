@@ -1014,3 +1014,31 @@ async fn draws_on_the_backend_reproduce_and_agree_with_the_host() {
     );
     assert!(host.metric("muser_draws_total", "where=\"host\"").await >= (32 + 6 + 5) as f64);
 }
+
+/// A request whose worst case cannot fit the KV budget is refused with the field its length came
+/// from.
+#[tokio::test]
+async fn the_kv_budget_refusal_names_the_length_field() {
+    use muser_server::engine::KvCost;
+    let file = muser_engine::ModelFile::open(common::fixture(MODEL)).unwrap();
+    let cost = KvCost::new(&file.config, muser_engine::KvType::F16).unwrap();
+    let s = Server::start(Opts {
+        kv_budget: Some(cost.bytes(64)),
+        ..Opts::default()
+    })
+    .await;
+    for field in ["max_tokens", "max_completion_tokens"] {
+        let e = s
+            .post("/v1/completions", &json!({"prompt": "hi", field: 500}))
+            .await
+            .openai_error(400);
+        assert_eq!(e["param"], field, "{e}");
+        assert!(
+            e["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("lower {field}")),
+            "{e}"
+        );
+    }
+}

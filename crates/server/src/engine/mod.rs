@@ -69,6 +69,9 @@ pub struct Job {
     /// Keep generating past end-of-generation tokens (they are masked out).
     pub ignore_eos: bool,
     pub logit_bias: Vec<(u32, f32)>,
+    /// The request field the completion length came from (`max_completion_tokens` or
+    /// `max_tokens`), named by a refusal about it.
+    pub max_tokens_param: &'static str,
     pub tx: mpsc::Sender<Event>,
 }
 
@@ -171,10 +174,10 @@ impl EngineHandle {
             let need = s.cost.bytes((q.prompt.len() + q.max_tokens).min(s.n_ctx));
             if need > s.budget {
                 return Err(ApiError::invalid(
-                    "max_tokens",
+                    job.max_tokens_param,
                     format!(
-                        "this request needs {need} bytes of KV cache at most, above the server's budget of {} bytes; lower max_tokens or shorten the prompt",
-                        s.budget
+                        "this request needs {need} bytes of KV cache at most, above the server's budget of {} bytes; lower {} or shorten the prompt",
+                        s.budget, job.max_tokens_param
                     ),
                 ));
             }
