@@ -75,33 +75,23 @@ const KEY_MERGES: &str = "tokenizer.ggml.merges";
 
 impl Vocab {
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
-        let model = match g.get(KEY_MODEL) {
-            None => {
-                return Err(TextError::Vocab(format!(
-                    "missing '{KEY_MODEL}': this GGUF carries no tokenizer"
-                )));
-            }
-            Some(v) => v
-                .as_str()
-                .ok_or_else(|| wrong_type(KEY_MODEL, "a string", v))?,
-        };
+        let model = string_key(g, KEY_MODEL, || {
+            TextError::Vocab(format!(
+                "missing '{KEY_MODEL}': this GGUF carries no tokenizer"
+            ))
+        })?;
         if model != "gpt2" {
             return Err(TextError::Unsupported(format!(
                 "{KEY_MODEL} = {model:?}; Muser implements the byte-level BPE ('gpt2') that Muse Glimmer uses"
             )));
         }
         // llama.cpp maps "llama4" and "gpt-4o" to one pre-tokenizer (LLAMA_VOCAB_PRE_TYPE_GPT4O).
-        let pre_name = match g.get(KEY_PRE) {
-            // llama.cpp then takes its "default" pre-tokenizer, which Muser does not implement.
-            None => {
-                return Err(TextError::Unsupported(format!(
-                    "missing '{KEY_PRE}': llama.cpp would split text with its 'default' pre-tokenizer; supported: 'llama4' (Muse Glimmer), 'gpt-4o', 'llama-bpe'"
-                )));
-            }
-            Some(v) => v
-                .as_str()
-                .ok_or_else(|| wrong_type(KEY_PRE, "a string", v))?,
-        };
+        // Absent, llama.cpp takes its "default" pre-tokenizer, which Muser does not implement.
+        let pre_name = string_key(g, KEY_PRE, || {
+            TextError::Unsupported(format!(
+                "missing '{KEY_PRE}': llama.cpp would split text with its 'default' pre-tokenizer; supported: 'llama4' (Muse Glimmer), 'gpt-4o', 'llama-bpe'"
+            ))
+        })?;
         let pre = match pre_name {
             "llama4" | "gpt-4o" => PreTokenizer::Llama4,
             "llama-bpe" | "llama3" => PreTokenizer::Llama3,
@@ -278,6 +268,13 @@ fn split_merge(m: &str) -> Option<(String, String)> {
     let start = m.char_indices().nth(1).map(|(i, _)| i)?;
     let pos = start + m[start..].find(' ')?;
     Some((m[..pos].to_string(), m[pos + 1..].to_string()))
+}
+
+/// The string at `key`: `missing()` where it is absent, a wrong-type error where it is not a
+/// string.
+fn string_key<'a>(g: &'a Gguf, key: &str, missing: impl FnOnce() -> TextError) -> Result<&'a str> {
+    let v = g.get(key).ok_or_else(missing)?;
+    v.as_str().ok_or_else(|| wrong_type(key, "a string", v))
 }
 
 fn wrong_type(key: &str, want: &str, v: &Value) -> TextError {
