@@ -25,6 +25,12 @@ pub fn run(a: Args) -> CliResult {
         g.version,
         g.alignment
     );
+    if g.n_shards() > 1 {
+        println!(
+            "split model: {} shards, opened from the first (the bytes are all of theirs)",
+            g.n_shards()
+        );
+    }
     println!("\nmetadata ({} keys):", g.metadata().len());
     for (k, v) in g.metadata() {
         println!(

@@ -380,3 +380,42 @@ fn nan_logits_stop_generation_with_a_reason() {
     ]);
     assert!(!ok && e.contains("logits are not finite"), "{e}");
 }
+
+/// A split model is inspected and run from its first shard; a later shard names the first.
+#[test]
+fn a_split_model_runs_from_its_first_shard() {
+    let first = fixture("split/tame-q4_k_m-00001-of-00003.gguf");
+    let out = Command::new(env!("CARGO_BIN_EXE_muser"))
+        .args(["inspect", &first])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("split model: 3 shards") && stdout.contains("verdict: Muser can run"),
+        "{stdout}"
+    );
+    // The same greedy text as the whole file.
+    let greedy = |m: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_muser"))
+            .args([
+                "generate", "-m", m, "-p", "Hello", "-n", "12", "--temp", "0",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let whole = greedy(&fixture("tame-q4_k_m.gguf"));
+    assert!(!whole.is_empty());
+    assert_eq!(greedy(&first), whole);
+    let (ok, e) = muser(&["inspect", &fixture("split/tame-q4_k_m-00002-of-00003.gguf")]);
+    assert!(
+        !ok && e.contains("shard 2 of 3") && e.contains("tame-q4_k_m-00001-of-00003.gguf"),
+        "{e}"
+    );
+}

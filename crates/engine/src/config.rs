@@ -169,20 +169,22 @@ impl MuseConfig {
     /// Read and validate the configuration. Every missing required key, wrong type or value
     /// the engine does not implement is an error naming the key.
     pub fn from_gguf(g: &Gguf) -> Result<Self> {
-        // A shard of a split GGUF (llama.cpp's gguf-split: `split.no` of `split.count`) holds
-        // part of the tensors; the first also names every key, so without this check it would
-        // be refused for its missing tensors, a message that hides the cause.
-        if let Some(n) = g.get("split.count").and_then(Value::as_i64)
+        // A split GGUF opened from its first file's path holds every shard's tensors
+        // (`Gguf::open`); a single shard read any other way (an image in memory) holds part
+        // of them, and would otherwise be refused for its missing tensors, a message that
+        // hides the cause.
+        if let Some(n) = muser_gguf::split::count(g)?
             && n > 1
+            && g.n_shards() != n as usize
         {
             let no = g
-                .get("split.no")
+                .get(muser_gguf::split::KEY_NO)
                 .and_then(Value::as_i64)
                 .map_or(String::new(), |i| {
                     format!(" (this is shard {} of them)", i.saturating_add(1))
                 });
             return Err(Error::Config(format!(
-                "this GGUF is one of {n} shards of a split model{no}: Muser loads one file; merge them first with llama.cpp's `llama-gguf-split --merge FIRST-SHARD.gguf MERGED.gguf`"
+                "this GGUF is one of {n} shards of a split model{no}, read alone: open the first shard's file (NAME-00001-of-{n:05}.gguf) and Muser finds the others beside it"
             )));
         }
         match g.get("general.architecture") {

@@ -40,6 +40,7 @@ impl Matrix {
             ggml_type: ty,
             offset: 0,
             n_bytes: row * rows as u64,
+            shard: 0,
         };
         Ok(Matrix {
             name: name.to_string(),

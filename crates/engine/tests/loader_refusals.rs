@@ -112,7 +112,7 @@ fn a_split_shard_is_named() {
     refuses(
         &kv,
         &half,
-        &["one of 3 shards", "shard 2", "llama-gguf-split --merge"],
+        &["one of 3 shards", "shard 2", "open the first shard"],
     );
 }
 

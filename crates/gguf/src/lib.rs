@@ -7,6 +7,7 @@
 //! many tiny entries cannot make the parsed header many times the file's size.
 
 mod reader;
+pub mod split;
 mod types;
 mod value;
 mod writer;

@@ -47,6 +47,8 @@ pub struct TensorInfo {
     pub offset: u64,
     /// Bytes of tensor data.
     pub n_bytes: u64,
+    /// Which file of a split model holds the bytes: 0 for the first (or only) file.
+    pub shard: u16,
 }
 
 impl TensorInfo {
@@ -69,12 +71,17 @@ impl Source {
     }
 }
 
-/// An opened GGUF file: parsed header, tensor data borrowed from the map.
+/// An opened GGUF file: parsed header, tensor data borrowed from the map. A split model (the
+/// first of its shards opened with [`Gguf::open`]) is one `Gguf` too: the first shard's
+/// metadata and every shard's tensors.
 pub struct Gguf {
     source: Source,
+    /// The other shards of a split model, in order (the second file first), with the absolute
+    /// offset of each one's data section.
+    more: Vec<(Source, u64)>,
     pub version: u32,
     pub alignment: u64,
-    /// Absolute file offset of the data section.
+    /// Absolute file offset of the (first file's) data section.
     pub data_offset: u64,
     metadata: Vec<(String, Value)>,
     key_index: HashMap<String, usize>,
@@ -88,13 +95,27 @@ impl std::fmt::Debug for Gguf {
             .field("version", &self.version)
             .field("metadata", &self.metadata.len())
             .field("tensors", &self.tensors.len())
+            .field("shards", &self.n_shards())
             .finish()
     }
 }
 
 impl Gguf {
-    /// Open and memory-map a GGUF file.
+    /// Open and memory-map a GGUF file. When it is the first shard of a split model (`split.count`
+    /// above 1, as llama.cpp's `gguf-split` and the converter's `--split-max-*` write them), the
+    /// other shards are found beside it by llama.cpp's names (`PREFIX-00002-of-00003.gguf`) and
+    /// opened too: see [`crate::split`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let first = Self::open_file(path)?;
+        match crate::split::count(&first)? {
+            Some(n) if n > 1 => first.with_shards(path, n),
+            _ => Ok(first),
+        }
+    }
+
+    /// Open and memory-map one file, whatever its `split.*` keys say.
+    pub fn open_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let file = File::open(path)
             .map_err(|e| GgufError::Io(format!("cannot open {}: {e}", path.display())))?;
@@ -126,6 +147,7 @@ impl Gguf {
         let h = parse_header(source.bytes())?;
         Ok(Gguf {
             source,
+            more: Vec::new(),
             version: h.version,
             alignment: h.alignment,
             data_offset: h.data_offset,
@@ -164,20 +186,119 @@ impl Gguf {
         self.tensor_index.get(name).map(|&i| &self.tensors[i])
     }
 
-    /// The bytes of a tensor of this file, borrowed from the map (bounds were proven at open).
+    /// The bytes of a tensor of this file (or of its shard of a split model), borrowed from the
+    /// map (bounds were proven at open).
     pub fn tensor_data(&self, t: &TensorInfo) -> &[u8] {
-        let start = (self.data_offset + t.offset) as usize;
-        &self.source.bytes()[start..start + t.n_bytes as usize]
+        let (bytes, data_offset) = self.shard(t.shard);
+        let start = (data_offset + t.offset) as usize;
+        &bytes[start..start + t.n_bytes as usize]
     }
 
-    /// Where a tensor's bytes start in the file (the data section's offset plus the tensor's).
+    /// Where a tensor's bytes start in its file (the data section's offset plus the tensor's).
     pub fn tensor_file_offset(&self, t: &TensorInfo) -> u64 {
-        self.data_offset + t.offset
+        self.shard(t.shard).1 + t.offset
     }
 
-    /// Total file size in bytes.
+    fn shard(&self, i: u16) -> (&[u8], u64) {
+        match i {
+            0 => (self.source.bytes(), self.data_offset),
+            _ => {
+                let (s, off) = &self.more[i as usize - 1];
+                (s.bytes(), *off)
+            }
+        }
+    }
+
+    /// Files this model was read from: 1, or a split model's shard count.
+    pub fn n_shards(&self) -> usize {
+        1 + self.more.len()
+    }
+
+    /// Total size in bytes of the file (of every shard, for a split model).
     pub fn file_size(&self) -> u64 {
         self.source.bytes().len() as u64
+            + self
+                .more
+                .iter()
+                .map(|(s, _)| s.bytes().len() as u64)
+                .sum::<u64>()
+    }
+
+    /// Open the shards after the first (`self`, shard 0 of `n`, read from `path`) and take
+    /// their tensors in, refusing what llama.cpp's loader refuses: a shard out of place, a
+    /// tensor in two shards, a total that is not `split.tensors.count`.
+    fn with_shards(mut self, path: &Path, n: u16) -> Result<Self> {
+        let no = crate::split::number(&self, path)?;
+        let paths = crate::split::paths(path, no, n)?;
+        if no != 0 {
+            return Err(GgufError::Format(format!(
+                "{} is shard {} of {n} of a split model; open the first shard, {}",
+                path.display(),
+                no + 1,
+                paths[0].display()
+            )));
+        }
+        let expected = crate::split::tensor_count(&self, path)?;
+        for (i, p) in paths.iter().enumerate().skip(1) {
+            let g = Gguf::open_file(p).map_err(|e| match e {
+                GgufError::Io(m) => GgufError::Io(format!(
+                    "{m} (shard {} of {n} of the split model {})",
+                    i + 1,
+                    path.display()
+                )),
+                other => other,
+            })?;
+            let got = crate::split::number(&g, p)?;
+            if usize::from(got) != i {
+                return Err(GgufError::Format(format!(
+                    "{} says it is shard {} (split.no {got}), expected shard {} of {n}",
+                    p.display(),
+                    got as u32 + 1,
+                    i + 1
+                )));
+            }
+            match crate::split::count(&g)? {
+                Some(m) if m == n => {}
+                m => {
+                    return Err(GgufError::Format(format!(
+                        "{} says its model has {} shards (split.count), {} says {n}: files of two different splits",
+                        p.display(),
+                        m.unwrap_or(1),
+                        path.display()
+                    )));
+                }
+            }
+            let total = self.tensors.len() + g.tensors.len();
+            if total as u64 > MAX_ENTRIES {
+                return Err(GgufError::Format(format!(
+                    "the shards of {} hold more than {MAX_ENTRIES} tensors",
+                    path.display()
+                )));
+            }
+            for mut t in g.tensors {
+                if let Some(&j) = self.tensor_index.get(&t.name) {
+                    return Err(GgufError::Format(format!(
+                        "tensor '{}' is in shard {} and again in shard {} ({})",
+                        t.name,
+                        self.tensors[j].shard as u32 + 1,
+                        i + 1,
+                        p.display()
+                    )));
+                }
+                t.shard = i as u16;
+                self.tensor_index.insert(t.name.clone(), self.tensors.len());
+                self.tensors.push(t);
+            }
+            self.more.push((g.source, g.data_offset));
+        }
+        if self.tensors.len() as u64 != expected {
+            return Err(GgufError::Format(format!(
+                "the {n} shards of {} hold {} tensors, but split.tensors.count says {expected}",
+                path.display(),
+                self.tensors.len()
+            )));
+        }
+        Ok(self)
     }
 }
 
@@ -538,6 +659,7 @@ fn parse_header(buf: &[u8]) -> Result<Header> {
             ggml_type,
             offset,
             n_bytes,
+            shard: 0,
         });
     }
 
