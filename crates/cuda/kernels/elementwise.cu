@@ -170,6 +170,20 @@ extern "C" __global__ void logit_edits(float* __restrict__ x, int cols, const u3
     for (u32 e = par[d] + threadIdx.x; e < start[d + 1]; e += blockDim.x) logit_edit(r, cols, ed + 4ull * e);
 }
 
+// Whether each drawn row's logits, before its edits, hold a NaN or an infinity (the host's
+// check, sampling.rs NOT_FINITE: a damaged file's overflow, which a draw would turn into some
+// token). grid (chunks, draws); any block that finds one sets bad[d] (zeroed by the caller).
+extern "C" __global__ void rows_not_finite(const float* x, int cols, const u32* rowix, u32* bad) {
+    const int d = blockIdx.y;
+    const float* r = x + (long long)rowix[d] * cols;
+    const int per = (cols + gridDim.x - 1) / gridDim.x;
+    const int c0 = blockIdx.x * per, c1 = min(cols, c0 + per);
+    int found = 0;
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
+        found |= (__float_as_uint(r[c]) & 0x7f800000u) == 0x7f800000u;
+    if (__syncthreads_or(found) && threadIdx.x == 0) bad[d] = 1u;
+}
+
 // Position k of the SplitMix64 stream of `seed` (sampling.rs Rng::at).
 __device__ __forceinline__ u64 splitmix_at(u64 seed, u64 k) {
     u64 z = seed + (k + 1ull) * 0x9E3779B97F4A7C15ull;
@@ -183,8 +197,9 @@ __device__ __forceinline__ u64 splitmix_at(u64 seed, u64 k) {
 // argmax_rows), score v * inv_t + g with g = -ln(-ln(u)) from the row's seeded stream at
 // (counter << 32) | id, or v when greedy (inv_t = 0); the largest score, lowest id among ties.
 // par[2d] = inv_t, par[2d + 1] = min_p; key[2d] = seed, key[2d + 1] = counter. grid (chunks,
-// draws), 1024 threads; the last block of a draw merges the chunks (as argmax_rows).
-extern "C" __global__ void draw_rows(const float* x, int cols, const u32* rowix, const u32* amax, const double* par, const u64* key, u32* out, double* pv, int* pi, unsigned* cnt) {
+// draws), 1024 threads; the last block of a draw merges the chunks (as argmax_rows). A row
+// rows_not_finite marked (bad[d]) gets 0xffffffff (NOT_FINITE), no token.
+extern "C" __global__ void draw_rows(const float* x, int cols, const u32* rowix, const u32* amax, const double* par, const u64* key, const u32* bad, u32* out, double* pv, int* pi, unsigned* cnt) {
     __shared__ bool last;
     const int d = blockIdx.y;
     const float* r = x + (long long)rowix[d] * cols;
@@ -230,7 +245,7 @@ extern "C" __global__ void draw_rows(const float* x, int cols, const u32* rowix,
         amax_block(best, idx);
     }
     if (threadIdx.x == 0) {
-        out[d] = idx != 0x7fffffff ? (u32)idx : (any ? g : 0u);
+        out[d] = bad[d] ? 0xffffffffu : idx != 0x7fffffff ? (u32)idx : (any ? g : 0u);
         if (gridDim.x > 1) cnt[d] = 0u;
     }
 }

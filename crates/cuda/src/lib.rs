@@ -1341,7 +1341,8 @@ impl CudaBackend {
 
     /// One token per listed row of `logits`, chosen on the device (`RowDraw`): the rows
     /// edited in place (`logit_edits`), their largest values found (`argmax_rows`), then one
-    /// seeded Gumbel-max draw per row (`draw_rows`); only the ids come back to the host.
+    /// seeded Gumbel-max draw per row (`draw_rows`); only the ids come back to the host. A row
+    /// whose logits held a NaN or an infinity before its edits gets `NOT_FINITE`, no token.
     pub fn draw(
         &self,
         logits: &mut CudaAct,
@@ -1411,6 +1412,26 @@ impl CudaBackend {
         let ed_d = st.clone_htod(&ed).map_err(up("upload edits"))?;
         let params_d = st.clone_htod(&par).map_err(up("upload draws"))?;
         let key_d = st.clone_htod(&key).map_err(up("upload draws"))?;
+        let chunks = logits
+            .cols
+            .div_ceil(4096)
+            .clamp(1, 2 * self.sm_count.max(1) as usize);
+        // Rows holding a NaN or an infinity before their edits (a mask writes -inf): the host's
+        // check of a row it draws, made where the logits are.
+        let mut bad = st.alloc_zeros::<u32>(nd).map_err(dev("alloc"))?;
+        {
+            let func = self.f("rows_not_finite")?;
+            let mut b = st.launch_builder(&func);
+            b.arg(&logits.data).arg(&cols).arg(&rowix_d).arg(&mut bad);
+            let cfg = LaunchConfig {
+                grid_dim: (chunks as u32, nd as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: reads rows rowix (< logits.rows, checked above) of cols floats; writes
+            // only bad[0..nd], allocated above.
+            unsafe { b.launch(cfg) }.map_err(dev("rows_not_finite"))?;
+        }
         {
             let func = self.f("logit_edits")?;
             let mut b = st.launch_builder(&func);
@@ -1433,10 +1454,6 @@ impl CudaBackend {
         logits.xs_ok = false;
         let mut amax = st.alloc_zeros::<u32>(logits.rows).map_err(dev("alloc"))?;
         self.argmax(logits, &mut amax)?;
-        let chunks = logits
-            .cols
-            .div_ceil(4096)
-            .clamp(1, 2 * self.sm_count.max(1) as usize);
         let mut out = st.alloc_zeros::<u32>(nd).map_err(dev("alloc"))?;
         let mut pv = st.alloc_zeros::<f64>(chunks * nd).map_err(dev("alloc"))?;
         let mut pi = st.alloc_zeros::<i32>(chunks * nd).map_err(dev("alloc"))?;
@@ -1449,6 +1466,7 @@ impl CudaBackend {
             .arg(&amax)
             .arg(&params_d)
             .arg(&key_d)
+            .arg(&bad)
             .arg(&mut out)
             .arg(&mut pv)
             .arg(&mut pi)
@@ -1459,7 +1477,7 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         // SAFETY: reads rows rowix (< logits.rows) of cols floats and amax (logits.rows ids),
-        // 2 nd params and keys; writes nd ids and chunks x nd partials, and resets the nd
+        // 2 nd params and keys and nd flags; writes nd ids and chunks x nd partials, and resets the nd
         // zeroed counters it counts with.
         unsafe { b.launch(cfg) }.map_err(dev("draw_rows"))?;
         st.clone_dtoh(&out).map_err(dev("download draws"))

@@ -183,7 +183,8 @@ pub trait Backend: Send + Sync {
         false
     }
     /// One token per listed row of the `cols`-wide `logits` (row `rows[i]` chosen by
-    /// `draws[i]`, `RowDraw`; each row at most once), into `out`. A device implementation edits
+    /// `draws[i]`, `RowDraw`; each row at most once), into `out`, or `sampling::NOT_FINITE` for
+    /// a row holding a NaN or an infinity before its edits. A device implementation edits
     /// those rows in place; the default reads them to the host, edits the copy and chooses
     /// through `RowDraw::choose` (the reference of a device implementation).
     fn draw_rows(
@@ -205,6 +206,10 @@ pub trait Backend: Send + Sync {
         self.read_rows_into(logits, cols, rows, &mut host)?;
         out.clear();
         for (row, d) in host.chunks_exact_mut(cols.max(1)).zip(draws) {
+            if row.iter().any(|v| !v.is_finite()) {
+                out.push(crate::sampling::NOT_FINITE);
+                continue;
+            }
             d.edit(row);
             out.push(d.choose(row));
         }

@@ -12,7 +12,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use muser_engine::muse_glimmer::Workspace;
-use muser_engine::sampling::{LogitEdit, RowDraw, log_softmax};
+use muser_engine::sampling::{LogitEdit, NOT_FINITE, RowDraw, log_softmax};
 use muser_engine::{Backend, Batch, MuseGlimmer, Sampler};
 use muser_text::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc::error::TrySendError;
@@ -636,8 +636,8 @@ impl<B: Backend> Worker<B> {
         let eog = &self.eog;
         let t_sample = Instant::now();
         // Err: the row holds a NaN or an infinity (a file whose weights or scales overflow f32),
-        // which a draw would silently turn into token 0. (Rows drawn on the device are not
-        // checked: their logits never come to the host.)
+        // which a draw would silently turn into token 0. (A row drawn on the device is checked
+        // there: its id is NOT_FINITE.)
         let ids: Vec<Option<Result<u32, ()>>> = {
             use rayon::prelude::*;
             self.running
@@ -663,22 +663,17 @@ impl<B: Backend> Worker<B> {
         for (&gi, p) in row_item.iter().zip(&place) {
             let ri = group[gi].0;
             let (row, id) = match *p {
-                Ok(d) => (None, dev_ids.get(d).copied()),
+                Ok(d) => match dev_ids.get(d).copied() {
+                    Some(NOT_FINITE) => {
+                        self.fail_not_finite(ri);
+                        continue;
+                    }
+                    id => (None, id),
+                },
                 Err(h) => {
                     let id = match ids.get(ri).copied().flatten() {
                         Some(Err(())) => {
-                            let s = &mut self.running[ri];
-                            s.outbox.push_back(Event::Error {
-                                index: s.index,
-                                error: ApiError::internal(
-                                    "the model's logits are not finite: its weights or scales overflow f32 (a damaged file?)",
-                                ),
-                            });
-                            s.done = true;
-                            // Its cache may hold the overflow too: not for reuse.
-                            self.dirty[s.slot] = true;
-                            metrics::counter!("muser_sequences_finished_total", "reason" => "error")
-                                .increment(1);
+                            self.fail_not_finite(ri);
                             continue;
                         }
                         Some(Ok(id)) => Some(id),
@@ -703,6 +698,21 @@ impl<B: Backend> Worker<B> {
         // Drawing the tokens and turning them into events (logprobs, stop strings, text).
         metrics::histogram!("muser_sample_seconds").record(t_sample.elapsed().as_secs_f64());
         self.logits = logits;
+    }
+
+    /// End `running[ri]` with an error: its logits hold a NaN or an infinity.
+    fn fail_not_finite(&mut self, ri: usize) {
+        let s = &mut self.running[ri];
+        s.outbox.push_back(Event::Error {
+            index: s.index,
+            error: ApiError::internal(
+                "the model's logits are not finite: its weights or scales overflow f32 (a damaged file?)",
+            ),
+        });
+        s.done = true;
+        // Its cache may hold the overflow too: not for reuse.
+        self.dirty[s.slot] = true;
+        metrics::counter!("muser_sequences_finished_total", "reason" => "error").increment(1);
     }
 
     /// Emit `id`, the token drawn (`choose`) for `running[ri]` from its logits row.

@@ -38,6 +38,9 @@ pub struct Opts {
     pub stall_timeout: Duration,
     /// `--kv-budget-mib` in bytes (None: `--parallel` full contexts).
     pub kv_budget: Option<usize>,
+    /// Every `attn_q_norm` at 3e38, a finite constant the loader accepts whose products
+    /// overflow f32: the model's logits are NaN.
+    pub overflow: bool,
 }
 
 impl Default for Opts {
@@ -56,6 +59,7 @@ impl Default for Opts {
             prefix_reuse: true,
             stall_timeout: Duration::from_secs(60),
             kv_budget: None,
+            overflow: false,
         }
     }
 }
@@ -68,7 +72,10 @@ pub struct Server {
 
 impl Server {
     pub async fn start(o: Opts) -> Server {
-        let g = Arc::new(Gguf::open(fixture(MODEL)).expect("fixture model"));
+        let mut g = Arc::new(Gguf::open(fixture(MODEL)).expect("fixture model"));
+        if o.overflow {
+            g = Arc::new(overflowing(&g));
+        }
         let tokenizer = Tokenizer::from_gguf(&g).expect("tokenizer");
         let template = o
             .template
@@ -222,6 +229,28 @@ impl Resp {
         assert!(o.contains_key("param") && o.contains_key("code"), "{v}");
         e
     }
+}
+
+/// `g` with every `attn_q_norm` at 3e38 (`Opts::overflow`).
+fn overflowing(g: &Gguf) -> Gguf {
+    let mut w = muser_gguf::GgufWriter::new();
+    for (k, v) in g.metadata() {
+        if k != "general.alignment" {
+            w.add(k, v.clone()).expect("key");
+        }
+    }
+    for t in g.tensors() {
+        let mut bytes = g.tensor_data(t).to_vec();
+        if t.name.ends_with("attn_q_norm.weight") {
+            bytes = bytes
+                .chunks_exact(4)
+                .flat_map(|_| 3e38f32.to_le_bytes())
+                .collect();
+        }
+        w.add_tensor(&t.name, &t.dims, t.ggml_type, bytes)
+            .expect("tensor");
+    }
+    Gguf::from_bytes(w.to_bytes().expect("bytes")).expect("gguf")
 }
 
 fn head_request(
