@@ -6,6 +6,8 @@
 //! wrapped in two private-use markers before rendering; after rendering, marked tokens are encoded
 //! as plain text and everything else (the template's own tokens) normally.
 
+use std::collections::HashMap;
+
 use aho_corasick::{AhoCorasick, MatchKind};
 use serde_json::Value as Json;
 
@@ -113,19 +115,44 @@ fn mark_str(s: &str, controls: &Controls) -> String {
     out
 }
 
+/// What sanitizing needs of one tokenizer and template, built from their whole vocabulary and
+/// source (milliseconds for a 202,048-token vocabulary), so built once and kept
+/// (`ChatTemplate::encode_sanitized` keeps the one of the tokenizer it last saw).
+pub struct Sanitizer {
+    controls: Controls,
+    /// The added tokens by text (the first id of a text, as `token_id`).
+    added: HashMap<String, u32>,
+    /// The longest added token's bytes and a closing marker's: how far a mark's end is looked for.
+    longest: usize,
+}
+
+impl Sanitizer {
+    pub fn new(tok: &Tokenizer, template_source: &str) -> Result<Self> {
+        let mut added: HashMap<String, u32> = HashMap::new();
+        let v = tok.vocab();
+        for (i, (t, ty)) in v.tokens.iter().zip(&v.types).enumerate() {
+            if matches!(ty, TokenType::Control | TokenType::UserDefined) {
+                added.entry(t.clone()).or_insert(i as u32);
+            }
+        }
+        let longest = added.keys().map(|t| t.len()).max().unwrap_or(0) + MARK_END.len_utf8();
+        Ok(Sanitizer {
+            controls: control_tokens(tok, template_source)?,
+            added,
+            longest,
+        })
+    }
+
+    pub fn controls(&self) -> &Controls {
+        &self.controls
+    }
+}
+
 /// Encodes a chat rendered from marked inputs, exactly as `encode_marked_chat`: the text is cut
 /// at every marker; marked tokens are encoded as plain text, other pieces with special tokens.
-pub fn encode_marked(tok: &Tokenizer, chat: &str) -> Result<Vec<u32>> {
-    // The added tokens by text (the first id of a text, as `token_id`).
-    let mut added: std::collections::HashMap<&str, u32> = std::collections::HashMap::new();
-    let v = tok.vocab();
-    for (i, (t, ty)) in v.tokens.iter().zip(&v.types).enumerate() {
-        if matches!(ty, TokenType::Control | TokenType::UserDefined) {
-            added.entry(t.as_str()).or_insert(i as u32);
-        }
-    }
-    // A mark holds one added token: its end is looked for no further than the longest.
-    let longest = added.keys().map(|t| t.len()).max().unwrap_or(0) + MARK_END.len_utf8();
+/// `san` must be built from `tok`.
+pub fn encode_marked(tok: &Tokenizer, san: &Sanitizer, chat: &str) -> Result<Vec<u32>> {
+    let (added, longest) = (&san.added, san.longest);
     // (piece, the id of the added token it is when it was marked)
     let mut pieces: Vec<(&str, Option<u32>)> = Vec::new();
     let mut text_start = 0;

@@ -37,6 +37,8 @@ pub struct ChatTemplate {
     origin: String,
     /// `bos_token`, `eos_token`, ...: what transformers puts in the context from `special_tokens_map`.
     specials: Map<String, Json>,
+    /// The sanitizer of the first tokenizer `encode_sanitized` saw, under its `instance`.
+    sanitizer: std::sync::OnceLock<(u64, sanitize::Sanitizer)>,
 }
 
 /// The fuel of one rendering (minijinja's `fuel`: about one per instruction and one per 64
@@ -74,6 +76,7 @@ impl ChatTemplate {
             source,
             origin,
             specials: Map::new(),
+            sanitizer: std::sync::OnceLock::new(),
         })
     }
 
@@ -217,16 +220,32 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: Option<&Map<String, Json>>,
     ) -> Result<Vec<u32>> {
-        let controls = sanitize::control_tokens(tok, &self.source)?;
+        // Built once for the tokenizer a server uses; another tokenizer gets its own each time.
+        let mut own = None;
+        let san = match self.sanitizer.get() {
+            Some((i, s)) if *i == tok.instance() => s,
+            Some(_) => own.insert(sanitize::Sanitizer::new(tok, &self.source)?),
+            None => {
+                let s = sanitize::Sanitizer::new(tok, &self.source)?;
+                match self.sanitizer.set((tok.instance(), s)) {
+                    Err((_, s)) => own.insert(s),
+                    Ok(()) => match self.sanitizer.get() {
+                        Some((_, s)) => s,
+                        None => own.insert(sanitize::Sanitizer::new(tok, &self.source)?),
+                    },
+                }
+            }
+        };
+        let controls = san.controls();
         let mut messages = messages.clone();
-        sanitize::mark(&mut messages, &controls)?;
+        sanitize::mark(&mut messages, controls)?;
         let mut tools = tools.cloned();
         if let Some(t) = tools.as_mut() {
-            sanitize::mark(t, &controls)?;
+            sanitize::mark(t, controls)?;
         }
         let mut extra = extra.cloned().map(Json::Object);
         if let Some(e) = extra.as_mut() {
-            sanitize::mark(e, &controls)?;
+            sanitize::mark(e, controls)?;
         }
         let text = self.render(
             &messages,
@@ -234,7 +253,7 @@ impl ChatTemplate {
             add_generation_prompt,
             extra.as_ref().and_then(Json::as_object),
         )?;
-        sanitize::encode_marked(tok, &text)
+        sanitize::encode_marked(tok, san, &text)
     }
 
     /// [`render`](Self::render) for typed messages and tools.

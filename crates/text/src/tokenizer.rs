@@ -32,6 +32,8 @@ pub const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?
 /// Inputs above this many bytes are refused unless the limit is raised ([`Tokenizer::set_max_input_bytes`]).
 pub const DEFAULT_MAX_INPUT_BYTES: usize = 256 << 20;
 
+static NEXT_INSTANCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// A byte-level BPE tokenizer built from a GGUF vocabulary.
 pub struct Tokenizer {
     vocab: Vocab,
@@ -45,6 +47,9 @@ pub struct Tokenizer {
     bytes: Vec<u8>,
     offsets: Vec<usize>,
     max_input_bytes: usize,
+    /// This tokenizer among the process's (`instance`): what is built from its vocabulary
+    /// elsewhere (a template's `Sanitizer`) is kept under it.
+    instance: u64,
 }
 
 impl Tokenizer {
@@ -106,6 +111,7 @@ impl Tokenizer {
             bytes,
             offsets,
             max_input_bytes: DEFAULT_MAX_INPUT_BYTES,
+            instance: NEXT_INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
     }
 
@@ -252,6 +258,11 @@ impl Tokenizer {
     /// `tokenizer.ggml.add_bos_token`: whether a plain prompt should start with BOS.
     pub fn add_bos_default(&self) -> bool {
         self.vocab.add_bos
+    }
+
+    /// A number no other tokenizer of this process has (its vocabulary never changes).
+    pub fn instance(&self) -> u64 {
+        self.instance
     }
 
     pub fn vocab(&self) -> &Vocab {

@@ -111,6 +111,33 @@ fn user_text_cannot_inject_control_tokens() {
     assert_eq!(ids.iter().filter(|&&i| i == eot).count(), 2);
 }
 
+/// A template keeps the sanitizer of the tokenizer it sanitized for, and never uses it for
+/// another: a second tokenizer whose control token the first lacks still gets it kept as text.
+#[test]
+fn a_kept_sanitizer_serves_only_its_tokenizer() {
+    let g = Gguf::open(data("glimmer-mini.gguf")).unwrap();
+    let (t, a) = setup();
+    let mut v = muser_text::Vocab::from_gguf(&g).unwrap();
+    let k = v
+        .tokens
+        .iter()
+        .position(|x| x == "<|finetune_right_pad|>")
+        .unwrap();
+    v.tokens[k] = "<|zz|>".into();
+    let b = Tokenizer::from_vocab(v).unwrap();
+    let m = |s: &str| json!([{"role": "user", "content": format!("a {s} b")}]);
+    for _ in 0..2 {
+        for (tok, text) in [(&a, "<|finetune_right_pad|>"), (&b, "<|zz|>")] {
+            assert_eq!(tok.encode(text, false, true).unwrap(), [k as u32]);
+            let ids = t.encode_sanitized(tok, &m(text), None, true, None).unwrap();
+            assert!(
+                !ids.contains(&(k as u32)),
+                "{text} reached the model as a control token"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_file_template_is_the_gguf_template() {
     let (t, _) = setup();
