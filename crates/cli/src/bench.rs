@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use muser_cuda::graph::GraphDecoder;
-use muser_engine::sampling::{Rng, RowDraw};
+use muser_engine::sampling::{NOT_FINITE, Rng, RowDraw};
 use muser_engine::{Backend, KvType, Logits, MuseGlimmer, Session};
 
 use crate::common::{CliResult, Loaded, ModelOpts};
@@ -176,7 +176,16 @@ fn batched_test<B: Backend>(
         let mut refs: Vec<&mut B::Kv> = caches.iter_mut().collect();
         if draw {
             m.forward_device(&mut ws, &batch, &mut refs, &rows)?;
-            m.draw_logit_rows(&mut ws, &rows, &greedy, &mut drawn)
+            m.draw_logit_rows(&mut ws, &rows, &greedy, &mut drawn)?;
+            // A row whose logits are not finite draws no token (NOT_FINITE): say so here, where
+            // the next step would refuse the id as outside the vocabulary.
+            if drawn.contains(&NOT_FINITE) {
+                return Err(muser_engine::Error::Tensor(format!(
+                    "the model's logits are not finite at position {}: its weights or scales overflow f32 (a damaged file?)",
+                    npp + step
+                )));
+            }
+            Ok(())
         } else {
             m.forward_into(&mut ws, &batch, &mut refs, &rows, &mut logits)
         }

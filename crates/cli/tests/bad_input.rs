@@ -379,6 +379,27 @@ fn nan_logits_stop_generation_with_a_reason() {
         "generate", "-m", &path, "-p", "hello", "-n", "4", "--temp", "0",
     ]);
     assert!(!ok && e.contains("logits are not finite"), "{e}");
+    // bench's batched test with the tokens drawn where the logits are: the same reason, not a
+    // drawn id refused as outside the vocabulary at the next step.
+    let (ok, e) = muser(&[
+        "bench",
+        "-m",
+        &path,
+        "-p",
+        "0",
+        "-n",
+        "0",
+        "--parallel",
+        "2",
+        "--batch-prompt",
+        "4",
+        "--batch-gen",
+        "3",
+        "--batch-draw",
+        "-r",
+        "1",
+    ]);
+    assert!(!ok && e.contains("logits are not finite"), "{e}");
 }
 
 /// A split model is inspected and run from its first shard; a later shard names the first.

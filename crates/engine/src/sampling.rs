@@ -148,15 +148,15 @@ impl LogitEdit {
     }
 }
 
-/// A token choice made where the logits are (the device), without the row going to the host:
-/// the row edited (`edits`), then greedy (`inv_temperature == 0`) or one seeded draw by the
-/// Gumbel-max trick.
-///
 /// What `Backend::draw_rows` gives for a row whose logits, before their edits, hold a NaN or
 /// an infinity (a file whose weights or scales overflow f32): no token can be drawn from it,
 /// and a draw would silently turn it into one. No vocabulary reaches this id.
 pub const NOT_FINITE: u32 = u32::MAX;
 
+/// A token choice made where the logits are (the device), without the row going to the host:
+/// the row edited (`edits`), then greedy (`inv_temperature == 0`) or one seeded draw by the
+/// Gumbel-max trick.
+///
 /// The draw: with `m` the largest edited logit, a token is a candidate if
 /// `exp(v - m) >= min_p` (min-p on the temperature-1 probabilities, as the host chain), and the
 /// choice is the candidate with the largest `v * inv_temperature + g`, `g = -ln(-ln(u))`,

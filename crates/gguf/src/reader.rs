@@ -240,34 +240,24 @@ impl Gguf {
         }
         let expected = crate::split::tensor_count(&self, path)?;
         for (i, p) in paths.iter().enumerate().skip(1) {
-            let g = Gguf::open_file(p).map_err(|e| match e {
-                GgufError::Io(m) => GgufError::Io(format!(
-                    "{m} (shard {} of {n} of the split model {})",
+            // Every error of a later shard names it and the model: the user opened the first.
+            // (An I/O error names the file already.)
+            let whose = |m: String, file: bool| {
+                let file = if file {
+                    format!("{}, ", p.display())
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{m} ({file}shard {} of {n} of the split model {})",
                     i + 1,
                     path.display()
-                )),
-                other => other,
+                )
+            };
+            let g = Self::later_shard(p, i, n).map_err(|e| match e {
+                GgufError::Io(m) => GgufError::Io(whose(m, false)),
+                GgufError::Format(m) => GgufError::Format(whose(m, true)),
             })?;
-            let got = crate::split::number(&g, p)?;
-            if usize::from(got) != i {
-                return Err(GgufError::Format(format!(
-                    "{} says it is shard {} (split.no {got}), expected shard {} of {n}",
-                    p.display(),
-                    got as u32 + 1,
-                    i + 1
-                )));
-            }
-            match crate::split::count(&g)? {
-                Some(m) if m == n => {}
-                m => {
-                    return Err(GgufError::Format(format!(
-                        "{} says its model has {} shards (split.count), {} says {n}: files of two different splits",
-                        p.display(),
-                        m.unwrap_or(1),
-                        path.display()
-                    )));
-                }
-            }
             let total = self.tensors.len() + g.tensors.len();
             if total as u64 > MAX_ENTRIES {
                 return Err(GgufError::Format(format!(
@@ -299,6 +289,29 @@ impl Gguf {
             )));
         }
         Ok(self)
+    }
+
+    /// Shard `i` (from 0) of `n`, read from `p`: a whole GGUF whose `split.no` is `i` and whose
+    /// `split.count` is `n`.
+    fn later_shard(p: &Path, i: usize, n: u16) -> Result<Self> {
+        let g = Gguf::open_file(p)?;
+        let got = crate::split::number(&g, p)?;
+        if usize::from(got) != i {
+            return Err(GgufError::Format(format!(
+                "{} says it is shard {} (split.no {got}), expected shard {} of {n}",
+                p.display(),
+                got as u32 + 1,
+                i + 1
+            )));
+        }
+        match crate::split::count_in(&g, Some(p))? {
+            Some(m) if m == n => Ok(g),
+            m => Err(GgufError::Format(format!(
+                "{} says its model has {} shards (split.count), the first shard says {n}: files of two different splits",
+                p.display(),
+                m.unwrap_or(1),
+            ))),
+        }
     }
 }
 

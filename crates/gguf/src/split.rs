@@ -37,7 +37,12 @@ fn int_key(g: &Gguf, key: &str, path: Option<&Path>, max: i64) -> Result<Option<
 
 /// The file's `split.count`, if it has one.
 pub fn count(g: &Gguf) -> Result<Option<u16>> {
-    Ok(int_key(g, KEY_COUNT, None, u16::MAX as i64)?.map(|n| n as u16))
+    count_in(g, None)
+}
+
+/// `count`, its error naming the file read from `path`.
+pub(crate) fn count_in(g: &Gguf, path: Option<&Path>) -> Result<Option<u16>> {
+    Ok(int_key(g, KEY_COUNT, path, u16::MAX as i64)?.map(|n| n as u16))
 }
 
 /// The shard's `split.no` (required in a shard).
@@ -79,10 +84,13 @@ pub(crate) fn paths(path: &Path, no: u16, count: u16) -> Result<Vec<PathBuf>> {
             no as u32 + 1
         )));
     }
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    // The name as the bytes the OS gave (a name need not be UTF-8): the suffix is ASCII, so
+    // the prefix is the name's bytes before it, and the other names are that prefix and theirs.
+    let name = path.file_name().unwrap_or_default();
     let suffix = shard_name("", no, count);
     let prefix = name
-        .strip_suffix(suffix.as_str())
+        .as_encoded_bytes()
+        .strip_suffix(suffix.as_bytes())
         .filter(|p| !p.is_empty())
         .ok_or_else(|| {
             GgufError::Format(format!(
@@ -94,6 +102,14 @@ pub(crate) fn paths(path: &Path, no: u16, count: u16) -> Result<Vec<PathBuf>> {
             ))
         })?;
     Ok((0..count)
-        .map(|i| path.with_file_name(shard_name(prefix, i, count)))
+        .map(|i| {
+            let mut n = prefix.to_vec();
+            n.extend_from_slice(shard_name("", i, count).as_bytes());
+            // SAFETY: `prefix` is a leading part of an OsStr's encoded bytes that ends where
+            // ASCII begins (the suffix), and what is appended is ASCII: the documented
+            // condition of `OsString::from_encoded_bytes_unchecked` (bytes split at a valid
+            // non-empty UTF-8 substring and joined with valid UTF-8).
+            path.with_file_name(unsafe { std::ffi::OsString::from_encoded_bytes_unchecked(n) })
+        })
         .collect())
 }

@@ -264,3 +264,66 @@ fn a_split_count_of_one_is_a_whole_file() {
     assert_eq!((g.n_shards(), g.tensors().len()), (1, 1));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Whatever is wrong in a later shard, its error names that shard and the model opened: the
+/// user opened the first file, and the fault is in another.
+#[test]
+fn a_later_shards_errors_name_it() {
+    let dir = folder("later-errors");
+    let p = three(&dir);
+    // Cut short: its own header check fails.
+    let bytes = std::fs::read(&p[1]).unwrap();
+    std::fs::write(&p[1], &bytes[..bytes.len() - 30]).unwrap();
+    assert_mentions(
+        &err(&p[0]),
+        &[
+            "truncated",
+            "shard 2 of 3",
+            "m-00002-of-00003.gguf",
+            "m-00001-of-00003.gguf",
+        ],
+    );
+    // A split.count out of range there.
+    write(
+        &p[1],
+        &Shard {
+            no: Some(Value::U16(1)),
+            count: Some(Value::I32(70000)),
+            total: None,
+            tensors: &["ccc", "d"],
+        },
+        false,
+    );
+    assert_mentions(
+        &err(&p[0]),
+        &[
+            "split.count is 70000",
+            "in ",
+            "m-00002-of-00003.gguf",
+            "shard 2 of 3",
+        ],
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// A file name need not be UTF-8: the shards are found from its bytes.
+#[cfg(unix)]
+#[test]
+fn shards_whose_names_are_not_utf8_open() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = folder("not-utf8");
+    let p = three(&dir);
+    let renamed: Vec<PathBuf> = p
+        .iter()
+        .map(|q| {
+            let mut name = b"m\xff".to_vec();
+            name.extend_from_slice(&q.file_name().unwrap().as_bytes()[1..]);
+            let r = dir.join(std::ffi::OsStr::from_bytes(&name));
+            std::fs::rename(q, &r).unwrap();
+            r
+        })
+        .collect();
+    let g = Gguf::open(&renamed[0]).unwrap();
+    assert_eq!((g.n_shards(), g.tensors().len()), (3, 6));
+    std::fs::remove_dir_all(dir).unwrap();
+}
