@@ -117,7 +117,8 @@ fn mark_str(s: &str, controls: &Controls) -> String {
 
 /// What sanitizing needs of one tokenizer and template, built from their whole vocabulary and
 /// source (milliseconds for a 202,048-token vocabulary), so built once and kept
-/// (`ChatTemplate::encode_sanitized` keeps the one of the first tokenizer it sanitizes for; another gets its own each time).
+/// (`ChatTemplate::encode_sanitized` keeps the one of the first tokenizer it sanitizes for;
+/// another tokenizer gets its own each time).
 pub struct Sanitizer {
     controls: Controls,
     /// The added tokens by text (the first id of a text, as `token_id`).
