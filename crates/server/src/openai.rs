@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use muser_engine::SamplingParams;
 use muser_text::Tokenizer;
+use muser_text::grammar::{self, Grammar};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -57,6 +58,10 @@ pub struct GenRequest {
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub response_format: Option<Value>,
+    /// llama.cpp extension: a JSON schema the output must satisfy.
+    pub json_schema: Option<Value>,
+    /// llama.cpp extension: a GBNF grammar the output must match.
+    pub grammar: Option<String>,
     /// Extension: generate `max_tokens` tokens whatever the model says (load tests).
     pub ignore_eos: Option<bool>,
     /// Extra chat template variables (vLLM's name).
@@ -100,6 +105,123 @@ pub struct Options {
     pub stream: bool,
     pub include_usage: bool,
     pub ignore_eos: bool,
+    /// What the output must match (`response_format`, `json_schema`, `grammar`).
+    pub constrain: Option<Constrain>,
+}
+
+/// Longest `grammar` text, in bytes (its rules are parsed on a preparation turn and matched on
+/// the engine's thread at every token).
+pub const MAX_GRAMMAR_BYTES: usize = 256 * 1024;
+
+/// What a request constrains its output to, as llama.cpp's server reads it
+/// (tools/server/server-common.cpp): `response_format` `json_object` (its `schema` if it has one,
+/// else any object) or `json_schema` (`json_schema.schema`), the `json_schema` extension, or a
+/// GBNF `grammar`; an empty schema means any object.
+#[derive(Debug, Clone)]
+pub enum Constrain {
+    Schema { schema: Value, param: &'static str },
+    Gbnf(String),
+}
+
+impl Constrain {
+    /// The request's constraint, None for none.
+    fn from_request(r: &GenRequest) -> Result<Option<Self>, ApiError> {
+        let mut schema = match &r.json_schema {
+            None | Some(Value::Null) => None,
+            Some(v @ Value::Object(_)) => Some((v.clone(), "json_schema")),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "json_schema",
+                    "json_schema must be a JSON schema object",
+                ));
+            }
+        };
+        match &r.response_format {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(rf)) => match rf.get("type").and_then(Value::as_str) {
+                None | Some("text") => {}
+                Some("json_object") => {
+                    if rf.contains_key("schema") || schema.is_none() {
+                        schema = Some((
+                            rf.get("schema")
+                                .cloned()
+                                .unwrap_or_else(|| Value::Object(Map::new())),
+                            "response_format",
+                        ));
+                    }
+                }
+                Some("json_schema") => {
+                    let s = rf
+                        .get("json_schema")
+                        .and_then(|w| w.get("schema"))
+                        .cloned()
+                        .unwrap_or_else(|| Value::Object(Map::new()));
+                    schema = Some((s, "response_format"));
+                }
+                Some(t) => {
+                    return Err(ApiError::invalid(
+                        "response_format",
+                        format!(
+                            "response_format type must be one of \"text\", \"json_object\" or \"json_schema\", got \"{t}\""
+                        ),
+                    ));
+                }
+            },
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    "response_format must be an object",
+                ));
+            }
+        }
+        let grammar = r.grammar.as_deref().filter(|g| !g.is_empty());
+        match (schema, grammar) {
+            (Some(_), Some(_)) => Err(ApiError::invalid(
+                "grammar",
+                "a grammar and a JSON schema (response_format or json_schema) cannot both be given",
+            )),
+            (Some((mut schema, param)), None) => {
+                if !schema.is_object() {
+                    return Err(ApiError::invalid(param, "the schema must be a JSON object"));
+                }
+                // An absent or empty schema means any object.
+                if schema.as_object().is_some_and(Map::is_empty) {
+                    schema["type"] = Value::String("object".into());
+                }
+                Ok(Some(Constrain::Schema { schema, param }))
+            }
+            (None, Some(g)) if g.len() > MAX_GRAMMAR_BYTES => Err(ApiError::invalid(
+                "grammar",
+                format!(
+                    "a grammar is at most {MAX_GRAMMAR_BYTES} bytes, got {}",
+                    g.len()
+                ),
+            )),
+            (None, Some(g)) => Ok(Some(Constrain::Gbnf(g.to_string()))),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The grammar generation follows, and the text it is matched from before the first token
+    /// (`GENERATION_PROMPT` for a chat's schema: the answer's grammar begins with the prompt's
+    /// last words). A chat's schema constrains the answer inside the Muse Glimmer format
+    /// (`chat_response_gbnf`); a completion's schema, and any `grammar`, the text itself.
+    pub fn compile(&self, ep: Endpoint) -> Result<(Arc<Grammar>, Option<&'static str>), ApiError> {
+        let (text, param, prefill) = match (self, ep) {
+            (Constrain::Schema { schema, param }, Endpoint::Chat) => (
+                grammar::chat_response_gbnf(schema),
+                *param,
+                Some(grammar::GENERATION_PROMPT),
+            ),
+            (Constrain::Schema { schema, param }, Endpoint::Completions) => {
+                (grammar::schema_to_gbnf(schema), *param, None)
+            }
+            (Constrain::Gbnf(g), _) => (Ok(g.clone()), "grammar", None),
+        };
+        let bad = |e: muser_text::TextError| ApiError::invalid(param, e.to_string());
+        let g = Grammar::parse(&text.map_err(bad)?, "root").map_err(bad)?;
+        Ok((Arc::new(g), prefill))
+    }
 }
 
 fn int_in(v: i64, lo: i64, hi: i64, name: &str) -> Result<i64, ApiError> {
@@ -151,15 +273,7 @@ impl GenRequest {
         if self.suffix.as_ref().is_some_and(|s| !s.is_null()) {
             return Err(ApiError::unsupported("suffix", "suffix is not supported"));
         }
-        if let Some(rf) = &self.response_format {
-            let kind = rf.get("type").and_then(Value::as_str);
-            if !(rf.is_null() || kind == Some("text")) {
-                return Err(ApiError::unsupported(
-                    "response_format",
-                    "only response_format {\"type\": \"text\"} is supported (no constrained decoding)",
-                ));
-            }
-        }
+        let constrain = Constrain::from_request(self)?;
         let n = int_in(self.n.unwrap_or(1), 1, MAX_N as i64, "n")? as usize;
         if let Some(b) = self.best_of
             && b != n as i64
@@ -311,6 +425,7 @@ impl GenRequest {
                     .and_then(|o| o.include_usage)
                     .unwrap_or(false),
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            constrain,
         })
     }
 

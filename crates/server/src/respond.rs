@@ -213,9 +213,102 @@ impl ChatStops {
     }
 }
 
+/// How a chat's answers are read: the tools offered (ATEM calls), and whether the answer is
+/// JSON by a response format (`Constrain::Schema`), which may come fenced.
+pub struct ChatParser {
+    pub tools: ToolCallParser,
+    pub json_answer: bool,
+}
+
+/// The ```` ```json ```` fence a JSON answer may come in (the response format's grammar allows
+/// it, with white space inside), taken off the content as llama.cpp's parser leaves it out of the
+/// message (common/parsers/muse-glimmer.cpp: only the JSON is `content`). The fence's opening
+/// is known in the content's first bytes; a possible closing (white space, then up to three
+/// backticks, at the very end) is held back until more text or the end decides.
+#[derive(Default)]
+struct FenceStrip {
+    state: Fence,
+    held: String,
+}
+
+#[derive(Default, PartialEq)]
+enum Fence {
+    /// Nothing decided yet: `held` is a prefix of the opening.
+    #[default]
+    Start,
+    /// After the opening: its white space is skipped.
+    Open,
+    /// The fenced JSON.
+    Body,
+    /// Not fenced.
+    Plain,
+}
+
+const FENCE_OPEN: &str = "```json";
+
+impl FenceStrip {
+    fn push(&mut self, s: &str) -> String {
+        match self.state {
+            Fence::Plain => s.to_string(),
+            Fence::Start => {
+                self.held.push_str(s);
+                if FENCE_OPEN.starts_with(self.held.as_str()) {
+                    return String::new();
+                }
+                let held = std::mem::take(&mut self.held);
+                match held.strip_prefix(FENCE_OPEN) {
+                    Some(rest) => {
+                        self.state = Fence::Open;
+                        self.push(rest)
+                    }
+                    None => {
+                        self.state = Fence::Plain;
+                        held
+                    }
+                }
+            }
+            Fence::Open => {
+                let rest = s.trim_start_matches([' ', '\t', '\n']);
+                if rest.is_empty() {
+                    return String::new();
+                }
+                self.state = Fence::Body;
+                self.push(rest)
+            }
+            Fence::Body => {
+                self.held.push_str(s);
+                // The longest suffix that may yet be the closing: white space, then backticks.
+                let b = self.held.as_bytes();
+                let mut k = b.len();
+                let mut ticks = 0;
+                while k > 0 && b[k - 1] == b'`' && ticks < 3 {
+                    k -= 1;
+                    ticks += 1;
+                }
+                while k > 0 && matches!(b[k - 1], b' ' | b'\t' | b'\n') {
+                    k -= 1;
+                }
+                let tail = self.held.split_off(k);
+                std::mem::replace(&mut self.held, tail)
+            }
+        }
+    }
+
+    /// The end of the answer: a held closing is dropped, anything else held released.
+    fn finish(&mut self) -> String {
+        let held = std::mem::take(&mut self.held);
+        match self.state {
+            Fence::Body if held.trim_start_matches([' ', '\t', '\n']) == "```" => String::new(),
+            _ => held,
+        }
+    }
+}
+
 /// One chat choice being built: the ATEM parser over its text, and its logprobs.
 pub struct ChatChoice {
     atem: AtemStream,
+    /// A JSON answer's fence, taken off its content (`ChatParser::json_answer`).
+    fence: Option<FenceStrip>,
     logprobs: ContentLogprobs,
     tool_calls: usize,
     started: bool,
@@ -234,6 +327,7 @@ impl ChatChoice {
     pub fn new(parser: &ToolCallParser) -> Self {
         ChatChoice {
             atem: parser.stream(),
+            fence: None,
             logprobs: ContentLogprobs::default(),
             tool_calls: 0,
             started: false,
@@ -249,6 +343,15 @@ impl ChatChoice {
         let mut c = Self::new(parser);
         if !stops.is_empty() {
             c.stops = Some(StreamDecoder::new(false, stops.iter().cloned()));
+        }
+        c
+    }
+
+    /// For `parser`'s chat: its tools, its stops, a JSON answer's fence taken off.
+    pub fn for_chat(parser: &ChatParser, stops: &[String]) -> Self {
+        let mut c = Self::with_stops(&parser.tools, stops);
+        if parser.json_answer {
+            c.fence = Some(FenceStrip::default());
         }
         c
     }
@@ -271,7 +374,17 @@ impl ChatChoice {
 
     /// The delta object of some parser output (None if it holds nothing). `finishing`: the
     /// last output, so the stop matcher releases what it held.
-    fn delta(&mut self, deltas: Vec<ChatDelta>, finishing: bool) -> Option<Value> {
+    fn delta(&mut self, mut deltas: Vec<ChatDelta>, finishing: bool) -> Option<Value> {
+        if let Some(f) = &mut self.fence {
+            for d in &mut deltas {
+                if let ChatDelta::Content(s) = d {
+                    *s = f.push(s);
+                }
+            }
+            if finishing {
+                deltas.push(ChatDelta::Content(f.finish()));
+            }
+        }
         let mut content = String::new();
         let mut reasoning = String::new();
         let mut calls = Vec::new();
@@ -281,6 +394,7 @@ impl ChatChoice {
             }
             match d {
                 ChatDelta::Content(s) => match &mut self.stops {
+                    _ if s.is_empty() => {}
                     Some(m) => {
                         content.push_str(&m.push_bytes(s.as_bytes()));
                         self.stopped = m.stopped().is_some();
@@ -360,7 +474,7 @@ pub async fn whole(
     meta: Meta,
     mut rx: mpsc::Receiver<Event>,
     tok: Arc<Tokenizer>,
-    parser: Option<ToolCallParser>,
+    parser: Option<ChatParser>,
 ) -> Response {
     struct Acc {
         text: String,
@@ -386,13 +500,13 @@ pub async fn whole(
         .collect();
     // Each chat choice parsed as it comes: its answer can stop at a stop string, and its
     // logprobs keep the answer's tokens.
-    let no_tools = ToolCallParser::new(&[]);
+    let parser = parser.unwrap_or_else(|| ChatParser {
+        tools: ToolCallParser::new(&[]),
+        json_answer: false,
+    });
     let stops: &[String] = meta.chat_stops.as_ref().map_or(&[], |c| &c.stops);
     let mut cut: Vec<Option<ChatChoice>> = (0..meta.choices)
-        .map(|_| {
-            (meta.endpoint == Endpoint::Chat)
-                .then(|| ChatChoice::with_stops(parser.as_ref().unwrap_or(&no_tools), stops))
-        })
+        .map(|_| (meta.endpoint == Endpoint::Chat).then(|| ChatChoice::for_chat(&parser, stops)))
         .collect();
     let mut left = meta.choices;
     while left > 0 {
@@ -508,12 +622,12 @@ pub fn stream(
     meta: Meta,
     mut rx: mpsc::Receiver<Event>,
     tok: Arc<Tokenizer>,
-    parser: Option<ToolCallParser>,
+    parser: Option<ChatParser>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let s = async_stream::stream! {
-        let parser = parser.unwrap_or_else(|| ToolCallParser::new(&[]));
+        let parser = parser.unwrap_or_else(|| ChatParser { tools: ToolCallParser::new(&[]), json_answer: false });
         let stops: &[String] = meta.chat_stops.as_ref().map_or(&[], |c| &c.stops);
-        let mut chat: Vec<ChatChoice> = (0..meta.choices).map(|_| ChatChoice::with_stops(&parser, stops)).collect();
+        let mut chat: Vec<ChatChoice> = (0..meta.choices).map(|_| ChatChoice::for_chat(&parser, stops)).collect();
         let mut offsets = vec![0usize; meta.choices];
         let mut prompt_tokens = 0;
         let mut cached_tokens = 0;
@@ -768,6 +882,62 @@ mod tests {
         )
     }
 
+    /// A JSON answer's fence is not content, whole or streamed however the text is cut; the
+    /// white space inside it goes with it; backticks inside the JSON and an answer without a
+    /// fence stay; with stop strings, they apply to the JSON.
+    #[test]
+    fn json_answers_lose_their_fence() {
+        let run = |text: &str, n: usize, stops: &[&str]| -> String {
+            let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+            let p = ChatParser {
+                tools: ToolCallParser::new(&[]),
+                json_answer: true,
+            };
+            let mut c = ChatChoice::for_chat(&p, &stops);
+            let chars: Vec<char> = text.chars().collect();
+            let mut content = String::new();
+            let mut take = |d: Option<Value>| {
+                if let Some(s) = d
+                    .as_ref()
+                    .and_then(|d| d.get("content"))
+                    .and_then(Value::as_str)
+                {
+                    content.push_str(s);
+                }
+            };
+            for piece in chars.chunks(n) {
+                take(c.push(&piece.iter().collect::<String>(), None));
+            }
+            take(c.finish(""));
+            assert_eq!(content, c.message().content);
+            content
+        };
+        for n in 1..14 {
+            let fenced = " to=self<|message|>hm<|eom|><|start|>assistant to=user<|message|>```json\n  {\"a\": \"``\"}\n\t```";
+            assert_eq!(run(fenced, n, &[]), "{\"a\": \"``\"}", "pieces of {n}");
+            assert_eq!(
+                run("<|message|>```json {\"b\": 1} ```", n, &[]),
+                "{\"b\": 1}"
+            );
+            assert_eq!(
+                run("<|message|>{\"b\": \"```\"}", n, &[]),
+                "{\"b\": \"```\"}"
+            );
+            assert_eq!(run("<|message|>[1, 2]", n, &[]), "[1, 2]");
+            // Cut off before the closing fence (max_tokens): the JSON so far.
+            assert_eq!(run("<|message|>```json\n{\"c\": ", n, &[]), "{\"c\": ");
+            assert_eq!(
+                run("<|message|>```json\n{\"c\": 1}\n``", n, &[]),
+                "{\"c\": 1}\n``"
+            );
+            assert_eq!(run("<|message|>```js", n, &[]), "```js");
+            assert_eq!(
+                run("<|message|>```json\n{\"a\": 1, \"b\": 2}\n```", n, &[", "]),
+                "{\"a\": 1"
+            );
+        }
+    }
+
     /// A chat's stop strings end the answer only: the same string in the reasoning does not stop
     /// it, in the answer it ends it (the stop string not shown), across every way of cutting
     /// the text; a possible start of a stop string that never completes is shown at the end.
@@ -864,7 +1034,11 @@ mod tests {
         })
         .await
         .unwrap();
-        let r = whole(meta, rx, tok, Some(weather())).await;
+        let parser = ChatParser {
+            tools: weather(),
+            json_answer: false,
+        };
+        let r = whole(meta, rx, tok, Some(parser)).await;
         let b = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();
         let v: Value = serde_json::from_slice(&b).unwrap();
         assert_eq!(v["object"], "chat.completion");

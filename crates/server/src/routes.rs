@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
+use muser_text::grammar::{Constraint, GrammarVocab};
 use muser_text::{ChatTemplate, Tokenizer, ToolCallParser};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -21,7 +22,7 @@ use tokio::sync::mpsc;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
-use crate::engine::{EngineHandle, Job};
+use crate::engine::{EngineHandle, Job, JobGrammar};
 use crate::error::ApiError;
 use crate::openai::{self, Endpoint, GenRequest};
 use crate::respond::{self, ChatStops, Meta};
@@ -43,6 +44,52 @@ pub struct AppState {
     /// many small messages grows about 80 times in memory on its way to a prompt (a 6.8 MB body,
     /// 540 MB), so their number is bounded; the others wait their turn.
     pub prepare: Arc<tokio::sync::Semaphore>,
+    /// The vocabulary's pieces as grammars read them, built at the first constrained request.
+    pub grammar_vocab: Arc<std::sync::OnceLock<Arc<GrammarVocab>>>,
+}
+
+/// A request's constraint compiled for the engine (`Constrain::compile`), on a preparation turn:
+/// a chat's prefill checked against the prompt's end (a template whose generation prompt is not
+/// Muse Glimmer's cannot take a chat answer's grammar).
+fn job_grammar(
+    st_tok: &Tokenizer,
+    vocab: &std::sync::OnceLock<Arc<GrammarVocab>>,
+    c: &openai::Constrain,
+    ep: Endpoint,
+    prompt: &[u32],
+) -> Result<JobGrammar, ApiError> {
+    let (grammar, prefill) = c.compile(ep)?;
+    if let Some(p) = prefill {
+        let tail = &prompt[prompt.len().saturating_sub(16)..];
+        let text = st_tok.decode(tail, false)?;
+        if !text.ends_with(p) {
+            return Err(ApiError::invalid(
+                "response_format",
+                format!(
+                    "a response format needs the Muse Glimmer chat format, whose prompt ends with {p:?}; this chat template's ends with {:?}",
+                    text.chars()
+                        .rev()
+                        .take(24)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect::<String>()
+                ),
+            ));
+        }
+        let mut check = Constraint::new(grammar.clone());
+        check
+            .prefill(p.as_bytes())
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+    }
+    let vocab = vocab
+        .get_or_init(|| Arc::new(GrammarVocab::new(st_tok)))
+        .clone();
+    Ok(JobGrammar {
+        grammar,
+        vocab,
+        prefill,
+    })
 }
 
 /// Requests that may prepare at once: the host's cores, at least 2.
@@ -259,16 +306,25 @@ async fn chat_completions(
     // Reading the tools' schemas, rendering and tokenizing a body of megabytes take CPU time:
     // off the async workers, so the other requests' streams are not held up behind them. The
     // work owns the messages and the turn, both let go when it ends.
-    let (prompt, parser) = {
+    let (prompt, parser, grammar) = {
         let (template, tok) = (Arc::clone(template), Arc::clone(&st.tok));
         let kwargs = req.chat_template_kwargs.take();
+        let (constrain, gv) = (opts.constrain.clone(), Arc::clone(&st.grammar_vocab));
         tokio::task::spawn_blocking(move || {
             let parser = ToolCallParser::from_json(tools.as_ref())
                 .map_err(|e| ApiError::invalid("tools", e.to_string()))?;
-            let prompt =
-                template.encode_sanitized(&tok, &messages, tools.as_ref(), true, kwargs.as_ref());
+            let prompt = template.encode_sanitized(
+                &tok,
+                &messages,
+                tools.as_ref(),
+                true,
+                kwargs.as_ref(),
+            )?;
+            let grammar = constrain
+                .map(|c| job_grammar(&tok, &gv, &c, Endpoint::Chat, &prompt))
+                .transpose()?;
             drop(turn);
-            Ok::<_, ApiError>((prompt?, parser))
+            Ok::<_, ApiError>((prompt, parser, grammar))
         })
         .await
         .map_err(|e| ApiError::internal(format!("formatting the chat failed: {e}")))??
@@ -288,7 +344,12 @@ async fn chat_completions(
         include_usage: opts.include_usage,
         chat_stops: chat_stops.clone(),
     };
-    let rx = submit(&st, &rid, seqs, &opts, false, chat_stops.as_ref())?;
+    let json_answer = matches!(opts.constrain, Some(openai::Constrain::Schema { .. }));
+    let rx = submit(&st, &rid, seqs, &opts, false, chat_stops.as_ref(), grammar)?;
+    let parser = respond::ChatParser {
+        tools: parser,
+        json_answer,
+    };
     Ok(if opts.stream {
         respond::stream(meta, rx, st.tok.clone(), Some(parser)).into_response()
     } else {
@@ -304,12 +365,16 @@ async fn completions(
     req.check_model(&st.model_id)?;
     let opts = req.options(Endpoint::Completions, &st.tok)?;
     // Tokenizing off the async workers, as the chat's rendering, under the request's turn.
-    let prompts = {
+    let (prompts, grammar) = {
         let tok = Arc::clone(&st.tok);
+        let (constrain, gv) = (opts.constrain.clone(), Arc::clone(&st.grammar_vocab));
         tokio::task::spawn_blocking(move || {
-            let prompts = req.completion_prompts(&tok);
+            let prompts = req.completion_prompts(&tok)?;
+            let grammar = constrain
+                .map(|c| job_grammar(&tok, &gv, &c, Endpoint::Completions, &[]))
+                .transpose()?;
             drop(turn);
-            prompts
+            Ok::<_, ApiError>((prompts, grammar))
         })
         .await
         .map_err(|e| ApiError::internal(format!("tokenizing the prompt failed: {e}")))??
@@ -325,7 +390,7 @@ async fn completions(
         include_usage: opts.include_usage,
         chat_stops: None,
     };
-    let rx = submit(&st, &rid, seqs, &opts, true, None)?;
+    let rx = submit(&st, &rid, seqs, &opts, true, None, grammar)?;
     Ok(if opts.stream {
         respond::stream(meta, rx, st.tok.clone(), None).into_response()
     } else {
@@ -340,6 +405,7 @@ fn submit(
     opts: &openai::Options,
     skip_special: bool,
     chat_stops: Option<&ChatStops>,
+    grammar: Option<JobGrammar>,
 ) -> Result<mpsc::Receiver<crate::engine::Event>, ApiError> {
     let (tx, rx) = mpsc::channel(CHANNEL_EVENTS + 4 * seqs.len());
     st.engine.submit(Job {
@@ -357,6 +423,7 @@ fn submit(
         ignore_eos: opts.ignore_eos,
         logit_bias: opts.logit_bias.clone(),
         max_tokens_param: opts.max_tokens_param,
+        grammar,
         tx,
     })?;
     Ok(rx)

@@ -1042,3 +1042,260 @@ async fn the_kv_budget_refusal_names_the_length_field() {
         );
     }
 }
+
+/// Whether `v` is what `SMALL_SCHEMA` allows.
+fn small_schema_holds(v: &Value) -> bool {
+    let Some(o) = v.as_object() else {
+        return false;
+    };
+    o.keys().all(|k| k == "ok" || k == "n")
+        && o.get("ok").is_some_and(Value::is_boolean)
+        && o.get("n")
+            .and_then(Value::as_i64)
+            .is_some_and(|n| (0..=9).contains(&n))
+}
+
+const SMALL_SCHEMA: &str = r#"{"type": "object", "properties": {"ok": {"type": "boolean"},
+    "n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["ok", "n"],
+    "additionalProperties": false}"#;
+
+/// `response_format` in chat: every answer that ends is JSON of the schema (the random-weight
+/// model writes noise unconstrained), whole or streamed alike; `json_object` gives an object;
+/// a seed reproduces. On the backend's draw path too (a constrained row is drawn on the host).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_formats_constrain_chat_answers() {
+    let schema: Value = serde_json::from_str(SMALL_SCHEMA).unwrap();
+    for row_draws in [false, true] {
+        let s = Server::start(Opts {
+            row_draws,
+            ..Opts::default()
+        })
+        .await;
+        let body = |seed: u64, stream: bool| {
+            json!({"messages": [{"role": "user", "content": "Answer in JSON."}],
+                   "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+                   "max_tokens": 120, "temperature": 1.0, "seed": seed, "stream": stream})
+        };
+        let mut stopped = 0;
+        for seed in 0..6 {
+            let r = s.post("/v1/chat/completions", &body(seed, false)).await;
+            assert_eq!(r.status, 200, "{}", r.json());
+            let v = r.json();
+            let c = &v["choices"][0];
+            let content = c["message"]["content"].as_str().unwrap_or_default();
+            match c["finish_reason"].as_str().unwrap() {
+                "stop" => {
+                    stopped += 1;
+                    let answer: Value = serde_json::from_str(content)
+                        .unwrap_or_else(|e| panic!("seed {seed}: {e}: {content:?}"));
+                    assert!(small_schema_holds(&answer), "seed {seed}: {answer}");
+                }
+                "length" => assert_eq!(v["usage"]["completion_tokens"], 120),
+                f => panic!("seed {seed}: finish {f}"),
+            }
+            // Streamed, the same seed: the same content and reasoning.
+            let chunks = s
+                .stream("/v1/chat/completions", &body(seed, true))
+                .await
+                .collect()
+                .await;
+            let streamed: String = chunks
+                .iter()
+                .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+                .collect();
+            assert_eq!(streamed, content, "seed {seed}, row_draws {row_draws}");
+            assert_eq!(
+                s.post("/v1/chat/completions", &body(seed, false))
+                    .await
+                    .json()["choices"][0]["message"],
+                c["message"],
+                "seed {seed}: not reproduced"
+            );
+        }
+        assert!(
+            stopped >= 3,
+            "row_draws {row_draws}: {stopped} of 6 answers ended"
+        );
+        let r = s
+            .post(
+                "/v1/chat/completions",
+                &json!({"messages": [{"role": "user", "content": "JSON please"}],
+                        "response_format": {"type": "json_object"}, "max_tokens": 200,
+                        "temperature": 0}),
+            )
+            .await
+            .json();
+        let c = &r["choices"][0];
+        if c["finish_reason"] == "stop" {
+            let content = c["message"]["content"].as_str().unwrap();
+            let answer: Value =
+                serde_json::from_str(content).unwrap_or_else(|e| panic!("{e}: {content:?}"));
+            assert!(answer.is_object(), "{answer}");
+        }
+    }
+}
+
+/// A completion's `response_format` and `grammar` constrain its text itself; with `ignore_eos`
+/// a whole match ends the completion (nothing else may follow it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grammars_constrain_completions() {
+    let s = Server::start(Opts::default()).await;
+    for seed in 0..4 {
+        let r = s
+            .post(
+                "/v1/completions",
+                &json!({"prompt": "The answer:", "grammar": "root ::= (\"yes\" | \"no\") \" \" [0-9]{2}",
+                        "max_tokens": 40, "temperature": 1.0, "seed": seed, "ignore_eos": true}),
+            )
+            .await
+            .json();
+        let t = text_of(&r);
+        let (word, digits) = t.split_once(' ').unwrap_or_else(|| panic!("{t:?}"));
+        assert!(["yes", "no"].contains(&word), "{t:?}");
+        assert!(
+            digits.len() == 2 && digits.bytes().all(|b| b.is_ascii_digit()),
+            "{t:?}"
+        );
+        assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+        assert!(
+            r["usage"]["completion_tokens"].as_u64().unwrap() <= 6,
+            "{r}"
+        );
+    }
+    let schema: Value = serde_json::from_str(SMALL_SCHEMA).unwrap();
+    let mut stopped = 0;
+    for seed in 0..4 {
+        let r = s
+            .post(
+                "/v1/completions",
+                &json!({"prompt": "{", "response_format": {"type": "json_schema", "json_schema": {"schema": schema}},
+                        "max_tokens": 60, "temperature": 1.0, "seed": seed}),
+            )
+            .await
+            .json();
+        if r["choices"][0]["finish_reason"] == "stop" {
+            stopped += 1;
+            let t = text_of(&r);
+            let v: Value = serde_json::from_str(&t).unwrap_or_else(|e| panic!("{e}: {t:?}"));
+            assert!(small_schema_holds(&v), "{v}");
+        }
+    }
+    assert!(stopped >= 2, "{stopped} of 4 completions ended");
+}
+
+/// What a constraint cannot be is a 400 naming its field, and the server goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_constraints_are_refused_by_field() {
+    let s = Server::start(Opts::default()).await;
+    let chat = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    for (extra, param, needle) in [
+        (
+            json!({"response_format": {"type": "xml"}}),
+            "response_format",
+            "must be one of",
+        ),
+        (
+            json!({"response_format": "json"}),
+            "response_format",
+            "must be an object",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "thing"}}}}),
+            "response_format",
+            "unrecognized type thing",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {"$ref": "http://x/y"}}}}),
+            "response_format",
+            "only references into the same document",
+        ),
+        (
+            json!({"grammar": "root ::= \"a"}),
+            "grammar",
+            "unexpected end of input",
+        ),
+        (
+            json!({"grammar": "root ::= root \"a\" | \"b\""}),
+            "grammar",
+            "left recursion",
+        ),
+        (
+            json!({"grammar": "start ::= \"a\""}),
+            "grammar",
+            "'root' symbol",
+        ),
+        (
+            json!({"grammar": "root ::= \"a\"", "json_schema": {"type": "object"}}),
+            "grammar",
+            "cannot both",
+        ),
+        (
+            json!({"json_schema": [1]}),
+            "json_schema",
+            "must be a JSON schema object",
+        ),
+    ] {
+        let r = s.post("/v1/chat/completions", &chat(extra.clone())).await;
+        let e = r.openai_error(400);
+        assert_eq!(e["param"], param, "{extra}: {e}");
+        assert!(
+            e["message"].as_str().unwrap().contains(needle),
+            "{extra}: {e}"
+        );
+    }
+    let long = format!("root ::= \"{}\"", "a".repeat(300_000));
+    let e = s
+        .post("/v1/completions", &json!({"prompt": "x", "grammar": long}))
+        .await
+        .openai_error(400);
+    assert_eq!(e["param"], "grammar");
+    // A grammar the matcher cannot follow past its first character (its stacks would double
+    // with each rule): the request ends with a reason, not a token outside the grammar.
+    let mut g = String::from("root ::= \"a\" d0\n");
+    for i in 0..40 {
+        g.push_str(&format!("d{i} ::= d{n} \"x\" | d{n} \"y\"\n", n = i + 1));
+    }
+    g.push_str("d40 ::= \"b\"\n");
+    let e = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "x", "grammar": g, "max_tokens": 8}),
+        )
+        .await
+        .openai_error(400);
+    assert_eq!(e["code"], "grammar_stuck", "{e}");
+    // Still serving.
+    assert_eq!(
+        s.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 2}))
+            .await
+            .status,
+        200
+    );
+    // A chat template that is not Muse Glimmer's: a response format cannot follow its answers.
+    let other = Server::start(Opts {
+        template_source: Some("{% for m in messages %}{{ m['content'] }}\n{% endfor %}Answer:"),
+        ..Opts::default()
+    })
+    .await;
+    let e = other
+        .post(
+            "/v1/chat/completions",
+            &chat(json!({"response_format": {"type": "json_object"}})),
+        )
+        .await
+        .openai_error(400);
+    assert_eq!(e["param"], "response_format");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap()
+            .contains("Muse Glimmer chat format"),
+        "{e}"
+    );
+}

@@ -204,7 +204,7 @@ async fn bad_requests_get_openai_errors_while_streams_run() {
         ),
         (
             chat,
-            json!({"messages": hi, "response_format": {"type": "json_object"}}),
+            json!({"messages": hi, "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 7}}}}),
             400,
             Some("response_format"),
         ),

@@ -28,6 +28,9 @@ pub enum TextError {
     /// A message, tool or argument that does not have the shape the chat API expects.
     #[error("invalid chat input: {0}")]
     InvalidChat(String),
+    /// A grammar or JSON schema that cannot constrain generation (its text, a rule, a keyword).
+    #[error("grammar: {0}")]
+    Grammar(String),
     /// A file could not be read.
     #[error("{path}: {msg}")]
     Io { path: String, msg: String },

@@ -40,6 +40,7 @@ mod atem;
 mod bpe;
 mod byte_level;
 mod error;
+pub mod grammar;
 mod message;
 mod pretokenize;
 mod pyjson;

@@ -72,7 +72,19 @@ pub struct Job {
     /// The request field the completion length came from (`max_completion_tokens` or
     /// `max_tokens`), named by a refusal about it.
     pub max_tokens_param: &'static str,
+    /// What every choice's output must match, if anything.
+    pub grammar: Option<JobGrammar>,
     pub tx: mpsc::Sender<Event>,
+}
+
+/// A request's grammar, as each of its choices follows it.
+#[derive(Clone)]
+pub struct JobGrammar {
+    pub grammar: Arc<muser_text::grammar::Grammar>,
+    /// The vocabulary's pieces as the grammar reads them (one per tokenizer, shared).
+    pub vocab: Arc<muser_text::grammar::GrammarVocab>,
+    /// Text the prompt ends with that the grammar begins with: matched first.
+    pub prefill: Option<&'static str>,
 }
 
 /// A token's log-probability under the model and the most likely alternatives.

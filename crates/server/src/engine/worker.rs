@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use muser_engine::muse_glimmer::Workspace;
 use muser_engine::sampling::{LogitEdit, NOT_FINITE, RowDraw, log_softmax};
 use muser_engine::{Backend, Batch, MuseGlimmer, Sampler};
+use muser_text::grammar::{Constraint, GrammarVocab, mask_allows};
 use muser_text::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc::error::TrySendError;
 
@@ -30,6 +31,8 @@ struct JobCommon {
     logprobs: Option<usize>,
     ignore_eos: bool,
     logit_bias: Vec<(u32, f32)>,
+    /// The vocabulary as the request's grammar reads it (with a grammar).
+    grammar_vocab: Option<Arc<GrammarVocab>>,
 }
 
 struct Seq {
@@ -45,6 +48,8 @@ struct Seq {
     generated: usize,
     max_tokens: usize,
     sampler: Sampler,
+    /// Where the output stands in the request's grammar, if it has one.
+    constraint: Option<Constraint>,
     decoder: StreamDecoder,
     /// Events not yet taken by the client (the channel was full): the sequence waits for them.
     outbox: VecDeque<Event>,
@@ -232,8 +237,17 @@ impl<B: Backend> Worker<B> {
             logprobs: job.logprobs,
             ignore_eos: job.ignore_eos,
             logit_bias: job.logit_bias,
+            grammar_vocab: job.grammar.as_ref().map(|g| g.vocab.clone()),
         });
         for spec in job.seqs {
+            // The handler matched the prefill already (`routes::constraint`): it cannot fail.
+            let constraint = job.grammar.as_ref().and_then(|g| {
+                let mut c = Constraint::new(g.grammar.clone());
+                match g.prefill {
+                    Some(p) => c.prefill(p.as_bytes()).ok().map(|()| c),
+                    None => Some(c),
+                }
+            });
             let positions = (spec.prompt.len() + spec.max_tokens).min(self.cfg.n_ctx);
             let mut params = spec.params;
             // OpenAI's penalties count every generated token (the sampler sees only those).
@@ -248,6 +262,7 @@ impl<B: Backend> Worker<B> {
                 generated: 0,
                 max_tokens: spec.max_tokens,
                 sampler: Sampler::new(params),
+                constraint,
                 decoder: StreamDecoder::new(job.skip_special, job.stops.iter().cloned()),
                 outbox: VecDeque::new(),
                 stalled_since: None,
@@ -545,12 +560,13 @@ impl<B: Backend> Worker<B> {
         for (r, &gi) in row_item.iter().enumerate() {
             let ri = group[gi].0;
             let s = &mut self.running[ri];
-            let draw = if on_device {
+            // A constrained row is drawn on the host, by its sampler's chain and its grammar.
+            let draw = if on_device && s.constraint.is_none() {
                 s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab)
             } else {
                 None
             };
-            let wants_row = s.job.logprobs.is_some();
+            let wants_row = s.job.logprobs.is_some() || s.constraint.is_some();
             match draw {
                 Some(d) if !wants_row => {
                     place.push(Ok(dev_rows.len()));
@@ -636,9 +652,9 @@ impl<B: Backend> Worker<B> {
         let eog = &self.eog;
         let t_sample = Instant::now();
         // Err: the row holds a NaN or an infinity (a file whose weights or scales overflow f32),
-        // which a draw would silently turn into token 0. (A row drawn on the device is checked
-        // there: its id is NOT_FINITE.)
-        let ids: Vec<Option<Result<u32, ()>>> = {
+        // which a draw would silently turn into token 0 (a row drawn on the device is checked
+        // there: its id is NOT_FINITE), or its grammar allows no token its edits leave possible.
+        let ids: Vec<Option<Result<u32, NoToken>>> = {
             use rayon::prelude::*;
             self.running
                 .par_iter_mut()
@@ -647,16 +663,16 @@ impl<B: Backend> Worker<B> {
                 .map(|((s, r), d)| {
                     let row = r.and_then(|r| logits.get(r * n_vocab..(r + 1) * n_vocab))?;
                     if row.iter().any(|v| !v.is_finite()) {
-                        return Some(Err(()));
+                        return Some(Err(NoToken::NotFinite));
                     }
-                    Some(Ok(match d {
+                    Some(match d {
                         Some(d) => {
                             let mut edited = row.to_vec();
                             d.edit(&mut edited);
-                            d.choose(&edited)
+                            Ok(d.choose(&edited))
                         }
                         None => choose(s, row, eog),
-                    }))
+                    })
                 })
                 .collect()
         };
@@ -672,8 +688,24 @@ impl<B: Backend> Worker<B> {
                 },
                 Err(h) => {
                     let id = match ids.get(ri).copied().flatten() {
-                        Some(Err(())) => {
+                        Some(Err(NoToken::NotFinite)) => {
                             self.fail_not_finite(ri);
+                            continue;
+                        }
+                        Some(Err(NoToken::GrammarDone)) => {
+                            self.end_without_token(ri, Finish::Stop);
+                            continue;
+                        }
+                        Some(Err(NoToken::GrammarStuck)) => {
+                            let s = &mut self.running[ri];
+                            s.outbox.push_back(Event::Error {
+                                index: s.index,
+                                error: ApiError::bad_request(
+                                    "the grammar allows no token after the text so far: the vocabulary cannot continue it, or it is too ambiguous to follow",
+                                )
+                                .code("grammar_stuck"),
+                            });
+                            s.done = true;
                             continue;
                         }
                         Some(Ok(id)) => Some(id),
@@ -715,6 +747,24 @@ impl<B: Backend> Worker<B> {
         metrics::counter!("muser_sequences_finished_total", "reason" => "error").increment(1);
     }
 
+    /// End `running[ri]` without a token: its grammar is complete and allows nothing more (an
+    /// end-of-generation token, the one way on, is masked by `ignore_eos`).
+    fn end_without_token(&mut self, ri: usize, finish: Finish) {
+        let s = &mut self.running[ri];
+        let text = s.decoder.finish();
+        s.outbox.push_back(Event::Done {
+            index: s.index,
+            finish,
+            text,
+            prompt_tokens: s.prompt.len(),
+            cached_tokens: s.reused,
+            completion_tokens: s.generated,
+        });
+        s.done = true;
+        metrics::counter!("muser_sequences_finished_total", "reason" => finish.as_str())
+            .increment(1);
+    }
+
     /// Emit `id`, the token drawn (`choose`) for `running[ri]` from its logits row.
     fn next_token(&mut self, ri: usize, row: Option<&[f32]>, id: u32) {
         let eog = &self.eog;
@@ -723,6 +773,17 @@ impl<B: Backend> Worker<B> {
         let s = &mut self.running[ri];
         let j = &s.job;
         s.sampler.accept(id);
+        if let (Some(c), Some(v)) = (&mut s.constraint, &j.grammar_vocab)
+            && let Err(e) = c.accept(v, id)
+        {
+            // Every constrained token is drawn among those the grammar allows: not reached.
+            s.outbox.push_back(Event::Error {
+                index: s.index,
+                error: ApiError::internal(e.to_string()),
+            });
+            s.done = true;
+            return;
+        }
         s.generated += 1;
         self.rate_tokens += 1;
         metrics::counter!("muser_generation_tokens_total").increment(1);
@@ -1050,11 +1111,51 @@ fn pre_edits(j: &JobCommon, eog: &[u32]) -> Vec<LogitEdit> {
     e
 }
 
+/// Why a row gives no token.
+#[derive(Clone, Copy, Debug)]
+enum NoToken {
+    /// Its logits hold a NaN or an infinity.
+    NotFinite,
+    /// Its grammar is complete and allows only an end-of-generation token, which `ignore_eos`
+    /// masks: the output is whole.
+    GrammarDone,
+    /// Its grammar allows no token here (one whose words the vocabulary cannot spell, or too
+    /// ambiguous to follow).
+    GrammarStuck,
+}
+
 /// Draw the next token of `s` from its logits row (its logit bias applied, end-of-generation
-/// tokens masked when it ignores them).
-fn choose(s: &mut Seq, row: &[f32], eog: &[u32]) -> u32 {
+/// tokens masked when it ignores them). With a grammar, as llama.cpp's sampler: the chain's
+/// token if the grammar allows it, else the chain again over the tokens the grammar allows
+/// (common/sampling.cpp `common_sampler_sample`: the grammar is applied only when the first
+/// choice is refused).
+fn choose(s: &mut Seq, row: &[f32], eog: &[u32]) -> Result<u32, NoToken> {
+    let first = draw(s, row, eog, None);
+    let (Some(c), Some(v)) = (&mut s.constraint, &s.job.grammar_vocab) else {
+        return Ok(first);
+    };
+    if c.allows(v, first) {
+        return Ok(first);
+    }
+    let mask = c.allowed(v);
+    let ignore_eos = s.job.ignore_eos;
+    let any = (0..row.len() as u32)
+        .any(|id| mask_allows(&mask, id) && !(ignore_eos && eog.contains(&id)));
+    if !any {
+        return Err(if c.is_complete() {
+            NoToken::GrammarDone
+        } else {
+            NoToken::GrammarStuck
+        });
+    }
+    Ok(draw(s, row, eog, Some(&mask)))
+}
+
+/// One draw of the chain over `row` with the request's edits, the tokens outside `allowed`
+/// masked.
+fn draw(s: &mut Seq, row: &[f32], eog: &[u32], allowed: Option<&[u64]>) -> u32 {
     let j = &s.job;
-    if j.logit_bias.is_empty() && !j.ignore_eos {
+    if j.logit_bias.is_empty() && !j.ignore_eos && allowed.is_none() {
         return s.sampler.sample(row);
     }
     let (bias, ignore_eos) = (&j.logit_bias, j.ignore_eos);
@@ -1067,6 +1168,13 @@ fn choose(s: &mut Seq, row: &[f32], eog: &[u32]) -> u32 {
         if ignore_eos {
             for &t in eog {
                 if let Some(x) = l.get_mut(t as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        if let Some(m) = allowed {
+            for (id, x) in l.iter_mut().enumerate() {
+                if !mask_allows(m, id as u32) {
                     *x = f32::NEG_INFINITY;
                 }
             }

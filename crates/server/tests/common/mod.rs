@@ -41,6 +41,8 @@ pub struct Opts {
     /// Every `attn_q_norm` at 3e38, a finite constant the loader accepts whose products
     /// overflow f32: the model's logits are NaN.
     pub overflow: bool,
+    /// A chat template's source in place of the file's.
+    pub template_source: Option<&'static str>,
 }
 
 impl Default for Opts {
@@ -60,6 +62,7 @@ impl Default for Opts {
             stall_timeout: Duration::from_secs(60),
             kv_budget: None,
             overflow: false,
+            template_source: None,
         }
     }
 }
@@ -77,9 +80,10 @@ impl Server {
             g = Arc::new(overflowing(&g));
         }
         let tokenizer = Tokenizer::from_gguf(&g).expect("tokenizer");
-        let template = o
-            .template
-            .then(|| ChatTemplate::from_gguf(&g).expect("template"));
+        let template = o.template.then(|| match o.template_source {
+            Some(src) => ChatTemplate::new(src, "test").expect("template"),
+            None => ChatTemplate::from_gguf(&g).expect("template"),
+        });
         let file = ModelFile::from_gguf(g).expect("model file");
         let mut backend = CpuBackend::new(o.mode, 1).expect("cpu");
         backend.row_draws = o.row_draws;

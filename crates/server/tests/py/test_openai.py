@@ -148,6 +148,34 @@ def test_logprobs():
     assert len(lp.tokens) == 4 and len(lp.token_logprobs) == 4 and len(lp.top_logprobs) == 4
 
 
+def test_structured_outputs():
+    # The client's own structured outputs: a pydantic model as a strict json_schema response
+    # format, parsed back by the client. The random-weight model may run past max_tokens (the
+    # client then raises), so several seeds are tried and those that end must parse.
+    import pydantic
+
+    class Answer(pydantic.BaseModel):
+        ok: bool
+        mood: str = pydantic.Field(json_schema_extra={"enum": ["good", "bad"]})
+
+    parsed = 0
+    for seed in range(6):
+        try:
+            r = client().chat.completions.parse(model=ARGS.model, messages=[{"role": "user", "content": "JSON"}],
+                                                response_format=Answer, max_tokens=150, seed=seed)
+        except openai.LengthFinishReasonError:
+            continue
+        a = r.choices[0].message.parsed
+        assert isinstance(a, Answer) and isinstance(a.ok, bool) and a.mood in ("good", "bad"), a
+        parsed += 1
+    assert parsed >= 2, parsed
+    r = client().chat.completions.create(model=ARGS.model, messages=[{"role": "user", "content": "JSON"}],
+                                         response_format={"type": "json_object"}, max_tokens=150, seed=1,
+                                         temperature=0)
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
 def test_errors():
     c = client()
     try:

@@ -1,0 +1,209 @@
+//! A grammar over a vocabulary's tokens, as llama.cpp's grammar sampler applies it
+//! (`llama_grammar_apply_impl`, `llama_grammar_accept_impl`): a token is allowed when its piece
+//! (control tokens as their text) continues the match; an end-of-generation token only where the
+//! match is complete; an empty piece, or one that begins with a NUL, never.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::gbnf::{Cand, Grammar, GrammarState, Partial, decode_piece};
+use crate::error::{Result, TextError};
+use crate::tokenizer::Tokenizer;
+
+/// Every token's piece and its code points (decoded from a clean start), and which tokens end
+/// generation. Built once per tokenizer.
+pub struct GrammarVocab {
+    pieces: Vec<Box<[u8]>>,
+    /// None: never allowed as text (an empty piece, or one that begins with a NUL).
+    decoded: Vec<Option<(Box<[u32]>, Partial)>>,
+    eog: Vec<bool>,
+    instance: u64,
+}
+
+impl GrammarVocab {
+    pub fn new(tok: &Tokenizer) -> Self {
+        let n = tok.n_vocab();
+        let mut pieces = Vec::with_capacity(n);
+        let mut decoded = Vec::with_capacity(n);
+        for id in 0..n as u32 {
+            let p: Box<[u8]> = tok.piece(id, false).unwrap_or_default().into();
+            decoded.push(match p.first() {
+                None | Some(0) => None,
+                Some(_) => {
+                    let (cps, partial) = decode_piece(&p, Partial::default());
+                    Some((cps.into_boxed_slice(), partial))
+                }
+            });
+            pieces.push(p);
+        }
+        let mut eog = vec![false; n];
+        for id in tok.eog_ids() {
+            if let Some(e) = eog.get_mut(id as usize) {
+                *e = true;
+            }
+        }
+        GrammarVocab {
+            pieces,
+            decoded,
+            eog,
+            instance: tok.instance(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.pieces.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    /// The tokenizer this was built from ([`Tokenizer::instance`]).
+    pub fn instance(&self) -> u64 {
+        self.instance
+    }
+
+    pub fn is_eog(&self, id: u32) -> bool {
+        self.eog.get(id as usize).copied().unwrap_or(false)
+    }
+}
+
+/// Masks kept per constraint (the states of a JSON answer recur: inside a string, between
+/// members); past this many the cache starts again.
+const MASK_CACHE: usize = 32;
+
+/// A grammar and where a generation stands in it.
+pub struct Constraint {
+    grammar: Arc<Grammar>,
+    state: GrammarState,
+    masks: HashMap<GrammarState, Arc<[u64]>>,
+}
+
+/// Which ids a bit set holds.
+pub fn mask_allows(mask: &[u64], id: u32) -> bool {
+    mask.get(id as usize / 64)
+        .is_some_and(|w| w >> (id % 64) & 1 == 1)
+}
+
+impl Constraint {
+    pub fn new(grammar: Arc<Grammar>) -> Self {
+        let state = grammar.start();
+        Constraint {
+            grammar,
+            state,
+            masks: HashMap::new(),
+        }
+    }
+
+    /// Text the prompt already holds, matched before anything is generated (llama.cpp feeds the
+    /// chat format's generation prompt to the grammar so).
+    pub fn prefill(&mut self, text: &[u8]) -> Result<()> {
+        self.state = self
+            .grammar
+            .accept_piece(&self.state, text)
+            .ok_or_else(|| {
+                TextError::Grammar(format!(
+                    "the grammar does not accept the generation prompt {:?}",
+                    String::from_utf8_lossy(text)
+                ))
+            })?;
+        Ok(())
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.state.is_complete()
+    }
+
+    /// Whether token `id` may come next.
+    pub fn allows(&self, v: &GrammarVocab, id: u32) -> bool {
+        if v.is_eog(id) {
+            return self.state.is_complete();
+        }
+        let Some(Some((cps, partial))) = v.decoded.get(id as usize) else {
+            return false;
+        };
+        if self.state.partial.n_remain() == 0 {
+            self.grammar.allows(&self.state, cps, *partial)
+        } else {
+            let (cps, partial) = decode_piece(&v.pieces[id as usize], self.state.partial);
+            self.grammar.allows(&self.state, &cps, partial)
+        }
+    }
+
+    /// The tokens that may come next, as a bit set over the vocabulary (kept for this state).
+    pub fn allowed(&mut self, v: &GrammarVocab) -> Arc<[u64]> {
+        if let Some(m) = self.masks.get(&self.state) {
+            return m.clone();
+        }
+        let words = v.len().div_ceil(64);
+        let mut mask = vec![0u64; words];
+        let complete = self.state.is_complete();
+        // With a character cut, every piece is decoded again as its continuation.
+        let clean = self.state.partial.n_remain() == 0;
+        let redecoded: Vec<Option<(Vec<u32>, Partial)>> = if clean {
+            Vec::new()
+        } else {
+            (0..v.len())
+                .map(|i| {
+                    v.decoded[i]
+                        .as_ref()
+                        .map(|_| decode_piece(&v.pieces[i], self.state.partial))
+                })
+                .collect()
+        };
+        let mut cands = Vec::with_capacity(v.len());
+        for id in 0..v.len() {
+            if v.eog[id] {
+                if complete {
+                    mask[id / 64] |= 1 << (id % 64);
+                }
+                continue;
+            }
+            let d = if clean {
+                v.decoded[id].as_ref().map(|(c, p)| (&c[..], *p))
+            } else {
+                redecoded[id].as_ref().map(|(c, p)| (&c[..], *p))
+            };
+            if let Some((cps, partial)) = d {
+                cands.push(Cand {
+                    id: id as u32,
+                    cps,
+                    at: 0,
+                    partial,
+                });
+                mask[id / 64] |= 1 << (id % 64);
+            }
+        }
+        for r in self.grammar.reject(&self.state.stacks, &cands) {
+            mask[r.id as usize / 64] &= !(1 << (r.id % 64));
+        }
+        let mask: Arc<[u64]> = mask.into();
+        if self.masks.len() >= MASK_CACHE {
+            self.masks.clear();
+        }
+        self.masks.insert(self.state.clone(), mask.clone());
+        mask
+    }
+
+    /// Take token `id` (one [`Constraint::allows`]): the match moves past its piece; an
+    /// end-of-generation token leaves it where it is.
+    pub fn accept(&mut self, v: &GrammarVocab, id: u32) -> Result<()> {
+        let refused = || TextError::Grammar(format!("token {id} does not continue the grammar"));
+        if v.is_eog(id) {
+            return if self.state.is_complete() {
+                Ok(())
+            } else {
+                Err(refused())
+            };
+        }
+        let piece = v.pieces.get(id as usize).ok_or_else(refused)?;
+        if piece.first().is_none_or(|b| *b == 0) {
+            return Err(refused());
+        }
+        self.state = self
+            .grammar
+            .accept_piece(&self.state, piece)
+            .ok_or_else(refused)?;
+        Ok(())
+    }
+}

