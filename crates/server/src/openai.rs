@@ -57,6 +57,8 @@ pub struct GenRequest {
     pub stream_options: Option<StreamOptions>,
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
+    /// Whether a forced tool call may be several (default true).
+    pub parallel_tool_calls: Option<bool>,
     pub response_format: Option<Value>,
     /// llama.cpp extension: a JSON schema the output must satisfy.
     pub json_schema: Option<Value>,
@@ -119,8 +121,17 @@ pub const MAX_GRAMMAR_BYTES: usize = 256 * 1024;
 /// GBNF `grammar`; an empty schema means any object.
 #[derive(Debug, Clone)]
 pub enum Constrain {
-    Schema { schema: Value, param: &'static str },
+    Schema {
+        schema: Value,
+        param: &'static str,
+    },
     Gbnf(String),
+    /// A chat answer that must call one of these tools (OpenAI tool objects), in the model's
+    /// format (`tool_choice`).
+    ToolCalls {
+        tools: Vec<Value>,
+        parallel: bool,
+    },
 }
 
 impl Constrain {
@@ -208,6 +219,23 @@ impl Constrain {
     /// (`chat_response_gbnf`); a completion's schema, and any `grammar`, the text itself.
     pub fn compile(&self, ep: Endpoint) -> Result<(Arc<Grammar>, Option<&'static str>), ApiError> {
         let (text, param, prefill) = match (self, ep) {
+            (Constrain::ToolCalls { tools, parallel }, _) => {
+                let specs: Vec<grammar::ToolSpec> = tools
+                    .iter()
+                    .filter_map(|t| {
+                        let f = t.get("function").unwrap_or(t);
+                        Some(grammar::ToolSpec {
+                            name: f.get("name")?.as_str()?,
+                            parameters: f.get("parameters").unwrap_or(&Value::Null),
+                        })
+                    })
+                    .collect();
+                (
+                    grammar::chat_tool_calls_gbnf(&specs, *parallel),
+                    "tool_choice",
+                    Some(grammar::GENERATION_PROMPT),
+                )
+            }
             (Constrain::Schema { schema, param }, Endpoint::Chat) => (
                 grammar::chat_response_gbnf(schema),
                 *param,
@@ -479,25 +507,62 @@ impl GenRequest {
         Ok(prompts)
     }
 
-    /// `tools` and `tool_choice` for a chat request: the tools to offer, if any. Forcing a call
-    /// (`required`, a named function) needs constrained decoding, which Muser does not have.
-    /// The tools offered, None for none (or `tool_choice: "none"`). A function's `description`
-    /// and `parameters` are optional in OpenAI's API, while the template writes both into the
-    /// system prompt (its `tojson` of a missing one fails, as it does in transformers): a missing
-    /// or null description becomes "", missing parameters an object schema with no properties.
-    pub fn chat_tools(&self) -> Result<Option<Value>, ApiError> {
+    /// `tools` and `tool_choice` for a chat request: the tools to offer, if any, and the
+    /// constraint that forces a call (`required`: one of them; a named function: that one),
+    /// if one is asked for. A function's `description` and `parameters` are optional in
+    /// OpenAI's API, while the template writes both into the system prompt (its `tojson` of a
+    /// missing one fails, as it does in transformers): a missing or null description becomes "",
+    /// missing parameters an object schema with no properties.
+    pub fn chat_tools(&self) -> Result<(Option<Value>, Option<Constrain>), ApiError> {
         let tools = offered_tools(self.tools.as_ref())?;
-        const FORCED: &str = "tool_choice may be \"auto\" or \"none\": forcing a tool call needs constrained decoding, which this server does not have";
+        let parallel = self.parallel_tool_calls.unwrap_or(true);
+        let forced = |only: Option<&str>| -> Result<Option<Constrain>, ApiError> {
+            let Some(Value::Array(list)) = &tools else {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    "tool_choice forces a tool call, but the request offers no tools",
+                ));
+            };
+            let chosen: Vec<Value> = list
+                .iter()
+                .filter(|t| only.is_none_or(|n| tool_name(t) == Some(n)))
+                .cloned()
+                .collect();
+            if chosen.is_empty() {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!(
+                        "tool_choice names the function '{}', which is not among the tools",
+                        only.unwrap_or_default()
+                    ),
+                ));
+            }
+            Ok(Some(Constrain::ToolCalls {
+                tools: chosen,
+                parallel,
+            }))
+        };
         match &self.tool_choice {
-            None | Some(Value::Null) => Ok(tools),
-            Some(Value::String(s)) if s == "auto" => Ok(tools),
-            Some(Value::String(s)) if s == "none" => Ok(None),
-            // Forcing a call ("required", or a named function) is valid OpenAI, not implemented.
+            None | Some(Value::Null) => Ok((tools, None)),
+            Some(Value::String(s)) if s == "auto" => Ok((tools, None)),
+            Some(Value::String(s)) if s == "none" => Ok((None, None)),
             Some(Value::String(s)) if s == "required" => {
-                Err(ApiError::unsupported("tool_choice", FORCED))
+                let c = forced(None)?;
+                Ok((tools, c))
             }
             Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
-                Err(ApiError::unsupported("tool_choice", FORCED))
+                let Some(name) = o
+                    .get("function")
+                    .and_then(|f| f.get("name"))
+                    .and_then(Value::as_str)
+                else {
+                    return Err(ApiError::invalid(
+                        "tool_choice",
+                        "tool_choice {\"type\": \"function\"} needs {\"function\": {\"name\": ...}}",
+                    ));
+                };
+                let c = forced(Some(name))?;
+                Ok((tools, c))
             }
             Some(_) => Err(ApiError::invalid(
                 "tool_choice",
@@ -505,6 +570,14 @@ impl GenRequest {
             )),
         }
     }
+}
+
+/// A tool's function name, in either form (`{"function": {...}}` or the function itself).
+fn tool_name(t: &Value) -> Option<&str> {
+    t.get("function")
+        .unwrap_or(t)
+        .get("name")
+        .and_then(Value::as_str)
 }
 
 /// A request's `tools` as the template gets them (None for none): a function's missing or null

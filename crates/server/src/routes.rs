@@ -63,10 +63,14 @@ fn job_grammar(
         let tail = &prompt[prompt.len().saturating_sub(16)..];
         let text = st_tok.decode(tail, false)?;
         if !text.ends_with(p) {
+            let param = match c {
+                openai::Constrain::ToolCalls { .. } => "tool_choice",
+                _ => "response_format",
+            };
             return Err(ApiError::invalid(
-                "response_format",
+                param,
                 format!(
-                    "a response format needs the Muse Glimmer chat format, whose prompt ends with {p:?}; this chat template's ends with {:?}",
+                    "a response format or a forced tool call needs the Muse Glimmer chat format, whose prompt ends with {p:?}; this chat template's ends with {:?}",
                     text.chars()
                         .rev()
                         .take(24)
@@ -301,8 +305,12 @@ async fn chat_completions(
         return Err(ApiError::invalid("messages", "messages is required"));
     };
     openai::text_parts_only(&messages)?;
-    let opts = req.options(Endpoint::Chat, &st.tok)?;
-    let tools = req.chat_tools()?;
+    let mut opts = req.options(Endpoint::Chat, &st.tok)?;
+    let (tools, forced) = req.chat_tools()?;
+    // A response format wins over a forced tool call, as in llama.cpp's grammar for the model.
+    if opts.constrain.is_none() {
+        opts.constrain = forced;
+    }
     // Reading the tools' schemas, rendering and tokenizing a body of megabytes take CPU time:
     // off the async workers, so the other requests' streams are not held up behind them. The
     // work owns the messages and the turn, both let go when it ends.

@@ -528,12 +528,16 @@ async fn tool_history_renders_and_tools_are_offered() {
         )
         .await;
     assert_eq!(none.status, 200);
-    s.post(
-        "/v1/chat/completions",
-        &json!({"messages": messages, "tools": tools, "tool_choice": "required"}),
-    )
-    .await
-    .openai_error(400);
+    // A forced call of a tool that is not offered.
+    let e = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "tools": tools,
+                    "tool_choice": {"type": "function", "function": {"name": "get_time"}}}),
+        )
+        .await
+        .openai_error(400);
+    assert_eq!(e["param"], "tool_choice");
     // A function's description and parameters are optional in OpenAI's API: the template gets
     // "" and an empty object schema, as a tool that gave them.
     let bare = json!([{"type": "function", "function": {"name": "get_time"}}]);
@@ -1298,4 +1302,77 @@ async fn bad_constraints_are_refused_by_field() {
             .contains("Muse Glimmer chat format"),
         "{e}"
     );
+}
+
+/// `tool_choice: "required"` and a named function: every answer that ends is a call of an
+/// offered tool (of the named one), its arguments of their schemas, `finish_reason`
+/// "tool_calls"; with `parallel_tool_calls: false`, one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forced_tool_calls_call_the_tools() {
+    let s = Server::start(Opts {
+        n_ctx: 4096,
+        ..Opts::default()
+    })
+    .await;
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}
+    ]);
+    let hi = json!([{"role": "user", "content": "Weather in Paris?"}]);
+    let mut called = std::collections::BTreeMap::new();
+    for (choice, parallel) in [
+        (json!("required"), true),
+        (
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+            true,
+        ),
+        (json!("required"), false),
+    ] {
+        for seed in 0..5 {
+            let r = s
+                .post(
+                    "/v1/chat/completions",
+                    &json!({"messages": hi, "tools": tools, "tool_choice": choice,
+                            "parallel_tool_calls": parallel, "max_tokens": 160, "seed": seed}),
+                )
+                .await
+                .json();
+            let c = &r["choices"][0];
+            if c["finish_reason"] == "length" {
+                continue;
+            }
+            assert_eq!(
+                c["finish_reason"], "tool_calls",
+                "{choice} seed {seed}: {r}"
+            );
+            let calls = c["message"]["tool_calls"].as_array().unwrap();
+            assert!(!calls.is_empty() && (parallel || calls.len() == 1), "{r}");
+            for call in calls {
+                let name = call["function"]["name"].as_str().unwrap();
+                let args: Value =
+                    serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+                match name {
+                    "get_weather" => {
+                        let a = args.as_object().unwrap();
+                        assert!(a.keys().all(|k| k == "city" || k == "days"), "{args}");
+                        assert!(a.get("city").is_none_or(Value::is_string), "{args}");
+                        assert!(
+                            a.get("days")
+                                .is_none_or(|d| d.as_i64().is_some_and(|d| (1..=7).contains(&d))),
+                            "{args}"
+                        );
+                    }
+                    "ping" => {
+                        assert!(choice.is_string(), "{choice}: {r}");
+                        assert_eq!(args, json!({}));
+                    }
+                    other => panic!("{other}"),
+                }
+                *called.entry(name.to_string()).or_insert(0) += 1;
+            }
+        }
+    }
+    assert!(called.values().sum::<i32>() >= 5, "{called:?}");
 }

@@ -283,13 +283,15 @@ async fn bad_requests_get_openai_errors_while_streams_run() {
         let e = r.openai_error(status);
         assert_eq!(e["param"].as_str(), param, "{path} {body}: {e}");
     }
-    // A tool_choice OpenAI defines but Muser does not implement, against one that means nothing.
+    // A forced tool call with no tools, or naming a tool not offered, against a tool_choice
+    // that means nothing.
     for (choice, code) in [
-        (json!("required"), "unsupported_value"),
+        (json!("required"), "invalid_value"),
         (
             json!({"type": "function", "function": {"name": "f"}}),
-            "unsupported_value",
+            "invalid_value",
         ),
+        (json!({"type": "function"}), "invalid_value"),
         (json!("bogus"), "invalid_value"),
         (json!(7), "invalid_value"),
     ] {

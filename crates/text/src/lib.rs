@@ -36,7 +36,7 @@
 //! # let _ = reply; Ok(()) }
 //! ```
 
-mod atem;
+pub(crate) mod atem;
 mod bpe;
 mod byte_level;
 mod error;

@@ -246,3 +246,63 @@ fn random_walks_end_in_answers_of_the_schema() {
     }
     assert!(ended >= 5, "only {ended} of 40 walks ended");
 }
+
+/// The forced tool call's grammar (`tool_choice`): the ATEM call the template writes is allowed
+/// token by token and parses to the call; a tool not offered, a parameter it does not have, or
+/// a value outside its schema is refused.
+#[test]
+fn forced_tool_calls_follow_the_atem_format() {
+    use muser_text::grammar::{ToolSpec, chat_tool_calls_gbnf};
+    let tok = Tokenizer::from_gguf_file(data("glimmer-mini.gguf")).unwrap();
+    let v = GrammarVocab::new(&tok);
+    let params = json!({"type": "object", "properties": {"city": {"type": "string"},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city"]});
+    let tools = [ToolSpec {
+        name: "get_weather",
+        parameters: &params,
+    }];
+    let text = chat_tool_calls_gbnf(&tools, true).unwrap();
+    let g = Arc::new(Grammar::parse(&text, "root").unwrap_or_else(|e| panic!("{e}\n{text}")));
+    let call = " to=get_weather<|message|><atem:function_calls>\n<atem:invoke name=\"get_weather\">\n<atem:parameter name=\"city\">Paris, \"FR\"</atem:parameter>\n<atem:parameter name=\"days\">3</atem:parameter>\n</atem:invoke>\n</atem:function_calls>";
+    let mut c = constraint(&g);
+    for id in tok.encode(call, false, true).unwrap() {
+        assert!(c.allows(&v, id));
+        assert!(mask_allows(&c.allowed(&v), id));
+        c.accept(&v, id).unwrap();
+    }
+    assert!(c.is_complete());
+    // Another call may follow (parallel), or the end.
+    let eom = tok.token_id("<|eom|>").unwrap();
+    assert!(c.allows(&v, eom) && c.allows(&v, tok.eot().unwrap()));
+    let tool_json =
+        json!([{"type": "function", "function": {"name": "get_weather", "parameters": params}}]);
+    let parsed = ToolCallParser::from_json(Some(&tool_json))
+        .unwrap()
+        .parse(call);
+    assert_eq!(parsed.tool_calls.len(), 1);
+    let args: Value = serde_json::from_str(&parsed.tool_calls[0].function.arguments).unwrap();
+    assert_eq!(args, json!({"city": "Paris, \"FR\"", "days": 3}));
+    // Refused: another tool, another parameter, a value past its maximum, plain text.
+    for bad in [
+        " to=x<|message|><atem:function_calls>\n<atem:invoke name=\"get_time\">",
+        " to=x<|message|><atem:function_calls><atem:invoke name=\"get_weather\"><atem:parameter name=\"town\">",
+        " to=x<|message|><atem:function_calls><atem:invoke name=\"get_weather\"><atem:parameter name=\"days\">9",
+        "<|message|>Sure, let me check.",
+    ] {
+        let mut c = constraint(&g);
+        let ok = tok
+            .encode(bad, false, true)
+            .unwrap()
+            .into_iter()
+            .all(|id| c.allows(&v, id) && c.accept(&v, id).is_ok());
+        assert!(!ok, "{bad:?} allowed");
+    }
+    // Without parallel calls, the end is the only way on.
+    let text = chat_tool_calls_gbnf(&tools, false).unwrap();
+    let g = Arc::new(Grammar::parse(&text, "root").unwrap());
+    let mut c = constraint(&g);
+    for id in tok.encode(call, false, true).unwrap() {
+        c.accept(&v, id).unwrap();
+    }
+    assert!(!c.allows(&v, eom) && c.allows(&v, tok.eot().unwrap()));
+}

@@ -10,7 +10,7 @@
 //! Anything that does not follow the format becomes plain content, never an error.
 
 mod body;
-mod schema;
+pub(crate) mod schema;
 mod stream;
 
 use std::collections::HashMap;

@@ -996,55 +996,62 @@ impl Grammar {
     /// may come next: `llama_grammar_reject_candidates` for one candidate. Its code points must
     /// each be matched, and a sequence it leaves cut must be able to continue the match.
     pub(crate) fn allows(&self, st: &GrammarState, cps: &[u32], partial: Partial) -> bool {
-        let cand = [Cand {
-            id: 0,
+        let texts = Texts {
             cps,
-            at: 0,
-            partial,
-        }];
-        self.reject(&st.stacks, &cand).is_empty()
+            start: &[0, cps.len() as u32],
+            partial: std::slice::from_ref(&partial),
+        };
+        self.reject(&texts, &st.stacks, &[Cand::new(&texts, 0)])
+            .is_empty()
     }
 
     /// `llama_grammar_reject_candidates`: the candidates the stacks cannot take (all of them
     /// where no stack can).
-    pub(crate) fn reject<'c>(&self, stacks: &[Stack], cands: &[Cand<'c>]) -> Vec<Cand<'c>> {
+    pub(crate) fn reject(&self, t: &Texts, stacks: &[Stack], cands: &[Cand]) -> Vec<Cand> {
         let Some((first, rest)) = stacks.split_first() else {
             return cands.to_vec();
         };
         if cands.is_empty() {
             return Vec::new();
         }
-        let mut rejects = self.reject_for_stack(first, cands);
+        let mut rejects = self.reject_for_stack(t, first, cands);
         for s in rest {
-            rejects = self.reject_for_stack(s, &rejects);
+            if rejects.is_empty() {
+                break;
+            }
+            rejects = self.reject_for_stack(t, s, &rejects);
         }
         rejects
     }
 
-    fn reject_for_stack<'c>(&self, stack: &Stack, cands: &[Cand<'c>]) -> Vec<Cand<'c>> {
-        let mut rejects = Vec::with_capacity(cands.len());
+    fn reject_for_stack(&self, t: &Texts, stack: &Stack, cands: &[Cand]) -> Vec<Cand> {
+        let mut rejects = Vec::new();
         let Some(&top) = stack.last() else {
-            for t in cands {
-                if t.at < t.cps.len() || t.partial.n_remain != 0 {
-                    rejects.push(*t);
+            for c in cands {
+                if t.at(*c).is_some() || t.partial[c.id as usize].n_remain != 0 {
+                    rejects.push(*c);
                 }
             }
             return rejects;
         };
         let top = top as usize;
         let mut next_cands = Vec::with_capacity(cands.len());
-        for t in cands {
-            match t.cps.get(t.at) {
+        for c in cands {
+            match t.at(*c) {
                 None => {
-                    if t.partial.n_remain != 0 && !self.match_partial_char(top, t.partial) {
-                        rejects.push(*t);
+                    let partial = t.partial[c.id as usize];
+                    if partial.n_remain != 0 && !self.match_partial_char(top, partial) {
+                        rejects.push(*c);
                     }
                 }
-                Some(&c) => {
-                    if self.match_char(top, c).0 {
-                        next_cands.push(Cand { at: t.at + 1, ..*t });
+                Some(ch) => {
+                    if self.match_char(top, ch).0 {
+                        next_cands.push(Cand {
+                            pos: c.pos + 1,
+                            ..*c
+                        });
                     } else {
-                        rejects.push(*t);
+                        rejects.push(*c);
                     }
                 }
             }
@@ -1058,28 +1065,56 @@ impl Grammar {
             stack_after.push(after as u32);
         }
         let mut next_stacks = Vec::new();
+        let back = |c: Cand| Cand {
+            pos: c.pos - 1,
+            ..c
+        };
         if !self.advance_stack(stack_after, &mut next_stacks) {
             // Too ambiguous to follow: none of those that got this far.
-            rejects.extend(next_cands.iter().map(|t| Cand { at: t.at - 1, ..*t }));
+            rejects.extend(next_cands.into_iter().map(back));
             return rejects;
         }
         // The candidates the rest rejects, as they came in: one code point back.
         rejects.extend(
-            self.reject(&next_stacks, &next_cands)
+            self.reject(t, &next_stacks, &next_cands)
                 .into_iter()
-                .map(|t| Cand { at: t.at - 1, ..t }),
+                .map(back),
         );
         rejects
     }
 }
 
-/// A candidate token for [`Grammar::reject`]: its id, its code points not yet matched and the
-/// sequence it leaves cut.
+/// The candidates' text for [`Grammar::reject`]: candidate `id`'s code points are
+/// `cps[start[id]..start[id + 1]]`, and `partial[id]` the sequence it leaves cut.
+pub(crate) struct Texts<'a> {
+    pub cps: &'a [u32],
+    pub start: &'a [u32],
+    pub partial: &'a [Partial],
+}
+
+impl Texts<'_> {
+    /// The candidate's next code point, None past its last.
+    fn at(&self, c: Cand) -> Option<u32> {
+        (c.pos < c.end).then(|| self.cps[c.pos as usize])
+    }
+}
+
+/// A candidate token for [`Grammar::reject`]: its id in the [`Texts`], and where its next code
+/// point is there and its last ends (those before `pos` are matched).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Cand<'c> {
+pub(crate) struct Cand {
     pub id: u32,
-    /// The token's code points; those before `at` are matched.
-    pub cps: &'c [u32],
-    pub at: usize,
-    pub partial: Partial,
+    pos: u32,
+    end: u32,
+}
+
+impl Cand {
+    /// Candidate `id` of `t`, none of its code points matched.
+    pub(crate) fn new(t: &Texts, id: u32) -> Self {
+        Cand {
+            id,
+            pos: t.start[id as usize],
+            end: t.start[id as usize + 1],
+        }
+    }
 }

@@ -10,7 +10,7 @@ pub mod schema;
 pub mod tokens;
 
 pub use gbnf::{Grammar, GrammarState};
-pub use schema::{GrammarBuilder, format_literal, schema_to_gbnf};
+pub use schema::{GrammarBuilder, format_literal, is_object_schema, schema_to_gbnf};
 pub use tokens::{Constraint, GrammarVocab, mask_allows};
 
 use serde_json::Value;
@@ -32,7 +32,7 @@ pub const GENERATION_PROMPT: &str = "<|start|>assistant";
 pub fn chat_response_gbnf(schema: &Value) -> Result<String> {
     let mut b = GrammarBuilder::default();
     let json = b.add_schema("response-format-schema", schema)?;
-    let until = until_rules(&mut b, "until-eom", "<|eom|>");
+    let until = until_rules(&mut b, "until-eom", "<|eom|>", false);
     let start = b.add_rule("start", &format_literal(GENERATION_PROMPT));
     let analysis = b.add_rule(
         "analysis",
@@ -59,10 +59,92 @@ pub fn chat_response_gbnf(schema: &Value) -> Result<String> {
     b.finish()
 }
 
-/// The grammar of any text that does not hold `delim` (llama.cpp's `gbnf_excluding_grammar` for
-/// one string: the states of its matching automaton, each accepting, no character that would
-/// complete it): rules `prefix`, `prefix-01`, ...; the name of the first.
-fn until_rules(b: &mut GrammarBuilder, prefix: &str, delim: &str) -> String {
+/// A tool a chat answer must call: its name and its `parameters` schema.
+pub struct ToolSpec<'a> {
+    pub name: &'a str,
+    pub parameters: &'a Value,
+}
+
+/// The grammar of a Muse Glimmer chat answer that must call one of `tools`, as llama.cpp b11434
+/// builds it for `tool_choice: "required"` (common/parsers/muse-glimmer.cpp, not lazy):
+/// reasoning messages first, then a message to a recipient (` to=` and any text up to
+/// `<|message|>`) holding `<atem:function_calls>` and one `<atem:invoke>` of a tool, its
+/// parameters in any order, each `<atem:parameter name="...">` and a value: text up to and with
+/// the first `</atem:parameter>` where the parameter's schema may be a string, else JSON of its
+/// schema and the closing tag; with `parallel`, more such messages after `<|eom|>`. Parameters
+/// are read only from a `parameters` that is an object schema, as the anchor reads them.
+pub fn chat_tool_calls_gbnf(tools: &[ToolSpec], parallel: bool) -> Result<String> {
+    let mut b = GrammarBuilder::default();
+    let lit = format_literal;
+    let start = b.add_rule("start", &lit(GENERATION_PROMPT));
+    let until_eom = until_rules(&mut b, "until-eom", "<|eom|>", false);
+    let analysis = b.add_rule(
+        "analysis",
+        &format!(
+            "{} {until_eom} {}",
+            lit(" to=self<|message|>"),
+            lit("<|eom|>")
+        ),
+    );
+    let until_message = until_rules(&mut b, "until-message", "<|message|>", false);
+    let string_value = until_rules(&mut b, "ac-parameter", "</atem:parameter>", true);
+    let mut budget = crate::atem::schema::VISIT_BUDGET;
+    let mut choices = Vec::with_capacity(tools.len());
+    for t in tools {
+        let mut args = Vec::new();
+        if is_object_schema(t.parameters)
+            && let Some(props) = t.parameters.get("properties").and_then(Value::as_object)
+        {
+            for (pname, pschema) in props {
+                let value =
+                    if crate::atem::schema::may_be_string(pschema, t.parameters, &mut budget) {
+                        string_value.clone()
+                    } else {
+                        let r = b.add_schema_in(
+                            &format!("tool-{}-arg-{pname}-schema", t.name),
+                            t.parameters,
+                            pschema,
+                        )?;
+                        format!("{r} {}", lit("</atem:parameter>"))
+                    };
+                args.push(format!(
+                    "{} {value}",
+                    lit(&format!("<atem:parameter name=\"{pname}\">"))
+                ));
+            }
+        }
+        let args = if args.is_empty() {
+            String::new()
+        } else {
+            format!("( ( {} ) space )*", args.join(" | "))
+        };
+        let body = format!(
+            "{} {until_message} {} space {} space {args} {} space {}",
+            lit(" to="),
+            lit("<|message|><atem:function_calls>"),
+            lit(&format!("<atem:invoke name=\"{}\">", t.name)),
+            lit("</atem:invoke>"),
+            lit("</atem:function_calls>"),
+        );
+        choices.push(b.add_rule(&format!("tool-{}", t.name), &body));
+    }
+    let choice = b.add_rule("tool-choice", &choices.join(" | "));
+    let calls = if parallel {
+        format!("{choice} ( {} {start} {choice} )*", lit("<|eom|>"))
+    } else {
+        choice
+    };
+    let calls = b.add_rule("tool-call", &calls);
+    b.add_rule("root", &format!("( {start} {analysis} )* {start} {calls}"));
+    b.finish()
+}
+
+/// Rules `prefix`, `prefix-01`, ... for the text around `delim` (the states of its matching
+/// automaton, llama.cpp's `gbnf_ac_grammar` for one string); the name of the first. Without
+/// `including`, any text that does not hold `delim` (`gbnf_excluding_grammar`: every state may
+/// end, no character completes it); with it, any text up to and with its first `delim`
+/// (`gbnf_including_grammar`: only the completing character ends).
+fn until_rules(b: &mut GrammarBuilder, prefix: &str, delim: &str, including: bool) -> String {
     let d: Vec<char> = delim.chars().collect();
     let name = |q: usize| {
         if q == 0 {
@@ -103,21 +185,30 @@ fn until_rules(b: &mut GrammarBuilder, prefix: &str, delim: &str) -> String {
     };
     for q in 0..d.len() {
         let mut buckets: std::collections::BTreeMap<usize, Vec<char>> = Default::default();
-        let mut specific = Vec::new();
+        let (mut specific, mut completing) = (Vec::new(), Vec::new());
         for &c in &alphabet {
             let to = next(q, c);
             if to == d.len() {
+                completing.push(c);
                 specific.push(c);
             } else if to != 0 {
                 buckets.entry(to).or_default().push(c);
                 specific.push(c);
             }
         }
-        let mut rhs = String::from("|");
-        for (to, chars) in &buckets {
-            rhs.push_str(&format!(" {} {} |", class(chars, false), name(*to)));
+        let mut alts = Vec::new();
+        if including && !completing.is_empty() {
+            alts.push(class(&completing, false));
         }
-        rhs.push_str(&format!(" {} {}", class(&specific, true), name(0)));
+        for (to, chars) in &buckets {
+            alts.push(format!("{} {}", class(chars, false), name(*to)));
+        }
+        alts.push(format!("{} {}", class(&specific, true), name(0)));
+        let rhs = if including {
+            alts.join(" | ")
+        } else {
+            format!("| {}", alts.join(" | "))
+        };
         b.add_rule(&name(q), &rhs);
     }
     name(0)

@@ -1695,6 +1695,16 @@ impl Trie {
     }
 }
 
+/// Whether a schema reads as an object schema (`common_chat_schema_object`: what llama.cpp's
+/// `foreach_parameter` asks of a tool's `parameters` before it looks at their properties).
+pub fn is_object_schema(schema: &Value) -> bool {
+    let mut b = Builder {
+        root: schema,
+        refs: BTreeMap::new(),
+    };
+    matches!(b.build_node(schema, "#"), Ok(Node::Object { .. }))
+}
+
 /// The GBNF llama.cpp writes for a JSON schema (`json_schema_to_grammar`), its root rule `root`.
 pub fn schema_to_gbnf(schema: &Value) -> Result<String> {
     let mut c = Converter::new(false);
@@ -1747,13 +1757,19 @@ impl GrammarBuilder {
 
     /// The rules of a schema under `name` (`root`: as the whole grammar's), its rule's name.
     pub fn add_schema(&mut self, name: &str, schema: &Value) -> Result<String> {
+        self.add_schema_in(name, schema, schema)
+    }
+
+    /// As `add_schema`, for a schema inside a document (a tool's `parameters`, a property's
+    /// schema there): its `$ref`s point into `doc`.
+    pub fn add_schema_in(&mut self, name: &str, doc: &Value, schema: &Value) -> Result<String> {
         let mut b = Builder {
-            root: schema,
+            root: doc,
             refs: std::mem::take(&mut self.c.refs),
         };
-        let node = b.build_node(schema, "#")?;
+        let node = b.build_node(schema, "#");
         self.c.refs = b.refs;
-        let r = self.c.visit(&node, if name == "root" { "" } else { name });
+        let r = self.c.visit(&node?, if name == "root" { "" } else { name });
         check(&self.c)?;
         Ok(r)
     }

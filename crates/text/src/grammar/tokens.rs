@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::gbnf::{Cand, Grammar, GrammarState, Partial, decode_piece};
+use super::gbnf::{Cand, Grammar, GrammarState, Partial, Texts, decode_piece};
 use crate::error::{Result, TextError};
 use crate::tokenizer::Tokenizer;
 
@@ -14,8 +14,12 @@ use crate::tokenizer::Tokenizer;
 /// generation. Built once per tokenizer.
 pub struct GrammarVocab {
     pieces: Vec<Box<[u8]>>,
-    /// None: never allowed as text (an empty piece, or one that begins with a NUL).
-    decoded: Vec<Option<(Box<[u32]>, Partial)>>,
+    /// Whether a token may ever be text (not an empty piece, not one that begins with a NUL).
+    text: Vec<bool>,
+    /// Token i's code points, `cps[start[i]..start[i + 1]]`, and the sequence it leaves cut.
+    cps: Vec<u32>,
+    start: Vec<u32>,
+    partial: Vec<Partial>,
     eog: Vec<bool>,
     instance: u64,
 }
@@ -24,16 +28,22 @@ impl GrammarVocab {
     pub fn new(tok: &Tokenizer) -> Self {
         let n = tok.n_vocab();
         let mut pieces = Vec::with_capacity(n);
-        let mut decoded = Vec::with_capacity(n);
+        let mut text = Vec::with_capacity(n);
+        let (mut cps, mut start, mut partial) =
+            (Vec::new(), Vec::with_capacity(n + 1), Vec::with_capacity(n));
+        start.push(0);
         for id in 0..n as u32 {
             let p: Box<[u8]> = tok.piece(id, false).unwrap_or_default().into();
-            decoded.push(match p.first() {
-                None | Some(0) => None,
-                Some(_) => {
-                    let (cps, partial) = decode_piece(&p, Partial::default());
-                    Some((cps.into_boxed_slice(), partial))
-                }
-            });
+            let ok = p.first().is_some_and(|b| *b != 0);
+            let (c, part) = if ok {
+                decode_piece(&p, Partial::default())
+            } else {
+                (Vec::new(), Partial::default())
+            };
+            cps.extend_from_slice(&c);
+            start.push(cps.len() as u32);
+            partial.push(part);
+            text.push(ok);
             pieces.push(p);
         }
         let mut eog = vec![false; n];
@@ -44,9 +54,21 @@ impl GrammarVocab {
         }
         GrammarVocab {
             pieces,
-            decoded,
+            text,
+            cps,
+            start,
+            partial,
             eog,
             instance: tok.instance(),
+        }
+    }
+
+    /// The pieces decoded from a clean start.
+    fn texts(&self) -> Texts<'_> {
+        Texts {
+            cps: &self.cps,
+            start: &self.start,
+            partial: &self.partial,
         }
     }
 
@@ -116,16 +138,18 @@ impl Constraint {
 
     /// Whether token `id` may come next.
     pub fn allows(&self, v: &GrammarVocab, id: u32) -> bool {
+        let i = id as usize;
         if v.is_eog(id) {
             return self.state.is_complete();
         }
-        let Some(Some((cps, partial))) = v.decoded.get(id as usize) else {
+        if !v.text.get(i).copied().unwrap_or(false) {
             return false;
-        };
+        }
         if self.state.partial.n_remain() == 0 {
-            self.grammar.allows(&self.state, cps, *partial)
+            let cps = &v.cps[v.start[i] as usize..v.start[i + 1] as usize];
+            self.grammar.allows(&self.state, cps, v.partial[i])
         } else {
-            let (cps, partial) = decode_piece(&v.pieces[id as usize], self.state.partial);
+            let (cps, partial) = decode_piece(&v.pieces[i], self.state.partial);
             self.grammar.allows(&self.state, &cps, partial)
         }
     }
@@ -135,46 +159,44 @@ impl Constraint {
         if let Some(m) = self.masks.get(&self.state) {
             return m.clone();
         }
-        let words = v.len().div_ceil(64);
-        let mut mask = vec![0u64; words];
+        let n = v.len();
+        let mut mask = vec![0u64; n.div_ceil(64)];
         let complete = self.state.is_complete();
         // With a character cut, every piece is decoded again as its continuation.
-        let clean = self.state.partial.n_remain() == 0;
-        let redecoded: Vec<Option<(Vec<u32>, Partial)>> = if clean {
-            Vec::new()
-        } else {
-            (0..v.len())
-                .map(|i| {
-                    v.decoded[i]
-                        .as_ref()
-                        .map(|_| decode_piece(&v.pieces[i], self.state.partial))
-                })
-                .collect()
+        let redecoded = (self.state.partial.n_remain() != 0).then(|| {
+            let (mut cps, mut start, mut partial) = (Vec::new(), vec![0u32], Vec::with_capacity(n));
+            for i in 0..n {
+                let (c, p) = if v.text[i] {
+                    decode_piece(&v.pieces[i], self.state.partial)
+                } else {
+                    (Vec::new(), Partial::default())
+                };
+                cps.extend_from_slice(&c);
+                start.push(cps.len() as u32);
+                partial.push(p);
+            }
+            (cps, start, partial)
+        });
+        let texts = match &redecoded {
+            Some((cps, start, partial)) => Texts {
+                cps,
+                start,
+                partial,
+            },
+            None => v.texts(),
         };
-        let mut cands = Vec::with_capacity(v.len());
-        for id in 0..v.len() {
+        let mut cands = Vec::with_capacity(n);
+        for id in 0..n {
             if v.eog[id] {
                 if complete {
                     mask[id / 64] |= 1 << (id % 64);
                 }
-                continue;
-            }
-            let d = if clean {
-                v.decoded[id].as_ref().map(|(c, p)| (&c[..], *p))
-            } else {
-                redecoded[id].as_ref().map(|(c, p)| (&c[..], *p))
-            };
-            if let Some((cps, partial)) = d {
-                cands.push(Cand {
-                    id: id as u32,
-                    cps,
-                    at: 0,
-                    partial,
-                });
+            } else if v.text[id] {
+                cands.push(Cand::new(&texts, id as u32));
                 mask[id / 64] |= 1 << (id % 64);
             }
         }
-        for r in self.grammar.reject(&self.state.stacks, &cands) {
+        for r in self.grammar.reject(&texts, &self.state.stacks, &cands) {
             mask[r.id as usize / 64] &= !(1 << (r.id % 64));
         }
         let mask: Arc<[u64]> = mask.into();
