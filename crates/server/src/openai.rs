@@ -151,10 +151,12 @@ impl Constrain {
             None | Some(Value::Null) => {}
             Some(Value::Object(rf)) => match rf.get("type").and_then(Value::as_str) {
                 None | Some("text") => {}
+                // A null schema is a missing one (llama.cpp's json_value): any object.
                 Some("json_object") => {
                     if rf.contains_key("schema") || schema.is_none() {
                         schema = Some((
                             rf.get("schema")
+                                .filter(|v| !v.is_null())
                                 .cloned()
                                 .unwrap_or_else(|| Value::Object(Map::new())),
                             "response_format",
@@ -165,6 +167,7 @@ impl Constrain {
                     let s = rf
                         .get("json_schema")
                         .and_then(|w| w.get("schema"))
+                        .filter(|v| !v.is_null())
                         .cloned()
                         .unwrap_or_else(|| Value::Object(Map::new()));
                     schema = Some((s, "response_format"));
@@ -516,6 +519,14 @@ impl GenRequest {
     pub fn chat_tools(&self) -> Result<(Option<Value>, Option<Constrain>), ApiError> {
         let tools = offered_tools(self.tools.as_ref())?;
         let parallel = self.parallel_tool_calls.unwrap_or(true);
+        // llama.cpp refuses a grammar of the user's where the answer may call tools.
+        let none = matches!(&self.tool_choice, Some(Value::String(s)) if s == "none");
+        if tools.is_some() && !none && self.grammar.as_deref().is_some_and(|g| !g.is_empty()) {
+            return Err(ApiError::invalid(
+                "grammar",
+                "a grammar cannot be given with tools (unless tool_choice is \"none\")",
+            ));
+        }
         let forced = |only: Option<&str>| -> Result<Option<Constrain>, ApiError> {
             let Some(Value::Array(list)) = &tools else {
                 return Err(ApiError::invalid(

@@ -294,11 +294,15 @@ impl FenceStrip {
         }
     }
 
-    /// The end of the answer: a held closing is dropped, anything else held released.
-    fn finish(&mut self) -> String {
+    /// The end of the answer: a held closing is dropped where the answer is whole (the grammar
+    /// ended it: those backticks close the fence), anything else held released (an answer cut
+    /// at max_tokens may end in backticks of its own).
+    fn finish(&mut self, whole: bool) -> String {
         let held = std::mem::take(&mut self.held);
         match self.state {
-            Fence::Body if held.trim_start_matches([' ', '\t', '\n']) == "```" => String::new(),
+            Fence::Body if whole && held.trim_start_matches([' ', '\t', '\n']) == "```" => {
+                String::new()
+            }
             _ => held,
         }
     }
@@ -373,18 +377,19 @@ impl ChatChoice {
     }
 
     /// The delta object of some parser output (None if it holds nothing). `finishing`: the
-    /// last output, so the stop matcher releases what it held.
-    fn delta(&mut self, mut deltas: Vec<ChatDelta>, finishing: bool) -> Option<Value> {
+    /// last output, so the stop matcher releases what it held; whether the answer is whole.
+    fn delta(&mut self, mut deltas: Vec<ChatDelta>, finishing: Option<bool>) -> Option<Value> {
         if let Some(f) = &mut self.fence {
             for d in &mut deltas {
                 if let ChatDelta::Content(s) = d {
                     *s = f.push(s);
                 }
             }
-            if finishing {
-                deltas.push(ChatDelta::Content(f.finish()));
+            if let Some(whole) = finishing {
+                deltas.push(ChatDelta::Content(f.finish(whole)));
             }
         }
+        let finishing = finishing.is_some();
         let mut content = String::new();
         let mut reasoning = String::new();
         let mut calls = Vec::new();
@@ -441,16 +446,17 @@ impl ChatChoice {
         self.logprobs.add(text, logprob);
         let d = self.atem.push(text);
         self.logprobs.resolve(&mut self.atem, false);
-        self.delta(d, false)
+        self.delta(d, None)
     }
 
-    /// The end of the text: what the parser (and the stop matcher) still held.
-    pub fn finish(&mut self, text: &str) -> Option<Value> {
+    /// The end of the text: what the parser (and the stop matcher) still held. `whole`: the
+    /// generation ended itself (an end of generation or a stop), not at max_tokens.
+    pub fn finish(&mut self, text: &str, whole: bool) -> Option<Value> {
         self.logprobs.add(text, None);
         let mut d = self.atem.push(text);
         d.extend(self.atem.finish());
         self.logprobs.resolve(&mut self.atem, true);
-        self.delta(d, true)
+        self.delta(d, Some(whole))
     }
 
     /// The logprobs entries of answer tokens resolved since the last call (`ContentLogprobs`).
@@ -555,7 +561,7 @@ pub async fn whole(
                 };
                 a.completion_tokens = completion_tokens;
                 if let Some(Some(c)) = cut.get_mut(index) {
-                    c.finish(&text);
+                    c.finish(&text, finish == Finish::Stop);
                     a.completion_tokens = c.completion_tokens(completion_tokens);
                     a.chat.extend(c.take_logprobs());
                 }
@@ -708,7 +714,7 @@ pub fn stream(
                     let mut b = Map::new();
                     match meta.endpoint {
                         Endpoint::Chat => {
-                            let mut delta = c.finish(&text).unwrap_or_else(|| json!({}));
+                            let mut delta = c.finish(&text, finish == Finish::Stop).unwrap_or_else(|| json!({}));
                             if !c.started
                                 && let Some(d) = delta.as_object_mut() {
                                     d.insert("role".into(), json!("assistant"));
@@ -766,7 +772,7 @@ mod tests {
             let s: String = piece.iter().collect();
             deltas.extend(c.push(&s, None));
         }
-        deltas.extend(c.finish(""));
+        deltas.extend(c.finish("", true));
         let reasoning: String = deltas
             .iter()
             .filter_map(|d| d.get("reasoning_content").and_then(Value::as_str))
@@ -802,7 +808,7 @@ mod tests {
                 c.push(t, Some(json!(format!("{i}:{t}"))));
                 out.extend(c.take_logprobs());
             }
-            c.finish("");
+            c.finish("", true);
             out.extend(c.take_logprobs());
             out.iter()
                 .map(|v| v.as_str().unwrap().to_string())
@@ -864,7 +870,7 @@ mod tests {
         for piece in chars.chunks(n) {
             deltas.extend(c.push(&piece.iter().collect::<String>(), None));
         }
-        deltas.extend(c.finish(""));
+        deltas.extend(c.finish("", true));
         let field = |k: &str| -> String {
             deltas
                 .iter()
@@ -887,7 +893,7 @@ mod tests {
     /// fence stay; with stop strings, they apply to the JSON.
     #[test]
     fn json_answers_lose_their_fence() {
-        let run = |text: &str, n: usize, stops: &[&str]| -> String {
+        let run_as = |text: &str, n: usize, stops: &[&str], whole: bool| -> String {
             let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
             let p = ChatParser {
                 tools: ToolCallParser::new(&[]),
@@ -908,10 +914,11 @@ mod tests {
             for piece in chars.chunks(n) {
                 take(c.push(&piece.iter().collect::<String>(), None));
             }
-            take(c.finish(""));
+            take(c.finish("", whole));
             assert_eq!(content, c.message().content);
             content
         };
+        let run = |text: &str, n: usize, stops: &[&str]| run_as(text, n, stops, true);
         for n in 1..14 {
             let fenced = " to=self<|message|>hm<|eom|><|start|>assistant to=user<|message|>```json\n  {\"a\": \"``\"}\n\t```";
             assert_eq!(run(fenced, n, &[]), "{\"a\": \"``\"}", "pieces of {n}");
@@ -924,8 +931,16 @@ mod tests {
                 "{\"b\": \"```\"}"
             );
             assert_eq!(run("<|message|>[1, 2]", n, &[]), "[1, 2]");
-            // Cut off before the closing fence (max_tokens): the JSON so far.
-            assert_eq!(run("<|message|>```json\n{\"c\": ", n, &[]), "{\"c\": ");
+            // Cut off before the closing fence (max_tokens): the JSON so far, backticks of its
+            // own included.
+            assert_eq!(
+                run_as("<|message|>```json\n{\"c\": ", n, &[], false),
+                "{\"c\": "
+            );
+            assert_eq!(
+                run_as("<|message|>```json\n{\"a\": \" ```", n, &[], false),
+                "{\"a\": \" ```"
+            );
             assert_eq!(
                 run("<|message|>```json\n{\"c\": 1}\n``", n, &[]),
                 "{\"c\": 1}\n``"
@@ -983,7 +998,7 @@ mod tests {
                 out += d["content"].as_str().unwrap_or("");
             }
         }
-        if let Some(d) = c.finish("") {
+        if let Some(d) = c.finish("", true) {
             out += d["content"].as_str().unwrap_or("");
         }
         assert_eq!(out, "Hello!");
@@ -991,7 +1006,7 @@ mod tests {
 
         // A call to a tool that was not offered is content, not a tool call.
         let mut c = ChatChoice::new(&ToolCallParser::default());
-        let d = c.finish(" to=rm_rf<|message|><atem:function_calls><atem:invoke name=\"rm_rf\"></atem:invoke></atem:function_calls>");
+        let d = c.finish(" to=rm_rf<|message|><atem:function_calls><atem:invoke name=\"rm_rf\"></atem:invoke></atem:function_calls>", true);
         assert!(d.unwrap().get("tool_calls").is_none());
         assert_eq!(c.finish_reason(Finish::Stop), "stop");
     }

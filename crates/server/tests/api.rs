@@ -1244,6 +1244,17 @@ async fn bad_constraints_are_refused_by_field() {
             "json_schema",
             "must be a JSON schema object",
         ),
+        (
+            json!({"grammar": "root ::= \"a\"", "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            "grammar",
+            "cannot be given with tools",
+        ),
+        (
+            json!({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f",
+                "parameters": {"type": "object", "properties": {"a": {"type": "strin"}}}}}]}),
+            "tool_choice",
+            "unrecognized type strin",
+        ),
     ] {
         let r = s.post("/v1/chat/completions", &chat(extra.clone())).await;
         let e = r.openai_error(400);
@@ -1274,13 +1285,20 @@ async fn bad_constraints_are_refused_by_field() {
         .await
         .openai_error(400);
     assert_eq!(e["code"], "grammar_stuck", "{e}");
-    // Still serving.
+    // Still serving; a null schema is any object (as llama.cpp reads it).
     assert_eq!(
         s.post("/v1/completions", &json!({"prompt": "x", "max_tokens": 2}))
             .await
             .status,
         200
     );
+    let r = s
+        .post(
+            "/v1/chat/completions",
+            &chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": null}}})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json());
     // A chat template that is not Muse Glimmer's: a response format cannot follow its answers.
     let other = Server::start(Opts {
         template_source: Some("{% for m in messages %}{{ m['content'] }}\n{% endfor %}Answer:"),

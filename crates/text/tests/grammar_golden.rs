@@ -28,7 +28,10 @@ fn matches(g: &Grammar, s: &str) -> bool {
     let mut st = g.start();
     for ch in s.chars() {
         let mut buf = [0u8; 4];
-        match g.accept_piece(&st, ch.encode_utf8(&mut buf).as_bytes()) {
+        match g
+            .accept_piece(&st, ch.encode_utf8(&mut buf).as_bytes())
+            .unwrap()
+        {
             Some(n) => st = n,
             None => return false,
         }
@@ -158,26 +161,34 @@ fn only_utf8_matches() {
         b"a\xE0\x80",
         b"\xF0\x80",
     ] {
-        assert!(g.accept_piece(&st, bad).is_none(), "{bad:x?} matched");
+        assert!(
+            g.accept_piece(&st, bad).unwrap().is_none(),
+            "{bad:x?} matched"
+        );
     }
     // "€" (E2 82 AC) in two pieces, and "😀" (F0 9F 98 80) in three.
-    let a = g.accept_piece(&st, b"x\xE2\x82").unwrap();
+    let a = g.accept_piece(&st, b"x\xE2\x82").unwrap().unwrap();
     // A cut character: the text is not whole until it ends.
     assert!(!a.is_complete());
-    let b = g.accept_piece(&a, b"\xACy").unwrap();
+    let b = g.accept_piece(&a, b"\xACy").unwrap().unwrap();
     assert!(b.is_complete());
-    let c = g.accept_piece(&st, b"\xF0").unwrap();
-    let c = g.accept_piece(&c, b"\x9F\x98").unwrap();
-    assert!(g.accept_piece(&c, b"\x80").unwrap().is_complete());
-    assert!(g.accept_piece(&c, b"z").is_none());
+    let c = g.accept_piece(&st, b"\xF0").unwrap().unwrap();
+    let c = g.accept_piece(&c, b"\x9F\x98").unwrap().unwrap();
+    assert!(g.accept_piece(&c, b"\x80").unwrap().unwrap().is_complete());
+    assert!(g.accept_piece(&c, b"z").unwrap().is_none());
     // A NUL in a piece is a character, which this class allows and JSON strings do not.
-    assert!(g.accept_piece(&st, b"a\x00b").unwrap().is_complete());
+    assert!(
+        g.accept_piece(&st, b"a\x00b")
+            .unwrap()
+            .unwrap()
+            .is_complete()
+    );
     let j = Grammar::parse(
         &muser_text::grammar::schema_to_gbnf(&serde_json::json!({"type": "string"})).unwrap(),
         "root",
     )
     .unwrap();
-    assert!(j.accept_piece(&j.start(), b"\"a\x00").is_none());
+    assert!(j.accept_piece(&j.start(), b"\"a\x00").unwrap().is_none());
 }
 
 /// Grammars that would exhaust the parser or the matcher are refused with a reason, at once:
@@ -224,4 +235,106 @@ fn oversized_grammars_are_refused_quickly() {
     let e = Grammar::parse(&dag, "root").unwrap_err().to_string();
     assert!(e.contains("too ambiguous"), "{e}");
     assert!(t.elapsed().as_secs() < 20, "took {:?}", t.elapsed());
+}
+
+/// `f` on a thread of the 2 MiB a server's blocking work gets: a deep recursion would abort.
+fn small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(f)
+        .unwrap()
+        .join()
+        .unwrap()
+}
+
+/// Hostile schemas are converted or refused at once, on a small stack: a chain of 2,000 `$ref`s
+/// (refused: nested too deep), 12,000 optional properties, a type list of 20,000 types, 6,000
+/// patterns, a repetition that would write out gigabytes, and bounds that contradict.
+#[test]
+fn hostile_schemas_convert_or_are_refused_quickly() {
+    use serde_json::json;
+    let t = std::time::Instant::now();
+    let mut defs = serde_json::Map::new();
+    for i in 0..2000 {
+        defs.insert(
+            format!("a{i}"),
+            json!({"$ref": format!("#/$defs/a{}", i + 1)}),
+        );
+    }
+    defs.insert("a2000".into(), json!({"type": "string"}));
+    let chain = json!({"$ref": "#/$defs/a0", "$defs": defs});
+    let e = small_stack(move || schema_to_gbnf(&chain))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nested deeper"), "{e}");
+    let props: serde_json::Map<String, Value> = (0..12_000)
+        .map(|i| (format!("p{i}"), json!({"type": "boolean"})))
+        .collect();
+    let many = json!({"type": "object", "properties": props});
+    let g = small_stack(move || schema_to_gbnf(&many)).unwrap();
+    assert!(
+        g.contains("p11998-rest ::= ( \",\" space p11999-kv )?"),
+        "{}",
+        &g[..200]
+    );
+    let types: Vec<Value> = (0..20_000).map(|_| json!("null")).collect();
+    small_stack(move || schema_to_gbnf(&json!({"type": types}))).unwrap();
+    let patterns: serde_json::Map<String, Value> = (0..6000)
+        .map(|i| (format!("s{i}"), json!({"type": "string", "pattern": "^a$"})))
+        .collect();
+    small_stack(move || schema_to_gbnf(&json!({"type": "object", "properties": patterns})))
+        .unwrap();
+    let big = format!("root ::= \"{}\"{{2000}}", "a".repeat(100_000));
+    assert!(
+        Grammar::parse(&big, "root")
+            .unwrap_err()
+            .to_string()
+            .contains("more than")
+    );
+    for (schema, what) in [
+        (
+            json!({"type": "array", "minItems": 5, "maxItems": 3}),
+            "below its least",
+        ),
+        (
+            json!({"type": "string", "minLength": 4, "maxLength": 2}),
+            "below its least",
+        ),
+        (
+            json!({"type": "integer", "minimum": 200000000000000000i64}),
+            "below its least",
+        ),
+    ] {
+        let g = schema_to_gbnf(&schema).unwrap();
+        let e = Grammar::parse(&g, "root").unwrap_err().to_string();
+        assert!(e.contains(what), "{schema}: {e}");
+    }
+    assert!(Grammar::parse("root ::= \"a\"{5,3}", "root").is_err());
+    assert!(t.elapsed().as_secs() < 30, "took {:?}", t.elapsed());
+}
+
+/// A pattern's character outside ASCII is one literal, whole, before a quantifier (llama.cpp
+/// repeats its last byte alone).
+#[test]
+fn pattern_characters_stay_whole() {
+    let g = schema_to_gbnf(&serde_json::json!({"type": "string", "pattern": "^é+x$"})).unwrap();
+    assert!(g.contains("(\"é\"+ \"x\")"), "{g}");
+    let g = Grammar::parse(&g, "root").unwrap();
+    assert!(matches(&g, "\"ééx\""));
+    assert!(!matches(&g, "\"x\""));
+}
+
+/// A rule of 40,000 alternatives after a shared prefix: within the matcher's budget, every
+/// reading is followed (where a bound per expansion once dropped one reading and not another:
+/// the budget is the call's, and every call that meets it says so alike, tests/grammar_tokens.rs).
+#[test]
+fn ambiguous_grammars_fail_alike_and_quickly() {
+    let t = std::time::Instant::now();
+    // A piece whose advance meets the bound on one reading only.
+    let mut text = String::from("root ::= \"a\" \"b\" | \"a\" x\nx ::= ");
+    text.push_str(&vec!["y"; 40_000].join(" | "));
+    text.push_str("\ny ::= \"c\"\n");
+    let g = Grammar::parse(&text, "root").unwrap();
+    assert!(matches(&g, "ab") && matches(&g, "ac") && !matches(&g, "ad"));
+    assert!(t.elapsed().as_secs() < 30, "took {:?}", t.elapsed());
 }

@@ -32,11 +32,15 @@ fn constraint(g: &Arc<Grammar>) -> Constraint {
 
 /// Every token: the mask's bit and the one-token check agree.
 fn check_agree(c: &mut Constraint, v: &GrammarVocab, at: &str) -> Vec<u32> {
-    let mask = c.allowed(v);
+    let mask = c.allowed(v).unwrap();
     let mut allowed = Vec::new();
     for id in 0..v.len() as u32 {
         let m = mask_allows(&mask, id);
-        assert_eq!(m, c.allows(v, id), "token {id} at {at:?}: mask {m}");
+        assert_eq!(
+            m,
+            c.allows(v, id).unwrap(),
+            "token {id} at {at:?}: mask {m}"
+        );
         if m {
             allowed.push(id);
         }
@@ -101,8 +105,8 @@ fn what_breaks_the_format_is_refused() {
             c.accept(&v, id).unwrap();
         }
         for id in tok.encode(next, false, true).unwrap() {
-            let ok = c.allows(&v, id);
-            assert_eq!(ok, mask_allows(&c.allowed(&v), id));
+            let ok = c.allows(&v, id).unwrap();
+            assert_eq!(ok, mask_allows(&c.allowed(&v).unwrap(), id));
             if !ok {
                 return;
             }
@@ -123,7 +127,7 @@ fn what_breaks_the_format_is_refused() {
         c.accept(&v, id).unwrap();
     }
     for id in tok.eog_ids() {
-        assert!(!c.allows(&v, id));
+        assert!(!c.allows(&v, id).unwrap());
         assert!(c.accept(&v, id).is_err());
     }
 }
@@ -146,11 +150,11 @@ fn a_character_cut_between_tokens_continues() {
     for id in tok.encode("<|message|>{", false, true).unwrap() {
         c.accept(&v, id).unwrap();
     }
-    assert!(!c.allows(&v, lead), "a character outside a string");
+    assert!(!c.allows(&v, lead).unwrap(), "a character outside a string");
     for id in tok.encode("\"", false, true).unwrap() {
         c.accept(&v, id).unwrap();
     }
-    assert!(c.allows(&v, lead));
+    assert!(c.allows(&v, lead).unwrap());
     c.accept(&v, lead).unwrap();
     // Only continuation bytes that end a character [^"\\\x7F\x00-\x1F] allows may come now.
     let allowed = check_agree(&mut c, &v, "{\"\\xC3");
@@ -162,7 +166,7 @@ fn a_character_cut_between_tokens_continues() {
     );
     c.accept(&v, cont).unwrap();
     for id in tok.encode("\": 1}", false, true).unwrap() {
-        assert!(c.allows(&v, id));
+        assert!(c.allows(&v, id).unwrap());
         c.accept(&v, id).unwrap();
     }
     assert!(c.is_complete());
@@ -189,7 +193,7 @@ fn random_walks_end_in_answers_of_the_schema() {
         let mut c = constraint(&g);
         let mut ids = Vec::new();
         for _ in 0..400 {
-            let mask = c.allowed(&v);
+            let mask = c.allowed(&v).unwrap();
             let allowed: Vec<u32> = (0..v.len() as u32)
                 .filter(|&id| mask_allows(&mask, id))
                 .collect();
@@ -266,14 +270,14 @@ fn forced_tool_calls_follow_the_atem_format() {
     let call = " to=get_weather<|message|><atem:function_calls>\n<atem:invoke name=\"get_weather\">\n<atem:parameter name=\"city\">Paris, \"FR\"</atem:parameter>\n<atem:parameter name=\"days\">3</atem:parameter>\n</atem:invoke>\n</atem:function_calls>";
     let mut c = constraint(&g);
     for id in tok.encode(call, false, true).unwrap() {
-        assert!(c.allows(&v, id));
-        assert!(mask_allows(&c.allowed(&v), id));
+        assert!(c.allows(&v, id).unwrap());
+        assert!(mask_allows(&c.allowed(&v).unwrap(), id));
         c.accept(&v, id).unwrap();
     }
     assert!(c.is_complete());
     // Another call may follow (parallel), or the end.
     let eom = tok.token_id("<|eom|>").unwrap();
-    assert!(c.allows(&v, eom) && c.allows(&v, tok.eot().unwrap()));
+    assert!(c.allows(&v, eom).unwrap() && c.allows(&v, tok.eot().unwrap()).unwrap());
     let tool_json =
         json!([{"type": "function", "function": {"name": "get_weather", "parameters": params}}]);
     let parsed = ToolCallParser::from_json(Some(&tool_json))
@@ -294,7 +298,7 @@ fn forced_tool_calls_follow_the_atem_format() {
             .encode(bad, false, true)
             .unwrap()
             .into_iter()
-            .all(|id| c.allows(&v, id) && c.accept(&v, id).is_ok());
+            .all(|id| c.allows(&v, id).unwrap() && c.accept(&v, id).is_ok());
         assert!(!ok, "{bad:?} allowed");
     }
     // Without parallel calls, the end is the only way on.
@@ -304,5 +308,79 @@ fn forced_tool_calls_follow_the_atem_format() {
     for id in tok.encode(call, false, true).unwrap() {
         c.accept(&v, id).unwrap();
     }
-    assert!(!c.allows(&v, eom) && c.allows(&v, tok.eot().unwrap()));
+    assert!(!c.allows(&v, eom).unwrap() && c.allows(&v, tok.eot().unwrap()).unwrap());
+}
+
+/// Grammars whose token check takes exponential time in the token's length (a rejected token is
+/// tried along every reading, 2^22 here, as llama.cpp's candidate filter does): the check and the
+/// mask say the grammar is too ambiguous to follow, quickly, and agree.
+#[test]
+fn exponential_token_checks_end_at_the_budget() {
+    use muser_text::{TokenType, Vocab};
+    let g = muser_gguf::Gguf::open(data("glimmer-mini.gguf")).unwrap();
+    let mut vocab = Vocab::from_gguf(&g).unwrap();
+    vocab.tokens.push("x".repeat(40));
+    vocab.types.push(TokenType::Normal);
+    let tok = Tokenizer::from_vocab(vocab).unwrap();
+    let long = tok.n_vocab() as u32 - 1;
+    let v = GrammarVocab::new(&tok);
+    let g = Arc::new(Grammar::parse("root ::= ([ -~] | [ -~]){0,22}", "root").unwrap());
+    let t = std::time::Instant::now();
+    let mut c = Constraint::new(g);
+    let check = c.allows(&v, long);
+    assert!(check.is_err(), "{check:?}");
+    assert!(c.allowed(&v).is_err());
+    // A token the grammar takes is still checked in no time.
+    let x = tok.token_id("x").unwrap();
+    assert!(c.allows(&v, x).unwrap());
+    assert!(t.elapsed().as_secs() < 20, "took {:?}", t.elapsed());
+}
+
+/// Two tools whose parameters' `$ref`s have the same name: each call takes its own tool's
+/// definition (llama.cpp names both rules after the reference, so the second takes the first's).
+#[test]
+fn each_tools_references_are_its_own() {
+    use muser_text::grammar::{ToolSpec, chat_tool_calls_gbnf};
+    let tok = Tokenizer::from_gguf_file(data("glimmer-mini.gguf")).unwrap();
+    let v = GrammarVocab::new(&tok);
+    let a = json!({"type": "object", "properties": {"x": {"$ref": "#/$defs/X"}}, "$defs": {"X": {"type": "integer"}}});
+    let b = json!({"type": "object", "properties": {"x": {"$ref": "#/$defs/X"}}, "$defs": {"X": {"type": "boolean"}}});
+    let tools = [
+        ToolSpec {
+            name: "a",
+            parameters: &a,
+        },
+        ToolSpec {
+            name: "b",
+            parameters: &b,
+        },
+    ];
+    let text = chat_tool_calls_gbnf(&tools, false).unwrap();
+    let g = Arc::new(Grammar::parse(&text, "root").unwrap());
+    let call = |name: &str, value: &str| {
+        let t = format!(
+            " to={name}<|message|><atem:function_calls><atem:invoke name=\"{name}\"><atem:parameter name=\"x\">{value}</atem:parameter></atem:invoke></atem:function_calls>"
+        );
+        let mut c = constraint(&g);
+        for id in tok.encode(&t, false, true).unwrap() {
+            if !c.allows(&v, id).unwrap() {
+                return false;
+            }
+            c.accept(&v, id).unwrap();
+        }
+        c.is_complete()
+    };
+    assert!(call("a", "12") && !call("a", "true"));
+    assert!(call("b", "true") && !call("b", "12"));
+    // A tool whose parameters do not read as a schema fails the grammar, as in llama.cpp.
+    let bad = json!({"type": "object", "properties": {"y": {"type": "strin"}}});
+    let e = chat_tool_calls_gbnf(
+        &[ToolSpec {
+            name: "c",
+            parameters: &bad,
+        }],
+        true,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("unrecognized type strin"), "{e}");
 }

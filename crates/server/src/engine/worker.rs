@@ -687,7 +687,7 @@ impl<B: Backend> Worker<B> {
                     id => (None, id),
                 },
                 Err(h) => {
-                    let id = match ids.get(ri).copied().flatten() {
+                    let id = match ids.get(ri).cloned().flatten() {
                         Some(Err(NoToken::NotFinite)) => {
                             self.fail_not_finite(ri);
                             continue;
@@ -697,15 +697,14 @@ impl<B: Backend> Worker<B> {
                             continue;
                         }
                         Some(Err(NoToken::GrammarStuck)) => {
-                            let s = &mut self.running[ri];
-                            s.outbox.push_back(Event::Error {
-                                index: s.index,
-                                error: ApiError::bad_request(
-                                    "the grammar allows no token after the text so far: the vocabulary cannot continue it, or it is too ambiguous to follow",
-                                )
-                                .code("grammar_stuck"),
-                            });
-                            s.done = true;
+                            self.fail_grammar(
+                                ri,
+                                "the grammar allows no token after the text so far: the vocabulary cannot continue it".into(),
+                            );
+                            continue;
+                        }
+                        Some(Err(NoToken::Grammar(e))) => {
+                            self.fail_grammar(ri, e);
                             continue;
                         }
                         Some(Ok(id)) => Some(id),
@@ -747,6 +746,17 @@ impl<B: Backend> Worker<B> {
         metrics::counter!("muser_sequences_finished_total", "reason" => "error").increment(1);
     }
 
+    /// End `running[ri]` with a 400: its grammar cannot go on (`message` says why).
+    fn fail_grammar(&mut self, ri: usize, message: String) {
+        let s = &mut self.running[ri];
+        s.outbox.push_back(Event::Error {
+            index: s.index,
+            error: ApiError::bad_request(message).code("grammar_stuck"),
+        });
+        s.done = true;
+        metrics::counter!("muser_sequences_finished_total", "reason" => "error").increment(1);
+    }
+
     /// End `running[ri]` without a token: its grammar is complete and allows nothing more (an
     /// end-of-generation token, the one way on, is masked by `ignore_eos`).
     fn end_without_token(&mut self, ri: usize, finish: Finish) {
@@ -776,12 +786,9 @@ impl<B: Backend> Worker<B> {
         if let (Some(c), Some(v)) = (&mut s.constraint, &j.grammar_vocab)
             && let Err(e) = c.accept(v, id)
         {
-            // Every constrained token is drawn among those the grammar allows: not reached.
-            s.outbox.push_back(Event::Error {
-                index: s.index,
-                error: ApiError::internal(e.to_string()),
-            });
-            s.done = true;
+            // A constrained token is one the grammar allows; taking it can still run out of the
+            // matcher's budget, as checking it did not.
+            self.fail_grammar(ri, e.to_string());
             return;
         }
         s.generated += 1;
@@ -1112,16 +1119,17 @@ fn pre_edits(j: &JobCommon, eog: &[u32]) -> Vec<LogitEdit> {
 }
 
 /// Why a row gives no token.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum NoToken {
     /// Its logits hold a NaN or an infinity.
     NotFinite,
     /// Its grammar is complete and allows only an end-of-generation token, which `ignore_eos`
     /// masks: the output is whole.
     GrammarDone,
-    /// Its grammar allows no token here (one whose words the vocabulary cannot spell, or too
-    /// ambiguous to follow).
+    /// Its grammar allows no token here (one whose words the vocabulary cannot spell).
     GrammarStuck,
+    /// Its grammar is too ambiguous to follow (`muser_text::grammar::gbnf::MAX_WORK`).
+    Grammar(String),
 }
 
 /// Draw the next token of `s` from its logits row (its logit bias applied, end-of-generation
@@ -1134,10 +1142,11 @@ fn choose(s: &mut Seq, row: &[f32], eog: &[u32]) -> Result<u32, NoToken> {
     let (Some(c), Some(v)) = (&mut s.constraint, &s.job.grammar_vocab) else {
         return Ok(first);
     };
-    if c.allows(v, first) {
+    let grammar = |e: muser_text::TextError| NoToken::Grammar(e.to_string());
+    if c.allows(v, first).map_err(grammar)? {
         return Ok(first);
     }
-    let mask = c.allowed(v);
+    let mask = c.allowed(v).map_err(grammar)?;
     let ignore_eos = s.job.ignore_eos;
     let any = (0..row.len() as u32)
         .any(|id| mask_allows(&mask, id) && !(ignore_eos && eog.contains(&id)));

@@ -24,8 +24,50 @@ pub const MAX_ELEMENTS: usize = 1 << 20;
 /// (an ambiguous one) is refused when it gets there, not matched slowly.
 pub const MAX_STACKS: usize = 4096;
 
-/// Stacks one advance may look at before the grammar is called too ambiguous to follow.
-const MAX_EXPANSIONS: usize = 65536;
+/// Positions the stacks of a state may hold in all (a stack a nesting level deep).
+pub const MAX_STATE_POSITIONS: usize = 1 << 20;
+
+/// Work one call of the matcher may do (taking a piece, checking tokens, a vocabulary's mask):
+/// a stack expanded or copied (by its length in 16s), a candidate checked against a stack. A
+/// mask of a 202,048-token vocabulary inside a JSON string takes about 4.2 million. Past it the
+/// grammar is too ambiguous to follow, and every call says so alike (llama.cpp goes on, in time
+/// exponential in the text or the token on some grammars).
+pub const MAX_WORK: usize = 16_000_000;
+
+/// The work budget of one call ran out (`MAX_WORK`, `MAX_STACKS`, `MAX_STATE_POSITIONS`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Spent;
+
+impl From<Spent> for TextError {
+    fn from(_: Spent) -> Self {
+        err(format!(
+            "the grammar is too ambiguous to follow: matching it took more than {MAX_WORK} steps or {MAX_STACKS} readings of the text"
+        ))
+    }
+}
+
+/// What one call of the matcher may still do.
+pub(crate) struct Budget(usize);
+
+impl Budget {
+    pub(crate) fn new() -> Self {
+        Budget(MAX_WORK)
+    }
+
+    fn spend(&mut self, n: usize) -> std::result::Result<(), Spent> {
+        if self.0 < n {
+            self.0 = 0;
+            return Err(Spent);
+        }
+        self.0 -= n;
+        Ok(())
+    }
+}
+
+/// A stack's cost to copy or expand, in work units.
+fn cost(stack: &[u32]) -> usize {
+    1 + stack.len() / 16
+}
 
 /// One element of a rule (`llama_grammar_element`): the rules' alternatives are runs of
 /// elements separated by `Alt` and ended by `End`.
@@ -400,7 +442,25 @@ impl Parser<'_> {
                 self.s.rest(pos)
             )));
         }
+        if !no_max && max < min {
+            return Err(err(format!(
+                "a repetition {{{min},{max}}} whose most is below its least, at {}",
+                self.s.rest(pos)
+            )));
+        }
         let prev: Vec<Elem> = rule[last_sym_start..].to_vec();
+        // The copies below count against the bound before they are made.
+        let copies = (min.saturating_sub(1) as usize).saturating_mul(prev.len());
+        if self
+            .elements
+            .saturating_add(rule.len())
+            .saturating_add(copies)
+            > MAX_ELEMENTS
+        {
+            return Err(err(format!(
+                "the grammar expands to more than {MAX_ELEMENTS} elements (its repetitions written out); simplify it"
+            )));
+        }
         let total = if !no_max && max > 0 {
             max
         } else if min > 0 {
@@ -795,11 +855,7 @@ impl Grammar {
             if !self.elems[pos].is_end_of_sequence() {
                 stack.push(pos as u32);
             }
-            if !self.advance_stack(stack, &mut stacks) {
-                return Err(err(format!(
-                    "the grammar is too ambiguous to follow: its start can be read in more than {MAX_STACKS} ways"
-                )));
-            }
+            self.advance_stack(stack, &mut stacks, &mut Budget::new())?;
             while !self.elems[pos].is_end_of_sequence() {
                 pos += 1;
             }
@@ -816,17 +872,21 @@ impl Grammar {
     }
 
     /// `llama_grammar_advance_stack`: the stacks `stack` becomes, each ending at a character
-    /// element (or empty: complete), added to `out` unless already there. False where that
-    /// takes more than `MAX_EXPANSIONS` steps or `out` would pass `MAX_STACKS` (the grammar is
-    /// too ambiguous to follow; llama.cpp goes on, in time and memory exponential in the text).
-    fn advance_stack(&self, stack: Stack, out: &mut Vec<Stack>) -> bool {
+    /// element (or empty: complete), added to `out` unless already there; Spent where that
+    /// takes more than the budget, or `out` would pass `MAX_STACKS` (the grammar is too
+    /// ambiguous to follow; llama.cpp goes on, in time and memory exponential in the text).
+    fn advance_stack(
+        &self,
+        stack: Stack,
+        out: &mut Vec<Stack>,
+        budget: &mut Budget,
+    ) -> std::result::Result<(), Spent> {
         let mut todo = vec![stack];
         let mut seen: BTreeSet<Stack> = BTreeSet::new();
-        let mut steps = 0;
         while let Some(cur) = todo.pop() {
-            steps += 1;
-            if steps > MAX_EXPANSIONS || out.len() > MAX_STACKS {
-                return false;
+            budget.spend(cost(&cur))?;
+            if out.len() > MAX_STACKS {
+                return Err(Spent);
             }
             if !seen.insert(cur.clone()) {
                 continue;
@@ -862,6 +922,7 @@ impl Grammar {
                 }
                 Elem::Char(_) | Elem::CharNot(_) | Elem::CharAny => {
                     if !out.contains(&cur) {
+                        budget.spend(out.len() / 16)?;
                         out.push(cur);
                     }
                 }
@@ -869,7 +930,10 @@ impl Grammar {
                 Elem::End | Elem::Alt | Elem::CharRngUpper(_) | Elem::CharAlt(_) => {}
             }
         }
-        out.len() <= MAX_STACKS
+        if out.len() > MAX_STACKS || out.iter().map(Vec::len).sum::<usize>() > MAX_STATE_POSITIONS {
+            return Err(Spent);
+        }
+        Ok(())
     }
 
     /// `llama_grammar_match_char`: whether `chr` is in the class at `pos`, and the position
@@ -933,11 +997,16 @@ impl Grammar {
         !positive
     }
 
-    /// `llama_grammar_accept_chr` for one stack: false where the grammar is too ambiguous to
-    /// follow (`advance_stack`).
-    fn accept_chr(&self, stack: &Stack, chr: u32, out: &mut Vec<Stack>) -> bool {
+    /// `llama_grammar_accept_chr` for one stack.
+    fn accept_chr(
+        &self,
+        stack: &Stack,
+        chr: u32,
+        out: &mut Vec<Stack>,
+        budget: &mut Budget,
+    ) -> std::result::Result<(), Spent> {
         let Some(&top) = stack.last() else {
-            return true;
+            return Ok(());
         };
         let (ok, after) = self.match_char(top as usize, chr);
         if ok {
@@ -945,19 +1014,29 @@ impl Grammar {
             if !self.elems[after].is_end_of_sequence() {
                 next.push(after as u32);
             }
-            return self.advance_stack(next, out);
+            self.advance_stack(next, out, budget)?;
         }
-        true
+        Ok(())
     }
 
     /// The state after a piece of text that is not an end-of-generation token
     /// (`llama_grammar_accept_token` for a piece): None where no stack survives it, or the piece
-    /// is not UTF-8 (a cut character at its end may continue in the next).
-    pub fn accept_piece(&self, st: &GrammarState, piece: &[u8]) -> Option<GrammarState> {
+    /// is not UTF-8 (a cut character at its end may continue in the next); an error where the
+    /// grammar is too ambiguous to follow (`MAX_WORK`).
+    pub fn accept_piece(&self, st: &GrammarState, piece: &[u8]) -> Result<Option<GrammarState>> {
+        Ok(self.accept_piece_in(st, piece, &mut Budget::new())?)
+    }
+
+    pub(crate) fn accept_piece_in(
+        &self,
+        st: &GrammarState,
+        piece: &[u8],
+        budget: &mut Budget,
+    ) -> std::result::Result<Option<GrammarState>, Spent> {
         let (cps, partial) = decode_piece(piece, st.partial);
         if partial.n_remain < 0 {
             // Not UTF-8 (llama.cpp would take what it decoded and go on).
-            return None;
+            return Ok(None);
         }
         let mut stacks_new: Vec<Stack> = Vec::with_capacity(st.stacks.len());
         for stack in &st.stacks {
@@ -968,9 +1047,7 @@ impl Grammar {
             for &c in &cps {
                 let mut next = Vec::new();
                 for s in &cur {
-                    if !self.accept_chr(s, c, &mut next) {
-                        return None;
-                    }
+                    self.accept_chr(s, c, &mut next, budget)?;
                 }
                 cur = next;
                 if cur.is_empty() {
@@ -979,52 +1056,73 @@ impl Grammar {
             }
             for s in cur {
                 if !stacks_new.contains(&s) {
+                    budget.spend(stacks_new.len() / 16)?;
                     stacks_new.push(s);
                 }
             }
             if stacks_new.len() > MAX_STACKS {
-                return None;
+                return Err(Spent);
             }
         }
-        (!stacks_new.is_empty()).then_some(GrammarState {
+        Ok((!stacks_new.is_empty()).then_some(GrammarState {
             stacks: stacks_new,
             partial,
-        })
+        }))
     }
 
     /// Whether a piece (already decoded against the state's partial sequence: `cps`, `partial`)
     /// may come next: `llama_grammar_reject_candidates` for one candidate. Its code points must
     /// each be matched, and a sequence it leaves cut must be able to continue the match.
-    pub(crate) fn allows(&self, st: &GrammarState, cps: &[u32], partial: Partial) -> bool {
+    pub(crate) fn allows(
+        &self,
+        st: &GrammarState,
+        cps: &[u32],
+        partial: Partial,
+        budget: &mut Budget,
+    ) -> std::result::Result<bool, Spent> {
         let texts = Texts {
             cps,
             start: &[0, cps.len() as u32],
             partial: std::slice::from_ref(&partial),
         };
-        self.reject(&texts, &st.stacks, &[Cand::new(&texts, 0)])
-            .is_empty()
+        Ok(self
+            .reject(&texts, &st.stacks, &[Cand::new(&texts, 0)], budget)?
+            .is_empty())
     }
 
     /// `llama_grammar_reject_candidates`: the candidates the stacks cannot take (all of them
     /// where no stack can).
-    pub(crate) fn reject(&self, t: &Texts, stacks: &[Stack], cands: &[Cand]) -> Vec<Cand> {
+    pub(crate) fn reject(
+        &self,
+        t: &Texts,
+        stacks: &[Stack],
+        cands: &[Cand],
+        budget: &mut Budget,
+    ) -> std::result::Result<Vec<Cand>, Spent> {
         let Some((first, rest)) = stacks.split_first() else {
-            return cands.to_vec();
+            return Ok(cands.to_vec());
         };
         if cands.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
-        let mut rejects = self.reject_for_stack(t, first, cands);
+        let mut rejects = self.reject_for_stack(t, first, cands, budget)?;
         for s in rest {
             if rejects.is_empty() {
                 break;
             }
-            rejects = self.reject_for_stack(t, s, &rejects);
+            rejects = self.reject_for_stack(t, s, &rejects, budget)?;
         }
-        rejects
+        Ok(rejects)
     }
 
-    fn reject_for_stack(&self, t: &Texts, stack: &Stack, cands: &[Cand]) -> Vec<Cand> {
+    fn reject_for_stack(
+        &self,
+        t: &Texts,
+        stack: &Stack,
+        cands: &[Cand],
+        budget: &mut Budget,
+    ) -> std::result::Result<Vec<Cand>, Spent> {
+        budget.spend(cands.len())?;
         let mut rejects = Vec::new();
         let Some(&top) = stack.last() else {
             for c in cands {
@@ -1032,7 +1130,7 @@ impl Grammar {
                     rejects.push(*c);
                 }
             }
-            return rejects;
+            return Ok(rejects);
         };
         let top = top as usize;
         let mut next_cands = Vec::with_capacity(cands.len());
@@ -1057,7 +1155,7 @@ impl Grammar {
             }
         }
         if next_cands.is_empty() {
-            return rejects;
+            return Ok(rejects);
         }
         let after = self.match_char(top, 0).1;
         let mut stack_after: Stack = stack[..stack.len() - 1].to_vec();
@@ -1065,22 +1163,17 @@ impl Grammar {
             stack_after.push(after as u32);
         }
         let mut next_stacks = Vec::new();
-        let back = |c: Cand| Cand {
-            pos: c.pos - 1,
-            ..c
-        };
-        if !self.advance_stack(stack_after, &mut next_stacks) {
-            // Too ambiguous to follow: none of those that got this far.
-            rejects.extend(next_cands.into_iter().map(back));
-            return rejects;
-        }
+        self.advance_stack(stack_after, &mut next_stacks, budget)?;
         // The candidates the rest rejects, as they came in: one code point back.
         rejects.extend(
-            self.reject(t, &next_stacks, &next_cands)
+            self.reject(t, &next_stacks, &next_cands, budget)?
                 .into_iter()
-                .map(back),
+                .map(|c| Cand {
+                    pos: c.pos - 1,
+                    ..c
+                }),
         );
-        rejects
+        Ok(rejects)
     }
 }
 

@@ -92,7 +92,8 @@ pub fn chat_tool_calls_gbnf(tools: &[ToolSpec], parallel: bool) -> Result<String
     let mut choices = Vec::with_capacity(tools.len());
     for t in tools {
         let mut args = Vec::new();
-        if is_object_schema(t.parameters)
+        // The anchor reads them as a schema first: one that does not read is refused.
+        if is_object_schema(t.parameters)?
             && let Some(props) = t.parameters.get("properties").and_then(Value::as_object)
         {
             for (pname, pschema) in props {
@@ -104,6 +105,7 @@ pub fn chat_tool_calls_gbnf(tools: &[ToolSpec], parallel: bool) -> Result<String
                             &format!("tool-{}-arg-{pname}-schema", t.name),
                             t.parameters,
                             pschema,
+                            &format!("tool-{}-", t.name),
                         )?;
                         format!("{r} {}", lit("</atem:parameter>"))
                     };

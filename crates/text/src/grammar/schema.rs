@@ -133,14 +133,35 @@ fn schema_error(path: &str, msg: &str) -> TextError {
     TextError::Grammar(format!("JSON schema error at {path}: {msg}"))
 }
 
+/// Schema nodes nested deeper than this (through `$ref`s too) are refused: each level is a
+/// recursion of the reader and of the converter (llama.cpp has no bound, and a chain of `$ref`s
+/// overflows its stack).
+pub const MAX_SCHEMA_DEPTH: usize = 128;
+
+/// Schema nodes one conversion may read (a type list reads the schema once per type).
+pub const MAX_SCHEMA_NODES: usize = 100_000;
+
 /// `common_chat_schema_builder`: the tree and the targets of its `$ref`s.
 struct Builder<'a> {
     root: &'a Value,
     /// Each `$ref` once (a cycle back to one stops at its reserved entry).
     refs: BTreeMap<String, Option<Node>>,
+    depth: usize,
+    nodes: usize,
 }
 
-impl Builder<'_> {
+impl<'a> Builder<'a> {
+    fn new(root: &'a Value) -> Self {
+        Builder {
+            root,
+            refs: BTreeMap::new(),
+            depth: 0,
+            nodes: 0,
+        }
+    }
+}
+
+impl<'a> Builder<'a> {
     fn get_count(schema: &Value, key: &str, path: &str, def: i64) -> Result<i64> {
         let Some(v) = schema.get(key) else {
             return Ok(def);
@@ -187,7 +208,7 @@ impl Builder<'_> {
         })
     }
 
-    fn resolve_ref(&self, r: &str, path: &str) -> Result<&Value> {
+    fn resolve_ref(&self, r: &str, path: &str) -> Result<&'a Value> {
         let mut target = self.root;
         // `string_split(ref.substr(1), "/")`, the first piece (empty) skipped.
         let pieces: Vec<&str> = r[1..].split('/').collect();
@@ -215,7 +236,7 @@ impl Builder<'_> {
         Ok(target)
     }
 
-    fn build_ref(&mut self, v: &Value, path: &str) -> Result<Node> {
+    fn build_ref(&mut self, v: &'a Value, path: &str) -> Result<Node> {
         let Some(r) = v.as_str() else {
             return Err(schema_error(path, "$ref must be a string"));
         };
@@ -229,14 +250,14 @@ impl Builder<'_> {
         }
         if !self.refs.contains_key(r) {
             self.refs.insert(r.to_string(), None);
-            let target = self.resolve_ref(r, path)?.clone();
-            let node = self.build_node(&target, r)?;
+            let target = self.resolve_ref(r, path)?;
+            let node = self.build_node(target, r)?;
             self.refs.insert(r.to_string(), Some(node));
         }
         Ok(Node::Ref(r.to_string()))
     }
 
-    fn build_alternatives(&mut self, alts: &Value, path: &str) -> Result<Vec<Node>> {
+    fn build_alternatives(&mut self, alts: &'a Value, path: &str) -> Result<Vec<Node>> {
         let Some(a) = alts.as_array() else {
             return Err(schema_error(path, "must be an array of schemas"));
         };
@@ -249,7 +270,7 @@ impl Builder<'_> {
             .collect()
     }
 
-    fn build_object(&mut self, schema: &Value, path: &str) -> Result<Node> {
+    fn build_object(&mut self, schema: &'a Value, path: &str) -> Result<Node> {
         let mut required = BTreeSet::new();
         if let Some(r) = schema.get("required").and_then(Value::as_array) {
             required.extend(r.iter().filter_map(Value::as_str).map(str::to_string));
@@ -286,7 +307,7 @@ impl Builder<'_> {
         })
     }
 
-    fn build_array(&mut self, schema: &Value, path: &str) -> Result<Node> {
+    fn build_array(&mut self, schema: &'a Value, path: &str) -> Result<Node> {
         let items = if let Some((key, items)) = schema
             .get("items")
             .map(|i| ("items", i))
@@ -340,7 +361,43 @@ impl Builder<'_> {
         Ok(Node::Integer { min, max })
     }
 
-    fn build_node(&mut self, schema: &Value, path: &str) -> Result<Node> {
+    fn build_node(&mut self, schema: &'a Value, path: &str) -> Result<Node> {
+        self.build_node_as(schema, path, None)
+    }
+
+    /// `build_node`, the schema's `type` taken as `ty` where that is given: one member of a type
+    /// list, as llama.cpp's copy of the schema with that type (without the copy).
+    fn build_node_as(
+        &mut self,
+        schema: &'a Value,
+        path: &str,
+        ty: Option<&'a Value>,
+    ) -> Result<Node> {
+        self.nodes += 1;
+        if self.nodes > MAX_SCHEMA_NODES {
+            return Err(schema_error(
+                path,
+                &format!("the schema reads as more than {MAX_SCHEMA_NODES} nodes"),
+            ));
+        }
+        if self.depth >= MAX_SCHEMA_DEPTH {
+            return Err(schema_error(
+                path,
+                &format!("schemas nested deeper than {MAX_SCHEMA_DEPTH} (through $ref too)"),
+            ));
+        }
+        self.depth += 1;
+        let r = self.build_node_inner(schema, path, ty);
+        self.depth -= 1;
+        r
+    }
+
+    fn build_node_inner(
+        &mut self,
+        schema: &'a Value,
+        path: &str,
+        ty: Option<&'a Value>,
+    ) -> Result<Node> {
         let Some(obj) = schema.as_object() else {
             return Err(schema_error(path, "schema must be an object"));
         };
@@ -356,16 +413,14 @@ impl Builder<'_> {
                 self.build_alternatives(alts, &format!("{path}/{key}"))?,
             ));
         }
-        let ty = obj.get("type").cloned().unwrap_or(Value::Null);
-        if let Value::Array(types) = &ty {
+        let ty: &Value = ty.or_else(|| obj.get("type")).unwrap_or(&Value::Null);
+        if let Value::Array(types) = ty {
             if types.is_empty() {
                 return Err(schema_error(path, "type must not be empty"));
             }
             let mut alts = Vec::with_capacity(types.len());
             for (i, t) in types.iter().enumerate() {
-                let mut alt = schema.clone();
-                alt["type"] = t.clone();
-                alts.push(self.build_node(&alt, &format!("{path}/type/{i}"))?);
+                alts.push(self.build_node_as(schema, &format!("{path}/type/{i}"), Some(t))?);
             }
             return Ok(Node::AnyOf(alts));
         }
@@ -872,6 +927,14 @@ struct Converter {
     refs_being_resolved: BTreeSet<String>,
     errors: Vec<String>,
     warnings: Vec<String>,
+    /// `visit`s under way (a chain of `$ref`s nests them).
+    depth: usize,
+    /// While a pattern converts: the rules it added, removed again if it cannot (llama.cpp
+    /// copies every rule before each pattern and puts them back).
+    log: Option<Vec<String>>,
+    /// Before the name of a `$ref`'s rule: empty (llama.cpp's names) for one document, a
+    /// document's own for a grammar of several (a tool's `#/$defs/x` is not another tool's).
+    ref_prefix: String,
 }
 
 /// `INVALID_RULE_CHARS_RE` replaced by "-": every run of characters outside [a-zA-Z0-9-].
@@ -901,13 +964,20 @@ impl Converter {
             refs_being_resolved: BTreeSet::new(),
             errors: Vec::new(),
             warnings: Vec::new(),
+            depth: 0,
+            log: None,
+            ref_prefix: String::new(),
         }
     }
 
     fn add_rule(&mut self, name: &str, rule: &str) -> String {
         let esc = rule_name_escape(name);
         if self.rules.get(&esc).is_none_or(|r| r == rule) {
-            self.rules.insert(esc.clone(), rule.to_string());
+            if self.rules.insert(esc.clone(), rule.to_string()).is_none()
+                && let Some(log) = &mut self.log
+            {
+                log.push(esc.clone());
+            }
             return esc;
         }
         let mut i = 0;
@@ -919,7 +989,11 @@ impl Converter {
             i += 1;
         }
         let key = format!("{esc}{i}");
-        self.rules.insert(key.clone(), rule.to_string());
+        if self.rules.insert(key.clone(), rule.to_string()).is_none()
+            && let Some(log) = &mut self.log
+        {
+            log.push(key.clone());
+        }
         key
     }
 
@@ -955,11 +1029,18 @@ impl Converter {
     }
 
     fn visit_pattern(&mut self, pattern: &str, name: &str) -> String {
-        let snapshot = self.rules.clone();
-        match self.pattern_to_rule(pattern, name) {
+        self.log = Some(Vec::new());
+        let r = self.pattern_to_rule(pattern, name);
+        let added = self.log.take().unwrap_or_default();
+        let undo = |c: &mut Converter| {
+            for k in &added {
+                c.rules.remove(k);
+            }
+        };
+        match r {
             Ok(r) => r,
             Err(PatternError::Unsupported(why)) => {
-                self.rules = snapshot;
+                undo(self);
                 self.warnings.push(format!(
                     "pattern {pattern} is not supported ({why}), accepting any string"
                 ));
@@ -967,7 +1048,7 @@ impl Converter {
                 self.add_rule(name, &s)
             }
             Err(PatternError::Invalid(why)) => {
-                self.rules = snapshot;
+                undo(self);
                 self.errors
                     .push(format!("Invalid pattern {pattern}: {why}"));
                 String::new()
@@ -1054,7 +1135,7 @@ impl Converter {
             Some(i) => &r[i + 1..],
             None => r,
         };
-        let mut ref_name = format!("ref{}", rule_name_escape(frag));
+        let mut ref_name = format!("{}ref{}", self.ref_prefix, rule_name_escape(frag));
         if !self.rules.contains_key(&ref_name) && !self.refs_being_resolved.contains(r) {
             let Some(Some(target)) = self.refs.get(r).cloned() else {
                 self.errors.push(format!("Unresolved $ref {r}"));
@@ -1131,12 +1212,38 @@ impl Converter {
             if !required_props.is_empty() {
                 rule.push_str(" \",\" space ( ");
             }
-            for i in 0..optional_props.len() {
+            // `get_recursive_refs` of every suffix, each rest rule written once, from the last
+            // (the recursion's order, so the same names), instead of once per suffix.
+            let n = optional_props.len();
+            let dash = if name.is_empty() { "" } else { "-" };
+            let mut rest: Vec<Option<String>> = vec![None; n + 1];
+            for j in (1..n).rev() {
+                let k = &optional_props[j];
+                let mut body = format!(
+                    "( \",\" space {} ){}",
+                    kv_rule_names[k],
+                    if k == "*" { "*" } else { "?" }
+                );
+                if let Some(r) = &rest[j + 1] {
+                    body.push(' ');
+                    body.push_str(r);
+                }
+                let prev = &optional_props[j - 1];
+                rest[j] = Some(self.add_rule(&format!("{name}{dash}{prev}-rest"), &body));
+            }
+            for i in 0..n {
                 if i > 0 {
                     rule.push_str(" | ");
                 }
-                let r = self.recursive_refs(&optional_props[i..], false, name, &kv_rule_names);
-                rule.push_str(&r);
+                let k = &optional_props[i];
+                rule.push_str(&kv_rule_names[k]);
+                if k == "*" {
+                    rule.push_str(&format!(" ( \",\" space {} )*", kv_rule_names[k]));
+                }
+                if let Some(r) = &rest[i + 1] {
+                    rule.push(' ');
+                    rule.push_str(r);
+                }
             }
             if !required_props.is_empty() {
                 rule.push_str(" )");
@@ -1145,41 +1252,6 @@ impl Converter {
         }
         rule.push_str(" space \"}\"");
         rule
-    }
-
-    /// `get_recursive_refs` of `_build_object_rule`.
-    fn recursive_refs(
-        &mut self,
-        ks: &[String],
-        first_is_optional: bool,
-        name: &str,
-        kv: &HashMap<String, String>,
-    ) -> String {
-        let Some(k) = ks.first() else {
-            return String::new();
-        };
-        let kv_rule = &kv[k];
-        let comma_ref = format!("( \",\" space {kv_rule} )");
-        let mut res = if first_is_optional {
-            format!("{comma_ref}{}", if k == "*" { "*" } else { "?" })
-        } else {
-            format!(
-                "{kv_rule}{}",
-                if k == "*" {
-                    format!(" {comma_ref}*")
-                } else {
-                    String::new()
-                }
-            )
-        };
-        if ks.len() > 1 {
-            let dash = if name.is_empty() { "" } else { "-" };
-            let rest = self.recursive_refs(&ks[1..], true, name, kv);
-            let r = self.add_rule(&format!("{name}{dash}{k}-rest"), &rest);
-            res.push(' ');
-            res.push_str(&r);
-        }
-        res
     }
 
     fn generate_constant_rule(v: &Value) -> String {
@@ -1272,6 +1344,19 @@ impl Converter {
     }
 
     fn visit(&mut self, schema: &Node, name: &str) -> String {
+        if self.depth >= MAX_SCHEMA_DEPTH {
+            self.errors.push(format!(
+                "schemas nested deeper than {MAX_SCHEMA_DEPTH} (through $ref too)"
+            ));
+            return String::new();
+        }
+        self.depth += 1;
+        let r = self.visit_inner(schema, name);
+        self.depth -= 1;
+        r
+    }
+
+    fn visit_inner(&mut self, schema: &Node, name: &str) -> String {
         let rule_name = if is_reserved_name(name) {
             format!("{name}-")
         } else if name.is_empty() {
@@ -1633,16 +1718,28 @@ impl PatternState<'_> {
                     } else if b == b'"' {
                         lit_bytes.extend_from_slice(b"\\\"");
                         self.i += 1;
-                    } else if !is_non_literal(b)
-                        && (self.i == length - 1
-                            || lit_bytes.is_empty()
-                            || self.sub[self.i + 1] == b'.'
-                            || !is_non_literal(self.sub[self.i + 1]))
-                    {
-                        lit_bytes.push(b);
-                        self.i += 1;
                     } else {
-                        break;
+                        // A character, whole: its UTF-8 bytes (llama.cpp's loop takes bytes, so a
+                        // quantifier after é repeats its last byte alone).
+                        let n = match b {
+                            0xF0..=0xFF => 4,
+                            0xE0..=0xEF => 3,
+                            0xC0..=0xDF => 2,
+                            _ => 1,
+                        }
+                        .min(length - self.i);
+                        let next = self.sub.get(self.i + n).copied();
+                        if !is_non_literal(b)
+                            && (next.is_none()
+                                || lit_bytes.is_empty()
+                                || next == Some(b'.')
+                                || next.is_some_and(|c| !is_non_literal(c)))
+                        {
+                            lit_bytes.extend_from_slice(&self.sub[self.i..self.i + n]);
+                            self.i += n;
+                        } else {
+                            break;
+                        }
                     }
                 }
                 literal.push_str(&text(&lit_bytes));
@@ -1697,12 +1794,9 @@ impl Trie {
 
 /// Whether a schema reads as an object schema (`common_chat_schema_object`: what llama.cpp's
 /// `foreach_parameter` asks of a tool's `parameters` before it looks at their properties).
-pub fn is_object_schema(schema: &Value) -> bool {
-    let mut b = Builder {
-        root: schema,
-        refs: BTreeMap::new(),
-    };
-    matches!(b.build_node(schema, "#"), Ok(Node::Object { .. }))
+pub fn is_object_schema(schema: &Value) -> Result<bool> {
+    let mut b = Builder::new(schema);
+    Ok(matches!(b.build_node(schema, "#")?, Node::Object { .. }))
 }
 
 /// The GBNF llama.cpp writes for a JSON schema (`json_schema_to_grammar`), its root rule `root`.
@@ -1716,10 +1810,7 @@ pub fn schema_to_gbnf(schema: &Value) -> Result<String> {
 
 /// The schema read into its tree, its `$ref` targets handed to the converter.
 fn schema_node(schema: &Value, c: &mut Converter) -> Result<Node> {
-    let mut b = Builder {
-        root: schema,
-        refs: BTreeMap::new(),
-    };
+    let mut b = Builder::new(schema);
     let root = b.build_node(schema, "#")?;
     c.refs = b.refs;
     Ok(root)
@@ -1757,19 +1848,28 @@ impl GrammarBuilder {
 
     /// The rules of a schema under `name` (`root`: as the whole grammar's), its rule's name.
     pub fn add_schema(&mut self, name: &str, schema: &Value) -> Result<String> {
-        self.add_schema_in(name, schema, schema)
+        self.add_schema_in(name, schema, schema, "")
     }
 
-    /// As `add_schema`, for a schema inside a document (a tool's `parameters`, a property's
-    /// schema there): its `$ref`s point into `doc`.
-    pub fn add_schema_in(&mut self, name: &str, doc: &Value, schema: &Value) -> Result<String> {
-        let mut b = Builder {
-            root: doc,
-            refs: std::mem::take(&mut self.c.refs),
-        };
+    /// As `add_schema`, for a schema inside a document (a property's schema in a tool's
+    /// `parameters`): its `$ref`s point into `doc`, and their rules are named after
+    /// `ref_prefix` (a document's own, where a grammar holds several).
+    pub fn add_schema_in(
+        &mut self,
+        name: &str,
+        doc: &Value,
+        schema: &Value,
+        ref_prefix: &str,
+    ) -> Result<String> {
+        let mut b = Builder::new(doc);
+        if ref_prefix.is_empty() {
+            b.refs = std::mem::take(&mut self.c.refs);
+        }
         let node = b.build_node(schema, "#");
         self.c.refs = b.refs;
+        self.c.ref_prefix = ref_prefix.to_string();
         let r = self.c.visit(&node?, if name == "root" { "" } else { name });
+        self.c.ref_prefix.clear();
         check(&self.c)?;
         Ok(r)
     }

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::gbnf::{Cand, Grammar, GrammarState, Partial, Texts, decode_piece};
+use super::gbnf::{Budget, Cand, Grammar, GrammarState, Partial, Texts, decode_piece};
 use crate::error::{Result, TextError};
 use crate::tokenizer::Tokenizer;
 
@@ -94,6 +94,10 @@ impl GrammarVocab {
 /// members); past this many the cache starts again.
 const MASK_CACHE: usize = 32;
 
+/// States holding more positions than this are not kept as a mask's key (a deep nesting: its
+/// key would weigh more than its mask).
+const MASK_KEY_POSITIONS: usize = 4096;
+
 /// A grammar and where a generation stands in it.
 pub struct Constraint {
     grammar: Arc<Grammar>,
@@ -122,7 +126,7 @@ impl Constraint {
     pub fn prefill(&mut self, text: &[u8]) -> Result<()> {
         self.state = self
             .grammar
-            .accept_piece(&self.state, text)
+            .accept_piece(&self.state, text)?
             .ok_or_else(|| {
                 TextError::Grammar(format!(
                     "the grammar does not accept the generation prompt {:?}",
@@ -136,28 +140,32 @@ impl Constraint {
         self.state.is_complete()
     }
 
-    /// Whether token `id` may come next.
-    pub fn allows(&self, v: &GrammarVocab, id: u32) -> bool {
+    /// Whether token `id` may come next (an error: the grammar is too ambiguous to follow).
+    pub fn allows(&self, v: &GrammarVocab, id: u32) -> Result<bool> {
         let i = id as usize;
         if v.is_eog(id) {
-            return self.state.is_complete();
+            return Ok(self.state.is_complete());
         }
         if !v.text.get(i).copied().unwrap_or(false) {
-            return false;
+            return Ok(false);
         }
-        if self.state.partial.n_remain() == 0 {
+        let mut budget = Budget::new();
+        Ok(if self.state.partial.n_remain() == 0 {
             let cps = &v.cps[v.start[i] as usize..v.start[i + 1] as usize];
-            self.grammar.allows(&self.state, cps, v.partial[i])
+            self.grammar
+                .allows(&self.state, cps, v.partial[i], &mut budget)?
         } else {
             let (cps, partial) = decode_piece(&v.pieces[i], self.state.partial);
-            self.grammar.allows(&self.state, &cps, partial)
-        }
+            self.grammar
+                .allows(&self.state, &cps, partial, &mut budget)?
+        })
     }
 
-    /// The tokens that may come next, as a bit set over the vocabulary (kept for this state).
-    pub fn allowed(&mut self, v: &GrammarVocab) -> Arc<[u64]> {
+    /// The tokens that may come next, as a bit set over the vocabulary (kept for this state; an
+    /// error: the grammar is too ambiguous to follow).
+    pub fn allowed(&mut self, v: &GrammarVocab) -> Result<Arc<[u64]>> {
         if let Some(m) = self.masks.get(&self.state) {
-            return m.clone();
+            return Ok(m.clone());
         }
         let n = v.len();
         let mut mask = vec![0u64; n.div_ceil(64)];
@@ -196,15 +204,21 @@ impl Constraint {
                 mask[id / 64] |= 1 << (id % 64);
             }
         }
-        for r in self.grammar.reject(&texts, &self.state.stacks, &cands) {
+        let mut budget = Budget::new();
+        for r in self
+            .grammar
+            .reject(&texts, &self.state.stacks, &cands, &mut budget)?
+        {
             mask[r.id as usize / 64] &= !(1 << (r.id % 64));
         }
         let mask: Arc<[u64]> = mask.into();
-        if self.masks.len() >= MASK_CACHE {
-            self.masks.clear();
+        if self.state.stacks.iter().map(Vec::len).sum::<usize>() <= MASK_KEY_POSITIONS {
+            if self.masks.len() >= MASK_CACHE {
+                self.masks.clear();
+            }
+            self.masks.insert(self.state.clone(), mask.clone());
         }
-        self.masks.insert(self.state.clone(), mask.clone());
-        mask
+        Ok(mask)
     }
 
     /// Take token `id` (one [`Constraint::allows`]): the match moves past its piece; an
@@ -224,7 +238,7 @@ impl Constraint {
         }
         self.state = self
             .grammar
-            .accept_piece(&self.state, piece)
+            .accept_piece(&self.state, piece)?
             .ok_or_else(refused)?;
         Ok(())
     }
