@@ -34,7 +34,11 @@ PY
 }
 # SERVE_TURNS=N: conversations of N requests (prefix reuse; SERVE_FLAGS=--no-prefix-reuse for the
 # other half of an A/B).
-LOAD="python3 crates/server/tests/load/load.py --clients 64 --duration ${SERVE_SECONDS:-60} --ignore-eos --min-tokens 128 --max-tokens 128 --endpoint completions --turns ${SERVE_TURNS:-1}"
+# SERVE_SCHEMA: a JSON schema every output must satisfy (llama.cpp's json_schema field, both servers).
+# (A schema without spaces: the command line is split on them.)
+LOAD_ANY="python3 crates/server/tests/load/load.py --clients 64 --ignore-eos --min-tokens 128 --max-tokens 128 --endpoint completions --turns ${SERVE_TURNS:-1}"
+LOAD_PLAIN="$LOAD_ANY --duration ${SERVE_SECONDS:-60}"
+LOAD="$LOAD_PLAIN ${SERVE_SCHEMA:+--json-schema $SERVE_SCHEMA}"
 summary=()
 export NCCL_NVLS_ENABLE=0
 # NCCL for tensor parallelism: the runtime (PyTorch's nvidia-nccl wheel here) ships libnccl.so.2
@@ -179,10 +183,18 @@ if has serve; then
   carry/bin/muser serve -m "$MODEL" --device cuda ${SERVE_FLAGS:-} --parallel 64 --ctx-size 1024 --port 8081 --alias muser --chat-template-file $tmpl > "$AUX/serve-muser.log" 2>&1 &
   spid=$!
   if up http://127.0.0.1:8081; then
+    # SERVE_WARM=S: S seconds of the same load first, not counted (NVRTC compiles the kernels a
+    # fresh machine has not cached during the first requests).
+    [ -z "${SERVE_WARM:-}" ] || timeout 300 $LOAD_ANY --duration $SERVE_WARM ${SERVE_SCHEMA:+--json-schema $SERVE_SCHEMA} --url http://127.0.0.1:8081 --model muser > /dev/null 2>&1
     timeout 300 $LOAD --url http://127.0.0.1:8081 --model muser --server-pid $spid --out /tmp/load-muser.json 2>&1 | tail -15 | sed 's/^/muser serve: /' | tee -a "$OUT/serve.log"
+    # SERVE_PLAIN_TOO=1 (with SERVE_SCHEMA): the same load unconstrained too, on the same server.
+    if [ -n "${SERVE_PLAIN_TOO:-}" ] && [ -n "${SERVE_SCHEMA:-}" ]; then
+      timeout 300 $LOAD_PLAIN --url http://127.0.0.1:8081 --model muser --server-pid $spid --out /tmp/load-muser-plain.json 2>&1 | tail -15 | sed 's/^/muser serve (unconstrained): /' | tee -a "$OUT/serve.log"
+    fi
   else echo "muser serve did not come up" | tee -a "$OUT/serve.log"; fi
   kill $spid; wait $spid 2>/dev/null
   load_summary /tmp/load-muser.json
+  [ -f /tmp/load-muser-plain.json ] && load_summary /tmp/load-muser-plain.json
 fi
 
 if has batch && [ -z "${NO_LLAMA:-}" ]; then

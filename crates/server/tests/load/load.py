@@ -161,6 +161,9 @@ async def client(i, args, stats, deadline):
             path = "/v1/completions"
         if args.ignore_eos:
             body["ignore_eos"] = True
+        if args.json_schema:
+            # llama.cpp's field, which both servers take on either endpoint.
+            body["json_schema"] = json.loads(args.json_schema)
         t0 = time.perf_counter()
         try:
             status, ttft, chunks, done, err = await asyncio.wait_for(
@@ -296,6 +299,7 @@ async def main_async(args):
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "url": args.url, "model": args.model, "clients": args.clients, "duration_s": round(wall, 1),
         "max_tokens_range": [args.min_tokens, args.max_tokens], "ignore_eos": args.ignore_eos,
+        "json_schema": args.json_schema or None,
         "endpoint": args.endpoint,
         "requests_ok": stats.ok, "requests_failed": stats.failed, "failures": stats.failures,
         "completion_tokens": stats.tokens,
@@ -333,6 +337,8 @@ def main():
     p.add_argument("--ignore-eos", action="store_true", help="always generate max_tokens")
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
                    help="chat: /v1/chat/completions; completions: /v1/completions with the conversation as text")
+    p.add_argument("--json-schema", default="",
+                   help="a JSON schema (text) every output must satisfy, sent as llama.cpp's json_schema field")
     p.add_argument("--turns", type=int, default=1,
                    help="requests per conversation: each appends the answer and a new user message")
     p.add_argument("--usage-from-chunks", action="store_true",
