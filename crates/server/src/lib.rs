@@ -192,6 +192,7 @@ pub async fn serve<B: Backend + 'static>(
             .map_or(0, |d| d.as_secs()),
         prepare: Arc::new(tokio::sync::Semaphore::new(routes::prepare_permits())),
         grammar_vocab: Default::default(),
+        grammars: Default::default(),
     };
     let app = routes::router(state);
     if let Ok(addr) = listener.local_addr() {

@@ -220,7 +220,12 @@ impl Constrain {
     /// (`GENERATION_PROMPT` for a chat's schema: the answer's grammar begins with the prompt's
     /// last words). A chat's schema constrains the answer inside the Muse Glimmer format
     /// (`chat_response_gbnf`); a completion's schema, and any `grammar`, the text itself.
-    pub fn compile(&self, ep: Endpoint) -> Result<(Arc<Grammar>, Option<&'static str>), ApiError> {
+    /// The GBNF text of `compile`, the field its errors name and the prefill.
+    #[allow(clippy::type_complexity)]
+    pub fn gbnf(
+        &self,
+        ep: Endpoint,
+    ) -> Result<(String, &'static str, Option<&'static str>), ApiError> {
         let (text, param, prefill) = match (self, ep) {
             (Constrain::ToolCalls { tools, parallel }, _) => {
                 let specs: Vec<grammar::ToolSpec> = tools
@@ -249,8 +254,14 @@ impl Constrain {
             }
             (Constrain::Gbnf(g), _) => (Ok(g.clone()), "grammar", None),
         };
-        let bad = |e: muser_text::TextError| ApiError::invalid(param, e.to_string());
-        let g = Grammar::parse(&text.map_err(bad)?, "root").map_err(bad)?;
+        let text = text.map_err(|e| ApiError::invalid(param, e.to_string()))?;
+        Ok((text, param, prefill))
+    }
+
+    pub fn compile(&self, ep: Endpoint) -> Result<(Arc<Grammar>, Option<&'static str>), ApiError> {
+        let (text, param, prefill) = self.gbnf(ep)?;
+        let g =
+            Grammar::parse(&text, "root").map_err(|e| ApiError::invalid(param, e.to_string()))?;
         Ok((Arc::new(g), prefill))
     }
 }

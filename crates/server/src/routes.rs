@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
-use muser_text::grammar::{Constraint, GrammarVocab};
+use muser_text::grammar::{Constraint, GrammarVocab, MaskCache};
 use muser_text::{ChatTemplate, Tokenizer, ToolCallParser};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -46,7 +46,16 @@ pub struct AppState {
     pub prepare: Arc<tokio::sync::Semaphore>,
     /// The vocabulary's pieces as grammars read them, built at the first constrained request.
     pub grammar_vocab: Arc<std::sync::OnceLock<Arc<GrammarVocab>>>,
+    /// Grammars compiled lately, by their text, with their masks over this vocabulary: requests
+    /// of the same schema share them.
+    pub grammars: Arc<std::sync::Mutex<GrammarCache>>,
 }
+
+/// Grammars kept by `AppState::grammars` (past this many the cache starts again).
+const GRAMMARS_KEPT: usize = 64;
+
+pub type GrammarCache =
+    std::collections::HashMap<String, (Arc<muser_text::grammar::Grammar>, Arc<MaskCache>)>;
 
 /// A request's constraint compiled for the engine (`Constrain::compile`), on a preparation turn:
 /// a chat's prefill checked against the prompt's end (a template whose generation prompt is not
@@ -54,11 +63,28 @@ pub struct AppState {
 fn job_grammar(
     st_tok: &Tokenizer,
     vocab: &std::sync::OnceLock<Arc<GrammarVocab>>,
+    cache: &std::sync::Mutex<GrammarCache>,
     c: &openai::Constrain,
     ep: Endpoint,
     prompt: &[u32],
 ) -> Result<JobGrammar, ApiError> {
-    let (grammar, prefill) = c.compile(ep)?;
+    let (text, param, prefill) = c.gbnf(ep)?;
+    let kept = cache.lock().ok().and_then(|m| m.get(&text).cloned());
+    let (grammar, masks) = match kept {
+        Some(k) => k,
+        None => {
+            let g = muser_text::grammar::Grammar::parse(&text, "root")
+                .map_err(|e| ApiError::invalid(param, e.to_string()))?;
+            let k = (Arc::new(g), Arc::new(MaskCache::default()));
+            if let Ok(mut m) = cache.lock() {
+                if m.len() >= GRAMMARS_KEPT {
+                    m.clear();
+                }
+                m.insert(text, k.clone());
+            }
+            k
+        }
+    };
     if let Some(p) = prefill {
         let tail = &prompt[prompt.len().saturating_sub(16)..];
         let text = st_tok.decode(tail, false)?;
@@ -91,6 +117,7 @@ fn job_grammar(
         .clone();
     Ok(JobGrammar {
         grammar,
+        masks,
         vocab,
         prefill,
     })
@@ -317,7 +344,11 @@ async fn chat_completions(
     let (prompt, parser, grammar) = {
         let (template, tok) = (Arc::clone(template), Arc::clone(&st.tok));
         let kwargs = req.chat_template_kwargs.take();
-        let (constrain, gv) = (opts.constrain.clone(), Arc::clone(&st.grammar_vocab));
+        let (constrain, gv, gc) = (
+            opts.constrain.clone(),
+            Arc::clone(&st.grammar_vocab),
+            Arc::clone(&st.grammars),
+        );
         tokio::task::spawn_blocking(move || {
             let parser = ToolCallParser::from_json(tools.as_ref())
                 .map_err(|e| ApiError::invalid("tools", e.to_string()))?;
@@ -329,7 +360,7 @@ async fn chat_completions(
                 kwargs.as_ref(),
             )?;
             let grammar = constrain
-                .map(|c| job_grammar(&tok, &gv, &c, Endpoint::Chat, &prompt))
+                .map(|c| job_grammar(&tok, &gv, &gc, &c, Endpoint::Chat, &prompt))
                 .transpose()?;
             drop(turn);
             Ok::<_, ApiError>((prompt, parser, grammar))
@@ -375,11 +406,15 @@ async fn completions(
     // Tokenizing off the async workers, as the chat's rendering, under the request's turn.
     let (prompts, grammar) = {
         let tok = Arc::clone(&st.tok);
-        let (constrain, gv) = (opts.constrain.clone(), Arc::clone(&st.grammar_vocab));
+        let (constrain, gv, gc) = (
+            opts.constrain.clone(),
+            Arc::clone(&st.grammar_vocab),
+            Arc::clone(&st.grammars),
+        );
         tokio::task::spawn_blocking(move || {
             let prompts = req.completion_prompts(&tok)?;
             let grammar = constrain
-                .map(|c| job_grammar(&tok, &gv, &c, Endpoint::Completions, &[]))
+                .map(|c| job_grammar(&tok, &gv, &gc, &c, Endpoint::Completions, &[]))
                 .transpose()?;
             drop(turn);
             Ok::<_, ApiError>((prompts, grammar))

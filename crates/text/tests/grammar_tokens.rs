@@ -384,3 +384,34 @@ fn each_tools_references_are_its_own() {
     .unwrap_err();
     assert!(e.to_string().contains("unrecognized type strin"), "{e}");
 }
+
+/// Constraints of one grammar sharing their masks: what one computed, another in the same state
+/// takes, the same as its own would be; states that differ keep masks of their own.
+#[test]
+fn shared_masks_are_the_masks() {
+    use muser_text::grammar::MaskCache;
+    let tok = Tokenizer::from_gguf_file(data("glimmer-mini.gguf")).unwrap();
+    let v = GrammarVocab::new(&tok);
+    let g = grammar(&serde_json::from_str(SCHEMA).unwrap());
+    let cache = Arc::new(MaskCache::default());
+    let walk = |text: &str, shared: bool| -> Vec<Arc<[u64]>> {
+        let mut c = if shared {
+            Constraint::sharing(g.clone(), cache.clone())
+        } else {
+            Constraint::new(g.clone())
+        };
+        c.prefill(GENERATION_PROMPT.as_bytes()).unwrap();
+        let mut masks = vec![c.allowed(&v).unwrap()];
+        for id in tok.encode(text, false, true).unwrap() {
+            c.accept(&v, id).unwrap();
+            masks.push(c.allowed(&v).unwrap());
+        }
+        masks
+    };
+    let a = "<|message|>{\"ok\": true, \"n\": 4}";
+    let b = "<|message|>{\"ok\": false, \"n\": 7, \"tags\": []}";
+    let first = walk(a, true);
+    assert_eq!(walk(a, true), first);
+    assert_eq!(walk(a, false), first);
+    assert_eq!(walk(b, true), walk(b, false));
+}

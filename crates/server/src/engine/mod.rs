@@ -81,6 +81,8 @@ pub struct Job {
 #[derive(Clone)]
 pub struct JobGrammar {
     pub grammar: Arc<muser_text::grammar::Grammar>,
+    /// The grammar's masks over `vocab`, shared with the other requests of this grammar.
+    pub masks: Arc<muser_text::grammar::MaskCache>,
     /// The vocabulary's pieces as the grammar reads them (one per tokenizer, shared).
     pub vocab: Arc<muser_text::grammar::GrammarVocab>,
     /// Text the prompt ends with that the grammar begins with: matched first.

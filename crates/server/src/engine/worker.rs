@@ -242,7 +242,7 @@ impl<B: Backend> Worker<B> {
         for spec in job.seqs {
             // The handler matched the prefill already (`routes::constraint`): it cannot fail.
             let constraint = job.grammar.as_ref().and_then(|g| {
-                let mut c = Constraint::new(g.grammar.clone());
+                let mut c = Constraint::sharing(g.grammar.clone(), g.masks.clone());
                 match g.prefill {
                     Some(p) => c.prefill(p.as_bytes()).ok().map(|()| c),
                     None => Some(c),

@@ -11,7 +11,7 @@ pub mod tokens;
 
 pub use gbnf::{Grammar, GrammarState};
 pub use schema::{GrammarBuilder, format_literal, is_object_schema, schema_to_gbnf};
-pub use tokens::{Constraint, GrammarVocab, mask_allows};
+pub use tokens::{Constraint, GrammarVocab, MaskCache, mask_allows};
 
 use serde_json::Value;
 

@@ -90,19 +90,41 @@ impl GrammarVocab {
     }
 }
 
-/// Masks kept per constraint (the states of a JSON answer recur: inside a string, between
-/// members); past this many the cache starts again.
-const MASK_CACHE: usize = 32;
+/// Masks kept per cache (the states of a JSON answer recur: inside a string, between members,
+/// and in every answer of the same grammar); past this many the cache starts again.
+const MASK_CACHE: usize = 256;
 
 /// States holding more positions than this are not kept as a mask's key (a deep nesting: its
 /// key would weigh more than its mask).
 const MASK_KEY_POSITIONS: usize = 4096;
 
+/// The masks of one grammar over one vocabulary, by state: shared by every generation that
+/// follows the grammar (a server's requests of the same schema meet the same states).
+#[derive(Default)]
+pub struct MaskCache {
+    masks: std::sync::Mutex<HashMap<GrammarState, Arc<[u64]>>>,
+}
+
+impl MaskCache {
+    fn get(&self, st: &GrammarState) -> Option<Arc<[u64]>> {
+        self.masks.lock().ok()?.get(st).cloned()
+    }
+
+    fn put(&self, st: &GrammarState, mask: Arc<[u64]>) {
+        if let Ok(mut m) = self.masks.lock() {
+            if m.len() >= MASK_CACHE {
+                m.clear();
+            }
+            m.insert(st.clone(), mask);
+        }
+    }
+}
+
 /// A grammar and where a generation stands in it.
 pub struct Constraint {
     grammar: Arc<Grammar>,
     state: GrammarState,
-    masks: HashMap<GrammarState, Arc<[u64]>>,
+    masks: Arc<MaskCache>,
 }
 
 /// Which ids a bit set holds.
@@ -113,11 +135,17 @@ pub fn mask_allows(mask: &[u64], id: u32) -> bool {
 
 impl Constraint {
     pub fn new(grammar: Arc<Grammar>) -> Self {
+        Self::sharing(grammar, Arc::default())
+    }
+
+    /// A constraint whose masks go to `masks` (the grammar's, over one vocabulary) and are
+    /// taken from there.
+    pub fn sharing(grammar: Arc<Grammar>, masks: Arc<MaskCache>) -> Self {
         let state = grammar.start();
         Constraint {
             grammar,
             state,
-            masks: HashMap::new(),
+            masks,
         }
     }
 
@@ -165,7 +193,7 @@ impl Constraint {
     /// error: the grammar is too ambiguous to follow).
     pub fn allowed(&mut self, v: &GrammarVocab) -> Result<Arc<[u64]>> {
         if let Some(m) = self.masks.get(&self.state) {
-            return Ok(m.clone());
+            return Ok(m);
         }
         let n = v.len();
         let mut mask = vec![0u64; n.div_ceil(64)];
@@ -213,10 +241,7 @@ impl Constraint {
         }
         let mask: Arc<[u64]> = mask.into();
         if self.state.stacks.iter().map(Vec::len).sum::<usize>() <= MASK_KEY_POSITIONS {
-            if self.masks.len() >= MASK_CACHE {
-                self.masks.clear();
-            }
-            self.masks.insert(self.state.clone(), mask.clone());
+            self.masks.put(&self.state, mask.clone());
         }
         Ok(mask)
     }
