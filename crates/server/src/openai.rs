@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use muser_engine::SamplingParams;
 use muser_text::Tokenizer;
-use muser_text::grammar::{self, Grammar};
+use muser_text::grammar;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -216,11 +216,11 @@ impl Constrain {
         }
     }
 
-    /// The grammar generation follows, and the text it is matched from before the first token
-    /// (`GENERATION_PROMPT` for a chat's schema: the answer's grammar begins with the prompt's
-    /// last words). A chat's schema constrains the answer inside the Muse Glimmer format
-    /// (`chat_response_gbnf`); a completion's schema, and any `grammar`, the text itself.
-    /// The GBNF text of `compile`, the field its errors name and the prefill.
+    /// The GBNF text generation follows, the field its errors name, and the text it is matched
+    /// from before the first token (`GENERATION_PROMPT` for a chat's schema or forced call: the
+    /// answer's grammar begins with the prompt's last words). A chat's schema constrains the
+    /// answer inside the Muse Glimmer format (`chat_response_gbnf`), a forced call likewise
+    /// (`chat_tool_calls_gbnf`); a completion's schema, and any `grammar`, the text itself.
     #[allow(clippy::type_complexity)]
     pub fn gbnf(
         &self,
@@ -256,13 +256,6 @@ impl Constrain {
         };
         let text = text.map_err(|e| ApiError::invalid(param, e.to_string()))?;
         Ok((text, param, prefill))
-    }
-
-    pub fn compile(&self, ep: Endpoint) -> Result<(Arc<Grammar>, Option<&'static str>), ApiError> {
-        let (text, param, prefill) = self.gbnf(ep)?;
-        let g =
-            Grammar::parse(&text, "root").map_err(|e| ApiError::invalid(param, e.to_string()))?;
-        Ok((Arc::new(g), prefill))
     }
 }
 

@@ -215,6 +215,7 @@ impl ChatStops {
 
 /// How a chat's answers are read: the tools offered (ATEM calls), and whether the answer is
 /// JSON by a response format (`Constrain::Schema`), which may come fenced.
+#[derive(Default)]
 pub struct ChatParser {
     pub tools: ToolCallParser,
     pub json_answer: bool,
@@ -506,10 +507,7 @@ pub async fn whole(
         .collect();
     // Each chat choice parsed as it comes: its answer can stop at a stop string, and its
     // logprobs keep the answer's tokens.
-    let parser = parser.unwrap_or_else(|| ChatParser {
-        tools: ToolCallParser::new(&[]),
-        json_answer: false,
-    });
+    let parser = parser.unwrap_or_default();
     let stops: &[String] = meta.chat_stops.as_ref().map_or(&[], |c| &c.stops);
     let mut cut: Vec<Option<ChatChoice>> = (0..meta.choices)
         .map(|_| (meta.endpoint == Endpoint::Chat).then(|| ChatChoice::for_chat(&parser, stops)))
@@ -631,7 +629,7 @@ pub fn stream(
     parser: Option<ChatParser>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let s = async_stream::stream! {
-        let parser = parser.unwrap_or_else(|| ChatParser { tools: ToolCallParser::new(&[]), json_answer: false });
+        let parser = parser.unwrap_or_default();
         let stops: &[String] = meta.chat_stops.as_ref().map_or(&[], |c| &c.stops);
         let mut chat: Vec<ChatChoice> = (0..meta.choices).map(|_| ChatChoice::for_chat(&parser, stops)).collect();
         let mut offsets = vec![0usize; meta.choices];

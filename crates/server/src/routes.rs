@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
-use muser_text::grammar::{Constraint, GrammarVocab, MaskCache};
+use muser_text::grammar::{Constraint, Grammar, GrammarState, GrammarVocab, MaskCache};
 use muser_text::{ChatTemplate, Tokenizer, ToolCallParser};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -54,8 +54,11 @@ pub struct AppState {
 /// Grammars kept by `AppState::grammars` (past this many the cache starts again).
 const GRAMMARS_KEPT: usize = 64;
 
-pub type GrammarCache =
-    std::collections::HashMap<String, (Arc<muser_text::grammar::Grammar>, Arc<MaskCache>)>;
+/// By prefill and GBNF text: the grammar, its masks, and where it stands after the prefill.
+pub type GrammarCache = std::collections::HashMap<
+    (Option<&'static str>, String),
+    (Arc<Grammar>, Arc<MaskCache>, GrammarState),
+>;
 
 /// A request's constraint compiled for the engine (`Constrain::compile`), on a preparation turn:
 /// a chat's prefill checked against the prompt's end (a template whose generation prompt is not
@@ -69,49 +72,41 @@ fn job_grammar(
     prompt: &[u32],
 ) -> Result<JobGrammar, ApiError> {
     let (text, param, prefill) = c.gbnf(ep)?;
-    let kept = cache.lock().ok().and_then(|m| m.get(&text).cloned());
-    let (grammar, masks) = match kept {
-        Some(k) => k,
-        None => {
-            let g = muser_text::grammar::Grammar::parse(&text, "root")
-                .map_err(|e| ApiError::invalid(param, e.to_string()))?;
-            let k = (Arc::new(g), Arc::new(MaskCache::default()));
-            if let Ok(mut m) = cache.lock() {
-                if m.len() >= GRAMMARS_KEPT {
-                    m.clear();
-                }
-                m.insert(text, k.clone());
-            }
-            k
-        }
-    };
     if let Some(p) = prefill {
-        let tail = &prompt[prompt.len().saturating_sub(16)..];
-        let text = st_tok.decode(tail, false)?;
-        if !text.ends_with(p) {
-            let param = match c {
-                openai::Constrain::ToolCalls { .. } => "tool_choice",
-                _ => "response_format",
-            };
+        let tail = st_tok.decode(&prompt[prompt.len().saturating_sub(16)..], false)?;
+        if !tail.ends_with(p) {
+            let from = tail.char_indices().rev().nth(23).map_or(0, |(i, _)| i);
             return Err(ApiError::invalid(
                 param,
                 format!(
                     "a response format or a forced tool call needs the Muse Glimmer chat format, whose prompt ends with {p:?}; this chat template's ends with {:?}",
-                    text.chars()
-                        .rev()
-                        .take(24)
-                        .collect::<Vec<_>>()
-                        .into_iter()
-                        .rev()
-                        .collect::<String>()
+                    &tail[from..]
                 ),
             ));
         }
-        let mut check = Constraint::new(grammar.clone());
-        check
-            .prefill(p.as_bytes())
-            .map_err(|e| ApiError::internal(e.to_string()))?;
     }
+    let key = (prefill, text);
+    let kept = cache.lock().ok().and_then(|m| m.get(&key).cloned());
+    let (grammar, masks, start) = match kept {
+        Some(k) => k,
+        None => {
+            let bad = |e: muser_text::TextError| ApiError::invalid(param, e.to_string());
+            let g = Arc::new(Grammar::parse(&key.1, "root").map_err(bad)?);
+            let masks = Arc::new(MaskCache::default());
+            let mut c = Constraint::sharing(g.clone(), masks.clone());
+            if let Some(p) = prefill {
+                c.prefill(p.as_bytes()).map_err(bad)?;
+            }
+            let k = (g, masks, c.state().clone());
+            if let Ok(mut m) = cache.lock() {
+                if m.len() >= GRAMMARS_KEPT {
+                    m.clear();
+                }
+                m.insert(key, k.clone());
+            }
+            k
+        }
+    };
     let vocab = vocab
         .get_or_init(|| Arc::new(GrammarVocab::new(st_tok)))
         .clone();
@@ -119,7 +114,7 @@ fn job_grammar(
         grammar,
         masks,
         vocab,
-        prefill,
+        start,
     })
 }
 

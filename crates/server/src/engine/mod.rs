@@ -85,8 +85,9 @@ pub struct JobGrammar {
     pub masks: Arc<muser_text::grammar::MaskCache>,
     /// The vocabulary's pieces as the grammar reads them (one per tokenizer, shared).
     pub vocab: Arc<muser_text::grammar::GrammarVocab>,
-    /// Text the prompt ends with that the grammar begins with: matched first.
-    pub prefill: Option<&'static str>,
+    /// Where every choice starts in the grammar: past the text the prompt ends with that the
+    /// grammar begins with (its prefill), matched once.
+    pub start: muser_text::grammar::GrammarState,
 }
 
 /// A token's log-probability under the model and the most likely alternatives.

@@ -240,14 +240,10 @@ impl<B: Backend> Worker<B> {
             grammar_vocab: job.grammar.as_ref().map(|g| g.vocab.clone()),
         });
         for spec in job.seqs {
-            // The handler matched the prefill already (`routes::constraint`): it cannot fail.
-            let constraint = job.grammar.as_ref().and_then(|g| {
-                let mut c = Constraint::sharing(g.grammar.clone(), g.masks.clone());
-                match g.prefill {
-                    Some(p) => c.prefill(p.as_bytes()).ok().map(|()| c),
-                    None => Some(c),
-                }
-            });
+            let constraint = job
+                .grammar
+                .as_ref()
+                .map(|g| Constraint::at(g.grammar.clone(), g.masks.clone(), g.start.clone()));
             let positions = (spec.prompt.len() + spec.max_tokens).min(self.cfg.n_ctx);
             let mut params = spec.params;
             // OpenAI's penalties count every generated token (the sampler sees only those).

@@ -142,11 +142,22 @@ impl Constraint {
     /// taken from there.
     pub fn sharing(grammar: Arc<Grammar>, masks: Arc<MaskCache>) -> Self {
         let state = grammar.start();
+        Self::at(grammar, masks, state)
+    }
+
+    /// As `sharing`, from `state` (where another constraint of this grammar stood: after its
+    /// prefill, say).
+    pub fn at(grammar: Arc<Grammar>, masks: Arc<MaskCache>, state: GrammarState) -> Self {
         Constraint {
             grammar,
             state,
             masks,
         }
+    }
+
+    /// Where the match stands.
+    pub fn state(&self) -> &GrammarState {
+        &self.state
     }
 
     /// Text the prompt already holds, matched before anything is generated (llama.cpp feeds the
@@ -257,13 +268,12 @@ impl Constraint {
                 Err(refused())
             };
         }
-        let piece = v.pieces.get(id as usize).ok_or_else(refused)?;
-        if piece.first().is_none_or(|b| *b == 0) {
+        if !v.text.get(id as usize).copied().unwrap_or(false) {
             return Err(refused());
         }
         self.state = self
             .grammar
-            .accept_piece(&self.state, piece)?
+            .accept_piece(&self.state, &v.pieces[id as usize])?
             .ok_or_else(refused)?;
         Ok(())
     }
