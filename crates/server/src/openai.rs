@@ -126,11 +126,13 @@ pub enum Constrain {
         param: &'static str,
     },
     Gbnf(String),
-    /// A chat answer that must call one of these tools (OpenAI tool objects), in the model's
-    /// format (`tool_choice`).
+    /// A chat answer's call of one of these tools (OpenAI tool objects), in the model's format:
+    /// forced (`tool_choice` `required` or a named function), or `lazy` (`auto`: the answer is
+    /// free until it begins a call, which must then be well formed).
     ToolCalls {
         tools: Vec<Value>,
         parallel: bool,
+        lazy: bool,
     },
 }
 
@@ -227,7 +229,14 @@ impl Constrain {
         ep: Endpoint,
     ) -> Result<(String, &'static str, Option<&'static str>), ApiError> {
         let (text, param, prefill) = match (self, ep) {
-            (Constrain::ToolCalls { tools, parallel }, _) => {
+            (
+                Constrain::ToolCalls {
+                    tools,
+                    parallel,
+                    lazy,
+                },
+                _,
+            ) => {
                 let specs: Vec<grammar::ToolSpec> = tools
                     .iter()
                     .filter_map(|t| {
@@ -238,10 +247,11 @@ impl Constrain {
                         })
                     })
                     .collect();
+                // A lazy grammar is fed from its trigger on, never the generation prompt.
                 (
-                    grammar::chat_tool_calls_gbnf(&specs, *parallel),
-                    "tool_choice",
-                    Some(grammar::GENERATION_PROMPT),
+                    grammar::chat_tool_calls_gbnf(&specs, *parallel, *lazy),
+                    if *lazy { "tools" } else { "tool_choice" },
+                    (!*lazy).then_some(grammar::GENERATION_PROMPT),
                 )
             }
             (Constrain::Schema { schema, param }, Endpoint::Chat) => (
@@ -256,6 +266,15 @@ impl Constrain {
         };
         let text = text.map_err(|e| ApiError::invalid(param, e.to_string()))?;
         Ok((text, param, prefill))
+    }
+
+    /// What a lazy constraint waits for before it constrains (None: it constrains from the
+    /// first token).
+    pub fn trigger(&self) -> Option<grammar::Trigger> {
+        match self {
+            Constrain::ToolCalls { lazy: true, .. } => Some(grammar::tool_call_trigger),
+            _ => None,
+        }
     }
 }
 
@@ -515,8 +534,8 @@ impl GenRequest {
     }
 
     /// `tools` and `tool_choice` for a chat request: the tools to offer, if any, and the
-    /// constraint that forces a call (`required`: one of them; a named function: that one),
-    /// if one is asked for. A function's `description` and `parameters` are optional in
+    /// constraint of their calls: forced (`required`: one of them; a named function: that one),
+    /// or, with tools and `auto` (the default), lazy (a call the answer begins). A function's `description` and `parameters` are optional in
     /// OpenAI's API, while the template writes both into the system prompt (its `tojson` of a
     /// missing one fails, as it does in transformers): a missing or null description becomes "",
     /// missing parameters an object schema with no properties.
@@ -531,7 +550,7 @@ impl GenRequest {
                 "a grammar cannot be given with tools (unless tool_choice is \"none\")",
             ));
         }
-        let forced = |only: Option<&str>| -> Result<Option<Constrain>, ApiError> {
+        let calls = |only: Option<&str>, lazy: bool| -> Result<Option<Constrain>, ApiError> {
             let Some(Value::Array(list)) = &tools else {
                 return Err(ApiError::invalid(
                     "tool_choice",
@@ -555,14 +574,31 @@ impl GenRequest {
             Ok(Some(Constrain::ToolCalls {
                 tools: chosen,
                 parallel,
+                lazy,
             }))
         };
         match &self.tool_choice {
-            None | Some(Value::Null) => Ok((tools, None)),
-            Some(Value::String(s)) if s == "auto" => Ok((tools, None)),
+            // `auto`, the default: a call the answer begins is constrained from there, as
+            // llama.cpp's lazy grammar does (none where no tools are offered).
+            None | Some(Value::Null) => {
+                let c = if tools.is_some() {
+                    calls(None, true)?
+                } else {
+                    None
+                };
+                Ok((tools, c))
+            }
+            Some(Value::String(s)) if s == "auto" => {
+                let c = if tools.is_some() {
+                    calls(None, true)?
+                } else {
+                    None
+                };
+                Ok((tools, c))
+            }
             Some(Value::String(s)) if s == "none" => Ok((None, None)),
             Some(Value::String(s)) if s == "required" => {
-                let c = forced(None)?;
+                let c = calls(None, false)?;
                 Ok((tools, c))
             }
             Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
@@ -576,7 +612,7 @@ impl GenRequest {
                         "tool_choice {\"type\": \"function\"} needs {\"function\": {\"name\": ...}}",
                     ));
                 };
-                let c = forced(Some(name))?;
+                let c = calls(Some(name), false)?;
                 Ok((tools, c))
             }
             Some(_) => Err(ApiError::invalid(

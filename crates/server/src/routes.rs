@@ -115,6 +115,7 @@ fn job_grammar(
         masks,
         vocab,
         start,
+        trigger: c.trigger(),
     })
 }
 
@@ -328,10 +329,10 @@ async fn chat_completions(
     };
     openai::text_parts_only(&messages)?;
     let mut opts = req.options(Endpoint::Chat, &st.tok)?;
-    let (tools, forced) = req.chat_tools()?;
-    // A response format wins over a forced tool call, as in llama.cpp's grammar for the model.
+    let (tools, calls) = req.chat_tools()?;
+    // A response format wins over the tools' calls, as in llama.cpp's grammar for the model.
     if opts.constrain.is_none() {
-        opts.constrain = forced;
+        opts.constrain = calls;
     }
     // Reading the tools' schemas, rendering and tokenizing a body of megabytes take CPU time:
     // off the async workers, so the other requests' streams are not held up behind them. The

@@ -1255,6 +1255,19 @@ async fn bad_constraints_are_refused_by_field() {
             "tool_choice",
             "unrecognized type strin",
         ),
+        // The grammar of a call the answer may begin (`auto`, the default), as llama.cpp builds.
+        (
+            json!({"tool_choice": "auto", "tools": [{"type": "function", "function": {"name": "f",
+                "parameters": {"type": "object", "properties": {"a": {"type": "strin"}}}}}]}),
+            "tools",
+            "unrecognized type strin",
+        ),
+        (
+            json!({"tools": [{"type": "function", "function": {"name": "f",
+                "parameters": {"type": "object", "properties": {"a": {"type": "strin"}}}}}]}),
+            "tools",
+            "unrecognized type strin",
+        ),
     ] {
         let r = s.post("/v1/chat/completions", &chat(extra.clone())).await;
         let e = r.openai_error(400);
@@ -1393,4 +1406,85 @@ async fn forced_tool_calls_call_the_tools() {
         }
     }
     assert!(called.values().sum::<i32>() >= 5, "{called:?}");
+}
+
+/// `tool_choice: "auto"` (the default with tools): the answer is free until it begins a call, and
+/// a call it begins is well formed. On a model whose logits are all 0 (`Opts::flat`), the tokens
+/// of ` to=` and `<|message|>` are favoured (`logit_bias`, ` to` most, and penalties for
+/// repeating them), so that most answers begin ` to=`, a recipient, then `<|message|>`: a call,
+/// made whole (`finish_reason` `tool_calls`, one call of a tool offered, arguments of its
+/// schema) by the grammar, which keeps the favoured tokens out of it; the answers that begin otherwise stay
+/// free text, the favoured tokens to `max_tokens`.
+#[tokio::test]
+async fn begun_tool_calls_are_well_formed() {
+    let s = Server::start(Opts {
+        n_ctx: 4096,
+        flat: true,
+        ..Opts::default()
+    })
+    .await;
+    let g = muser_gguf::Gguf::open(common::fixture(common::MODEL)).unwrap();
+    let tok = muser_text::Tokenizer::from_gguf(&g).unwrap();
+    let mut bias = serde_json::Map::new();
+    for (text, b) in [(" to", 24), ("=", 22), ("<|message|>", 20)] {
+        let ids = tok.encode(text, false, true).unwrap();
+        assert_eq!(ids.len(), 1, "{text:?}: {ids:?}");
+        bias.insert(ids[0].to_string(), json!(b));
+    }
+    let tools = json!([
+        {"type": "function", "function": {"name": "set_days",
+            "parameters": {"type": "object", "properties": {
+                "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}},
+        {"type": "function", "function": {"name": "ping"}}
+    ]);
+    let hi = json!([{"role": "user", "content": "Plan my week."}]);
+    let (mut calls, mut free) = (0, 0);
+    for seed in 0..12 {
+        let mut body = json!({"messages": hi, "tools": tools, "max_tokens": 160, "seed": seed,
+            "logit_bias": bias, "frequency_penalty": 2.0, "presence_penalty": 2.0,
+            "parallel_tool_calls": false});
+        if seed % 2 == 1 {
+            body["tool_choice"] = json!("auto");
+        }
+        let r = s.post("/v1/chat/completions", &body).await.json();
+        let c = &r["choices"][0];
+        if c["finish_reason"] == "tool_calls" {
+            calls += 1;
+            let list = c["message"]["tool_calls"].as_array().unwrap();
+            assert_eq!(list.len(), 1, "{r}");
+            let f = &list[0]["function"];
+            let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
+            match f["name"].as_str().unwrap() {
+                "set_days" => {
+                    let a = args.as_object().unwrap();
+                    assert!(a.keys().all(|k| k == "days"), "{args}");
+                    assert!(
+                        a.get("days")
+                            .is_none_or(|d| d.as_i64().is_some_and(|d| (1..=7).contains(&d))),
+                        "{args}"
+                    );
+                }
+                "ping" => assert_eq!(args, json!({})),
+                other => panic!("{other}: {r}"),
+            }
+        } else {
+            // Free text, which never began a call: where it would have, the grammar took over.
+            assert!(
+                c["finish_reason"] == "length" || c["finish_reason"] == "stop",
+                "{r}"
+            );
+            let text = c["message"]["content"].as_str().unwrap();
+            assert!(
+                muser_text::grammar::tool_call_trigger(text.as_bytes()).is_none()
+                    && !text.is_empty(),
+                "{r}"
+            );
+            free += 1;
+        }
+    }
+    eprintln!("auto tool choice: {calls} calls, {free} free answers");
+    assert!(
+        calls >= 4 && free >= 1,
+        "{calls} calls, {free} free answers"
+    );
 }

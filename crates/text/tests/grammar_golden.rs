@@ -3,9 +3,11 @@
 //! - tests/test-json-schema-to-grammar.cpp: every schema's GBNF, byte for byte after the test's
 //!   own trim, and every schema the anchor refuses refused;
 //! - tests/test-grammar-integration.cpp: every grammar's and schema's passing strings matched and
-//!   failing strings not, and the grammars it refuses (missing rules, left recursion) refused.
+//!   failing strings not, and the grammars it refuses (missing rules, left recursion) refused;
+//! - common/parsers/muse-glimmer.cpp: where its tool-call trigger pattern begins in 1,020 texts
+//!   (tests/tools/make_trigger_goldens.py, Python's re over the pattern it reads there).
 
-use muser_text::grammar::{Grammar, schema_to_gbnf};
+use muser_text::grammar::{Grammar, schema_to_gbnf, tool_call_trigger};
 use serde_json::Value;
 
 fn data(name: &str) -> Value {
@@ -337,4 +339,24 @@ fn ambiguous_grammars_fail_alike_and_quickly() {
     let g = Grammar::parse(&text, "root").unwrap();
     assert!(matches(&g, "ab") && matches(&g, "ac") && !matches(&g, "ad"));
     assert!(t.elapsed().as_secs() < 30, "took {:?}", t.elapsed());
+}
+
+/// The lazy tool-call grammar's trigger is found where llama.cpp's pattern finds it: the same
+/// offset (the first capture's start) or none, in every text.
+#[test]
+fn tool_call_triggers_are_found_where_llama_cpp_finds_them() {
+    let cases = data("tool-call-trigger.json");
+    let cases = cases.as_array().unwrap();
+    let mut found = 0;
+    for c in cases {
+        let text = c["text"].as_str().unwrap();
+        let want = c["start"].as_u64().map(|s| s as usize);
+        assert_eq!(tool_call_trigger(text.as_bytes()), want, "{text:?}");
+        found += usize::from(want.is_some());
+    }
+    assert!(
+        cases.len() >= 1000 && found >= 100,
+        "{found} of {}",
+        cases.len()
+    );
 }

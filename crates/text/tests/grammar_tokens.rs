@@ -265,7 +265,7 @@ fn forced_tool_calls_follow_the_atem_format() {
         name: "get_weather",
         parameters: &params,
     }];
-    let text = chat_tool_calls_gbnf(&tools, true).unwrap();
+    let text = chat_tool_calls_gbnf(&tools, true, false).unwrap();
     let g = Arc::new(Grammar::parse(&text, "root").unwrap_or_else(|e| panic!("{e}\n{text}")));
     let call = " to=get_weather<|message|><atem:function_calls>\n<atem:invoke name=\"get_weather\">\n<atem:parameter name=\"city\">Paris, \"FR\"</atem:parameter>\n<atem:parameter name=\"days\">3</atem:parameter>\n</atem:invoke>\n</atem:function_calls>";
     let mut c = constraint(&g);
@@ -302,7 +302,7 @@ fn forced_tool_calls_follow_the_atem_format() {
         assert!(!ok, "{bad:?} allowed");
     }
     // Without parallel calls, the end is the only way on.
-    let text = chat_tool_calls_gbnf(&tools, false).unwrap();
+    let text = chat_tool_calls_gbnf(&tools, false, false).unwrap();
     let g = Arc::new(Grammar::parse(&text, "root").unwrap());
     let mut c = constraint(&g);
     for id in tok.encode(call, false, true).unwrap() {
@@ -355,7 +355,7 @@ fn each_tools_references_are_its_own() {
             parameters: &b,
         },
     ];
-    let text = chat_tool_calls_gbnf(&tools, false).unwrap();
+    let text = chat_tool_calls_gbnf(&tools, false, false).unwrap();
     let g = Arc::new(Grammar::parse(&text, "root").unwrap());
     let call = |name: &str, value: &str| {
         let t = format!(
@@ -380,6 +380,7 @@ fn each_tools_references_are_its_own() {
             parameters: &bad,
         }],
         true,
+        false,
     )
     .unwrap_err();
     assert!(e.to_string().contains("unrecognized type strin"), "{e}");
@@ -414,4 +415,100 @@ fn shared_masks_are_the_masks() {
     assert_eq!(walk(a, true), first);
     assert_eq!(walk(a, false), first);
     assert_eq!(walk(b, true), walk(b, false));
+}
+
+/// A lazy tool-call grammar (`tool_choice: "auto"`): every token is free, an end of generation
+/// too, until a call to a tool begins (` to=` a recipient other than self or user, then
+/// `<|message|>`, at the start or after `<|start|>assistant`); from the trigger's ` to=` on the
+/// call is constrained and must be whole before the end. A trigger inside a token's piece feeds
+/// the grammar from there, and the rest of a piece that reaches past it too; a piece past the
+/// trigger that the call cannot hold is refused.
+#[test]
+fn lazy_tool_calls_are_free_until_a_call_begins() {
+    use muser_text::grammar::{MaskCache, ToolSpec, chat_tool_calls_gbnf, tool_call_trigger};
+    use muser_text::{TokenType, Vocab};
+    let g = muser_gguf::Gguf::open(data("glimmer-mini.gguf")).unwrap();
+    let mut vocab = Vocab::from_gguf(&g).unwrap();
+    // Pieces a trigger may cut: one the call begins in, one that reaches past the trigger.
+    for t in [
+        "Hmm.<|start|>assistant to=get",
+        "_weather<|message|><atem:function_calls>\n",
+        "_weather<|message|>oops",
+    ] {
+        vocab.tokens.push(t.into());
+        vocab.types.push(TokenType::Normal);
+    }
+    let tok = Tokenizer::from_vocab(vocab).unwrap();
+    let n = tok.n_vocab() as u32;
+    let (cut, past, bad) = (n - 3, n - 2, n - 1);
+    let v = GrammarVocab::new(&tok);
+    let params = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+    let tools = [ToolSpec {
+        name: "get_weather",
+        parameters: &params,
+    }];
+    let text = chat_tool_calls_gbnf(&tools, false, true).unwrap();
+    let g = Arc::new(Grammar::parse(&text, "root").unwrap_or_else(|e| panic!("{e}\n{text}")));
+    let lazy = || Constraint::lazy(g.clone(), Arc::new(MaskCache::default()), tool_call_trigger);
+    let eot = tok.eot().unwrap();
+    let free = |c: &mut Constraint| {
+        assert!(!c.constrains());
+        let mask = c.allowed(&v).unwrap();
+        assert!((0..n).all(|id| mask_allows(&mask, id) && c.allows(&v, id).unwrap()));
+    };
+    let feed = |c: &mut Constraint, s: &str| {
+        for id in tok.encode(s, false, true).unwrap() {
+            assert!(c.allows(&v, id).unwrap(), "{id} in {s:?}");
+            c.accept(&v, id).unwrap();
+        }
+    };
+    let call_rest = "\n<atem:invoke name=\"get_weather\">\n<atem:parameter name=\"city\">Paris</atem:parameter>\n</atem:invoke>\n</atem:function_calls>";
+    // Reasoning, a message to the user, a recipient named like them: all free.
+    let mut c = lazy();
+    for s in [
+        " to=self<|message|>The user wants the weather.<|eom|>",
+        "<|start|>assistant to=user<|message|>Let me look",
+        " to=users (not a call: no start before it)",
+    ] {
+        free(&mut c);
+        feed(&mut c, s);
+    }
+    free(&mut c);
+    // The call begins: constrained from here.
+    feed(
+        &mut c,
+        "<|eom|><|start|>assistant to=functions.get_weather<|message|>",
+    );
+    assert!(c.constrains());
+    let plain = tok.encode("Sure", false, true).unwrap()[0];
+    assert!(!c.allows(&v, plain).unwrap() && !c.allows(&v, eot).unwrap());
+    feed(&mut c, "<atem:function_calls>");
+    feed(&mut c, call_rest);
+    assert!(c.is_complete() && c.allows(&v, eot).unwrap());
+    let eom = tok.token_id("<|eom|>").unwrap();
+    assert!(
+        !c.allows(&v, eom).unwrap(),
+        "one call only without parallel"
+    );
+    // At the start of the answer, in one token; and an end of generation before any call.
+    let mut c = lazy();
+    feed(&mut c, " to=get_weather<|message|>");
+    assert!(c.constrains());
+    let mut c = lazy();
+    feed(&mut c, "<|message|>It is sunny.");
+    assert!(!c.constrains() && c.allows(&v, eot).unwrap());
+    c.accept(&v, eot).unwrap();
+    // A trigger inside a piece, the next piece reaching past it.
+    let mut c = lazy();
+    c.accept(&v, cut).unwrap();
+    assert!(!c.constrains(), "no <|message|> yet");
+    c.accept(&v, past).unwrap();
+    assert!(c.constrains());
+    feed(&mut c, call_rest);
+    assert!(c.is_complete());
+    // Past the trigger, text the call cannot hold.
+    let mut c = lazy();
+    c.accept(&v, cut).unwrap();
+    let e = c.accept(&v, bad).unwrap_err();
+    assert!(e.to_string().contains("triggered"), "{e}");
 }

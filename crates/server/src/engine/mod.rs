@@ -88,6 +88,9 @@ pub struct JobGrammar {
     /// Where every choice starts in the grammar: past the text the prompt ends with that the
     /// grammar begins with (its prefill), matched once.
     pub start: muser_text::grammar::GrammarState,
+    /// A lazy grammar's trigger: every choice is free until it finds its text (`tool_choice`
+    /// auto); None: constrained from the first token.
+    pub trigger: Option<muser_text::grammar::Trigger>,
 }
 
 /// A token's log-probability under the model and the most likely alternatives.

@@ -240,10 +240,10 @@ impl<B: Backend> Worker<B> {
             grammar_vocab: job.grammar.as_ref().map(|g| g.vocab.clone()),
         });
         for spec in job.seqs {
-            let constraint = job
-                .grammar
-                .as_ref()
-                .map(|g| Constraint::at(g.grammar.clone(), g.masks.clone(), g.start.clone()));
+            let constraint = job.grammar.as_ref().map(|g| match g.trigger {
+                Some(t) => Constraint::lazy(g.grammar.clone(), g.masks.clone(), t),
+                None => Constraint::at(g.grammar.clone(), g.masks.clone(), g.start.clone()),
+            });
             let positions = (spec.prompt.len() + spec.max_tokens).min(self.cfg.n_ctx);
             let mut params = spec.params;
             // OpenAI's penalties count every generated token (the sampler sees only those).
@@ -556,13 +556,15 @@ impl<B: Backend> Worker<B> {
         for (r, &gi) in row_item.iter().enumerate() {
             let ri = group[gi].0;
             let s = &mut self.running[ri];
-            // A constrained row is drawn on the host, by its sampler's chain and its grammar.
-            let draw = if on_device && s.constraint.is_none() {
+            // A constrained row is drawn on the host, by its sampler's chain and its grammar (a
+            // lazy grammar's rows before its trigger are free).
+            let constrained = s.constraint.as_ref().is_some_and(Constraint::constrains);
+            let draw = if on_device && !constrained {
                 s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab)
             } else {
                 None
             };
-            let wants_row = s.job.logprobs.is_some() || s.constraint.is_some();
+            let wants_row = s.job.logprobs.is_some() || constrained;
             match draw {
                 Some(d) if !wants_row => {
                     place.push(Ok(dev_rows.len()));

@@ -41,6 +41,9 @@ pub struct Opts {
     /// Every `attn_q_norm` at 3e38, a finite constant the loader accepts whose products
     /// overflow f32: the model's logits are NaN.
     pub overflow: bool,
+    /// `output_norm` at 0: every logit is 0 whatever the text, so what is drawn is set by the
+    /// request's `logit_bias` and penalties alone (the random model repeats its last token).
+    pub flat: bool,
     /// A chat template's source in place of the file's.
     pub template_source: Option<&'static str>,
 }
@@ -62,6 +65,7 @@ impl Default for Opts {
             stall_timeout: Duration::from_secs(60),
             kv_budget: None,
             overflow: false,
+            flat: false,
             template_source: None,
         }
     }
@@ -77,7 +81,10 @@ impl Server {
     pub async fn start(o: Opts) -> Server {
         let mut g = Arc::new(Gguf::open(fixture(MODEL)).expect("fixture model"));
         if o.overflow {
-            g = Arc::new(overflowing(&g));
+            g = Arc::new(with_norm(&g, "attn_q_norm.weight", 3e38));
+        }
+        if o.flat {
+            g = Arc::new(with_norm(&g, "output_norm.weight", 0.0));
         }
         let tokenizer = Tokenizer::from_gguf(&g).expect("tokenizer");
         let template = o.template.then(|| match o.template_source {
@@ -235,8 +242,9 @@ impl Resp {
     }
 }
 
-/// `g` with every `attn_q_norm` at 3e38 (`Opts::overflow`).
-fn overflowing(g: &Gguf) -> Gguf {
+/// `g` with every value of the f32 norms whose names end in `name` at `value`
+/// (`Opts::overflow`, `Opts::flat`).
+fn with_norm(g: &Gguf, name: &str, value: f32) -> Gguf {
     let mut w = muser_gguf::GgufWriter::new();
     for (k, v) in g.metadata() {
         if k != "general.alignment" {
@@ -245,10 +253,11 @@ fn overflowing(g: &Gguf) -> Gguf {
     }
     for t in g.tensors() {
         let mut bytes = g.tensor_data(t).to_vec();
-        if t.name.ends_with("attn_q_norm.weight") {
+        if t.name.ends_with(name) {
+            assert_eq!(t.ggml_type, muser_gguf::GgmlType::F32, "{}", t.name);
             bytes = bytes
                 .chunks_exact(4)
-                .flat_map(|_| 3e38f32.to_le_bytes())
+                .flat_map(|_| value.to_le_bytes())
                 .collect();
         }
         w.add_tensor(&t.name, &t.dims, t.ggml_type, bytes)

@@ -208,7 +208,9 @@ impl AtemStream {
                 let ch = match recipient {
                     "self" if self.parser.extract_reasoning => Channel::Reasoning,
                     "self" | "user" => Channel::Content,
-                    r if r.contains("<|") || r.trim().is_empty() => return Some(State::Raw),
+                    // An empty recipient is a tool's, as the anchor's parser and its lazy
+                    // grammar's trigger read it (` to=` then any text up to `<|message|>`).
+                    r if r.contains("<|") => return Some(State::Raw),
                     _ => Channel::Tool,
                 };
                 self.buf.drain(..TO.len() + i + MESSAGE.len());

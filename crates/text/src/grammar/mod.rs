@@ -11,7 +11,7 @@ pub mod tokens;
 
 pub use gbnf::{Grammar, GrammarState};
 pub use schema::{GrammarBuilder, format_literal, is_object_schema, schema_to_gbnf};
-pub use tokens::{Constraint, GrammarVocab, MaskCache, mask_allows};
+pub use tokens::{Constraint, GrammarVocab, MaskCache, Trigger, mask_allows};
 
 use serde_json::Value;
 
@@ -66,26 +66,22 @@ pub struct ToolSpec<'a> {
 }
 
 /// The grammar of a Muse Glimmer chat answer that must call one of `tools`, as llama.cpp b11434
-/// builds it for `tool_choice: "required"` (common/parsers/muse-glimmer.cpp, not lazy):
-/// reasoning messages first, then a message to a recipient (` to=` and any text up to
-/// `<|message|>`) holding `<atem:function_calls>` and one `<atem:invoke>` of a tool, its
-/// parameters in any order, each `<atem:parameter name="...">` and a value: text up to and with
-/// the first `</atem:parameter>` where the parameter's schema may be a string, else JSON of its
-/// schema and the closing tag; with `parallel`, more such messages after `<|eom|>`. Parameters
-/// are read only from a `parameters` that is an object schema, as the anchor reads them.
-pub fn chat_tool_calls_gbnf(tools: &[ToolSpec], parallel: bool) -> Result<String> {
+/// builds it (common/parsers/muse-glimmer.cpp): reasoning messages first, then a message to a
+/// recipient (` to=` and any text up to `<|message|>`) holding `<atem:function_calls>` and one
+/// `<atem:invoke>` of a tool, its parameters in any order, each `<atem:parameter name="...">` and
+/// a value: text up to and with the first `</atem:parameter>` where the parameter's schema may be
+/// a string, else JSON of its schema and the closing tag; with `parallel`, more such messages
+/// after `<|eom|>`. Parameters are read only from a `parameters` that is an object schema, as the
+/// anchor reads them.
+///
+/// Not `lazy` (`tool_choice: "required"` or a named function): the whole answer, from the
+/// generation prompt on. `lazy` (`tool_choice: "auto"`): the call alone, from its ` to=` on (the
+/// anchor's root is its trigger rule, `tool-call`); it constrains the text only once
+/// [`tool_call_trigger`] finds a call begun, until then the answer is free.
+pub fn chat_tool_calls_gbnf(tools: &[ToolSpec], parallel: bool, lazy: bool) -> Result<String> {
     let mut b = GrammarBuilder::default();
     let lit = format_literal;
     let start = b.add_rule("start", &lit(GENERATION_PROMPT));
-    let until_eom = until_rules(&mut b, "until-eom", "<|eom|>", false);
-    let analysis = b.add_rule(
-        "analysis",
-        &format!(
-            "{} {until_eom} {}",
-            lit(" to=self<|message|>"),
-            lit("<|eom|>")
-        ),
-    );
     let until_message = until_rules(&mut b, "until-message", "<|message|>", false);
     let string_value = until_rules(&mut b, "ac-parameter", "</atem:parameter>", true);
     let mut budget = crate::atem::schema::VISIT_BUDGET;
@@ -137,8 +133,58 @@ pub fn chat_tool_calls_gbnf(tools: &[ToolSpec], parallel: bool) -> Result<String
         choice
     };
     let calls = b.add_rule("tool-call", &calls);
-    b.add_rule("root", &format!("( {start} {analysis} )* {start} {calls}"));
+    if lazy {
+        b.add_rule("root", &calls);
+    } else {
+        let until_eom = until_rules(&mut b, "until-eom", "<|eom|>", false);
+        let analysis = b.add_rule(
+            "analysis",
+            &format!(
+                "{} {until_eom} {}",
+                lit(" to=self<|message|>"),
+                lit("<|eom|>")
+            ),
+        );
+        b.add_rule("root", &format!("( {start} {analysis} )* {start} {calls}"));
+    }
     b.finish()
+}
+
+/// Where a tool call begins in the text generated so far, for the lazy grammar of
+/// [`chat_tool_calls_gbnf`]: the start of the first capture of llama.cpp b11434's trigger
+/// pattern for the model, searched as `std::regex_search` searches (the leftmost match, its
+/// alternatives in order), None before one is there. The pattern (common/parsers/muse-glimmer.cpp,
+/// `COMMON_GRAMMAR_TRIGGER_TYPE_PATTERN`):
+///
+/// `(?:^|<\|start\|>assistant)( to=(?!self<\|message\|>)(?!user<\|message\|>)[^<]*?<\|message\|>)`
+///
+/// that is, at the text's start or after `<|start|>assistant`: ` to=`, a recipient that is not
+/// `self` or `user` holding no `<`, then `<|message|>`. (`[^<]*?` can end only at the first `<`
+/// after ` to=`, which must begin `<|message|>`: lazy or greedy, the match is the same.) The
+/// grammar is fed the text from the returned offset on (`llama_grammar_accept_impl`).
+pub fn tool_call_trigger(text: &[u8]) -> Option<usize> {
+    const START: &[u8] = b"<|start|>assistant";
+    const MESSAGE: &[u8] = b"<|message|>";
+    let group_at = |g: usize| -> bool {
+        let Some(rest) = text.get(g..).and_then(|t| t.strip_prefix(b" to=")) else {
+            return false;
+        };
+        if rest.starts_with(b"self<|message|>") || rest.starts_with(b"user<|message|>") {
+            return false;
+        }
+        rest.iter()
+            .position(|&c| c == b'<')
+            .is_some_and(|lt| rest[lt..].starts_with(MESSAGE))
+    };
+    for p in 0..text.len() {
+        if p == 0 && group_at(0) {
+            return Some(0);
+        }
+        if text[p..].starts_with(START) && group_at(p + START.len()) {
+            return Some(p + START.len());
+        }
+    }
+    None
 }
 
 /// Rules `prefix`, `prefix-01`, ... for the text around `delim` (the states of its matching

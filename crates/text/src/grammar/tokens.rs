@@ -1,7 +1,8 @@
 //! A grammar over a vocabulary's tokens, as llama.cpp's grammar sampler applies it
 //! (`llama_grammar_apply_impl`, `llama_grammar_accept_impl`): a token is allowed when its piece
 //! (control tokens as their text) continues the match; an end-of-generation token only where the
-//! match is complete; an empty piece, or one that begins with a NUL, never.
+//! match is complete; an empty piece, or one that begins with a NUL, never. A lazy grammar
+//! constrains nothing until its trigger is found in the text generated (`grammar_lazy`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -125,6 +126,21 @@ pub struct Constraint {
     grammar: Arc<Grammar>,
     state: GrammarState,
     masks: Arc<MaskCache>,
+    /// A lazy grammar's wait for the text it begins with; None once it constrains.
+    awaiting: Option<Awaiting>,
+}
+
+/// Where a trigger begins in the text generated so far (the offset the grammar is fed from),
+/// None before one is there: [`super::tool_call_trigger`], say.
+pub type Trigger = fn(&[u8]) -> Option<usize>;
+
+/// A lazy grammar before its trigger (llama.cpp's `awaiting_trigger`): every token is free, and
+/// its piece is kept until the trigger is found in them.
+struct Awaiting {
+    trigger: Trigger,
+    text: Vec<u8>,
+    /// Each token taken and where its piece begins in `text` (it ends where the next begins).
+    tokens: Vec<(u32, usize)>,
 }
 
 /// Which ids a bit set holds.
@@ -152,7 +168,27 @@ impl Constraint {
             grammar,
             state,
             masks,
+            awaiting: None,
         }
+    }
+
+    /// A lazy constraint (llama.cpp's `llama_sampler_init_grammar_lazy_patterns`): nothing is
+    /// constrained until `trigger` finds its text in what was generated; from there the grammar,
+    /// from its start, is fed the text from the trigger's offset on (the pieces of the tokens
+    /// that reach past it, the first one cut), then constrains every token.
+    pub fn lazy(grammar: Arc<Grammar>, masks: Arc<MaskCache>, trigger: Trigger) -> Self {
+        let mut c = Self::sharing(grammar, masks);
+        c.awaiting = Some(Awaiting {
+            trigger,
+            text: Vec::new(),
+            tokens: Vec::new(),
+        });
+        c
+    }
+
+    /// Whether the grammar constrains the next token (a lazy one: once its trigger was found).
+    pub fn constrains(&self) -> bool {
+        self.awaiting.is_none()
     }
 
     /// Where the match stands.
@@ -181,6 +217,9 @@ impl Constraint {
 
     /// Whether token `id` may come next (an error: the grammar is too ambiguous to follow).
     pub fn allows(&self, v: &GrammarVocab, id: u32) -> Result<bool> {
+        if !self.constrains() {
+            return Ok(true);
+        }
         let i = id as usize;
         if v.is_eog(id) {
             return Ok(self.state.is_complete());
@@ -203,10 +242,19 @@ impl Constraint {
     /// The tokens that may come next, as a bit set over the vocabulary (kept for this state; an
     /// error: the grammar is too ambiguous to follow).
     pub fn allowed(&mut self, v: &GrammarVocab) -> Result<Arc<[u64]>> {
+        let n = v.len();
+        if !self.constrains() {
+            let mut all = vec![u64::MAX; n.div_ceil(64)];
+            if let Some(last) = all.last_mut()
+                && !n.is_multiple_of(64)
+            {
+                *last = (1u64 << (n % 64)) - 1;
+            }
+            return Ok(all.into());
+        }
         if let Some(m) = self.masks.get(&self.state) {
             return Ok(m);
         }
-        let n = v.len();
         let mut mask = vec![0u64; n.div_ceil(64)];
         let complete = self.state.is_complete();
         // With a character cut, every piece is decoded again as its continuation.
@@ -260,6 +308,34 @@ impl Constraint {
     /// Take token `id` (one [`Constraint::allows`]): the match moves past its piece; an
     /// end-of-generation token leaves it where it is.
     pub fn accept(&mut self, v: &GrammarVocab, id: u32) -> Result<()> {
+        if let Some(a) = &mut self.awaiting {
+            let piece = v.pieces.get(id as usize).map_or(&[][..], |p| &p[..]);
+            a.tokens.push((id, a.text.len()));
+            a.text.extend_from_slice(piece);
+            let Some(from) = (a.trigger)(&a.text) else {
+                return Ok(());
+            };
+            let Some(a) = self.awaiting.take() else {
+                return Ok(());
+            };
+            // The tokens whose pieces reach past the trigger's start, fed as
+            // `llama_grammar_accept_token` is in the replay (an end-of-generation token's piece
+            // as text).
+            for (k, &(tid, begin)) in a.tokens.iter().enumerate() {
+                let end = a.tokens.get(k + 1).map_or(a.text.len(), |t| t.1);
+                if end <= from {
+                    continue;
+                }
+                let piece = &a.text[begin.max(from)..end];
+                self.state = self.grammar.accept_piece(&self.state, piece)?.ok_or_else(|| {
+                    TextError::Grammar(format!(
+                        "the grammar does not accept the text it is triggered by, at token {tid}: {:?}",
+                        String::from_utf8_lossy(&a.text[from..])
+                    ))
+                })?;
+            }
+            return Ok(());
+        }
         let refused = || TextError::Grammar(format!("token {id} does not continue the grammar"));
         if v.is_eog(id) {
             return if self.state.is_complete() {

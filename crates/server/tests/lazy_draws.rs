@@ -1,0 +1,73 @@
+//! Where the tokens of a lazily constrained answer are drawn. (Its own test binary: with
+//! `row_draws` it draws on the backend, and api.rs's
+//! `draws_on_the_backend_reproduce_and_agree_with_the_host` counts the process-wide device draws.)
+
+mod common;
+
+use common::{Opts, Server};
+use serde_json::{Value, json};
+
+/// `tool_choice: "auto"` on a backend that draws next to its logits (a GPU's path): an answer's
+/// tokens before it begins a call are drawn there, as any free row is; from the call's trigger on
+/// its rows come to the host, where the grammar is, and the call is whole. The model and the
+/// favoured tokens are those of api.rs's `begun_tool_calls_are_well_formed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_grammar_draws_on_the_backend_until_its_trigger() {
+    let s = Server::start(Opts {
+        n_ctx: 4096,
+        flat: true,
+        row_draws: true,
+        ..Opts::default()
+    })
+    .await;
+    let g = muser_gguf::Gguf::open(common::fixture(common::MODEL)).unwrap();
+    let tok = muser_text::Tokenizer::from_gguf(&g).unwrap();
+    let mut bias = serde_json::Map::new();
+    for (text, b) in [(" to", 24), ("=", 22), ("<|message|>", 20)] {
+        let ids = tok.encode(text, false, true).unwrap();
+        assert_eq!(ids.len(), 1, "{text:?}: {ids:?}");
+        bias.insert(ids[0].to_string(), json!(b));
+    }
+    let tools = json!([{"type": "function", "function": {"name": "ping"}}]);
+    let hi = json!([{"role": "user", "content": "Ping."}]);
+    let draws = |w: &'static str| {
+        let s = &s;
+        async move {
+            s.metric("muser_draws_total", &format!("where=\"{w}\""))
+                .await
+        }
+    };
+    let mut calls = 0;
+    for seed in 0..8 {
+        let (dev0, host0) = (draws("device").await, draws("host").await);
+        let r = s
+            .post(
+                "/v1/chat/completions",
+                &json!({"messages": hi, "tools": tools, "max_tokens": 160, "seed": seed,
+                        "logit_bias": bias, "frequency_penalty": 2.0, "presence_penalty": 2.0,
+                        "parallel_tool_calls": false}),
+            )
+            .await
+            .json();
+        let c = &r["choices"][0];
+        let (dev, host) = (draws("device").await - dev0, draws("host").await - host0);
+        let n = r["usage"]["completion_tokens"].as_f64().unwrap();
+        if c["finish_reason"] == "tool_calls" {
+            calls += 1;
+            let f = &c["message"]["tool_calls"][0]["function"];
+            assert_eq!(f["name"], "ping", "{r}");
+            let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
+            assert_eq!(args, json!({}));
+            // ` to`, `=`, a recipient, `<|message|>` on the backend; the call and its end on
+            // the host.
+            assert!(
+                dev >= 3.0 && host >= 10.0,
+                "{dev} device, {host} host draws: {r}"
+            );
+            assert_eq!(dev + host, n, "{r}");
+        } else {
+            assert_eq!((host, dev), (0.0, n), "a free answer: {r}");
+        }
+    }
+    assert!(calls >= 3, "{calls} calls");
+}
