@@ -219,6 +219,10 @@ impl ChatStops {
 pub struct ChatParser {
     pub tools: ToolCallParser,
     pub json_answer: bool,
+    /// The text after the generation prompt of a final assistant message the answer continues
+    /// (`openai::Continued::text`): read before the generated text, so the message holds it, as
+    /// llama.cpp parses its generation prompt and the output as one.
+    pub continued: String,
 }
 
 /// The ```` ```json ```` fence a JSON answer may come in (the response format's grammar allows
@@ -326,6 +330,8 @@ pub struct ChatChoice {
     tokens: usize,
     /// What the deltas so far add up to.
     msg: ParsedMessage,
+    /// The continued message's delta, not yet sent (a stream sends it before the first token's).
+    continued: Option<Value>,
 }
 
 impl ChatChoice {
@@ -340,6 +346,7 @@ impl ChatChoice {
             stopped: false,
             tokens: 0,
             msg: ParsedMessage::default(),
+            continued: None,
         }
     }
 
@@ -352,13 +359,27 @@ impl ChatChoice {
         c
     }
 
-    /// For `parser`'s chat: its tools, its stops, a JSON answer's fence taken off.
+    /// For `parser`'s chat: its tools, its stops, a JSON answer's fence taken off, the message
+    /// it continues read first (not matched against the stops, which are the output's).
     pub fn for_chat(parser: &ChatParser, stops: &[String]) -> Self {
         let mut c = Self::with_stops(&parser.tools, stops);
         if parser.json_answer {
             c.fence = Some(FenceStrip::default());
         }
+        if !parser.continued.is_empty() {
+            c.logprobs.add(&parser.continued, None);
+            let d = c.atem.push(&parser.continued);
+            c.logprobs.resolve(&mut c.atem, false);
+            let stops = c.stops.take();
+            c.continued = c.delta(d, None);
+            c.stops = stops;
+        }
         c
+    }
+
+    /// The delta of the continued message's text, once (`for_chat`).
+    pub fn take_continued(&mut self) -> Option<Value> {
+        self.continued.take()
     }
 
     /// Whether the answer met a stop string.
@@ -665,6 +686,13 @@ pub fn stream(
                                 b.insert("logprobs".into(), Value::Null);
                                 b.insert("finish_reason".into(), Value::Null);
                                 yield Ok(data(&Value::Object(chunk(index, b))));
+                                if let Some(d) = c.take_continued() {
+                                    let mut b = Map::new();
+                                    b.insert("delta".into(), d);
+                                    b.insert("logprobs".into(), Value::Null);
+                                    b.insert("finish_reason".into(), Value::Null);
+                                    yield Ok(data(&Value::Object(chunk(index, b))));
+                                }
                             }
                             let delta = c.push(&text, logprob.map(|l| chat_logprob(&tok, id, &l)));
                             if c.stopped()
@@ -712,6 +740,18 @@ pub fn stream(
                     let mut b = Map::new();
                     match meta.endpoint {
                         Endpoint::Chat => {
+                            if let Some(mut d) = c.take_continued() {
+                                if !c.started
+                                    && let Some(o) = d.as_object_mut() {
+                                        c.started = true;
+                                        o.insert("role".into(), json!("assistant"));
+                                    }
+                                let mut b = Map::new();
+                                b.insert("delta".into(), d);
+                                b.insert("logprobs".into(), Value::Null);
+                                b.insert("finish_reason".into(), Value::Null);
+                                yield Ok(data(&Value::Object(chunk(index, b))));
+                            }
                             let mut delta = c.finish(&text, finish == Finish::Stop).unwrap_or_else(|| json!({}));
                             if !c.started
                                 && let Some(d) = delta.as_object_mut() {
@@ -896,6 +936,7 @@ mod tests {
             let p = ChatParser {
                 tools: ToolCallParser::new(&[]),
                 json_answer: true,
+                continued: String::new(),
             };
             let mut c = ChatChoice::for_chat(&p, &stops);
             let chars: Vec<char> = text.chars().collect();
@@ -1050,6 +1091,7 @@ mod tests {
         let parser = ChatParser {
             tools: weather(),
             json_answer: false,
+            continued: String::new(),
         };
         let r = whole(meta, rx, tok, Some(parser)).await;
         let b = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();

@@ -56,13 +56,14 @@ const GRAMMARS_KEPT: usize = 64;
 
 /// By prefill and GBNF text: the grammar, its masks, and where it stands after the prefill.
 pub type GrammarCache = std::collections::HashMap<
-    (Option<&'static str>, String),
+    (Option<String>, String),
     (Arc<Grammar>, Arc<MaskCache>, GrammarState),
 >;
 
-/// A request's constraint compiled for the engine (`Constrain::compile`), on a preparation turn:
-/// a chat's prefill checked against the prompt's end (a template whose generation prompt is not
-/// Muse Glimmer's cannot take a chat answer's grammar).
+/// A request's constraint compiled for the engine, on a preparation turn: a chat's prefill
+/// checked against the prompt's end (a template whose generation prompt is not Muse Glimmer's
+/// cannot take a chat answer's grammar), and followed by the text of a message the answer
+/// continues (`continued`: the prompt was built to end with both).
 fn job_grammar(
     st_tok: &Tokenizer,
     vocab: &std::sync::OnceLock<Arc<GrammarVocab>>,
@@ -70,9 +71,12 @@ fn job_grammar(
     c: &openai::Constrain,
     ep: Endpoint,
     prompt: &[u32],
+    continued: Option<&str>,
 ) -> Result<JobGrammar, ApiError> {
     let (text, param, prefill) = c.gbnf(ep)?;
-    if let Some(p) = prefill {
+    if let Some(p) = prefill
+        && continued.is_none()
+    {
         let tail = st_tok.decode(&prompt[prompt.len().saturating_sub(16)..], false)?;
         if !tail.ends_with(p) {
             let from = tail.char_indices().rev().nth(23).map_or(0, |(i, _)| i);
@@ -85,6 +89,7 @@ fn job_grammar(
             ));
         }
     }
+    let prefill = prefill.map(|p| format!("{p}{}", continued.unwrap_or_default()));
     let key = (prefill, text);
     let kept = cache.lock().ok().and_then(|m| m.get(&key).cloned());
     let (grammar, masks, start) = match kept {
@@ -94,7 +99,7 @@ fn job_grammar(
             let g = Arc::new(Grammar::parse(&key.1, "root").map_err(bad)?);
             let masks = Arc::new(MaskCache::default());
             let mut c = Constraint::sharing(g.clone(), masks.clone());
-            if let Some(p) = prefill {
+            if let Some(p) = &key.0 {
                 c.prefill(p.as_bytes()).map_err(bad)?;
             }
             let k = (g, masks, c.state().clone());
@@ -324,10 +329,13 @@ async fn chat_completions(
         )
         .code("no_chat_template")
     })?;
-    let Some(messages) = req.messages.take() else {
+    let Some(mut messages) = req.messages.take() else {
         return Err(ApiError::invalid("messages", "messages is required"));
     };
     openai::text_parts_only(&messages)?;
+    // A final assistant message the answer continues is taken off the messages.
+    let end = req.prompt_end(&mut messages)?;
+    let continued = end.continued.as_ref().map(openai::Continued::text);
     let mut opts = req.options(Endpoint::Chat, &st.tok)?;
     let (tools, calls) = req.chat_tools()?;
     // A response format wins over the tools' calls, as in llama.cpp's grammar for the model.
@@ -340,23 +348,28 @@ async fn chat_completions(
     let (prompt, parser, grammar) = {
         let (template, tok) = (Arc::clone(template), Arc::clone(&st.tok));
         let kwargs = req.chat_template_kwargs.take();
-        let (constrain, gv, gc) = (
+        let (constrain, gv, gc, cont) = (
             opts.constrain.clone(),
             Arc::clone(&st.grammar_vocab),
             Arc::clone(&st.grammars),
+            continued.clone(),
         );
         tokio::task::spawn_blocking(move || {
             let parser = ToolCallParser::from_json(tools.as_ref())
                 .map_err(|e| ApiError::invalid("tools", e.to_string()))?;
-            let prompt = template.encode_sanitized(
+            let pieces = end.continued.as_ref().map(openai::Continued::pieces);
+            let prompt = template.encode_sanitized_then(
                 &tok,
                 &messages,
                 tools.as_ref(),
-                true,
+                end.add_generation_prompt,
                 kwargs.as_ref(),
+                pieces
+                    .as_deref()
+                    .map(|p| (muser_text::grammar::GENERATION_PROMPT, p)),
             )?;
             let grammar = constrain
-                .map(|c| job_grammar(&tok, &gv, &gc, &c, Endpoint::Chat, &prompt))
+                .map(|c| job_grammar(&tok, &gv, &gc, &c, Endpoint::Chat, &prompt, cont.as_deref()))
                 .transpose()?;
             drop(turn);
             Ok::<_, ApiError>((prompt, parser, grammar))
@@ -384,6 +397,7 @@ async fn chat_completions(
     let parser = respond::ChatParser {
         tools: parser,
         json_answer,
+        continued: continued.unwrap_or_default(),
     };
     Ok(if opts.stream {
         respond::stream(meta, rx, st.tok.clone(), Some(parser)).into_response()
@@ -410,7 +424,7 @@ async fn completions(
         tokio::task::spawn_blocking(move || {
             let prompts = req.completion_prompts(&tok)?;
             let grammar = constrain
-                .map(|c| job_grammar(&tok, &gv, &gc, &c, Endpoint::Completions, &[]))
+                .map(|c| job_grammar(&tok, &gv, &gc, &c, Endpoint::Completions, &[], None))
                 .transpose()?;
             drop(turn);
             Ok::<_, ApiError>((prompts, grammar))

@@ -1488,3 +1488,172 @@ async fn begun_tool_calls_are_well_formed() {
         "{calls} calls, {free} free answers"
     );
 }
+
+/// A final assistant message is continued (llama.cpp's `prefill_assistant`, and
+/// `continue_final_message`): the prompt is the conversation before it with the generation
+/// prompt, then its reasoning message opened and, for an answer, closed and the answer's
+/// opened; its tokens are those a completion of that text takes, and the output the same. The
+/// message returned holds the continued text then the output (llama.cpp parses its generation
+/// prompt with the output), streamed alike; a response format's grammar is matched from the
+/// continued text. Refused: two assistant messages at the end, continuing with the generation
+/// prompt asked for, a last message that is not the assistant's or holds tool calls.
+#[tokio::test]
+async fn final_assistant_messages_are_continued() {
+    let s = Server::start(Opts {
+        n_ctx: 4096,
+        ..Opts::default()
+    })
+    .await;
+    let g = muser_gguf::Gguf::open(common::fixture(common::MODEL)).unwrap();
+    let tok = muser_text::Tokenizer::from_gguf(&g).unwrap();
+    let tmpl = muser_text::ChatTemplate::from_gguf(&g).unwrap();
+    let user = json!({"role": "user", "content": "Finish my sentence."});
+    let before = tmpl
+        .encode_sanitized(&tok, &json!([user]), None, true, None)
+        .unwrap();
+    let chat = |last: Value, extra: Value| {
+        let mut b = json!({"messages": [user, last], "max_tokens": 8, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    for (last, extra, tail, reasoning, content) in [
+        (
+            json!({"role": "assistant", "content": "The answer is"}),
+            json!({}),
+            " to=self<|message|><|eom|><|start|>assistant to=user<|message|>The answer is",
+            "",
+            "The answer is",
+        ),
+        (
+            json!({"role": "assistant", "reasoning_content": "Let me think", "content": ""}),
+            json!({"continue_final_message": true, "add_generation_prompt": false}),
+            " to=self<|message|>Let me think",
+            "Let me think",
+            "",
+        ),
+        (
+            json!({"role": "assistant", "reasoning_content": "Hm.", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}),
+            json!({"continue_final_message": "content"}),
+            " to=self<|message|>Hm.<|eom|><|start|>assistant to=user<|message|>A\n\nB",
+            "Hm.",
+            "A\n\nB",
+        ),
+    ] {
+        let mut ids = before.clone();
+        ids.extend(tok.encode(tail, false, true).unwrap());
+        let r = s
+            .post("/v1/chat/completions", &chat(last.clone(), extra.clone()))
+            .await
+            .json();
+        assert_eq!(r["usage"]["prompt_tokens"], ids.len(), "{last}: {r}");
+        let c = s
+            .post(
+                "/v1/completions",
+                &json!({"prompt": ids, "max_tokens": 8, "temperature": 0}),
+            )
+            .await
+            .json();
+        let out = c["choices"][0]["text"].as_str().unwrap().to_string();
+        assert_eq!(
+            r["usage"]["completion_tokens"], c["usage"]["completion_tokens"],
+            "{c}"
+        );
+        // The continued text, then the same output read by the same parser.
+        let parser = muser_text::ToolCallParser::from_json(None).unwrap();
+        let want = parser.parse(&format!("{tail}{out}"));
+        let m = &r["choices"][0]["message"];
+        assert_eq!(
+            m["content"].as_str().unwrap_or(""),
+            want.content,
+            "{r}\n{out:?}"
+        );
+        assert_eq!(
+            m["reasoning_content"].as_str().unwrap_or(""),
+            want.reasoning_content,
+            "{r}"
+        );
+        assert!(want.content.starts_with(content) && want.reasoning_content.starts_with(reasoning));
+        // Streamed: the same message.
+        let mut body = chat(last, extra);
+        body["stream"] = json!(true);
+        let (mut sc, mut sr) = (String::new(), String::new());
+        for ev in s
+            .stream("/v1/chat/completions", &body)
+            .await
+            .collect()
+            .await
+        {
+            let d = &ev["choices"][0]["delta"];
+            sc.push_str(d["content"].as_str().unwrap_or(""));
+            sr.push_str(d["reasoning_content"].as_str().unwrap_or(""));
+        }
+        assert_eq!((sc, sr), (want.content, want.reasoning_content));
+    }
+    // An empty final assistant message is nothing to continue: the prompt as without it.
+    let r = s
+        .post(
+            "/v1/chat/completions",
+            &chat(json!({"role": "assistant", "content": ""}), json!({})),
+        )
+        .await
+        .json();
+    assert_eq!(r["usage"]["prompt_tokens"], before.len(), "{r}");
+    // A JSON answer begun: the grammar goes on from the continued `{`.
+    for seed in 0..3 {
+        let r = s
+            .post(
+                "/v1/chat/completions",
+                &chat(
+                    json!({"role": "assistant", "content": "{"}),
+                    json!({"response_format": {"type": "json_object"}, "max_tokens": 96,
+                           "temperature": 1.0, "seed": seed}),
+                ),
+            )
+            .await
+            .json();
+        let c = &r["choices"][0];
+        let text = c["message"]["content"].as_str().unwrap();
+        assert!(text.starts_with('{'), "{r}");
+        if c["finish_reason"] == "stop" {
+            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {r}"));
+            assert!(v.is_object(), "{r}");
+        }
+    }
+    for (body, param) in [
+        (
+            json!({"messages": [user, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}),
+            "messages",
+        ),
+        (
+            chat(
+                json!({"role": "assistant", "content": "a"}),
+                json!({"continue_final_message": true, "add_generation_prompt": true}),
+            ),
+            "add_generation_prompt",
+        ),
+        (
+            json!({"messages": [user], "continue_final_message": true}),
+            "continue_final_message",
+        ),
+        (
+            chat(
+                json!({"role": "assistant", "content": "a"}),
+                json!({"continue_final_message": "answer"}),
+            ),
+            "continue_final_message",
+        ),
+        (
+            json!({"messages": [user, {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}),
+            "continue_final_message",
+        ),
+    ] {
+        let e = s
+            .post("/v1/chat/completions", &body)
+            .await
+            .openai_error(400);
+        assert_eq!(e["param"], param, "{body}: {e}");
+    }
+}

@@ -94,7 +94,7 @@ pub fn mark(v: &mut Json, controls: &Controls) -> Result<()> {
 
 /// One pass over the text (it was a scan of every control token at every character: 9 s for a
 /// megabyte with the real vocabulary's 2,048 of them).
-fn mark_str(s: &str, controls: &Controls) -> String {
+pub(crate) fn mark_str(s: &str, controls: &Controls) -> String {
     let s: String = s
         .chars()
         .filter(|&c| c != MARK_START && c != MARK_END)

@@ -220,6 +220,24 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: Option<&Map<String, Json>>,
     ) -> Result<Vec<u32>> {
+        self.encode_sanitized_then(tok, messages, tools, add_generation_prompt, extra, None)
+    }
+
+    /// As [`encode_sanitized`](Self::encode_sanitized), the rendered prompt continued by `tail`:
+    /// the text it must end with (the format the tail continues: a template that does not end
+    /// so is refused), and pieces appended after it, each the user's (its control tokens stay
+    /// text, as in messages) or the format's own. A final assistant message is continued so
+    /// (llama.cpp's `continue_final_message`: the conversation before it, then its reasoning or
+    /// answer opened and left open).
+    pub fn encode_sanitized_then(
+        &self,
+        tok: &Tokenizer,
+        messages: &Json,
+        tools: Option<&Json>,
+        add_generation_prompt: bool,
+        extra: Option<&Map<String, Json>>,
+        tail: Option<(&str, &[(&str, bool)])>,
+    ) -> Result<Vec<u32>> {
         // Built once for the tokenizer a server uses; another tokenizer gets its own each time.
         let mut own = None;
         let san = match self.sanitizer.get() {
@@ -247,12 +265,28 @@ impl ChatTemplate {
         if let Some(e) = extra.as_mut() {
             sanitize::mark(e, controls)?;
         }
-        let text = self.render(
+        let mut text = self.render(
             &messages,
             tools.as_ref(),
             add_generation_prompt,
             extra.as_ref().and_then(Json::as_object),
         )?;
+        if let Some((end, pieces)) = tail {
+            if !text.ends_with(end) {
+                let from = text.char_indices().rev().nth(23).map_or(0, |(i, _)| i);
+                return Err(TextError::InvalidChat(format!(
+                    "the message cannot be continued: it needs a prompt that ends with {end:?} (Muse Glimmer's chat format); this chat template's ends with {:?}",
+                    &text[from..]
+                )));
+            }
+            for (piece, user) in pieces {
+                if *user {
+                    text.push_str(&sanitize::mark_str(piece, controls));
+                } else {
+                    text.push_str(piece);
+                }
+            }
+        }
         sanitize::encode_marked(tok, san, &text)
     }
 
