@@ -785,122 +785,135 @@ impl Continued {
 }
 
 impl GenRequest {
-    /// `add_generation_prompt` and `continue_final_message` for `messages` (the final message
-    /// continued is taken off them), as llama.cpp reads them: a final assistant message is
-    /// continued (its `prefill_assistant`, on by default), its answer where it has one or no
-    /// reasoning, else its reasoning; continuing with the generation prompt asked for (llama.cpp
-    /// refuses `continue_final_message` unless `add_generation_prompt` is given false; here only
-    /// where it is given true), two assistant messages at the end, or a final message with tool
-    /// calls are refused. A final assistant message with
-    /// nothing in it is dropped and the generation prompt added (llama.cpp's prompt would then
-    /// end with no assistant turn open).
+    /// [`prompt_end`] of this request's fields.
     pub fn prompt_end(&self, messages: &mut Value) -> Result<PromptEnd, ApiError> {
-        let param = "continue_final_message";
-        let mode = match &self.continue_final_message {
-            None | Some(Value::Null) | Some(Value::Bool(false)) => None,
-            Some(Value::Bool(true)) => Some(None),
-            Some(Value::String(s)) if s == "content" => Some(Some(true)),
-            Some(Value::String(s)) if s == "reasoning_content" => Some(Some(false)),
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    param,
-                    "continue_final_message must be a boolean, \"content\" or \"reasoning_content\"",
-                ));
-            }
-        };
-        let list = messages.as_array().map_or(&[][..], Vec::as_slice);
-        fn role(m: Option<&Value>) -> Option<&str> {
-            m.and_then(|m| m.get("role")).and_then(Value::as_str)
-        }
-        let last_is_assistant = role(list.last()) == Some("assistant");
-        let mut agp = self.add_generation_prompt.unwrap_or(true);
-        let mode = match mode {
-            Some(m) => {
-                if agp && self.add_generation_prompt.is_some() {
-                    return Err(ApiError::invalid(
-                        "add_generation_prompt",
-                        "add_generation_prompt and continue_final_message cannot both be true",
-                    ));
-                }
-                if !last_is_assistant {
-                    return Err(ApiError::invalid(
-                        param,
-                        "continue_final_message needs the last message to be the assistant's",
-                    ));
-                }
-                m
-            }
-            None if last_is_assistant => {
-                if list.len() >= 2 && role(list.get(list.len() - 2)) == Some("assistant") {
-                    return Err(ApiError::invalid(
-                        "messages",
-                        "the last two messages are the assistant's: only one can be continued",
-                    ));
-                }
-                None
-            }
-            None => {
-                return Ok(PromptEnd {
-                    add_generation_prompt: agp,
-                    continued: None,
-                });
-            }
-        };
-        let Some(last) = list.last() else {
-            return Ok(PromptEnd::default());
-        };
-        if last
-            .get("tool_calls")
-            .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()))
-        {
+        prompt_end(
+            messages,
+            self.add_generation_prompt,
+            self.continue_final_message.as_ref(),
+        )
+    }
+}
+
+/// `add_generation_prompt` and `continue_final_message` for `messages` (the final message
+/// continued is taken off them), as llama.cpp reads them: a final assistant message is
+/// continued (its `prefill_assistant`, on by default), its answer where it has one or no
+/// reasoning, else its reasoning; continuing with the generation prompt asked for (llama.cpp
+/// refuses `continue_final_message` unless `add_generation_prompt` is given false; here only
+/// where it is given true), two assistant messages at the end, or a final message with tool
+/// calls are refused. A final assistant message with
+/// nothing in it is dropped and the generation prompt added (llama.cpp's prompt would then
+/// end with no assistant turn open).
+pub fn prompt_end(
+    messages: &mut Value,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<&Value>,
+) -> Result<PromptEnd, ApiError> {
+    let param = "continue_final_message";
+    let mode = match continue_final_message {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(None),
+        Some(Value::String(s)) if s == "content" => Some(Some(true)),
+        Some(Value::String(s)) if s == "reasoning_content" => Some(Some(false)),
+        Some(_) => {
             return Err(ApiError::invalid(
                 param,
-                "an assistant message with tool calls cannot be continued",
+                "continue_final_message must be a boolean, \"content\" or \"reasoning_content\"",
             ));
         }
-        let reasoning = match last.get("reasoning_content") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(_) => {
+    };
+    let list = messages.as_array().map_or(&[][..], Vec::as_slice);
+    fn role(m: Option<&Value>) -> Option<&str> {
+        m.and_then(|m| m.get("role")).and_then(Value::as_str)
+    }
+    let last_is_assistant = role(list.last()) == Some("assistant");
+    let mut agp = add_generation_prompt.unwrap_or(true);
+    let mode = match mode {
+        Some(m) => {
+            if agp && add_generation_prompt.is_some() {
                 return Err(ApiError::invalid(
-                    "messages",
-                    "the last message's reasoning_content must be a string",
+                    "add_generation_prompt",
+                    "add_generation_prompt and continue_final_message cannot both be true",
                 ));
             }
-        };
-        // Text parts joined as llama.cpp's `render_content` joins them.
-        let content = match last.get("content") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => parts
-                .iter()
-                .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect::<Vec<_>>()
-                .join("\n\n"),
-            Some(_) => {
+            if !last_is_assistant {
                 return Err(ApiError::invalid(
-                    "messages",
-                    "the last message's content must be a string or a list of text parts",
+                    param,
+                    "continue_final_message needs the last message to be the assistant's",
                 ));
             }
-        };
-        if let Some(a) = messages.as_array_mut() {
-            a.pop();
+            m
         }
-        agp = true;
-        if reasoning.is_empty() && content.is_empty() {
+        None if last_is_assistant => {
+            if list.len() >= 2 && role(list.get(list.len() - 2)) == Some("assistant") {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "the last two messages are the assistant's: only one can be continued",
+                ));
+            }
+            None
+        }
+        None => {
             return Ok(PromptEnd {
                 add_generation_prompt: agp,
                 continued: None,
             });
         }
-        let answer = mode.unwrap_or(!(content.is_empty() && !reasoning.is_empty()));
-        Ok(PromptEnd {
-            add_generation_prompt: agp,
-            continued: Some(Continued {
-                reasoning,
-                content: answer.then_some(content),
-            }),
-        })
+    };
+    let Some(last) = list.last() else {
+        return Ok(PromptEnd::default());
+    };
+    if last
+        .get("tool_calls")
+        .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()))
+    {
+        return Err(ApiError::invalid(
+            param,
+            "an assistant message with tool calls cannot be continued",
+        ));
     }
+    let reasoning = match last.get("reasoning_content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "messages",
+                "the last message's reasoning_content must be a string",
+            ));
+        }
+    };
+    // Text parts joined as llama.cpp's `render_content` joins them.
+    let content = match last.get("content") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect::<Vec<_>>()
+            .join("\n\n"),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "messages",
+                "the last message's content must be a string or a list of text parts",
+            ));
+        }
+    };
+    if let Some(a) = messages.as_array_mut() {
+        a.pop();
+    }
+    agp = true;
+    if reasoning.is_empty() && content.is_empty() {
+        return Ok(PromptEnd {
+            add_generation_prompt: agp,
+            continued: None,
+        });
+    }
+    let answer = mode.unwrap_or(!(content.is_empty() && !reasoning.is_empty()));
+    Ok(PromptEnd {
+        add_generation_prompt: agp,
+        continued: Some(Continued {
+            reasoning,
+            content: answer.then_some(content),
+        }),
+    })
 }

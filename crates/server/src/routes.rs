@@ -538,6 +538,8 @@ struct TokenizeRequest {
     messages: Option<Value>,
     tools: Option<Value>,
     add_generation_prompt: Option<bool>,
+    /// As a chat request's (a final assistant message is continued).
+    continue_final_message: Option<Value>,
     /// Add BOS (default: the model's `add_bos_token`).
     add_special: Option<bool>,
     /// Read special-token text as special tokens (default false: it is plain text).
@@ -570,15 +572,26 @@ async fn tokenize(
                     ApiError::bad_request("this model has no chat template")
                         .code("no_chat_template")
                 })?;
-                // As a chat request's prompt: text parts only, the tools completed the same way.
+                // As a chat request's prompt: text parts only, the tools completed the same way,
+                // a final assistant message continued.
                 openai::text_parts_only(messages)?;
                 let tools = openai::offered_tools(r.tools.as_ref())?;
-                template.encode_sanitized(
+                let mut messages = messages.clone();
+                let end = openai::prompt_end(
+                    &mut messages,
+                    r.add_generation_prompt,
+                    r.continue_final_message.as_ref(),
+                )?;
+                let pieces = end.continued.as_ref().map(openai::Continued::pieces);
+                template.encode_sanitized_then(
                     &tok,
-                    messages,
+                    &messages,
                     tools.as_ref(),
-                    r.add_generation_prompt.unwrap_or(true),
+                    end.add_generation_prompt,
                     None,
+                    pieces
+                        .as_deref()
+                        .map(|p| (muser_text::grammar::GENERATION_PROMPT, p)),
                 )?
             }
             (None, Some(text)) => tok.encode(

@@ -1548,6 +1548,18 @@ async fn final_assistant_messages_are_continued() {
             .await
             .json();
         assert_eq!(r["usage"]["prompt_tokens"], ids.len(), "{last}: {r}");
+        // `/tokenize` of the messages: the chat's prompt.
+        let mut t = chat(last.clone(), extra.clone());
+        t.as_object_mut().unwrap().retain(|k, _| {
+            [
+                "messages",
+                "add_generation_prompt",
+                "continue_final_message",
+            ]
+            .contains(&k.as_str())
+        });
+        let tk = s.post("/tokenize", &t).await.json();
+        assert_eq!(tk["tokens"], json!(ids), "{tk}");
         let c = s
             .post(
                 "/v1/completions",
