@@ -68,6 +68,8 @@ pub struct GenRequest {
     pub ignore_eos: Option<bool>,
     /// Extra chat template variables (vLLM's name).
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// OpenAI's: how hard the model reasons (the template's `reasoning_strength`).
+    pub reasoning_effort: Option<Value>,
     /// llama.cpp / vLLM extension: end the prompt with the generation prompt (default true).
     pub add_generation_prompt: Option<bool>,
     /// llama.cpp extension: continue the final assistant message (true, "content" or
@@ -916,4 +918,43 @@ pub fn prompt_end(
             content: answer.then_some(content),
         }),
     })
+}
+
+impl GenRequest {
+    /// The chat template's extra variables: `chat_template_kwargs`, with `reasoning_effort` as
+    /// llama.cpp b11434 passes it (tools/server/server-common.cpp; common/chat.cpp and
+    /// common/jinja/caps.cpp `caps_apply_reasoning_effort`): a non-empty effort becomes the
+    /// `reasoning_effort` variable, and `reasoning_strength` too (the variable Muse Glimmer's
+    /// template reads) unless the kwargs set it; "none" takes the kwargs' `reasoning_effort`
+    /// away.
+    pub fn template_kwargs(&mut self) -> Result<Option<Map<String, Value>>, ApiError> {
+        let mut kw = self.chat_template_kwargs.take();
+        match &self.reasoning_effort {
+            None | Some(Value::Null) => {}
+            Some(Value::String(e)) if e == "none" => {
+                if let Some(k) = kw.as_mut() {
+                    k.remove("reasoning_effort");
+                }
+            }
+            Some(Value::String(e)) if e.is_empty() => {}
+            Some(Value::String(e)) => {
+                kw.get_or_insert_with(Map::new)
+                    .insert("reasoning_effort".into(), Value::String(e.clone()));
+            }
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    "reasoning_effort",
+                    "reasoning_effort must be a string",
+                ));
+            }
+        }
+        if let Some(k) = kw.as_mut()
+            && let Some(Value::String(e)) = k.get("reasoning_effort").cloned()
+            && !e.is_empty()
+            && !k.contains_key("reasoning_strength")
+        {
+            k.insert("reasoning_strength".into(), Value::String(e));
+        }
+        Ok(kw)
+    }
 }

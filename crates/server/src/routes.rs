@@ -347,7 +347,7 @@ async fn chat_completions(
     // work owns the messages and the turn, both let go when it ends.
     let (prompt, parser, grammar) = {
         let (template, tok) = (Arc::clone(template), Arc::clone(&st.tok));
-        let kwargs = req.chat_template_kwargs.take();
+        let kwargs = req.template_kwargs()?;
         let (constrain, gv, gc, cont) = (
             opts.constrain.clone(),
             Arc::clone(&st.grammar_vocab),

@@ -1669,3 +1669,58 @@ async fn final_assistant_messages_are_continued() {
         assert_eq!(e["param"], param, "{body}: {e}");
     }
 }
+
+/// `reasoning_effort`, as llama.cpp passes it to the template: the template's
+/// `reasoning_strength` (its system prompt's "Reasoning strength: ..." line), unless
+/// `chat_template_kwargs` set that; "none" is the template's default; not a string: a 400.
+#[tokio::test]
+async fn reasoning_effort_is_the_templates_reasoning_strength() {
+    let s = Server::start(Opts::default()).await;
+    let g = muser_gguf::Gguf::open(common::fixture(common::MODEL)).unwrap();
+    let tok = muser_text::Tokenizer::from_gguf(&g).unwrap();
+    let tmpl = muser_text::ChatTemplate::from_gguf(&g).unwrap();
+    let msgs = json!([{"role": "user", "content": "Hi"}]);
+    let prompt = |strength: Option<&str>| {
+        let extra = strength.map(|v| {
+            let mut m = serde_json::Map::new();
+            m.insert("reasoning_strength".into(), json!(v));
+            m
+        });
+        tmpl.encode_sanitized(&tok, &msgs, None, true, extra.as_ref())
+            .unwrap()
+            .len()
+    };
+    let slow = "as thorough and careful as it can possibly be";
+    assert_ne!(prompt(Some(slow)), prompt(None));
+    for (extra, want) in [
+        (json!({"reasoning_effort": slow}), prompt(Some(slow))),
+        (json!({"reasoning_effort": "none"}), prompt(None)),
+        (
+            json!({"reasoning_effort": slow, "chat_template_kwargs": {"reasoning_strength": "low"}}),
+            prompt(Some("low")),
+        ),
+        (
+            json!({"reasoning_effort": "none", "chat_template_kwargs": {"reasoning_effort": slow}}),
+            prompt(None),
+        ),
+        (
+            json!({"chat_template_kwargs": {"reasoning_effort": slow}}),
+            prompt(Some(slow)),
+        ),
+    ] {
+        let mut body = json!({"messages": msgs, "max_tokens": 1});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = s.post("/v1/chat/completions", &body).await.json();
+        assert_eq!(r["usage"]["prompt_tokens"], want, "{extra}: {r}");
+    }
+    let e = s
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": msgs, "reasoning_effort": 3}),
+        )
+        .await
+        .openai_error(400);
+    assert_eq!(e["param"], "reasoning_effort");
+}
