@@ -279,7 +279,7 @@ impl Constrain {
     /// first token).
     pub fn trigger(&self) -> Option<grammar::Trigger> {
         match self {
-            Constrain::ToolCalls { lazy: true, .. } => Some(grammar::tool_call_trigger),
+            Constrain::ToolCalls { lazy: true, .. } => Some(grammar::tool_call_trigger_from),
             _ => None,
         }
     }
@@ -830,6 +830,7 @@ pub fn prompt_end(
     }
     let last_is_assistant = role(list.last()) == Some("assistant");
     let mut agp = add_generation_prompt.unwrap_or(true);
+    let explicit = mode.is_some();
     let mode = match mode {
         Some(m) => {
             if agp && add_generation_prompt.is_some() {
@@ -869,8 +870,9 @@ pub fn prompt_end(
         .get("tool_calls")
         .is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty()))
     {
+        // (Named by the field the client gave: the continuing is otherwise the default's.)
         return Err(ApiError::invalid(
-            param,
+            if explicit { param } else { "messages" },
             "an assistant message with tool calls cannot be continued",
         ));
     }
@@ -884,15 +886,25 @@ pub fn prompt_end(
             ));
         }
     };
-    // Text parts joined as llama.cpp's `render_content` joins them.
+    // Text parts joined as llama.cpp's `render_content` joins them (no delimiter while the text
+    // is empty); a list of parts, even empty ones, is an answer to continue.
+    let parts = matches!(last.get("content"), Some(Value::Array(a)) if !a.is_empty());
     let content = match last.get("content") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Value::as_str))
-            .collect::<Vec<_>>()
-            .join("\n\n"),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for t in parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+            {
+                if !text.is_empty() {
+                    text.push_str("\n\n");
+                }
+                text.push_str(t);
+            }
+            text
+        }
         Some(_) => {
             return Err(ApiError::invalid(
                 "messages",
@@ -904,13 +916,13 @@ pub fn prompt_end(
         a.pop();
     }
     agp = true;
-    if reasoning.is_empty() && content.is_empty() {
+    if reasoning.is_empty() && content.is_empty() && !parts {
         return Ok(PromptEnd {
             add_generation_prompt: agp,
             continued: None,
         });
     }
-    let answer = mode.unwrap_or(!(content.is_empty() && !reasoning.is_empty()));
+    let answer = mode.unwrap_or(!(content.is_empty() && !parts && !reasoning.is_empty()));
     Ok(PromptEnd {
         add_generation_prompt: agp,
         continued: Some(Continued {

@@ -220,9 +220,10 @@ pub struct ChatParser {
     pub tools: ToolCallParser,
     pub json_answer: bool,
     /// The text after the generation prompt of a final assistant message the answer continues
-    /// (`openai::Continued::text`): read before the generated text, so the message holds it, as
-    /// llama.cpp parses its generation prompt and the output as one.
-    pub continued: String,
+    /// (`openai::Continued::pieces`: the format's markup, and the user's text, which is not
+    /// read as markup): read before the generated text, so the message holds it, as llama.cpp
+    /// parses its generation prompt and the output as one.
+    pub continued: Vec<(String, bool)>,
 }
 
 /// The ```` ```json ```` fence a JSON answer may come in (the response format's grammar allows
@@ -367,8 +368,15 @@ impl ChatChoice {
             c.fence = Some(FenceStrip::default());
         }
         if !parser.continued.is_empty() {
-            c.logprobs.add(&parser.continued, None);
-            let d = c.atem.push(&parser.continued);
+            let mut d = Vec::new();
+            for (text, user) in &parser.continued {
+                c.logprobs.add(text, None);
+                d.extend(if *user {
+                    c.atem.push_text(text)
+                } else {
+                    c.atem.push(text)
+                });
+            }
             c.logprobs.resolve(&mut c.atem, false);
             let stops = c.stops.take();
             c.continued = c.delta(d, None);
@@ -740,12 +748,15 @@ pub fn stream(
                     let mut b = Map::new();
                     match meta.endpoint {
                         Endpoint::Chat => {
-                            if let Some(mut d) = c.take_continued() {
-                                if !c.started
-                                    && let Some(o) = d.as_object_mut() {
-                                        c.started = true;
-                                        o.insert("role".into(), json!("assistant"));
-                                    }
+                            if let Some(d) = c.take_continued() {
+                                if !c.started {
+                                    c.started = true;
+                                    let mut b = Map::new();
+                                    b.insert("delta".into(), json!({"role": "assistant", "content": ""}));
+                                    b.insert("logprobs".into(), Value::Null);
+                                    b.insert("finish_reason".into(), Value::Null);
+                                    yield Ok(data(&Value::Object(chunk(index, b))));
+                                }
                                 let mut b = Map::new();
                                 b.insert("delta".into(), d);
                                 b.insert("logprobs".into(), Value::Null);
@@ -936,7 +947,7 @@ mod tests {
             let p = ChatParser {
                 tools: ToolCallParser::new(&[]),
                 json_answer: true,
-                continued: String::new(),
+                continued: Vec::new(),
             };
             let mut c = ChatChoice::for_chat(&p, &stops);
             let chars: Vec<char> = text.chars().collect();
@@ -1091,7 +1102,7 @@ mod tests {
         let parser = ChatParser {
             tools: weather(),
             json_answer: false,
-            continued: String::new(),
+            continued: Vec::new(),
         };
         let r = whole(meta, rx, tok, Some(parser)).await;
         let b = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use metrics_exporter_prometheus::PrometheusHandle;
-use muser_text::grammar::{Constraint, Grammar, GrammarState, GrammarVocab, MaskCache};
+use muser_text::grammar::{Constraint, Grammar, GrammarVocab, MaskCache};
 use muser_text::{ChatTemplate, Tokenizer, ToolCallParser};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -51,14 +51,41 @@ pub struct AppState {
     pub grammars: Arc<std::sync::Mutex<GrammarCache>>,
 }
 
-/// Grammars kept by `AppState::grammars` (past this many the cache starts again).
+/// Grammars kept by `AppState::grammars` (past this many the least recently used goes).
 const GRAMMARS_KEPT: usize = 64;
 
-/// By prefill and GBNF text: the grammar, its masks, and where it stands after the prefill.
-pub type GrammarCache = std::collections::HashMap<
-    (Option<String>, String),
-    (Arc<Grammar>, Arc<MaskCache>, GrammarState),
->;
+/// Grammars by their GBNF text, each with its masks over the vocabulary (masks are by state, so
+/// they serve any prefill) and when it was last used.
+#[derive(Default)]
+pub struct GrammarCache {
+    kept: std::collections::HashMap<String, (Arc<Grammar>, Arc<MaskCache>, u64)>,
+    uses: u64,
+}
+
+impl GrammarCache {
+    fn get(&mut self, text: &str) -> Option<(Arc<Grammar>, Arc<MaskCache>)> {
+        self.uses += 1;
+        let now = self.uses;
+        self.kept.get_mut(text).map(|(g, m, used)| {
+            *used = now;
+            (g.clone(), m.clone())
+        })
+    }
+
+    fn put(&mut self, text: String, g: Arc<Grammar>, m: Arc<MaskCache>) {
+        if self.kept.len() >= GRAMMARS_KEPT
+            && let Some(oldest) = self
+                .kept
+                .iter()
+                .min_by_key(|(_, v)| v.2)
+                .map(|(k, _)| k.clone())
+        {
+            self.kept.remove(&oldest);
+        }
+        self.uses += 1;
+        self.kept.insert(text, (g, m, self.uses));
+    }
+}
 
 /// A request's constraint compiled for the engine, on a preparation turn: a chat's prefill
 /// checked against the prompt's end (a template whose generation prompt is not Muse Glimmer's
@@ -89,29 +116,36 @@ fn job_grammar(
             ));
         }
     }
-    let prefill = prefill.map(|p| format!("{p}{}", continued.unwrap_or_default()));
-    let key = (prefill, text);
-    let kept = cache.lock().ok().and_then(|m| m.get(&key).cloned());
-    let (grammar, masks, start) = match kept {
+    let bad = |e: muser_text::TextError| ApiError::invalid(param, e.to_string());
+    let kept = cache.lock().ok().and_then(|mut m| m.get(&text));
+    let (grammar, masks) = match kept {
         Some(k) => k,
         None => {
-            let bad = |e: muser_text::TextError| ApiError::invalid(param, e.to_string());
-            let g = Arc::new(Grammar::parse(&key.1, "root").map_err(bad)?);
+            let g = Arc::new(Grammar::parse(&text, "root").map_err(bad)?);
             let masks = Arc::new(MaskCache::default());
-            let mut c = Constraint::sharing(g.clone(), masks.clone());
-            if let Some(p) = &key.0 {
-                c.prefill(p.as_bytes()).map_err(bad)?;
-            }
-            let k = (g, masks, c.state().clone());
             if let Ok(mut m) = cache.lock() {
-                if m.len() >= GRAMMARS_KEPT {
-                    m.clear();
-                }
-                m.insert(key, k.clone());
+                m.put(text, g.clone(), masks.clone());
             }
-            k
+            (g, masks)
         }
     };
+    // Where every choice starts: past the generation prompt, and the text of a message the
+    // answer continues (the user's: a grammar it does not fit is the messages' fault).
+    let mut at = Constraint::sharing(grammar.clone(), masks.clone());
+    if let Some(p) = prefill {
+        at.prefill(p.as_bytes()).map_err(bad)?;
+        if let Some(t) = continued {
+            at.prefill(t.as_bytes()).map_err(|e| {
+                ApiError::invalid(
+                    "messages",
+                    format!(
+                        "the final assistant message cannot be continued under the request's {param}: {e}"
+                    ),
+                )
+            })?;
+        }
+    }
+    let start = at.state().clone();
     let vocab = vocab
         .get_or_init(|| Arc::new(GrammarVocab::new(st_tok)))
         .clone();
@@ -317,6 +351,49 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A chat request's prompt, as the chat endpoint builds it and `/tokenize` shows it: the
+/// messages through the template, user text sanitized; with Muse Glimmer's format a final
+/// assistant message continued (`openai::prompt_end`; taken off the messages), with another
+/// template the conversation whole, as before (continuing one is refused). The message
+/// continued, if one is.
+fn chat_prompt(
+    template: &ChatTemplate,
+    tok: &Tokenizer,
+    mut messages: Value,
+    tools: Option<&Value>,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<&Value>,
+    kwargs: Option<&serde_json::Map<String, Value>>,
+) -> Result<(Vec<u32>, Option<openai::Continued>), ApiError> {
+    use muser_text::grammar::GENERATION_PROMPT;
+    let end = if template.prompt_ends_with(GENERATION_PROMPT) {
+        openai::prompt_end(&mut messages, add_generation_prompt, continue_final_message)?
+    } else if continue_final_message.is_some_and(|v| !matches!(v, Value::Null | Value::Bool(false)))
+    {
+        return Err(ApiError::invalid(
+            "continue_final_message",
+            format!(
+                "continuing a message needs Muse Glimmer's chat format, whose prompt ends with {GENERATION_PROMPT:?}; this chat template's does not"
+            ),
+        ));
+    } else {
+        openai::PromptEnd {
+            add_generation_prompt: add_generation_prompt.unwrap_or(true),
+            continued: None,
+        }
+    };
+    let pieces = end.continued.as_ref().map(openai::Continued::pieces);
+    let ids = template.encode_sanitized_then(
+        tok,
+        &messages,
+        tools,
+        end.add_generation_prompt,
+        kwargs,
+        pieces.as_deref().map(|p| (GENERATION_PROMPT, p)),
+    )?;
+    Ok((ids, end.continued))
+}
+
 async fn chat_completions(
     State(st): State<AppState>,
     Extension(rid): Extension<RequestId>,
@@ -329,13 +406,10 @@ async fn chat_completions(
         )
         .code("no_chat_template")
     })?;
-    let Some(mut messages) = req.messages.take() else {
+    let Some(messages) = req.messages.take() else {
         return Err(ApiError::invalid("messages", "messages is required"));
     };
     openai::text_parts_only(&messages)?;
-    // A final assistant message the answer continues is taken off the messages.
-    let end = req.prompt_end(&mut messages)?;
-    let continued = end.continued.as_ref().map(openai::Continued::text);
     let mut opts = req.options(Endpoint::Chat, &st.tok)?;
     let (tools, calls) = req.chat_tools()?;
     // A response format wins over the tools' calls, as in llama.cpp's grammar for the model.
@@ -348,35 +422,35 @@ async fn chat_completions(
     let (prompt, parser, grammar) = {
         let (template, tok) = (Arc::clone(template), Arc::clone(&st.tok));
         let kwargs = req.template_kwargs()?;
-        let (constrain, gv, gc, cont) = (
+        let (constrain, gv, gc) = (
             opts.constrain.clone(),
             Arc::clone(&st.grammar_vocab),
             Arc::clone(&st.grammars),
-            continued.clone(),
         );
+        let (agp, cfm) = (req.add_generation_prompt, req.continue_final_message.take());
         tokio::task::spawn_blocking(move || {
             let parser = ToolCallParser::from_json(tools.as_ref())
                 .map_err(|e| ApiError::invalid("tools", e.to_string()))?;
-            let pieces = end.continued.as_ref().map(openai::Continued::pieces);
-            let prompt = template.encode_sanitized_then(
+            let (prompt, continued) = chat_prompt(
+                &template,
                 &tok,
-                &messages,
+                messages,
                 tools.as_ref(),
-                end.add_generation_prompt,
+                agp,
+                cfm.as_ref(),
                 kwargs.as_ref(),
-                pieces
-                    .as_deref()
-                    .map(|p| (muser_text::grammar::GENERATION_PROMPT, p)),
             )?;
+            let text = continued.as_ref().map(openai::Continued::text);
             let grammar = constrain
-                .map(|c| job_grammar(&tok, &gv, &gc, &c, Endpoint::Chat, &prompt, cont.as_deref()))
+                .map(|c| job_grammar(&tok, &gv, &gc, &c, Endpoint::Chat, &prompt, text.as_deref()))
                 .transpose()?;
             drop(turn);
-            Ok::<_, ApiError>((prompt, parser, grammar))
+            Ok::<_, ApiError>((prompt, (parser, continued), grammar))
         })
         .await
         .map_err(|e| ApiError::internal(format!("formatting the chat failed: {e}")))??
     };
+    let (parser, continued) = parser;
     let seqs = openai::sequences(&[prompt], &opts, st.engine.n_ctx(), "messages")?;
     // Stop strings end the answer, not the reasoning or the protocol around it: matched as the
     // text is parsed (respond::ChatStops), not by the engine.
@@ -397,7 +471,12 @@ async fn chat_completions(
     let parser = respond::ChatParser {
         tools: parser,
         json_answer,
-        continued: continued.unwrap_or_default(),
+        continued: continued.map_or_else(Vec::new, |c| {
+            c.pieces()
+                .into_iter()
+                .map(|(t, user)| (t.to_string(), user))
+                .collect()
+        }),
     };
     Ok(if opts.stream {
         respond::stream(meta, rx, st.tok.clone(), Some(parser)).into_response()
@@ -538,8 +617,12 @@ struct TokenizeRequest {
     messages: Option<Value>,
     tools: Option<Value>,
     add_generation_prompt: Option<bool>,
-    /// As a chat request's (a final assistant message is continued).
+    /// As a chat request's: a final assistant message continued, the tools' choice (`none`:
+    /// none offered), the template's variables.
     continue_final_message: Option<Value>,
+    tool_choice: Option<Value>,
+    chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    reasoning_effort: Option<Value>,
     /// Add BOS (default: the model's `add_bos_token`).
     add_special: Option<bool>,
     /// Read special-token text as special tokens (default false: it is plain text).
@@ -572,27 +655,27 @@ async fn tokenize(
                     ApiError::bad_request("this model has no chat template")
                         .code("no_chat_template")
                 })?;
-                // As a chat request's prompt: text parts only, the tools completed the same way,
-                // a final assistant message continued.
+                // As a chat request's prompt.
                 openai::text_parts_only(messages)?;
-                let tools = openai::offered_tools(r.tools.as_ref())?;
-                let mut messages = messages.clone();
-                let end = openai::prompt_end(
-                    &mut messages,
+                let mut g = GenRequest {
+                    tools: r.tools.clone(),
+                    tool_choice: r.tool_choice.clone(),
+                    chat_template_kwargs: r.chat_template_kwargs.clone(),
+                    reasoning_effort: r.reasoning_effort.clone(),
+                    ..GenRequest::default()
+                };
+                let (tools, _) = g.chat_tools()?;
+                let kwargs = g.template_kwargs()?;
+                chat_prompt(
+                    template,
+                    &tok,
+                    messages.clone(),
+                    tools.as_ref(),
                     r.add_generation_prompt,
                     r.continue_final_message.as_ref(),
-                )?;
-                let pieces = end.continued.as_ref().map(openai::Continued::pieces);
-                template.encode_sanitized_then(
-                    &tok,
-                    &messages,
-                    tools.as_ref(),
-                    end.add_generation_prompt,
-                    None,
-                    pieces
-                        .as_deref()
-                        .map(|p| (muser_text::grammar::GENERATION_PROMPT, p)),
+                    kwargs.as_ref(),
                 )?
+                .0
             }
             (None, Some(text)) => tok.encode(
                 text,

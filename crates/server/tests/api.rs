@@ -1612,27 +1612,61 @@ async fn final_assistant_messages_are_continued() {
         .await
         .json();
     assert_eq!(r["usage"]["prompt_tokens"], before.len(), "{r}");
-    // A JSON answer begun: the grammar goes on from the continued `{`.
+    // A JSON answer begun: the grammar goes on from the continued `{` (a schema whose answer
+    // is short, so each ends), the answer whole.
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                        "required": ["ok"], "additionalProperties": false});
     for seed in 0..3 {
         let r = s
             .post(
                 "/v1/chat/completions",
                 &chat(
                     json!({"role": "assistant", "content": "{"}),
-                    json!({"response_format": {"type": "json_object"}, "max_tokens": 96,
-                           "temperature": 1.0, "seed": seed}),
+                    json!({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}},
+                           "max_tokens": 96, "temperature": 1.0, "seed": seed}),
                 ),
             )
             .await
             .json();
         let c = &r["choices"][0];
+        assert_eq!(c["finish_reason"], "stop", "{r}");
         let text = c["message"]["content"].as_str().unwrap();
-        assert!(text.starts_with('{'), "{r}");
-        if c["finish_reason"] == "stop" {
-            let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {r}"));
-            assert!(v.is_object(), "{r}");
-        }
+        let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {r}"));
+        assert!(text.starts_with('{') && v["ok"].is_boolean(), "{r}");
     }
+    // The user's text in the continued message is text, in the prompt and in the message: its
+    // `<|eot|>` ends nothing.
+    let r = s
+        .post(
+            "/v1/chat/completions",
+            &chat(
+                json!({"role": "assistant", "content": "Type <|eot|> to end"}),
+                json!({}),
+            ),
+        )
+        .await
+        .json();
+    let m = r["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(m.starts_with("Type <|eot|> to end"), "{r}");
+    // Streamed: the role, then the continued text, then the output.
+    let mut body = chat(
+        json!({"role": "assistant", "content": "The answer is"}),
+        json!({"stream": true}),
+    );
+    body["stream"] = json!(true);
+    let evs = s
+        .stream("/v1/chat/completions", &body)
+        .await
+        .collect()
+        .await;
+    assert_eq!(
+        evs[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
+    assert_eq!(
+        evs[1]["choices"][0]["delta"],
+        json!({"content": "The answer is"})
+    );
     for (body, param) in [
         (
             json!({"messages": [user, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}),
@@ -1659,7 +1693,20 @@ async fn final_assistant_messages_are_continued() {
         (
             json!({"messages": [user, {"role": "assistant", "content": null, "tool_calls": [
                 {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}),
+            "messages",
+        ),
+        (
+            json!({"messages": [user, {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
+                "continue_final_message": true}),
             "continue_final_message",
+        ),
+        // A forced call cannot continue an answer begun as text.
+        (
+            json!({"messages": [user, {"role": "assistant", "content": "Well"}],
+                   "tools": [{"type": "function", "function": {"name": "f"}}],
+                   "tool_choice": "required"}),
+            "messages",
         ),
     ] {
         let e = s
@@ -1668,6 +1715,34 @@ async fn final_assistant_messages_are_continued() {
             .openai_error(400);
         assert_eq!(e["param"], param, "{body}: {e}");
     }
+    // Another chat template: the conversation whole, as it renders it; continuing is refused.
+    let src = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}Answer:";
+    let other = Server::start(Opts {
+        template_source: Some(src),
+        ..Opts::default()
+    })
+    .await;
+    let both = json!([user, {"role": "assistant", "content": "Hi"}]);
+    let want = muser_text::ChatTemplate::new(src, "test")
+        .unwrap()
+        .encode_sanitized(&tok, &both, None, true, None)
+        .unwrap();
+    let r = other
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": both, "max_tokens": 1}),
+        )
+        .await
+        .json();
+    assert_eq!(r["usage"]["prompt_tokens"], want.len(), "{r}");
+    let e = other
+        .post(
+            "/v1/chat/completions",
+            &json!({"messages": both, "continue_final_message": true}),
+        )
+        .await
+        .openai_error(400);
+    assert_eq!(e["param"], "continue_final_message", "{e}");
 }
 
 /// `reasoning_effort`, as llama.cpp passes it to the template: the template's
@@ -1688,7 +1763,6 @@ async fn reasoning_effort_is_the_templates_reasoning_strength() {
         });
         tmpl.encode_sanitized(&tok, &msgs, None, true, extra.as_ref())
             .unwrap()
-            .len()
     };
     let slow = "as thorough and careful as it can possibly be";
     assert_ne!(prompt(Some(slow)), prompt(None));
@@ -1713,7 +1787,11 @@ async fn reasoning_effort_is_the_templates_reasoning_strength() {
             body[k] = v.clone();
         }
         let r = s.post("/v1/chat/completions", &body).await.json();
-        assert_eq!(r["usage"]["prompt_tokens"], want, "{extra}: {r}");
+        assert_eq!(r["usage"]["prompt_tokens"], want.len(), "{extra}: {r}");
+        // `/tokenize` of the same fields: the same ids.
+        body.as_object_mut().unwrap().remove("max_tokens");
+        let t = s.post("/tokenize", &body).await.json();
+        assert_eq!(t["tokens"], json!(want), "{extra}: {t}");
     }
     let e = s
         .post(

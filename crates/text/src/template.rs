@@ -290,6 +290,14 @@ impl ChatTemplate {
         sanitize::encode_marked(tok, san, &text)
     }
 
+    /// Whether this template's prompt for a conversation ends with `end` (the generation prompt
+    /// of a chat format: Muse Glimmer's `<|start|>assistant`), as it renders one user message.
+    pub fn prompt_ends_with(&self, end: &str) -> bool {
+        let one = serde_json::json!([{"role": "user", "content": "x"}]);
+        self.render(&one, None, true, None)
+            .is_ok_and(|t| t.ends_with(end))
+    }
+
     /// [`render`](Self::render) for typed messages and tools.
     pub fn render_messages(
         &self,

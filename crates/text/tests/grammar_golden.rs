@@ -7,7 +7,7 @@
 //! - common/parsers/muse-glimmer.cpp: where its tool-call trigger pattern begins in 1,020 texts
 //!   (tests/tools/make_trigger_goldens.py, Python's re over the pattern it reads there).
 
-use muser_text::grammar::{Grammar, schema_to_gbnf, tool_call_trigger};
+use muser_text::grammar::{Grammar, schema_to_gbnf, tool_call_trigger, tool_call_trigger_from};
 use serde_json::Value;
 
 fn data(name: &str) -> Value {
@@ -353,6 +353,21 @@ fn tool_call_triggers_are_found_where_llama_cpp_finds_them() {
         let want = c["start"].as_u64().map(|s| s as usize);
         assert_eq!(tool_call_trigger(text.as_bytes()), want, "{text:?}");
         found += usize::from(want.is_some());
+        // Resumed as the text grows, byte by byte: each prefix's answer, until the first match.
+        let b = text.as_bytes();
+        let mut from = 0;
+        for k in 0..=b.len() {
+            let whole = tool_call_trigger(&b[..k]);
+            assert_eq!(
+                tool_call_trigger_from(&b[..k], &mut from),
+                whole,
+                "{text:?} at {k}"
+            );
+            assert!(from <= k, "{text:?} at {k}: {from}");
+            if whole.is_some() {
+                break;
+            }
+        }
     }
     assert!(
         cases.len() >= 1000 && found >= 100,

@@ -425,7 +425,7 @@ fn shared_masks_are_the_masks() {
 /// trigger that the call cannot hold is refused.
 #[test]
 fn lazy_tool_calls_are_free_until_a_call_begins() {
-    use muser_text::grammar::{MaskCache, ToolSpec, chat_tool_calls_gbnf, tool_call_trigger};
+    use muser_text::grammar::{MaskCache, ToolSpec, chat_tool_calls_gbnf, tool_call_trigger_from};
     use muser_text::{TokenType, Vocab};
     let g = muser_gguf::Gguf::open(data("glimmer-mini.gguf")).unwrap();
     let mut vocab = Vocab::from_gguf(&g).unwrap();
@@ -449,7 +449,13 @@ fn lazy_tool_calls_are_free_until_a_call_begins() {
     }];
     let text = chat_tool_calls_gbnf(&tools, false, true).unwrap();
     let g = Arc::new(Grammar::parse(&text, "root").unwrap_or_else(|e| panic!("{e}\n{text}")));
-    let lazy = || Constraint::lazy(g.clone(), Arc::new(MaskCache::default()), tool_call_trigger);
+    let lazy = || {
+        Constraint::lazy(
+            g.clone(),
+            Arc::new(MaskCache::default()),
+            tool_call_trigger_from,
+        )
+    };
     let eot = tok.eot().unwrap();
     let free = |c: &mut Constraint| {
         assert!(!c.constrains());

@@ -77,6 +77,26 @@ impl AtemStream {
         self.run(false)
     }
 
+    /// Adds text that is the body of the message under way as it is, not read as markup (a
+    /// message's text the output continues, written by a user: its `<|eot|>` is text); outside
+    /// a message's body, as [`push`](Self::push).
+    pub fn push_text(&mut self, text: &str) -> Vec<ChatDelta> {
+        let State::Body(ch) = self.state else {
+            return self.push(text);
+        };
+        if !self.buf.is_empty() {
+            return self.push(text);
+        }
+        let mut out = Vec::new();
+        let start = self.pushed;
+        self.pushed += text.len();
+        self.emit(ch, text.to_string(), start, &mut out);
+        for d in &out {
+            self.msg.apply(d);
+        }
+        out
+    }
+
     /// Bytes of the pushed text the parser is done with (released, or dropped as markup):
     /// what comes after may still change role. A tool message's body is not done with until
     /// the message ends (it becomes tool calls, or content if malformed).
@@ -147,7 +167,7 @@ impl AtemStream {
                         self.state = State::Raw;
                     }
                 }
-                State::Header => match self.header() {
+                State::Header => match self.header(finishing) {
                     Some(next) => self.state = next,
                     None if finishing => {
                         self.buf.clear();
@@ -192,7 +212,7 @@ impl AtemStream {
     }
 
     /// Reads a message header from `buf`: the next state, or `None` to wait for more text.
-    fn header(&mut self) -> Option<State> {
+    fn header(&mut self, finishing: bool) -> Option<State> {
         if self.buf.starts_with(MESSAGE) {
             self.buf.drain(..MESSAGE.len());
             return Some(State::Body(Channel::Content));
@@ -205,24 +225,25 @@ impl AtemStream {
                     return Some(State::Raw);
                 }
                 let recipient = &rest[..i];
+                // Any other recipient is a tool's, empty or holding markup, as the anchor's
+                // parser reads it (` to=` then any text up to `<|message|>`), and as its call
+                // grammars let a call's recipient be.
                 let ch = match recipient {
                     "self" if self.parser.extract_reasoning => Channel::Reasoning,
                     "self" | "user" => Channel::Content,
-                    // An empty recipient is a tool's, as the anchor's parser and its lazy
-                    // grammar's trigger read it (` to=` then any text up to `<|message|>`).
-                    r if r.contains("<|") => return Some(State::Raw),
                     _ => Channel::Tool,
                 };
                 self.buf.drain(..TO.len() + i + MESSAGE.len());
                 return Some(State::Body(ch));
             }
-            // A stray special token or an endless recipient: not a header.
+            // An endless recipient, or at the end one with a stray special token: not a
+            // header (before the end, `<|message|>` may still come after the token).
             let marker_at = rest
                 .find("<|")
                 .filter(|&j| !MESSAGE.starts_with(&rest[j..]));
             // (MESSAGE is found once it has all come, so a recipient of MAX_HEADER bytes is
             // still read as one: give up only where even that cannot be.)
-            if rest.len() >= MAX_HEADER + MESSAGE.len() || marker_at.is_some() {
+            if rest.len() >= MAX_HEADER + MESSAGE.len() || (finishing && marker_at.is_some()) {
                 return Some(State::Raw);
             }
             return None;

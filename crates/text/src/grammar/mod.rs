@@ -163,27 +163,83 @@ pub fn chat_tool_calls_gbnf(tools: &[ToolSpec], parallel: bool, lazy: bool) -> R
 /// after ` to=`, which must begin `<|message|>`: lazy or greedy, the match is the same.) The
 /// grammar is fed the text from the returned offset on (`llama_grammar_accept_impl`).
 pub fn tool_call_trigger(text: &[u8]) -> Option<usize> {
+    tool_call_trigger_from(text, &mut 0)
+}
+
+/// [`tool_call_trigger`] resumed: `from` holds where the search may start (positions before it
+/// begin no match in this text or any that extends it) and is moved on; the text only grows
+/// between calls. Each call looks at the text from `from` on, so text generated without a
+/// call begun is read about once.
+pub fn tool_call_trigger_from(text: &[u8], from: &mut usize) -> Option<usize> {
     const START: &[u8] = b"<|start|>assistant";
     const MESSAGE: &[u8] = b"<|message|>";
-    let group_at = |g: usize| -> bool {
-        let Some(rest) = text.get(g..).and_then(|t| t.strip_prefix(b" to=")) else {
-            return false;
-        };
-        if rest.starts_with(b"self<|message|>") || rest.starts_with(b"user<|message|>") {
-            return false;
-        }
-        rest.iter()
-            .position(|&c| c == b'<')
-            .is_some_and(|lt| rest[lt..].starts_with(MESSAGE))
-    };
-    for p in 0..text.len() {
-        if p == 0 && group_at(0) {
-            return Some(0);
-        }
-        if text[p..].starts_with(START) && group_at(p + START.len()) {
-            return Some(p + START.len());
-        }
+    #[derive(PartialEq)]
+    enum Seen {
+        Yes,
+        No,
+        /// Not yet: the text ends inside what would decide it.
+        More,
     }
+    let lit = |at: usize, s: &[u8]| -> Seen {
+        let t = text.get(at..).unwrap_or_default();
+        if t.starts_with(s) {
+            Seen::Yes
+        } else if s.starts_with(t) {
+            Seen::More
+        } else {
+            Seen::No
+        }
+    };
+    // The capture at g: ` to=`, not `self<|message|>` or `user<|message|>`, no `<` up to
+    // `<|message|>`.
+    let group = |g: usize| -> Seen {
+        match lit(g, b" to=") {
+            Seen::Yes => {}
+            other => return other,
+        }
+        let r = g + 4;
+        for not in [&b"self<|message|>"[..], b"user<|message|>"] {
+            match lit(r, not) {
+                Seen::Yes => return Seen::No,
+                Seen::More => return Seen::More,
+                Seen::No => {}
+            }
+        }
+        match text[r..].iter().position(|&c| c == b'<') {
+            None => Seen::More,
+            Some(lt) => lit(r + lt, MESSAGE),
+        }
+    };
+    let mut first_more = None;
+    let mut p = *from;
+    while p < text.len() {
+        let mut more = false;
+        if p == 0 {
+            match group(0) {
+                Seen::Yes => return Some(0),
+                Seen::More => more = true,
+                Seen::No => {}
+            }
+        }
+        match lit(p, START) {
+            Seen::Yes => match group(p + START.len()) {
+                Seen::Yes => return Some(p + START.len()),
+                Seen::More => more = true,
+                Seen::No => {}
+            },
+            Seen::More => more = true,
+            Seen::No => {}
+        }
+        if more && first_more.is_none() {
+            first_more = Some(p);
+        }
+        // The next position that may begin a match: a `<` (or the text's start, done).
+        p = match text[p + 1..].iter().position(|&c| c == b'<') {
+            Some(i) => p + 1 + i,
+            None => text.len(),
+        };
+    }
+    *from = first_more.unwrap_or(text.len());
     None
 }
 

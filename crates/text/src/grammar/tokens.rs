@@ -131,14 +131,17 @@ pub struct Constraint {
 }
 
 /// Where a trigger begins in the text generated so far (the offset the grammar is fed from),
-/// None before one is there: [`super::tool_call_trigger`], say.
-pub type Trigger = fn(&[u8]) -> Option<usize>;
+/// None before one is there, resumed from where the last search left the text settled (the
+/// offset it moves on): [`super::tool_call_trigger_from`], say.
+pub type Trigger = fn(&[u8], &mut usize) -> Option<usize>;
 
 /// A lazy grammar before its trigger (llama.cpp's `awaiting_trigger`): every token is free, and
 /// its piece is kept until the trigger is found in them.
 struct Awaiting {
     trigger: Trigger,
     text: Vec<u8>,
+    /// Where the trigger's next search may start.
+    settled: usize,
     /// Each token taken and where its piece begins in `text` (it ends where the next begins).
     tokens: Vec<(u32, usize)>,
 }
@@ -181,6 +184,7 @@ impl Constraint {
         c.awaiting = Some(Awaiting {
             trigger,
             text: Vec::new(),
+            settled: 0,
             tokens: Vec::new(),
         });
         c
@@ -312,7 +316,7 @@ impl Constraint {
             let piece = v.pieces.get(id as usize).map_or(&[][..], |p| &p[..]);
             a.tokens.push((id, a.text.len()));
             a.text.extend_from_slice(piece);
-            let Some(from) = (a.trigger)(&a.text) else {
+            let Some(from) = (a.trigger)(&a.text, &mut a.settled) else {
                 return Ok(());
             };
             let Some(a) = self.awaiting.take() else {
