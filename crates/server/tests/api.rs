@@ -1063,6 +1063,12 @@ const SMALL_SCHEMA: &str = r#"{"type": "object", "properties": {"ok": {"type": "
     "n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["ok", "n"],
     "additionalProperties": false}"#;
 
+/// The date Muse Glimmer's template writes into the system prompt (today's, by default), fixed
+/// for tests whose counts of random-weight answers depend on the prompt: the same answers on
+/// every day CI runs.
+static PINNED_DATE: std::sync::LazyLock<Value> =
+    std::sync::LazyLock::new(|| json!({"current_date": "2026-08-15"}));
+
 /// `response_format` in chat: every answer that ends is JSON of the schema (the random-weight
 /// model writes noise unconstrained), whole or streamed alike; `json_object` gives an object;
 /// a seed reproduces. On the backend's draw path too (a constrained row is drawn on the host).
@@ -1078,7 +1084,8 @@ async fn response_formats_constrain_chat_answers() {
         let body = |seed: u64, stream: bool| {
             json!({"messages": [{"role": "user", "content": "Answer in JSON."}],
                    "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
-                   "max_tokens": 120, "temperature": 1.0, "seed": seed, "stream": stream})
+                   "max_tokens": 120, "temperature": 1.0, "seed": seed, "stream": stream,
+                   "chat_template_kwargs": PINNED_DATE.clone()})
         };
         let mut stopped = 0;
         for seed in 0..6 {
@@ -1366,7 +1373,8 @@ async fn forced_tool_calls_call_the_tools() {
                 .post(
                     "/v1/chat/completions",
                     &json!({"messages": hi, "tools": tools, "tool_choice": choice,
-                            "parallel_tool_calls": parallel, "max_tokens": 160, "seed": seed}),
+                            "parallel_tool_calls": parallel, "max_tokens": 320, "seed": seed,
+                            "chat_template_kwargs": PINNED_DATE.clone()}),
                 )
                 .await
                 .json();
@@ -1623,7 +1631,8 @@ async fn final_assistant_messages_are_continued() {
                 &chat(
                     json!({"role": "assistant", "content": "{"}),
                     json!({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}},
-                           "max_tokens": 96, "temperature": 1.0, "seed": seed}),
+                           "max_tokens": 200, "temperature": 1.0, "seed": seed,
+                           "chat_template_kwargs": PINNED_DATE.clone()}),
                 ),
             )
             .await
