@@ -164,6 +164,11 @@ async def client(i, args, stats, deadline):
         if args.json_schema:
             # llama.cpp's field, which both servers take on either endpoint.
             body["json_schema"] = json.loads(args.json_schema)
+        if args.tools:
+            # Tools offered, the model free to call one (`auto`): its answer is constrained only
+            # from a call it begins on (llama.cpp's lazy grammar).
+            body["tools"] = TOOLS
+            body["tool_choice"] = "auto"
         t0 = time.perf_counter()
         try:
             status, ttft, chunks, done, err = await asyncio.wait_for(
@@ -223,6 +228,13 @@ def rss_kib(pid):
     return out
 
 
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city, for a number of days.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city"]}}}]
+
+
 async def scrape(args):
     u = urllib.parse.urlparse(args.url)
     try:
@@ -242,12 +254,25 @@ async def scrape(args):
     out = {}
     for line in text.splitlines():
         name = line.split("{")[0].split(" ")[0]
+        # Where tokens were drawn: next to the logits (device) or on the host.
+        if name == "muser_draws_total":
+            where = "device" if 'where="device"' in line else "host"
+            try:
+                out[f"draws_{where}"] = float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                pass
         if name in want:
             try:
                 out[name] = float(line.rsplit(" ", 1)[1])
             except ValueError:
                 pass
     return out
+
+
+def metric_delta(samples, key):
+    """A counter's growth between the first and last /metrics samples that have it."""
+    have = [s[key] for s in samples if key in s]
+    return have[-1] - have[0] if len(have) >= 2 else None
 
 
 def step_ms_mean(samples, name="muser_step_seconds"):
@@ -317,6 +342,8 @@ async def main_async(args):
         # per forward call (a step makes one per group of sequences).
         "forward_ms_mean": step_ms_mean(samples, "muser_forward_seconds"),
         "sample_ms_mean": step_ms_mean(samples, "muser_sample_seconds"),
+        # Tokens drawn over the run, where (Muser's /metrics).
+        "draws": {w: metric_delta(samples, f"draws_{w}") for w in ("device", "host")},
         "rss_kib": {"first": rss[0] if rss else None, "min": min(rss) if rss else None,
                     "max": max(rss) if rss else None, "last": rss[-1] if rss else None,
                     "steady_min": min(steady) if steady else None, "steady_max": max(steady) if steady else None},
@@ -337,6 +364,8 @@ def main():
     p.add_argument("--ignore-eos", action="store_true", help="always generate max_tokens")
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
                    help="chat: /v1/chat/completions; completions: /v1/completions with the conversation as text")
+    p.add_argument("--tools", action="store_true",
+                   help="chat: offer a tool on every request, tool_choice auto")
     p.add_argument("--json-schema", default="",
                    help="a JSON schema (text) every output must satisfy, sent as llama.cpp's json_schema field")
     p.add_argument("--turns", type=int, default=1,
