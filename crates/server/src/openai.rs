@@ -584,25 +584,22 @@ impl GenRequest {
                 lazy,
             }))
         };
+        let auto = match &self.tool_choice {
+            None | Some(Value::Null) => true,
+            Some(Value::String(s)) => s == "auto",
+            _ => false,
+        };
+        // `auto`, the default: a call the answer begins is constrained from there, as
+        // llama.cpp's lazy grammar does (none where no tools are offered).
+        if auto {
+            let c = if tools.is_some() {
+                calls(None, true)?
+            } else {
+                None
+            };
+            return Ok((tools, c));
+        }
         match &self.tool_choice {
-            // `auto`, the default: a call the answer begins is constrained from there, as
-            // llama.cpp's lazy grammar does (none where no tools are offered).
-            None | Some(Value::Null) => {
-                let c = if tools.is_some() {
-                    calls(None, true)?
-                } else {
-                    None
-                };
-                Ok((tools, c))
-            }
-            Some(Value::String(s)) if s == "auto" => {
-                let c = if tools.is_some() {
-                    calls(None, true)?
-                } else {
-                    None
-                };
-                Ok((tools, c))
-            }
             Some(Value::String(s)) if s == "none" => Ok((None, None)),
             Some(Value::String(s)) if s == "required" => {
                 let c = calls(None, false)?;
@@ -622,7 +619,7 @@ impl GenRequest {
                 let c = calls(Some(name), false)?;
                 Ok((tools, c))
             }
-            Some(_) => Err(ApiError::invalid(
+            _ => Err(ApiError::invalid(
                 "tool_choice",
                 "tool_choice must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
             )),
@@ -783,17 +780,6 @@ impl Continued {
     /// The pieces as one text.
     pub fn text(&self) -> String {
         self.pieces().into_iter().map(|(t, _)| t).collect()
-    }
-}
-
-impl GenRequest {
-    /// [`prompt_end`] of this request's fields.
-    pub fn prompt_end(&self, messages: &mut Value) -> Result<PromptEnd, ApiError> {
-        prompt_end(
-            messages,
-            self.add_generation_prompt,
-            self.continue_final_message.as_ref(),
-        )
     }
 }
 

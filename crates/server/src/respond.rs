@@ -219,11 +219,11 @@ impl ChatStops {
 pub struct ChatParser {
     pub tools: ToolCallParser,
     pub json_answer: bool,
-    /// The text after the generation prompt of a final assistant message the answer continues
+    /// A final assistant message the answer continues: its text after the generation prompt
     /// (`openai::Continued::pieces`: the format's markup, and the user's text, which is not
-    /// read as markup): read before the generated text, so the message holds it, as llama.cpp
+    /// read as markup) is read before the generated text, so the message holds it, as llama.cpp
     /// parses its generation prompt and the output as one.
-    pub continued: Vec<(String, bool)>,
+    pub continued: Option<crate::openai::Continued>,
 }
 
 /// The ```` ```json ```` fence a JSON answer may come in (the response format's grammar allows
@@ -367,11 +367,11 @@ impl ChatChoice {
         if parser.json_answer {
             c.fence = Some(FenceStrip::default());
         }
-        if !parser.continued.is_empty() {
+        if let Some(cont) = &parser.continued {
             let mut d = Vec::new();
-            for (text, user) in &parser.continued {
+            for (text, user) in cont.pieces() {
                 c.logprobs.add(text, None);
-                d.extend(if *user {
+                d.extend(if user {
                     c.atem.push_text(text)
                 } else {
                     c.atem.push(text)
@@ -385,9 +385,16 @@ impl ChatChoice {
         c
     }
 
-    /// The delta of the continued message's text, once (`for_chat`).
-    pub fn take_continued(&mut self) -> Option<Value> {
-        self.continued.take()
+    /// The deltas a stream opens the choice with, once: the role, then the continued
+    /// message's text (`for_chat`), if any.
+    fn opening(&mut self) -> Vec<Value> {
+        if self.started {
+            return Vec::new();
+        }
+        self.started = true;
+        let mut v = vec![json!({"role": "assistant", "content": ""})];
+        v.extend(self.continued.take());
+        v
     }
 
     /// Whether the answer met a stop string.
@@ -645,6 +652,15 @@ pub async fn whole(
     axum::Json(Value::Object(body)).into_response()
 }
 
+/// A chat chunk's body holding `delta` alone (no logprobs, no finish).
+fn plain_delta(delta: Value) -> Map<String, Value> {
+    let mut b = Map::new();
+    b.insert("delta".into(), delta);
+    b.insert("logprobs".into(), Value::Null);
+    b.insert("finish_reason".into(), Value::Null);
+    b
+}
+
 fn data(v: &Value) -> SseEvent {
     SseEvent::default().data(v.to_string())
 }
@@ -687,20 +703,8 @@ pub fn stream(
                                 // Tokens the engine made before it saw the stop flag.
                                 continue;
                             }
-                            if !c.started {
-                                c.started = true;
-                                let mut b = Map::new();
-                                b.insert("delta".into(), json!({"role": "assistant", "content": ""}));
-                                b.insert("logprobs".into(), Value::Null);
-                                b.insert("finish_reason".into(), Value::Null);
-                                yield Ok(data(&Value::Object(chunk(index, b))));
-                                if let Some(d) = c.take_continued() {
-                                    let mut b = Map::new();
-                                    b.insert("delta".into(), d);
-                                    b.insert("logprobs".into(), Value::Null);
-                                    b.insert("finish_reason".into(), Value::Null);
-                                    yield Ok(data(&Value::Object(chunk(index, b))));
-                                }
+                            for d in c.opening() {
+                                yield Ok(data(&Value::Object(chunk(index, plain_delta(d)))));
                             }
                             let delta = c.push(&text, logprob.map(|l| chat_logprob(&tok, id, &l)));
                             if c.stopped()
@@ -748,20 +752,12 @@ pub fn stream(
                     let mut b = Map::new();
                     match meta.endpoint {
                         Endpoint::Chat => {
-                            if let Some(d) = c.take_continued() {
-                                if !c.started {
-                                    c.started = true;
-                                    let mut b = Map::new();
-                                    b.insert("delta".into(), json!({"role": "assistant", "content": ""}));
-                                    b.insert("logprobs".into(), Value::Null);
-                                    b.insert("finish_reason".into(), Value::Null);
-                                    yield Ok(data(&Value::Object(chunk(index, b))));
+                            // A continued message's text comes before the last delta, after the
+                            // role; without one, the last delta carries the role.
+                            if c.continued.is_some() {
+                                for d in c.opening() {
+                                    yield Ok(data(&Value::Object(chunk(index, plain_delta(d)))));
                                 }
-                                let mut b = Map::new();
-                                b.insert("delta".into(), d);
-                                b.insert("logprobs".into(), Value::Null);
-                                b.insert("finish_reason".into(), Value::Null);
-                                yield Ok(data(&Value::Object(chunk(index, b))));
                             }
                             let mut delta = c.finish(&text, finish == Finish::Stop).unwrap_or_else(|| json!({}));
                             if !c.started
@@ -947,7 +943,7 @@ mod tests {
             let p = ChatParser {
                 tools: ToolCallParser::new(&[]),
                 json_answer: true,
-                continued: Vec::new(),
+                continued: None,
             };
             let mut c = ChatChoice::for_chat(&p, &stops);
             let chars: Vec<char> = text.chars().collect();
@@ -1102,7 +1098,7 @@ mod tests {
         let parser = ChatParser {
             tools: weather(),
             json_answer: false,
-            continued: Vec::new(),
+            continued: None,
         };
         let r = whole(meta, rx, tok, Some(parser)).await;
         let b = axum::body::to_bytes(r.into_body(), 1 << 20).await.unwrap();

@@ -471,12 +471,7 @@ async fn chat_completions(
     let parser = respond::ChatParser {
         tools: parser,
         json_answer,
-        continued: continued.map_or_else(Vec::new, |c| {
-            c.pieces()
-                .into_iter()
-                .map(|(t, user)| (t.to_string(), user))
-                .collect()
-        }),
+        continued,
     };
     Ok(if opts.stream {
         respond::stream(meta, rx, st.tok.clone(), Some(parser)).into_response()

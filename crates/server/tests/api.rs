@@ -1431,14 +1431,7 @@ async fn begun_tool_calls_are_well_formed() {
         ..Opts::default()
     })
     .await;
-    let g = muser_gguf::Gguf::open(common::fixture(common::MODEL)).unwrap();
-    let tok = muser_text::Tokenizer::from_gguf(&g).unwrap();
-    let mut bias = serde_json::Map::new();
-    for (text, b) in [(" to", 24), ("=", 22), ("<|message|>", 20)] {
-        let ids = tok.encode(text, false, true).unwrap();
-        assert_eq!(ids.len(), 1, "{text:?}: {ids:?}");
-        bias.insert(ids[0].to_string(), json!(b));
-    }
+    let bias = common::call_bias();
     let tools = json!([
         {"type": "function", "function": {"name": "set_days",
             "parameters": {"type": "object", "properties": {

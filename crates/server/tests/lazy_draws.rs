@@ -20,14 +20,7 @@ async fn a_lazy_grammar_draws_on_the_backend_until_its_trigger() {
         ..Opts::default()
     })
     .await;
-    let g = muser_gguf::Gguf::open(common::fixture(common::MODEL)).unwrap();
-    let tok = muser_text::Tokenizer::from_gguf(&g).unwrap();
-    let mut bias = serde_json::Map::new();
-    for (text, b) in [(" to", 24), ("=", 22), ("<|message|>", 20)] {
-        let ids = tok.encode(text, false, true).unwrap();
-        assert_eq!(ids.len(), 1, "{text:?}: {ids:?}");
-        bias.insert(ids[0].to_string(), json!(b));
-    }
+    let bias = common::call_bias();
     let tools = json!([{"type": "function", "function": {"name": "ping"}}]);
     let hi = json!([{"role": "user", "content": "Ping."}]);
     let draws = |w: &'static str| {

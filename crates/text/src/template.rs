@@ -39,6 +39,8 @@ pub struct ChatTemplate {
     specials: Map<String, Json>,
     /// The sanitizer of the first tokenizer `encode_sanitized` saw, under its `instance`.
     sanitizer: std::sync::OnceLock<(u64, sanitize::Sanitizer)>,
+    /// The first `prompt_ends_with` asked and its answer (a server asks it of every chat).
+    ends_with: std::sync::OnceLock<(String, bool)>,
 }
 
 /// The fuel of one rendering (minijinja's `fuel`: about one per instruction and one per 64
@@ -77,6 +79,7 @@ impl ChatTemplate {
             origin,
             specials: Map::new(),
             sanitizer: std::sync::OnceLock::new(),
+            ends_with: std::sync::OnceLock::new(),
         })
     }
 
@@ -293,9 +296,13 @@ impl ChatTemplate {
     /// Whether this template's prompt for a conversation ends with `end` (the generation prompt
     /// of a chat format: Muse Glimmer's `<|start|>assistant`), as it renders one user message.
     pub fn prompt_ends_with(&self, end: &str) -> bool {
-        let one = serde_json::json!([{"role": "user", "content": "x"}]);
-        self.render(&one, None, true, None)
-            .is_ok_and(|t| t.ends_with(end))
+        let ask = || {
+            let one = serde_json::json!([{"role": "user", "content": "x"}]);
+            self.render(&one, None, true, None)
+                .is_ok_and(|t| t.ends_with(end))
+        };
+        let (e, known) = self.ends_with.get_or_init(|| (end.to_string(), ask()));
+        if e == end { *known } else { ask() }
     }
 
     /// [`render`](Self::render) for typed messages and tools.

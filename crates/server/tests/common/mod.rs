@@ -242,6 +242,21 @@ impl Resp {
     }
 }
 
+/// `logit_bias` favouring the tokens of ` to=` and `<|message|>` (` to` most), each one token of
+/// the fixture's vocabulary: on a `flat` model, with penalties for repeating them, most answers
+/// begin a tool call (` to=`, a recipient, `<|message|>`).
+pub fn call_bias() -> serde_json::Map<String, Value> {
+    let g = Gguf::open(fixture(MODEL)).expect("fixture model");
+    let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
+    let mut bias = serde_json::Map::new();
+    for (text, b) in [(" to", 24), ("=", 22), ("<|message|>", 20)] {
+        let ids = tok.encode(text, false, true).expect("encode");
+        assert_eq!(ids.len(), 1, "{text:?}: {ids:?}");
+        bias.insert(ids[0].to_string(), serde_json::json!(b));
+    }
+    bias
+}
+
 /// `g` with every value of the f32 norms whose names end in `name` at `value`
 /// (`Opts::overflow`, `Opts::flat`).
 fn with_norm(g: &Gguf, name: &str, value: f32) -> Gguf {
