@@ -20,7 +20,13 @@ STAGES=${STAGES:-tests ab}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 FX=${MUSER_FIXTURES:-tests/fixtures}
 B="carry/bin/muser bench -m $MODEL --device cuda --mode fast --fp8-weights"
-run() { echo "== $1" >> "$OUT/decode.log"; env ${1//,/ } timeout 40 $B -p 0 -n 128 -r 2 >> "$OUT/decode.log" 2>&1; }
+# DEPTH_AB (e.g. "MUSER_X=1"), with DEPTH (default 1024): after the rounds, one more round of
+# the default and each of DEPTH_AB after DEPTH tokens of context (`--depth`), time allowing.
+run() {
+  local t=40; [ -n "${2:-}" ] && t=60
+  echo "== $1${2:+ (depth $2)}" >> "$OUT/decode.log"
+  env ${1//,/ } timeout $t $B -p 0 -n 128 ${2:+--depth $2} -r 2 >> "$OUT/decode.log" 2>&1
+}
 timeout 150 $B -p 0 -n 16 -r 1 > "$OUT/warm.log" 2>&1; echo "warm $(el) s"
 if has tests; then
   MUSER_FIXTURES=$FX timeout ${TESTS_TIMEOUT:-300} carry/bin/gpu-tests --nocapture --test-threads 1 ${GPU_SKIP:+--skip $GPU_SKIP} ${GPU_FILTER:-} \
@@ -33,5 +39,10 @@ if has ab; then
       [ "$(el)" -lt 550 ] && run "$k"
     done
   done
+  if [ -n "${DEPTH_AB:-}" ]; then
+    for k in X=0 $DEPTH_AB; do
+      [ "$(el)" -lt 530 ] && run "$k" "${DEPTH:-1024}"
+    done
+  fi
 fi
 grep -E '^==|^\| tg' "$OUT/decode.log" 2>/dev/null; echo "done $(el) s"

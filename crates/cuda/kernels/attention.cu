@@ -697,3 +697,174 @@ ATTN_TC(ATTN_NREP, ATTN_HD)
 #define ATTN_TCD(NREP, HD) ATTN_TCD_ENTRY(NREP, HD)
 ATTN_TCD(ATTN_NREP, ATTN_HD)
 #endif
+
+// ---- One token's attention in one launch: its preparation, the keys, the merge (f16 cache) ----
+//
+// attn_one: grid (n_head), 128 threads, one token of one sequence (decode), in place of
+// qkv_prep, attn_tcd2 and attn_combine. Block h takes query head h over every visible key:
+// - before pdl_wait, the first tile of cached keys and values (positions before the token's own,
+//   which earlier steps wrote) is asked of memory by cp.async, 64 keys a tile;
+// - warps 0, 1 and 2 prepare the query head, its KV head's key and value as qkv_prep does
+//   (qk_head_prep, the same bits); the first block of each KV head stores the key and value in
+//   the cache (store_vals, the bytes qkv_prep stores), and every block takes the token's own key
+//   and value from shared memory, so no block reads a row another writes;
+// - scores in f32 (two threads a key, interleaved 8-value pieces, the halves added once), an
+//   online softmax over the tiles in f32 (every warp forms the tile's maximum and sum alike),
+//   P V with each warp a quarter of the tile's keys in order and each lane HD / 32 dimensions,
+//   the four warps' sums added in order at the end;
+// - attn_combine's output: acc / l times sigmoid(gate) in f64.
+// The host takes it for contexts of at most MUSER_ATTN_ONE_MAX keys (lib.rs attn_one_for): the
+// tiles are walked one after another by 32 blocks, where the split form spreads long contexts
+// over the GPU.
+#define ONE_TK 64
+template <int NREP, int HD>
+__device__ __forceinline__ void attn_one_impl(const float* q, const float* k, const float* v, const float* gate,
+                                              int n_kv_head, float eps, float q_scale, float scale,
+                                              const u32* __restrict__ pos, const double* __restrict__ inv_freq,
+                                              const u64* __restrict__ seqtab, int layer, long long row_bytes, int n_swa,
+                                              int early, float* out) {
+    static_assert(HD == 64 || HD == 128, "two threads a key over 64 keys, a thread (or two) a dimension");
+    // Rows padded by 16 values: the 16-byte pieces that one phase of a warp's score loads reads
+    // (four keys, two halves) fall in distinct banks.
+    constexpr int TK = ONE_TK, KS = HD + 16, DPL = HD / 32;
+    __shared__ __align__(16) u16 ks[TK * KS];
+    __shared__ __align__(16) u16 vs[TK * KS];
+    __shared__ __align__(16) float qs[HD];
+    __shared__ __align__(16) u16 kown[HD];
+    __shared__ __align__(16) u16 vown[HD];
+    __shared__ float sp[TK], pp[TK];
+    __shared__ float wacc[4 * HD];
+    const int h = blockIdx.x, g = h / NREP, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float NEG = -__int_as_float(0x7f800000);
+    // The output projection may be scheduled (it waits for this grid): at once (`early`), or once
+    // the group product before has finished (so its blocks do not take bandwidth from it).
+    if (early) pdl_trigger();
+    const int p = (int)pos[0];
+    const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
+    u8 *kcm, *vcm;
+    int ring;
+    kv_layer(seqtab, 0, layer, &kcm, &vcm, &ring);
+    // The cached rows kb .. min(kb + TK, p) - 1 of this KV head into the tile (the token's own
+    // row p is not asked for: it comes from shared memory).
+    auto stage = [&](int kb) {
+        const int nc = min(TK, p - kb);
+        for (int c = threadIdx.x; c < nc * (HD / 8); c += 128) {
+            const int key = c / (HD / 8), d8 = (c % (HD / 8)) * 8, kp = kb + key;
+            const long long off = kv_slot((u32)kp, ring) * row_bytes + 2LL * (g * HD + d8);
+            tcd_cp16(&ks[key * KS + d8], kcm + off, 16u);
+            tcd_cp16(&vs[key * KS + d8], vcm + off, 16u);
+        }
+    };
+    stage(lo);
+    pdl_wait();  // launched programmatically: q, k, v and gate are the group product's outputs
+    if (!early) pdl_trigger();
+    if (warp < 3) {
+        const float* src = warp == 0 ? q + (long long)h * HD : (warp == 1 ? k : v) + (long long)g * HD;
+        float x[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; i++) x[i] = src[lane * DPL + i];
+        if (warp < 2) qk_head_prep<HD>(x, warp == 0 ? q_scale : 1.0f, eps, (u32)p, inv_freq, lane);
+        if (warp == 0) {
+#pragma unroll
+            for (int i = 0; i < DPL; i++) qs[lane * DPL + i] = x[i] * scale;
+        } else {
+            u16* own = warp == 1 ? kown : vown;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) own[lane * DPL + i] = f2h(x[i]);
+            if (h % NREP == 0) {
+                u8* row = (warp == 1 ? kcm : vcm) + kv_slot((u32)p, ring) * row_bytes;
+                store_vals<DPL>(row, g * HD + lane * DPL, x, KV_F16, lane);
+            }
+        }
+    }
+    float m = NEG, l = 0.0f, acc[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
+    for (int kb = lo; kb <= p; kb += TK) {
+        if (kb != lo) stage(kb);
+        tcd_cp_wait_all();
+        __syncthreads();  // the tile (every thread's copies), the query and the own rows in place
+        const int nk = min(TK, p + 1 - kb);
+        {
+            const int j = threadIdx.x >> 1, half = threadIdx.x & 1;
+            // Four sums a thread (one per 32-bit word of each piece), added at the end.
+            float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (j < nk) {
+                const u16* kr = kb + j == p ? kown : ks + j * KS;
+#pragma unroll
+                for (int c = half; c < HD / 8; c += 2) {
+                    const uint4 u = *(const uint4*)(kr + 8 * c);
+                    const u32 w[4] = {u.x, u.y, u.z, u.w};
+                    const float4 a = *(const float4*)&qs[8 * c], b = *(const float4*)&qs[8 * c + 4];
+                    const float qa[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        s4[e] = fmaf(qa[2 * e], h2f((u16)(w[e] & 0xFFFF)), s4[e]);
+                        s4[e] = fmaf(qa[2 * e + 1], h2f((u16)(w[e] >> 16)), s4[e]);
+                    }
+                }
+            }
+            float s = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+            s += __shfl_xor_sync(0xffffffffu, s, 1);
+            if (half == 0) sp[j] = s;
+        }
+        __syncthreads();
+        const float s0 = lane < nk ? sp[lane] : NEG, s1 = lane + 32 < nk ? sp[lane + 32] : NEG;
+        const float mn = fmaxf(m, warp_max(fmaxf(s0, s1)));
+        const float corr = expf(m - mn);
+        const float p0 = lane < nk ? expf(s0 - mn) : 0.0f, p1 = lane + 32 < nk ? expf(s1 - mn) : 0.0f;
+        l = l * corr + warp_sum(p0 + p1);
+        m = mn;
+        if (warp == 0) {
+            pp[lane] = p0;
+            pp[lane + 32] = p1;
+        }
+        __syncthreads();
+        // P V: warp w takes the tile's keys 16 w .. 16 w + 15 in order, each lane its DPL
+        // dimensions (the loads of the 16 keys independent of one another).
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] *= corr;
+#pragma unroll
+        for (int u = 0; u < TK / 4; u++) {
+            const int j = (TK / 4) * warp + u;
+            if (j < nk) {
+                const u16* vr = (kb + j == p ? vown : vs + j * KS) + lane * DPL;
+                float vv[DPL];
+                if (DPL == 4) {
+                    const uint2 w = *(const uint2*)vr;
+                    vv[0] = h2f((u16)(w.x & 0xFFFF)); vv[1] = h2f((u16)(w.x >> 16));
+                    vv[2] = h2f((u16)(w.y & 0xFFFF)); vv[3] = h2f((u16)(w.y >> 16));
+                } else {
+                    const u32 w = *(const u32*)vr;
+                    vv[0] = h2f((u16)(w & 0xFFFF)); vv[1] = h2f((u16)(w >> 16));
+                }
+                const float pj = pp[j];
+#pragma unroll
+                for (int i = 0; i < DPL; i++) acc[i] = fmaf(pj, vv[i], acc[i]);
+            }
+        }
+        __syncthreads();  // the tile read before the next one is staged over it
+    }
+    // The four warps' sums, added in warp order; then attn_combine's output gate.
+#pragma unroll
+    for (int i = 0; i < DPL; i++) wacc[warp * HD + lane * DPL + i] = acc[i];
+    __syncthreads();
+    for (int d = threadIdx.x; d < HD; d += 128) {
+        const float a = ((wacc[d] + wacc[HD + d]) + wacc[2 * HD + d]) + wacc[3 * HD + d];
+        const float val = a / l;
+        const long long o = (long long)h * HD + d;
+        out[o] = (float)((double)val / (1.0 + exp(-(double)gate[o])));
+    }
+}
+#define ATTN_ONE_ENTRY(NREP, HD)                                                                                \
+    extern "C" __global__ void __launch_bounds__(128) attn_one_##NREP##_##HD(                                  \
+        const float* q, const float* k, const float* v, const float* gate, int n_kv_head, float eps,            \
+        float q_scale, float scale, const u32* pos, const double* inv_freq, const u64* seqtab, int layer,       \
+        long long row_bytes, int n_swa, int early, float* out) {                                                \
+        attn_one_impl<NREP, HD>(q, k, v, gate, n_kv_head, eps, q_scale, scale, pos, inv_freq, seqtab, layer,   \
+                                row_bytes, n_swa, early, out);                                                   \
+    }
+#if ATTN_HD == 64 || ATTN_HD == 128
+#define ATTN_ONE(NREP, HD) ATTN_ONE_ENTRY(NREP, HD)
+ATTN_ONE(ATTN_NREP, ATTN_HD)
+#endif

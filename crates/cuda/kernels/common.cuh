@@ -138,6 +138,71 @@ __device__ __forceinline__ void kv_layer(const u64* seqtab, int t, int layer, u8
 #define KV_BF16 2
 #define KV_Q8_0 3
 
+// A cache row's slot: pos % ring in a sliding layer's ring, pos in a plane.
+__device__ __forceinline__ long long kv_slot(u32 pos, int ring) {
+    return ring > 0 ? (long long)(pos % (u32)ring) : (long long)pos;
+}
+
+// Store DPL consecutive values x (elements e0..e0+DPL of a row) in the cache type. For q8_0 the
+// 32-value block spans 32/DPL consecutive lanes of the warp (ggml's reference quantizer:
+// d = amax/127, q = roundf(x/d)).
+template <int DPL>
+__device__ __forceinline__ void store_vals(u8* row, int e0, const float* x, int kt, int lane) {
+    if (kt == KV_F32) {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) ((float*)row)[e0 + i] = x[i];
+    } else if (kt == KV_F16) {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) ((u16*)row)[e0 + i] = f2h(x[i]);
+    } else if (kt == KV_BF16) {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) ((u16*)row)[e0 + i] = f2bf(x[i]);
+    } else {
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) amax = fmaxf(amax, fabsf(x[i]));
+        for (int o = 1; o < 32 / DPL; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        u8* blk = row + (e0 >> 5) * 34;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) blk[2 + ((e0 + i) & 31)] = (u8)(signed char)roundf(x[i] * id);
+        if ((e0 & 31) == 0) {
+            u16 h = f2h(d);
+            blk[0] = (u8)(h & 0xFF);
+            blk[1] = (u8)(h >> 8);
+        }
+    }
+}
+
+// QK-norm of one head (f64 sum of squares, times `mul`) then, when `inv_freq` is given, NORM
+// RoPE at position p (f64 sin and cos): HD = 32 DPL values, DPL consecutive ones per lane of
+// a warp, in place (kv.cu qkv_prep and attention.cu attn_one: the same bits).
+template <int HD>
+__device__ __forceinline__ void qk_head_prep(float* x, float mul, float eps, u32 p, const double* inv_freq, int lane) {
+    constexpr int DPL = HD / 32;
+    double ss = 0.0;
+#pragma unroll
+    for (int i = 0; i < DPL; i++) ss += (double)x[i] * (double)x[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    double s = (double)mul / sqrt(ss / HD + (double)eps);
+#pragma unroll
+    for (int i = 0; i < DPL; i++) x[i] = (float)__dmul_rn((double)x[i], s);
+    if (inv_freq) {
+#pragma unroll
+        for (int i = 0; i < DPL; i += 2) {
+            const int j = (lane * DPL + i) / 2;
+            double theta = __dmul_rn((double)p, inv_freq[j]);
+            double sn, cs;
+            sincos(theta, &sn, &cs);
+            double x0 = x[i], x1 = x[i + 1];
+            x[i] = (float)__dsub_rn(__dmul_rn(x0, cs), __dmul_rn(x1, sn));
+            x[i + 1] = (float)__dadd_rn(__dmul_rn(x0, sn), __dmul_rn(x1, cs));
+        }
+    }
+}
+
 // The exponent S with m 2^S < 2^top, clamped to +-lim (m >= 0 a largest value, as f32 bits; 0 for
 // 0, NaN or Inf: those propagate as a float product would): the power-of-two scales that put
 // values into a narrow float format.

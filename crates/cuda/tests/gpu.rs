@@ -1380,6 +1380,228 @@ fn decode_batch_attention_on_tensor_cores_matches_the_cuda_cores() {
     );
 }
 
+/// One token's attention in one launch (`attn_one`: its QK preparation, the keys and the merge)
+/// against qkv_prep, attn_tcd2 and attn_combine on the same inputs: the 30B's head layout (16
+/// query heads per KV head, head_dim 128), a sliding layer (window 128, its ring crossed) and a
+/// full layer, caches of 0 to 300 earlier tokens, both modes. Each against an f64 reference
+/// made from the GPU's own prepared queries and keys (qkv_prep's, whose arithmetic attn_one
+/// shares), times the sigmoid gate: the split path within its bounds (accurate 2^-14 of the
+/// largest output, fast 2^-9: its f16 queries), attn_one within 2^-14 in both modes (f32
+/// scores, probabilities and sums). Then the row attn_one stored: the next token, by the split
+/// path over both caches, gives the same bits.
+#[test]
+fn one_launch_attention_matches_the_split_path() {
+    let Some(_) = gpu() else { return };
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    let dir = std::env::temp_dir().join(format!("muser-attn-one-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = nrep16_file(&dir);
+    let gpu = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
+    let b = &gpu.backend;
+    let (qd, kd, hd) = (32 * 128, 2 * 128, 128usize);
+    let upload = |rows: usize, cols: usize, data: &[f32]| {
+        let mut a = b.act(rows, cols).unwrap();
+        b.stream.memcpy_htod(data, xg_data(&mut a)).unwrap();
+        a
+    };
+    let lens = [0usize, 1, 2, 31, 63, 64, 65, 127, 128, 129, 191, 300];
+    for (layer, kind) in [
+        (0usize, muser_engine::LayerKind::SlidingRope),
+        (3, muser_engine::LayerKind::FullNope),
+    ] {
+        assert_eq!(gpu.config.layer_kinds[layer], kind);
+        let spec = muser_engine::backend::AttnSpec {
+            layer,
+            kind,
+            n_swa: 128,
+            scale: 1.0 / (128f32).sqrt(),
+            n_head: 32,
+            n_head_kv: 2,
+            head_dim: hd,
+        };
+        // q_scale 1: a key put in a query's place is prepared as a key (the reference's keys).
+        let qk = muser_engine::backend::QkSpec {
+            eps: 1e-6,
+            q_scale: 1.0,
+            rope_base: kind.uses_rope().then_some(10_000.0),
+        };
+        for fast in [false, true] {
+            b.set_fast_mode(fast).unwrap();
+            let (mut worst_split, mut worst_one, mut worst_between) = (0f32, 0f32, 0f32);
+            let mut next_same = true;
+            for (si, &l) in lens.iter().enumerate() {
+                let seed = 100 * si + layer;
+                // Tokens 0 ..= l + 1: l in the cache, the step's at l, the next at l + 1.
+                let (qh, kh, vh, gh) = (
+                    fill((l + 2) * qd, seed + 1, 3.0),
+                    fill((l + 2) * kd, seed + 2, 2.0),
+                    fill((l + 2) * kd, seed + 3, 1.5),
+                    fill((l + 2) * qd, seed + 4, 4.0),
+                );
+                // One attend of tokens t0 .. t0 + n into `cache`; the output and q after it.
+                let attend = |cache: &mut muser_cuda::CudaKv,
+                              max: usize,
+                              t0: usize,
+                              n: usize,
+                              qsrc: &[f32]|
+                 -> (Vec<f32>, Vec<f32>) {
+                    b.set_attn_one_max(max);
+                    let batch = Batch::single(&vec![0u32; n], t0 as u32);
+                    b.begin_batch(&batch).unwrap();
+                    let mut q = upload(n, qd, &qsrc[t0 * qd..(t0 + n) * qd]);
+                    let mut k = upload(n, kd, &kh[t0 * kd..(t0 + n) * kd]);
+                    let v = upload(n, kd, &vh[t0 * kd..(t0 + n) * kd]);
+                    let g = upload(n, qd, &gh[t0 * qd..(t0 + n) * qd]);
+                    let mut out = b.act(n, qd).unwrap();
+                    b.attend(
+                        &mut [cache],
+                        spec,
+                        qk,
+                        &batch,
+                        &mut q,
+                        &mut k,
+                        &v,
+                        &g,
+                        &mut out,
+                    )
+                    .unwrap();
+                    (b.read(&out).unwrap(), b.read(&q).unwrap())
+                };
+                let mut caches = [
+                    gpu.new_cache(KvType::F16, 512).unwrap(),
+                    gpu.new_cache(KvType::F16, 512).unwrap(),
+                ];
+                if l > 0 {
+                    for c in caches.iter_mut() {
+                        attend(c, 0, 0, l, &qh);
+                    }
+                }
+                let (split, q_prep) = attend(&mut caches[0], 0, l, 1, &qh);
+                let (one, _) = attend(&mut caches[1], usize::MAX, l, 1, &qh);
+                // The reference's keys: tokens 0 ..= l's keys in query heads 0 and 1, prepared.
+                let mut probe = vec![0f32; (l + 2) * qd];
+                for t in 0..=l {
+                    probe[t * qd..t * qd + kd].copy_from_slice(&kh[t * kd..(t + 1) * kd]);
+                }
+                let mut scratch = gpu.new_cache(KvType::F16, 512).unwrap();
+                let (_, k_prep) = attend(&mut scratch, 0, 0, l + 1, &probe);
+                let r16 = |x: f32| half::f16::from_f32(x).to_f64();
+                let kref: Vec<f64> = (0..=l)
+                    .flat_map(|t| k_prep[t * qd..t * qd + kd].iter().map(|&x| r16(x)))
+                    .collect();
+                let vref: Vec<f64> = vh[..(l + 1) * kd].iter().map(|&x| r16(x)).collect();
+                let mut qref = vec![0f32; (l + 1) * qd];
+                qref[l * qd..].copy_from_slice(&q_prep);
+                let att = attention_f64_row(&qref, &kref, &vref, l, &spec);
+                let exact: Vec<f32> = att
+                    .iter()
+                    .zip(&gh[l * qd..(l + 1) * qd])
+                    .map(|(&a, &g)| (a as f64 / (1.0 + (-(g as f64)).exp())) as f32)
+                    .collect();
+                let finite = one.iter().all(|x| x.is_finite());
+                worst_split = worst_split.max(max_rel_err(&split, &exact));
+                worst_between = worst_between.max(max_rel_err(&one, &split));
+                let e1 = max_rel_err(&one, &exact);
+                worst_one = worst_one.max(if finite { e1 } else { f32::INFINITY });
+                let (n0, _) = attend(&mut caches[0], 0, l + 1, 1, &qh);
+                let (n1, _) = attend(&mut caches[1], 0, l + 1, 1, &qh);
+                next_same &= same_bits(&n0, &n1);
+            }
+            let split_bound = if fast { 2f32.powi(-9) } else { 2f32.powi(-14) };
+            let one_bound = 2f32.powi(-14);
+            let what = format!(
+                "layer {layer} ({kind:?}), {}, {} lengths: attn_one vs f64 {worst_one:.2e} (bound \
+                 {one_bound:.1e}), the split path vs f64 {worst_split:.2e} (bound {split_bound:.1e}), \
+                 between {worst_between:.2e}; the next step over the row it stored: {}",
+                if fast { "fast" } else { "accurate" },
+                lens.len(),
+                if next_same {
+                    "the same bits"
+                } else {
+                    "DIFFERENT BITS"
+                }
+            );
+            if !(worst_one <= one_bound && worst_split <= split_bound && next_same) {
+                failures.push(what.clone());
+            }
+            rows.push(what);
+        }
+    }
+    b.set_fast_mode(false).unwrap();
+    b.set_attn_one_max(usize::MAX);
+    drop(gpu);
+    std::fs::remove_dir_all(&dir).ok();
+    report(
+        "one token's attention in one launch vs qkv_prep, the split attention and attn_combine",
+        &rows,
+        &failures,
+    );
+}
+
+/// attn_one end to end, on every fixture with the f16 cache: one sequence's decode one token a
+/// step (recorded steps replayed), and through the graph decoder, with attn_one (its limit 8
+/// keys, so each run crosses it and a new graph is captured) and without it; within the bounds
+/// of `f16_cache_bounds`, and the graph decoder's logits the same bits as its eager steps.
+#[test]
+fn one_launch_attention_decodes_every_fixture() {
+    let Some(_) = gpu() else { return };
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for name in names() {
+        let file = ModelFile::open(model_path(&name)).unwrap();
+        let toks = tokens(&name);
+        let bounds = f16_cache_bounds(&file, &name, &toks);
+        let seq: Vec<u32> = toks.iter().copied().take(24).collect();
+        for fast in [false, true] {
+            let g = CudaBackend::new(0).unwrap();
+            g.set_fast_mode(fast).unwrap();
+            let m = MuseGlimmer::load(&file, g).unwrap();
+            let n_vocab = m.config.n_vocab;
+            let steps = |max: usize| {
+                m.backend.set_attn_one_max(max);
+                batched::alone(&m, &seq, 3, KvType::F16, 256).unwrap()
+            };
+            let (with, without) = (steps(8), steps(0));
+            let mut worst = 0f64;
+            let mut finite = true;
+            for (a, b) in with.iter().zip(&without) {
+                worst = worst.max(max_dls(a, b, n_vocab));
+                finite &= a.iter().all(|v| v.is_finite());
+            }
+            // The graph decoder across the limit: eager and replayed steps, the same bits.
+            m.backend.set_attn_one_max(8);
+            let run = |graph: bool| {
+                let mut dec = GraphDecoder::new(&m).unwrap();
+                dec.use_graph = graph;
+                let mut kv = m.new_cache(KvType::F16, 256).unwrap();
+                graph_steps(&mut dec, &mut kv, &seq).unwrap()
+            };
+            let graph_same = same_bits(&run(true), &run(false));
+            let bound = if fast { bounds.1 } else { bounds.0 };
+            let what = format!(
+                "{name:<14} {}: attn_one vs the split path {worst:.2e} (bound {bound:.2e}); graph \
+                 decoder across the limit: {}",
+                if fast { "fast    " } else { "accurate" },
+                if graph_same {
+                    "replays give the eager bits"
+                } else {
+                    "DIFFERENT BITS"
+                }
+            );
+            if !(finite && worst <= bound && graph_same) {
+                failures.push(what.clone());
+            }
+            rows.push(what);
+        }
+    }
+    report(
+        "one token's attention in one launch, end to end (f16 cache)",
+        &rows,
+        &failures,
+    );
+}
+
 /// The bounds two GPU paths that differ only in their attention must meet on fixture `name` with
 /// the f16 cache, as (accurate, fast): in the accurate mode, the f16 cache's own effect (the CPU
 /// model's logits over `toks` with an f16 cache against an f32 cache: a last-bit difference in
