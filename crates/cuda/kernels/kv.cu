@@ -6,7 +6,41 @@
 
 // (The cache types KV_*: common.cuh, which attention.cu reads too.)
 
-// (kv_slot and store_vals: common.cuh, which attention.cu's attn_one shares.)
+__device__ __forceinline__ long long kv_slot(u32 pos, int ring) {
+    return ring > 0 ? (long long)(pos % (u32)ring) : (long long)pos;
+}
+
+// Store DPL consecutive values x (elements e0..e0+DPL of a row) in the cache type. For q8_0 the
+// 32-value block spans 32/DPL consecutive lanes of the warp (ggml's reference quantizer:
+// d = amax/127, q = roundf(x/d)).
+template <int DPL>
+__device__ __forceinline__ void store_vals(u8* row, int e0, const float* x, int kt, int lane) {
+    if (kt == KV_F32) {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) ((float*)row)[e0 + i] = x[i];
+    } else if (kt == KV_F16) {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) ((u16*)row)[e0 + i] = f2h(x[i]);
+    } else if (kt == KV_BF16) {
+#pragma unroll
+        for (int i = 0; i < DPL; i++) ((u16*)row)[e0 + i] = f2bf(x[i]);
+    } else {
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) amax = fmaxf(amax, fabsf(x[i]));
+        for (int o = 1; o < 32 / DPL; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        u8* blk = row + (e0 >> 5) * 34;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) blk[2 + ((e0 + i) & 31)] = (u8)(signed char)roundf(x[i] * id);
+        if ((e0 & 31) == 0) {
+            u16 h = f2h(d);
+            blk[0] = (u8)(h & 0xFF);
+            blk[1] = (u8)(h >> 8);
+        }
+    }
+}
 
 // Store this batch's K and V rows (f32) in the cache type at their slots. grid (n_tokens).
 extern "C" __global__ void kv_store(const float* k, const float* v, const u64* seqtab, int layer, long long row_bytes,
@@ -49,7 +83,28 @@ __device__ __forceinline__ void qkv_prep_impl(float* q, const float* k, const fl
     float x[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) x[i] = src[lane * DPL + i];
-    if (is_q || is_k) qk_head_prep<HD>(x, is_q ? q_scale : 1.0f, eps, pos[t], inv_freq, lane);
+    if (is_q || is_k) {
+        double ss = 0.0;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) ss += (double)x[i] * (double)x[i];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        double s = (double)(is_q ? q_scale : 1.0f) / sqrt(ss / HD + (double)eps);
+#pragma unroll
+        for (int i = 0; i < DPL; i++) x[i] = (float)__dmul_rn((double)x[i], s);
+        if (inv_freq) {
+#pragma unroll
+            for (int i = 0; i < DPL; i += 2) {
+                const int j = (lane * DPL + i) / 2;
+                double theta = __dmul_rn((double)pos[t], inv_freq[j]);
+                double sn, cs;
+                sincos(theta, &sn, &cs);
+                double x0 = x[i], x1 = x[i + 1];
+                x[i] = (float)__dsub_rn(__dmul_rn(x0, cs), __dmul_rn(x1, sn));
+                x[i + 1] = (float)__dadd_rn(__dmul_rn(x0, sn), __dmul_rn(x1, cs));
+            }
+        }
+    }
     if (is_q) {
         float* dst = q + ((long long)t * n_head + hh) * HD;
 #pragma unroll

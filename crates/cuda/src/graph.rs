@@ -14,14 +14,11 @@ pub struct GraphDecoder<'m> {
     model: &'m MuseGlimmer<CudaBackend>,
     ws: Workspace<CudaBackend>,
     out: CudaSlice<u32>,
-    /// The graph, the cache it was captured for, the backend's scratch epoch then and whether
-    /// its attention is the one-launch form (`CudaBackend::attn_one_step`: a step past that
-    /// form's context limit captures anew).
-    graph: Option<(u64, u64, bool, cudarc::driver::CudaGraph)>,
-    /// The cache, scratch epoch and attention form of the last eager step: a capture for that
-    /// cache while the epoch is unchanged finds every lazily grown buffer sized, so it
-    /// allocates nothing.
-    warm: Option<(u64, u64, bool)>,
+    /// The graph, the cache it was captured for and the backend's scratch epoch then.
+    graph: Option<(u64, u64, cudarc::driver::CudaGraph)>,
+    /// The cache and scratch epoch of the last eager step: a capture for that cache while the
+    /// epoch is unchanged finds every lazily grown buffer sized, so it allocates nothing.
+    warm: Option<(u64, u64)>,
     /// Capture a graph (true) or launch kernel by kernel (false, for comparison).
     pub use_graph: bool,
 }
@@ -73,16 +70,15 @@ impl<'m> GraphDecoder<'m> {
         b.upload_batch(&batch)?;
         b.upload_seqtab(&[kv.table_addr])?;
         let epoch = b.scratch_epoch();
-        let one = b.attn_one_step(&batch);
         let current = self
             .graph
             .as_ref()
-            .filter(|(id, e, o, _)| self.use_graph && *id == kv.id && *e == epoch && *o == one);
-        if let Some((_, _, _, g)) = current {
+            .filter(|(id, e, _)| self.use_graph && *id == kv.id && *e == epoch);
+        if let Some((_, _, g)) = current {
             // Host-side bookkeeping the captured kernels do not do.
             b.kv_set_len(kv, pos as usize + 1);
             g.launch().map_err(dev("graph launch"))?;
-        } else if self.use_graph && self.warm == Some((kv.id, epoch, one)) {
+        } else if self.use_graph && self.warm == Some((kv.id, epoch)) {
             b.sync()?;
             b.capturing.store(true, std::sync::atomic::Ordering::SeqCst);
             let begun = b
@@ -109,13 +105,13 @@ impl<'m> GraphDecoder<'m> {
                 ));
             }
             graph.launch().map_err(dev("graph launch"))?;
-            self.graph = Some((kv.id, epoch, one, graph));
+            self.graph = Some((kv.id, epoch, graph));
         } else {
             // Eager: the first step of a cache, after a reallocation, or without graphs.
             self.model
                 .forward_device(&mut self.ws, &batch, &mut [kv], &[0])?;
             b.argmax(&self.ws.logits, &mut self.out)?;
-            self.warm = Some((kv.id, b.scratch_epoch(), one));
+            self.warm = Some((kv.id, b.scratch_epoch()));
         }
         if let Some(l) = logits {
             *l = b.read(&self.ws.logits)?;

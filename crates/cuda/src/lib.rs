@@ -228,14 +228,6 @@ const MVQ_TMA_MAX_STAGES: usize = 8;
 /// The dynamic shared memory the TMA-staged one-token kernels may take (of the H100's and H200's
 /// 227 KiB per block): stages are dropped, down to 2, to fit.
 const MVQ_TMA_SMEM: usize = 200 * 1024;
-/// The most visible keys for which one token's attention takes `attn_one` (one launch, a block per
-/// query head walking the keys in tiles of 64) rather than qkv_prep, the split attention and
-/// attn_combine: `MUSER_ATTN_ONE_MAX` overrides it. 0, off: on the H200 (2026-12-02, twentieth
-/// session) decode tg128 ran 149.5 to 150.5 tokens/s with it, 152.6 to 153.5 without, whether it
-/// let the output projection start at its beginning or after its wait, launched programmatically
-/// or not; equal after 384 tokens of context (153.1 / 153.0); 111.7 against 150.1 after 1,024.
-const ATTN_ONE_MAX: usize = 0;
-
 /// Most key splits of one token's attention (kernels/kv.cu COMBINE_MAX_SPLITS: attn_combine's
 /// shared arrays hold this many).
 const ATTN_MAX_SPLITS: usize = 64;
@@ -263,8 +255,6 @@ const MAX_PARTS: usize = 4096;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct StepKey {
     n: usize,
-    /// `attn_one_step`: a step below the one-launch attention's limit records its kernels.
-    attn_one: bool,
     ws: u64,
     max_ctx: usize,
     kv: i32,
@@ -519,9 +509,6 @@ pub struct CudaBackend {
     /// (`MUSER_ATTN_TCD=1`), 2 `attn_tcd2` (the default: cp.async staging, the same bits; 4.4%
     /// to 7.6% more tokens/s at 32 and 64 sequences, H200 2026-11-30).
     attn_tcd: std::sync::atomic::AtomicU8,
-    /// One token's attention in one launch (`attn_one`) for contexts of at most this many keys
-    /// (0: never): `MUSER_ATTN_ONE_MAX`, else ATTN_ONE_MAX.
-    attn_one_max: std::sync::atomic::AtomicUsize,
     /// The most dynamic shared memory one block may opt into (bytes).
     smem_optin: u32,
     /// Kernel attributes set so far, each once (`set_attribute_once`'s keys).
@@ -636,9 +623,6 @@ impl CudaBackend {
             smem_optin,
             gemm16: std::sync::atomic::AtomicBool::new(!env_is("MUSER_GEMM16", "0")),
             attn_tc: std::sync::atomic::AtomicBool::new(!env_is("MUSER_ATTN_TC", "0")),
-            attn_one_max: std::sync::atomic::AtomicUsize::new(
-                env_usize("MUSER_ATTN_ONE_MAX").unwrap_or(ATTN_ONE_MAX),
-            ),
             attn_tcd: std::sync::atomic::AtomicU8::new(if env_is("MUSER_ATTN_TCD", "0") {
                 0
             } else if env_is("MUSER_ATTN_TCD", "1") {
@@ -762,24 +746,6 @@ impl CudaBackend {
     pub fn set_attn_tc(&self, on: bool) {
         self.attn_tc.store(on, std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
-    }
-
-    /// One token's attention in one launch (`attn_one`) up to `keys` visible keys; 0: never
-    /// (qkv_prep, the split attention and attn_combine; tests: each against the other).
-    pub fn set_attn_one_max(&self, keys: usize) {
-        self.attn_one_max
-            .store(keys, std::sync::atomic::Ordering::Relaxed);
-        self.bump_epoch();
-    }
-
-    /// Whether a decode step of `batch` takes `attn_one` on every layer whose context allows
-    /// (one token at position p: p + 1 keys at most): part of a recorded step's shape, since
-    /// every layer's choice follows from it and the model's window (`attn_one_for`).
-    pub fn attn_one_step(&self, batch: &Batch) -> bool {
-        batch.len() == 1
-            && batch.pos.first().is_some_and(|&p| {
-                p as usize + 1 <= self.attn_one_max.load(std::sync::atomic::Ordering::Relaxed)
-            })
     }
 
     /// Batched decode attention on the tensor cores: 0 off (the CUDA-core kernel), 1
@@ -3100,29 +3066,6 @@ impl CudaBackend {
     /// least `attn_tcd_from()` tokens (1: every decode step; fewer take the CUDA-core kernel's
     /// quarter-head blocks), at most 16 query heads per KV head
     /// (one row tile), not the batch-invariant or parity modes.
-    /// `attn_one` for this layer: one token of one sequence, an f16 cache, head_dim 64 or 128,
-    /// at most `attn_one_max` visible keys; not in the batch-invariant mode (a sequence's bits
-    /// would then depend on whether it decodes alone) nor with cuda-parity's products.
-    fn attn_one_for(&self, kv: &SeqView, spec: AttnSpec, batch: &Batch) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        let Some(&p) = batch.pos.first() else {
-            return false;
-        };
-        let keys = if spec.kind.is_sliding() {
-            (p as usize + 1).min(spec.n_swa)
-        } else {
-            p as usize + 1
-        };
-        batch.len() == 1
-            && kv.ty == KvType::F16
-            && matches!(spec.head_dim, 64 | 128)
-            && spec.n_head_kv > 0
-            && spec.n_head % spec.n_head_kv == 0
-            && keys <= self.attn_one_max.load(Relaxed)
-            && !self.invariant()
-            && !self.cuda_parity.load(Relaxed)
-    }
-
     fn attn_tcd_for(&self, kv: &SeqView, spec: AttnSpec, n: usize) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let nrep = spec.n_head / spec.n_head_kv.max(1);
@@ -3369,19 +3312,6 @@ fn qmma_env(name: &str, default: usize) -> usize {
 fn attn_g4_below() -> usize {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *N.get_or_init(|| env_usize("MUSER_ATTN_G4_BELOW").unwrap_or(8))
-}
-
-/// `attn_one` launched programmatically (after the group product), unless `MUSER_ATTN_ONE_PDL=0`.
-fn attn_one_pdl() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !env_is("MUSER_ATTN_ONE_PDL", "0"))
-}
-
-/// `attn_one` lets the output projection be scheduled at its start (`MUSER_ATTN_ONE_EARLY=1`)
-/// rather than after its `pdl_wait`.
-fn attn_one_early() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| env_is("MUSER_ATTN_ONE_EARLY", "1"))
 }
 
 /// Micro-batches of at least this many tokens take the tensor-core decode attention
@@ -3801,7 +3731,6 @@ impl Backend for CudaBackend {
         }
         let key = StepKey {
             n: batch.len(),
-            attn_one: self.attn_one_step(batch),
             ws: ws_id,
             max_ctx: caches.iter().map(|c| c.n_ctx).max().unwrap_or(0),
             kv: kv_code(first.ty),
@@ -4377,63 +4306,6 @@ impl Backend for CudaBackend {
                 let (nh, nkv) = (spec.n_head as i32, spec.n_head_kv as i32);
                 let (row_bytes, kt) = (kv.row_bytes as i64, kv_code(kv.ty));
                 let layer_i = spec.layer as i32;
-                if self.attn_one_for(&kv, spec, batch) {
-                    check(gate, 1, spec.n_head * spec.head_dim, "attention gate")?;
-                    check(out, 1, spec.n_head * spec.head_dim, "attention output")?;
-                    check(v, 1, spec.n_head_kv * spec.head_dim, "attention v")?;
-                    let n_swa = if spec.kind.is_sliding() {
-                        spec.n_swa as i32
-                    } else {
-                        0
-                    };
-                    let name = format!(
-                        "attn_one_{}_{}",
-                        spec.n_head / spec.n_head_kv,
-                        spec.head_dim
-                    );
-                    let func = self.f(&name)?;
-                    let mut b = words::Words::new(&self.stream);
-                    b.read(&q.data)
-                        .read(&k.data)
-                        .read(&v.data)
-                        .read(&gate.data)
-                        .i32(nkv)
-                        .f32(qk.eps)
-                        .f32(qk.q_scale)
-                        .f32(spec.scale)
-                        .read(&s.pos);
-                    match qk.rope_base {
-                        Some(base) => b.read(
-                            s.inv_freq
-                                .get(&(base.to_bits(), spec.head_dim))
-                                .ok_or_else(|| Error::Backend("rope table".into()))?,
-                        ),
-                        None => b.null(),
-                    };
-                    b.read(&s.seqtab)
-                        .i32(layer_i)
-                        .i64(row_bytes)
-                        .i32(n_swa)
-                        .i32(attn_one_early() as i32)
-                        .write(&mut out.data);
-                    let cfg = LaunchConfig {
-                        grid_dim: (spec.n_head as u32, 1, 1),
-                        block_dim: (128, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    // SAFETY: one token (checked above, as q's and k's shapes by bind_caches):
-                    // reads q, k, v and the gate of that token, the visible rows of its own
-                    // cache (seqtab, bound above; slots from its position, checked against the
-                    // cache's n_ctx), and writes one K and one V row at its slot and n_head x
-                    // head_dim outputs; the words follow attn_one's parameters; it waits first
-                    // for all but the cached rows, which no kernel of this step writes.
-                    let pdl = self.pdl_small && attn_one_pdl();
-                    unsafe { self.launch_raw(&func, cfg, b.vals(), pdl) }.map_err(dev(&name))?;
-                    drop(b);
-                    drop(g);
-                    out.xs_ok = false;
-                    return Ok(());
-                }
                 let func = self.f(&format!("qkv_prep_{}", spec.head_dim))?;
                 let mut b = words::Words::new(&self.stream);
                 b.write(&mut q.data)

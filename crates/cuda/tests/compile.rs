@@ -100,8 +100,6 @@ fn every_kernel_source_compiles_for_sm_90() {
         "attn_tcd_4_64",
         "attn_tcd_2_128_split",
         "attn_tcd2_16_128",
-        "attn_one_16_128",
-        "attn_one_4_64",
         "attn_tcd2_4_64_split",
         "attn_4_64_q8_0",
         "attn_2_128_f32",
