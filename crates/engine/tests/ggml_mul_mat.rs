@@ -137,3 +137,57 @@ fn routing_table() {
     assert_eq!(mul_mat_path(F16, 20, 5), MatMulPath::Sgemm);
     assert_eq!(mul_mat_path(BF16, 20, 1), MatMulPath::VecDot);
 }
+
+/// One token's K-quant dots straight from the row's bytes (AVX2 integer products) against the
+/// same dots over decoded blocks: the same bits, on blocks of random bytes (every byte pattern is
+/// a block) and on the extremes (every code at its largest against activations of -128 and 127,
+/// where `maddubs` would saturate if a pair could leave i16).
+#[test]
+fn packed_k_dots_give_the_decoded_bits() {
+    use muser_engine::cpu::ggml::vec_dot::{decode_k_row, vec_dot_k, vec_dot_k_packed};
+    if !muser_engine::cpu::ggml::lanes::has_avx2_fma() {
+        println!("SKIPPED: this CPU has no AVX2 and FMA (the packed path is not taken)");
+        return;
+    }
+    let mut r = Rng::new(7);
+    let mut checked = 0;
+    for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        let bs = ty.type_size();
+        for case in 0..200 {
+            let nb = 1 + case % 9;
+            let mut w: Vec<u8> = (0..nb * bs).map(|_| r.next() as u8).collect();
+            let mut x = r.acts(nb * 256);
+            if case % 10 == 0 {
+                // Largest codes and scales, activations at the q8 extremes.
+                for b in w.iter_mut() {
+                    *b = 0xFF;
+                }
+                for (i, v) in x.iter_mut().enumerate() {
+                    *v = if i % 3 == 0 { -1.0 } else { 1.0 };
+                }
+            }
+            // Finite f16 block scales (0xFFFF would be a NaN: the same NaN either way).
+            for blk in w.chunks_exact_mut(bs) {
+                let k4 = ty != GgmlType::Q6_K;
+                let off = if k4 { 0 } else { 208 };
+                blk[off + 1] &= 0x3B;
+                if k4 {
+                    blk[3] &= 0x3B;
+                }
+            }
+            let mut y = vec![BlockQ8K::ZERO; nb];
+            quantize_row_q8_k(&x, &mut y);
+            let mut blocks = Vec::new();
+            decode_k_row(ty, &w, &mut blocks);
+            let want = vec_dot_k(ty, &blocks, &y);
+            let got = vec_dot_k_packed(ty, &w, &y).expect("the packed path on AVX2");
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "{ty} case {case}: {got} against {want}"
+            );
+            checked += 1;
+        }
+    }
+    println!("{checked} packed K-quant dots: the decoded path's bits");
+}

@@ -39,7 +39,9 @@
 //! - [`k_rotation`] / [`hadamard_rotate`]: with a quantized (Q8_0) K cache llama.cpp rotates Q and K
 //!   (after RoPE, before the store) with a Hadamard transform; do the same.
 //!
-//! Everything is safe Rust and deterministic: results do not depend on the rayon thread count.
+//! Everything is deterministic: results do not depend on the rayon thread count. It is safe Rust
+//! but for the one-token K-quant dots' AVX2 integer products (`vec_dot::vec_dot_k_packed`, taken
+//! when the CPU has AVX2 and FMA; each `unsafe` says why it is sound).
 
 pub mod attention;
 pub mod hadamard;

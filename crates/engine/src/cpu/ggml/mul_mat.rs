@@ -21,7 +21,9 @@ use super::quantize::{
 };
 use super::sgemm::{sgemm_dot_bf16, sgemm_dot_f16, sgemm_dot_f32};
 use super::tiled::tiled_dot_k;
-use super::vec_dot::{KBlock, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_k, vec_dot_q0_q8_0};
+use super::vec_dot::{
+    KBlock, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_k, vec_dot_k_packed, vec_dot_q0_q8_0,
+};
 
 /// Which ggml-cpu kernel computes a mul_mat.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -216,6 +218,14 @@ fn dot(
             vec_dot_q0_q8_0(ty == GgmlType::Q4_0, w, &x[t * rb..(t + 1) * rb])
         }
         (Activations::Q8K { x, .. }, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) => {
+            let nb = cols / QK_K;
+            // One token: the row is read once, straight from its bytes (the same bits).
+            if path == MatMulPath::VecDot
+                && x.len() == nb
+                && let Some(v) = vec_dot_k_packed(ty, w, x)
+            {
+                return v;
+            }
             if new_row {
                 // decode the weight row once for all input columns
                 let bs = ty.type_size();
@@ -224,7 +234,6 @@ fn dot(
                     KBlock::decode(ty, xb, b);
                 }
             }
-            let nb = cols / QK_K;
             let y = &x[t * nb..(t + 1) * nb];
             if path == MatMulPath::Tiled {
                 tiled_dot_k(ty, &buf.k, y)
@@ -280,9 +289,18 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
         .enumerate()
         .for_each(|(c, out)| {
             let r0 = c * CHUNK;
+            // Only the widened row this type reads (a K-quant's one-token dots read none).
             let mut buf = RowBuf {
-                f: vec![0.0; cols],
-                h: vec![0; cols],
+                f: if ty == GgmlType::F32 {
+                    vec![0.0; cols]
+                } else {
+                    Vec::new()
+                },
+                h: if matches!(ty, GgmlType::F16 | GgmlType::BF16) {
+                    vec![0; cols]
+                } else {
+                    Vec::new()
+                },
                 k: Vec::new(),
             };
             with_avx2_fma(

@@ -272,15 +272,29 @@ fn lane_sums(q: &[i32; QK_K], y: &[i8; QK_K], sc: &[i32], sub: usize) -> [i32; 8
 /// `ggml_vec_dot_q4_K_q8_K` (quants.c:2038), AVX2 branch, one block.
 #[inline(always)]
 fn q4k_block(b: &KBlock, yb: &BlockQ8K, acc: &mut [f32; 8], acc_m: &mut [f32; 4]) {
-    let d = yb.d * b.d;
-    let dmin = -yb.d * b.dmin;
+    let s = lane_sums(&b.q, &yb.qs, &b.sc, 32);
+    q4k_finish(b.d, b.dmin, &b.mn, yb, &s, acc, acc_m);
+}
+
+/// The float part of [`q4k_block`], given the block's lane sums `s`.
+#[inline(always)]
+fn q4k_finish(
+    bd: f32,
+    bdmin: f32,
+    mn: &[i32; 8],
+    yb: &BlockQ8K,
+    s: &[i32; 8],
+    acc: &mut [f32; 8],
+    acc_m: &mut [f32; 4],
+) {
+    let d = yb.d * bd;
+    let dmin = -yb.d * bdmin;
     for t in 0..4 {
         let q8s0 = yb.bsums[4 * t] as i32 + yb.bsums[4 * t + 1] as i32;
         let q8s1 = yb.bsums[4 * t + 2] as i32 + yb.bsums[4 * t + 3] as i32;
-        let prod = b.mn[2 * t] * q8s0 + b.mn[2 * t + 1] * q8s1;
+        let prod = mn[2 * t] * q8s0 + mn[2 * t + 1] * q8s1;
         acc_m[t] = fma(dmin, prod as f32, acc_m[t]);
     }
-    let s = lane_sums(&b.q, &yb.qs, &b.sc, 32);
     for w in 0..8 {
         acc[w] = fma(d, s[w] as f32, acc[w]);
     }
@@ -290,17 +304,31 @@ fn q4k_block(b: &KBlock, yb: &BlockQ8K, acc: &mut [f32; 8], acc_m: &mut [f32; 4]
 /// `summs += dmin * (float) Σprod`, contracted to an FMA by GCC.
 #[inline(always)]
 fn q5k_block(b: &KBlock, yb: &BlockQ8K, acc: &mut [f32; 8], summs: &mut f32) {
-    let d = yb.d * b.d;
-    let dmin = -yb.d * b.dmin;
+    let s = lane_sums(&b.q, &yb.qs, &b.sc, 32);
+    q5k_finish(b.d, b.dmin, &b.mn, yb, &s, acc, summs);
+}
+
+/// The float part of [`q5k_block`], given the block's lane sums `s`.
+#[inline(always)]
+fn q5k_finish(
+    bd: f32,
+    bdmin: f32,
+    mn: &[i32; 8],
+    yb: &BlockQ8K,
+    s: &[i32; 8],
+    acc: &mut [f32; 8],
+    summs: &mut f32,
+) {
+    let d = yb.d * bd;
+    let dmin = -yb.d * bdmin;
     let mut p = [0i32; 4];
     for t in 0..4 {
         let q8s0 = yb.bsums[4 * t] as i32 + yb.bsums[4 * t + 1] as i32;
         let q8s1 = yb.bsums[4 * t + 2] as i32 + yb.bsums[4 * t + 3] as i32;
-        p[t] = b.mn[2 * t] * q8s0 + b.mn[2 * t + 1] * q8s1;
+        p[t] = mn[2 * t] * q8s0 + mn[2 * t + 1] * q8s1;
     }
     let hsum = (p[0] + p[1]) + (p[2] + p[3]);
     *summs = fma(dmin, hsum as f32, *summs);
-    let s = lane_sums(&b.q, &yb.qs, &b.sc, 32);
     for w in 0..8 {
         acc[w] = fma(d, s[w] as f32, acc[w]);
     }
@@ -310,11 +338,16 @@ fn q5k_block(b: &KBlock, yb: &BlockQ8K, acc: &mut [f32; 8], summs: &mut f32) {
 /// `32 * Σ bsums*scales` per lane (`q8sclsub`: lane `w` holds sub-blocks `2w`, `2w+1`).
 #[inline(always)]
 fn q6k_block(b: &KBlock, yb: &BlockQ8K, acc: &mut [f32; 8]) {
-    let d = yb.d * b.d;
-    let mut s = lane_sums(&b.q, &yb.qs, &b.sc, 16);
+    let s = lane_sums(&b.q, &yb.qs, &b.sc, 16);
+    q6k_finish(b.d, &b.sc, yb, s, acc);
+}
+
+/// The rest of [`q6k_block`], given the lane sums `s` of the unbiased codes.
+#[inline(always)]
+fn q6k_finish(bd: f32, sc: &[i32; 16], yb: &BlockQ8K, mut s: [i32; 8], acc: &mut [f32; 8]) {
+    let d = yb.d * bd;
     for (w, lane) in s.iter_mut().enumerate() {
-        let sub =
-            yb.bsums[2 * w] as i32 * b.sc[2 * w] + yb.bsums[2 * w + 1] as i32 * b.sc[2 * w + 1];
+        let sub = yb.bsums[2 * w] as i32 * sc[2 * w] + yb.bsums[2 * w + 1] as i32 * sc[2 * w + 1];
         *lane -= sub << 5;
     }
     for w in 0..8 {
@@ -371,4 +404,188 @@ pub fn vec_dot_q5_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
 /// `ggml_vec_dot_q6_K_q8_K` of a raw Q6_K row.
 pub fn vec_dot_q6_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
     vec_dot_k_bytes(GgmlType::Q6_K, x, y)
+}
+
+/// [`vec_dot_k`] of a Q4_K, Q5_K or Q6_K row straight from its bytes: the blocks' lane sums by AVX2
+/// integer products (`maddubs`, then `madd` by each sub-block's scale, as ggml's kernels form
+/// them) instead of codes decoded into a [`KBlock`] first. The lane sums are exact integers either
+/// way (no pair of products leaves i16: codes below 64 against |q8| <= 128), and the float
+/// arithmetic is [`q4k_finish`] / [`q5k_finish`] / [`q6k_finish`], so the bits are the same; a
+/// row is read once, which is what one token's products (decode) do. `None` where the CPU lacks
+/// AVX2 or for another type.
+pub fn vec_dot_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> Option<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if super::lanes::has_avx2_fma()
+        && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+    {
+        // SAFETY: the avx2 and fma target features the function enables are present (checked
+        // just above); it reads only within `x` and `y` (whole blocks, checked inside).
+        return Some(unsafe { packed::vec_dot(ty, x, y) });
+    }
+    let _ = (ty, x, y);
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+mod packed {
+    use super::{
+        BlockQ8K, GgmlType, QK_K, hsum8, k4_scales_mins, q4k_finish, q5k_finish, q6k_finish,
+    };
+    use crate::cpu::ggml::lanes::rd_f16;
+    use std::arch::x86_64::*;
+
+    /// Lane sums of one Q4_K block (`qs`: its 128 code bytes; Q5_K: with `qh`, its 32 bytes of
+    /// fifth bits) against `y`: lane w holds elements 4w..4w+3 of every 32, each 32 weighted by
+    /// its sub-block's scale.
+    #[target_feature(enable = "avx2")]
+    unsafe fn q4k_lanes(qs: &[u8], qh: Option<&[u8]>, y: &[i8; QK_K], sc: &[i32; 8]) -> [i32; 8] {
+        assert!(qs.len() >= 128 && qh.is_none_or(|h| h.len() >= 32));
+        let (m4, m16) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
+        // SAFETY: 32 bytes of qh (checked above).
+        let hbits = qh.map(|h| unsafe { _mm256_loadu_si256(h.as_ptr() as *const __m256i) });
+        // 16 where bit `b` of a byte of qh is set (Q5_K's fifth bit of a code), else 0.
+        let fifth = |b: u32| match hbits {
+            Some(h) => {
+                let bit = _mm256_set1_epi8((1u8 << b) as i8);
+                _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), m16)
+            }
+            None => _mm256_setzero_si256(),
+        };
+        let mut sum = _mm256_setzero_si256();
+        for j in 0..4 {
+            // SAFETY: bytes 32j..32j+32 of the 128 codes and elements 64j..64j+64 of y: in range.
+            let (bits, yl, yh) = unsafe {
+                (
+                    _mm256_loadu_si256(qs.as_ptr().add(32 * j) as *const __m256i),
+                    _mm256_loadu_si256(y.as_ptr().add(64 * j) as *const __m256i),
+                    _mm256_loadu_si256(y.as_ptr().add(64 * j + 32) as *const __m256i),
+                )
+            };
+            let lo = _mm256_or_si256(_mm256_and_si256(bits, m4), fifth(2 * j as u32));
+            let hi = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
+                fifth(2 * j as u32 + 1),
+            );
+            let pl = _mm256_madd_epi16(
+                _mm256_set1_epi16(sc[2 * j] as i16),
+                _mm256_maddubs_epi16(lo, yl),
+            );
+            let ph = _mm256_madd_epi16(
+                _mm256_set1_epi16(sc[2 * j + 1] as i16),
+                _mm256_maddubs_epi16(hi, yh),
+            );
+            sum = _mm256_add_epi32(sum, _mm256_add_epi32(pl, ph));
+        }
+        let mut out = [0i32; 8];
+        // SAFETY: 32 bytes into an [i32; 8].
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, sum) };
+        out
+    }
+
+    /// Lane sums of one Q6_K block's unbiased codes (0..63) against `y`, as [`q4k_lanes`] with
+    /// sub-blocks of 16 (lanes 0-3 of a 32 take the first 16's scale, lanes 4-7 the second's).
+    #[target_feature(enable = "avx2")]
+    unsafe fn q6k_lanes(xb: &[u8], y: &[i8; QK_K], sc: &[i32; 16]) -> [i32; 8] {
+        assert!(xb.len() >= 192);
+        let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let mut sum = _mm256_setzero_si256();
+        for n in 0..2 {
+            // SAFETY: ql bytes 64n..64n+64, qh bytes 128+32n..+32 of the block, y elements
+            // 128n..128n+128: in range.
+            let (ql0, ql1, qh) = unsafe {
+                (
+                    _mm256_loadu_si256(xb.as_ptr().add(64 * n) as *const __m256i),
+                    _mm256_loadu_si256(xb.as_ptr().add(64 * n + 32) as *const __m256i),
+                    _mm256_loadu_si256(xb.as_ptr().add(128 + 32 * n) as *const __m256i),
+                )
+            };
+            // The four 32s of this half, in element order (vec_dot.rs q6_codes).
+            let codes = [
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _mm256_and_si256(qh, m30),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                ),
+            ];
+            for (k, q) in codes.iter().enumerate() {
+                let c = 4 * n + k;
+                // SAFETY: elements 32c..32c+32 of y.
+                let yv = unsafe { _mm256_loadu_si256(y.as_ptr().add(32 * c) as *const __m256i) };
+                let scale = _mm256_set_m128i(
+                    _mm_set1_epi16(sc[2 * c + 1] as i16),
+                    _mm_set1_epi16(sc[2 * c] as i16),
+                );
+                let p = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(*q, yv));
+                sum = _mm256_add_epi32(sum, p);
+            }
+        }
+        let mut out = [0i32; 8];
+        // SAFETY: 32 bytes into an [i32; 8].
+        unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, sum) };
+        out
+    }
+
+    /// See [`super::vec_dot_k_packed`]. The caller checked avx2 and fma.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn vec_dot(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> f32 {
+        let bs = ty.type_size();
+        let mut acc = [0.0f32; 8];
+        if ty == GgmlType::Q4_K {
+            let mut acc_m = [0.0f32; 4];
+            for (xb, yb) in x.chunks_exact(bs).zip(y) {
+                let (sc, mn) = k4_scales_mins(&xb[4..16]);
+                // SAFETY: the caller's avx2 (this function's own target features).
+                let s = unsafe { q4k_lanes(&xb[16..144], None, &yb.qs, &sc) };
+                q4k_finish(
+                    rd_f16(xb, 0),
+                    rd_f16(xb, 2),
+                    &mn,
+                    yb,
+                    &s,
+                    &mut acc,
+                    &mut acc_m,
+                );
+            }
+            hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
+        } else if ty == GgmlType::Q5_K {
+            let mut summs = 0.0f32;
+            for (xb, yb) in x.chunks_exact(bs).zip(y) {
+                let (sc, mn) = k4_scales_mins(&xb[4..16]);
+                // SAFETY: as above.
+                let s = unsafe { q4k_lanes(&xb[48..176], Some(&xb[16..48]), &yb.qs, &sc) };
+                q5k_finish(
+                    rd_f16(xb, 0),
+                    rd_f16(xb, 2),
+                    &mn,
+                    yb,
+                    &s,
+                    &mut acc,
+                    &mut summs,
+                );
+            }
+            hsum8(&acc) + summs
+        } else {
+            for (xb, yb) in x.chunks_exact(bs).zip(y) {
+                let mut sc = [0i32; 16];
+                for (s, &b) in sc.iter_mut().zip(&xb[192..208]) {
+                    *s = b as i8 as i32;
+                }
+                // SAFETY: as above.
+                let s = unsafe { q6k_lanes(xb, &yb.qs, &sc) };
+                q6k_finish(rd_f16(xb, 208), &sc, yb, s, &mut acc);
+            }
+            hsum8(&acc)
+        }
+    }
 }
