@@ -219,10 +219,11 @@ fn dot(
         }
         (Activations::Q8K { x, .. }, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K) => {
             let nb = cols / QK_K;
-            // One token: the row is read once, straight from its bytes (the same bits).
+            let y = &x[t * nb..(t + 1) * nb];
+            // Fewer than 8 tokens: straight from the row's bytes (the same bits; the row, read
+            // once per token, stays in the cache between them).
             if path == MatMulPath::VecDot
-                && x.len() == nb
-                && let Some(v) = vec_dot_k_packed(ty, w, x)
+                && let Some(v) = vec_dot_k_packed(ty, w, y)
             {
                 return v;
             }
@@ -234,7 +235,6 @@ fn dot(
                     KBlock::decode(ty, xb, b);
                 }
             }
-            let y = &x[t * nb..(t + 1) * nb];
             if path == MatMulPath::Tiled {
                 tiled_dot_k(ty, &buf.k, y)
             } else {
