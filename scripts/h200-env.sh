@@ -1,10 +1,12 @@
-# Sourced by the scripts that run on the H200 machine (repo root, carry/bin in place): the output
-# folder, the CUDA runtime's libraries, the kernel cache, and the synthetic 30B file (written if
-# it is not there yet).
+# Sourced by the scripts that run on the H200 machine (repo root, carry/bin or carry/bin.tar.xz):
+# the output folder, the CUDA runtime's libraries, the kernel cache, the binaries unpacked, and
+# the synthetic 30B file (written if it is not there yet).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export MUSER_KERNEL_CACHE=/tmp/muser-kernels
 MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
-[ -f "$MODEL" ] || carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m > /dev/null
+# The binaries, if they came as carry/bin.tar.xz; the synth time to SYNTH_LOG, if set.
+[ -x carry/bin/muser ] || tar -C carry -xJf carry/bin.tar.xz
+[ -f "$MODEL" ] || { /usr/bin/time -f "synth %e s" carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m --force 2>&1 | tail -2 | tee -a "${SYNTH_LOG:-/dev/null}"; }

@@ -7,14 +7,12 @@
 #   CTX (4096: a slot's context; the random answers' text re-tokenizes longer than the 128 tokens
 #   drawn, and at 2048 a fourth turn outgrew it: a 400, context_length_exceeded).
 set -uo pipefail
+cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-export MUSER_KERNEL_CACHE=/tmp/muser-kernels
-MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
-[ -x carry/bin/muser ] || tar -C carry -xJf carry/bin.tar.xz
 log="$OUT/serve-prefix.log"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$log"
-[ -f "$MODEL" ] || { /usr/bin/time -f "synth %e s" carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m --force 2>&1 | tail -2 | tee -a "$log"; }
+SYNTH_LOG="$log"
+source scripts/h200-env.sh
 for mode in reuse none; do
   flag=""; [ "$mode" = none ] && flag="--no-prefix-reuse"
   carry/bin/muser serve -m "$MODEL" --device cuda ${SERVE_FLAGS:---mode fast --fp8-weights} $flag --parallel 64 --ctx-size ${CTX:-4096} \

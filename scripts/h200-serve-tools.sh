@@ -5,13 +5,11 @@
 # only once it begins a call), alternating, on one server; the draws' places from /metrics.
 #   SERVE_FLAGS (default "--mode fast --fp8-weights"), SERVE_SECONDS (30), SERVE_WARM (20).
 set -uo pipefail
+cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-export MUSER_KERNEL_CACHE=/tmp/muser-kernels
-MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
-[ -x carry/bin/muser ] || tar -C carry -xJf carry/bin.tar.xz
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/serve-tools.log"
-[ -f "$MODEL" ] || { /usr/bin/time -f "synth %e s" carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m --force 2>&1 | tail -2 | tee -a "$OUT/serve-tools.log"; }
+SYNTH_LOG="$OUT/serve-tools.log"
+source scripts/h200-env.sh
 carry/bin/muser serve -m "$MODEL" --device cuda ${SERVE_FLAGS:---mode fast --fp8-weights} --parallel 64 --ctx-size 2048 \
   --port 8081 --alias muser --chat-template-file crates/text/tests/data/muse-glimmer.jinja > "$OUT/serve-muser.log" 2>&1 &
 spid=$!

@@ -40,8 +40,9 @@
 //!   (after RoPE, before the store) with a Hadamard transform; do the same.
 //!
 //! Everything is deterministic: results do not depend on the rayon thread count. It is safe Rust
-//! but for the one-token K-quant dots' AVX2 integer products (`vec_dot::vec_dot_k_packed`, taken
-//! when the CPU has AVX2 and FMA; each `unsafe` says why it is sound).
+//! but for the AVX2 integer products of the K-quant dots of fewer than 8 tokens
+//! (`vec_dot::vec_dot_k_packed`, taken when the CPU has AVX2 and FMA; each `unsafe` says why it
+//! is sound).
 
 pub mod attention;
 pub mod hadamard;

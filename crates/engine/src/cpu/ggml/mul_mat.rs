@@ -289,7 +289,7 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
         .enumerate()
         .for_each(|(c, out)| {
             let r0 = c * CHUNK;
-            // Only the widened row this type reads (a K-quant's one-token dots read none).
+            // Only the widened row this type reads (a K-quant row reads none).
             let mut buf = RowBuf {
                 f: if ty == GgmlType::F32 {
                     vec![0.0; cols]

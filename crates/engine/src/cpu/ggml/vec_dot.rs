@@ -287,14 +287,27 @@ fn q4k_finish(
     acc: &mut [f32; 8],
     acc_m: &mut [f32; 4],
 ) {
-    let d = yb.d * bd;
     let dmin = -yb.d * bdmin;
-    for t in 0..4 {
+    for (a, prod) in acc_m.iter_mut().zip(k4_min_products(mn, yb)) {
+        *a = fma(dmin, prod as f32, *a);
+    }
+    lanes_fma(yb.d * bd, s, acc);
+}
+
+/// A Q4_K / Q5_K block's mins against the Q8_K sums, per pair of its sub-blocks (t = 0..3:
+/// sub-blocks 2t and 2t + 1, `prod` of ggml's kernels).
+#[inline(always)]
+fn k4_min_products(mn: &[i32; 8], yb: &BlockQ8K) -> [i32; 4] {
+    std::array::from_fn(|t| {
         let q8s0 = yb.bsums[4 * t] as i32 + yb.bsums[4 * t + 1] as i32;
         let q8s1 = yb.bsums[4 * t + 2] as i32 + yb.bsums[4 * t + 3] as i32;
-        let prod = mn[2 * t] * q8s0 + mn[2 * t + 1] * q8s1;
-        acc_m[t] = fma(dmin, prod as f32, acc_m[t]);
-    }
+        mn[2 * t] * q8s0 + mn[2 * t + 1] * q8s1
+    })
+}
+
+/// `acc = fma(d, (float) s, acc)` in each of the 8 lanes (a block's scaled integer sums).
+#[inline(always)]
+fn lanes_fma(d: f32, s: &[i32; 8], acc: &mut [f32; 8]) {
     for w in 0..8 {
         acc[w] = fma(d, s[w] as f32, acc[w]);
     }
@@ -319,19 +332,11 @@ fn q5k_finish(
     acc: &mut [f32; 8],
     summs: &mut f32,
 ) {
-    let d = yb.d * bd;
     let dmin = -yb.d * bdmin;
-    let mut p = [0i32; 4];
-    for t in 0..4 {
-        let q8s0 = yb.bsums[4 * t] as i32 + yb.bsums[4 * t + 1] as i32;
-        let q8s1 = yb.bsums[4 * t + 2] as i32 + yb.bsums[4 * t + 3] as i32;
-        p[t] = mn[2 * t] * q8s0 + mn[2 * t + 1] * q8s1;
-    }
+    let p = k4_min_products(mn, yb);
     let hsum = (p[0] + p[1]) + (p[2] + p[3]);
     *summs = fma(dmin, hsum as f32, *summs);
-    for w in 0..8 {
-        acc[w] = fma(d, s[w] as f32, acc[w]);
-    }
+    lanes_fma(yb.d * bd, s, acc);
 }
 
 /// `ggml_vec_dot_q6_K_q8_K` (quants.c:2426), AVX2 branch, one block: codes 0..63 against q8, minus
@@ -345,14 +350,11 @@ fn q6k_block(b: &KBlock, yb: &BlockQ8K, acc: &mut [f32; 8]) {
 /// The rest of [`q6k_block`], given the lane sums `s` of the unbiased codes.
 #[inline(always)]
 fn q6k_finish(bd: f32, sc: &[i32; 16], yb: &BlockQ8K, mut s: [i32; 8], acc: &mut [f32; 8]) {
-    let d = yb.d * bd;
     for (w, lane) in s.iter_mut().enumerate() {
         let sub = yb.bsums[2 * w] as i32 * sc[2 * w] + yb.bsums[2 * w + 1] as i32 * sc[2 * w + 1];
         *lane -= sub << 5;
     }
-    for w in 0..8 {
-        acc[w] = fma(d, s[w] as f32, acc[w]);
-    }
+    lanes_fma(yb.d * bd, &s, acc);
 }
 
 /// The AVX2 `vec_dot` of a K-quant row (decoded blocks) against a Q8_K row.
@@ -410,9 +412,9 @@ pub fn vec_dot_q6_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
 /// integer products (`maddubs`, then `madd` by each sub-block's scale, as ggml's kernels form
 /// them) instead of codes decoded into a [`KBlock`] first. The lane sums are exact integers either
 /// way (no pair of products leaves i16: codes below 64 against |q8| <= 128), and the float
-/// arithmetic is [`q4k_finish`] / [`q5k_finish`] / [`q6k_finish`], so the bits are the same; a
-/// row is read once, which is what one token's products (decode) do. `None` where the CPU lacks
-/// AVX2 or for another type.
+/// arithmetic is [`q4k_finish`] / [`q5k_finish`] / [`q6k_finish`], so the bits are the same. For
+/// products of fewer than 8 tokens (`vec_dot`'s path: decode), whose rows are read once per
+/// token. `None` where the CPU lacks AVX2 or for another type.
 pub fn vec_dot_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> Option<f32> {
     #[cfg(target_arch = "x86_64")]
     if super::lanes::has_avx2_fma()
