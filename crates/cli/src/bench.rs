@@ -157,6 +157,7 @@ fn batched_test<B: Backend>(
             seed: 0,
             counter: 0,
             edits: Vec::new(),
+            allowed: None,
         })
         .collect();
     let mut drawn: Vec<u32> = Vec::new();

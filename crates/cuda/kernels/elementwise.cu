@@ -170,6 +170,31 @@ extern "C" __global__ void logit_edits(float* __restrict__ x, int cols, const u3
     for (u32 e = par[d] + threadIdx.x; e < start[d + 1]; e += blockDim.x) logit_edit(r, cols, ed + 4ull * e);
 }
 
+// Rows rowix[d] of x into row d of out: a draw's own copy of its rows, which it edits, so the
+// logits stay as the forward pass left them (a row may be drawn again, under a grammar's mask).
+// grid (chunks, draws).
+extern "C" __global__ void gather_rows(const float* __restrict__ x, int cols, const u32* __restrict__ rowix, float* __restrict__ out) {
+    const float* r = x + (long long)rowix[blockIdx.y] * cols;
+    float* o = out + (long long)blockIdx.y * cols;
+    const int per = (cols + gridDim.x - 1) / gridDim.x;
+    const int c0 = blockIdx.x * per, c1 = min(cols, c0 + per);
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) o[c] = r[c];
+}
+
+// A grammar's mask over row d (sampling.rs RowDraw::allowed, after the edits): every token whose
+// bit (bit c % 64 of word c / 64 of mask mi[d], mw words each) is clear becomes -inf. A row
+// with mi[d] = 0xffffffff has no mask. grid (chunks, draws).
+extern "C" __global__ void logit_allowed(float* __restrict__ x, int cols, const u32* __restrict__ mi, const u64* __restrict__ masks, int mw) {
+    const u32 k = mi[blockIdx.y];
+    if (k == 0xffffffffu) return;
+    float* r = x + (long long)blockIdx.y * cols;
+    const u64* m = masks + (long long)k * mw;
+    const int per = (cols + gridDim.x - 1) / gridDim.x;
+    const int c0 = blockIdx.x * per, c1 = min(cols, c0 + per);
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
+        if (!((m[c >> 6] >> (c & 63)) & 1ull)) r[c] = -__int_as_float(0x7f800000);
+}
+
 // Whether each drawn row's logits, before its edits, hold a NaN or an infinity (the host's
 // check, sampling.rs NOT_FINITE: a damaged file's overflow, which a draw would turn into some
 // token). grid (chunks, draws); any block that finds one sets bad[d] (zeroed by the caller).

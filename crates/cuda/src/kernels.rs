@@ -115,16 +115,78 @@ fn nvrtc_log(e: &cudarc::nvrtc::CompileError) -> String {
     }
 }
 
+/// Where program `name` (`src` with `defines`, and `MUSER_NVRTC_DEFINES`) compiled for `arch`
+/// by NVRTC `version` lies in the disk cache `dir`: its name carries a hash of all of these.
+fn cache_path(
+    dir: &std::path::Path,
+    name: &str,
+    src: &str,
+    arch: &str,
+    version: &str,
+    defines: &[String],
+) -> PathBuf {
+    let defs = format!("{} {}", defines.join(" "), env_defines().join(" "));
+    let key = fnv1a(&[
+        COMMON.as_bytes(),
+        src.as_bytes(),
+        arch.as_bytes(),
+        version.as_bytes(),
+        defs.as_bytes(),
+    ]);
+    dir.join(format!("{name}-{arch}-{key:016x}.ptx"))
+}
+
+/// Compile programs (name, source, defines) for `arch` into the disk cache `dir`, as `load`
+/// would write them: a cache made without a GPU (the NVRTC from PyPI), for a machine whose
+/// NVRTC has the same version to read instead of compiling. Returns the files written.
+pub fn write_cache(
+    dir: &std::path::Path,
+    arch: &'static str,
+    programs: &[(String, &str, Vec<String>)],
+) -> Result<Vec<PathBuf>> {
+    // SAFETY: this only tries to dlopen the library by name (cudarc panics on a missing one).
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(Error::Backend(
+            "NVRTC (libnvrtc.so.13) is not on the library path".into(),
+        ));
+    }
+    let version = nvrtc_version();
+    std::fs::create_dir_all(dir).map_err(|e| Error::Backend(format!("{}: {e}", dir.display())))?;
+    let mut written = Vec::new();
+    for (name, src, defines) in programs {
+        let path = cache_path(dir, name, src, arch, &version, defines);
+        let ptx = compile_with(name, src, arch, defines)?;
+        std::fs::write(&path, ptx)
+            .map_err(|e| Error::Backend(format!("{}: {e}", path.display())))?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// The base programs (every source but the attention's): `load_all`'s list.
+pub fn base_programs() -> Vec<(String, &'static str, Vec<String>)> {
+    SOURCES
+        .iter()
+        .map(|&(name, src)| (name.to_string(), src, Vec::new()))
+        .collect()
+}
+
+/// The attention program for `nrep` query heads per KV head and head size `hd`:
+/// `load_attention`'s.
+pub fn attention_program(nrep: usize, hd: usize) -> (String, &'static str, Vec<String>) {
+    (
+        format!("attention-{nrep}x{hd}"),
+        ATTENTION,
+        vec![format!("ATTN_NREP={nrep}"), format!("ATTN_HD={hd}")],
+    )
+}
+
 /// Compile (or read from the disk cache) every base source and load its kernels into `ctx`.
 pub fn load_all(
     ctx: &Arc<CudaContext>,
     arch: &'static str,
 ) -> Result<HashMap<String, CudaFunction>> {
-    let programs: Vec<(String, &str, Vec<String>)> = SOURCES
-        .iter()
-        .map(|&(name, src)| (name.to_string(), src, Vec::new()))
-        .collect();
-    load(ctx, arch, &programs)
+    load(ctx, arch, &base_programs())
 }
 
 /// The attention kernels for `nrep` query heads per KV head and head size `hd`.
@@ -134,12 +196,7 @@ pub fn load_attention(
     nrep: usize,
     hd: usize,
 ) -> Result<HashMap<String, CudaFunction>> {
-    let programs = vec![(
-        format!("attention-{nrep}x{hd}"),
-        ATTENTION,
-        vec![format!("ATTN_NREP={nrep}"), format!("ATTN_HD={hd}")],
-    )];
-    load(ctx, arch, &programs)
+    load(ctx, arch, &[attention_program(nrep, hd)])
 }
 
 /// Compile (in parallel, or read from the disk cache) and load programs (name, source, defines).
@@ -157,17 +214,9 @@ pub fn load(
                 let dir = dir.clone();
                 let version = version.clone();
                 s.spawn(move || -> Result<(String, String)> {
-                    let defs = format!("{} {}", defines.join(" "), env_defines().join(" "));
-                    let key = fnv1a(&[
-                        COMMON.as_bytes(),
-                        src.as_bytes(),
-                        arch.as_bytes(),
-                        version.as_bytes(),
-                        defs.as_bytes(),
-                    ]);
                     let path = dir
                         .as_ref()
-                        .map(|d| d.join(format!("{name}-{arch}-{key:016x}.ptx")));
+                        .map(|d| cache_path(d, name, src, arch, &version, defines));
                     if let Some(p) = &path {
                         if let Ok(text) = std::fs::read_to_string(p) {
                             return Ok((name.to_string(), text));

@@ -1307,32 +1307,49 @@ impl CudaBackend {
     /// Chunks of 4096 values per row, at most two per SM: a vocabulary of 202,048 takes 50
     /// blocks instead of one (one block: 79 us per token on the H200, Nsight Compute, 2026-11-29).
     pub fn argmax(&self, logits: &CudaAct, out: &mut CudaSlice<u32>) -> Result<()> {
-        let cols = logits.cols as i32;
-        let chunks = logits
-            .cols
+        self.argmax_of(&logits.data, logits.rows, logits.cols, out)
+    }
+
+    /// `argmax` over the first `rows` rows of `cols` floats of `data`.
+    fn argmax_of(
+        &self,
+        data: &CudaSlice<f32>,
+        rows: usize,
+        cols: usize,
+        out: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        if data.len() < rows * cols || out.len() < rows {
+            return Err(Error::Backend(format!(
+                "argmax of {rows} rows of {cols} values over {} values into {} ids",
+                data.len(),
+                out.len()
+            )));
+        }
+        let chunks = cols
             .div_ceil(4096)
             .clamp(1, 2 * self.sm_count.max(1) as usize);
+        let cols = cols as i32;
         let mut g = self.scratch()?;
         let s = g
             .as_mut()
             .ok_or_else(|| Error::Backend("no scratch".into()))?;
-        self.grow(&mut s.amax_v, chunks * logits.rows)?;
-        self.grow(&mut s.amax_i, chunks * logits.rows)?;
-        self.grow(&mut s.amax_cnt, logits.rows)?;
+        self.grow(&mut s.amax_v, chunks * rows)?;
+        self.grow(&mut s.amax_i, chunks * rows)?;
+        self.grow(&mut s.amax_cnt, rows)?;
         let func = self.f("argmax_rows")?;
         let mut b = self.stream.launch_builder(&func);
-        b.arg(&logits.data)
+        b.arg(data)
             .arg(&cols)
             .arg(out)
             .arg(&mut s.amax_v)
             .arg(&mut s.amax_i)
             .arg(&mut s.amax_cnt);
         let cfg = LaunchConfig {
-            grid_dim: (chunks as u32, logits.rows as u32, 1),
+            grid_dim: (chunks as u32, rows as u32, 1),
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: the kernel reads rows*cols floats of `logits`, writes `rows` ids to `out` and
+        // SAFETY: the kernel reads rows*cols floats of `data` (checked above), writes `rows` ids to `out` and
         // chunks x rows partial results, and reads and resets one counter per row (all grown
         // above).
         unsafe { b.launch(cfg) }.map_err(dev("argmax"))?;
@@ -1340,15 +1357,12 @@ impl CudaBackend {
     }
 
     /// One token per listed row of `logits`, chosen on the device (`RowDraw`): the rows
-    /// edited in place (`logit_edits`), their largest values found (`argmax_rows`), then one
-    /// seeded Gumbel-max draw per row (`draw_rows`); only the ids come back to the host. A row
-    /// whose logits held a NaN or an infinity before its edits gets `NOT_FINITE`, no token.
-    pub fn draw(
-        &self,
-        logits: &mut CudaAct,
-        rows: &[usize],
-        draws: &[RowDraw],
-    ) -> Result<Vec<u32>> {
+    /// copied to a buffer of the draw's own (`gather_rows`: the logits stay as they are, so a
+    /// row can be drawn again), edited there (`logit_edits`, then a grammar's mask,
+    /// `logit_allowed`), their largest values found (`argmax_rows`), then one seeded
+    /// Gumbel-max draw per row (`draw_rows`); only the ids come back to the host. A row whose
+    /// logits held a NaN or an infinity before its edits gets `NOT_FINITE`, no token.
+    pub fn draw(&self, logits: &CudaAct, rows: &[usize], draws: &[RowDraw]) -> Result<Vec<u32>> {
         if rows.len() != draws.len() {
             return Err(Error::Backend(format!(
                 "{} rows and {} draws",
@@ -1362,11 +1376,6 @@ impl CudaBackend {
                 logits.rows
             )));
         }
-        // One draw per row: two would edit one row at once.
-        let mut seen = std::collections::HashSet::new();
-        if let Some(&r) = rows.iter().find(|&&r| !seen.insert(r)) {
-            return Err(Error::Backend(format!("row {r} is drawn twice")));
-        }
         let nd = draws.len();
         if nd == 0 {
             return Ok(Vec::new());
@@ -1374,12 +1383,18 @@ impl CudaBackend {
         let cols = logits.cols as i32;
         let st = &self.stream;
         let rowix: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        // The draws' rows are rows 0..nd of their own buffer.
+        let own: Vec<u32> = (0..nd as u32).collect();
         let mut start = Vec::with_capacity(nd + 1);
         // Where each draw's trailing run of penalties on distinct tokens begins (applied in
         // parallel; everything before it in order).
         let mut par_at = Vec::with_capacity(nd);
         let mut ed: Vec<u32> = Vec::new();
         let (mut par, mut key) = (Vec::with_capacity(2 * nd), Vec::with_capacity(2 * nd));
+        // The grammar masks, each padded to the row's words (ids past a mask's end are not
+        // allowed, as `RowDraw::edit`), and each draw's mask (u32::MAX: none).
+        let mw = logits.cols.div_ceil(64).max(1);
+        let (mut masks, mut mask_of): (Vec<u64>, Vec<u32>) = (Vec::new(), Vec::with_capacity(nd));
         for d in draws {
             start.push((ed.len() / 4) as u32);
             let mut tokens = std::collections::HashSet::new();
@@ -1400,6 +1415,15 @@ impl CudaBackend {
             }
             par.extend([d.inv_temperature, d.min_p]);
             key.extend([d.seed, d.counter]);
+            match &d.allowed {
+                Some(m) => {
+                    mask_of.push((masks.len() / mw) as u32);
+                    let n = m.len().min(mw);
+                    masks.extend_from_slice(&m[..n]);
+                    masks.resize(masks.len() + (mw - n), 0);
+                }
+                None => mask_of.push(u32::MAX),
+            }
         }
         start.push((ed.len() / 4) as u32);
         if ed.is_empty() {
@@ -1407,6 +1431,7 @@ impl CudaBackend {
         }
         let up = |what: &'static str| dev(what);
         let rowix_d = st.clone_htod(&rowix).map_err(up("upload draw rows"))?;
+        let own_d = st.clone_htod(&own).map_err(up("upload draw rows"))?;
         let start_d = st.clone_htod(&start).map_err(up("upload edits"))?;
         let par_d = st.clone_htod(&par_at).map_err(up("upload edits"))?;
         let ed_d = st.clone_htod(&ed).map_err(up("upload edits"))?;
@@ -1416,28 +1441,39 @@ impl CudaBackend {
             .cols
             .div_ceil(4096)
             .clamp(1, 2 * self.sm_count.max(1) as usize);
+        let grid = |threads: u32| LaunchConfig {
+            grid_dim: (chunks as u32, nd as u32, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut work = st
+            .alloc_zeros::<f32>(nd * logits.cols)
+            .map_err(dev("alloc"))?;
+        {
+            let func = self.f("gather_rows")?;
+            let mut b = st.launch_builder(&func);
+            b.arg(&logits.data).arg(&cols).arg(&rowix_d).arg(&mut work);
+            // SAFETY: reads rows rowix (< logits.rows, checked above) of cols floats; writes
+            // rows 0..nd of `work`, nd x cols floats allocated above.
+            unsafe { b.launch(grid(256)) }.map_err(dev("gather_rows"))?;
+        }
         // Rows holding a NaN or an infinity before their edits (a mask writes -inf): the host's
         // check of a row it draws, made where the logits are.
         let mut bad = st.alloc_zeros::<u32>(nd).map_err(dev("alloc"))?;
         {
             let func = self.f("rows_not_finite")?;
             let mut b = st.launch_builder(&func);
-            b.arg(&logits.data).arg(&cols).arg(&rowix_d).arg(&mut bad);
-            let cfg = LaunchConfig {
-                grid_dim: (chunks as u32, nd as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: reads rows rowix (< logits.rows, checked above) of cols floats; writes
-            // only bad[0..nd], allocated above.
-            unsafe { b.launch(cfg) }.map_err(dev("rows_not_finite"))?;
+            b.arg(&work).arg(&cols).arg(&own_d).arg(&mut bad);
+            // SAFETY: reads rows 0..nd of `work` (nd x cols floats); writes only bad[0..nd],
+            // allocated above.
+            unsafe { b.launch(grid(256)) }.map_err(dev("rows_not_finite"))?;
         }
         {
             let func = self.f("logit_edits")?;
             let mut b = st.launch_builder(&func);
-            b.arg(&mut logits.data)
+            b.arg(&mut work)
                 .arg(&cols)
-                .arg(&rowix_d)
+                .arg(&own_d)
                 .arg(&start_d)
                 .arg(&par_d)
                 .arg(&ed_d);
@@ -1446,23 +1482,38 @@ impl CudaBackend {
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: one block per draw edits its own row (rowix < logits.rows and distinct,
-            // checked above) at token ids the kernel bounds by cols; start has nd + 1 entries and
-            // par nd into ed's 4-word edits; the parallel part touches distinct tokens (par_at).
+            // SAFETY: one block per draw edits its own row of `work` (nd rows) at token ids the
+            // kernel bounds by cols; start has nd + 1 entries and par nd into ed's 4-word edits;
+            // the parallel part touches distinct tokens (par_at).
             unsafe { b.launch(cfg) }.map_err(dev("logit_edits"))?;
         }
-        logits.xs_ok = false;
-        let mut amax = st.alloc_zeros::<u32>(logits.rows).map_err(dev("alloc"))?;
-        self.argmax(logits, &mut amax)?;
+        if !masks.is_empty() {
+            let mi_d = st.clone_htod(&mask_of).map_err(up("upload masks"))?;
+            let masks_d = st.clone_htod(&masks).map_err(up("upload masks"))?;
+            let mw_i = mw as i32;
+            let func = self.f("logit_allowed")?;
+            let mut b = st.launch_builder(&func);
+            b.arg(&mut work)
+                .arg(&cols)
+                .arg(&mi_d)
+                .arg(&masks_d)
+                .arg(&mw_i);
+            // SAFETY: row d of `work` (nd x cols) is written only by blocks (., d); mask_of[d] is
+            // u32::MAX or the index of one of masks' mw-word masks (built above), and mw covers
+            // cols bits.
+            unsafe { b.launch(grid(256)) }.map_err(dev("logit_allowed"))?;
+        }
+        let mut amax = st.alloc_zeros::<u32>(nd).map_err(dev("alloc"))?;
+        self.argmax_of(&work, nd, logits.cols, &mut amax)?;
         let mut out = st.alloc_zeros::<u32>(nd).map_err(dev("alloc"))?;
         let mut pv = st.alloc_zeros::<f64>(chunks * nd).map_err(dev("alloc"))?;
         let mut pi = st.alloc_zeros::<i32>(chunks * nd).map_err(dev("alloc"))?;
         let mut cnt = st.alloc_zeros::<u32>(nd).map_err(dev("alloc"))?;
         let func = self.f("draw_rows")?;
         let mut b = st.launch_builder(&func);
-        b.arg(&logits.data)
+        b.arg(&work)
             .arg(&cols)
-            .arg(&rowix_d)
+            .arg(&own_d)
             .arg(&amax)
             .arg(&params_d)
             .arg(&key_d)
@@ -1471,15 +1522,10 @@ impl CudaBackend {
             .arg(&mut pv)
             .arg(&mut pi)
             .arg(&mut cnt);
-        let cfg = LaunchConfig {
-            grid_dim: (chunks as u32, nd as u32, 1),
-            block_dim: (1024, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: reads rows rowix (< logits.rows) of cols floats and amax (logits.rows ids),
-        // 2 nd params and keys and nd flags; writes nd ids and chunks x nd partials, and resets the nd
-        // zeroed counters it counts with.
-        unsafe { b.launch(cfg) }.map_err(dev("draw_rows"))?;
+        // SAFETY: reads rows 0..nd of `work` (nd x cols floats) and amax (nd ids), 2 nd params
+        // and keys and nd flags; writes nd ids and chunks x nd partials, and resets the nd zeroed
+        // counters it counts with.
+        unsafe { b.launch(grid(1024)) }.map_err(dev("draw_rows"))?;
         st.clone_dtoh(&out).map_err(dev("download draws"))
     }
 

@@ -1994,9 +1994,10 @@ fn device_argmax_picks_the_first_largest() {
     println!("device argmax: {}", report.join(", "));
 }
 
-/// Draws on the device (`draw_rows`: edits, argmax, Gumbel-max) choose what the host reference
-/// `RowDraw::choose` chooses on the same edited rows, and edit the rows bit for bit as
-/// `RowDraw::edit` does; over many draws a row's tokens follow its softmax.
+/// Draws on the device (`draw_rows`: edits, a grammar's mask, argmax, Gumbel-max) choose what
+/// the host reference `RowDraw::choose` chooses on the rows `RowDraw::edit` edits, and leave the
+/// logits as they were (a row can be drawn again); over many draws a row's tokens follow its
+/// softmax.
 #[test]
 fn device_draws_match_the_host_reference() {
     use muser_engine::sampling::{LogitEdit, RowDraw};
@@ -2032,6 +2033,7 @@ fn device_draws_match_the_host_reference() {
         seed,
         counter,
         edits: edits.clone(),
+        allowed: None,
     };
     let draws = vec![
         draw(0.0, 0.0, 1, 0),
@@ -2050,15 +2052,15 @@ fn device_draws_match_the_host_reference() {
     }
     let mut xg = g.act(rows, cols).unwrap();
     g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
-    let got = g.draw(&mut xg, &pick, &draws).unwrap();
+    let got = g.draw(&xg, &pick, &draws).unwrap();
     assert_eq!(got, want, "device draws vs RowDraw::choose");
-    let edited = g.stream.clone_dtoh(xg_data(&mut xg)).unwrap();
-    let differ = edited
+    let after = g.stream.clone_dtoh(xg_data(&mut xg)).unwrap();
+    let differ = after
         .iter()
-        .zip(&want_rows)
+        .zip(&x)
         .filter(|(a, b)| a.to_bits() != b.to_bits())
         .count();
-    assert_eq!(differ, 0, "edited rows differ from RowDraw::edit");
+    assert_eq!(differ, 0, "a draw changed the logits");
     // Selected rows to the host (runs of consecutive rows in one copy each).
     let pick_rows = [1usize, 2, 3, 5, 0];
     let mut host = Vec::new();
@@ -2066,10 +2068,52 @@ fn device_draws_match_the_host_reference() {
     for (i, &r) in pick_rows.iter().enumerate() {
         assert_eq!(
             host[i * cols..(i + 1) * cols],
-            edited[r * cols..(r + 1) * cols],
+            x[r * cols..(r + 1) * cols],
             "row {r}"
         );
     }
+    // Under grammar masks (`RowDraw::allowed`): a third of the tokens, one token, a mask
+    // shorter than the row (the ids past it not allowed), with the edits, greedy and drawn;
+    // one row drawn three times in one call, one draw without a mask among them.
+    let words = cols.div_ceil(64);
+    let third: Vec<u64> = (0..words as u64)
+        .map(|w| {
+            (w.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5555_5555_5555_5555) & 0x9249_2492_4924_9249
+        })
+        .collect();
+    let mut one = vec![0u64; words];
+    one[150_001 / 64] |= 1 << (150_001 % 64);
+    let short: Vec<u64> = vec![u64::MAX; 1000];
+    let masked = |d: &RowDraw, m: &[u64]| RowDraw {
+        allowed: Some(m.into()),
+        ..d.clone()
+    };
+    let mdraws = vec![
+        masked(&draws[0], &third),
+        masked(&draws[1], &third),
+        masked(&draws[2], &one),
+        masked(&draws[3], &short),
+        draws[4].clone(),
+        masked(&draws[4], &third),
+    ];
+    let mrows = [1usize, 1, 4, 5, 1, 3];
+    let mut mwant = Vec::new();
+    for (&r, d) in mrows.iter().zip(&mdraws) {
+        let mut row = x[r * cols..(r + 1) * cols].to_vec();
+        d.edit(&mut row);
+        let id = d.choose(&row);
+        assert!(
+            d.allowed
+                .as_ref()
+                .is_none_or(|m| m[id as usize / 64] >> (id % 64) & 1 == 1),
+            "the reference chose a token its mask refuses"
+        );
+        mwant.push(id);
+    }
+    assert_eq!(mwant[2], 150_001, "the one token a mask allows");
+    assert!(mwant[3] < 64_000, "a short mask allows its own ids only");
+    let mgot = g.draw(&xg, &mrows, &mdraws).unwrap();
+    assert_eq!(mgot, mwant, "masked device draws vs RowDraw::choose");
     // Edge rows: NaNs and a tie for the largest, all -inf, a +inf with min-p, min-p 1 over a
     // tie, 600 penalties on distinct tokens after biases on some of them (the kernel's parallel
     // part), all NaN.
@@ -2107,6 +2151,7 @@ fn device_draws_match_the_host_reference() {
         seed: 77,
         counter: 3,
         edits,
+        allowed: None,
     };
     let edge_draws = vec![
         edge(0.0, 0.0, Vec::new()),
@@ -2126,7 +2171,7 @@ fn device_draws_match_the_host_reference() {
     }
     let mut eg = g.act(6, ec).unwrap();
     g.stream.memcpy_htod(&e, xg_data(&mut eg)).unwrap();
-    let got_e = g.draw(&mut eg, &edge_rows, &edge_draws).unwrap();
+    let got_e = g.draw(&eg, &edge_rows, &edge_draws).unwrap();
     // A row holding a NaN or an infinity before its edits has no token (NOT_FINITE, the
     // host's `Backend::draw_rows`); a -inf its edits write (row 4's mask) is no such value.
     let want_dev: Vec<u32> = (0..6)
@@ -2157,16 +2202,21 @@ fn device_draws_match_the_host_reference() {
         [10, 20].contains(&want_ids[3]),
         "min-p 1 keeps the tied largest only"
     );
-    let edited_e = g.stream.clone_dtoh(xg_data(&mut eg)).unwrap();
-    let bits_differ = edited_e
+    let after_e = g.stream.clone_dtoh(xg_data(&mut eg)).unwrap();
+    let bits_differ = after_e
         .iter()
-        .zip(&want_e)
+        .zip(&e)
         .filter(|(a, b)| a.to_bits() != b.to_bits())
         .count();
-    assert_eq!(bits_differ, 0, "edge rows edited differently");
-    assert!(
-        g.draw(&mut eg, &[1, 1], &edge_draws[..2]).is_err(),
-        "a row drawn twice"
+    assert_eq!(bits_differ, 0, "a draw changed the edge rows");
+    // Row 3 drawn twice in one call: each draw as alone.
+    let twice = g.draw(&eg, &[3, 3], &edge_draws[3..5]).unwrap();
+    let mut row3 = e[3 * ec..4 * ec].to_vec();
+    edge_draws[4].edit(&mut row3);
+    assert_eq!(
+        twice,
+        [want_ids[3], edge_draws[4].choose(&row3)],
+        "one row drawn twice"
     );
     // Many draws of one small row (counters 0..n): frequencies follow softmax(v / t).
     let small = [1.0f32, 3.0, -2.0, 2.5, 0.0, 2.9];
@@ -2182,10 +2232,11 @@ fn device_draws_match_the_host_reference() {
             seed: 42,
             counter: c,
             edits: Vec::new(),
+            allowed: None,
         })
         .collect();
     let rows_all: Vec<usize> = (0..n).collect();
-    let ids = g.draw(&mut xs, &rows_all, &many).unwrap();
+    let ids = g.draw(&xs, &rows_all, &many).unwrap();
     let host: Vec<u32> = many.iter().map(|d| d.choose(&small)).collect();
     assert_eq!(ids, host, "a small row's draws vs the host reference");
     let w: Vec<f64> = small.iter().map(|&v| (v as f64 / t).exp()).collect();

@@ -184,9 +184,10 @@ pub trait Backend: Send + Sync {
     }
     /// One token per listed row of the `cols`-wide `logits` (row `rows[i]` chosen by
     /// `draws[i]`, `RowDraw`; each row at most once), into `out`, or `sampling::NOT_FINITE` for
-    /// a row holding a NaN or an infinity before its edits. A device implementation edits
-    /// those rows in place; the default reads them to the host, edits the copy and chooses
-    /// through `RowDraw::choose` (the reference of a device implementation).
+    /// a row holding a NaN or an infinity before its edits. The logits are left as they are
+    /// (a row may be drawn again, say under a grammar's mask, `RowDraw::allowed`, and a row may
+    /// be listed more than once); the default reads the rows to the host, edits the copy and
+    /// chooses through `RowDraw::choose` (the reference of a device implementation).
     fn draw_rows(
         &self,
         logits: &mut Self::Act,

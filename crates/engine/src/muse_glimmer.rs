@@ -243,7 +243,7 @@ impl<B: Backend> MuseGlimmer<B> {
     }
 
     /// After `forward_device`: a token for each of rows `rows` of its logits, chosen by
-    /// `draws` where the logits are (`Backend::draw_rows`; a device edits those rows in place).
+    /// `draws` where the logits are (`Backend::draw_rows`; the logits stay as they are).
     pub fn draw_logit_rows(
         &self,
         ws: &mut Workspace<B>,

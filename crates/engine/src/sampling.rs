@@ -177,6 +177,11 @@ pub struct RowDraw {
     /// This sequence's draw number (the position in its stream).
     pub counter: u64,
     pub edits: Vec<LogitEdit>,
+    /// The tokens a grammar allows, a bit per id (bit `id % 64` of word `id / 64`, as
+    /// `muser_text::grammar::mask_allows` reads it): every other token is set to -inf after
+    /// the edits. None: no mask. (A mask's -inf commutes with every edit: a bias, a masked
+    /// token and the penalties all keep -inf.)
+    pub allowed: Option<std::sync::Arc<[u64]>>,
 }
 
 impl RowDraw {
@@ -185,6 +190,13 @@ impl RowDraw {
         for e in &self.edits {
             if let Some(v) = row.get_mut(e.token() as usize) {
                 *v = e.apply(*v);
+            }
+        }
+        if let Some(m) = &self.allowed {
+            for (id, v) in row.iter_mut().enumerate() {
+                if !mask_bit(m, id) {
+                    *v = f32::NEG_INFINITY;
+                }
             }
         }
     }
@@ -220,6 +232,11 @@ impl RowDraw {
         }
         v * self.inv_temperature + gumbel(self.seed, (self.counter << 32) | id as u64)
     }
+}
+
+/// Whether bit `id` of a token mask is set (`RowDraw::allowed`); ids past its end are not.
+fn mask_bit(mask: &[u64], id: usize) -> bool {
+    mask.get(id / 64).is_some_and(|w| w >> (id % 64) & 1 == 1)
 }
 
 /// Gumbel noise from position `k` of the SplitMix64 stream of `seed` (`RowDraw`).
@@ -313,6 +330,7 @@ impl Sampler {
             seed: p.seed,
             counter: self.draws,
             edits,
+            allowed: None,
         };
         self.draws += 1;
         Some(draw)
@@ -990,6 +1008,7 @@ mod tests {
             seed: 11,
             counter: c,
             edits: Vec::new(),
+            allowed: None,
         };
         let w: Vec<f64> = l[..5].iter().map(|&v| (v as f64 / t).exp()).collect();
         let sum: f64 = w.iter().sum();
@@ -1023,6 +1042,7 @@ mod tests {
                 token: 3,
                 bias: 0.5,
             }],
+            allowed: None,
         };
         let mut e = l.to_vec();
         greedy.edit(&mut e);
@@ -1033,6 +1053,37 @@ mod tests {
         assert!(distinct.len() >= 3, "{distinct:?}");
         let all_masked = [f32::NEG_INFINITY; 4];
         assert_eq!(draw(0.0, 1).choose(&all_masked), 0);
+    }
+
+    #[test]
+    fn a_row_draws_mask_leaves_only_its_tokens() {
+        // Bits 1 and 3 of word 0, bit 6 of word 1 (id 70); ids past the mask's two words are not
+        // allowed.
+        let mask: std::sync::Arc<[u64]> = vec![0b1010u64, 1 << 6].into();
+        let d = RowDraw {
+            inv_temperature: 1.0,
+            min_p: 0.0,
+            seed: 3,
+            counter: 0,
+            edits: vec![LogitEdit::Add {
+                token: 3,
+                bias: 1.0,
+            }],
+            allowed: Some(mask),
+        };
+        let mut row: Vec<f32> = (0..200).map(|i| (i % 7) as f32).collect();
+        d.edit(&mut row);
+        let kept: Vec<usize> = (0..200).filter(|&i| row[i].is_finite()).collect();
+        assert_eq!(kept, [1, 3, 70]);
+        assert_eq!((row[1], row[3], row[70]), (1.0, 4.0, 0.0));
+        for c in 0..200 {
+            let t = RowDraw {
+                counter: c,
+                ..d.clone()
+            }
+            .choose(&row);
+            assert!([1, 3, 70].contains(&t), "{t}");
+        }
     }
 
     #[test]

@@ -1071,7 +1071,8 @@ static PINNED_DATE: std::sync::LazyLock<Value> =
 
 /// `response_format` in chat: every answer that ends is JSON of the schema (the random-weight
 /// model writes noise unconstrained), whole or streamed alike; `json_object` gives an object;
-/// a seed reproduces. On the backend's draw path too (a constrained row is drawn on the host).
+/// a seed reproduces. On the backend's draw path too (a constrained row is drawn there, checked
+/// on the host and drawn again there under the grammar's mask where refused).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn response_formats_constrain_chat_answers() {
     let schema: Value = serde_json::from_str(SMALL_SCHEMA).unwrap();

@@ -545,7 +545,9 @@ impl<B: Backend> Worker<B> {
         // logprobs, no top-k or top-p); the other rows come to the host. (A device draw is
         // another stream of random numbers than the host's: `RowDraw`. On such a backend a
         // row that comes to the host for its logprobs only is chosen by the same `RowDraw`
-        // there, so asking for logprobs does not change a seed's tokens.)
+        // there, so asking for logprobs does not change a seed's tokens.) A row under a
+        // grammar is drawn so too: its token is checked on the host and, where the grammar
+        // refuses it, drawn again over the tokens the grammar allows (`grammar_redraw`).
         let n_vocab = self.model.config.n_vocab;
         let on_device = self.model.backend.draws_on_device();
         let (mut dev_rows, mut dev_draws, mut host_rows) = (Vec::new(), Vec::new(), Vec::new());
@@ -556,15 +558,12 @@ impl<B: Backend> Worker<B> {
         for (r, &gi) in row_item.iter().enumerate() {
             let ri = group[gi].0;
             let s = &mut self.running[ri];
-            // A constrained row is drawn on the host, by its sampler's chain and its grammar (a
-            // lazy grammar's rows before its trigger are free).
-            let constrained = s.constraint.as_ref().is_some_and(Constraint::constrains);
-            let draw = if on_device && !constrained {
+            let draw = if on_device {
                 s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab)
             } else {
                 None
             };
-            let wants_row = s.job.logprobs.is_some() || constrained;
+            let wants_row = s.job.logprobs.is_some();
             match draw {
                 Some(d) if !wants_row => {
                     place.push(Ok(dev_rows.len()));
@@ -605,6 +604,15 @@ impl<B: Backend> Worker<B> {
         // needs copied to it.
         metrics::histogram!("muser_forward_seconds").record(t_forward.elapsed().as_secs_f64());
         drop(caches);
+        // Device draws under a grammar: each token checked, the refused ones drawn again over
+        // the tokens their grammars allow (or the reason there is none, by device draw).
+        let t_grammar = Instant::now();
+        let mut dev_no: Vec<Option<NoToken>> = Vec::new();
+        let result = result.and_then(|()| {
+            dev_no = self.grammar_redraws(group, &row_item, &place, &dev_rows, &mut dev_ids)?;
+            Ok(())
+        });
+        let grammar_secs = t_grammar.elapsed().as_secs_f64();
         match result {
             Ok(()) => {}
             Err(e) => {
@@ -667,7 +675,15 @@ impl<B: Backend> Worker<B> {
                         Some(d) => {
                             let mut edited = row.to_vec();
                             d.edit(&mut edited);
-                            Ok(d.choose(&edited))
+                            let first = d.choose(&edited);
+                            grammar_redraw(s, first, eog, n_vocab).map(|redraw| match redraw {
+                                Some(d) => {
+                                    edited.copy_from_slice(row);
+                                    d.edit(&mut edited);
+                                    d.choose(&edited)
+                                }
+                                None => first,
+                            })
                         }
                         None => choose(s, row, eog),
                     })
@@ -677,32 +693,29 @@ impl<B: Backend> Worker<B> {
         for (&gi, p) in row_item.iter().zip(&place) {
             let ri = group[gi].0;
             let (row, id) = match *p {
-                Ok(d) => match dev_ids.get(d).copied() {
-                    Some(NOT_FINITE) => {
+                Ok(d) => match (dev_ids.get(d).copied(), dev_no.get(d).cloned().flatten()) {
+                    (Some(NOT_FINITE), _) => {
                         self.fail_not_finite(ri);
                         continue;
                     }
-                    id => (None, id),
+                    (_, Some(no)) => {
+                        self.no_token(ri, no);
+                        continue;
+                    }
+                    (id, None) => (None, id),
                 },
                 Err(h) => {
                     let id = match ids.get(ri).cloned().flatten() {
+                        Some(Err(
+                            no @ (NoToken::GrammarDone
+                            | NoToken::GrammarStuck
+                            | NoToken::Grammar(_)),
+                        )) => {
+                            self.no_token(ri, no);
+                            continue;
+                        }
                         Some(Err(NoToken::NotFinite)) => {
                             self.fail_not_finite(ri);
-                            continue;
-                        }
-                        Some(Err(NoToken::GrammarDone)) => {
-                            self.end_without_token(ri, Finish::Stop);
-                            continue;
-                        }
-                        Some(Err(NoToken::GrammarStuck)) => {
-                            self.fail_grammar(
-                                ri,
-                                "the grammar allows no token after the text so far: the vocabulary cannot continue it".into(),
-                            );
-                            continue;
-                        }
-                        Some(Err(NoToken::Grammar(e))) => {
-                            self.fail_grammar(ri, e);
                             continue;
                         }
                         Some(Ok(id)) => Some(id),
@@ -724,9 +737,95 @@ impl<B: Backend> Worker<B> {
                 }
             }
         }
-        // Drawing the tokens and turning them into events (logprobs, stop strings, text).
-        metrics::histogram!("muser_sample_seconds").record(t_sample.elapsed().as_secs_f64());
+        // Drawing the tokens and turning them into events (logprobs, stop strings, text), and
+        // the device draws' grammar checks and redraws.
+        metrics::histogram!("muser_sample_seconds")
+            .record(t_sample.elapsed().as_secs_f64() + grammar_secs);
         self.logits = logits;
+    }
+
+    /// The device-drawn rows of constrained sequences (`dev_ids`, in the order of `dev_rows`):
+    /// each token checked against its grammar, and those refused drawn again on the device
+    /// over the tokens the grammar allows (`grammar_redraw`), their ids put in `dev_ids`.
+    /// Returns, per device row, why it has no token (None: it has one).
+    fn grammar_redraws(
+        &mut self,
+        group: &[(usize, usize)],
+        row_item: &[usize],
+        place: &[Result<usize, usize>],
+        dev_rows: &[usize],
+        dev_ids: &mut [u32],
+    ) -> muser_engine::Result<Vec<Option<NoToken>>> {
+        use rayon::prelude::*;
+        let mut no: Vec<Option<NoToken>> = vec![None; dev_ids.len()];
+        // Per running sequence: its device row's index, where it has one under a grammar.
+        let mut dev_of: Vec<Option<usize>> = vec![None; self.running.len()];
+        let mut any = false;
+        for (&gi, p) in row_item.iter().zip(place) {
+            let ri = group[gi].0;
+            if let (Ok(d), Some(s)) = (p, self.running.get(ri))
+                && s.constraint.as_ref().is_some_and(Constraint::constrains)
+                && dev_ids.get(*d).is_some_and(|&id| id != NOT_FINITE)
+                && let Some(slot) = dev_of.get_mut(ri)
+            {
+                *slot = Some(*d);
+                any = true;
+            }
+        }
+        if !any {
+            return Ok(no);
+        }
+        let (eog, n_vocab) = (&self.eog, self.model.config.n_vocab);
+        let verdicts: Vec<Option<(usize, Redraw)>> = self
+            .running
+            .par_iter_mut()
+            .zip(dev_of.par_iter())
+            .map(|(s, d)| {
+                let d = (*d)?;
+                let id = *dev_ids.get(d)?;
+                Some((d, grammar_redraw(s, id, eog, n_vocab)))
+            })
+            .collect();
+        let (mut rows, mut draws, mut at) = (Vec::new(), Vec::new(), Vec::new());
+        for (d, v) in verdicts.into_iter().flatten() {
+            match v {
+                Ok(None) => {}
+                Ok(Some(draw)) => {
+                    if let Some(&r) = dev_rows.get(d) {
+                        rows.push(r);
+                        draws.push(draw);
+                        at.push(d);
+                    }
+                }
+                Err(e) => no[d] = Some(e),
+            }
+        }
+        metrics::counter!("muser_grammar_redraws_total").increment(rows.len() as u64);
+        if rows.is_empty() {
+            return Ok(no);
+        }
+        let mut ids = Vec::new();
+        self.model
+            .draw_logit_rows(&mut self.ws, &rows, &draws, &mut ids)?;
+        for (&d, id) in at.iter().zip(ids) {
+            if let Some(slot) = dev_ids.get_mut(d) {
+                *slot = id;
+            }
+        }
+        Ok(no)
+    }
+
+    /// End `running[ri]`, whose grammar gives it no token (`no`: not NotFinite).
+    fn no_token(&mut self, ri: usize, no: NoToken) {
+        match no {
+            NoToken::GrammarDone => self.end_without_token(ri, Finish::Stop),
+            NoToken::GrammarStuck => self.fail_grammar(
+                ri,
+                "the grammar allows no token after the text so far: the vocabulary cannot continue it".into(),
+            ),
+            NoToken::Grammar(e) => self.fail_grammar(ri, e),
+            NoToken::NotFinite => self.fail_not_finite(ri),
+        }
     }
 
     /// End `running[ri]` with an error: its logits hold a NaN or an infinity.
@@ -1116,6 +1215,10 @@ fn pre_edits(j: &JobCommon, eog: &[u32]) -> Vec<LogitEdit> {
     e
 }
 
+/// After a draw under a grammar: nothing to do (its token is allowed), a draw again under the
+/// grammar's mask, or why no token can come (`grammar_redraw`).
+type Redraw = Result<Option<RowDraw>, NoToken>;
+
 /// Why a row gives no token.
 #[derive(Clone, Debug)]
 enum NoToken {
@@ -1145,10 +1248,8 @@ fn choose(s: &mut Seq, row: &[f32], eog: &[u32]) -> Result<u32, NoToken> {
         return Ok(first);
     }
     let mask = c.allowed(v).map_err(grammar)?;
-    let ignore_eos = s.job.ignore_eos;
-    let any = (0..row.len() as u32)
-        .any(|id| mask_allows(&mask, id) && !(ignore_eos && eog.contains(&id)));
-    if !any {
+    let except = if s.job.ignore_eos { eog } else { &[] };
+    if !mask_has_token(&mask, row.len(), except) {
         return Err(if c.is_complete() {
             NoToken::GrammarDone
         } else {
@@ -1156,6 +1257,59 @@ fn choose(s: &mut Seq, row: &[f32], eog: &[u32]) -> Result<u32, NoToken> {
         });
     }
     Ok(draw(s, row, eog, Some(&mask)))
+}
+
+/// After a `RowDraw` chose `id` for `s`: None when its grammar (if any) allows `id`; else the
+/// draw again over the tokens the grammar allows, as the host chain's `choose` does it: the
+/// next draw of the sequence's stream (fresh noise: its choice is a draw from the allowed
+/// tokens' softmax whatever was refused), the same edits, the grammar's mask
+/// (`RowDraw::allowed`). Or why no token can come.
+fn grammar_redraw(
+    s: &mut Seq,
+    id: u32,
+    eog: &[u32],
+    n_vocab: usize,
+) -> Redraw {
+    let (Some(c), Some(v)) = (&mut s.constraint, &s.job.grammar_vocab) else {
+        return Ok(None);
+    };
+    let grammar = |e: muser_text::TextError| NoToken::Grammar(e.to_string());
+    if c.allows(v, id).map_err(grammar)? {
+        return Ok(None);
+    }
+    let mask = c.allowed(v).map_err(grammar)?;
+    let except = if s.job.ignore_eos { eog } else { &[] };
+    if !mask_has_token(&mask, n_vocab, except) {
+        return Err(if c.is_complete() {
+            NoToken::GrammarDone
+        } else {
+            NoToken::GrammarStuck
+        });
+    }
+    let Some(mut d) = s.sampler.row_draw(&pre_edits(&s.job, eog), n_vocab) else {
+        // The sampler drew `id` through a RowDraw: it gives one again.
+        return Err(NoToken::Grammar(
+            "the sampler cannot draw next to the logits".into(),
+        ));
+    };
+    d.allowed = Some(mask);
+    Ok(Some(d))
+}
+
+/// Whether `mask` allows a token below `n` other than those of `except`.
+fn mask_has_token(mask: &[u64], n: usize, except: &[u32]) -> bool {
+    mask.iter().enumerate().take(n.div_ceil(64)).any(|(i, &w)| {
+        let mut w = w;
+        if (i + 1) * 64 > n {
+            w &= (1u64 << (n % 64)) - 1;
+        }
+        for &e in except {
+            if e as usize / 64 == i {
+                w &= !(1u64 << (e % 64));
+            }
+        }
+        w != 0
+    })
 }
 
 /// One draw of the chain over `row` with the request's edits, the tokens outside `allowed`
