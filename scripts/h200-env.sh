@@ -6,6 +6,13 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export MUSER_KERNEL_CACHE=/tmp/muser-kernels
+# carry/kernels (or carry/kernels.tar.xz): PTX written here by `ptx --cache` (NVRTC from PyPI): read instead of compiled
+# where the machine's NVRTC has the same major.minor version (the cache key).
+[ -d carry/kernels ] || { [ -f carry/kernels.tar.xz ] && tar -C carry -xJf carry/kernels.tar.xz; }
+if [ -d carry/kernels ]; then
+  mkdir -p "$MUSER_KERNEL_CACHE" && cp -n carry/kernels/*.ptx "$MUSER_KERNEL_CACHE"/ 2>/dev/null
+  echo "kernel cache: $(ls carry/kernels | wc -l) carried programs; the machine's NVRTC: $(ls /usr/local/cuda-13.0/targets/x86_64-linux/lib/ | grep -o 'libnvrtc.so.13[.0-9]*' | sort -u | tr '\n' ' ')"
+fi
 MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
 # The binaries, if they came as carry/bin.tar.xz; the synth time to SYNTH_LOG, if set.
 [ -x carry/bin/muser ] || tar -C carry -xJf carry/bin.tar.xz
