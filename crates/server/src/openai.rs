@@ -110,6 +110,9 @@ pub struct Options {
     pub max_tokens_param: &'static str,
     pub stops: Vec<String>,
     pub logprobs: Option<usize>,
+    /// Completions' `echo`: each choice's text begins with its prompt (and its logprobs with
+    /// the prompt's tokens, the first without one).
+    pub echo: bool,
     pub logit_bias: Vec<(u32, f32)>,
     pub stream: bool,
     pub include_usage: bool,
@@ -328,8 +331,12 @@ impl GenRequest {
 
     /// Validate the sampling and output options.
     pub fn options(&self, ep: Endpoint, tok: &Tokenizer) -> Result<Options, ApiError> {
-        if self.echo == Some(true) {
-            return Err(ApiError::unsupported("echo", "echo is not supported"));
+        let echo = self.echo == Some(true);
+        if echo && ep == Endpoint::Chat {
+            return Err(ApiError::unsupported(
+                "echo",
+                "echo is a completions field: chat completions do not take it",
+            ));
         }
         if self.suffix.as_ref().is_some_and(|s| !s.is_null()) {
             return Err(ApiError::unsupported("suffix", "suffix is not supported"));
@@ -350,10 +357,19 @@ impl GenRequest {
         };
         let max_tokens = match max_tokens {
             None => None,
+            // With echo, 0 scores the prompt alone (its logprobs) and generates nothing.
+            Some(0) if echo => Some(0),
             Some(m) if m < 1 => {
                 return Err(ApiError::invalid(
                     max_name,
-                    format!("{max_name} must be at least 1, got {m}"),
+                    format!(
+                        "{max_name} must be at least 1{}, got {m}",
+                        if ep == Endpoint::Completions {
+                            " (or 0 with echo)"
+                        } else {
+                            ""
+                        }
+                    ),
                 ));
             }
             Some(m) => Some(usize::try_from(m).unwrap_or(usize::MAX)),
@@ -477,6 +493,7 @@ impl GenRequest {
             max_tokens_param: max_name,
             stops,
             logprobs,
+            echo,
             logit_bias,
             stream,
             include_usage: stream

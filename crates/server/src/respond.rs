@@ -15,7 +15,7 @@ use muser_text::{AtemStream, ChatDelta, ParsedMessage, StreamDecoder, Tokenizer,
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
-use crate::engine::{Event, Finish, TokenLogprob};
+use crate::engine::{EchoToken, Event, Finish, TokenLogprob};
 use crate::error::ApiError;
 use crate::openai::Endpoint;
 
@@ -178,6 +178,19 @@ impl CompletionLogprobs {
         }
         self.top_logprobs.push(Value::Object(top));
         self.text_offset.push(json!(offset));
+    }
+
+    /// An echoed prompt's token: its log-probability if it has one (the first has none: null).
+    fn push_echo(&mut self, tok: &Tokenizer, t: &EchoToken, offset: usize) {
+        match &t.logprob {
+            Some(lp) => self.push(tok, t.id, lp, offset),
+            None => {
+                self.tokens.push(json!(token_text(tok, t.id).0));
+                self.token_logprobs.push(Value::Null);
+                self.top_logprobs.push(Value::Null);
+                self.text_offset.push(json!(offset));
+            }
+        }
     }
 
     fn json(self) -> Value {
@@ -605,6 +618,22 @@ pub async fn whole(
                 a.cached_tokens = cached_tokens;
                 left -= 1;
             }
+            Event::Echo {
+                index,
+                tokens,
+                logprobs,
+            } => {
+                let Some(a) = acc.get_mut(index) else {
+                    continue;
+                };
+                a.any_logprobs |= logprobs;
+                for t in &tokens {
+                    if logprobs {
+                        a.comp.push_echo(&tok, t, a.text.chars().count());
+                    }
+                    a.text.push_str(&t.text);
+                }
+            }
             Event::Error { error, .. } => return error.into_response(),
         }
     }
@@ -775,6 +804,23 @@ pub fn stream(
                             b.insert("finish_reason".into(), json!(finish.as_str()));
                         }
                     }
+                    yield Ok(data(&Value::Object(chunk(index, b))));
+                }
+                Event::Echo { index, tokens, logprobs } => {
+                    let Some(off) = offsets.get_mut(index) else { continue };
+                    let mut c = CompletionLogprobs::default();
+                    let mut text = String::new();
+                    for t in &tokens {
+                        if logprobs {
+                            c.push_echo(&tok, t, *off);
+                        }
+                        *off += t.text.chars().count();
+                        text.push_str(&t.text);
+                    }
+                    let mut b = Map::new();
+                    b.insert("text".into(), json!(text));
+                    b.insert("logprobs".into(), if logprobs { c.json() } else { Value::Null });
+                    b.insert("finish_reason".into(), Value::Null);
                     yield Ok(data(&Value::Object(chunk(index, b))));
                 }
                 Event::Error { error, .. } => {

@@ -547,6 +547,7 @@ fn submit(
         stop_flags: chat_stops.map(|c| Arc::clone(&c.flags)),
         skip_special,
         logprobs: opts.logprobs,
+        echo: opts.echo,
         ignore_eos: opts.ignore_eos,
         logit_bias: opts.logit_bias.clone(),
         max_tokens_param: opts.max_tokens_param,

@@ -1805,3 +1805,102 @@ async fn reasoning_effort_is_the_templates_reasoning_strength() {
         .openai_error(400);
     assert_eq!(e["param"], "reasoning_effort");
 }
+
+/// Completions' `echo`: the text begins with the prompt, and with `logprobs` the lists begin
+/// with the prompt's tokens, the first without a log-probability and each other's what the model
+/// gives it after the tokens before it: against the engine itself run over the prompt (a
+/// `Session`, every position's logits), over several prompt chunks (`step_tokens` 16).
+/// `max_tokens: 0` scores the prompt alone; the continuation after an echo is the one without;
+/// streamed, the same text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_returns_the_prompt_and_scores_its_tokens() {
+    use muser_engine::{CpuBackend, KvType, Logits, ModelFile, MuseGlimmer, Session};
+    let s = Server::start(Opts {
+        step_tokens: 16,
+        ..Opts::default()
+    })
+    .await;
+    let file = ModelFile::open(common::fixture(MODEL)).unwrap();
+    let tok = muser_text::Tokenizer::from_gguf(&file.gguf).unwrap();
+    let text = "Once upon a time, in a land far away, there lived a small dragon who counted the stars every night.";
+    let ids = tok.encode(text, true, false).unwrap();
+    assert!(ids.len() > 20, "{} tokens", ids.len());
+    let model =
+        MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 1).unwrap()).unwrap();
+    let mut sess = Session::new(&model, KvType::F16, 1024).unwrap();
+    let logits = sess.feed(&ids, 512, Logits::All).unwrap();
+    let nv = model.config.n_vocab;
+
+    let r = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": ids, "echo": true, "max_tokens": 0, "logprobs": 2}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    let v = r.json();
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "length", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 0);
+    assert_eq!(v["usage"]["prompt_tokens"], ids.len());
+    let echoed = c["text"].as_str().unwrap().to_string();
+    assert_eq!(echoed, tok.decode(&ids, true).unwrap());
+    let lp = &c["logprobs"];
+    let lps = lp["token_logprobs"].as_array().unwrap();
+    let tops = lp["top_logprobs"].as_array().unwrap();
+    let offsets = lp["text_offset"].as_array().unwrap();
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), ids.len());
+    assert_eq!(
+        (lps.len(), tops.len(), offsets.len()),
+        (ids.len(), ids.len(), ids.len())
+    );
+    assert!(lps[0].is_null() && tops[0].is_null(), "{lp}");
+    assert_eq!(offsets[0], 0);
+    let mut worst = 0.0f64;
+    for i in 1..ids.len() {
+        let row = &logits[(i - 1) * nv..i * nv];
+        let want = muser_engine::sampling::log_softmax(row)[ids[i] as usize];
+        let got = lps[i].as_f64().unwrap();
+        worst = worst.max((got - want).abs());
+        let top = tops[i].as_object().unwrap();
+        assert!(!top.is_empty() && top.len() <= 2, "{top:?}");
+        let best = top
+            .values()
+            .filter_map(Value::as_f64)
+            .fold(f64::MIN, f64::max);
+        assert!(
+            best >= got - 1e-6,
+            "position {i}: {got} above the top {best}"
+        );
+        assert!(offsets[i].as_u64() >= offsets[i - 1].as_u64());
+    }
+    assert!(
+        worst <= 1e-5,
+        "echoed logprobs against the engine's: {worst}"
+    );
+
+    // Generating after the echo: the prompt, then the continuation the request without echo gets.
+    let greedy = |echo: bool| json!({"prompt": ids, "echo": echo, "max_tokens": 6, "temperature": 0, "logprobs": 1});
+    let with = s.post("/v1/completions", &greedy(true)).await.json();
+    let without = s.post("/v1/completions", &greedy(false)).await.json();
+    assert_eq!(text_of(&with), format!("{echoed}{}", text_of(&without)));
+    let n_lp = with["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(n_lp, ids.len() + 6);
+    assert_eq!(
+        with["choices"][0]["logprobs"]["token_logprobs"][ids.len()],
+        without["choices"][0]["logprobs"]["token_logprobs"][0]
+    );
+    // Streamed, and without logprobs (the prompt may then come from a kept cache): the same text.
+    let mut b = greedy(true);
+    b["stream"] = json!(true);
+    b["logprobs"] = Value::Null;
+    let chunks = s.stream("/v1/completions", &b).await.collect().await;
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(streamed, text_of(&with));
+}

@@ -251,10 +251,16 @@ async fn bad_requests_get_openai_errors_while_streams_run() {
             Some("logprobs"),
         ),
         (
-            comp,
-            json!({"prompt": "x", "echo": true}),
+            chat,
+            json!({"messages": [{"role": "user", "content": "hi"}], "echo": true}),
             400,
             Some("echo"),
+        ),
+        (
+            comp,
+            json!({"prompt": "x", "max_tokens": 0}),
+            400,
+            Some("max_tokens"),
         ),
         (comp, json!({"prompt": "", "max_tokens": 1}), 200, None),
     ];

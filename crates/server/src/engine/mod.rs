@@ -66,6 +66,9 @@ pub struct Job {
     pub skip_special: bool,
     /// Return each token's log-probability and this many alternatives.
     pub logprobs: Option<usize>,
+    /// Send each choice's prompt back before its completion (`Event::Echo`; completions'
+    /// `echo`), with its tokens' log-probabilities when `logprobs` asks for them.
+    pub echo: bool,
     /// Keep generating past end-of-generation tokens (they are masked out).
     pub ignore_eos: bool,
     pub logit_bias: Vec<(u32, f32)>,
@@ -138,8 +141,25 @@ pub enum Event {
         cached_tokens: usize,
         completion_tokens: usize,
     },
+    /// The choice's prompt, sent back before its first token (`Job::echo`): its tokens, their
+    /// text, and with `logprobs` each one's log-probability after the tokens before it (none for
+    /// the first).
+    Echo {
+        index: usize,
+        tokens: Vec<EchoToken>,
+        logprobs: bool,
+    },
     /// The choice failed (engine error, shutdown).
     Error { index: usize, error: ApiError },
+}
+
+/// A prompt token sent back (`Event::Echo`).
+#[derive(Clone, Debug)]
+pub struct EchoToken {
+    pub id: u32,
+    /// The text that became final with it (the last one's carries what was held back).
+    pub text: String,
+    pub logprob: Option<TokenLogprob>,
 }
 
 pub(crate) enum Command {

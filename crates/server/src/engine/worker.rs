@@ -19,7 +19,7 @@ use muser_text::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc::error::TrySendError;
 
 use super::scheduler::{self, SeqView};
-use super::{Command, EngineConfig, Event, Finish, Job, Shared, TokenLogprob};
+use super::{Command, EchoToken, EngineConfig, Event, Finish, Job, Shared, TokenLogprob};
 use crate::error::ApiError;
 
 /// What the sequences of one request share.
@@ -29,6 +29,9 @@ struct JobCommon {
     stop_flags: Option<Arc<[std::sync::atomic::AtomicBool]>>,
     tx: tokio::sync::mpsc::Sender<Event>,
     logprobs: Option<usize>,
+    /// `Job::echo`.
+    echo: bool,
+    skip_special: bool,
     ignore_eos: bool,
     logit_bias: Vec<(u32, f32)>,
     /// The vocabulary as the request's grammar reads it (with a grammar).
@@ -50,6 +53,9 @@ struct Seq {
     sampler: Sampler,
     /// Where the output stands in the request's grammar, if it has one.
     constraint: Option<Constraint>,
+    /// With echo and logprobs: the prompt's tokens' log-probabilities so far (token i + 1's
+    /// after the tokens before it), for `Event::Echo`.
+    echo_lp: Vec<TokenLogprob>,
     decoder: StreamDecoder,
     /// Events not yet taken by the client (the channel was full): the sequence waits for them.
     outbox: VecDeque<Event>,
@@ -66,6 +72,12 @@ struct Seq {
 impl Seq {
     fn prompt_left(&self) -> usize {
         self.prompt.len() - self.fed
+    }
+
+    /// Whether every prompt position's logits are wanted (echo with logprobs): the prompt runs
+    /// whole, never from a kept cache.
+    fn scores_prompt(&self) -> bool {
+        self.job.echo && self.job.logprobs.is_some()
     }
 }
 
@@ -235,6 +247,8 @@ impl<B: Backend> Worker<B> {
             stop_flags: job.stop_flags,
             tx: job.tx,
             logprobs: job.logprobs,
+            echo: job.echo,
+            skip_special: job.skip_special,
             ignore_eos: job.ignore_eos,
             logit_bias: job.logit_bias,
             grammar_vocab: job.grammar.as_ref().map(|g| g.vocab.clone()),
@@ -259,6 +273,7 @@ impl<B: Backend> Worker<B> {
                 max_tokens: spec.max_tokens,
                 sampler: Sampler::new(params),
                 constraint,
+                echo_lp: Vec::new(),
                 decoder: StreamDecoder::new(job.skip_special, job.stops.iter().cloned()),
                 outbox: VecDeque::new(),
                 stalled_since: None,
@@ -315,6 +330,7 @@ impl<B: Backend> Worker<B> {
             let Some((fi, reuse)) = self.pick_slot(&s.prompt) else {
                 break;
             };
+            let reuse = if s.scores_prompt() { 0 } else { reuse };
             if !self.make_room(s.reserve, self.free[fi]) {
                 break;
             }
@@ -514,6 +530,9 @@ impl<B: Backend> Worker<B> {
         let mut batch = Batch::default();
         let mut rows = Vec::new();
         let mut row_item = Vec::new();
+        // Echo with logprobs: the prompt positions scored (batch row, running index, the next
+        // prompt token, its alternatives), their logits rows after the drawn ones.
+        let mut scored: Vec<(usize, usize, u32, usize)> = Vec::new();
         for (ci, &gi) in cache_item.iter().enumerate() {
             let (ri, n) = group[gi];
             let s = &self.running[ri];
@@ -531,8 +550,17 @@ impl<B: Backend> Worker<B> {
                 batch.pos.push(start + k as u32);
                 batch.seq.push(ci);
             }
-            // Logits for a decode token, or a prompt chunk that ends the prompt.
-            if s.prompt_left() == 0 || s.prompt_left() == n {
+            if s.prompt_left() > 0 && s.scores_prompt() {
+                let base = batch.len() - tokens.len();
+                for k in 0..tokens.len() {
+                    if let Some(&next) = s.prompt.get(s.fed + k + 1) {
+                        scored.push((base + k, ri, next, s.job.logprobs.unwrap_or(0)));
+                    }
+                }
+            }
+            // Logits for a decode token, or a prompt chunk that ends the prompt (unless
+            // nothing is to be generated: echo with max_tokens 0).
+            if s.max_tokens > 0 && (s.prompt_left() == 0 || s.prompt_left() == n) {
                 rows.push(batch.len() - 1);
                 row_item.push(gi);
             }
@@ -540,6 +568,8 @@ impl<B: Backend> Worker<B> {
         if batch.is_empty() {
             return;
         }
+        let scored_at = rows.len();
+        rows.extend(scored.iter().map(|p| p.0));
         // Each logits row's token is drawn where the logits are when the backend can
         // (`Backend::draws_on_device`) and the sequence needs nothing else of the row (no
         // logprobs, no top-k or top-p); the other rows come to the host. (A device draw is
@@ -585,6 +615,7 @@ impl<B: Backend> Worker<B> {
         // The logits buffer is reused from step to step (tens of megabytes at 64 sequences).
         let mut logits = std::mem::take(&mut self.logits);
         let mut dev_ids = Vec::new();
+        let mut scores = Vec::new();
         let t_forward = Instant::now();
         let result = self
             .model
@@ -599,7 +630,8 @@ impl<B: Backend> Worker<B> {
                 }
                 self.model
                     .draw_logit_rows(&mut self.ws, &dev_rows, &dev_draws, &mut dev_ids)
-            });
+            })
+            .and_then(|()| score_prompts(&self.model, &self.ws, scored_at, &scored, &mut scores));
         // The model's part of a step: the forward pass, the device draws and the rows the host
         // needs copied to it.
         metrics::histogram!("muser_forward_seconds").record(t_forward.elapsed().as_secs_f64());
@@ -635,6 +667,11 @@ impl<B: Backend> Worker<B> {
             }
         }
         let mut prompt_tokens = 0;
+        for (lp, &(_, ri, _, _)) in scores.into_iter().zip(&scored) {
+            if let Some(s) = self.running.get_mut(ri) {
+                s.echo_lp.push(lp);
+            }
+        }
         for &(ri, n) in group {
             let s = &mut self.running[ri];
             let h = &mut self.history[s.slot];
@@ -642,6 +679,9 @@ impl<B: Backend> Worker<B> {
                 h.extend_from_slice(&s.prompt[s.fed..s.fed + n]);
                 s.fed += n;
                 prompt_tokens += n;
+                if s.prompt_left() == 0 {
+                    self.prompt_done(ri);
+                }
             } else {
                 h.extend(s.pending.take());
             }
@@ -813,6 +853,41 @@ impl<B: Backend> Worker<B> {
             }
         }
         Ok(no)
+    }
+
+    /// `running[ri]`'s prompt has run: with echo, send it back (`Event::Echo`); with nothing to
+    /// generate (max_tokens 0), end there.
+    fn prompt_done(&mut self, ri: usize) {
+        let tok = &self.tok;
+        let s = &mut self.running[ri];
+        if s.job.echo {
+            let mut dec = StreamDecoder::new(s.job.skip_special, std::iter::empty::<String>());
+            let lps = s.job.logprobs.is_some();
+            let mut lp = std::mem::take(&mut s.echo_lp).into_iter();
+            let mut tokens: Vec<EchoToken> = s
+                .prompt
+                .iter()
+                .enumerate()
+                .map(|(i, &id)| EchoToken {
+                    id,
+                    // A token the tokenizer cannot spell (its id checked when the prompt was
+                    // read) adds no text.
+                    text: dec.push(tok, id).unwrap_or_default(),
+                    logprob: if lps && i > 0 { lp.next() } else { None },
+                })
+                .collect();
+            if let Some(last) = tokens.last_mut() {
+                last.text.push_str(&dec.finish());
+            }
+            s.outbox.push_back(Event::Echo {
+                index: s.index,
+                tokens,
+                logprobs: lps,
+            });
+        }
+        if s.max_tokens == 0 {
+            self.end_without_token(ri, Finish::Length);
+        }
     }
 
     /// End `running[ri]`, whose grammar gives it no token (`no`: not NotFinite).
@@ -1259,17 +1334,37 @@ fn choose(s: &mut Seq, row: &[f32], eog: &[u32]) -> Result<u32, NoToken> {
     Ok(draw(s, row, eog, Some(&mask)))
 }
 
+/// The logits rows `scored_at..` of the last forward (the prompt positions `scored`) as
+/// log-probabilities of the prompt's next tokens, in order, into `out`: read to the host 32
+/// rows at a time, scored in parallel.
+fn score_prompts<B: Backend>(
+    model: &MuseGlimmer<B>,
+    ws: &Workspace<B>,
+    scored_at: usize,
+    scored: &[(usize, usize, u32, usize)],
+    out: &mut Vec<TokenLogprob>,
+) -> muser_engine::Result<()> {
+    use rayon::prelude::*;
+    let n_vocab = model.config.n_vocab;
+    let mut buf = Vec::new();
+    for (c, part) in scored.chunks(32).enumerate() {
+        let idx: Vec<usize> = (0..part.len()).map(|i| scored_at + 32 * c + i).collect();
+        model.read_logit_rows(ws, &idx, &mut buf)?;
+        out.par_extend(
+            buf.par_chunks(n_vocab.max(1))
+                .zip(part.par_iter())
+                .map(|(row, &(_, _, next, k))| token_logprob(row, next, k)),
+        );
+    }
+    Ok(())
+}
+
 /// After a `RowDraw` chose `id` for `s`: None when its grammar (if any) allows `id`; else the
 /// draw again over the tokens the grammar allows, as the host chain's `choose` does it: the
 /// next draw of the sequence's stream (fresh noise: its choice is a draw from the allowed
 /// tokens' softmax whatever was refused), the same edits, the grammar's mask
 /// (`RowDraw::allowed`). Or why no token can come.
-fn grammar_redraw(
-    s: &mut Seq,
-    id: u32,
-    eog: &[u32],
-    n_vocab: usize,
-) -> Redraw {
+fn grammar_redraw(s: &mut Seq, id: u32, eog: &[u32], n_vocab: usize) -> Redraw {
     let (Some(c), Some(v)) = (&mut s.constraint, &s.job.grammar_vocab) else {
         return Ok(None);
     };
