@@ -3682,6 +3682,56 @@ impl Backend for CudaBackend {
         kv.high = 0;
     }
 
+    fn kv_can_copy(&self) -> bool {
+        true
+    }
+
+    /// Device copies on the stream (after the steps queued before): a ring whole, a plane's
+    /// first `len` rows (the rows past them are written before they are read).
+    fn kv_copy(&self, src: &CudaKv, dst: &mut CudaKv) -> Result<()> {
+        if (
+            src.ty,
+            src.n_ctx,
+            src.n_swa,
+            src.row_bytes,
+            src.layers.len(),
+        ) != (
+            dst.ty,
+            dst.n_ctx,
+            dst.n_swa,
+            dst.row_bytes,
+            dst.layers.len(),
+        ) {
+            return Err(Error::Backend(
+                "a KV cache copied into one of another shape".into(),
+            ));
+        }
+        for (s, d) in src.layers.iter().zip(dst.layers.iter_mut()) {
+            if s.ring != d.ring || s.k.len() != d.k.len() || s.v.len() != d.v.len() {
+                return Err(Error::Backend(
+                    "a KV cache copied into one of other layers".into(),
+                ));
+            }
+            let n = if s.ring > 0 {
+                s.k.len()
+            } else {
+                (src.len * src.row_bytes).min(s.k.len())
+            };
+            if n == 0 {
+                continue;
+            }
+            self.stream
+                .memcpy_dtod(&s.k.slice(..n), &mut d.k.slice_mut(..n))
+                .map_err(dev("KV copy"))?;
+            self.stream
+                .memcpy_dtod(&s.v.slice(..n), &mut d.v.slice_mut(..n))
+                .map_err(dev("KV copy"))?;
+        }
+        dst.len = src.len;
+        dst.high = src.high;
+        Ok(())
+    }
+
     fn read(&self, a: &CudaAct) -> Result<Vec<f32>> {
         let v = self
             .stream

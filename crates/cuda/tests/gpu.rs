@@ -2935,3 +2935,49 @@ fn grouped_one_token_products_give_the_bits_alone() {
     println!("{}", rows.join("\n"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A device cache copied from another (`Backend::kv_copy`: the choices of one request sharing
+/// their prompt), taken back one position and fed on, gives the bits of its source fed the same:
+/// past the sliding window (the rings wrapped), in f16 and q8_0 caches, eagerly and through
+/// the captured graph.
+#[test]
+fn a_copied_device_cache_gives_its_sources_bits() {
+    use muser_engine::Backend;
+    let Some(_) = gpu() else { return };
+    let mut checked = Vec::new();
+    for name in names() {
+        let file = ModelFile::open(model_path(&name)).unwrap();
+        let g = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
+        assert!(g.backend.kv_can_copy());
+        let toks = tokens(&name);
+        let p = (g.config.n_swa + 5).min(toks.len() - 8);
+        for kv in [KvType::F16, KvType::Q8_0] {
+            let mut a = Session::new(&g, kv, 256).unwrap();
+            a.feed(&toks[..p], 64, Logits::Last).unwrap();
+            let mut b = Session::new(&g, kv, 256).unwrap();
+            b.feed(&toks[..3], 64, Logits::Last).unwrap();
+            g.backend.kv_copy(&a.kv, &mut b.kv).unwrap();
+            assert_eq!(b.pos(), p);
+            assert!(a.truncate(p - 1) && b.truncate(p - 1));
+            let run = |s: &mut Session<'_, CudaBackend>| {
+                let mut out = s.feed(&toks[p - 1..p + 3], 4, Logits::All).unwrap();
+                let mut dec = GraphDecoder::new(&g).unwrap();
+                out.extend(graph_steps(&mut dec, &mut s.kv, &toks[p + 3..p + 8]).unwrap());
+                out
+            };
+            let want = run(&mut a);
+            let got = run(&mut b);
+            let differ = want
+                .iter()
+                .zip(&got)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count();
+            assert_eq!(differ, 0, "{name} {kv:?}: the copy's logits differ");
+        }
+        checked.push(name);
+    }
+    println!(
+        "copied device caches give their sources' bits: {}",
+        checked.join(", ")
+    );
+}

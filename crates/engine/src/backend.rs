@@ -129,6 +129,19 @@ pub trait Backend: Send + Sync {
     }
     /// Forget a sequence's cache.
     fn kv_clear(&self, kv: &mut Self::Kv);
+    /// Whether `kv_copy` can copy this backend's caches.
+    fn kv_can_copy(&self) -> bool {
+        false
+    }
+    /// Make `dst` a copy of `src`, two caches of this model and context size: every position
+    /// `src` holds and its length (a sequence whose prompt another's cache holds starts from
+    /// there: the choices of one request). Ordered after the work queued on `src` before it.
+    fn kv_copy(&self, src: &Self::Kv, dst: &mut Self::Kv) -> Result<()> {
+        let _ = (src, dst);
+        Err(Error::Backend(
+            "this backend does not copy KV caches".into(),
+        ))
+    }
     /// Overwrite the first `values.len() / cols` rows of an activation matrix with host values.
     fn write(&self, a: &mut Self::Act, values: &[f32]) -> Result<()>;
     /// Copy an activation matrix to the host.

@@ -230,6 +230,61 @@ impl HostKv {
         self.len = len;
     }
 
+    /// Become a copy of `src` (a cache of the same model, context and type): every position it
+    /// holds, its length. Not in parity mode (llama.cpp's cell layout is not copied).
+    pub fn copy_from(&mut self, src: &HostKv) -> Result<()> {
+        if self.parity.is_some() || src.parity.is_some() {
+            return Err(Error::Backend(
+                "parity mode's KV cache is not copied".into(),
+            ));
+        }
+        if (
+            self.ty,
+            self.n_ctx,
+            self.n_swa,
+            self.row_bytes,
+            self.layers.len(),
+        ) != (
+            src.ty,
+            src.n_ctx,
+            src.n_swa,
+            src.row_bytes,
+            src.layers.len(),
+        ) {
+            return Err(Error::Backend(
+                "a KV cache copied into one of another shape".into(),
+            ));
+        }
+        for (d, s) in self.layers.iter_mut().zip(&src.layers) {
+            match (d, s) {
+                (
+                    LayerCache::Ring { k, v, pos },
+                    LayerCache::Ring {
+                        k: sk,
+                        v: sv,
+                        pos: sp,
+                    },
+                ) if k.len() == sk.len() && pos.len() == sp.len() => {
+                    k.copy_from_slice(sk);
+                    v.copy_from_slice(sv);
+                    pos.copy_from_slice(sp);
+                }
+                (LayerCache::Plane { k, v }, LayerCache::Plane { k: sk, v: sv }) => {
+                    k.clone_from(sk);
+                    v.clone_from(sv);
+                }
+                _ => {
+                    return Err(Error::Backend(
+                        "a KV cache copied into one of other layers".into(),
+                    ));
+                }
+            }
+        }
+        self.len = src.len;
+        self.high = src.high;
+        Ok(())
+    }
+
     /// Forget everything (positions restart at 0).
     pub fn clear(&mut self) {
         self.len = 0;

@@ -459,6 +459,17 @@ impl<B: Backend> Backend for TpBackend<B> {
         }
     }
 
+    fn kv_can_copy(&self) -> bool {
+        self.ranks.iter().all(|b| b.kv_can_copy())
+    }
+
+    fn kv_copy(&self, src: &TpKv<B::Kv>, dst: &mut TpKv<B::Kv>) -> Result<()> {
+        for ((b, s), d) in self.ranks.iter().zip(&src.parts).zip(dst.parts.iter_mut()) {
+            b.kv_copy(s, d)?;
+        }
+        Ok(())
+    }
+
     fn kv_can_truncate(&self, kv: &TpKv<B::Kv>, len: usize) -> bool {
         self.ranks
             .iter()

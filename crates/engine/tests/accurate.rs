@@ -181,3 +181,43 @@ fn going_back_in_a_cache_gives_a_fresh_caches_bits() {
         );
     }
 }
+
+/// A cache copied from another (`Backend::kv_copy`, the choices of one request sharing their
+/// prompt), taken back one position and fed on gives the bits of the cache it was copied from
+/// fed the same; the source is unchanged by the copy. Past a window, so the rings have wrapped.
+#[test]
+fn a_copied_cache_gives_its_sources_bits() {
+    use muser_engine::{Backend, Logits, Session};
+    for name in all_fixtures() {
+        let m = load(&name, NumericMode::Accurate);
+        assert!(m.backend.kv_can_copy());
+        let toks = read_i32(&golden_path(&name, "tokens.i32"));
+        let p = m.config.n_swa + 5;
+        let n_ctx = 2 * p + 32;
+        let suffix: Vec<u32> = toks.iter().rev().take(6).copied().collect();
+        let mut a = Session::new(&m, KvType::F16, n_ctx).unwrap();
+        a.feed(&toks[..p], 16, Logits::Last).unwrap();
+        let mut b = Session::new(&m, KvType::F16, n_ctx).unwrap();
+        b.feed(&toks[..3], 16, Logits::Last).unwrap(); // whatever it held before is gone
+        m.backend.kv_copy(&a.kv, &mut b.kv).unwrap();
+        assert_eq!(b.pos(), p);
+        assert!(b.truncate(p - 1));
+        let tail = |s: &mut Session<'_, _>| {
+            let mut out = s.feed(&toks[p - 1..p], 1, Logits::Last).unwrap();
+            out.extend(s.feed(&suffix, 4, Logits::All).unwrap());
+            out
+        };
+        assert!(a.truncate(p - 1));
+        let want = tail(&mut a);
+        let got = tail(&mut b);
+        assert!(
+            want.iter()
+                .zip(&got)
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{name}: the copy's logits differ"
+        );
+    }
+    // Parity mode keeps llama.cpp's cell layout, which is not copied: refused, not wrong.
+    let m = load(&all_fixtures()[0], NumericMode::Parity);
+    assert!(!m.backend.kv_can_copy());
+}

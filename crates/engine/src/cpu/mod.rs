@@ -240,6 +240,15 @@ impl Backend for CpuBackend {
         kv.clear()
     }
 
+    /// Not in parity mode, whose cache keeps llama.cpp's cell layout.
+    fn kv_can_copy(&self) -> bool {
+        self.mode != NumericMode::Parity
+    }
+
+    fn kv_copy(&self, src: &HostKv, dst: &mut HostKv) -> Result<()> {
+        dst.copy_from(src)
+    }
+
     fn read(&self, a: &CpuAct) -> Result<Vec<f32>> {
         Ok(a.data.clone())
     }

@@ -53,6 +53,9 @@ struct Seq {
     sampler: Sampler,
     /// Where the output stands in the request's grammar, if it has one.
     constraint: Option<Constraint>,
+    /// The slot of the choice of the same request whose prompt this one waits for, to start
+    /// from a copy of its cache (`Backend::kv_copy`) instead of running the prompt itself.
+    follow: Option<usize>,
     /// With echo and logprobs: the prompt's tokens' log-probabilities so far (token i + 1's
     /// after the tokens before it), for `Event::Echo`.
     echo_lp: Vec<TokenLogprob>,
@@ -274,6 +277,7 @@ impl<B: Backend> Worker<B> {
                 sampler: Sampler::new(params),
                 constraint,
                 echo_lp: Vec::new(),
+                follow: None,
                 decoder: StreamDecoder::new(job.skip_special, job.stops.iter().cloned()),
                 outbox: VecDeque::new(),
                 stalled_since: None,
@@ -364,6 +368,23 @@ impl<B: Backend> Worker<B> {
                 }
             }
             s.slot = slot;
+            // A choice whose sibling (the same request and prompt) runs the prompt waits for it
+            // and starts from a copy of its cache (`prompt_done`), unless its own slot already
+            // holds much of it.
+            if self.model.backend.kv_can_copy() && !s.scores_prompt() && 2 * reuse < s.prompt.len()
+            {
+                s.follow = self
+                    .running
+                    .iter()
+                    .find(|o| {
+                        Arc::ptr_eq(&o.job, &s.job)
+                            && Arc::ptr_eq(&o.prompt, &s.prompt)
+                            && o.follow.is_none()
+                            && !o.done
+                            && o.prompt_left() > 1
+                    })
+                    .map(|o| o.slot);
+            }
             self.reserved += s.reserve;
             tracing::debug!(
                 request_id = %s.job.request_id,
@@ -484,14 +505,34 @@ impl<B: Backend> Worker<B> {
         }
     }
 
+    /// Choices waiting for a sibling's prompt (`Seq::follow`) whose sibling is no longer running
+    /// it (it failed or was cancelled) run their own.
+    fn release_followers(&mut self) {
+        let leaders: Vec<(usize, *const JobCommon)> = self
+            .running
+            .iter()
+            .filter(|o| !o.done && o.follow.is_none() && o.prompt_left() > 0)
+            .map(|o| (o.slot, Arc::as_ptr(&o.job)))
+            .collect();
+        for s in &mut self.running {
+            if let Some(ls) = s.follow
+                && !leaders.contains(&(ls, Arc::as_ptr(&s.job)))
+            {
+                s.follow = None;
+            }
+        }
+    }
+
     /// Plan and run one step; false if nothing could run.
     fn step(&mut self) -> bool {
+        self.release_followers();
         let views: Vec<SeqView> = self
             .running
             .iter()
             .map(|s| SeqView {
                 prompt_left: s.prompt_left(),
                 ready: !s.done
+                    && s.follow.is_none()
                     && s.outbox.is_empty()
                     && (s.prompt_left() > 0 || s.pending.is_some()),
             })
@@ -855,9 +896,11 @@ impl<B: Backend> Worker<B> {
         Ok(no)
     }
 
-    /// `running[ri]`'s prompt has run: with echo, send it back (`Event::Echo`); with nothing to
-    /// generate (max_tokens 0), end there.
+    /// `running[ri]`'s prompt has run: the choices waiting for it start from a copy of its cache
+    /// (`share_prompt`); with echo, send it back (`Event::Echo`); with nothing to generate
+    /// (max_tokens 0), end there.
     fn prompt_done(&mut self, ri: usize) {
+        self.share_prompt(ri);
         let tok = &self.tok;
         let s = &mut self.running[ri];
         if s.job.echo {
@@ -887,6 +930,58 @@ impl<B: Backend> Worker<B> {
         }
         if s.max_tokens == 0 {
             self.end_without_token(ri, Finish::Length);
+        }
+    }
+
+    /// The choices following `running[ri]` (`Seq::follow`), whose prompt it has just run: each
+    /// slot's cache becomes a copy of its (`Backend::kv_copy`), back one position (the last
+    /// prompt token runs again for the choice's own logits). Where a copy fails the choice runs
+    /// the prompt itself.
+    fn share_prompt(&mut self, ri: usize) {
+        let (ls, job) = match self.running.get(ri) {
+            Some(l) => (l.slot, Arc::as_ptr(&l.job)),
+            None => return,
+        };
+        let followers: Vec<usize> = (0..self.running.len())
+            .filter(|&i| {
+                let f = &self.running[i];
+                f.follow == Some(ls) && Arc::as_ptr(&f.job) == job
+            })
+            .collect();
+        for fi in followers {
+            let f = &mut self.running[fi];
+            f.follow = None;
+            let (fs, keep) = (f.slot, f.prompt.len() - 1);
+            let Some(mut dst) = self.slots.get_mut(fs).and_then(Option::take) else {
+                continue;
+            };
+            let backend = &self.model.backend;
+            let copied = match self.slots.get(ls).and_then(Option::as_ref) {
+                Some(src) => backend
+                    .kv_copy(src, &mut dst)
+                    .map(|()| backend.kv_can_truncate(&dst, keep)),
+                None => Ok(false),
+            };
+            let f = &mut self.running[fi];
+            match copied {
+                Ok(true) => {
+                    backend.kv_set_len(&mut dst, keep);
+                    self.history[fs].clear();
+                    self.history[fs].extend_from_slice(&f.prompt[..keep]);
+                    f.fed = keep;
+                    self.dirty[fs] = false;
+                    metrics::counter!("muser_prompt_tokens_shared_total").increment(keep as u64);
+                }
+                copied => {
+                    if let Err(e) = copied {
+                        tracing::warn!(request_id = %f.job.request_id, "a choice's prompt cache could not be copied: {e}");
+                    }
+                    backend.kv_clear(&mut dst);
+                    self.history[fs].clear();
+                    f.fed = 0;
+                }
+            }
+            self.slots[fs] = Some(dst);
         }
     }
 
