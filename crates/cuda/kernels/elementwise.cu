@@ -141,6 +141,43 @@ extern "C" __global__ void argmax_rows(const float* x, int cols, u32* out, float
     }
 }
 
+// Log-probabilities in rows of logits (sampling.rs RowLogprob::of, the host's log_softmax in
+// f64): for row rowix[d], its largest value m (the lowest id among ties; a NaN never), then
+// lse = m + ln(sum exp(v - m)) with the sum in f64 (each thread's values in order, then the
+// warps' sums in a fixed tree), and out[3d] = x[target[d]] - lse (-inf for a target past the
+// row), out[3d + 1] = the largest's id (as bits), out[3d + 2] = m - lse. One block of 1024
+// threads per row.
+extern "C" __global__ void row_logprobs(const float* __restrict__ x, int cols, const u32* __restrict__ rowix, const u32* __restrict__ target, float* __restrict__ out) {
+    __shared__ double wsum[32];
+    __shared__ double total;
+    const int d = blockIdx.x;
+    const float* r = x + (long long)rowix[d] * cols;
+    float best = -__int_as_float(0x7f800000);
+    int idx = 0x7fffffff;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) amax_pick(best, idx, r[c], c);
+    amax_block(best, idx);
+    const double m = (double)best;
+    double s = 0.0;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += exp((double)r[c] - m);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    if (lane == 0) wsum[w] = s;
+    __syncthreads();
+    if (w == 0) {
+        double t = lane < (int)(blockDim.x >> 5) ? wsum[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_down_sync(0xffffffffu, t, o);
+        if (lane == 0) total = t;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const double lse = m + log(total);
+        const u32 t = target[d];
+        out[3 * d] = t < (u32)cols ? (float)((double)r[t] - lse) : -__int_as_float(0x7f800000);
+        out[3 * d + 1] = __uint_as_float(idx != 0x7fffffff ? (u32)idx : 0u);
+        out[3 * d + 2] = (float)(m - lse);
+    }
+}
+
 // Edits to logits rows before a draw (sampling.rs LogitEdit, the same f32 operations unfused),
 // with the effect of applying each row's edits in list order: one block per drawn row, its first
 // thread walks the edits start[d]..par[d] in order, then the block's threads share the rest,

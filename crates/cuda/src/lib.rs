@@ -25,7 +25,7 @@ use cudarc::driver::{
 use muser_engine::backend::{AttnSpec, Backend, Batch, QkSpec, StepRecord};
 use muser_engine::cpu::cuda_anchor;
 use muser_engine::loader::Matrix;
-use muser_engine::sampling::{LogitEdit, RowDraw};
+use muser_engine::sampling::{LogitEdit, RowDraw, RowLogprob};
 use muser_engine::{Error, KvType, MuseConfig, Result};
 use muser_gguf::{GgmlType, Gguf};
 
@@ -1354,6 +1354,66 @@ impl CudaBackend {
         // above).
         unsafe { b.launch(cfg) }.map_err(dev("argmax"))?;
         Ok(())
+    }
+
+    /// Token `targets[i]`'s log-probability under row `rows[i]` of `logits` and the row's most
+    /// likely token with its own (`RowLogprob::of`), computed on the device (`row_logprobs`):
+    /// three numbers a row come back.
+    pub fn logprobs(
+        &self,
+        logits: &CudaAct,
+        rows: &[usize],
+        targets: &[u32],
+    ) -> Result<Vec<RowLogprob>> {
+        if rows.len() != targets.len() {
+            return Err(Error::Backend(format!(
+                "{} rows and {} targets",
+                rows.len(),
+                targets.len()
+            )));
+        }
+        if let Some(&r) = rows.iter().find(|&&r| r >= logits.rows) {
+            return Err(Error::Backend(format!(
+                "row {r} is outside the logits ({} rows)",
+                logits.rows
+            )));
+        }
+        let n = rows.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let st = &self.stream;
+        let rowix: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let rowix_d = st.clone_htod(&rowix).map_err(dev("upload rows"))?;
+        let target_d = st.clone_htod(targets).map_err(dev("upload targets"))?;
+        let mut out = st.alloc_zeros::<f32>(3 * n).map_err(dev("alloc"))?;
+        let cols = logits.cols as i32;
+        let func = self.f("row_logprobs")?;
+        let mut b = st.launch_builder(&func);
+        b.arg(&logits.data)
+            .arg(&cols)
+            .arg(&rowix_d)
+            .arg(&target_d)
+            .arg(&mut out);
+        let cfg = LaunchConfig {
+            grid_dim: (n as u32, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: block d reads row rowix[d] (< logits.rows, checked above) of cols floats and
+        // target[d] (bounded by cols in the kernel), and writes out[3d..3d + 3] of the 3n floats
+        // allocated above.
+        unsafe { b.launch(cfg) }.map_err(dev("row_logprobs"))?;
+        let v = st
+            .clone_dtoh(&out)
+            .map_err(dev("download log-probabilities"))?;
+        Ok(v.chunks_exact(3)
+            .map(|c| RowLogprob {
+                logprob: c[0],
+                top: c[1].to_bits(),
+                top_logprob: c[2],
+            })
+            .collect())
     }
 
     /// One token per listed row of `logits`, chosen on the device (`RowDraw`): the rows
@@ -3785,6 +3845,24 @@ impl Backend for CudaBackend {
 
     fn draws_on_device(&self) -> bool {
         true
+    }
+
+    fn row_logprobs(
+        &self,
+        logits: &CudaAct,
+        cols: usize,
+        rows: &[usize],
+        targets: &[u32],
+        out: &mut Vec<RowLogprob>,
+    ) -> Result<()> {
+        if cols != logits.cols {
+            return Err(Error::Backend(format!(
+                "log-probabilities over {cols} values asked of logits of {}",
+                logits.cols
+            )));
+        }
+        *out = self.logprobs(logits, rows, targets)?;
+        Ok(())
     }
 
     fn draw_rows(

@@ -2981,3 +2981,37 @@ fn a_copied_device_cache_gives_its_sources_bits() {
         checked.join(", ")
     );
 }
+
+/// Log-probabilities computed where the logits are (`row_logprobs`: a prompt scored by echo)
+/// against the host reference `RowLogprob::of`: rows of Muse Glimmer's vocabulary picked out
+/// of order and twice, a tie for the largest (the lower id), a target past the row, a -inf.
+#[test]
+fn device_logprobs_match_the_host_reference() {
+    use muser_engine::sampling::RowLogprob;
+    let Some(g) = gpu() else { return };
+    let (rows, cols) = (5usize, 202_048usize);
+    let mut x: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i as u64 * 2_654_435_761 % 1_000_003) as f32 / 1_000_003.0) * 20.0 - 10.0)
+        .collect();
+    x[2 * cols + 77] = 30.0;
+    x[2 * cols + 55] = 30.0;
+    x[3 * cols + 9] = f32::NEG_INFINITY;
+    let pick = [3usize, 0, 2, 2, 4, 1];
+    let targets = [9u32, 123, 77, 202_047, cols as u32 + 5, 0];
+    let mut xg = g.act(rows, cols).unwrap();
+    g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
+    let got = g.logprobs(&xg, &pick, &targets).unwrap();
+    let mut worst = 0.0f32;
+    for ((&r, &t), l) in pick.iter().zip(&targets).zip(&got) {
+        let want = RowLogprob::of(&x[r * cols..(r + 1) * cols], t);
+        assert_eq!(l.top, want.top, "row {r}");
+        assert_eq!(l.logprob.is_finite(), want.logprob.is_finite(), "row {r} target {t}");
+        if want.logprob.is_finite() {
+            worst = worst.max((l.logprob - want.logprob).abs());
+        }
+        worst = worst.max((l.top_logprob - want.top_logprob).abs());
+    }
+    assert_eq!(got[2].top, 55, "a tie goes to the lower id");
+    assert!(worst <= 1e-6, "device log-probabilities against the host's: {worst}");
+    println!("device log-probabilities: within {worst:.1e} of the host's, the same tops");
+}

@@ -190,6 +190,38 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// Token `targets[i]`'s log-probability under row `rows[i]` of the `cols`-wide `logits`, and
+    /// the row's most likely token with its own, into `out` (`RowLogprob::of`, the reference).
+    /// The default reads the rows to the host, a few at a time; a device computes them where
+    /// the logits are and sends back three numbers a row.
+    fn row_logprobs(
+        &self,
+        logits: &Self::Act,
+        cols: usize,
+        rows: &[usize],
+        targets: &[u32],
+        out: &mut Vec<crate::sampling::RowLogprob>,
+    ) -> Result<()> {
+        if rows.len() != targets.len() {
+            return Err(Error::Backend(format!(
+                "{} rows and {} targets",
+                rows.len(),
+                targets.len()
+            )));
+        }
+        out.clear();
+        let mut host = Vec::new();
+        for (r, t) in rows.chunks(32).zip(targets.chunks(32)) {
+            self.read_rows_into(logits, cols, r, &mut host)?;
+            out.extend(
+                host.chunks_exact(cols.max(1))
+                    .zip(t)
+                    .map(|(row, &t)| crate::sampling::RowLogprob::of(row, t)),
+            );
+        }
+        Ok(())
+    }
+
     /// Whether `draw_rows` runs where the logits are (a device): a caller then leaves on the
     /// backend the rows whose token is all it needs.
     fn draws_on_device(&self) -> bool {

@@ -242,6 +242,19 @@ impl<B: Backend> MuseGlimmer<B> {
             .read_rows_into(&ws.logits, self.config.n_vocab, rows, out)
     }
 
+    /// After `forward_device`: token `targets[i]`'s log-probability under row `rows[i]` of its
+    /// logits and the row's most likely token (`Backend::row_logprobs`).
+    pub fn logit_row_logprobs(
+        &self,
+        ws: &Workspace<B>,
+        rows: &[usize],
+        targets: &[u32],
+        out: &mut Vec<crate::sampling::RowLogprob>,
+    ) -> Result<()> {
+        self.backend
+            .row_logprobs(&ws.logits, self.config.n_vocab, rows, targets, out)
+    }
+
     /// After `forward_device`: a token for each of rows `rows` of its logits, chosen by
     /// `draws` where the logits are (`Backend::draw_rows`; the logits stay as they are).
     pub fn draw_logit_rows(

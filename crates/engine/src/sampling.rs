@@ -262,6 +262,32 @@ fn first_largest(row: &[f32]) -> Option<usize> {
     best
 }
 
+/// A token's log-probability in a row of logits, and the row's most likely token with its own
+/// (`Backend::row_logprobs`: a prompt's tokens scored where the logits are).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowLogprob {
+    pub logprob: f32,
+    /// The largest logit's id (the lowest among ties; a NaN never; 0 for a row of NaNs).
+    pub top: u32,
+    pub top_logprob: f32,
+}
+
+impl RowLogprob {
+    /// The reference: `log_softmax` in f64, token `target`'s entry (-inf past the row) and the
+    /// first largest logit's.
+    pub fn of(row: &[f32], target: u32) -> RowLogprob {
+        let ls = log_softmax(row);
+        let top = argmax(row);
+        RowLogprob {
+            logprob: ls
+                .get(target as usize)
+                .map_or(f32::NEG_INFINITY, |&v| v as f32),
+            top: top as u32,
+            top_logprob: ls.get(top).map_or(f32::NEG_INFINITY, |&v| v as f32),
+        }
+    }
+}
+
 /// Log-softmax in f64.
 pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
     let m = logits
