@@ -3005,13 +3005,20 @@ fn device_logprobs_match_the_host_reference() {
     for ((&r, &t), l) in pick.iter().zip(&targets).zip(&got) {
         let want = RowLogprob::of(&x[r * cols..(r + 1) * cols], t);
         assert_eq!(l.top, want.top, "row {r}");
-        assert_eq!(l.logprob.is_finite(), want.logprob.is_finite(), "row {r} target {t}");
+        assert_eq!(
+            l.logprob.is_finite(),
+            want.logprob.is_finite(),
+            "row {r} target {t}"
+        );
         if want.logprob.is_finite() {
             worst = worst.max((l.logprob - want.logprob).abs());
         }
         worst = worst.max((l.top_logprob - want.top_logprob).abs());
     }
     assert_eq!(got[2].top, 55, "a tie goes to the lower id");
-    assert!(worst <= 1e-6, "device log-probabilities against the host's: {worst}");
+    assert!(
+        worst <= 1e-6,
+        "device log-probabilities against the host's: {worst}"
+    );
     println!("device log-probabilities: within {worst:.1e} of the host's, the same tops");
 }

@@ -25,6 +25,9 @@ async fn logits_that_are_not_finite_end_the_request_with_a_reason_wherever_drawn
             json!({"prompt": "Once", "max_tokens": 4, "temperature": 0.8, "seed": 3, "min_p": 0.05}),
             json!({"prompt": "Once", "max_tokens": 4, "temperature": 0.8, "logprobs": 2}),
             json!({"prompt": "Once", "max_tokens": 4, "temperature": 0, "logit_bias": {"40": 5}}),
+            // A prompt scored (echo): on the backend (one alternative) and on the host (two).
+            json!({"prompt": "Once upon a time", "echo": true, "max_tokens": 0, "logprobs": 1}),
+            json!({"prompt": "Once upon a time", "echo": true, "max_tokens": 0, "logprobs": 2}),
         ] {
             let r = s.post("/v1/completions", &body).await;
             let e = r.openai_error(500);

@@ -901,6 +901,11 @@ impl<B: Backend> Worker<B> {
     /// (max_tokens 0), end there.
     fn prompt_done(&mut self, ri: usize) {
         self.share_prompt(ri);
+        // A scored position whose logits held a NaN (a damaged file's overflow): no score.
+        if self.running[ri].echo_lp.iter().any(|l| l.logprob.is_nan()) {
+            self.fail_not_finite(ri);
+            return;
+        }
         let tok = &self.tok;
         let s = &mut self.running[ri];
         if s.job.echo {
