@@ -33,6 +33,23 @@ fn dev<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> Error + '_ {
     move |e| Error::Backend(format!("CUDA {what}: {e:?}"))
 }
 
+/// `rows` pair with `n` of `what` (draws, targets) and lie inside `logits`.
+fn check_rows(logits: &CudaAct, rows: &[usize], n: usize, what: &str) -> Result<()> {
+    if rows.len() != n {
+        return Err(Error::Backend(format!(
+            "{} rows and {n} {what}",
+            rows.len()
+        )));
+    }
+    if let Some(&r) = rows.iter().find(|&&r| r >= logits.rows) {
+        return Err(Error::Backend(format!(
+            "row {r} is outside the logits ({} rows)",
+            logits.rows
+        )));
+    }
+    Ok(())
+}
+
 /// Check that the CUDA driver, NVRTC and cuBLAS libraries can be loaded (cudarc panics when
 /// a library is missing, so this runs first and turns absence into a clear error).
 pub fn check_libraries() -> Result<()> {
@@ -1365,19 +1382,7 @@ impl CudaBackend {
         rows: &[usize],
         targets: &[u32],
     ) -> Result<Vec<RowLogprob>> {
-        if rows.len() != targets.len() {
-            return Err(Error::Backend(format!(
-                "{} rows and {} targets",
-                rows.len(),
-                targets.len()
-            )));
-        }
-        if let Some(&r) = rows.iter().find(|&&r| r >= logits.rows) {
-            return Err(Error::Backend(format!(
-                "row {r} is outside the logits ({} rows)",
-                logits.rows
-            )));
-        }
+        check_rows(logits, rows, targets.len(), "targets")?;
         let n = rows.len();
         if n == 0 {
             return Ok(Vec::new());
@@ -1423,19 +1428,7 @@ impl CudaBackend {
     /// Gumbel-max draw per row (`draw_rows`); only the ids come back to the host. A row whose
     /// logits held a NaN or an infinity before its edits gets `NOT_FINITE`, no token.
     pub fn draw(&self, logits: &CudaAct, rows: &[usize], draws: &[RowDraw]) -> Result<Vec<u32>> {
-        if rows.len() != draws.len() {
-            return Err(Error::Backend(format!(
-                "{} rows and {} draws",
-                rows.len(),
-                draws.len()
-            )));
-        }
-        if let Some(&r) = rows.iter().find(|&&r| r >= logits.rows) {
-            return Err(Error::Backend(format!(
-                "row {r} is outside the logits ({} rows)",
-                logits.rows
-            )));
-        }
+        check_rows(logits, rows, draws.len(), "draws")?;
         let nd = draws.len();
         if nd == 0 {
             return Ok(Vec::new());

@@ -1415,23 +1415,33 @@ enum NoToken {
 /// choice is refused).
 fn choose(s: &mut Seq, row: &[f32], eog: &[u32]) -> Result<u32, NoToken> {
     let first = draw(s, row, eog, None);
+    Ok(match refused(s, first, eog, row.len())? {
+        None => first,
+        Some(mask) => draw(s, row, eog, Some(&mask)),
+    })
+}
+
+/// After a draw of `id` for `s`: None when its grammar (if any) allows `id`; else the mask of
+/// the tokens it allows (below `n`), or why no token can come (none but an end that
+/// `ignore_eos` masks: the output is whole; none at all: stuck).
+fn refused(s: &mut Seq, id: u32, eog: &[u32], n: usize) -> Result<Option<Arc<[u64]>>, NoToken> {
     let (Some(c), Some(v)) = (&mut s.constraint, &s.job.grammar_vocab) else {
-        return Ok(first);
+        return Ok(None);
     };
     let grammar = |e: muser_text::TextError| NoToken::Grammar(e.to_string());
-    if c.allows(v, first).map_err(grammar)? {
-        return Ok(first);
+    if c.allows(v, id).map_err(grammar)? {
+        return Ok(None);
     }
     let mask = c.allowed(v).map_err(grammar)?;
     let except = if s.job.ignore_eos { eog } else { &[] };
-    if !mask_has_token(&mask, row.len(), except) {
+    if !mask_has_token(&mask, n, except) {
         return Err(if c.is_complete() {
             NoToken::GrammarDone
         } else {
             NoToken::GrammarStuck
         });
     }
-    Ok(draw(s, row, eog, Some(&mask)))
+    Ok(Some(mask))
 }
 
 /// The logits rows `scored_at..` of the last forward (the prompt positions `scored`) as
@@ -1483,22 +1493,9 @@ fn score_prompts<B: Backend>(
 /// tokens' softmax whatever was refused), the same edits, the grammar's mask
 /// (`RowDraw::allowed`). Or why no token can come.
 fn grammar_redraw(s: &mut Seq, id: u32, eog: &[u32], n_vocab: usize) -> Redraw {
-    let (Some(c), Some(v)) = (&mut s.constraint, &s.job.grammar_vocab) else {
+    let Some(mask) = refused(s, id, eog, n_vocab)? else {
         return Ok(None);
     };
-    let grammar = |e: muser_text::TextError| NoToken::Grammar(e.to_string());
-    if c.allows(v, id).map_err(grammar)? {
-        return Ok(None);
-    }
-    let mask = c.allowed(v).map_err(grammar)?;
-    let except = if s.job.ignore_eos { eog } else { &[] };
-    if !mask_has_token(&mask, n_vocab, except) {
-        return Err(if c.is_complete() {
-            NoToken::GrammarDone
-        } else {
-            NoToken::GrammarStuck
-        });
-    }
     let Some(mut d) = s.sampler.row_draw(&pre_edits(&s.job, eog), n_vocab) else {
         // The sampler drew `id` through a RowDraw: it gives one again.
         return Err(NoToken::Grammar(
