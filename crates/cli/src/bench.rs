@@ -158,6 +158,8 @@ fn batched_test<B: Backend>(
             counter: 0,
             edits: Vec::new(),
             allowed: None,
+            top_k: 0,
+            top_p: 1.0,
         })
         .collect();
     let mut drawn: Vec<u32> = Vec::new();

@@ -254,14 +254,161 @@ __device__ __forceinline__ u64 splitmix_at(u64 seed, u64 k) {
     return z ^ (z >> 31);
 }
 
+// A logit's place in candidate order (sampling.rs order_key): larger values, larger keys.
+__device__ __forceinline__ u32 order_key(float v) {
+    const u32 b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+// Top-p's weight of a candidate (sampling.rs cut_weight): exp(v - m) in units of 2^-44, rounded
+// to nearest; 1 exactly at m, 0 for NaN.
+__device__ __forceinline__ u64 cut_weight(float v, float m) {
+    if (v == m) return 1ull << 44;
+    const double e = exp((double)v - (double)m);
+    return e >= 0.0 ? __double2ull_rn(__dmul_rn(e, 0x1p44)) : 0ull;
+}
+__device__ __forceinline__ bool cut_holds(u32 k, u32 id, u32 ck, u32 ci) { return k > ck || (k == ck && id <= ci); }
+
+// Among row r's tokens within the cut (ck, ci) (NaN never), the shortest prefix in candidate
+// order whose weight (1 a token, or cut_weight when WEIGHTS) reaches the goal (top-k's k, or
+// top-p's target of their total, sampling.rs top_p_target), as a cut: sampling.rs select_cut,
+// the same radix selection (8 bits of order_key a pass; each pass's histogram summed by warp
+// first, __match_any_sync, then one shared atomic per bin and warp: integer sums, so the same
+// in any order). Returns false for no cut (top-k's k reaches every token). The block's threads
+// all call it; the result is in every thread's (ok, oi).
+template <bool WEIGHTS>
+__device__ bool select_cut(const float* __restrict__ r, int cols, float m, u32 ck, u32 ci, u32 kk, double top_p, u32& ok, u32& oi) {
+    __shared__ u64 hist[256];
+    __shared__ u32 s_prefix, s_id;
+    __shared__ u64 s_above, s_goal, s_each;
+    __shared__ bool s_none;
+    __shared__ u32 s_wc[32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int span = (cols + blockDim.x - 1) / blockDim.x * blockDim.x;  // a warp's lanes loop together
+    if (tid == 0) { s_prefix = 0u; s_above = 0ull; }
+    for (int pass = 0; pass < 4; pass++) {
+        const int shift = 24 - 8 * pass;
+        for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0ull;
+        __syncthreads();
+        const u32 prefix = s_prefix;
+        for (int c = tid; c < span; c += blockDim.x) {
+            u32 bin = 256u;
+            u64 w = 0ull;
+            if (c < cols) {
+                const float v = r[c];
+                const u32 k = order_key(v);
+                if (!isnan(v) && cut_holds(k, (u32)c, ck, ci) && (pass == 0 || (k >> (shift + 8)) == prefix)) {
+                    bin = (k >> shift) & 255u;
+                    w = WEIGHTS ? cut_weight(v, m) : 1ull;
+                }
+            }
+            // Weights below 2^44 + 1: two 22-bit halves, each summed over a warp in 32 bits.
+            const u32 peers = __match_any_sync(0xffffffffu, bin);
+            const u32 lo = __reduce_add_sync(peers, (u32)(w & 0x3fffffull));
+            const u32 hi = __reduce_add_sync(peers, (u32)(w >> 22));
+            if (bin < 256u && lane == __ffs(peers) - 1) atomicAdd((unsigned long long*)&hist[bin], ((u64)hi << 22) + lo);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            if (pass == 0) {
+                u64 total = 0ull;
+                for (int b = 0; b < 256; b++) total += hist[b];
+                s_none = total == 0ull || (!WEIGHTS && total <= (u64)kk);
+                if (WEIGHTS) {
+                    const double t = ceil(__dmul_rn(top_p, (double)total));
+                    s_goal = !(t >= 1.0) ? 1ull : t >= (double)total ? total : (u64)t;
+                } else {
+                    s_goal = kk;
+                }
+            }
+            u64 above = s_above;
+            int b = 255;
+            while (b > 0 && above + hist[b] < s_goal) { above += hist[b]; b--; }
+            s_above = above;
+            s_prefix = (prefix << 8) | (u32)b;
+        }
+        __syncthreads();
+        if (s_none) return false;
+    }
+    // The tokens at the boundary key in id order: as many as reach the goal. Their count, first
+    // and last id, and one's weight (all the same: one key, one value).
+    const u32 K = s_prefix;
+    __shared__ u32 s_first, s_last, s_tied;
+    if (tid == 0) { s_id = 0xffffffffu; s_each = 1ull; s_first = 0xffffffffu; s_last = 0u; s_tied = 0u; }
+    __syncthreads();
+    u32 mine = 0u;
+    for (int c = tid; c < cols; c += blockDim.x) {
+        const float v = r[c];
+        if (!isnan(v) && order_key(v) == K && cut_holds(K, (u32)c, ck, ci)) {
+            if (mine == 0u && WEIGHTS) s_each = cut_weight(v, m);  // every tied token's weight is the same
+            mine++;
+            atomicMin(&s_first, (u32)c);
+            atomicMax(&s_last, (u32)c);
+        }
+    }
+    if (mine) atomicAdd(&s_tied, mine);
+    __syncthreads();
+    const u64 each = s_each > 0ull ? s_each : 1ull;
+    const u64 need = (s_goal - s_above + each - 1ull) / each;
+    ok = K;
+    if (need >= (u64)s_tied) { oi = s_last; return true; }
+    if (need <= 1ull) { oi = s_first; return true; }
+    // The need-th tied token in id order, blockDim.x ids at a time (seen: those before, the same
+    // in every thread).
+    u64 seen = 0ull;
+    for (int base = 0; base < cols; base += blockDim.x) {
+        const int c = base + tid;
+        bool t = false;
+        if (c < cols) {
+            const float v = r[c];
+            t = !isnan(v) && order_key(v) == K && cut_holds(K, (u32)c, ck, ci);
+        }
+        const int n = __syncthreads_count(t);
+        if (seen + (u64)n >= need) {
+            const u32 bal = __ballot_sync(0xffffffffu, t);
+            if (lane == 0) s_wc[warp] = __popc(bal);
+            __syncthreads();
+            u64 before = seen;
+            for (int w = 0; w < warp; w++) before += s_wc[w];
+            before += __popc(bal & ((1u << lane) - 1u));
+            if (t && before + 1ull == need) s_id = (u32)c;
+            __syncthreads();
+            break;
+        }
+        seen += (u64)n;
+    }
+    oi = s_id;
+    return true;
+}
+
+// The cut top-k then top-p leave of each drawn row (sampling.rs draw_cut, RowDraw::cut): the
+// row's largest at amax[d] (argmax_rows); top-k k = topk[d] (0: none), top-p p = topp[d] (1:
+// none); out[2d], out[2d + 1] = (key, id), (0, 0xffffffff) for no cut. One block of 1024 threads
+// per row.
+extern "C" __global__ void draw_cut(const float* __restrict__ x, int cols, const u32* __restrict__ amax, const u32* __restrict__ topk, const double* __restrict__ topp, u32* __restrict__ out) {
+    const int d = blockIdx.x;
+    const float* r = x + (long long)d * cols;
+    const u32 g = amax[d], kk = topk[d];
+    const double p = topp[d];
+    u32 ck = 0u, ci = 0xffffffffu;
+    if (g < (u32)cols) {
+        const float m = r[g];
+        u32 k2, i2;
+        if (kk > 0u && kk < (u32)cols && select_cut<false>(r, cols, m, ck, ci, kk, 0.0, k2, i2)) { ck = k2; ci = i2; }
+        __syncthreads();
+        if (p < 1.0 && select_cut<true>(r, cols, m, ck, ci, 0u, p, k2, i2)) { ck = k2; ci = i2; }
+    }
+    if (threadIdx.x == 0) { out[2 * d] = ck; out[2 * d + 1] = ci; }
+}
+
 // One token per drawn row, by the Gumbel-max trick (sampling.rs RowDraw::choose, its
 // reference): candidates exp(v - m) >= min_p (m the row's largest, at amax[row], from
 // argmax_rows), score v * inv_t + g with g = -ln(-ln(u)) from the row's seeded stream at
 // (counter << 32) | id, or v when greedy (inv_t = 0); the largest score, lowest id among ties.
-// par[2d] = inv_t, par[2d + 1] = min_p; key[2d] = seed, key[2d + 1] = counter. grid (chunks,
+// par[2d] = inv_t, par[2d + 1] = min_p; key[2d] = seed, key[2d + 1] = counter; only tokens in
+// the cut (cut[2d], cut[2d + 1]) from draw_cut, (0, 0xffffffff) for all. grid (chunks,
 // draws), 1024 threads; the last block of a draw merges the chunks (as argmax_rows). A row
 // rows_not_finite marked (bad[d]) gets 0xffffffff (NOT_FINITE), no token.
-extern "C" __global__ void draw_rows(const float* x, int cols, const u32* rowix, const u32* amax, const double* par, const u64* key, const u32* bad, u32* out, double* pv, int* pi, unsigned* cnt) {
+extern "C" __global__ void draw_rows(const float* x, int cols, const u32* rowix, const u32* amax, const double* par, const u64* key, const u32* cut, const u32* bad, u32* out, double* pv, int* pi, unsigned* cnt) {
     __shared__ bool last;
     const int d = blockIdx.y;
     const float* r = x + (long long)rowix[d] * cols;
@@ -270,12 +417,14 @@ extern "C" __global__ void draw_rows(const float* x, int cols, const u32* rowix,
     const double m = any ? (double)r[g] : 0.0;
     const double inv_t = par[2 * d], min_p = par[2 * d + 1];
     const u64 seed = key[2 * d], ctr = key[2 * d + 1] << 32;
+    const u32 ck = cut[2 * d], ci = cut[2 * d + 1];
     const int per = (cols + gridDim.x - 1) / gridDim.x;
     const int c0 = blockIdx.x * per, c1 = min(cols, c0 + per);
     double best = -(double)__int_as_float(0x7f800000);
     int idx = 0x7fffffff;
     for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
         const double v = r[c];
+        if (!cut_holds(order_key(r[c]), (u32)c, ck, ci)) continue;
         if (min_p > 0.0 && !(exp(v - m) >= min_p)) continue;
         double s = v;
         if (inv_t != 0.0) {

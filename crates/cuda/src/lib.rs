@@ -25,7 +25,7 @@ use cudarc::driver::{
 use muser_engine::backend::{AttnSpec, Backend, Batch, QkSpec, StepRecord};
 use muser_engine::cpu::cuda_anchor;
 use muser_engine::loader::Matrix;
-use muser_engine::sampling::{LogitEdit, RowDraw, RowLogprob};
+use muser_engine::sampling::{Cut, LogitEdit, RowDraw, RowLogprob};
 use muser_engine::{Error, KvType, MuseConfig, Result};
 use muser_gguf::{GgmlType, Gguf};
 
@@ -1426,12 +1426,34 @@ impl CudaBackend {
     /// row can be drawn again), edited there (`logit_edits`, then a grammar's mask,
     /// `logit_allowed`), their largest values found (`argmax_rows`), then one seeded
     /// Gumbel-max draw per row (`draw_rows`); only the ids come back to the host. A row whose
-    /// logits held a NaN or an infinity before its edits gets `NOT_FINITE`, no token.
+    /// logits held a NaN or an infinity before its edits gets `NOT_FINITE`, no token. Top-k
+    /// and top-p cut each row first (`draw_cut`, `RowDraw::cut`).
     pub fn draw(&self, logits: &CudaAct, rows: &[usize], draws: &[RowDraw]) -> Result<Vec<u32>> {
+        Ok(self.draw_with(logits, rows, draws, false)?.0)
+    }
+
+    /// As `draw`, with the cut each draw made (`Cut::ALL` where none): for tests of `draw_cut`
+    /// against `RowDraw::cut`.
+    pub fn draw_cuts(
+        &self,
+        logits: &CudaAct,
+        rows: &[usize],
+        draws: &[RowDraw],
+    ) -> Result<(Vec<u32>, Vec<Cut>)> {
+        self.draw_with(logits, rows, draws, true)
+    }
+
+    fn draw_with(
+        &self,
+        logits: &CudaAct,
+        rows: &[usize],
+        draws: &[RowDraw],
+        want_cuts: bool,
+    ) -> Result<(Vec<u32>, Vec<Cut>)> {
         check_rows(logits, rows, draws.len(), "draws")?;
         let nd = draws.len();
         if nd == 0 {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let cols = logits.cols as i32;
         let st = &self.stream;
@@ -1558,6 +1580,44 @@ impl CudaBackend {
         }
         let mut amax = st.alloc_zeros::<u32>(nd).map_err(dev("alloc"))?;
         self.argmax_of(&work, nd, logits.cols, &mut amax)?;
+        // Top-k and top-p: each drawn row's cut (`RowDraw::cut`), where some draw has one.
+        let cuts = |d: &RowDraw| {
+            let on = d.inv_temperature != 0.0;
+            let k = if on && d.top_k < logits.cols {
+                d.top_k as u32
+            } else {
+                0
+            };
+            let p = if on { d.top_p } else { 1.0 };
+            (k, p)
+        };
+        let cut = if draws.iter().map(cuts).any(|(k, p)| k > 0 || p < 1.0) {
+            let (topk, topp): (Vec<u32>, Vec<f64>) = draws.iter().map(cuts).unzip();
+            let topk_d = st.clone_htod(&topk).map_err(up("upload draws"))?;
+            let topp_d = st.clone_htod(&topp).map_err(up("upload draws"))?;
+            let mut cut = st.alloc_zeros::<u32>(2 * nd).map_err(dev("alloc"))?;
+            let func = self.f("draw_cut")?;
+            let mut b = st.launch_builder(&func);
+            b.arg(&work)
+                .arg(&cols)
+                .arg(&amax)
+                .arg(&topk_d)
+                .arg(&topp_d)
+                .arg(&mut cut);
+            let cfg = LaunchConfig {
+                grid_dim: (nd as u32, 1, 1),
+                block_dim: (1024, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: block d reads row d of `work` (nd x cols floats), amax[d] (an id below
+            // cols, or past it for no largest, which the kernel checks), topk[d] and topp[d]
+            // (nd each, uploaded above), and writes cut[2d..2d + 2] of the 2 nd allocated above.
+            unsafe { b.launch(cfg) }.map_err(dev("draw_cut"))?;
+            cut
+        } else {
+            let all: Vec<u32> = (0..nd).flat_map(|_| [Cut::ALL.key, Cut::ALL.id]).collect();
+            st.clone_htod(&all).map_err(up("upload draws"))?
+        };
         let mut out = st.alloc_zeros::<u32>(nd).map_err(dev("alloc"))?;
         let mut pv = st.alloc_zeros::<f64>(chunks * nd).map_err(dev("alloc"))?;
         let mut pi = st.alloc_zeros::<i32>(chunks * nd).map_err(dev("alloc"))?;
@@ -1570,16 +1630,29 @@ impl CudaBackend {
             .arg(&amax)
             .arg(&params_d)
             .arg(&key_d)
+            .arg(&cut)
             .arg(&bad)
             .arg(&mut out)
             .arg(&mut pv)
             .arg(&mut pi)
             .arg(&mut cnt);
-        // SAFETY: reads rows 0..nd of `work` (nd x cols floats) and amax (nd ids), 2 nd params
-        // and keys and nd flags; writes nd ids and chunks x nd partials, and resets the nd zeroed
+        // SAFETY: reads rows 0..nd of `work` (nd x cols floats) and amax (nd ids), 2 nd params,
+        // keys and cut words and nd flags; writes nd ids and chunks x nd partials, and resets the nd zeroed
         // counters it counts with.
         unsafe { b.launch(grid(1024)) }.map_err(dev("draw_rows"))?;
-        st.clone_dtoh(&out).map_err(dev("download draws"))
+        let ids = st.clone_dtoh(&out).map_err(dev("download draws"))?;
+        let cuts = if want_cuts {
+            let cut = st.clone_dtoh(&cut).map_err(dev("download draws"))?;
+            cut.chunks_exact(2)
+                .map(|c| Cut {
+                    key: c[0],
+                    id: c[1],
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok((ids, cuts))
     }
 
     fn sums8(&self, x: &CudaAct, xs: &mut CudaSlice<f32>) -> Result<()> {

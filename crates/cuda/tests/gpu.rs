@@ -1994,6 +1994,135 @@ fn device_argmax_picks_the_first_largest() {
     println!("device argmax: {}", report.join(", "));
 }
 
+/// Top-k and top-p on the device (`draw_cut`): each row's cut is `RowDraw::cut`'s, key and id,
+/// and the draw over it `RowDraw::choose`'s, on rows of the 30B's vocabulary: spread values,
+/// few levels (ties at every boundary), a softcap's plateau (thousands tied at the largest), a
+/// sharp row, with edits and a grammar's mask on some.
+#[test]
+fn device_top_k_and_top_p_cut_as_the_host_reference() {
+    use muser_engine::sampling::{Cut, LogitEdit, RowDraw};
+    let Some(g) = gpu() else { return };
+    let cols = 202_048usize;
+    let hash = |i: u64| (i.wrapping_mul(2_654_435_761) % 1_000_003) as f32 / 1_000_003.0;
+    let mut x: Vec<f32> = Vec::new();
+    // 0: spread; 1: 40 levels; 2: a plateau at 5.0 (about a fifth of the row); 3: sharp (one
+    // token far above, a few near it); 4: spread with a NaN-free -inf stretch.
+    x.extend((0..cols as u64).map(|i| hash(i) * 8.0 - 4.0));
+    x.extend((0..cols as u64).map(|i| (hash(i + 7) * 40.0).floor() / 4.0 - 5.0));
+    x.extend((0..cols as u64).map(|i| (hash(i + 13) * 25.0 - 15.0).min(5.0)));
+    x.extend((0..cols as u64).map(|i| {
+        hash(i + 29) * 2.0
+            - (if i == 777 {
+                -20.0
+            } else if i % 50_000 == 3 {
+                -17.0
+            } else {
+                10.0
+            })
+    }));
+    x.extend((0..cols as u64).map(|i| {
+        if (50_000..120_000).contains(&i) {
+            f32::NEG_INFINITY
+        } else {
+            hash(i + 41) * 6.0 - 3.0
+        }
+    }));
+    let rows = x.len() / cols;
+    let mut xg = g.act(rows, cols).unwrap();
+    g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
+    let words = cols.div_ceil(64);
+    let mask: Vec<u64> = (0..words as u64)
+        .map(|w| w.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 0x0101_0101_0101_0101)
+        .collect();
+    let mut draws = Vec::new();
+    let mut drawn_rows = Vec::new();
+    let settings = [
+        (1usize, 1.0f64),
+        (2, 1.0),
+        (40, 1.0),
+        (1000, 1.0),
+        (cols - 1, 1.0),
+        (0, 0.0),
+        (0, 0.5),
+        (0, 0.9),
+        (0, 0.95),
+        (0, 0.999),
+        (40, 0.9),
+        (5000, 0.5),
+        (64, 0.2),
+    ];
+    for r in 0..rows {
+        for (i, &(top_k, top_p)) in settings.iter().enumerate() {
+            let c = (r * settings.len() + i) as u64;
+            draws.push(RowDraw {
+                inv_temperature: [1.0, 1.0 / 0.7, 0.5, 1.0 / 1.3][i % 4],
+                min_p: if i % 5 == 4 { 0.05 } else { 0.0 },
+                seed: 9 + r as u64,
+                counter: c,
+                edits: if i % 3 == 1 {
+                    vec![
+                        LogitEdit::Add {
+                            token: 5,
+                            bias: 30.0,
+                        },
+                        LogitEdit::Mask { token: 777 },
+                        LogitEdit::Penalize {
+                            token: 9,
+                            repeat: 1.3,
+                            sub: 0.5,
+                        },
+                    ]
+                } else {
+                    Vec::new()
+                },
+                allowed: (i % 4 == 2).then(|| mask.clone().into()),
+                top_k,
+                top_p,
+            });
+            drawn_rows.push(r);
+        }
+    }
+    // A greedy draw with a cut asked for cuts nothing.
+    draws.push(RowDraw {
+        top_k: 3,
+        top_p: 0.5,
+        ..Default::default()
+    });
+    drawn_rows.push(1);
+    let (ids, cuts) = g.draw_cuts(&xg, &drawn_rows, &draws).unwrap();
+    let mut sizes = Vec::new();
+    for (k, (d, &r)) in draws.iter().zip(&drawn_rows).enumerate() {
+        let mut row = x[r * cols..(r + 1) * cols].to_vec();
+        d.edit(&mut row);
+        let want = d.cut(&row);
+        assert_eq!(
+            cuts[k], want,
+            "draw {k} (row {r}, top_k {}, top_p {}): device cut vs RowDraw::cut",
+            d.top_k, d.top_p
+        );
+        assert_eq!(
+            ids[k],
+            d.choose(&row),
+            "draw {k} (row {r}): device token vs RowDraw::choose"
+        );
+        let kept = (0..cols)
+            .filter(|&i| {
+                !row[i].is_nan() && want.holds(muser_engine::sampling::order_key(row[i]), i as u32)
+            })
+            .count();
+        if d.top_k > 0 && d.top_p >= 1.0 {
+            assert_eq!(kept, d.top_k.min(cols), "draw {k}: top-k keeps k");
+        }
+        sizes.push(kept);
+    }
+    assert_eq!(cuts[draws.len() - 1], Cut::ALL);
+    println!(
+        "device top-k / top-p cuts: {} draws, the host's cut and token each; candidates kept {:?}",
+        draws.len(),
+        sizes
+    );
+}
+
 /// Draws on the device (`draw_rows`: edits, a grammar's mask, argmax, Gumbel-max) choose what
 /// the host reference `RowDraw::choose` chooses on the rows `RowDraw::edit` edits, and leave the
 /// logits as they were (a row can be drawn again); over many draws a row's tokens follow its
@@ -2034,6 +2163,8 @@ fn device_draws_match_the_host_reference() {
         counter,
         edits: edits.clone(),
         allowed: None,
+        top_k: 0,
+        top_p: 1.0,
     };
     let draws = vec![
         draw(0.0, 0.0, 1, 0),
@@ -2152,6 +2283,8 @@ fn device_draws_match_the_host_reference() {
         counter: 3,
         edits,
         allowed: None,
+        top_k: 0,
+        top_p: 1.0,
     };
     let edge_draws = vec![
         edge(0.0, 0.0, Vec::new()),
@@ -2233,6 +2366,8 @@ fn device_draws_match_the_host_reference() {
             counter: c,
             edits: Vec::new(),
             allowed: None,
+            top_k: 0,
+            top_p: 1.0,
         })
         .collect();
     let rows_all: Vec<usize> = (0..n).collect();

@@ -168,6 +168,13 @@ pub const NOT_FINITE: u32 = u32::MAX;
 /// Ties go to the lowest id; with no candidate (every logit -inf or NaN) the greedy token.
 /// It is not the host chain's draw (`Sampler::sample` walks one uniform through the
 /// weights): the same distribution, another stream of random numbers.
+///
+/// Top-k and top-p (not greedy) first cut the candidates to a prefix of the edited row in
+/// candidate order (larger value first, `total_cmp`'s order, ties by the lower id; NaN never
+/// a candidate), as the host chain's top-k then top-p over the top-k's renormalized
+/// probabilities do (llama.cpp's order): the first `top_k`, then of those the shortest prefix
+/// whose weight reaches `top_p` of theirs (`draw_cut`, in the fixed point `cut_weight`, so
+/// that the device and the host cut alike in any order of summation).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowDraw {
     /// 1 / temperature, or 0 for greedy.
@@ -182,6 +189,172 @@ pub struct RowDraw {
     /// the edits. None: no mask. (A mask's -inf commutes with every edit: a bias, a masked
     /// token and the penalties all keep -inf.)
     pub allowed: Option<std::sync::Arc<[u64]>>,
+    /// Top-k: the first `top_k` tokens in candidate order stay candidates (0: all).
+    pub top_k: usize,
+    /// Top-p over those: the shortest prefix whose weight reaches `top_p` of theirs (1: all).
+    pub top_p: f64,
+}
+
+impl Default for RowDraw {
+    /// Greedy, nothing edited, no cut.
+    fn default() -> Self {
+        RowDraw {
+            inv_temperature: 0.0,
+            min_p: 0.0,
+            seed: 0,
+            counter: 0,
+            edits: Vec::new(),
+            allowed: None,
+            top_k: 0,
+            top_p: 1.0,
+        }
+    }
+}
+
+/// A prefix of a row in candidate order: token `(key, id)` (`order_key`) is in it if
+/// `key > self.key`, or `key == self.key` and `id <= self.id`. `Cut::ALL` holds every token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cut {
+    pub key: u32,
+    pub id: u32,
+}
+
+impl Cut {
+    pub const ALL: Cut = Cut {
+        key: 0,
+        id: u32::MAX,
+    };
+
+    pub fn holds(&self, key: u32, id: u32) -> bool {
+        key > self.key || (key == self.key && id <= self.id)
+    }
+}
+
+/// A logit's place in candidate order as an integer: larger values (as `f32::total_cmp` orders
+/// them) have larger keys.
+pub fn order_key(v: f32) -> u32 {
+    let b = v.to_bits();
+    if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// A candidate's weight in top-p's sums: `exp(v - m)` (`m` the row's largest) in units of
+/// 2^-44, rounded to nearest (1 exactly at `m`; 0 for NaN). Integer sums are the same in any
+/// order, so the device's parallel sums and the host's give one cut; a row's weights sum below
+/// 2^18 * 2^44 (a vocabulary under 262,144 tokens), and the weights a unit drops move a cut
+/// less than f32 probabilities would (llama.cpp's top-p sums f32).
+pub fn cut_weight(v: f32, m: f32) -> u64 {
+    if v == m {
+        return 1 << 44;
+    }
+    let e = (v as f64 - m as f64).exp();
+    if e >= 0.0 {
+        (e * (1u64 << 44) as f64).round_ties_even() as u64
+    } else {
+        0
+    }
+}
+
+/// Top-p's target: of `total`, the weight the prefix must reach (at least 1, at most `total`).
+pub fn top_p_target(top_p: f64, total: u64) -> u64 {
+    let t = (top_p * total as f64).ceil();
+    if !(t >= 1.0) {
+        1
+    } else if t >= total as f64 {
+        total
+    } else {
+        t as u64
+    }
+}
+
+/// The cut top-k and top-p leave of an edited row (`RowDraw`), found as the device finds it: a
+/// radix selection on `order_key`, 8 bits a pass, then the ties at the boundary in id order.
+/// `Cut::ALL` when neither cuts.
+pub fn draw_cut(row: &[f32], top_k: usize, top_p: f64) -> Cut {
+    let Some(g) = first_largest(row) else {
+        return Cut::ALL;
+    };
+    let m = row[g];
+    let mut cut = Cut::ALL;
+    if top_k > 0 && top_k < row.len() {
+        if let Some(c) = select_cut(
+            row,
+            cut,
+            |_| 1,
+            |total| (total > top_k as u64).then_some(top_k as u64),
+        ) {
+            cut = c;
+        }
+    }
+    if top_p < 1.0 {
+        if let Some(c) = select_cut(
+            row,
+            cut,
+            |v| cut_weight(v, m),
+            |total| Some(top_p_target(top_p, total)),
+        ) {
+            cut = c;
+        }
+    }
+    cut
+}
+
+/// Among the row's tokens in `within` (NaN never), the shortest prefix in candidate order whose
+/// weight (`w`) reaches `target(total)` (None: no cut), as a cut.
+fn select_cut(
+    row: &[f32],
+    within: Cut,
+    w: impl Fn(f32) -> u64,
+    target: impl Fn(u64) -> Option<u64>,
+) -> Option<Cut> {
+    let admitted = |i: usize, v: f32| !v.is_nan() && within.holds(order_key(v), i as u32);
+    let (mut prefix, mut above, mut goal) = (0u32, 0u64, 0u64);
+    for pass in 0..4 {
+        let shift = 24 - 8 * pass;
+        let mut hist = [0u64; 256];
+        for (i, &v) in row.iter().enumerate() {
+            if !admitted(i, v) {
+                continue;
+            }
+            let k = order_key(v);
+            if pass > 0 && k >> (shift + 8) != prefix {
+                continue;
+            }
+            hist[(k >> shift & 255) as usize] += w(v);
+        }
+        if pass == 0 {
+            let total: u64 = hist.iter().sum();
+            goal = target(total).filter(|_| total > 0)?;
+        }
+        let mut b = 255;
+        while b > 0 && above + hist[b] < goal {
+            above += hist[b];
+            b -= 1;
+        }
+        prefix = prefix << 8 | b as u32;
+    }
+    // The tokens at the boundary key, in id order: as many as reach the goal.
+    let tied: Vec<(usize, f32)> = row
+        .iter()
+        .enumerate()
+        .filter(|&(i, &v)| admitted(i, v) && order_key(v) == prefix)
+        .map(|(i, &v)| (i, v))
+        .collect();
+    let (&(_, v), &(last, _)) = (tied.first()?, tied.last()?);
+    let each = w(v).max(1);
+    let need = (goal - above).div_ceil(each) as usize;
+    let id = if need >= tied.len() {
+        last
+    } else {
+        tied[need.max(1) - 1].0
+    };
+    Some(Cut {
+        key: prefix,
+        id: id as u32,
+    })
 }
 
 impl RowDraw {
@@ -207,8 +380,12 @@ impl RowDraw {
         // The largest value, the lowest id among ties, never a NaN (argmax_rows on the device).
         let greedy = first_largest(row);
         let m = greedy.map_or(0.0, |g| row[g] as f64);
+        let cut = self.cut(row);
         let mut best = (f64::NEG_INFINITY, u32::MAX);
         for (i, &v) in row.iter().enumerate() {
+            if !cut.holds(order_key(v), i as u32) {
+                continue;
+            }
             let s = self.score(v, m, i as u32);
             if s > best.0 {
                 best = (s, i as u32);
@@ -219,6 +396,14 @@ impl RowDraw {
         } else {
             best.1
         }
+    }
+
+    /// The prefix of an edited row top-k and top-p leave (`Cut::ALL` for a greedy draw).
+    pub fn cut(&self, row: &[f32]) -> Cut {
+        if self.inv_temperature == 0.0 {
+            return Cut::ALL;
+        }
+        draw_cut(row, self.top_k, self.top_p)
     }
 
     /// Token `id`'s score (-inf when it is no candidate; NaN never wins a comparison).
@@ -336,14 +521,10 @@ impl Sampler {
 
     /// The next token's choice as a backend makes it next to the logits (`RowDraw`): the
     /// caller's edits `pre` (logit biases, masked tokens) then this sampler's penalties, and
-    /// its temperature and min-p. None when the chain needs the sorted row on the host
-    /// (top-k below the vocabulary, top-p below 1), unless the choice is greedy.
-    pub fn row_draw(&mut self, pre: &[LogitEdit], n_vocab: usize) -> Option<RowDraw> {
+    /// its temperature, top-k, top-p and min-p.
+    pub fn row_draw(&mut self, pre: &[LogitEdit], n_vocab: usize) -> RowDraw {
         let p = &self.params;
         let greedy = p.temperature <= 0.0;
-        if !greedy && ((p.top_k > 0 && p.top_k < n_vocab) || p.top_p < 1.0) {
-            return None;
-        }
         let mut edits = pre.to_vec();
         edits.extend(self.penalty_edits());
         let draw = RowDraw {
@@ -357,9 +538,15 @@ impl Sampler {
             counter: self.draws,
             edits,
             allowed: None,
+            top_k: if greedy || p.top_k >= n_vocab {
+                0
+            } else {
+                p.top_k
+            },
+            top_p: if greedy { 1.0 } else { p.top_p as f64 },
         };
         self.draws += 1;
-        Some(draw)
+        draw
     }
 
     /// Tokens the penalties see (prompt and generated so far).
@@ -993,21 +1180,19 @@ mod tests {
         host[12] = f32::NEG_INFINITY;
         host[40] += 3.0;
         s.apply_penalties(&mut host);
-        let d = s.row_draw(&pre, l.len()).expect("no top-k or top-p");
+        let d = s.row_draw(&pre, l.len());
         let mut dev = l.clone();
         d.edit(&mut dev);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&dev), bits(&host));
-        assert_eq!(
-            (d.counter, s.row_draw(&pre, l.len()).map(|d| d.counter)),
-            (0, Some(1))
-        );
-        // top_k and top_p need the host; greedy never does.
-        for (k, p, t, host_only) in [
-            (40, 1.0, 0.8, true),
-            (0, 0.9, 0.8, true),
-            (40, 0.5, 0.0, false),
-            (300, 1.0, 1.0, false),
+        assert_eq!((d.counter, s.row_draw(&pre, l.len()).counter), (0, 1));
+        // top_k and top_p go with the draw; a greedy one cuts nothing, nor a top_k of the
+        // whole vocabulary.
+        for (k, p, t, want) in [
+            (40, 1.0, 0.8, (40, 1.0)),
+            (0, 0.9, 0.8, (0, 0.9f32 as f64)),
+            (40, 0.5, 0.0, (0, 1.0)),
+            (300, 1.0, 1.0, (0, 1.0)),
         ] {
             let mut s = Sampler::new(SamplingParams {
                 top_k: k,
@@ -1015,11 +1200,8 @@ mod tests {
                 temperature: t,
                 ..Default::default()
             });
-            assert_eq!(
-                s.row_draw(&[], 300).is_none(),
-                host_only,
-                "top_k {k} top_p {p} t {t}"
-            );
+            let d = s.row_draw(&[], 300);
+            assert_eq!((d.top_k, d.top_p), want, "top_k {k} top_p {p} t {t}");
         }
     }
 
@@ -1035,6 +1217,8 @@ mod tests {
             counter: c,
             edits: Vec::new(),
             allowed: None,
+            top_k: 0,
+            top_p: 1.0,
         };
         let w: Vec<f64> = l[..5].iter().map(|&v| (v as f64 / t).exp()).collect();
         let sum: f64 = w.iter().sum();
@@ -1069,6 +1253,8 @@ mod tests {
                 bias: 0.5,
             }],
             allowed: None,
+            top_k: 0,
+            top_p: 1.0,
         };
         let mut e = l.to_vec();
         greedy.edit(&mut e);
@@ -1079,6 +1265,141 @@ mod tests {
         assert!(distinct.len() >= 3, "{distinct:?}");
         let all_masked = [f32::NEG_INFINITY; 4];
         assert_eq!(draw(0.0, 1).choose(&all_masked), 0);
+    }
+
+    /// The cut by its definition: the non-NaN tokens sorted in candidate order, the first
+    /// top_k, then the shortest prefix of those whose weight reaches top-p's target.
+    fn sorted_cut(row: &[f32], top_k: usize, top_p: f64) -> Vec<u32> {
+        let mut c: Vec<(u32, f32)> = row
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| !v.is_nan())
+            .map(|(i, &v)| (i as u32, v))
+            .collect();
+        c.sort_by(candidate_order);
+        if top_k > 0 && top_k < row.len() {
+            c.truncate(top_k);
+        }
+        if top_p < 1.0 && !c.is_empty() {
+            let m = c[0].1;
+            let total: u64 = c.iter().map(|&(_, v)| cut_weight(v, m)).sum();
+            let goal = top_p_target(top_p, total);
+            let mut cum = 0;
+            let keep = c
+                .iter()
+                .position(|&(_, v)| {
+                    cum += cut_weight(v, m);
+                    cum >= goal
+                })
+                .map_or(c.len(), |i| i + 1);
+            c.truncate(keep);
+        }
+        let mut ids: Vec<u32> = c.into_iter().map(|(i, _)| i).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn draw_cuts_are_the_sorted_prefix() {
+        let mut rng = Rng::new(5);
+        for case in 0..60 {
+            let n = [7usize, 64, 300, 1000, 5000][case % 5];
+            // Few distinct values (ties at every boundary), or spread ones; some -inf, a NaN, a
+            // negative zero next to a zero.
+            let levels = [3u64, 17, 1 << 20][case % 3];
+            let mut row: Vec<f32> = (0..n)
+                .map(|_| ((rng.next_u64() % levels) as f32 / levels as f32) * 12.0 - 6.0)
+                .collect();
+            if case % 4 == 1 {
+                row[n / 3] = f32::NEG_INFINITY;
+                row[n / 2] = f32::NAN;
+                row[1] = -0.0;
+                row[2] = 0.0;
+            }
+            if case % 7 == 3 {
+                row.iter_mut().for_each(|v| *v = v.clamp(-1.0, 1.0)); // a softcap's plateau
+            }
+            for top_k in [0usize, 1, 2, 5, 37, n - 1, n] {
+                for top_p in [0.0f64, 0.3, 0.9, 0.999, 1.0] {
+                    let cut = draw_cut(&row, top_k, top_p);
+                    let got: Vec<u32> = (0..n as u32)
+                        .filter(|&i| {
+                            let v = row[i as usize];
+                            !v.is_nan() && cut.holds(order_key(v), i)
+                        })
+                        .collect();
+                    assert_eq!(
+                        got,
+                        sorted_cut(&row, top_k, top_p),
+                        "case {case}: n {n}, top_k {top_k}, top_p {top_p}"
+                    );
+                }
+            }
+        }
+        // The order keys follow total_cmp.
+        let vals = [
+            f32::NEG_INFINITY,
+            -3.5,
+            -0.0,
+            0.0,
+            1e-40,
+            2.0,
+            f32::INFINITY,
+        ];
+        for w in vals.windows(2) {
+            assert!(order_key(w[0]) < order_key(w[1]), "{w:?}");
+        }
+    }
+
+    #[test]
+    fn row_draws_under_top_k_and_top_p_follow_the_renormalized_softmax() {
+        let l = [1.0f32, 3.0, -2.0, 2.5, 0.0, 2.5, f32::NAN];
+        let t = 0.7f64;
+        let n = 40_000u64;
+        let check = |top_k: usize, top_p: f64, kept: &[usize]| {
+            let mut counts = [0usize; 7];
+            for c in 0..n {
+                let d = RowDraw {
+                    inv_temperature: 1.0 / t,
+                    seed: 21,
+                    counter: c,
+                    top_k,
+                    top_p,
+                    ..Default::default()
+                };
+                counts[d.choose(&l) as usize] += 1;
+            }
+            let w: Vec<f64> = kept.iter().map(|&i| (l[i] as f64 / t).exp()).collect();
+            let sum: f64 = w.iter().sum();
+            for i in 0..7 {
+                let want = kept
+                    .iter()
+                    .position(|&k| k == i)
+                    .map_or(0.0, |j| w[j] / sum);
+                let got = counts[i] as f64 / n as f64;
+                assert!(
+                    (got - want).abs() < 0.01,
+                    "top_k {top_k} top_p {top_p}, token {i}: {got} vs {want}"
+                );
+            }
+        };
+        // The two 2.5s tie: top-k 2 keeps 3.0 and the lower id of them.
+        check(2, 1.0, &[1, 3]);
+        check(3, 1.0, &[1, 3, 5]);
+        // Probabilities at temperature 1: 3.0 holds 0.40 of the row, with the 2.5s 0.88.
+        check(0, 0.3, &[1]);
+        check(0, 0.5, &[1, 3]);
+        check(0, 0.85, &[1, 3, 5]);
+        // top-p over the top-k's renormalized weights: of {3.0, 2.5}, 3.0 holds 0.62.
+        check(2, 0.6, &[1]);
+        check(2, 0.7, &[1, 3]);
+        // Greedy ignores both.
+        let g = RowDraw {
+            top_k: 2,
+            top_p: 0.1,
+            ..Default::default()
+        };
+        assert_eq!(g.choose(&l), 1);
     }
 
     #[test]
@@ -1096,6 +1417,8 @@ mod tests {
                 bias: 1.0,
             }],
             allowed: Some(mask),
+            top_k: 0,
+            top_p: 1.0,
         };
         let mut row: Vec<f32> = (0..200).map(|i| (i % 7) as f32).collect();
         d.edit(&mut row);

@@ -1017,6 +1017,57 @@ async fn draws_on_the_backend_reproduce_and_agree_with_the_host() {
         (32 + 6 + 9 * 24 + 5) as f64
     );
     assert!(host.metric("muser_draws_total", "where=\"host\"").await >= (32 + 6 + 5) as f64);
+
+    // Top-k and top-p are cut where the logits are too (`RowDraw::cut`): top_k 1 and top_p 1e-6
+    // give the greedy tokens; under both, a seed's tokens are the same alone, in a batch and
+    // with logprobs (whose rows go to the host and are drawn there by the same draw).
+    let d0 = dev.metric("muser_draws_total", "where=\"device\"").await;
+    let plain = json!({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "ignore_eos": true});
+    let greedy = text_of(&host.post("/v1/completions", &plain).await.json());
+    for (k, p) in [(1, 1.0), (0, 1e-6)] {
+        let cut = json!({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 1.5, "seed": 3,
+                         "top_k": k, "top_p": p, "ignore_eos": true});
+        assert_eq!(
+            text_of(&dev.post("/v1/completions", &cut).await.json()),
+            greedy,
+            "top_k {k} top_p {p}"
+        );
+    }
+    let cut = |seed: u64| {
+        json!({"prompt": format!("tale {seed}"), "max_tokens": 12, "seed": seed, "temperature": 1.2,
+                                 "top_k": 40, "top_p": 0.9, "ignore_eos": true})
+    };
+    let mut alone = Vec::new();
+    for seed in 0..3 {
+        alone.push(text_of(
+            &dev.post("/v1/completions", &cut(seed)).await.json(),
+        ));
+    }
+    assert!(alone[0] != alone[1] || alone[1] != alone[2], "{alone:?}");
+    let mut tasks: Vec<_> = (0..3)
+        .map(|seed| spawn_completion(&dev.addr, cut(seed)))
+        .collect();
+    let mut with_lp = cut(1);
+    with_lp["logprobs"] = json!(3);
+    tasks.push(spawn_completion(&dev.addr, with_lp));
+    let lp = tasks.pop().unwrap().await.unwrap().json();
+    assert_eq!(
+        text_of(&lp),
+        alone[1],
+        "logprobs must not change a seed's tokens under a cut"
+    );
+    for (seed, t) in tasks.into_iter().enumerate() {
+        assert_eq!(
+            text_of(&t.await.unwrap().json()),
+            alone[seed],
+            "seed {seed} in a batch"
+        );
+    }
+    assert_eq!(
+        dev.metric("muser_draws_total", "where=\"device\"").await - d0,
+        (2 * 16 + 6 * 12) as f64,
+        "every token but the logprobs request's drawn on the backend"
+    );
 }
 
 /// A request whose worst case cannot fit the KV budget is refused with the field its length came

@@ -613,7 +613,7 @@ impl<B: Backend> Worker<B> {
         rows.extend(scored.iter().map(|p| p.0));
         // Each logits row's token is drawn where the logits are when the backend can
         // (`Backend::draws_on_device`) and the sequence needs nothing else of the row (no
-        // logprobs, no top-k or top-p); the other rows come to the host. (A device draw is
+        // logprobs; top-k and top-p are cut there too); the other rows come to the host. (A device draw is
         // another stream of random numbers than the host's: `RowDraw`. On such a backend a
         // row that comes to the host for its logprobs only is chosen by the same `RowDraw`
         // there, so asking for logprobs does not change a seed's tokens.) A row under a
@@ -629,11 +629,8 @@ impl<B: Backend> Worker<B> {
         for (r, &gi) in row_item.iter().enumerate() {
             let ri = group[gi].0;
             let s = &mut self.running[ri];
-            let draw = if on_device {
-                s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab)
-            } else {
-                None
-            };
+            let draw =
+                on_device.then(|| s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab));
             let wants_row = s.job.logprobs.is_some();
             match draw {
                 Some(d) if !wants_row => {
@@ -1496,12 +1493,7 @@ fn grammar_redraw(s: &mut Seq, id: u32, eog: &[u32], n_vocab: usize) -> Redraw {
     let Some(mask) = refused(s, id, eog, n_vocab)? else {
         return Ok(None);
     };
-    let Some(mut d) = s.sampler.row_draw(&pre_edits(&s.job, eog), n_vocab) else {
-        // The sampler drew `id` through a RowDraw: it gives one again.
-        return Err(NoToken::Grammar(
-            "the sampler cannot draw next to the logits".into(),
-        ));
-    };
+    let mut d = s.sampler.row_draw(&pre_edits(&s.job, eog), n_vocab);
     d.allowed = Some(mask);
     Ok(Some(d))
 }
