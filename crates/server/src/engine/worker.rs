@@ -120,6 +120,9 @@ pub(super) struct Worker<B: Backend> {
     /// Tokens generated since `rate_since` (the tokens/s gauge).
     rate_tokens: usize,
     rate_since: Instant,
+    /// `MUSER_CUTS_ON_HOST=1` (a measurement knob): rows under top-k or top-p come to the host
+    /// and are drawn by the host chain, as before the device cut them (`draw_cut`).
+    cuts_on_host: bool,
 }
 
 impl<B: Backend> Worker<B> {
@@ -176,6 +179,7 @@ impl<B: Backend> Worker<B> {
             draining: Vec::new(),
             shutdown: None,
             rate_tokens: 0,
+            cuts_on_host: std::env::var("MUSER_CUTS_ON_HOST").is_ok_and(|v| v == "1"),
             rate_since: Instant::now(),
         })
     }
@@ -629,8 +633,11 @@ impl<B: Backend> Worker<B> {
         for (r, &gi) in row_item.iter().enumerate() {
             let ri = group[gi].0;
             let s = &mut self.running[ri];
-            let draw =
-                on_device.then(|| s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab));
+            let cut = s.sampler.params.temperature > 0.0
+                && (s.sampler.params.top_p < 1.0
+                    || (s.sampler.params.top_k > 0 && s.sampler.params.top_k < n_vocab));
+            let draw = (on_device && !(cut && self.cuts_on_host))
+                .then(|| s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab));
             let wants_row = s.job.logprobs.is_some();
             match draw {
                 Some(d) if !wants_row => {

@@ -152,6 +152,10 @@ async def client(i, args, stats, deadline):
         max_tokens = rng.randint(args.min_tokens, args.max_tokens)
         body = {"model": args.model, "max_tokens": max_tokens, "stream": True,
                 "stream_options": {"include_usage": True}, "temperature": 0.8, "seed": rng.randrange(1 << 30)}
+        if args.top_p < 1.0:
+            body["top_p"] = args.top_p
+        if args.top_k > 0:
+            body["top_k"] = args.top_k
         if args.endpoint == "chat":
             body["messages"] = turns
             path = "/v1/chat/completions"
@@ -376,6 +380,8 @@ def main():
     p.add_argument("--server-pid", type=int, default=0)
     p.add_argument("--sample-every", type=float, default=10)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0, help="each request's top_p (1: not sent)")
+    p.add_argument("--top-k", type=int, default=0, help="each request's top_k (0: not sent)")
     p.add_argument("--out", default="")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args()
