@@ -2006,7 +2006,9 @@ fn device_top_k_and_top_p_cut_as_the_host_reference() {
     let hash = |i: u64| (i.wrapping_mul(2_654_435_761) % 1_000_003) as f32 / 1_000_003.0;
     let mut x: Vec<f32> = Vec::new();
     // 0: spread; 1: 40 levels; 2: a plateau at 5.0 (about a fifth of the row); 3: sharp (one
-    // token far above, a few near it); 4: spread with a NaN-free -inf stretch.
+    // token far above, a few near it); 4: spread with a stretch far below (weights 0 in top-p's
+    // fixed point). (A -inf before the edits is no row to draw from, NOT_FINITE: the masks and
+    // edits write theirs.)
     x.extend((0..cols as u64).map(|i| hash(i) * 8.0 - 4.0));
     x.extend((0..cols as u64).map(|i| (hash(i + 7) * 40.0).floor() / 4.0 - 5.0));
     x.extend((0..cols as u64).map(|i| (hash(i + 13) * 25.0 - 15.0).min(5.0)));
@@ -2022,7 +2024,7 @@ fn device_top_k_and_top_p_cut_as_the_host_reference() {
     }));
     x.extend((0..cols as u64).map(|i| {
         if (50_000..120_000).contains(&i) {
-            f32::NEG_INFINITY
+            -80.0 - hash(i + 3)
         } else {
             hash(i + 41) * 6.0 - 3.0
         }
