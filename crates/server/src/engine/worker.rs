@@ -617,7 +617,8 @@ impl<B: Backend> Worker<B> {
         rows.extend(scored.iter().map(|p| p.0));
         // Each logits row's token is drawn where the logits are when the backend can
         // (`Backend::draws_on_device`) and the sequence needs nothing else of the row (no
-        // logprobs; top-k and top-p are cut there too); the other rows come to the host. (A device draw is
+        // logprobs; top-k and top-p are cut there too, `RowDraw::cut`); the other rows come to
+        // the host. (A device draw is
         // another stream of random numbers than the host's: `RowDraw`. On such a backend a
         // row that comes to the host for its logprobs only is chosen by the same `RowDraw`
         // there, so asking for logprobs does not change a seed's tokens.) A row under a
