@@ -17,3 +17,13 @@ MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
 # The binaries, if they came as carry/bin.tar.xz; the synth time to SYNTH_LOG, if set.
 [ -x carry/bin/muser ] || tar -C carry -xJf carry/bin.tar.xz
 [ -f "$MODEL" ] || { /usr/bin/time -f "synth %e s" carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m --force 2>&1 | tail -2 | tee -a "${SYNTH_LOG:-/dev/null}"; }
+# One load run's line (crates/server/tests/load/load.py --out FILE) under LABEL, to stdout and $log.
+serve_summary() {
+  python3 - "$1" "$2" <<'PY' | tee -a "$log"
+import json, sys
+r = json.load(open(sys.argv[1])); t = r["ttft_ms"]
+print(f"{sys.argv[2]:22}: ok {r['requests_ok']} failed {r['requests_failed']} {r['failures']} completion tokens/s {r['tokens_per_s']} "
+      f"ttft p50 {t['p50']} ms p99 {t['p99']} ms, engine step {r.get('step_ms_mean')} ms "
+      f"(forward {r.get('forward_ms_mean')}, sampling {r.get('sample_ms_mean')})")
+PY
+}

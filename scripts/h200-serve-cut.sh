@@ -17,15 +17,6 @@ if [ -n "${GPU_FILTER-draw cut}" ]; then
   timeout 300 carry/bin/gpu-tests --nocapture --test-threads 1 ${GPU_FILTER-draw cut} > "$OUT/gpu-tests.log" 2>&1
   grep -E '^test result|panicked|^test .*FAILED|^device (draws|top-k)' "$OUT/gpu-tests.log" | cut -c1-400 | tail -8 | tee -a "$log"
 fi
-summary() {
-  python3 - "$1" "$2" <<'PY' | tee -a "$log"
-import json, sys
-r = json.load(open(sys.argv[1])); t = r["ttft_ms"]
-print(f"{sys.argv[2]:22}: ok {r['requests_ok']} failed {r['requests_failed']} {r['failures']} completion tokens/s {r['tokens_per_s']} "
-      f"ttft p50 {t['p50']} ms p99 {t['p99']} ms, engine step {r.get('step_ms_mean')} ms "
-      f"(forward {r.get('forward_ms_mean')}, sampling {r.get('sample_ms_mean')})")
-PY
-}
 CUT="--top-p ${TOP_P:-0.95} --top-k ${TOP_K:-0}"
 for mode in host device; do
   env_knob=""; [ "$mode" = host ] && env_knob="MUSER_CUTS_ON_HOST=1"
@@ -36,11 +27,11 @@ for mode in host device; do
   LOAD="python3 crates/server/tests/load/load.py --clients 64 --ignore-eos --min-tokens 128 --max-tokens 128 --endpoint completions --url http://127.0.0.1:8081 --model muser --server-pid $spid"
   timeout 300 $LOAD --duration ${SERVE_WARM:-15} $CUT > /dev/null 2>&1
   timeout 300 $LOAD --duration ${SERVE_SECONDS:-25} $CUT --out "/tmp/load-$mode.json" > /dev/null 2>&1
-  summary "/tmp/load-$mode.json" "cut on the $mode"
+  serve_summary "/tmp/load-$mode.json" "cut on the $mode"
   curl -s http://127.0.0.1:8081/metrics | grep -E '^muser_draws_total' | sed "s/^/$mode /" | tee -a "$log"
   if [ "$mode" = device ]; then
     timeout 300 $LOAD --duration ${SERVE_SECONDS:-25} --out "/tmp/load-plain.json" > /dev/null 2>&1
-    summary "/tmp/load-plain.json" "no cut (same server)"
+    serve_summary "/tmp/load-plain.json" "no cut (same server)"
   fi
   kill $spid; wait $spid 2>/dev/null
   tail -5 "$OUT/serve-$mode.log" > "$OUT/serve-$mode-tail.log"; rm -f "$OUT/serve-$mode.log"

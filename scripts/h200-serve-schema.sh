@@ -20,15 +20,6 @@ if [ -n "${GPU_FILTER-draw}" ]; then
 fi
 bins="new"
 [ -f carry/old.tar.xz ] && tar -C /tmp -xJf carry/old.tar.xz && bins="old new"
-summary() {
-  python3 - "$1" "$2" <<'PY' | tee -a "$log"
-import json, sys
-r = json.load(open(sys.argv[1])); t = r["ttft_ms"]
-print(f"{sys.argv[2]:14}: ok {r['requests_ok']} failed {r['requests_failed']} {r['failures']} completion tokens/s {r['tokens_per_s']} "
-      f"ttft p50 {t['p50']} ms p99 {t['p99']} ms, engine step {r.get('step_ms_mean')} ms "
-      f"(forward {r.get('forward_ms_mean')}, sampling {r.get('sample_ms_mean')})")
-PY
-}
 for b in $bins; do
   exe=carry/bin/muser; [ "$b" = old ] && exe=/tmp/muser-old
   $exe serve -m "$MODEL" --device cuda ${SERVE_FLAGS:---mode fast --fp8-weights} --parallel 64 --ctx-size 1024 \
@@ -38,11 +29,11 @@ for b in $bins; do
   LOAD="python3 crates/server/tests/load/load.py --clients 64 --ignore-eos --min-tokens 128 --max-tokens 128 --endpoint completions --url http://127.0.0.1:8081 --model muser --server-pid $spid"
   timeout 300 $LOAD --duration ${SERVE_WARM:-15} --json-schema "$SCHEMA" > /dev/null 2>&1
   timeout 300 $LOAD --duration ${SERVE_SECONDS:-25} --json-schema "$SCHEMA" --out "/tmp/load-$b.json" > /dev/null 2>&1
-  summary "/tmp/load-$b.json" "$b schema"
+  serve_summary "/tmp/load-$b.json" "$b schema"
   curl -s http://127.0.0.1:8081/metrics | grep -E '^muser_(draws|grammar_redraws)_total' | sed "s/^/$b /" | tee -a "$log"
   if [ "$b" = new ]; then
     timeout 300 $LOAD --duration ${SERVE_SECONDS:-25} --out "/tmp/load-$b-plain.json" > /dev/null 2>&1
-    summary "/tmp/load-$b-plain.json" "$b plain"
+    serve_summary "/tmp/load-$b-plain.json" "$b plain"
   fi
   kill $spid; wait $spid 2>/dev/null
   tail -5 "$OUT/serve-$b.log" > "$OUT/serve-$b-tail.log"; rm -f "$OUT/serve-$b.log"

@@ -150,18 +150,7 @@ fn batched_test<B: Backend>(
     let t_pp = t.elapsed().as_secs_f64();
     // One step: every sequence advances by a random token at position npp + step.
     let rows: Vec<usize> = (0..npl).collect();
-    let greedy: Vec<RowDraw> = (0..npl)
-        .map(|_| RowDraw {
-            inv_temperature: 0.0,
-            min_p: 0.0,
-            seed: 0,
-            counter: 0,
-            edits: Vec::new(),
-            allowed: None,
-            top_k: 0,
-            top_p: 1.0,
-        })
-        .collect();
+    let greedy: Vec<RowDraw> = (0..npl).map(|_| RowDraw::default()).collect();
     let mut drawn: Vec<u32> = Vec::new();
     let mut decode_step = |step: usize| -> Result<(), muser_engine::Error> {
         let tokens = if draw && drawn.len() == npl {

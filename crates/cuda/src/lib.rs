@@ -554,6 +554,15 @@ fn grid_runs8(cols: usize, rows: usize) -> LaunchConfig {
     }
 }
 
+/// One block of 1024 threads for each of `n` rows.
+fn per_row(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n as u32, 1, 1),
+        block_dim: (1024, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 fn grid1(n: usize, threads: u32) -> LaunchConfig {
     let blocks = (n as u32).div_ceil(threads).clamp(1, 65_535);
     LaunchConfig {
@@ -1400,15 +1409,10 @@ impl CudaBackend {
             .arg(&rowix_d)
             .arg(&target_d)
             .arg(&mut out);
-        let cfg = LaunchConfig {
-            grid_dim: (n as u32, 1, 1),
-            block_dim: (1024, 1, 1),
-            shared_mem_bytes: 0,
-        };
         // SAFETY: block d reads row rowix[d] (< logits.rows, checked above) of cols floats and
         // target[d] (bounded by cols in the kernel), and writes out[3d..3d + 3] of the 3n floats
         // allocated above.
-        unsafe { b.launch(cfg) }.map_err(dev("row_logprobs"))?;
+        unsafe { b.launch(per_row(n)) }.map_err(dev("row_logprobs"))?;
         let v = st
             .clone_dtoh(&out)
             .map_err(dev("download log-probabilities"))?;
@@ -1604,15 +1608,10 @@ impl CudaBackend {
                 .arg(&topk_d)
                 .arg(&topp_d)
                 .arg(&mut cut);
-            let cfg = LaunchConfig {
-                grid_dim: (nd as u32, 1, 1),
-                block_dim: (1024, 1, 1),
-                shared_mem_bytes: 0,
-            };
             // SAFETY: block d reads row d of `work` (nd x cols floats), amax[d] (an id below
             // cols, or past it for no largest, which the kernel checks), topk[d] and topp[d]
             // (nd each, uploaded above), and writes cut[2d..2d + 2] of the 2 nd allocated above.
-            unsafe { b.launch(cfg) }.map_err(dev("draw_cut"))?;
+            unsafe { b.launch(per_row(nd)) }.map_err(dev("draw_cut"))?;
             cut
         } else {
             let all: Vec<u32> = (0..nd).flat_map(|_| [Cut::ALL.key, Cut::ALL.id]).collect();

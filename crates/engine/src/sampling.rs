@@ -274,10 +274,14 @@ pub fn top_p_target(top_p: f64, total: u64) -> u64 {
 /// radix selection on `order_key`, 8 bits a pass, then the ties at the boundary in id order.
 /// `Cut::ALL` when neither cuts.
 pub fn draw_cut(row: &[f32], top_k: usize, top_p: f64) -> Cut {
-    let Some(g) = first_largest(row) else {
-        return Cut::ALL;
-    };
-    let m = row[g];
+    match first_largest(row) {
+        Some(g) => cut_below(row, row[g], top_k, top_p),
+        None => Cut::ALL,
+    }
+}
+
+/// `draw_cut` of a row whose largest value is `m`.
+fn cut_below(row: &[f32], m: f32, top_k: usize, top_p: f64) -> Cut {
     let mut cut = Cut::ALL;
     if top_k > 0 && top_k < row.len() {
         if let Some(c) = select_cut(
@@ -380,7 +384,10 @@ impl RowDraw {
         // The largest value, the lowest id among ties, never a NaN (argmax_rows on the device).
         let greedy = first_largest(row);
         let m = greedy.map_or(0.0, |g| row[g] as f64);
-        let cut = self.cut(row);
+        let cut = match greedy {
+            Some(g) if self.cuts() => cut_below(row, row[g], self.top_k, self.top_p),
+            _ => Cut::ALL,
+        };
         let mut best = (f64::NEG_INFINITY, u32::MAX);
         for (i, &v) in row.iter().enumerate() {
             if !cut.holds(order_key(v), i as u32) {
@@ -400,10 +407,15 @@ impl RowDraw {
 
     /// The prefix of an edited row top-k and top-p leave (`Cut::ALL` for a greedy draw).
     pub fn cut(&self, row: &[f32]) -> Cut {
-        if self.inv_temperature == 0.0 {
+        if !self.cuts() {
             return Cut::ALL;
         }
         draw_cut(row, self.top_k, self.top_p)
+    }
+
+    /// Whether top-k or top-p may cut this draw's row (a draw, not greedy, with either set).
+    pub fn cuts(&self) -> bool {
+        self.inv_temperature != 0.0 && (self.top_k > 0 || self.top_p < 1.0)
     }
 
     /// Token `id`'s score (-inf when it is no candidate; NaN never wins a comparison).

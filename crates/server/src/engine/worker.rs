@@ -618,8 +618,8 @@ impl<B: Backend> Worker<B> {
         // Each logits row's token is drawn where the logits are when the backend can
         // (`Backend::draws_on_device`) and the sequence needs nothing else of the row (no
         // logprobs; top-k and top-p are cut there too, `RowDraw::cut`); the other rows come to
-        // the host. (A device draw is
-        // another stream of random numbers than the host's: `RowDraw`. On such a backend a
+        // the host. (A device draw is another stream of random numbers than the host's:
+        // `RowDraw`. On such a backend a
         // row that comes to the host for its logprobs only is chosen by the same `RowDraw`
         // there, so asking for logprobs does not change a seed's tokens.) A row under a
         // grammar is drawn so too: its token is checked on the host and, where the grammar
@@ -634,11 +634,9 @@ impl<B: Backend> Worker<B> {
         for (r, &gi) in row_item.iter().enumerate() {
             let ri = group[gi].0;
             let s = &mut self.running[ri];
-            let cut = s.sampler.params.temperature > 0.0
-                && (s.sampler.params.top_p < 1.0
-                    || (s.sampler.params.top_k > 0 && s.sampler.params.top_k < n_vocab));
-            let draw = (on_device && !(cut && self.cuts_on_host))
-                .then(|| s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab));
+            let draw = on_device
+                .then(|| s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab))
+                .filter(|d| !(self.cuts_on_host && d.cuts()));
             let wants_row = s.job.logprobs.is_some();
             match draw {
                 Some(d) if !wants_row => {
