@@ -283,25 +283,22 @@ pub fn draw_cut(row: &[f32], top_k: usize, top_p: f64) -> Cut {
 /// `draw_cut` of a row whose largest value is `m`.
 fn cut_below(row: &[f32], m: f32, top_k: usize, top_p: f64) -> Cut {
     let mut cut = Cut::ALL;
-    if top_k > 0 && top_k < row.len() {
-        if let Some(c) = select_cut(
-            row,
-            cut,
-            |_| 1,
-            |total| (total > top_k as u64).then_some(top_k as u64),
-        ) {
-            cut = c;
-        }
+    let k = top_k as u64;
+    if top_k > 0
+        && top_k < row.len()
+        && let Some(c) = select_cut(row, cut, |_| 1, |total| (total > k).then_some(k))
+    {
+        cut = c;
     }
-    if top_p < 1.0 {
-        if let Some(c) = select_cut(
+    if top_p < 1.0
+        && let Some(c) = select_cut(
             row,
             cut,
             |v| cut_weight(v, m),
             |total| Some(top_p_target(top_p, total)),
-        ) {
-            cut = c;
-        }
+        )
+    {
+        cut = c;
     }
     cut
 }
