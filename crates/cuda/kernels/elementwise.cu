@@ -141,43 +141,6 @@ extern "C" __global__ void argmax_rows(const float* x, int cols, u32* out, float
     }
 }
 
-// Log-probabilities in rows of logits (sampling.rs RowLogprob::of, the host's log_softmax in
-// f64): for row rowix[d], its largest value m (the lowest id among ties; a NaN never), then
-// lse = m + ln(sum exp(v - m)) with the sum in f64 (each thread's values in order, then the
-// warps' sums in a fixed tree), and out[3d] = x[target[d]] - lse (-inf for a target past the
-// row), out[3d + 1] = the largest's id (as bits), out[3d + 2] = m - lse. One block of 1024
-// threads per row.
-extern "C" __global__ void row_logprobs(const float* __restrict__ x, int cols, const u32* __restrict__ rowix, const u32* __restrict__ target, float* __restrict__ out) {
-    __shared__ double wsum[32];
-    __shared__ double total;
-    const int d = blockIdx.x;
-    const float* r = x + (long long)rowix[d] * cols;
-    float best = -__int_as_float(0x7f800000);
-    int idx = 0x7fffffff;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) amax_pick(best, idx, r[c], c);
-    amax_block(best, idx);
-    const double m = (double)best;
-    double s = 0.0;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += exp((double)r[c] - m);
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    if (lane == 0) wsum[w] = s;
-    __syncthreads();
-    if (w == 0) {
-        double t = lane < (int)(blockDim.x >> 5) ? wsum[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) t += __shfl_down_sync(0xffffffffu, t, o);
-        if (lane == 0) total = t;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const double lse = m + log(total);
-        const u32 t = target[d];
-        out[3 * d] = t < (u32)cols ? (float)((double)r[t] - lse) : -__int_as_float(0x7f800000);
-        out[3 * d + 1] = __uint_as_float(idx != 0x7fffffff ? (u32)idx : 0u);
-        out[3 * d + 2] = (float)(m - lse);
-    }
-}
-
 // Edits to logits rows before a draw (sampling.rs LogitEdit, the same f32 operations unfused),
 // with the effect of applying each row's edits in list order: one block per drawn row, its first
 // thread walks the edits start[d]..par[d] in order, then the block's threads share the rest,
@@ -398,6 +361,113 @@ extern "C" __global__ void draw_cut(const float* __restrict__ x, int cols, const
         if (p < 1.0 && select_cut<true>(r, cols, m, ck, ci, 0u, p, k2, i2)) { ck = k2; ci = i2; }
     }
     if (threadIdx.x == 0) { out[2 * d] = ck; out[2 * d + 1] = ci; }
+}
+
+// Log-probabilities in rows of logits (sampling.rs RowLogprob::of, the host's log_softmax in
+// f64): for row rowix[d], its first token in candidate order (the largest order_key, the lowest
+// id among ties; a NaN never) and its value m, then lse = m + ln(sum exp(v - m)) with the sum in
+// f64 (each thread's values in order, then the warps' sums in a fixed tree). Row d of out, stride
+// floats from out + d * stride: [0] = x[target[d]] - lse (-inf for a target past the row), [1] =
+// how many alternatives follow (as bits), then (id as bits, v - lse) for the first top[d] tokens
+// in candidate order (at most MAX_TOP; one is the first token, more are select_cut's top-k
+// prefix). One block of 1024 threads per row.
+#define MAX_TOP 20
+extern "C" __global__ void row_logprobs(const float* __restrict__ x, int cols, const u32* __restrict__ rowix, const u32* __restrict__ target, const u32* __restrict__ top, int stride, float* __restrict__ out) {
+    __shared__ double wsum[32];
+    __shared__ u64 wbest[32];
+    __shared__ double total;
+    __shared__ u64 first;
+    __shared__ u32 s_n, s_id[MAX_TOP], s_key[MAX_TOP];
+    const int d = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
+    const int warps = (int)(blockDim.x >> 5);
+    const float* r = x + (long long)rowix[d] * cols;
+    // The first token: the largest (order_key << 32 | ~id), 0 when every value is NaN.
+    u64 b = 0ull;
+    for (int c = tid; c < cols; c += blockDim.x) {
+        const float v = r[c];
+        if (!isnan(v)) {
+            const u64 k = ((u64)order_key(v) << 32) | (u64)(~(u32)c);
+            b = k > b ? k : b;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const u64 ob = __shfl_down_sync(0xffffffffu, b, o);
+        b = ob > b ? ob : b;
+    }
+    if (lane == 0) wbest[w] = b;
+    __syncthreads();
+    if (tid == 0) {
+        u64 t = 0ull;
+        for (int i = 0; i < warps; i++) t = wbest[i] > t ? wbest[i] : t;
+        first = t;
+    }
+    __syncthreads();
+    const bool any = first != 0ull;
+    const u32 id0 = ~(u32)first;
+    const float mf = any ? r[id0] : -__int_as_float(0x7f800000);
+    const double m = (double)mf;
+    double s = 0.0;
+    for (int c = tid; c < cols; c += blockDim.x) s += exp((double)r[c] - m);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+    if (lane == 0) wsum[w] = s;
+    __syncthreads();
+    if (w == 0) {
+        double t = lane < warps ? wsum[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_down_sync(0xffffffffu, t, o);
+        if (lane == 0) total = t;
+    }
+    __syncthreads();
+    const double lse = m + log(total);
+    float* o = out + (long long)d * stride;
+    const u32 n = top[d] < (u32)MAX_TOP ? top[d] : (u32)MAX_TOP;
+    if (tid == 0) {
+        const u32 t = target[d];
+        o[0] = t < (u32)cols ? (float)((double)r[t] - lse) : -__int_as_float(0x7f800000);
+        o[1] = __uint_as_float(0u);
+    }
+    if (n == 0u || !any) return;  // the same for every thread of the block
+    if (n == 1u) {
+        if (tid == 0) {
+            o[1] = __uint_as_float(1u);
+            o[2] = __uint_as_float(id0);
+            o[3] = (float)(m - lse);
+        }
+        return;
+    }
+    // Two or more: the top-k prefix's cut (none when the row has at most n tokens that are not
+    // NaN), its tokens gathered in any order, then put in candidate order by thread 0.
+    u32 ck = 0u, ci = 0xffffffffu;
+    select_cut<false>(r, cols, mf, 0u, 0xffffffffu, n, 0.0, ck, ci);
+    if (tid == 0) s_n = 0u;
+    __syncthreads();
+    for (int c = tid; c < cols; c += blockDim.x) {
+        const float v = r[c];
+        const u32 k = order_key(v);
+        if (!isnan(v) && cut_holds(k, (u32)c, ck, ci)) {
+            const u32 j = atomicAdd(&s_n, 1u);
+            if (j < (u32)MAX_TOP) { s_id[j] = (u32)c; s_key[j] = k; }
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        const u32 cnt = s_n < n ? s_n : n;
+        for (u32 i = 1; i < cnt; i++) {
+            const u32 ki = s_key[i], ii = s_id[i];
+            u32 j = i;
+            while (j > 0u && (s_key[j - 1] < ki || (s_key[j - 1] == ki && s_id[j - 1] > ii))) {
+                s_key[j] = s_key[j - 1];
+                s_id[j] = s_id[j - 1];
+                j--;
+            }
+            s_key[j] = ki;
+            s_id[j] = ii;
+        }
+        o[1] = __uint_as_float(cnt);
+        for (u32 i = 0; i < cnt; i++) {
+            o[2 + 2 * i] = __uint_as_float(s_id[i]);
+            o[3 + 2 * i] = (float)((double)r[s_id[i]] - lse);
+        }
+    }
 }
 
 // One token per drawn row, by the Gumbel-max trick (sampling.rs RowDraw::choose, its

@@ -22,7 +22,7 @@ use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr,
     DevicePtrMut, LaunchConfig, PushKernelArg,
 };
-use muser_engine::backend::{AttnSpec, Backend, Batch, QkSpec, StepRecord};
+use muser_engine::backend::{AttnSpec, Backend, Batch, QkSpec, StepRecord, check_logprob_rows};
 use muser_engine::cpu::cuda_anchor;
 use muser_engine::loader::Matrix;
 use muser_engine::sampling::{Cut, LogitEdit, RowDraw, RowLogprob};
@@ -1382,45 +1382,58 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Token `targets[i]`'s log-probability under row `rows[i]` of `logits` and the row's most
-    /// likely token with its own (`RowLogprob::of`), computed on the device (`row_logprobs`):
-    /// three numbers a row come back.
+    /// Token `targets[i]`'s log-probability under row `rows[i]` of `logits` and the row's
+    /// `tops[i]` most likely tokens with theirs (`RowLogprob::of`), computed on the device
+    /// (`row_logprobs`): two numbers a row come back, and two an alternative.
     pub fn logprobs(
         &self,
         logits: &CudaAct,
         rows: &[usize],
         targets: &[u32],
+        tops: &[usize],
     ) -> Result<Vec<RowLogprob>> {
         check_rows(logits, rows, targets.len(), "targets")?;
+        check_logprob_rows(rows, targets, tops)?;
         let n = rows.len();
         if n == 0 {
             return Ok(Vec::new());
         }
         let st = &self.stream;
         let rowix: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        let top: Vec<u32> = tops.iter().map(|&t| t as u32).collect();
+        let stride = 2 + 2 * tops.iter().copied().max().unwrap_or(0);
         let rowix_d = st.clone_htod(&rowix).map_err(dev("upload rows"))?;
         let target_d = st.clone_htod(targets).map_err(dev("upload targets"))?;
-        let mut out = st.alloc_zeros::<f32>(3 * n).map_err(dev("alloc"))?;
-        let cols = logits.cols as i32;
+        let top_d = st.clone_htod(&top).map_err(dev("upload counts"))?;
+        let mut out = st.alloc_zeros::<f32>(stride * n).map_err(dev("alloc"))?;
+        let (cols, stride_i) = (logits.cols as i32, stride as i32);
         let func = self.f("row_logprobs")?;
         let mut b = st.launch_builder(&func);
         b.arg(&logits.data)
             .arg(&cols)
             .arg(&rowix_d)
             .arg(&target_d)
+            .arg(&top_d)
+            .arg(&stride_i)
             .arg(&mut out);
-        // SAFETY: block d reads row rowix[d] (< logits.rows, checked above) of cols floats and
-        // target[d] (bounded by cols in the kernel), and writes out[3d..3d + 3] of the 3n floats
-        // allocated above.
+        // SAFETY: block d reads row rowix[d] (< logits.rows, checked above) of cols floats,
+        // target[d] (bounded by cols in the kernel) and top[d] (at most MAX_TOP_LOGPROBS, the
+        // kernel's MAX_TOP, checked above), and writes out[stride d..stride d + 2 + 2 top[d]]
+        // of the stride n floats allocated above (stride is 2 + 2 max top).
         unsafe { b.launch(per_row(n)) }.map_err(dev("row_logprobs"))?;
         let v = st
             .clone_dtoh(&out)
             .map_err(dev("download log-probabilities"))?;
-        Ok(v.chunks_exact(3)
-            .map(|c| RowLogprob {
-                logprob: c[0],
-                top: c[1].to_bits(),
-                top_logprob: c[2],
+        Ok(v.chunks_exact(stride)
+            .map(|c| {
+                let k = (c[1].to_bits() as usize).min((stride - 2) / 2);
+                RowLogprob {
+                    logprob: c[0],
+                    top: c[2..2 + 2 * k]
+                        .chunks_exact(2)
+                        .map(|p| (p[0].to_bits(), p[1]))
+                        .collect(),
+                }
             })
             .collect())
     }
@@ -3918,6 +3931,7 @@ impl Backend for CudaBackend {
         cols: usize,
         rows: &[usize],
         targets: &[u32],
+        tops: &[usize],
         out: &mut Vec<RowLogprob>,
     ) -> Result<()> {
         if cols != logits.cols {
@@ -3926,7 +3940,7 @@ impl Backend for CudaBackend {
                 logits.cols
             )));
         }
-        *out = self.logprobs(logits, rows, targets)?;
+        *out = self.logprobs(logits, rows, targets, tops)?;
         Ok(())
     }
 

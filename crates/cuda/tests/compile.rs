@@ -116,3 +116,20 @@ fn every_kernel_source_compiles_for_sm_90() {
         kernels::SOURCES.len()
     );
 }
+
+/// `row_logprobs` holds at most `MAX_TOP` alternatives a row in shared memory: the kernel's
+/// bound is the engine's (`MAX_TOP_LOGPROBS`, which `check_logprob_rows` enforces).
+#[test]
+fn the_logprobs_kernels_bound_is_the_engines() {
+    use muser_engine::sampling::MAX_TOP_LOGPROBS;
+    let (_, src) = kernels::SOURCES
+        .iter()
+        .find(|(n, _)| *n == "elementwise")
+        .expect("the elementwise source is listed");
+    let want = format!("#define MAX_TOP {MAX_TOP_LOGPROBS}\n");
+    assert!(
+        src.contains(&want),
+        "elementwise.cu lacks `{}`",
+        want.trim()
+    );
+}

@@ -3119,43 +3119,91 @@ fn a_copied_device_cache_gives_its_sources_bits() {
     );
 }
 
-/// Log-probabilities computed where the logits are (`row_logprobs`: a prompt scored by echo)
-/// against the host reference `RowLogprob::of`: rows of Muse Glimmer's vocabulary picked out
-/// of order and twice, a tie for the largest (the lower id), a target past the row, a -inf.
+/// Log-probabilities computed where the logits are (`row_logprobs`: a prompt scored by echo, a
+/// generated token's logprobs) against the host reference `RowLogprob::of`: rows of Muse
+/// Glimmer's vocabulary picked out of order and twice, 0 to 20 alternatives, a tie for the
+/// largest (the lower id), ties across the 20th place, a plateau of tied largest values, +0
+/// and -0, a NaN, a target past the row, a -inf.
 #[test]
 fn device_logprobs_match_the_host_reference() {
-    use muser_engine::sampling::RowLogprob;
+    use muser_engine::sampling::{MAX_TOP_LOGPROBS, RowLogprob};
     let Some(g) = gpu() else { return };
-    let (rows, cols) = (5usize, 202_048usize);
+    let (rows, cols) = (7usize, 202_048usize);
     let mut x: Vec<f32> = (0..rows * cols)
         .map(|i| ((i as u64 * 2_654_435_761 % 1_000_003) as f32 / 1_000_003.0) * 20.0 - 10.0)
         .collect();
     x[2 * cols + 77] = 30.0;
     x[2 * cols + 55] = 30.0;
     x[3 * cols + 9] = f32::NEG_INFINITY;
-    let pick = [3usize, 0, 2, 2, 4, 1];
-    let targets = [9u32, 123, 77, 202_047, cols as u32 + 5, 0];
+    // Row 4: 40 levels, so thousands tie at each, the 20th place inside a tie.
+    for (c, v) in x[4 * cols..5 * cols].iter_mut().enumerate() {
+        *v = (c * 7 % 40) as f32 * 0.25;
+    }
+    // Row 5: a plateau of 1,000 tied at the largest, +0 and -0 above the rest, a NaN (which
+    // makes the row's sums NaN: the tops are still listed, a NaN never).
+    for (c, v) in x[5 * cols..6 * cols].iter_mut().enumerate() {
+        *v = if c % 200 == 3 {
+            4.0
+        } else {
+            -1.0 - (c % 13) as f32
+        };
+    }
+    x[5 * cols + 10] = -0.0;
+    x[5 * cols + 11] = 0.0;
+    x[5 * cols + 12] = f32::NAN;
+    // Row 6: a sharp row, one token far above.
+    x[6 * cols + 150_000] = 80.0;
+    let pick = [3usize, 0, 2, 2, 4, 1, 4, 5, 5, 6, 0, 2];
+    let targets = [
+        9u32,
+        123,
+        77,
+        202_047,
+        8,
+        cols as u32 + 5,
+        1,
+        11,
+        3,
+        0,
+        5,
+        55,
+    ];
+    let tops = [0usize, 1, 1, 2, 20, 5, 7, 20, 1, 20, 20, 3];
+    assert_eq!(*tops.iter().max().unwrap(), MAX_TOP_LOGPROBS);
     let mut xg = g.act(rows, cols).unwrap();
     g.stream.memcpy_htod(&x, xg_data(&mut xg)).unwrap();
-    let got = g.logprobs(&xg, &pick, &targets).unwrap();
+    let got = g.logprobs(&xg, &pick, &targets, &tops).unwrap();
+    assert_eq!(got.len(), pick.len());
     let mut worst = 0.0f32;
-    for ((&r, &t), l) in pick.iter().zip(&targets).zip(&got) {
-        let want = RowLogprob::of(&x[r * cols..(r + 1) * cols], t);
-        assert_eq!(l.top, want.top, "row {r}");
-        assert_eq!(
-            l.logprob.is_finite(),
-            want.logprob.is_finite(),
-            "row {r} target {t}"
-        );
-        if want.logprob.is_finite() {
-            worst = worst.max((l.logprob - want.logprob).abs());
+    let close = |a: f32, b: f32| {
+        if a.is_finite() || b.is_finite() {
+            assert_eq!(a.is_finite(), b.is_finite(), "{a} against {b}");
+            (a - b).abs()
+        } else {
+            assert_eq!(a.is_nan(), b.is_nan(), "{a} against {b}");
+            0.0
         }
-        worst = worst.max((l.top_logprob - want.top_logprob).abs());
+    };
+    for (i, l) in got.iter().enumerate() {
+        let r = pick[i];
+        let want = RowLogprob::of(&x[r * cols..(r + 1) * cols], targets[i], tops[i]);
+        let ids = |t: &RowLogprob| t.top.iter().map(|p| p.0).collect::<Vec<_>>();
+        assert_eq!(ids(l), ids(&want), "row {r}, {} alternatives", tops[i]);
+        assert_eq!(l.top.len(), tops[i], "row {r}");
+        worst = worst.max(close(l.logprob, want.logprob));
+        for (a, b) in l.top.iter().zip(&want.top) {
+            worst = worst.max(close(a.1, b.1));
+        }
     }
-    assert_eq!(got[2].top, 55, "a tie goes to the lower id");
+    assert_eq!(got[2].top[0].0, 55, "a tie goes to the lower id");
+    assert_eq!(got[5].logprob, f32::NEG_INFINITY, "a target past the row");
+    assert!(got[7].logprob.is_nan() && got[7].top.iter().all(|p| p.0 % 200 == 3));
+    assert_eq!(got[9].top[0].0, 150_000);
     assert!(
         worst <= 1e-6,
         "device log-probabilities against the host's: {worst}"
     );
-    println!("device log-probabilities: within {worst:.1e} of the host's, the same tops");
+    println!(
+        "device log-probabilities: within {worst:.1e} of the host's, the same alternatives (0 to 20 a row)"
+    );
 }

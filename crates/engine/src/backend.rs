@@ -191,32 +191,28 @@ pub trait Backend: Send + Sync {
     }
 
     /// Token `targets[i]`'s log-probability under row `rows[i]` of the `cols`-wide `logits`, and
-    /// the row's most likely token with its own, into `out` (`RowLogprob::of`, the reference).
-    /// The default reads the rows to the host, a few at a time; a device computes them where
-    /// the logits are and sends back three numbers a row.
+    /// the row's `tops[i]` most likely tokens with theirs (at most `MAX_TOP_LOGPROBS`), into
+    /// `out` (`RowLogprob::of`, the reference). The default reads the rows to the host, a few at
+    /// a time; a device computes them where the logits are and sends back what they hold.
     fn row_logprobs(
         &self,
         logits: &Self::Act,
         cols: usize,
         rows: &[usize],
         targets: &[u32],
+        tops: &[usize],
         out: &mut Vec<crate::sampling::RowLogprob>,
     ) -> Result<()> {
-        if rows.len() != targets.len() {
-            return Err(Error::Backend(format!(
-                "{} rows and {} targets",
-                rows.len(),
-                targets.len()
-            )));
-        }
+        check_logprob_rows(rows, targets, tops)?;
         out.clear();
         let mut host = Vec::new();
-        for (r, t) in rows.chunks(32).zip(targets.chunks(32)) {
+        for ((r, t), n) in rows.chunks(32).zip(targets.chunks(32)).zip(tops.chunks(32)) {
+            use rayon::prelude::*;
             self.read_rows_into(logits, cols, r, &mut host)?;
-            out.extend(
-                host.chunks_exact(cols.max(1))
-                    .zip(t)
-                    .map(|(row, &t)| crate::sampling::RowLogprob::of(row, t)),
+            out.par_extend(
+                host.par_chunks_exact(cols.max(1))
+                    .zip(t.par_iter().zip(n))
+                    .map(|(row, (&t, &n))| crate::sampling::RowLogprob::of(row, t, n)),
             );
         }
         Ok(())
@@ -489,6 +485,26 @@ pub fn matmul_by_pairs<B: Backend + ?Sized>(
                 b.matmul(w1, x, o1)?;
             }
         }
+    }
+    Ok(())
+}
+
+/// `row_logprobs`'s arguments agree: a target and a count of alternatives for every row, none
+/// past `MAX_TOP_LOGPROBS`.
+pub fn check_logprob_rows(rows: &[usize], targets: &[u32], tops: &[usize]) -> Result<()> {
+    use crate::sampling::MAX_TOP_LOGPROBS;
+    if rows.len() != targets.len() || rows.len() != tops.len() {
+        return Err(Error::Backend(format!(
+            "{} rows, {} targets and {} counts of alternatives",
+            rows.len(),
+            targets.len(),
+            tops.len()
+        )));
+    }
+    if let Some(&n) = tops.iter().find(|&&n| n > MAX_TOP_LOGPROBS) {
+        return Err(Error::Backend(format!(
+            "{n} alternatives asked of a row's log-probabilities: at most {MAX_TOP_LOGPROBS}"
+        )));
     }
     Ok(())
 }

@@ -243,16 +243,17 @@ impl<B: Backend> MuseGlimmer<B> {
     }
 
     /// After `forward_device`: token `targets[i]`'s log-probability under row `rows[i]` of its
-    /// logits and the row's most likely token (`Backend::row_logprobs`).
+    /// logits and the row's `tops[i]` most likely tokens (`Backend::row_logprobs`).
     pub fn logit_row_logprobs(
         &self,
         ws: &Workspace<B>,
         rows: &[usize],
         targets: &[u32],
+        tops: &[usize],
         out: &mut Vec<crate::sampling::RowLogprob>,
     ) -> Result<()> {
         self.backend
-            .row_logprobs(&ws.logits, self.config.n_vocab, rows, targets, out)
+            .row_logprobs(&ws.logits, self.config.n_vocab, rows, targets, tops, out)
     }
 
     /// After `forward_device`: a token for each of rows `rows` of its logits, chosen by

@@ -456,28 +456,48 @@ fn first_largest(row: &[f32]) -> Option<usize> {
     best
 }
 
-/// A token's log-probability in a row of logits, and the row's most likely token with its own
-/// (`Backend::row_logprobs`: a prompt's tokens scored where the logits are).
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// Most alternatives a row's log-probabilities list (`RowLogprob`, `Backend::row_logprobs`;
+/// OpenAI's `top_logprobs` allows 20).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A token's log-probability in a row of logits, and the row's most likely tokens with theirs
+/// (`Backend::row_logprobs`: a prompt's tokens scored, a generated token's logprobs, where the
+/// logits are).
+#[derive(Clone, Debug, PartialEq)]
 pub struct RowLogprob {
     pub logprob: f32,
-    /// The largest logit's id (the lowest among ties; a NaN never; 0 for a row of NaNs).
-    pub top: u32,
-    pub top_logprob: f32,
+    /// The `n` largest logits' ids with their log-probabilities, largest first, the lower id
+    /// first among ties (candidate order, `order_key`); a NaN never. Fewer where the row has
+    /// fewer tokens that are not NaN.
+    pub top: Vec<(u32, f32)>,
 }
 
 impl RowLogprob {
-    /// The reference: `log_softmax` in f64, token `target`'s entry (-inf past the row) and the
-    /// first largest logit's.
-    pub fn of(row: &[f32], target: u32) -> RowLogprob {
+    /// The reference: `log_softmax` in f64, token `target`'s entry (-inf past the row), and the
+    /// `n` first tokens in candidate order with theirs.
+    pub fn of(row: &[f32], target: u32, n: usize) -> RowLogprob {
         let ls = log_softmax(row);
-        let top = argmax(row);
+        let first = |a: &u32, b: &u32| {
+            let key = |i: &u32| order_key(row[*i as usize]);
+            key(b).cmp(&key(a)).then(a.cmp(b))
+        };
+        let mut idx: Vec<u32> = (0..row.len() as u32)
+            .filter(|&i| !row[i as usize].is_nan())
+            .collect();
+        let n = n.min(idx.len());
+        if n > 0 && n < idx.len() {
+            idx.select_nth_unstable_by(n - 1, first);
+        }
+        idx.truncate(n);
+        idx.sort_by(first);
         RowLogprob {
             logprob: ls
                 .get(target as usize)
                 .map_or(f32::NEG_INFINITY, |&v| v as f32),
-            top: top as u32,
-            top_logprob: ls.get(top).map_or(f32::NEG_INFINITY, |&v| v as f32),
+            top: idx
+                .into_iter()
+                .map(|t| (t, ls[t as usize] as f32))
+                .collect(),
         }
     }
 }
@@ -1129,6 +1149,32 @@ mod tests {
         let mut l = vec![4.0f32, 3.0];
         s.apply_penalties(&mut l);
         assert_eq!(l, vec![2.0, 3.0]);
+    }
+
+    #[test]
+    fn row_logprobs_list_the_first_tokens_in_candidate_order() {
+        let row = [0.0f32, 3.0, 1.0, 3.0, -2.0];
+        let t = RowLogprob::of(&row, 2, 3);
+        let ids = |t: &RowLogprob| t.top.iter().map(|&(i, _)| i).collect::<Vec<_>>();
+        assert_eq!(ids(&t), vec![1, 3, 2], "ties: the lower id first");
+        let total: f64 = log_softmax(&row).iter().map(|x| x.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-9);
+        assert_eq!(t.logprob, t.top[2].1);
+        assert!(RowLogprob::of(&row, 0, 0).top.is_empty());
+        assert_eq!(RowLogprob::of(&row, 0, 99).top.len(), 5);
+        assert_eq!(
+            RowLogprob::of(&row, 5, 1).logprob,
+            f32::NEG_INFINITY,
+            "past the row"
+        );
+        // A NaN is never listed; +0 comes before -0 (order_key), as on the devices.
+        let row = [f32::NAN, -0.0, 0.0, -1.0, f32::NEG_INFINITY];
+        let t = RowLogprob::of(&row, 1, 20);
+        assert_eq!(ids(&t), vec![2, 1, 3, 4]);
+        assert!(
+            t.logprob.is_nan(),
+            "a NaN anywhere makes the row's sum NaN, as log_softmax"
+        );
     }
 
     #[test]

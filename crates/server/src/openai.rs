@@ -23,8 +23,8 @@ pub const MAX_STOPS: usize = 16;
 /// 16 strings of 480 KB made every other request 27 times slower (2026-12-01). No natural stop
 /// string comes near this.
 pub const MAX_STOP_BYTES: usize = 1024;
-/// Most alternatives per token (`top_logprobs`; OpenAI allows 20).
-pub const MAX_TOP_LOGPROBS: usize = 20;
+/// Most alternatives per token (`top_logprobs`; OpenAI allows 20): the engine's bound.
+pub use muser_engine::sampling::MAX_TOP_LOGPROBS;
 /// Most prompts in one `/v1/completions` request.
 pub const MAX_PROMPTS: usize = 16;
 

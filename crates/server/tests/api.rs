@@ -956,7 +956,8 @@ async fn shutdown_deadline_cancels_with_an_error_event() {
 async fn draws_on_the_backend_reproduce_and_agree_with_the_host() {
     // A backend that draws where its logits are (a GPU; here the CPU's `row_draws`, the same
     // `RowDraw` code path): greedy tokens and biased tokens equal the host sampler's, seeds
-    // reproduce whatever the batch, and a request with logprobs still gets its row.
+    // reproduce whatever the batch, and a request with logprobs is drawn there too, its
+    // logprobs computed there (`Backend::row_logprobs`) as the host computes them.
     let host = Server::start(Opts::default()).await;
     let dev = Server::start(Opts {
         row_draws: true,
@@ -992,8 +993,7 @@ async fn draws_on_the_backend_reproduce_and_agree_with_the_host() {
     let lp = json!({"prompt": "A", "max_tokens": 5, "logprobs": 2, "temperature": 0.7, "seed": 1, "ignore_eos": true});
     tasks.push(spawn_completion(&dev.addr, lp));
     let lp = tasks.pop().unwrap().await.unwrap().json();
-    // The same seed without logprobs: drawn on the device, the same tokens (a row that goes to
-    // the host for its logprobs is chosen by the same draw there).
+    // The same seed without logprobs: the same tokens.
     let plain =
         json!({"prompt": "A", "max_tokens": 5, "temperature": 0.7, "seed": 1, "ignore_eos": true});
     assert_eq!(
@@ -1009,18 +1009,40 @@ async fn draws_on_the_backend_reproduce_and_agree_with_the_host() {
     for (seed, t) in tasks.into_iter().enumerate() {
         assert_eq!(text_of(&t.await.unwrap().json()), solo[seed], "seed {seed}");
     }
+    // The logprobs of a greedy request, with 20 alternatives, and of its echoed prompt: the
+    // backend's the host's, number for number.
+    let scored = json!({"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "logprobs": 20,
+                        "echo": true, "ignore_eos": true});
+    let a = host.post("/v1/completions", &scored).await.json();
+    let b = dev.post("/v1/completions", &scored).await.json();
+    let top = &b["choices"][0]["logprobs"]["top_logprobs"];
+    assert!(top.as_array().is_some_and(|t| t.len() > 8), "{top}");
+    assert_eq!(a["choices"][0]["logprobs"], b["choices"][0]["logprobs"]);
+    let chat = json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8, "temperature": 0,
+                      "logprobs": true, "top_logprobs": 20, "ignore_eos": true});
+    let a = host.post("/v1/chat/completions", &chat).await.json();
+    let b = dev.post("/v1/chat/completions", &chat).await.json();
+    let content = &b["choices"][0]["logprobs"]["content"];
+    assert!(
+        content.as_array().is_some_and(|c| c.len() == 8
+            && c.iter()
+                .all(|t| t["top_logprobs"].as_array().is_some_and(|l| l.len() == 20))),
+        "{content}"
+    );
+    assert_eq!(a["choices"][0]["logprobs"], b["choices"][0]["logprobs"]);
     // Where the tokens were chosen (the metrics are the process's, shared by both servers and
     // by the tests running beside this one, which all draw on the host): on the device, every
-    // token of this test's device server but the logprobs request's 5: 32 + 6 + 9 x 24 + 5.
+    // token of this test's device server: 32 + 6 + 9 x 24 + 5 + 5 + 8 + 8.
     assert_eq!(
         dev.metric("muser_draws_total", "where=\"device\"").await,
-        (32 + 6 + 9 * 24 + 5) as f64
+        (32 + 6 + 9 * 24 + 5 + 5 + 8 + 8) as f64
     );
-    assert!(host.metric("muser_draws_total", "where=\"host\"").await >= (32 + 6 + 5) as f64);
+    let on_host = host.metric("muser_draws_total", "where=\"host\"").await;
+    assert!(on_host >= (32 + 6 + 8 + 8) as f64, "{on_host}");
 
     // Top-k and top-p are cut where the logits are too (`RowDraw::cut`): top_k 1 and top_p 1e-6
     // give the greedy tokens; under both, a seed's tokens are the same alone, in a batch and
-    // with logprobs (whose rows go to the host and are drawn there by the same draw).
+    // with logprobs.
     let d0 = dev.metric("muser_draws_total", "where=\"device\"").await;
     let plain = json!({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "ignore_eos": true});
     let greedy = text_of(&host.post("/v1/completions", &plain).await.json());
@@ -1065,8 +1087,8 @@ async fn draws_on_the_backend_reproduce_and_agree_with_the_host() {
     }
     assert_eq!(
         dev.metric("muser_draws_total", "where=\"device\"").await - d0,
-        (2 * 16 + 6 * 12) as f64,
-        "every token but the logprobs request's drawn on the backend"
+        (2 * 16 + 7 * 12) as f64,
+        "every token drawn on the backend"
     );
 }
 

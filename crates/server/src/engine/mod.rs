@@ -97,11 +97,7 @@ pub struct JobGrammar {
 }
 
 /// A token's log-probability under the model and the most likely alternatives.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TokenLogprob {
-    pub logprob: f32,
-    pub top: Vec<(u32, f32)>,
-}
+pub use muser_engine::sampling::RowLogprob as TokenLogprob;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Finish {

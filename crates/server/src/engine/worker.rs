@@ -12,7 +12,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
 use muser_engine::muse_glimmer::Workspace;
-use muser_engine::sampling::{LogitEdit, NOT_FINITE, RowDraw, log_softmax};
+use muser_engine::sampling::{LogitEdit, NOT_FINITE, RowDraw, RowLogprob};
 use muser_engine::{Backend, Batch, MuseGlimmer, Sampler};
 use muser_text::grammar::{Constraint, GrammarVocab, mask_allows};
 use muser_text::{StreamDecoder, Tokenizer};
@@ -616,38 +616,29 @@ impl<B: Backend> Worker<B> {
         let scored_at = rows.len();
         rows.extend(scored.iter().map(|p| p.0));
         // Each logits row's token is drawn where the logits are when the backend can
-        // (`Backend::draws_on_device`) and the sequence needs nothing else of the row (no
-        // logprobs; top-k and top-p are cut there too, `RowDraw::cut`); the other rows come to
-        // the host. (A device draw is another stream of random numbers than the host's:
-        // `RowDraw`. On such a backend a
-        // row that comes to the host for its logprobs only is chosen by the same `RowDraw`
-        // there, so asking for logprobs does not change a seed's tokens.) A row under a
+        // (`Backend::draws_on_device`; top-k and top-p are cut there too, `RowDraw::cut`), and
+        // its logprobs, if the sequence asks for them, are computed there for the token drawn
+        // (`Backend::row_logprobs`); on other backends the rows come to the host. (A device
+        // draw is another stream of random numbers than the host's: `RowDraw`.) A row under a
         // grammar is drawn so too: its token is checked on the host and, where the grammar
         // refuses it, drawn again over the tokens the grammar allows (`grammar_redraw`).
         let n_vocab = self.model.config.n_vocab;
         let on_device = self.model.backend.draws_on_device();
         let (mut dev_rows, mut dev_draws, mut host_rows) = (Vec::new(), Vec::new(), Vec::new());
-        // Per running sequence: the RowDraw its host row is chosen by (logprobs rows).
-        let mut host_draw: Vec<Option<RowDraw>> = vec![None; self.running.len()];
         // Per logits row: its index among the device draws (Ok) or the host rows (Err).
         let mut place: Vec<Result<usize, usize>> = Vec::with_capacity(row_item.len());
         for (r, &gi) in row_item.iter().enumerate() {
-            let ri = group[gi].0;
-            let s = &mut self.running[ri];
+            let s = &mut self.running[group[gi].0];
             let draw = on_device
                 .then(|| s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab))
                 .filter(|d| !(self.cuts_on_host && d.cuts()));
-            let wants_row = s.job.logprobs.is_some();
             match draw {
-                Some(d) if !wants_row => {
+                Some(d) => {
                     place.push(Ok(dev_rows.len()));
                     dev_rows.push(r);
                     dev_draws.push(d);
                 }
-                d => {
-                    if let Some(slot) = host_draw.get_mut(ri) {
-                        *slot = d;
-                    }
+                None => {
                     place.push(Err(host_rows.len()));
                     host_rows.push(r);
                 }
@@ -684,8 +675,11 @@ impl<B: Backend> Worker<B> {
         // the tokens their grammars allow (or the reason there is none, by device draw).
         let t_grammar = Instant::now();
         let mut dev_no: Vec<Option<NoToken>> = Vec::new();
+        let mut dev_lp: Vec<Option<TokenLogprob>> = Vec::new();
         let result = result.and_then(|()| {
             dev_no = self.grammar_redraws(group, &row_item, &place, &dev_rows, &mut dev_ids)?;
+            dev_lp =
+                self.device_logprobs(group, &row_item, &place, &dev_rows, &dev_ids, &dev_no)?;
             Ok(())
         });
         let grammar_secs = t_grammar.elapsed().as_secs_f64();
@@ -744,39 +738,27 @@ impl<B: Backend> Worker<B> {
         // Err: the row holds a NaN or an infinity (a file whose weights or scales overflow f32),
         // which a draw would silently turn into token 0 (a row drawn on the device is checked
         // there: its id is NOT_FINITE), or its grammar allows no token its edits leave possible.
-        let ids: Vec<Option<Result<u32, NoToken>>> = {
+        // With the token, its logprobs where the sequence asks for them.
+        let mut ids: Vec<Option<Result<Drawn, NoToken>>> = {
             use rayon::prelude::*;
             self.running
                 .par_iter_mut()
                 .zip(row_of.par_iter())
-                .zip(host_draw.par_iter())
-                .map(|((s, r), d)| {
+                .map(|(s, r)| {
                     let row = r.and_then(|r| logits.get(r * n_vocab..(r + 1) * n_vocab))?;
                     if row.iter().any(|v| !v.is_finite()) {
                         return Some(Err(NoToken::NotFinite));
                     }
-                    Some(match d {
-                        Some(d) => {
-                            let mut edited = row.to_vec();
-                            d.edit(&mut edited);
-                            let first = d.choose(&edited);
-                            grammar_redraw(s, first, eog, n_vocab).map(|redraw| match redraw {
-                                Some(d) => {
-                                    edited.copy_from_slice(row);
-                                    d.edit(&mut edited);
-                                    d.choose(&edited)
-                                }
-                                None => first,
-                            })
-                        }
-                        None => choose(s, row, eog),
-                    })
+                    let top = s.job.logprobs;
+                    Some(
+                        choose(s, row, eog).map(|id| (id, top.map(|n| RowLogprob::of(row, id, n)))),
+                    )
                 })
                 .collect()
         };
         for (&gi, p) in row_item.iter().zip(&place) {
             let ri = group[gi].0;
-            let (row, id) = match *p {
+            let drawn = match *p {
                 Ok(d) => match (dev_ids.get(d).copied(), dev_no.get(d).cloned().flatten()) {
                     (Some(NOT_FINITE), _) => {
                         self.fail_not_finite(ri);
@@ -786,32 +768,26 @@ impl<B: Backend> Worker<B> {
                         self.no_token(ri, no);
                         continue;
                     }
-                    (id, None) => (None, id),
+                    (id, None) => id.map(|id| (id, dev_lp.get_mut(d).and_then(Option::take))),
                 },
-                Err(h) => {
-                    let id = match ids.get(ri).cloned().flatten() {
-                        Some(Err(
-                            no @ (NoToken::GrammarDone
-                            | NoToken::GrammarStuck
-                            | NoToken::Grammar(_)),
-                        )) => {
-                            self.no_token(ri, no);
-                            continue;
-                        }
-                        Some(Err(NoToken::NotFinite)) => {
-                            self.fail_not_finite(ri);
-                            continue;
-                        }
-                        Some(Ok(id)) => Some(id),
-                        None => None,
-                    };
-                    (logits.get(h * n_vocab..(h + 1) * n_vocab), id)
-                }
+                Err(_) => match ids.get_mut(ri).and_then(Option::take) {
+                    Some(Err(
+                        no @ (NoToken::GrammarDone | NoToken::GrammarStuck | NoToken::Grammar(_)),
+                    )) => {
+                        self.no_token(ri, no);
+                        continue;
+                    }
+                    Some(Err(NoToken::NotFinite)) => {
+                        self.fail_not_finite(ri);
+                        continue;
+                    }
+                    Some(Ok(drawn)) => Some(drawn),
+                    None => None,
+                },
             };
-            match (row, id, p.is_ok()) {
-                (row, Some(id), true) => self.next_token(ri, row, id),
-                (Some(row), Some(id), false) => self.next_token(ri, Some(row), id),
-                _ => {
+            match drawn {
+                Some((id, logprob)) => self.next_token(ri, logprob, id),
+                None => {
                     let s = &mut self.running[ri];
                     s.outbox.push_back(Event::Error {
                         index: s.index,
@@ -826,6 +802,48 @@ impl<B: Backend> Worker<B> {
         metrics::histogram!("muser_sample_seconds")
             .record(t_sample.elapsed().as_secs_f64() + grammar_secs);
         self.logits = logits;
+    }
+
+    /// The logprobs of the device-drawn rows whose sequences ask for them (`dev_ids`, in the
+    /// order of `dev_rows`, and `dev_no`, the rows without a token), computed where the logits
+    /// are for the token drawn: per device row, None where it has none.
+    fn device_logprobs(
+        &self,
+        group: &[(usize, usize)],
+        row_item: &[usize],
+        place: &[Result<usize, usize>],
+        dev_rows: &[usize],
+        dev_ids: &[u32],
+        dev_no: &[Option<NoToken>],
+    ) -> muser_engine::Result<Vec<Option<TokenLogprob>>> {
+        let mut lp: Vec<Option<TokenLogprob>> = vec![None; dev_ids.len()];
+        let (mut rows, mut ids, mut tops, mut at) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (&gi, p) in row_item.iter().zip(place) {
+            if let (Ok(d), Some(s)) = (p, self.running.get(group[gi].0))
+                && let Some(n) = s.job.logprobs
+                && let (Some(&r), Some(&id)) = (dev_rows.get(*d), dev_ids.get(*d))
+                && id != NOT_FINITE
+                && dev_no.get(*d).is_none_or(Option::is_none)
+            {
+                rows.push(r);
+                ids.push(id);
+                tops.push(n);
+                at.push(*d);
+            }
+        }
+        if rows.is_empty() {
+            return Ok(lp);
+        }
+        let mut got = Vec::new();
+        self.model
+            .logit_row_logprobs(&self.ws, &rows, &ids, &tops, &mut got)?;
+        for (d, l) in at.into_iter().zip(got) {
+            if let Some(slot) = lp.get_mut(d) {
+                *slot = Some(l);
+            }
+        }
+        Ok(lp)
     }
 
     /// The device-drawn rows of constrained sequences (`dev_ids`, in the order of `dev_rows`):
@@ -1050,8 +1068,8 @@ impl<B: Backend> Worker<B> {
             .increment(1);
     }
 
-    /// Emit `id`, the token drawn (`choose`) for `running[ri]` from its logits row.
-    fn next_token(&mut self, ri: usize, row: Option<&[f32]>, id: u32) {
+    /// Emit `id`, the token drawn for `running[ri]`, with its logprobs if it asks for them.
+    fn next_token(&mut self, ri: usize, logprob: Option<TokenLogprob>, id: u32) {
         let eog = &self.eog;
         let tok = &self.tok;
         let n_ctx = self.cfg.n_ctx;
@@ -1075,10 +1093,6 @@ impl<B: Backend> Worker<B> {
             metrics::histogram!("muser_time_to_first_token_seconds")
                 .record((now - s.arrived).as_secs_f64());
         }
-        // (Rows drawn on the device are those of sequences without logprobs.)
-        let logprob = j
-            .logprobs
-            .and_then(|n| row.map(|row| token_logprob(row, id, n)));
         let finish = if eog.contains(&id) && !j.ignore_eos {
             Some(Finish::Stop)
         } else {
@@ -1337,47 +1351,6 @@ fn send_all(tx: &tokio::sync::mpsc::Sender<Event>, q: &mut VecDeque<Event>) -> S
     Sent::All
 }
 
-/// The log-probability of `id` under the model's distribution, and the `n` most likely tokens.
-fn token_logprob(row: &[f32], id: u32, n: usize) -> TokenLogprob {
-    let ls = log_softmax(row);
-    let logprob = ls.get(id as usize).copied().unwrap_or(f64::NEG_INFINITY) as f32;
-    let mut idx: Vec<u32> = (0..ls.len() as u32).collect();
-    let n = n.min(idx.len());
-    let by_desc = |a: &u32, b: &u32| ls[*b as usize].total_cmp(&ls[*a as usize]).then(a.cmp(b));
-    if n > 0 && n < idx.len() {
-        idx.select_nth_unstable_by(n - 1, by_desc);
-    }
-    idx.truncate(n);
-    idx.sort_by(by_desc);
-    TokenLogprob {
-        logprob,
-        top: idx
-            .into_iter()
-            .map(|t| (t, ls[t as usize] as f32))
-            .collect(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn top_logprobs_are_sorted_and_normalized() {
-        let row = [0.0f32, 3.0, 1.0, 3.0, -2.0];
-        let t = token_logprob(&row, 2, 3);
-        assert_eq!(
-            t.top.iter().map(|&(i, _)| i).collect::<Vec<_>>(),
-            vec![1, 3, 2]
-        );
-        let total: f64 = log_softmax(&row).iter().map(|x| x.exp()).sum();
-        assert!((total - 1.0).abs() < 1e-9);
-        assert!((t.logprob - t.top[2].1).abs() < 1e-6);
-        assert!(token_logprob(&row, 0, 0).top.is_empty());
-        assert_eq!(token_logprob(&row, 0, 99).top.len(), 5);
-    }
-}
-
 /// The edits a sequence's request makes to its logits before a draw on the device, in the
 /// order `choose` makes them on the host: its logit biases, then the end-of-generation tokens
 /// masked when it ignores them.
@@ -1392,6 +1365,9 @@ fn pre_edits(j: &JobCommon, eog: &[u32]) -> Vec<LogitEdit> {
     }
     e
 }
+
+/// A token drawn, with its logprobs where its sequence asks for them.
+type Drawn = (u32, Option<TokenLogprob>);
 
 /// After a draw under a grammar: nothing to do (its token is allowed), a draw again under the
 /// grammar's mask, or why no token can come (`grammar_redraw`).
@@ -1448,9 +1424,9 @@ fn refused(s: &mut Seq, id: u32, eog: &[u32], n: usize) -> Result<Option<Arc<[u6
 }
 
 /// The logits rows `scored_at..` of the last forward (the prompt positions `scored`) as
-/// log-probabilities of the prompt's next tokens, in order, into `out`: with at most one
-/// alternative a token, by the backend where the logits are (`Backend::row_logprobs`); with
-/// more, read to the host 32 rows at a time and scored there in parallel.
+/// log-probabilities of the prompt's next tokens, with their alternatives, in order, into
+/// `out`: by the backend where the logits are (`Backend::row_logprobs`: on a device, two
+/// numbers a row come back and two an alternative).
 fn score_prompts<B: Backend>(
     model: &MuseGlimmer<B>,
     ws: &Workspace<B>,
@@ -1458,36 +1434,13 @@ fn score_prompts<B: Backend>(
     scored: &[(usize, usize, u32, usize)],
     out: &mut Vec<TokenLogprob>,
 ) -> muser_engine::Result<()> {
-    use rayon::prelude::*;
-    let n_vocab = model.config.n_vocab;
-    // At most one alternative a token (evaluation harnesses ask for 1: is the token the
-    // greedy one?): computed where the logits are, three numbers a row.
-    if scored.iter().all(|p| p.3 <= 1) {
-        let rows: Vec<usize> = (0..scored.len()).map(|i| scored_at + i).collect();
-        let targets: Vec<u32> = scored.iter().map(|p| p.2).collect();
-        let mut lps = Vec::new();
-        model.logit_row_logprobs(ws, &rows, &targets, &mut lps)?;
-        out.extend(lps.iter().zip(scored).map(|(l, p)| TokenLogprob {
-            logprob: l.logprob,
-            top: if p.3 == 1 {
-                vec![(l.top, l.top_logprob)]
-            } else {
-                Vec::new()
-            },
-        }));
+    if scored.is_empty() {
         return Ok(());
     }
-    let mut buf = Vec::new();
-    for (c, part) in scored.chunks(32).enumerate() {
-        let idx: Vec<usize> = (0..part.len()).map(|i| scored_at + 32 * c + i).collect();
-        model.read_logit_rows(ws, &idx, &mut buf)?;
-        out.par_extend(
-            buf.par_chunks(n_vocab.max(1))
-                .zip(part.par_iter())
-                .map(|(row, &(_, _, next, k))| token_logprob(row, next, k)),
-        );
-    }
-    Ok(())
+    let rows: Vec<usize> = (0..scored.len()).map(|i| scored_at + i).collect();
+    let targets: Vec<u32> = scored.iter().map(|p| p.2).collect();
+    let tops: Vec<usize> = scored.iter().map(|p| p.3).collect();
+    model.logit_row_logprobs(ws, &rows, &targets, &tops, out)
 }
 
 /// After a `RowDraw` chose `id` for `s`: None when its grammar (if any) allows `id`; else the
