@@ -123,6 +123,10 @@ pub(super) struct Worker<B: Backend> {
     /// `MUSER_CUTS_ON_HOST=1` (a measurement knob): rows under top-k or top-p come to the host
     /// and are drawn by the host chain, as before the device cut them (`draw_cut`).
     cuts_on_host: bool,
+    /// `MUSER_LOGPROBS_ON_HOST=1` (a measurement knob): rows whose sequences ask for logprobs
+    /// come to the host, drawn by the host chain and scored there, as before the device scored
+    /// them (`row_logprobs`).
+    logprobs_on_host: bool,
 }
 
 impl<B: Backend> Worker<B> {
@@ -180,6 +184,7 @@ impl<B: Backend> Worker<B> {
             shutdown: None,
             rate_tokens: 0,
             cuts_on_host: std::env::var("MUSER_CUTS_ON_HOST").is_ok_and(|v| v == "1"),
+            logprobs_on_host: std::env::var("MUSER_LOGPROBS_ON_HOST").is_ok_and(|v| v == "1"),
             rate_since: Instant::now(),
         })
     }
@@ -631,7 +636,8 @@ impl<B: Backend> Worker<B> {
             let s = &mut self.running[group[gi].0];
             let draw = on_device
                 .then(|| s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab))
-                .filter(|d| !(self.cuts_on_host && d.cuts()));
+                .filter(|d| !(self.cuts_on_host && d.cuts()))
+                .filter(|_| !(self.logprobs_on_host && s.job.logprobs.is_some()));
             match draw {
                 Some(d) => {
                     place.push(Ok(dev_rows.len()));

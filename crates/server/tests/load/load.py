@@ -156,6 +156,12 @@ async def client(i, args, stats, deadline):
             body["top_p"] = args.top_p
         if args.top_k > 0:
             body["top_k"] = args.top_k
+        if args.logprobs >= 0:
+            if args.endpoint == "chat":
+                body["logprobs"] = True
+                body["top_logprobs"] = args.logprobs
+            else:
+                body["logprobs"] = args.logprobs
         if args.endpoint == "chat":
             body["messages"] = turns
             path = "/v1/chat/completions"
@@ -382,6 +388,8 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0, help="each request's top_p (1: not sent)")
     p.add_argument("--top-k", type=int, default=0, help="each request's top_k (0: not sent)")
+    p.add_argument("--logprobs", type=int, default=-1,
+                   help="each request's logprobs with this many alternatives (-1: not sent)")
     p.add_argument("--out", default="")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args()
