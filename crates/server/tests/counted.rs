@@ -15,6 +15,7 @@ async fn counted() {
     a_lazy_grammar_draws_on_the_backend_before_and_after_its_trigger().await;
     constrained_rows_draw_on_the_backend().await;
     choices_share_their_prompt().await;
+    requests_share_a_prefix_in_flight().await;
     logits_that_are_not_finite_end_the_request_with_a_reason_wherever_drawn().await;
 }
 
@@ -209,6 +210,123 @@ async fn choices_share_their_prompt() {
             assert!(got[0] != got[1] || got[1] != got[2], "{got:?}");
         }
     }
+}
+
+/// Requests of different clients whose prompts begin alike (a system prompt) share the first
+/// tokens' cache while they run: sent at once, one waits for the other's prompt to run them and
+/// starts from a copy of its cache (`worker::share_source`, then `share_prompt`); sent while the
+/// other generates, it starts from a copy at once. Every answer, its logprobs included, is that
+/// of a server that shares nothing (the CPU's accurate mode gives the same bits however a
+/// prompt is cut into steps), and `cached_tokens` says what was shared.
+async fn requests_share_a_prefix_in_flight() {
+    let s = Server::start(Opts {
+        step_tokens: 16,
+        ..Opts::default()
+    })
+    .await;
+    let fresh = Server::start(Opts {
+        step_tokens: 16,
+        prefix_reuse: false,
+        ..Opts::default()
+    })
+    .await;
+    let head = s
+        .token_ids(
+            &"You are a careful assistant who answers in short plain sentences. ".repeat(4),
+            None,
+        )
+        .await;
+    assert!(head.len() > 40, "{} tokens", head.len());
+    let with = |tail: &str| {
+        let s = &s;
+        let head = head.clone();
+        let tail = tail.to_string();
+        async move {
+            let mut p = head;
+            p.extend(s.token_ids(&tail, Some(false)).await);
+            p
+        }
+    };
+    let (a, b, c) = (
+        with("Tell me about rivers.").await,
+        with("What do owls eat?").await,
+        with("Name three colours.").await,
+    );
+    assert!(a[head.len()] != b[head.len()] && b[head.len()] != c[head.len()]);
+    let body = |p: &Vec<u64>, n: usize| {
+        json!({"prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": true, "logprobs": 2})
+    };
+    let shared = || s.metric("muser_prompt_tokens_shared_total", "");
+    let cached = |v: &Value| {
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap() as usize
+    };
+    // At once: one of the two follows the other's prompt.
+    let s0 = shared().await;
+    let (ba, bb) = (body(&a, 8), body(&b, 8));
+    let (ra, rb) = tokio::join!(
+        s.post("/v1/completions", &ba),
+        s.post("/v1/completions", &bb)
+    );
+    let (ra, rb) = (ra.json(), rb.json());
+    assert_eq!(shared().await - s0, head.len() as f64, "tokens shared at once");
+    let mut got = [cached(&ra), cached(&rb)];
+    got.sort();
+    assert_eq!(got, [0, head.len()]);
+    for (p, r) in [(&a, &ra), (&b, &rb)] {
+        let want = fresh.post("/v1/completions", &body(p, 8)).await.json();
+        assert_eq!(r["choices"][0]["text"], want["choices"][0]["text"]);
+        assert_eq!(r["choices"][0]["logprobs"], want["choices"][0]["logprobs"]);
+    }
+    // While the other generates (400 tokens: its cache can still go back to the shared ones),
+    // under another system prompt (the free slots keep the first one's tokens: a prompt that
+    // begins with them starts from there, as a kept cache's prefix, `pick_slot`).
+    let head = s
+        .token_ids(
+            &"You are a patient teacher who explains each step before the next. ".repeat(4),
+            None,
+        )
+        .await;
+    let with = |tail: &str| {
+        let s = &s;
+        let head = head.clone();
+        let tail = tail.to_string();
+        async move {
+            let mut p = head;
+            p.extend(s.token_ids(&tail, Some(false)).await);
+            p
+        }
+    };
+    let (a, c) = (with("Tell me about rivers.").await, with("Name three colours.").await);
+    assert_ne!(a[head.len()], c[head.len()]);
+    let long = {
+        let addr = s.addr.clone();
+        let body = body(&a, 400).to_string();
+        tokio::spawn(async move {
+            common::request(&addr, "POST", "/v1/completions", &[], body.as_bytes()).await
+        })
+    };
+    let generated = || s.metric("muser_generation_tokens_total", "");
+    let g0 = generated().await;
+    while generated().await < g0 + 4.0 {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    let s0 = shared().await;
+    let rc = s.post("/v1/completions", &body(&c, 8)).await.json();
+    assert_eq!(
+        shared().await - s0,
+        head.len() as f64,
+        "tokens shared from a running cache"
+    );
+    assert_eq!(cached(&rc), head.len());
+    let want = fresh.post("/v1/completions", &body(&c, 8)).await.json();
+    assert_eq!(rc["choices"][0]["text"], want["choices"][0]["text"]);
+    assert_eq!(rc["choices"][0]["logprobs"], want["choices"][0]["logprobs"]);
+    let rl = long.await.unwrap().json();
+    let want = fresh.post("/v1/completions", &body(&a, 400)).await.json();
+    assert_eq!(rl["choices"][0]["text"], want["choices"][0]["text"]);
+    assert_eq!(rl["choices"][0]["logprobs"], want["choices"][0]["logprobs"]);
 }
 
 async fn logits_that_are_not_finite_end_the_request_with_a_reason_wherever_drawn() {

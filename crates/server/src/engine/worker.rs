@@ -53,9 +53,9 @@ struct Seq {
     sampler: Sampler,
     /// Where the output stands in the request's grammar, if it has one.
     constraint: Option<Constraint>,
-    /// The slot of the choice of the same request whose prompt this one waits for, to start
-    /// from a copy of its cache (`Backend::kv_copy`) instead of running the prompt itself.
-    follow: Option<usize>,
+    /// The running sequence whose cache will hold this one's first tokens: it waits for them and
+    /// starts from a copy of that cache (`Backend::kv_copy`) instead of running them itself.
+    follow: Option<Follow>,
     /// With echo and logprobs: the prompt's tokens' log-probabilities so far (token i + 1's
     /// after the tokens before it), for `Event::Echo`.
     echo_lp: Vec<TokenLogprob>,
@@ -70,6 +70,43 @@ struct Seq {
     arrived: Instant,
     first_token: Option<Instant>,
     done: bool,
+}
+
+/// A sequence's leader (`Seq::follow`): another running sequence, by its slot, request and
+/// choice, whose prompt begins with the follower's first `keep` tokens. (Weak: a follower does
+/// not keep its leader's request, and so its client's channel, alive.)
+struct Follow {
+    slot: usize,
+    job: std::sync::Weak<JobCommon>,
+    index: usize,
+    keep: usize,
+}
+
+impl Follow {
+    fn leads(&self, o: &Seq) -> bool {
+        o.slot == self.slot
+            && o.index == self.index
+            && std::ptr::eq(self.job.as_ptr(), Arc::as_ptr(&o.job))
+    }
+}
+
+/// What `Worker::copy_prefix` did.
+enum Copied {
+    Done,
+    /// Nothing: the source cannot go back so far.
+    NotSoFar,
+    /// The copy failed: the slot is cleared.
+    Failed,
+}
+
+/// Fewest prompt tokens a sequence of another request starts from a copy of a running one's
+/// cache for (the choices of one request share any): a copy of a whole cache, or a wait for
+/// its leader's prompt, is not worth a few tokens of a system prompt's first line.
+const MIN_SHARE: usize = 8;
+
+/// How many first tokens `a` and `b` share.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 impl Seq {
@@ -377,22 +414,23 @@ impl<B: Backend> Worker<B> {
                 }
             }
             s.slot = slot;
-            // A choice whose sibling (the same request and prompt) runs the prompt waits for it
-            // and starts from a copy of its cache (`prompt_done`), unless its own slot already
-            // holds much of it.
-            if self.model.backend.kv_can_copy() && !s.scores_prompt() && 2 * reuse < s.prompt.len()
-            {
-                s.follow = self
-                    .running
-                    .iter()
-                    .find(|o| {
-                        Arc::ptr_eq(&o.job, &s.job)
-                            && Arc::ptr_eq(&o.prompt, &s.prompt)
-                            && o.follow.is_none()
-                            && !o.done
-                            && o.prompt_left() > 1
-                    })
-                    .map(|o| o.slot);
+            // A running sequence's cache holds, or its prompt will, more of this prompt than the
+            // slot does: start from a copy of it now, or wait for its prompt (`share_prompt`).
+            if let Some((f, now)) = self.share_source(&s, reuse) {
+                if now {
+                    match self.copy_prefix(f.slot, slot, &s.prompt, f.keep) {
+                        Copied::Done => {
+                            s.fed = f.keep;
+                            if !std::ptr::eq(f.job.as_ptr(), Arc::as_ptr(&s.job)) {
+                                s.reused = f.keep;
+                            }
+                        }
+                        Copied::NotSoFar => {}
+                        Copied::Failed => (s.fed, s.reused) = (0, 0),
+                    }
+                } else {
+                    s.follow = Some(f);
+                }
             }
             self.reserved += s.reserve;
             tracing::debug!(
@@ -406,6 +444,102 @@ impl<B: Backend> Worker<B> {
             );
             self.running.push(s);
         }
+    }
+
+    /// The running sequence whose cache `s` (just admitted, its slot holding its first `reuse`
+    /// tokens) had best start from, and whether its cache holds them now (else its prompt will,
+    /// once it has run them): the one that gives the most of the prompt, at most all but its
+    /// last token, a choice of the same request or (with prefix reuse on) at least `MIN_SHARE`
+    /// tokens more than the slot holds; one whose cache holds them already before one whose
+    /// prompt will. None where the backend cannot copy caches or the prompt is scored (it runs
+    /// whole).
+    fn share_source(&self, s: &Seq, reuse: usize) -> Option<(Follow, bool)> {
+        let backend = &self.model.backend;
+        if !backend.kv_can_copy() || s.scores_prompt() {
+            return None;
+        }
+        let cap = s.prompt.len().saturating_sub(1);
+        let mut best: Option<(usize, bool, &Seq)> = None;
+        for o in &self.running {
+            let sibling = Arc::ptr_eq(&o.job, &s.job);
+            if o.done
+                || o.follow.is_some()
+                || self.dirty[o.slot]
+                || !(sibling || self.cfg.prefix_reuse)
+            {
+                continue;
+            }
+            let Some(kv) = self.slots[o.slot].as_ref() else {
+                continue;
+            };
+            let held = &self.history[o.slot];
+            if backend.kv_len(kv) != held.len() {
+                continue;
+            }
+            let now = common_prefix(held, &s.prompt).min(cap);
+            // Its cache holds the first `o.fed` tokens of its prompt and will hold the rest.
+            let later = if o.prompt_left() > 0 {
+                common_prefix(&o.prompt, &s.prompt).min(cap)
+            } else {
+                now
+            };
+            let (keep, ready) = if later > now { (later, false) } else { (now, true) };
+            // (Going back to `keep` is allowed down to a point: kv::ring_allows_truncate.)
+            if keep <= reuse
+                || (!sibling && keep < reuse + MIN_SHARE)
+                || (ready && !backend.kv_can_truncate(kv, keep))
+            {
+                continue;
+            }
+            if best.is_none_or(|(bk, br, _)| (keep, ready) > (bk, br)) {
+                best = Some((keep, ready, o));
+            }
+        }
+        best.map(|(keep, now, o)| {
+            let f = Follow {
+                slot: o.slot,
+                job: Arc::downgrade(&o.job),
+                index: o.index,
+                keep,
+            };
+            (f, now)
+        })
+    }
+
+    /// Make slot `dst`'s cache a copy of slot `src`'s, back to its first `keep` tokens, which
+    /// are `prompt`'s first (`Backend::kv_copy`). `NotSoFar` leaves the slot as it was (the
+    /// cache cannot go back so far); `Failed` leaves it cleared.
+    fn copy_prefix(&mut self, src: usize, dst: usize, prompt: &[u32], keep: usize) -> Copied {
+        let Some(mut to) = self.slots.get_mut(dst).and_then(Option::take) else {
+            return Copied::NotSoFar;
+        };
+        let backend = &self.model.backend;
+        let copied = match self.slots.get(src).and_then(Option::as_ref) {
+            Some(kv) if keep <= prompt.len() && backend.kv_can_truncate(kv, keep) => {
+                backend.kv_copy(kv, &mut to).map(|()| true)
+            }
+            _ => Ok(false),
+        };
+        let result = match copied {
+            Ok(true) => {
+                backend.kv_set_len(&mut to, keep);
+                let h = &mut self.history[dst];
+                h.clear();
+                h.extend_from_slice(&prompt[..keep]);
+                self.dirty[dst] = false;
+                metrics::counter!("muser_prompt_tokens_shared_total").increment(keep as u64);
+                Copied::Done
+            }
+            Ok(false) => Copied::NotSoFar,
+            Err(e) => {
+                tracing::warn!("a prompt's cache could not be copied: {e}");
+                backend.kv_clear(&mut to);
+                self.history[dst].clear();
+                Copied::Failed
+            }
+        };
+        self.slots[dst] = Some(to);
+        result
     }
 
     /// The free slot a prompt starts in (its index in `free`) and how many of its first tokens
@@ -514,21 +648,21 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// Choices waiting for a sibling's prompt (`Seq::follow`) whose sibling is no longer running
-    /// it (it failed or was cancelled) run their own.
+    /// Sequences waiting for a leader's prompt (`Seq::follow`) whose leader is no longer running
+    /// it (it failed or was cancelled) run their own, from what their slot holds.
     fn release_followers(&mut self) {
-        let leaders: Vec<(usize, *const JobCommon)> = self
-            .running
-            .iter()
-            .filter(|o| !o.done && o.follow.is_none() && o.prompt_left() > 0)
-            .map(|o| (o.slot, Arc::as_ptr(&o.job)))
+        let running = &self.running;
+        let gone: Vec<usize> = (0..running.len())
+            .filter(|&i| {
+                running[i].follow.as_ref().is_some_and(|f| {
+                    !running
+                        .iter()
+                        .any(|o| f.leads(o) && !o.done && o.prompt_left() > 0)
+                })
+            })
             .collect();
-        for s in &mut self.running {
-            if let Some(ls) = s.follow
-                && !leaders.contains(&(ls, Arc::as_ptr(&s.job)))
-            {
-                s.follow = None;
-            }
+        for i in gone {
+            self.running[i].follow = None;
         }
     }
 
@@ -723,7 +857,9 @@ impl<B: Backend> Worker<B> {
                 h.extend_from_slice(&s.prompt[s.fed..s.fed + n]);
                 s.fed += n;
                 prompt_tokens += n;
-                if s.prompt_left() == 0 {
+                // The sequences waiting for the tokens its cache now holds start from a copy.
+                self.share_prompt(ri);
+                if self.running[ri].prompt_left() == 0 {
                     self.prompt_done(ri);
                 }
             } else {
@@ -923,11 +1059,9 @@ impl<B: Backend> Worker<B> {
         Ok(no)
     }
 
-    /// `running[ri]`'s prompt has run: the choices waiting for it start from a copy of its cache
-    /// (`share_prompt`); with echo, send it back (`Event::Echo`); with nothing to generate
-    /// (max_tokens 0), end there.
+    /// `running[ri]`'s prompt has run: with echo, send it back (`Event::Echo`); with nothing to
+    /// generate (max_tokens 0), end there.
     fn prompt_done(&mut self, ri: usize) {
-        self.share_prompt(ri);
         // A scored position whose logits held a NaN (a damaged file's overflow): no score.
         if self.running[ri].echo_lp.iter().any(|l| l.logprob.is_nan()) {
             self.fail_not_finite(ri);
@@ -965,55 +1099,37 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// The choices following `running[ri]` (`Seq::follow`), whose prompt it has just run: each
-    /// slot's cache becomes a copy of its (`Backend::kv_copy`), back one position (the last
-    /// prompt token runs again for the choice's own logits). Where a copy fails the choice runs
-    /// the prompt itself.
+    /// The sequences following `running[ri]` (`Seq::follow`) whose first tokens its cache now
+    /// holds: each slot's cache becomes a copy of its, back to those tokens (`copy_prefix`; a
+    /// choice of the same prompt runs its last prompt token again for its own logits). Where a
+    /// copy cannot be made the follower runs its prompt itself.
     fn share_prompt(&mut self, ri: usize) {
-        let (ls, job) = match self.running.get(ri) {
-            Some(l) => (l.slot, Arc::as_ptr(&l.job)),
-            None => return,
+        let Some(l) = self.running.get(ri) else {
+            return;
         };
-        let followers: Vec<usize> = (0..self.running.len())
-            .filter(|&i| {
-                let f = &self.running[i];
-                f.follow == Some(ls) && Arc::as_ptr(&f.job) == job
+        let (ls, held, job) = (l.slot, self.history[l.slot].len(), l.job.clone());
+        let followers: Vec<(usize, usize)> = (0..self.running.len())
+            .filter_map(|i| {
+                let f = self.running[i].follow.as_ref()?;
+                (f.leads(l) && f.keep <= held).then_some((i, f.keep))
             })
             .collect();
-        for fi in followers {
+        for (fi, keep) in followers {
             let f = &mut self.running[fi];
             f.follow = None;
-            let (fs, keep) = (f.slot, f.prompt.len() - 1);
-            let Some(mut dst) = self.slots.get_mut(fs).and_then(Option::take) else {
-                continue;
-            };
-            let backend = &self.model.backend;
-            let copied = match self.slots.get(ls).and_then(Option::as_ref) {
-                Some(src) => backend
-                    .kv_copy(src, &mut dst)
-                    .map(|()| backend.kv_can_truncate(&dst, keep)),
-                None => Ok(false),
-            };
+            let (fs, prompt) = (f.slot, f.prompt.clone());
+            let copied = self.copy_prefix(ls, fs, &prompt, keep);
             let f = &mut self.running[fi];
             match copied {
-                Ok(true) => {
-                    backend.kv_set_len(&mut dst, keep);
-                    self.history[fs].clear();
-                    self.history[fs].extend_from_slice(&f.prompt[..keep]);
+                Copied::Done => {
                     f.fed = keep;
-                    self.dirty[fs] = false;
-                    metrics::counter!("muser_prompt_tokens_shared_total").increment(keep as u64);
-                }
-                copied => {
-                    if let Err(e) = copied {
-                        tracing::warn!(request_id = %f.job.request_id, "a choice's prompt cache could not be copied: {e}");
+                    if !Arc::ptr_eq(&f.job, &job) {
+                        f.reused = keep;
                     }
-                    backend.kv_clear(&mut dst);
-                    self.history[fs].clear();
-                    f.fed = 0;
                 }
+                Copied::NotSoFar => {}
+                Copied::Failed => (f.fed, f.reused) = (0, 0),
             }
-            self.slots[fs] = Some(dst);
         }
     }
 
