@@ -136,6 +136,14 @@ async def stream_chat(host, port, path, body, headers):
             pass
 
 
+def system_prompt(words):
+    """The same long system prompt for every request (--system-words): a deployment's
+    instructions, which every conversation begins with."""
+    base = ("You are the assistant of a library. Answer questions about books, opening hours, "
+            "loans and events, politely and in short sentences. Never invent a title. ").split()
+    return " ".join(base[k % len(base)] for k in range(words))
+
+
 async def client(i, args, stats, deadline):
     u = urllib.parse.urlparse(args.url)
     rng = random.Random(args.seed * 1000 + i)
@@ -144,7 +152,9 @@ async def client(i, args, stats, deadline):
     while time.time() < deadline:
         if turn % args.turns == 0:
             turns = [{"role": "user", "content": rng.choice(PROMPTS)}]
-            if rng.random() < 0.3:
+            if args.system_words > 0:
+                turns = [{"role": "system", "content": system_prompt(args.system_words)}] + turns
+            elif rng.random() < 0.3:
                 turns = [{"role": "system", "content": "You are a helpful assistant."}] + turns
         else:
             turns.append({"role": "user", "content": rng.choice(PROMPTS)})
@@ -388,6 +398,8 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0, help="each request's top_p (1: not sent)")
     p.add_argument("--top-k", type=int, default=0, help="each request's top_k (0: not sent)")
+    p.add_argument("--system-words", type=int, default=0,
+                   help="every request begins with the same system prompt of this many words (0: none)")
     p.add_argument("--logprobs", type=int, default=-1,
                    help="each request's logprobs with this many alternatives (-1: not sent)")
     p.add_argument("--out", default="")
