@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the H200 machine (repo root, carry holding carry/bin or carry/bin.tar.xz): a burst of
 # CLIENTS (64) requests at once on /v1/completions, each beginning with the same system prompt
-# of SYSTEM_WORDS (1500) words and asking MAX_TOKENS (64) tokens (ignore_eos), on a fresh
+# of SYSTEM_WORDS (300) words (about 1,850 tokens of the synthetic files' tokenizer) and asking MAX_TOKENS (64) tokens (ignore_eos), on a fresh
 # `muser serve`, then a second burst on the same server: with `--no-prefix-reuse` (every prompt
 # run whole: what a fresh server did for a first burst before prompts were shared in flight)
 # and with the default (the burst's prompts share the system prompt's cache in flight; the
@@ -22,7 +22,7 @@ for mode in whole shared; do
   for _ in $(seq 300); do curl -sf http://127.0.0.1:8081/health > /dev/null && break; sleep 1; done
   for wave in 1 2; do
     timeout 300 python3 crates/server/tests/load/load.py --clients ${CLIENTS:-64} --duration 0.01 --ignore-eos \
-      --min-tokens ${MAX_TOKENS:-64} --max-tokens ${MAX_TOKENS:-64} --endpoint completions --system-words ${SYSTEM_WORDS:-1500} \
+      --min-tokens ${MAX_TOKENS:-64} --max-tokens ${MAX_TOKENS:-64} --endpoint completions --system-words ${SYSTEM_WORDS:-300} \
       --url http://127.0.0.1:8081 --model muser --server-pid $spid --sample-every 1 --out "/tmp/burst-$mode-$wave.json" > /dev/null 2>&1
     python3 - "/tmp/burst-$mode-$wave.json" "$mode, burst $wave" <<'PY' | tee -a "$log"
 import json, sys
