@@ -53,6 +53,9 @@ pub struct AppState {
 
 /// Grammars kept by `AppState::grammars` (past this many the least recently used goes).
 const GRAMMARS_KEPT: usize = 64;
+/// And bytes of their texts, the cache's keys (a grammar built from a schema may be up to
+/// `MAX_GRAMMAR_OUTPUT_BYTES`, 8 MiB: 64 such would hold half a gigabyte).
+const GRAMMAR_TEXT_KEPT_BYTES: usize = 64 << 20;
 
 /// Grammars by their GBNF text, each with its masks over the vocabulary (masks are by state, so
 /// they serve any prefill) and when it was last used.
@@ -73,13 +76,20 @@ impl GrammarCache {
     }
 
     fn put(&mut self, text: String, g: Arc<Grammar>, m: Arc<MaskCache>) {
-        if self.kept.len() >= GRAMMARS_KEPT
-            && let Some(oldest) = self
+        // The least recently used go first, until both bounds hold with the new one.
+        while !self.kept.is_empty()
+            && (self.kept.len() >= GRAMMARS_KEPT
+                || self.kept.keys().map(String::len).sum::<usize>() + text.len()
+                    > GRAMMAR_TEXT_KEPT_BYTES)
+        {
+            let Some(oldest) = self
                 .kept
                 .iter()
                 .min_by_key(|(_, v)| v.2)
                 .map(|(k, _)| k.clone())
-        {
+            else {
+                break;
+            };
             self.kept.remove(&oldest);
         }
         self.uses += 1;

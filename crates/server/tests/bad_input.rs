@@ -208,6 +208,22 @@ async fn bad_requests_get_openai_errors_while_streams_run() {
             400,
             Some("response_format"),
         ),
+        // An allOf through a $ref to itself, and a property name of 60,000 characters: refused
+        // (each once overflowed a thread's stack, which ends the process).
+        (
+            chat,
+            json!({"messages": hi, "response_format": {"type": "json_schema", "json_schema": {"schema":
+                {"allOf": [{"$ref": "#/$defs/a"}], "$defs": {"a": {"$ref": "#/$defs/a"}}}}}}),
+            400,
+            Some("response_format"),
+        ),
+        (
+            chat,
+            json!({"messages": hi, "response_format": {"type": "json_schema", "json_schema": {"schema":
+                {"type": "object", "properties": {"a".repeat(60_000): {}}, "additionalProperties": true}}}}),
+            400,
+            Some("response_format"),
+        ),
         (
             chat,
             json!({"messages": [{"role": "wizard", "content": "hi"}]}),

@@ -253,9 +253,7 @@ async fn requests_share_a_prefix_in_flight() {
         with("Name three colours.").await,
     );
     assert!(a[head.len()] != b[head.len()] && b[head.len()] != c[head.len()]);
-    let body = |p: &Vec<u64>, n: usize| {
-        json!({"prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": true, "logprobs": 2})
-    };
+    let body = |p: &Vec<u64>, n: usize| json!({"prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": true, "logprobs": 2});
     let shared = || s.metric("muser_prompt_tokens_shared_total", "");
     let cached = |v: &Value| {
         v["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -270,7 +268,11 @@ async fn requests_share_a_prefix_in_flight() {
         s.post("/v1/completions", &bb)
     );
     let (ra, rb) = (ra.json(), rb.json());
-    assert_eq!(shared().await - s0, head.len() as f64, "tokens shared at once");
+    assert_eq!(
+        shared().await - s0,
+        head.len() as f64,
+        "tokens shared at once"
+    );
     let mut got = [cached(&ra), cached(&rb)];
     got.sort();
     assert_eq!(got, [0, head.len()]);
@@ -298,7 +300,10 @@ async fn requests_share_a_prefix_in_flight() {
             p
         }
     };
-    let (a, c) = (with("Tell me about rivers.").await, with("Name three colours.").await);
+    let (a, c) = (
+        with("Tell me about rivers.").await,
+        with("Name three colours.").await,
+    );
     assert_ne!(a[head.len()], c[head.len()]);
     let long = {
         let addr = s.addr.clone();

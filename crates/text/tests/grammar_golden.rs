@@ -375,3 +375,67 @@ fn tool_call_triggers_are_found_where_llama_cpp_finds_them() {
         cases.len()
     );
 }
+
+/// More hostile schemas, each refused with a reason on a small stack and at once: an `allOf`
+/// through a `$ref` to itself (and through two), a property name of 200,000 characters beside
+/// additional properties (`_not_strings` walks its characters), property names nested 60 deep
+/// whose rule names would concatenate them, and tools whose properties each refer to one large
+/// definition (a node budget for the whole grammar, not for each property).
+#[test]
+fn schemas_that_would_recurse_or_grow_without_bound_are_refused() {
+    use muser_text::grammar::{ToolSpec, chat_tool_calls_gbnf};
+    use serde_json::json;
+    let t = std::time::Instant::now();
+    for (schema, what) in [
+        (
+            json!({"allOf": [{"$ref": "#/$defs/a"}], "$defs": {"a": {"$ref": "#/$defs/a"}}}),
+            "$ref",
+        ),
+        (
+            json!({"allOf": [{"$ref": "#/$defs/a"}], "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}}),
+            "$ref",
+        ),
+    ] {
+        let s = schema.clone();
+        let e = small_stack(move || schema_to_gbnf(&s))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(what), "{schema}: {e}");
+    }
+    let long = "a".repeat(200_000);
+    let s = json!({"type": "object", "properties": {long: {}}, "additionalProperties": true});
+    let e = small_stack(move || schema_to_gbnf(&s))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("property name"), "{e}");
+    // 120 levels of one property each, whose names are 1,000 bytes: each level's rule names
+    // hold every name above it (tens of megabytes of rules).
+    let mut s = json!({"type": "string"});
+    for i in 0..120 {
+        let name = format!("{i:03}{}", "n".repeat(997));
+        s = json!({"type": "object", "properties": {name.clone(): s}, "required": [name]});
+    }
+    match small_stack(move || schema_to_gbnf(&s)) {
+        Ok(g) => panic!("{} bytes of grammar", g.len()),
+        Err(e) => assert!(e.to_string().contains("bytes of rules"), "{e}"),
+    }
+    let alts: Vec<Value> = (0..40_000).map(|i| json!({"const": i})).collect();
+    let props: serde_json::Map<String, Value> = (0..2_000)
+        .map(|i| (format!("p{i}"), json!({"$ref": "#/$defs/big"})))
+        .collect();
+    let params = json!({"type": "object", "properties": props, "$defs": {"big": {"anyOf": alts}}});
+    let e = small_stack(move || {
+        chat_tool_calls_gbnf(
+            &[ToolSpec {
+                name: "t",
+                parameters: &params,
+            }],
+            false,
+            false,
+        )
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("nodes"), "{e}");
+    assert!(t.elapsed().as_secs() < 30, "took {:?}", t.elapsed());
+}

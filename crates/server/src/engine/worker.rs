@@ -483,7 +483,11 @@ impl<B: Backend> Worker<B> {
             } else {
                 now
             };
-            let (keep, ready) = if later > now { (later, false) } else { (now, true) };
+            let (keep, ready) = if later > now {
+                (later, false)
+            } else {
+                (now, true)
+            };
             // (Going back to `keep` is allowed down to a point: kv::ring_allows_truncate.)
             if keep <= reuse
                 || (!sibling && keep < reuse + MIN_SHARE)

@@ -138,8 +138,21 @@ fn schema_error(path: &str, msg: &str) -> TextError {
 /// overflows its stack).
 pub const MAX_SCHEMA_DEPTH: usize = 128;
 
-/// Schema nodes one conversion may read (a type list reads the schema once per type).
+/// Schema nodes one conversion may read (a type list reads the schema once per type); a
+/// grammar of several schemas (a chat's tools, each parameter's schema read in its tool's
+/// document) reads at most this many in all.
 pub const MAX_SCHEMA_NODES: usize = 100_000;
+
+/// Longest property name, in bytes. A property's rule is named after the properties above it
+/// (llama.cpp's names, `{name}-{prop}`), and `_not_strings` walks each name's characters
+/// recursively: a name of 200,000 characters overflowed a thread's stack. No real schema comes
+/// near this.
+pub const MAX_PROPERTY_NAME_BYTES: usize = 1024;
+
+/// Most bytes of rules (names and bodies) a conversion writes: nested properties' names repeat
+/// those above them, so a schema of a few megabytes could write gigabytes. (12,000 optional
+/// properties write about 2 MB.)
+pub const MAX_GRAMMAR_OUTPUT_BYTES: usize = 8 << 20;
 
 /// `common_chat_schema_builder`: the tree and the targets of its `$ref`s.
 struct Builder<'a> {
@@ -281,6 +294,15 @@ impl<'a> Builder<'a> {
                 return Err(schema_error(path, "properties must be an object"));
             };
             for (name, prop) in p {
+                if name.len() > MAX_PROPERTY_NAME_BYTES {
+                    return Err(schema_error(
+                        path,
+                        &format!(
+                            "a property name of {} bytes (at most {MAX_PROPERTY_NAME_BYTES})",
+                            name.len()
+                        ),
+                    ));
+                }
                 let node = self.build_node(prop, &format!("{path}/properties/{name}"))?;
                 properties.push((name.clone(), node, required.contains(name)));
             }
@@ -929,6 +951,9 @@ struct Converter {
     warnings: Vec<String>,
     /// `visit`s under way (a chain of `$ref`s nests them).
     depth: usize,
+    /// Bytes of the rules written (`MAX_GRAMMAR_OUTPUT_BYTES`), and whether one did not fit.
+    bytes: usize,
+    over_budget: bool,
     /// While a pattern converts: the rules it added, removed again if it cannot (llama.cpp
     /// copies every rule before each pattern and puts them back).
     log: Option<Vec<String>>,
@@ -965,6 +990,8 @@ impl Converter {
             errors: Vec::new(),
             warnings: Vec::new(),
             depth: 0,
+            bytes: SPACE_RULE.len() + "space".len(),
+            over_budget: false,
             log: None,
             ref_prefix: String::new(),
         }
@@ -973,10 +1000,11 @@ impl Converter {
     fn add_rule(&mut self, name: &str, rule: &str) -> String {
         let esc = rule_name_escape(name);
         if self.rules.get(&esc).is_none_or(|r| r == rule) {
-            if self.rules.insert(esc.clone(), rule.to_string()).is_none()
-                && let Some(log) = &mut self.log
-            {
-                log.push(esc.clone());
+            if !self.rules.contains_key(&esc) && self.within_budget(&esc, rule) {
+                self.rules.insert(esc.clone(), rule.to_string());
+                if let Some(log) = &mut self.log {
+                    log.push(esc.clone());
+                }
             }
             return esc;
         }
@@ -989,12 +1017,30 @@ impl Converter {
             i += 1;
         }
         let key = format!("{esc}{i}");
-        if self.rules.insert(key.clone(), rule.to_string()).is_none()
-            && let Some(log) = &mut self.log
-        {
-            log.push(key.clone());
+        if !self.rules.contains_key(&key) && self.within_budget(&key, rule) {
+            self.rules.insert(key.clone(), rule.to_string());
+            if let Some(log) = &mut self.log {
+                log.push(key.clone());
+            }
         }
         key
+    }
+
+    /// Whether a new rule fits `MAX_GRAMMAR_OUTPUT_BYTES` (counted if it does); past it nothing
+    /// more is written and the conversion fails (`check`).
+    fn within_budget(&mut self, name: &str, rule: &str) -> bool {
+        let n = name.len() + rule.len();
+        if self.bytes + n > MAX_GRAMMAR_OUTPUT_BYTES {
+            if !self.over_budget {
+                self.over_budget = true;
+                self.errors.push(format!(
+                    "the grammar would be more than {MAX_GRAMMAR_OUTPUT_BYTES} bytes of rules"
+                ));
+            }
+            return false;
+        }
+        self.bytes += n;
+        true
     }
 
     fn add_primitive(&mut self, name: &str, prim: &str) -> String {
@@ -1034,7 +1080,9 @@ impl Converter {
         let added = self.log.take().unwrap_or_default();
         let undo = |c: &mut Converter| {
             for k in &added {
-                c.rules.remove(k);
+                if let Some(r) = c.rules.remove(k) {
+                    c.bytes -= k.len() + r.len();
+                }
             }
         };
         match r {
@@ -1267,6 +1315,10 @@ impl Converter {
         let mut properties: Vec<(String, Node)> = Vec::new();
         // `std::map<std::string, size_t>`: each enum literal, how many children give it.
         let mut enum_values: BTreeMap<String, usize> = BTreeMap::new();
+        // The `$ref`s being followed: one that leads back to itself is refused (llama.cpp follows
+        // it until its stack overflows).
+        let mut following: Vec<String> = Vec::new();
+        #[allow(clippy::too_many_arguments)]
         fn add_component(
             c: &Converter,
             comp: &Node,
@@ -1274,11 +1326,28 @@ impl Converter {
             required: &mut BTreeSet<String>,
             properties: &mut Vec<(String, Node)>,
             enum_values: &mut BTreeMap<String, usize>,
+            following: &mut Vec<String>,
+            cycle: &mut Option<String>,
         ) {
             match comp {
                 Node::Ref(r) => {
+                    if following.contains(r) {
+                        cycle.get_or_insert_with(|| r.clone());
+                        return;
+                    }
                     if let Some(Some(target)) = c.refs.get(r) {
-                        add_component(c, target, is_required, required, properties, enum_values);
+                        following.push(r.clone());
+                        add_component(
+                            c,
+                            target,
+                            is_required,
+                            required,
+                            properties,
+                            enum_values,
+                            following,
+                            cycle,
+                        );
+                        following.pop();
                     }
                 }
                 Node::Object { properties: p, .. } => {
@@ -1299,6 +1368,7 @@ impl Converter {
                 _ => {}
             }
         }
+        let mut cycle: Option<String> = None;
         for child in children {
             if let Node::AnyOf(alts) = child {
                 for alt in alts {
@@ -1309,6 +1379,8 @@ impl Converter {
                         &mut required,
                         &mut properties,
                         &mut enum_values,
+                        &mut following,
+                        &mut cycle,
                     );
                 }
             } else {
@@ -1319,8 +1391,15 @@ impl Converter {
                     &mut required,
                     &mut properties,
                     &mut enum_values,
+                    &mut following,
+                    &mut cycle,
                 );
             }
+        }
+        if let Some(r) = cycle {
+            self.errors
+                .push(format!("allOf refers back to itself through $ref {r}"));
+            return self.add_rule(rule_name, "space");
         }
         if !enum_values.is_empty() {
             let both: Vec<&String> = enum_values
@@ -1830,12 +1909,15 @@ fn check(c: &Converter) -> Result<()> {
 /// `build_grammar` with `add_rule` and `add_schema`), written out sorted by name.
 pub struct GrammarBuilder {
     c: Converter,
+    /// Schema nodes read so far, by every schema added (`MAX_SCHEMA_NODES` in all).
+    nodes: usize,
 }
 
 impl Default for GrammarBuilder {
     fn default() -> Self {
         GrammarBuilder {
             c: Converter::new(false),
+            nodes: 0,
         }
     }
 }
@@ -1862,10 +1944,12 @@ impl GrammarBuilder {
         ref_prefix: &str,
     ) -> Result<String> {
         let mut b = Builder::new(doc);
+        b.nodes = self.nodes;
         if ref_prefix.is_empty() {
             b.refs = std::mem::take(&mut self.c.refs);
         }
         let node = b.build_node(schema, "#");
+        self.nodes = b.nodes;
         self.c.refs = b.refs;
         self.c.ref_prefix = ref_prefix.to_string();
         let r = self.c.visit(&node?, if name == "root" { "" } else { name });
