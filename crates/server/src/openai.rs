@@ -530,6 +530,13 @@ impl GenRequest {
             tok.check_ids(&raw)
                 .map_err(|e| ApiError::invalid("prompt", e.to_string()))
         };
+        // Counted before any is read: each is tokenized, or its ids checked.
+        if let Value::Array(a) = p
+            && !a.iter().all(Value::is_number)
+            && a.len() > MAX_PROMPTS
+        {
+            return Err(bad(&format!("at most {MAX_PROMPTS} prompts per request")));
+        }
         let prompts = match p {
             Value::String(s) => vec![text(s)?],
             Value::Array(a) if a.is_empty() => return Err(bad("prompt is an empty list")),
