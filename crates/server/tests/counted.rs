@@ -237,20 +237,10 @@ async fn requests_share_a_prefix_in_flight() {
         )
         .await;
     assert!(head.len() > 40, "{} tokens", head.len());
-    let with = |tail: &str| {
-        let s = &s;
-        let head = head.clone();
-        let tail = tail.to_string();
-        async move {
-            let mut p = head;
-            p.extend(s.token_ids(&tail, Some(false)).await);
-            p
-        }
-    };
     let (a, b, c) = (
-        with("Tell me about rivers.").await,
-        with("What do owls eat?").await,
-        with("Name three colours.").await,
+        with(&s, &head, "Tell me about rivers.").await,
+        with(&s, &head, "What do owls eat?").await,
+        with(&s, &head, "Name three colours.").await,
     );
     assert!(a[head.len()] != b[head.len()] && b[head.len()] != c[head.len()]);
     let body = |p: &Vec<u64>, n: usize| json!({"prompt": p, "max_tokens": n, "temperature": 0, "ignore_eos": true, "logprobs": 2});
@@ -290,19 +280,9 @@ async fn requests_share_a_prefix_in_flight() {
             None,
         )
         .await;
-    let with = |tail: &str| {
-        let s = &s;
-        let head = head.clone();
-        let tail = tail.to_string();
-        async move {
-            let mut p = head;
-            p.extend(s.token_ids(&tail, Some(false)).await);
-            p
-        }
-    };
     let (a, c) = (
-        with("Tell me about rivers.").await,
-        with("Name three colours.").await,
+        with(&s, &head, "Tell me about rivers.").await,
+        with(&s, &head, "Name three colours.").await,
     );
     assert_ne!(a[head.len()], c[head.len()]);
     let long = {
@@ -332,6 +312,13 @@ async fn requests_share_a_prefix_in_flight() {
     let want = fresh.post("/v1/completions", &body(&a, 400)).await.json();
     assert_eq!(rl["choices"][0]["text"], want["choices"][0]["text"]);
     assert_eq!(rl["choices"][0]["logprobs"], want["choices"][0]["logprobs"]);
+}
+
+/// `head`'s ids, then `tail`'s (no BOS).
+async fn with(s: &Server, head: &[u64], tail: &str) -> Vec<u64> {
+    let mut p = head.to_vec();
+    p.extend(s.token_ids(tail, Some(false)).await);
+    p
 }
 
 async fn logits_that_are_not_finite_end_the_request_with_a_reason_wherever_drawn() {

@@ -114,6 +114,22 @@ impl Seq {
         self.prompt.len() - self.fed
     }
 
+    /// Where its prompt stands after `copy_prefix` gave it the first `keep` tokens of another's
+    /// cache (or did not): those tokens fed, and counted as cached when they came from another
+    /// request (a sibling choice's are the request's own prompt).
+    fn started_from(&mut self, copied: Copied, keep: usize, sibling: bool) {
+        match copied {
+            Copied::Done => {
+                self.fed = keep;
+                if !sibling {
+                    self.reused = keep;
+                }
+            }
+            Copied::NotSoFar => {}
+            Copied::Failed => (self.fed, self.reused) = (0, 0),
+        }
+    }
+
     /// Whether every prompt position's logits are wanted (echo with logprobs): the prompt runs
     /// whole, never from a kept cache.
     fn scores_prompt(&self) -> bool {
@@ -418,16 +434,9 @@ impl<B: Backend> Worker<B> {
             // slot does: start from a copy of it now, or wait for its prompt (`share_prompt`).
             if let Some((f, now)) = self.share_source(&s, reuse) {
                 if now {
-                    match self.copy_prefix(f.slot, slot, &s.prompt, f.keep) {
-                        Copied::Done => {
-                            s.fed = f.keep;
-                            if !std::ptr::eq(f.job.as_ptr(), Arc::as_ptr(&s.job)) {
-                                s.reused = f.keep;
-                            }
-                        }
-                        Copied::NotSoFar => {}
-                        Copied::Failed => (s.fed, s.reused) = (0, 0),
-                    }
+                    let copied = self.copy_prefix(f.slot, slot, &s.prompt, f.keep);
+                    let sibling = std::ptr::eq(f.job.as_ptr(), Arc::as_ptr(&s.job));
+                    s.started_from(copied, f.keep, sibling);
                 } else {
                     s.follow = Some(f);
                 }
@@ -1124,16 +1133,8 @@ impl<B: Backend> Worker<B> {
             let (fs, prompt) = (f.slot, f.prompt.clone());
             let copied = self.copy_prefix(ls, fs, &prompt, keep);
             let f = &mut self.running[fi];
-            match copied {
-                Copied::Done => {
-                    f.fed = keep;
-                    if !Arc::ptr_eq(&f.job, &job) {
-                        f.reused = keep;
-                    }
-                }
-                Copied::NotSoFar => {}
-                Copied::Failed => (f.fed, f.reused) = (0, 0),
-            }
+            let sibling = Arc::ptr_eq(&f.job, &job);
+            f.started_from(copied, keep, sibling);
         }
     }
 
