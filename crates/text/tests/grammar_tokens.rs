@@ -518,3 +518,41 @@ fn lazy_tool_calls_are_free_until_a_call_begins() {
     let e = c.accept(&v, bad).unwrap_err();
     assert!(e.to_string().contains("triggered"), "{e}");
 }
+
+/// A token as long as a vocabulary may hold (here 200,000 code points, each one a step of the
+/// match) is checked without running the thread out of stack: the match keeps its own stack,
+/// where llama.cpp's `llama_grammar_reject_candidates_for_stack` recurses once a code point. The
+/// grammar takes it whole, and refuses it where one code point of it breaks the match.
+#[test]
+fn a_token_of_any_length_is_checked_without_recursion() {
+    use muser_text::{TokenType, Vocab};
+    let g = muser_gguf::Gguf::open(data("glimmer-mini.gguf")).unwrap();
+    let mut vocab = Vocab::from_gguf(&g).unwrap();
+    let n = 200_000;
+    vocab.tokens.push("a".repeat(n));
+    vocab.types.push(TokenType::Normal);
+    vocab.tokens.push(format!("{}b{}", "a".repeat(n / 2), "a".repeat(n / 2)));
+    vocab.types.push(TokenType::Normal);
+    let tok = Tokenizer::from_vocab(vocab).unwrap();
+    let (long, broken) = (tok.n_vocab() as u32 - 2, tok.n_vocab() as u32 - 1);
+    let v = GrammarVocab::new(&tok);
+    let g = Arc::new(Grammar::parse("root ::= [a]*", "root").unwrap());
+    // In a thread of 2 MiB (a test thread's default, whatever RUST_MIN_STACK says), where a
+    // recursion of a frame per code point would end the process.
+    let run = move || {
+        let mut c = Constraint::new(g);
+        assert!(c.allows(&v, long).unwrap());
+        assert!(!c.allows(&v, broken).unwrap());
+        let mask = c.allowed(&v).unwrap();
+        assert!(mask_allows(&mask, long));
+        assert!(!mask_allows(&mask, broken));
+        c.accept(&v, long).unwrap();
+        assert!(c.allows(&v, long).unwrap());
+    };
+    std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(run)
+        .unwrap()
+        .join()
+        .unwrap();
+}

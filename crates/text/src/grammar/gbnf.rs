@@ -5,6 +5,7 @@
 //! code point at a time, with a UTF-8 sequence cut between two pieces carried over. The
 //! vocabulary-token elements (`<...>`, `!<...>`) are refused: they name ids of one vocabulary.
 
+use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 
 use crate::error::{Result, TextError};
@@ -1091,7 +1092,13 @@ impl Grammar {
     }
 
     /// `llama_grammar_reject_candidates`: the candidates the stacks cannot take (all of them
-    /// where no stack can).
+    /// where no stack can), in llama.cpp's order.
+    ///
+    /// llama.cpp recurses once a matched code point (`reject_candidates` calls
+    /// `reject_candidates_for_stack`, which calls `reject_candidates` on the stacks after the
+    /// code point): a token of a few hundred thousand code points, which a GGUF's vocabulary may
+    /// hold, would end the process on a thread's stack. The same walk keeps its frames here on a
+    /// stack of its own, in the heap; the work it does is the recursion's, step for step.
     pub(crate) fn reject(
         &self,
         t: &Texts,
@@ -1099,29 +1106,74 @@ impl Grammar {
         cands: &[Cand],
         budget: &mut Budget,
     ) -> std::result::Result<Vec<Cand>, Spent> {
-        let Some((first, rest)) = stacks.split_first() else {
-            return Ok(cands.to_vec());
-        };
-        if cands.is_empty() {
-            return Ok(Vec::new());
+        enum Frame<'s> {
+            /// `reject_candidates` over `stacks`, at stack `next`: the value carried is the
+            /// candidates every stack before it rejects.
+            Stacks {
+                stacks: Cow<'s, [Stack]>,
+                next: usize,
+            },
+            /// `reject_candidates_for_stack`, waiting for the rejects of the stacks after its
+            /// code point: `rejects` are its own.
+            Back { rejects: Vec<Cand> },
         }
-        let mut rejects = self.reject_for_stack(t, first, cands, budget)?;
-        for s in rest {
-            if rejects.is_empty() {
-                break;
+        let mut frames = vec![Frame::Stacks {
+            stacks: Cow::Borrowed(stacks),
+            next: 0,
+        }];
+        // What the frame on top takes in, and what a frame that ends gives back.
+        let mut carried: Vec<Cand> = cands.to_vec();
+        while let Some(frame) = frames.last_mut() {
+            match frame {
+                Frame::Stacks { stacks, next } => {
+                    let Some(stack) = stacks.get(*next).filter(|_| !carried.is_empty()) else {
+                        // Every stack seen, or none left to reject: the rejects go back.
+                        frames.pop();
+                        continue;
+                    };
+                    *next += 1;
+                    let step = self.reject_for_stack(t, stack, &carried, budget)?;
+                    match step {
+                        ForStack::Done(rejects) => carried = rejects,
+                        ForStack::After {
+                            rejects,
+                            next_stacks,
+                            next_cands,
+                        } => {
+                            frames.push(Frame::Back { rejects });
+                            frames.push(Frame::Stacks {
+                                stacks: Cow::Owned(next_stacks),
+                                next: 0,
+                            });
+                            carried = next_cands;
+                        }
+                    }
+                }
+                Frame::Back { rejects } => {
+                    // The candidates the rest rejects, as they came in: one code point back.
+                    let mut all = std::mem::take(rejects);
+                    all.extend(carried.drain(..).map(|c| Cand {
+                        pos: c.pos - 1,
+                        ..c
+                    }));
+                    carried = all;
+                    frames.pop();
+                }
             }
-            rejects = self.reject_for_stack(t, s, &rejects, budget)?;
         }
-        Ok(rejects)
+        Ok(carried)
     }
 
+    /// `llama_grammar_reject_candidates_for_stack` up to its recursion: the candidates one
+    /// stack rejects at their next code point, and where some match it, the stacks after it
+    /// and those candidates one code point on (for [`Grammar::reject`] to follow).
     fn reject_for_stack(
         &self,
         t: &Texts,
         stack: &Stack,
         cands: &[Cand],
         budget: &mut Budget,
-    ) -> std::result::Result<Vec<Cand>, Spent> {
+    ) -> std::result::Result<ForStack, Spent> {
         budget.spend(cands.len())?;
         let mut rejects = Vec::new();
         let Some(&top) = stack.last() else {
@@ -1130,7 +1182,7 @@ impl Grammar {
                     rejects.push(*c);
                 }
             }
-            return Ok(rejects);
+            return Ok(ForStack::Done(rejects));
         };
         let top = top as usize;
         let mut next_cands = Vec::with_capacity(cands.len());
@@ -1155,7 +1207,7 @@ impl Grammar {
             }
         }
         if next_cands.is_empty() {
-            return Ok(rejects);
+            return Ok(ForStack::Done(rejects));
         }
         let after = self.match_char(top, 0).1;
         let mut stack_after: Stack = stack[..stack.len() - 1].to_vec();
@@ -1164,17 +1216,24 @@ impl Grammar {
         }
         let mut next_stacks = Vec::new();
         self.advance_stack(stack_after, &mut next_stacks, budget)?;
-        // The candidates the rest rejects, as they came in: one code point back.
-        rejects.extend(
-            self.reject(t, &next_stacks, &next_cands, budget)?
-                .into_iter()
-                .map(|c| Cand {
-                    pos: c.pos - 1,
-                    ..c
-                }),
-        );
-        Ok(rejects)
+        Ok(ForStack::After {
+            rejects,
+            next_stacks,
+            next_cands,
+        })
     }
+}
+
+/// One stack's step of [`Grammar::reject`].
+enum ForStack {
+    /// No candidate matched its next code point: these are the stack's rejects.
+    Done(Vec<Cand>),
+    /// These are rejected now; `next_cands` are to be followed through `next_stacks`.
+    After {
+        rejects: Vec<Cand>,
+        next_stacks: Vec<Stack>,
+        next_cands: Vec<Cand>,
+    },
 }
 
 /// The candidates' text for [`Grammar::reject`]: candidate `id`'s code points are
