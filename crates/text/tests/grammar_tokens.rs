@@ -531,7 +531,9 @@ fn a_token_of_any_length_is_checked_without_recursion() {
     let n = 200_000;
     vocab.tokens.push("a".repeat(n));
     vocab.types.push(TokenType::Normal);
-    vocab.tokens.push(format!("{}b{}", "a".repeat(n / 2), "a".repeat(n / 2)));
+    vocab
+        .tokens
+        .push(format!("{}b{}", "a".repeat(n / 2), "a".repeat(n / 2)));
     vocab.types.push(TokenType::Normal);
     let tok = Tokenizer::from_vocab(vocab).unwrap();
     let (long, broken) = (tok.n_vocab() as u32 - 2, tok.n_vocab() as u32 - 1);
