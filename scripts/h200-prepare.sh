@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build everything the H200 run needs, here (the GPU machine has no cargo), into carry/:
-#   carry/bin/muser        the release binary
-#   carry/bin/gpu-tests    crates/cuda/tests/gpu.rs (CUDA vs CPU accurate on every fixture)
+#   carry/bin.tar.xz       bin/muser (the release binary) and bin/gpu-tests (crates/cuda/tests/gpu.rs:
+#                          CUDA vs CPU accurate on every fixture), unpacked by h200-run.sh
 #   carry/llama.tar.xz     llama.cpp b11434 source, trimmed, for the side-by-side benchmark
 # Then call the device tool with carry=["carry"] and command "bash scripts/h200-run.sh".
 set -euo pipefail
@@ -15,6 +15,9 @@ cp target/release/muser carry/bin/muser
 test_bin=$(cargo test --release -p muser-cuda --test gpu --no-run 2>&1 | grep -o 'target/release/deps/gpu-[0-9a-f]*' | head -1)
 cp "$test_bin" carry/bin/gpu-tests
 strip carry/bin/muser carry/bin/gpu-tests
+# The device tool carries 64 MiB at most, the tracked tree included (52 MB by 2026-12-05): the
+# binaries travel compressed (h200-run.sh unpacks them).
+tar -C carry -cJf carry/bin.tar.xz bin && rm -rf carry/bin
 
 if [ ! -f carry/llama.tar.xz ]; then
   # Trimmed of docs, models, media and the other backends' sources (not built there).
@@ -27,5 +30,5 @@ if [ ! -f carry/llama.tar.xz ]; then
     --exclude='llama.cpp/ggml/src/ggml-virtgpu' --exclude='llama.cpp/gguf-py' --exclude='llama.cpp/conversion' \
     llama.cpp
 fi
-du -sh carry/* carry/bin/*
+du -sh carry/*
 echo "tree that travels: $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) bytes tracked + $(du -sb carry | cut -f1) carried"

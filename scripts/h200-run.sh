@@ -6,6 +6,8 @@
 # "--mode fast") and then `llama-server -np 64`).
 # Logs go to $OUT; the last lines printed are a short table.
 set -uo pipefail
+# The binaries come compressed (h200-prepare.sh).
+[ -f carry/bin.tar.xz ] && tar -C carry -xJf carry/bin.tar.xz
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 # AUX: where the build, synth and server logs go (default $OUT; elsewhere, only their last lines

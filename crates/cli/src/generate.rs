@@ -67,6 +67,15 @@ pub struct Args {
     /// Print token ids instead of text.
     #[arg(long = "print-ids")]
     pub print_ids: bool,
+    /// A file for the prompt's state (llama.cpp's `--prompt-cache`): where it exists, the prompt
+    /// continues from the tokens it shares with the one saved there; after the prompt runs, its
+    /// state is saved there. A file saved from another model, cache type or a larger context is
+    /// refused.
+    #[arg(long = "prompt-cache")]
+    pub prompt_cache: Option<std::path::PathBuf>,
+    /// Read the prompt cache, never write it.
+    #[arg(long = "prompt-cache-ro", requires = "prompt_cache")]
+    pub prompt_cache_ro: bool,
     #[command(flatten)]
     pub sample: SampleOpts,
 }
@@ -158,7 +167,19 @@ fn generate<B: Backend>(
     let mut s = Session::new(model, kv, n_ctx)?;
     let mut sampler = Sampler::new(params);
     prompt.iter().for_each(|&t| sampler.accept(t));
-    let logits = s.feed(prompt, a.sample.ubatch, Logits::Last)?;
+    let start = match &a.prompt_cache {
+        Some(p) if p.exists() => from_prompt_cache(&mut s, p, prompt)?,
+        _ => 0,
+    };
+    let logits = s.feed(&prompt[start..], a.sample.ubatch, Logits::Last)?;
+    if let (Some(p), false) = (&a.prompt_cache, a.prompt_cache_ro) {
+        let n = s.save_state(p, prompt)?;
+        eprintln!(
+            "[prompt cache: {} positions saved to {} ({n} bytes)]",
+            prompt.len(),
+            p.display()
+        );
+    }
     let mut dec = StreamDecoder::new(true, Vec::<String>::new());
     let mut out = std::io::stdout().lock();
     let never = AtomicBool::new(false);
@@ -185,4 +206,34 @@ fn generate<B: Backend>(
     }
     writeln!(out)?;
     Ok(())
+}
+
+/// Load `path` into `s` and go back to the longest prefix it shares with `prompt` (the last
+/// prompt token always runs: its logits are the first draw's), where the cache can; returns the
+/// prompt tokens the cache holds. A file that does not fit is an error, not a silent restart.
+fn from_prompt_cache<B: Backend>(
+    s: &mut Session<'_, B>,
+    path: &std::path::Path,
+    prompt: &[u32],
+) -> Result<usize, Box<dyn std::error::Error>> {
+    let (saved, made_by) = s.load_state(path)?;
+    let common = saved
+        .iter()
+        .zip(prompt)
+        .take_while(|(a, b)| a == b)
+        .count()
+        .min(prompt.len() - 1);
+    let start = if common > 0 && s.truncate(common) {
+        common
+    } else {
+        s.reset();
+        0
+    };
+    eprintln!(
+        "[prompt cache: {start} of {} prompt tokens from {} (saved {} positions, computed by {made_by})]",
+        prompt.len(),
+        path.display(),
+        saved.len()
+    );
+    Ok(start)
 }

@@ -440,3 +440,72 @@ fn a_split_model_runs_from_its_first_shard() {
         "{e}"
     );
 }
+
+#[test]
+fn a_prompt_cache_is_reused_and_a_foreign_one_refused() {
+    let m = fixture("tame-q4_k_m.gguf");
+    let cache = std::env::temp_dir().join(format!("muser-cli-{}-prompt.state", std::process::id()));
+    let _ = std::fs::remove_file(&cache);
+    let c = cache.to_string_lossy().to_string();
+    let run = |model: &str, prompt: &str, extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "-m",
+            model,
+            "-p",
+            prompt,
+            "-n",
+            "10",
+            "--temp",
+            "0",
+            "--print-ids",
+            "--prompt-cache",
+            &c,
+        ];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_muser"))
+            .args(&args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(!err.contains("panicked"), "{err}");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            err,
+        )
+    };
+    let prompt = "Once upon a time there was a prompt long enough to cache";
+    let (ok, first, e) = run(&m, prompt, &[]);
+    assert!(ok && e.contains("positions saved"), "{e}");
+    // The same prompt again: all but its last token come from the file; the same tokens follow.
+    let (ok, again, e) = run(&m, prompt, &["--prompt-cache-ro"]);
+    assert!(ok && e.contains("prompt tokens from"), "{e}");
+    let reused = |e: &str| -> usize {
+        let n = e
+            .split("prompt cache: ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next());
+        n.and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{e}"))
+    };
+    let n = reused(&e);
+    assert!(n > 5, "{e}");
+    assert_eq!(first, again);
+    // A longer prompt beginning with it continues from it, as it would from scratch.
+    let longer = format!("{prompt}, and then some more");
+    let (ok, cached, e) = run(&m, &longer, &["--prompt-cache-ro"]);
+    assert!(ok && reused(&e) >= n, "{e}");
+    let _ = std::fs::remove_file(&cache);
+    let (ok, scratch, _) = run(&m, &longer, &["--prompt-cache-ro"]);
+    assert!(ok);
+    assert_eq!(cached, scratch);
+    // Saved from another model (same shapes), with another cache type: refused by name.
+    let (ok, _, _) = run(&m, prompt, &[]);
+    assert!(ok);
+    let (ok, _, e) = run(&fixture("tame-q8_0.gguf"), prompt, &[]);
+    assert!(!ok && e.contains("another model"), "{e}");
+    let (ok, _, e) = run(&m, prompt, &["--kv-type", "q8_0"]);
+    assert!(!ok && e.contains("cache type is f16"), "{e}");
+    let _ = std::fs::remove_file(&cache);
+}

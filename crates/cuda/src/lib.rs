@@ -3581,6 +3581,29 @@ struct SeqView {
     one_seq: bool,
 }
 
+/// Positions `lo..hi` of a layer as runs of consecutive slots: (first slot, first position,
+/// rows). A plane (`ring` 0) is one run; a ring's positions wrap at most once (`hi - lo <= ring`).
+fn slot_runs(lo: usize, hi: usize, ring: usize) -> Vec<(usize, usize, usize)> {
+    let mut runs = Vec::new();
+    let mut p = lo;
+    while p < hi {
+        let slot = if ring > 0 { p % ring } else { p };
+        let n = if ring > 0 {
+            (ring - slot).min(hi - p)
+        } else {
+            hi - p
+        };
+        runs.push((slot, p, n));
+        p += n;
+    }
+    runs
+}
+
+/// Per layer, whether it is a sliding layer's ring.
+fn kv_sliding(kv: &CudaKv) -> Vec<bool> {
+    kv.layers.iter().map(|l| l.ring > 0).collect()
+}
+
 fn kv_code(ty: KvType) -> i32 {
     match ty {
         KvType::F32 => 0,
@@ -3822,6 +3845,83 @@ impl Backend for CudaBackend {
 
     fn kv_can_copy(&self) -> bool {
         true
+    }
+
+    /// Plane rows `0..len`; ring rows of every position still in its slot (`q + ring >= high`),
+    /// in position order, at most two runs of slots each.
+    fn kv_export(&self, kv: &CudaKv) -> Result<muser_engine::state::KvImage> {
+        use muser_engine::state::{KvImage, LayerImage};
+        let (len, rb) = (kv.len, kv.row_bytes);
+        let mut layers = Vec::with_capacity(kv.layers.len());
+        for l in &kv.layers {
+            let lo = if l.ring > 0 {
+                kv.high.saturating_sub(l.ring).min(len)
+            } else {
+                0
+            };
+            let mut k = vec![0u8; (len - lo) * rb];
+            let mut v = vec![0u8; (len - lo) * rb];
+            for (slot, at, n) in slot_runs(lo, len, l.ring) {
+                let (src, dst) = (
+                    slot * rb..(slot + n) * rb,
+                    (at - lo) * rb..(at - lo + n) * rb,
+                );
+                self.stream
+                    .memcpy_dtoh(&l.k.slice(src.clone()), &mut k[dst.clone()])
+                    .map_err(dev("KV download"))?;
+                self.stream
+                    .memcpy_dtoh(&l.v.slice(src), &mut v[dst])
+                    .map_err(dev("KV download"))?;
+            }
+            layers.push(LayerImage {
+                sliding: l.ring > 0,
+                lo,
+                k,
+                v,
+            });
+        }
+        self.stream.synchronize().map_err(dev("synchronize"))?;
+        let image = KvImage {
+            ty: kv.ty,
+            row_bytes: rb,
+            len,
+            layers,
+        };
+        image.check(kv.ty, rb, kv.n_ctx, kv.n_swa, &kv_sliding(kv))?;
+        Ok(image)
+    }
+
+    fn kv_import(&self, image: &muser_engine::state::KvImage, kv: &mut CudaKv) -> Result<()> {
+        image.check(kv.ty, kv.row_bytes, kv.n_ctx, kv.n_swa, &kv_sliding(kv))?;
+        kv.len = 0;
+        kv.high = 0;
+        let rb = kv.row_bytes;
+        let mut high = image.len;
+        for (l, li) in kv.layers.iter_mut().zip(&image.layers) {
+            let first = if l.ring > 0 {
+                let (first, _, h) = image.ring_range(li.lo, l.ring);
+                high = high.max(h);
+                first
+            } else {
+                li.lo
+            };
+            for (slot, at, n) in slot_runs(first, image.len, l.ring) {
+                let (src, dst) = (
+                    (at - li.lo) * rb..(at - li.lo + n) * rb,
+                    slot * rb..(slot + n) * rb,
+                );
+                self.stream
+                    .memcpy_htod(&li.k[src.clone()], &mut l.k.slice_mut(dst.clone()))
+                    .map_err(dev("KV upload"))?;
+                self.stream
+                    .memcpy_htod(&li.v[src], &mut l.v.slice_mut(dst))
+                    .map_err(dev("KV upload"))?;
+            }
+        }
+        self.stream.synchronize().map_err(dev("synchronize"))?;
+        kv.len = image.len;
+        kv.high = high;
+        Ok(())
     }
 
     /// Device copies on the stream (after the steps queued before): a ring whole, a plane's

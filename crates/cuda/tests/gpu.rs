@@ -3207,3 +3207,73 @@ fn device_logprobs_match_the_host_reference() {
         "device log-probabilities: within {worst:.1e} of the host's, the same alternatives (0 to 20 a row)"
     );
 }
+
+/// Saved sequence state (`muser_engine::state`) on the GPU: a cache saved and loaded into a fresh
+/// one (of the same context, and of one just large enough: a smaller ring) continues bit for bit
+/// as the saved one does, past the ring's wrap; across backends (f32 caches), a CPU-saved cache
+/// continues on the GPU, and a GPU-saved one on the CPU, within the tame bound of the CPU.
+#[test]
+fn saved_state_loads_on_the_gpu_and_across_backends() {
+    let Some(_) = gpu() else { return };
+    let name = "tame-q4_k_m";
+    let file = ModelFile::open(model_path(name)).expect("fixture");
+    let cpu = MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
+    let gpu = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
+    assert_eq!(cpu.fingerprint, gpu.fingerprint);
+    let n_vocab = cpu.config.n_vocab;
+    let toks = tokens(name);
+    let long: Vec<u32> = toks.iter().cycle().take(1110).copied().collect();
+    let dir = std::env::temp_dir().join(format!("muser-gpu-state-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for kv in [KvType::F16, KvType::Q8_0] {
+        for len in [40, 600, 1100] {
+            let (prompt, more) = (&long[..len], &long[len..len + 6]);
+            let mut a = Session::new(&gpu, kv, 1200).unwrap();
+            a.feed(prompt, 512, Logits::Last).unwrap();
+            let path = dir.join(format!("{kv:?}-{len}.state"));
+            a.save_state(&path, prompt).unwrap();
+            let want = a.feed(more, 3, Logits::All).unwrap();
+            for n_ctx in [1200, len + 7] {
+                let mut b = Session::new(&gpu, kv, n_ctx).unwrap();
+                let (t, by) = b.load_state(&path).unwrap();
+                assert_eq!(t, prompt);
+                assert!(by.starts_with("cuda"), "{by}");
+                let same = same_bits(&b.feed(more, 3, Logits::All).unwrap(), &want);
+                rows.push(format!(
+                    "{kv:?} {len} positions into a context of {n_ctx}: {}",
+                    if same { "identical" } else { "DIFFER" }
+                ));
+                if !same {
+                    failures.push(format!("{kv:?} {len} -> ctx {n_ctx}: logits differ"));
+                }
+            }
+        }
+    }
+    let bound = 1e-4;
+    let (prompt, more) = (&long[..600], &long[600..606]);
+    let mut c = Session::new(&cpu, KvType::F32, 1200).unwrap();
+    c.feed(prompt, 512, Logits::Last).unwrap();
+    let cpath = dir.join("cpu.state");
+    c.save_state(&cpath, prompt).unwrap();
+    let cpu_more = c.feed(more, 3, Logits::All).unwrap();
+    let mut g = Session::new(&gpu, KvType::F32, 1200).unwrap();
+    g.load_state(&cpath).unwrap();
+    let d1 = max_dls(&g.feed(more, 3, Logits::All).unwrap(), &cpu_more, n_vocab);
+    let mut g = Session::new(&gpu, KvType::F32, 1200).unwrap();
+    g.feed(prompt, 512, Logits::Last).unwrap();
+    let gpath = dir.join("gpu.state");
+    g.save_state(&gpath, prompt).unwrap();
+    let mut c = Session::new(&cpu, KvType::F32, 1200).unwrap();
+    c.load_state(&gpath).unwrap();
+    let d2 = max_dls(&c.feed(more, 3, Logits::All).unwrap(), &cpu_more, n_vocab);
+    rows.push(format!("f32, 600 positions: CPU-saved on the GPU {d1:.2e}, GPU-saved on the CPU {d2:.2e} (against the CPU throughout)"));
+    if !(d1 <= bound && d2 <= bound) {
+        failures.push(format!(
+            "across backends: {d1:.2e} / {d2:.2e} above {bound:e}"
+        ));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    report("saved state on the GPU", &rows, &failures);
+}

@@ -142,6 +142,25 @@ pub trait Backend: Send + Sync {
             "this backend does not copy KV caches".into(),
         ))
     }
+    /// The rows a sequence's cache holds that its next token reads, on the host
+    /// (`state::KvImage`: saved sequence state). Ordered after the work queued before it.
+    fn kv_export(&self, kv: &Self::Kv) -> Result<crate::state::KvImage> {
+        let _ = kv;
+        Err(Error::Backend(format!(
+            "the {} backend does not save KV caches",
+            self.name()
+        )))
+    }
+    /// Make `kv` hold exactly `image`'s positions, checked first (`KvImage::check`): a refused
+    /// image leaves `kv` as it was; a copy that fails leaves it empty, never holding part of the
+    /// image.
+    fn kv_import(&self, image: &crate::state::KvImage, kv: &mut Self::Kv) -> Result<()> {
+        let _ = (image, kv);
+        Err(Error::Backend(format!(
+            "the {} backend does not load KV caches",
+            self.name()
+        )))
+    }
     /// Overwrite the first `values.len() / cols` rows of an activation matrix with host values.
     fn write(&self, a: &mut Self::Act, values: &[f32]) -> Result<()>;
     /// Copy an activation matrix to the host.

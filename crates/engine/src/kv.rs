@@ -13,6 +13,7 @@ use muser_gguf::GgmlType;
 use crate::config::{LayerKind, MuseConfig};
 use crate::error::{Error, Result};
 use crate::formats;
+use crate::state::{KvImage, LayerImage};
 
 /// Ring slots the CPU cache keeps beyond the window on each sliding layer: a cache can go back
 /// this many positions and one more (prefix reuse: a conversation's next prompt re-renders the
@@ -343,6 +344,100 @@ impl HostKv {
                 v.extend_from_slice(v_row);
             }
         }
+    }
+
+    /// The rows the next token reads, and on sliding layers every earlier position the ring
+    /// still holds in one run (`state`). Not in parity mode (llama.cpp's cell layout).
+    pub fn export(&self) -> Result<KvImage> {
+        if self.parity.is_some() {
+            return Err(Error::Backend(
+                "parity mode's KV cache is not saved (it keeps llama.cpp's cell layout)".into(),
+            ));
+        }
+        let rb = self.row_bytes;
+        let len = self.len;
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for (li, l) in self.layers.iter().enumerate() {
+            layers.push(match l {
+                LayerCache::Ring { .. } => {
+                    let mut lo = len;
+                    while lo > 0 && self.rows(li, (lo - 1) as u32).is_some() {
+                        lo -= 1;
+                    }
+                    let mut k = Vec::with_capacity((len - lo) * rb);
+                    let mut v = Vec::with_capacity((len - lo) * rb);
+                    for p in lo..len {
+                        if let Some((kr, vr)) = self.rows(li, p as u32) {
+                            k.extend_from_slice(kr);
+                            v.extend_from_slice(vr);
+                        }
+                    }
+                    LayerImage {
+                        sliding: true,
+                        lo,
+                        k,
+                        v,
+                    }
+                }
+                LayerCache::Plane { k, v } => LayerImage {
+                    sliding: false,
+                    lo: 0,
+                    k: k[..len * rb].to_vec(),
+                    v: v[..len * rb].to_vec(),
+                },
+            });
+        }
+        let image = KvImage {
+            ty: self.ty,
+            row_bytes: rb,
+            len,
+            layers,
+        };
+        image.check(self.ty, rb, self.n_ctx, self.n_swa, &self.sliding())?;
+        Ok(image)
+    }
+
+    fn sliding(&self) -> Vec<bool> {
+        self.layers
+            .iter()
+            .map(|l| matches!(l, LayerCache::Ring { .. }))
+            .collect()
+    }
+
+    /// Become exactly `image`'s positions (`KvImage::check`ed first; cleared).
+    pub fn import(&mut self, image: &KvImage) -> Result<()> {
+        if self.parity.is_some() {
+            return Err(Error::Backend(
+                "parity mode's KV cache is not loaded (it keeps llama.cpp's cell layout)".into(),
+            ));
+        }
+        image.check(
+            self.ty,
+            self.row_bytes,
+            self.n_ctx,
+            self.n_swa,
+            &self.sliding(),
+        )?;
+        self.clear();
+        let rb = self.row_bytes;
+        let mut high = image.len;
+        for (li, l) in image.layers.iter().enumerate() {
+            let first = match &self.layers[li] {
+                LayerCache::Ring { pos, .. } => {
+                    let (first, _, h) = image.ring_range(l.lo, pos.len());
+                    high = high.max(h);
+                    first
+                }
+                LayerCache::Plane { .. } => l.lo,
+            };
+            for p in first..image.len {
+                let r = (p - l.lo) * rb;
+                self.put(li, p as u32, &l.k[r..r + rb], &l.v[r..r + rb]);
+            }
+        }
+        self.len = image.len;
+        self.high = high;
+        Ok(())
     }
 
     /// Bytes held by this cache.

@@ -60,6 +60,8 @@ pub struct MuseGlimmer<B: Backend> {
     pub output_norm: B::Vector, // [n_embd]
     pub output: B::Matrix,      // [n_vocab][n_embd]
     pub layers: Vec<Layer<B>>,
+    /// The file's identity for saved sequence state (`state::fingerprint`).
+    pub fingerprint: u64,
     tap: std::sync::OnceLock<Tap>,
 }
 
@@ -78,6 +80,7 @@ impl<B: Backend> MuseGlimmer<B> {
         let g: &Arc<Gguf> = &file.gguf;
         let t = &file.tensors;
         let n = t.layers.len();
+        let fingerprint = crate::state::fingerprint(g, &file.config);
         let token_embd = backend.matrix(g, &t.token_embd)?;
         let output_norm = backend.vector(&t.output_norm)?;
         let output = backend.matrix(g, &t.output)?;
@@ -93,6 +96,7 @@ impl<B: Backend> MuseGlimmer<B> {
             output_norm,
             output,
             layers,
+            fingerprint,
             tap: std::sync::OnceLock::new(),
         })
     }

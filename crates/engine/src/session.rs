@@ -100,4 +100,50 @@ impl<'m, B: Backend> Session<'m, B> {
         }
         Ok(out)
     }
+
+    /// Save this sequence's state to `path` (`state`): `tokens` are the tokens its cache holds,
+    /// one per position. Returns the bytes written.
+    pub fn save_state(&self, path: &std::path::Path, tokens: &[u32]) -> Result<u64> {
+        if tokens.len() != self.pos() {
+            return Err(Error::Input(format!(
+                "saving state: {} tokens for a cache of {} positions",
+                tokens.len(),
+                self.pos()
+            )));
+        }
+        let image = self.model.backend.kv_export(&self.kv)?;
+        let s = crate::state::SavedState {
+            fingerprint: self.model.fingerprint,
+            made_by: self.model.backend.name(),
+            tokens: tokens.to_vec(),
+            image,
+        };
+        crate::state::save(path, &s, self.model.config.n_swa)
+    }
+
+    /// Load a state saved from this model (`save_state`), replacing this sequence's cache:
+    /// returns its tokens and who computed it. A refused file leaves the cache as it was (a copy
+    /// that fails on the device leaves it empty).
+    pub fn load_state(&mut self, path: &std::path::Path) -> Result<(Vec<u32>, String)> {
+        let s = crate::state::load(path)?;
+        if s.fingerprint != self.model.fingerprint {
+            return Err(Error::Input(format!(
+                "{}: saved from another model (its fingerprint is {:016x}, this model's {:016x})",
+                path.display(),
+                s.fingerprint,
+                self.model.fingerprint
+            )));
+        }
+        if s.tokens
+            .iter()
+            .any(|&t| t as usize >= self.model.config.n_vocab)
+        {
+            return Err(Error::Input(format!(
+                "{}: a token id outside the vocabulary",
+                path.display()
+            )));
+        }
+        self.model.backend.kv_import(&s.image, &mut self.kv)?;
+        Ok((s.tokens, s.made_by))
+    }
 }

@@ -249,6 +249,14 @@ impl Backend for CpuBackend {
         dst.copy_from(src)
     }
 
+    fn kv_export(&self, kv: &HostKv) -> Result<crate::state::KvImage> {
+        kv.export()
+    }
+
+    fn kv_import(&self, image: &crate::state::KvImage, kv: &mut HostKv) -> Result<()> {
+        kv.import(image)
+    }
+
     fn read(&self, a: &CpuAct) -> Result<Vec<f32>> {
         Ok(a.data.clone())
     }
