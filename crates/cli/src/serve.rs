@@ -56,6 +56,11 @@ pub struct Args {
     /// sequence is cancelled and its slot given to the next request.
     #[arg(long = "stall-timeout", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub stall_timeout: u64,
+    /// A folder for slot files: `POST /slots/{id}?action=save|restore` with `{"filename": F}`
+    /// saves a slot's kept cache there or makes a slot keep one saved there (a conversation's
+    /// state across restarts), as llama-server's `--slot-save-path`.
+    #[arg(long = "slot-save-path")]
+    pub slot_save_path: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -117,6 +122,7 @@ pub fn run(a: Args) -> CliResult {
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes,
         shutdown_grace: Duration::from_secs(a.shutdown_timeout),
+        slot_save_path: a.slot_save_path.clone(),
     };
     let text = TextModel {
         tokenizer,

@@ -509,3 +509,26 @@ fn a_prompt_cache_is_reused_and_a_foreign_one_refused() {
     assert!(!ok && e.contains("cache type is f16"), "{e}");
     let _ = std::fs::remove_file(&cache);
 }
+
+#[test]
+fn slot_files_on_a_backend_that_cannot_save_them_stop_the_server_at_start() {
+    let m = fixture("tame-q4_k_m.gguf");
+    let dir = std::env::temp_dir().join(format!("muser-cli-{}-slots", std::process::id()));
+    let d = dir.to_string_lossy().to_string();
+    let (ok, e) = muser(&[
+        "serve",
+        "-m",
+        &m,
+        "--mode",
+        "parity",
+        "--slot-save-path",
+        &d,
+        "--port",
+        "0",
+    ]);
+    assert!(
+        !ok && e.contains("--slot-save-path") && e.contains("parity"),
+        "{e}"
+    );
+    assert!(!e.contains("listening"), "{e}");
+}

@@ -96,6 +96,16 @@ impl ApiError {
         .code("request_too_large")
     }
 
+    /// 409: the resource is in use (a slot running a sequence).
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "invalid_request_error", message).code("conflict")
+    }
+
+    /// 501: a feature this server was not started with.
+    pub fn not_enabled(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_IMPLEMENTED, "not_supported_error", message).code("not_supported")
+    }
+
     /// 429: the queue is full; the client should come back later.
     pub fn overloaded(message: impl Into<String>, retry_after: u64) -> Self {
         let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", message)

@@ -43,6 +43,9 @@ pub struct ServeConfig {
     pub max_body_bytes: usize,
     /// On shutdown, in-flight requests get this long to finish before they are cancelled.
     pub shutdown_grace: Duration,
+    /// Where `/slots/{id}?action=save|restore` keep their files (llama.cpp's
+    /// `--slot-save-path`); None: those actions answer 501.
+    pub slot_save_path: Option<std::path::PathBuf>,
 }
 
 /// The text side of the model: its tokenizer and, if it has one, its chat template.
@@ -178,6 +181,7 @@ pub async fn serve<B: Backend + 'static>(
 ) -> Result<(), String> {
     let metrics = metrics_handle();
     let tok = Arc::new(text.tokenizer);
+    check_slot_dir(&model, &cfg)?;
     let (engine, join) = engine::start(model, tok.clone(), cfg.engine.clone())?;
     let state = routes::AppState {
         engine: engine.clone(),
@@ -193,6 +197,7 @@ pub async fn serve<B: Backend + 'static>(
         prepare: Arc::new(tokio::sync::Semaphore::new(routes::prepare_permits())),
         grammar_vocab: Default::default(),
         grammars: Default::default(),
+        slot_dir: cfg.slot_save_path.clone().map(Into::into),
     };
     let app = routes::router(state);
     if let Ok(addr) = listener.local_addr() {
@@ -238,6 +243,21 @@ pub async fn serve<B: Backend + 'static>(
 }
 
 /// Listen on `addr` and serve until SIGINT or SIGTERM, on a runtime of its own (`muser serve`).
+/// `--slot-save-path`: fail closed at start where the backend cannot save caches (parity mode,
+/// tensor parallelism), not at the first save; create the folder.
+fn check_slot_dir<B: Backend>(model: &MuseGlimmer<B>, cfg: &ServeConfig) -> Result<(), String> {
+    let Some(dir) = &cfg.slot_save_path else {
+        return Ok(());
+    };
+    let probe = model
+        .new_cache(cfg.engine.kv_type, 1)
+        .and_then(|kv| model.backend.kv_export(&kv));
+    if let Err(e) = probe {
+        return Err(format!("--slot-save-path: {e}"));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("--slot-save-path {}: {e}", dir.display()))
+}
+
 pub fn run<B: Backend + 'static>(
     model: MuseGlimmer<B>,
     text: TextModel,
@@ -249,6 +269,7 @@ pub fn run<B: Backend + 'static>(
         .thread_name("muser-http")
         .build()
         .map_err(|e| format!("cannot start the HTTP runtime: {e}"))?;
+    check_slot_dir(&model, &cfg)?;
     rt.block_on(async move {
         let listener = TcpListener::bind(addr)
             .await

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
-use crate::engine::{EngineHandle, Job, JobGrammar};
+use crate::engine::{EngineHandle, Job, JobGrammar, SlotAction};
 use crate::error::ApiError;
 use crate::openai::{self, Endpoint, GenRequest};
 use crate::respond::{self, ChatStops, Meta};
@@ -49,6 +49,8 @@ pub struct AppState {
     /// Grammars compiled lately, by their text, with their masks over this vocabulary: requests
     /// of the same schema share them.
     pub grammars: Arc<std::sync::Mutex<GrammarCache>>,
+    /// `--slot-save-path`: where slot files are saved and restored from.
+    pub slot_dir: Option<Arc<std::path::Path>>,
 }
 
 /// Grammars kept by `AppState::grammars` (past this many the least recently used goes).
@@ -212,6 +214,8 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics_text))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
+        .route("/slots", get(slots))
+        .route("/slots/{id}", post(slot_action))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(CatchPanicLayer::custom(|_| {
@@ -773,5 +777,94 @@ mod tests {
         let e = parse_json::<GenRequest>(b"{} trailing").unwrap_err();
         assert_eq!(e.code, Some("invalid_json"));
         assert!(parse_json::<GenRequest>(b"{\"unknown_field\": 1}").is_ok());
+    }
+}
+
+/// `GET /slots`: each slot, whether it runs a sequence and the positions it keeps.
+async fn slots(State(st): State<AppState>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(st.engine.slot(None, SlotAction::List).await?))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SlotBody {
+    filename: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct SlotQuery {
+    action: Option<String>,
+}
+
+/// `POST /slots/{id}?action=save|restore|erase` (llama.cpp's): save a slot's kept cache to a
+/// file in `--slot-save-path`, make a slot keep a file's cache (a later prompt beginning with
+/// its tokens continues from it), or forget a slot's cache. Body `{"filename": "..."}` for save
+/// and restore: a plain file name, no folders.
+async fn slot_action(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    axum::extract::Query(q): axum::extract::Query<SlotQuery>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let slot: usize = id
+        .parse()
+        .map_err(|_| ApiError::invalid("id_slot", format!("slot id {id:?} is not a number")))?;
+    let body: SlotBody = if body.iter().all(u8::is_ascii_whitespace) {
+        SlotBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("the body is not a slot request: {e}")))?
+    };
+    let file = |dir: &Option<Arc<std::path::Path>>| -> Result<std::path::PathBuf, ApiError> {
+        let Some(dir) = dir else {
+            return Err(ApiError::not_enabled(
+                "this server saves and restores slots only when started with --slot-save-path DIR",
+            ));
+        };
+        let name = body.filename.as_deref().ok_or_else(|| {
+            ApiError::invalid("filename", "give the file's name: {\"filename\": \"...\"}")
+        })?;
+        validate_filename(name)?;
+        Ok(dir.join(name))
+    };
+    let action = match q.action.as_deref() {
+        Some("save") => SlotAction::Save(file(&st.slot_dir)?),
+        Some("restore") => SlotAction::Restore(file(&st.slot_dir)?),
+        Some("erase") => SlotAction::Erase,
+        Some(a) => {
+            return Err(ApiError::invalid(
+                "action",
+                format!("unknown slot action {a:?}: save, restore or erase"),
+            ));
+        }
+        None => {
+            return Err(ApiError::invalid(
+                "action",
+                "give ?action=save, restore or erase",
+            ));
+        }
+    };
+    Ok(Json(st.engine.slot(Some(slot), action).await?))
+}
+
+/// A slot file's name: 1 to 200 characters of letters, digits, `.`, `_` and `-`, not beginning
+/// with a dot (no folders, no `..`, nothing hidden).
+fn validate_filename(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            "filename",
+            format!(
+                "{:?} is not a usable file name: 1 to 200 letters, digits, '.', '_' or '-', not beginning with '.'",
+                name.chars().take(64).collect::<String>()
+            ),
+        ))
     }
 }

@@ -158,8 +158,28 @@ pub struct EchoToken {
     pub logprob: Option<TokenLogprob>,
 }
 
+/// What `/slots` asks of a slot (llama.cpp's slot actions).
+#[derive(Clone, Debug)]
+pub enum SlotAction {
+    /// Every slot: whether it runs a sequence, the positions its cache keeps.
+    List,
+    /// Write the slot's kept cache and its tokens to the file (`muser_engine::state`).
+    Save(std::path::PathBuf),
+    /// Make the slot keep the file's cache: a later prompt that begins with its tokens continues
+    /// from them (prefix reuse), in this server or after a restart.
+    Restore(std::path::PathBuf),
+    /// Forget the slot's kept cache.
+    Erase,
+}
+
 pub(crate) enum Command {
     Submit(Job),
+    /// A slot action (`slot` is None for `List`); the answer is the JSON body.
+    Slot {
+        slot: Option<usize>,
+        action: SlotAction,
+        reply: tokio::sync::oneshot::Sender<Result<serde_json::Value, ApiError>>,
+    },
     /// Finish in-flight work, cancelling what is left at `deadline`.
     Shutdown {
         deadline: Instant,
@@ -246,6 +266,27 @@ impl EngineHandle {
             return Err(ApiError::unavailable("the engine has stopped"));
         }
         Ok(())
+    }
+
+    /// Run a slot action on the engine thread (between steps) and wait for its answer.
+    pub async fn slot(
+        &self,
+        slot: Option<usize>,
+        action: SlotAction,
+    ) -> Result<serde_json::Value, ApiError> {
+        if !self.alive() {
+            return Err(ApiError::unavailable("the engine has stopped"));
+        }
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.cmd
+            .send(Command::Slot {
+                slot,
+                action,
+                reply,
+            })
+            .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
+        rx.await
+            .map_err(|_| ApiError::unavailable("the engine stopped before answering"))?
     }
 
     pub fn accepting(&self) -> bool {

@@ -19,8 +19,11 @@ use muser_text::{StreamDecoder, Tokenizer};
 use tokio::sync::mpsc::error::TrySendError;
 
 use super::scheduler::{self, SeqView};
-use super::{Command, EchoToken, EngineConfig, Event, Finish, Job, Shared, TokenLogprob};
+use super::{
+    Command, EchoToken, EngineConfig, Event, Finish, Job, Shared, SlotAction, TokenLogprob,
+};
 use crate::error::ApiError;
+use serde_json::json;
 
 /// What the sequences of one request share.
 struct JobCommon {
@@ -294,6 +297,13 @@ impl<B: Backend> Worker<B> {
     fn command(&mut self, c: Command) {
         match c {
             Command::Submit(job) => self.enqueue(job),
+            Command::Slot {
+                slot,
+                action,
+                reply,
+            } => {
+                let _ = reply.send(self.slot_action(slot, action));
+            }
             Command::Shutdown { deadline } => {
                 tracing::info!(
                     running = self.running.len(),
@@ -302,6 +312,163 @@ impl<B: Backend> Worker<B> {
                 );
                 self.shutdown = Some(deadline);
             }
+        }
+    }
+
+    /// `/slots`: list them, or save, restore or erase one that runs no sequence.
+    fn slot_action(
+        &mut self,
+        slot: Option<usize>,
+        action: SlotAction,
+    ) -> Result<serde_json::Value, ApiError> {
+        let backend = &self.model.backend;
+        let Some(slot) = slot else {
+            let list: Vec<_> = (0..self.cfg.parallel)
+                .map(|i| {
+                    let busy = !self.free.contains(&i);
+                    json!({
+                        "id": i,
+                        "n_ctx": self.cfg.n_ctx,
+                        "is_processing": busy,
+                        "n_cached": if busy { 0 } else { self.kept_len(i) },
+                    })
+                })
+                .collect();
+            return Ok(serde_json::Value::Array(list));
+        };
+        if slot >= self.cfg.parallel {
+            return Err(ApiError::invalid(
+                "id_slot",
+                format!(
+                    "slot {slot} does not exist: this server has slots 0..{}",
+                    self.cfg.parallel
+                ),
+            ));
+        }
+        if !self.free.contains(&slot) {
+            return Err(ApiError::conflict(format!(
+                "slot {slot} is running a sequence; try again when it has finished"
+            )));
+        }
+        let started = Instant::now();
+        let ms = || started.elapsed().as_secs_f64() * 1e3;
+        match action {
+            SlotAction::List => Err(ApiError::internal("a list names no slot")),
+            SlotAction::Erase => {
+                let n = self.kept_len(slot);
+                self.clear_slot(slot);
+                Ok(json!({"id_slot": slot, "n_erased": n}))
+            }
+            SlotAction::Save(path) => {
+                let n = self.kept_len(slot);
+                let Some(kv) = self.slots[slot].as_ref().filter(|_| n > 0) else {
+                    return Err(ApiError::bad_request(format!(
+                        "slot {slot} keeps no cache to save"
+                    )));
+                };
+                let image = backend
+                    .kv_export(kv)
+                    .map_err(|e| ApiError::internal(format!("saving slot {slot}: {e}")))?;
+                let st = muser_engine::state::SavedState {
+                    fingerprint: self.model.fingerprint,
+                    made_by: backend.name(),
+                    tokens: self.history[slot].clone(),
+                    image,
+                };
+                let written = muser_engine::state::save(&path, &st, self.model.config.n_swa)
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                tracing::info!(slot, positions = n, bytes = written, path = %path.display(), "slot saved");
+                Ok(json!({
+                    "id_slot": slot,
+                    "filename": file_name(&path),
+                    "n_saved": n,
+                    "n_written": written,
+                    "timings": {"save_ms": ms()},
+                }))
+            }
+            SlotAction::Restore(path) => {
+                if !self.cfg.prefix_reuse {
+                    return Err(ApiError::bad_request(
+                        "a restored cache is used by prefix reuse, which this server runs without (--no-prefix-reuse)",
+                    ));
+                }
+                let st = muser_engine::state::load(&path).map_err(|e| match e {
+                    muser_engine::Error::Io(m) => ApiError::not_found(m),
+                    e => ApiError::bad_request(e.to_string()),
+                })?;
+                if st.fingerprint != self.model.fingerprint {
+                    return Err(ApiError::bad_request(format!(
+                        "{}: saved from another model than the one this server runs",
+                        file_name(&path)
+                    )));
+                }
+                if st
+                    .tokens
+                    .iter()
+                    .any(|&t| t as usize >= self.model.config.n_vocab)
+                {
+                    return Err(ApiError::bad_request(format!(
+                        "{}: a token id outside the vocabulary",
+                        file_name(&path)
+                    )));
+                }
+                let n = st.tokens.len();
+                let need = self.shared.cost.bytes(n);
+                if !self.make_room(need, slot) {
+                    return Err(ApiError::overloaded(
+                        "the KV budget has no room for this cache beside the running sequences now",
+                        1,
+                    ));
+                }
+                if self.slots[slot].is_none() {
+                    let kv = self
+                        .model
+                        .new_cache(self.cfg.kv_type, self.cfg.n_ctx)
+                        .map_err(|e| ApiError::internal(format!("slot {slot}'s cache: {e}")))?;
+                    self.slots[slot] = Some(kv);
+                }
+                let Some(kv) = self.slots[slot].as_mut() else {
+                    return Err(ApiError::internal("no cache"));
+                };
+                if let Err(e) = self.model.backend.kv_import(&st.image, kv) {
+                    // A refused image leaves the slot as it was; a failed copy, empty.
+                    if self.model.backend.kv_len(kv) != self.history[slot].len() {
+                        self.clear_slot(slot);
+                    }
+                    return Err(match e {
+                        muser_engine::Error::Input(m) => ApiError::bad_request(m),
+                        e => ApiError::internal(e.to_string()),
+                    });
+                }
+                self.history[slot] = st.tokens;
+                self.dirty[slot] = false;
+                self.kept_total -= self.kept[slot];
+                self.kept[slot] = need;
+                self.kept_total += need;
+                self.ticks += 1;
+                self.freed_at[slot] = self.ticks;
+                tracing::info!(slot, positions = n, path = %path.display(), made_by = %st.made_by, "slot restored");
+                Ok(json!({
+                    "id_slot": slot,
+                    "filename": file_name(&path),
+                    "n_restored": n,
+                    "n_read": std::fs::metadata(&path).map_or(0, |m| m.len()),
+                    "timings": {"restore_ms": ms()},
+                }))
+            }
+        }
+    }
+
+    /// The positions a free slot's cache keeps for prefix reuse (0 when none or spoiled).
+    fn kept_len(&self, slot: usize) -> usize {
+        match self.slots[slot].as_ref() {
+            Some(kv)
+                if !self.dirty[slot]
+                    && self.model.backend.kv_len(kv) == self.history[slot].len() =>
+            {
+                self.history[slot].len()
+            }
+            _ => 0,
         }
     }
 
@@ -1629,4 +1796,10 @@ fn draw(s: &mut Seq, row: &[f32], eog: &[u32], allowed: Option<&[u64]>) -> u32 {
             }
         }
     })
+}
+
+/// A path's file name, for answers (never the server's folder).
+fn file_name(p: &std::path::Path) -> String {
+    p.file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
 }

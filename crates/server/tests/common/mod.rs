@@ -46,6 +46,8 @@ pub struct Opts {
     pub flat: bool,
     /// A chat template's source in place of the file's.
     pub template_source: Option<&'static str>,
+    /// `--slot-save-path`.
+    pub slot_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Opts {
@@ -67,6 +69,7 @@ impl Default for Opts {
             overflow: false,
             flat: false,
             template_source: None,
+            slot_dir: None,
         }
     }
 }
@@ -110,6 +113,7 @@ impl Server {
             api_key: o.api_key,
             max_body_bytes: o.max_body_bytes,
             shutdown_grace: o.grace,
+            slot_save_path: o.slot_dir,
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
