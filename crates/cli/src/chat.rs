@@ -1,6 +1,8 @@
 //! `muser chat`: an interactive conversation through the model's chat template, streaming the
-//! answer (reasoning shown dimmed), keeping the history; `/reset` forgets it, Ctrl-C stops the
-//! answer being written (not the program), `/quit` or Ctrl-D leaves.
+//! answer (reasoning shown dimmed), keeping the history; `/reset` forgets it, `/save F` writes
+//! the conversation (its messages to `F.json`, its cache to `F`: `muser_engine::state`) and
+//! `/load F` takes it up again without running it, Ctrl-C stops the answer being written (not
+//! the program), `/quit` or Ctrl-D leaves.
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -69,7 +71,9 @@ fn chat<B: Backend>(
     let eog = tok.eog_ids();
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
-    eprintln!("chat: /reset forgets the conversation, /quit leaves, Ctrl-C stops an answer");
+    eprintln!(
+        "chat: /reset forgets the conversation, /save F and /load F keep it in files, /quit leaves, Ctrl-C stops an answer"
+    );
     loop {
         write!(out, "\n> ")?;
         out.flush()?;
@@ -89,6 +93,19 @@ fn chat<B: Backend>(
                 session.reset();
                 cached.clear();
                 eprintln!("[conversation forgotten]");
+                continue;
+            }
+            t if t.starts_with("/save ") || t.starts_with("/load ") => {
+                let path = PathBuf::from(t[6..].trim());
+                let r = if t.starts_with("/save ") {
+                    save_chat(&session, &cached, &history, &path)
+                } else {
+                    load_chat(&mut session, &mut cached, &mut history, &path)
+                };
+                match r {
+                    Ok(m) => eprintln!("[{m}]"),
+                    Err(e) => eprintln!("error: {e}"),
+                }
                 continue;
             }
             _ => {}
@@ -173,4 +190,52 @@ fn chat<B: Backend>(
         let msg = atem.into_message().into_message();
         history.push(msg);
     }
+}
+
+/// The messages' file beside a conversation's state file.
+fn messages_path(path: &std::path::Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".json");
+    PathBuf::from(p)
+}
+
+/// `/save F`: the cache and the tokens it holds to F, the messages to F.json.
+fn save_chat<B: Backend>(
+    session: &Session<'_, B>,
+    cached: &[u32],
+    history: &[Message],
+    path: &std::path::Path,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let n = session.save_state(path, cached)?;
+    std::fs::write(messages_path(path), serde_json::to_vec_pretty(history)?)?;
+    Ok(format!(
+        "{} messages and {} cached positions saved to {} ({n} bytes) and {}",
+        history.len(),
+        cached.len(),
+        path.display(),
+        messages_path(path).display()
+    ))
+}
+
+/// `/load F`: the conversation `/save F` wrote. Both files are read and checked before anything
+/// changes; a state that does not fit this model or context is refused.
+fn load_chat<B: Backend>(
+    session: &mut Session<'_, B>,
+    cached: &mut Vec<u32>,
+    history: &mut Vec<Message>,
+    path: &std::path::Path,
+) -> Result<String, Box<dyn std::error::Error>> {
+    let mp = messages_path(path);
+    let text = std::fs::read(&mp).map_err(|e| format!("{}: {e}", mp.display()))?;
+    let messages: Vec<Message> =
+        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", mp.display()))?;
+    let (tokens, made_by) = session.load_state(path)?;
+    *cached = tokens;
+    *history = messages;
+    Ok(format!(
+        "{} messages and {} cached positions loaded from {} (computed by {made_by})",
+        history.len(),
+        cached.len(),
+        path.display()
+    ))
 }

@@ -532,3 +532,41 @@ fn slot_files_on_a_backend_that_cannot_save_them_stop_the_server_at_start() {
     );
     assert!(!e.contains("listening"), "{e}");
 }
+
+/// `muser chat`'s `/save F` and `/load F`: a conversation taken up again in another process
+/// answers its next message as the process that kept it would; a state from another model, or
+/// messages that are not a conversation, are refused and the chat goes on.
+#[test]
+fn a_saved_chat_is_taken_up_again() {
+    let m = fixture("tame-q4_k_m.gguf");
+    let dir = std::env::temp_dir().join(format!("muser-cli-{}-chat", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("conv").to_string_lossy().to_string();
+    let args = ["chat", "-m", &m, "-n", "8", "--seed", "3"];
+    // Answers, one per message, split at the prompts ("\n> ").
+    let answers =
+        |out: &str| -> Vec<String> { out.split("\n> ").map(|a| a.trim().to_string()).collect() };
+    let (ok, whole, e) = muser_stdin(&args, b"hello there\nand more\n/quit\n");
+    assert!(ok, "{e}");
+    let whole = answers(&whole);
+    let (ok, _, e) = muser_stdin(&args, format!("hello there\n/save {f}\n/quit\n").as_bytes());
+    assert!(ok && e.contains("saved to"), "{e}");
+    let (ok, resumed, e) = muser_stdin(&args, format!("/load {f}\nand more\n/quit\n").as_bytes());
+    assert!(ok && e.contains("2 messages and"), "{e}");
+    let resumed = answers(&resumed);
+    // whole: [before, answer 1, answer 2, after /quit]; resumed: [before, after /load, answer 2, ...]
+    assert!(!whole[2].is_empty());
+    assert_eq!(whole[2], resumed[2]);
+    // Another model's state: refused, the chat goes on.
+    let other = fixture("tame-q8_0.gguf");
+    let (ok, _, e) = muser_stdin(
+        &["chat", "-m", &other, "-n", "4"],
+        format!("/load {f}\nhi\n/quit\n").as_bytes(),
+    );
+    assert!(ok && e.contains("another model"), "{e}");
+    std::fs::write(format!("{f}.json"), b"{\"not\": \"a list\"}").unwrap();
+    let (ok, _, e) = muser_stdin(&args, format!("/load {f}\n/quit\n").as_bytes());
+    assert!(ok && e.contains("conv.json"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
