@@ -240,7 +240,8 @@ fn kv_from_code(c: u32) -> Option<KvType> {
 }
 
 /// Write `s` to `path` (through a temporary file beside it, renamed over it at the end, so a
-/// crash never leaves half a file under the name). Returns the bytes written.
+/// crash never leaves half a file under the name, and two saves to one name at once leave one
+/// of them whole). Returns the bytes written.
 pub fn save(path: &Path, s: &SavedState, n_swa: usize) -> Result<u64> {
     if s.tokens.len() != s.image.len {
         return Err(Error::Input(format!(
@@ -250,8 +251,12 @@ pub fn save(path: &Path, s: &SavedState, n_swa: usize) -> Result<u64> {
         )));
     }
     let io = |e: std::io::Error| Error::Io(format!("saving state to {}: {e}", path.display()));
+    // A temporary name of this process and this call: saves to one name at once (two server
+    // requests) each write their own file, and the last rename wins whole.
+    static SAVES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
+    tmp.push(format!(".{}.{call}.tmp", std::process::id()));
     let tmp = std::path::PathBuf::from(tmp);
     let f = std::fs::File::create(&tmp).map_err(io)?;
     let mut o = Out {

@@ -22,7 +22,7 @@ use tokio::sync::mpsc;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
-use crate::engine::{EngineHandle, Job, JobGrammar, SlotAction};
+use crate::engine::{EngineHandle, Job, JobGrammar, SlotAction, SlotReply};
 use crate::error::ApiError;
 use crate::openai::{self, Endpoint, GenRequest};
 use crate::respond::{self, ChatStops, Meta};
@@ -782,7 +782,12 @@ mod tests {
 
 /// `GET /slots`: each slot, whether it runs a sequence and the positions it keeps.
 async fn slots(State(st): State<AppState>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(st.engine.slot(None, SlotAction::List).await?))
+    match st.engine.slot(None, SlotAction::List).await? {
+        SlotReply::Done(v) => Ok(Json(v)),
+        SlotReply::Snapshot { .. } => {
+            Err(ApiError::internal("the engine answered a list with a copy"))
+        }
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -827,24 +832,89 @@ async fn slot_action(
         validate_filename(name)?;
         Ok(dir.join(name))
     };
-    let action = match q.action.as_deref() {
-        Some("save") => SlotAction::Save(file(&st.slot_dir)?),
-        Some("restore") => SlotAction::Restore(file(&st.slot_dir)?),
-        Some("erase") => SlotAction::Erase,
-        Some(a) => {
-            return Err(ApiError::invalid(
-                "action",
-                format!("unknown slot action {a:?}: save, restore or erase"),
-            ));
+    let started = std::time::Instant::now();
+    let ms = move || started.elapsed().as_secs_f64() * 1e3;
+    match q.action.as_deref() {
+        Some("save") => {
+            let path = file(&st.slot_dir)?;
+            let SlotReply::Snapshot {
+                state,
+                n_swa,
+                copy_ms,
+            } = st.engine.slot(Some(slot), SlotAction::Save).await?
+            else {
+                return Err(ApiError::internal("the engine copied no cache out"));
+            };
+            let n = state.tokens.len();
+            // The file is written here, off the engine thread: the other sequences wait only for
+            // the copy out of the backend.
+            let target = path.clone();
+            let written = tokio::task::spawn_blocking(move || {
+                muser_engine::state::save(&target, &state, n_swa)
+            })
+            .await
+            .map_err(|e| ApiError::internal(format!("saving slot {slot}: {e}")))?
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+            tracing::info!(slot, positions = n, bytes = written, path = %path.display(), "slot saved");
+            Ok(Json(json!({
+                "id_slot": slot,
+                "filename": body.filename,
+                "n_saved": n,
+                "n_written": written,
+                "timings": {"save_ms": ms(), "copy_ms": copy_ms},
+            })))
         }
-        None => {
-            return Err(ApiError::invalid(
-                "action",
-                "give ?action=save, restore or erase",
-            ));
+        Some("restore") => {
+            let path = file(&st.slot_dir)?;
+            let name = body.filename.clone().unwrap_or_default();
+            // Read and checked here, off the engine thread; the engine only copies it in.
+            let source = path.clone();
+            let (state, n_read) = tokio::task::spawn_blocking(move || {
+                let n_read = std::fs::metadata(&source).map_or(0, |m| m.len());
+                muser_engine::state::load(&source).map(|s| (s, n_read))
+            })
+            .await
+            .map_err(|e| ApiError::internal(format!("restoring slot {slot}: {e}")))?
+            .map_err(|e| match e {
+                muser_engine::Error::Io(m) => ApiError::not_found(m),
+                e => ApiError::bad_request(e.to_string()),
+            })?;
+            let reply = st
+                .engine
+                .slot(Some(slot), SlotAction::Restore(Box::new(state)))
+                .await
+                .map_err(|mut e| {
+                    if e.status == axum::http::StatusCode::BAD_REQUEST {
+                        e.message = format!("{name}: {}", e.message);
+                    }
+                    e
+                })?;
+            let SlotReply::Done(mut v) = reply else {
+                return Err(ApiError::internal(
+                    "the engine answered a restore with a copy",
+                ));
+            };
+            tracing::info!(slot, path = %path.display(), "slot restored");
+            v["filename"] = json!(name);
+            v["n_read"] = json!(n_read);
+            v["timings"]["restore_ms"] = json!(ms());
+            Ok(Json(v))
         }
-    };
-    Ok(Json(st.engine.slot(Some(slot), action).await?))
+        Some("erase") => match st.engine.slot(Some(slot), SlotAction::Erase).await? {
+            SlotReply::Done(v) => Ok(Json(v)),
+            SlotReply::Snapshot { .. } => Err(ApiError::internal(
+                "the engine answered an erase with a copy",
+            )),
+        },
+        Some(a) => Err(ApiError::invalid(
+            "action",
+            format!("unknown slot action {a:?}: save, restore or erase"),
+        )),
+        None => Err(ApiError::invalid(
+            "action",
+            "give ?action=save, restore or erase",
+        )),
+    }
 }
 
 /// A slot file's name: 1 to 200 characters of letters, digits, `.`, `_` and `-`, not beginning

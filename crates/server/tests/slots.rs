@@ -218,3 +218,75 @@ async fn bad_slot_requests_are_refused_by_name() {
     assert_eq!(plain.get("/slots").await.status, 200);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Saves run their file writes off the engine thread, so several at once may write to one name:
+/// each writes its own temporary file and renames it whole, so the name ends up holding one
+/// complete save (that restores) and no temporary file is left; requests run meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn saves_to_one_name_at_once_leave_one_whole_file() {
+    let dir = tmp_dir("same-name");
+    let s = Server::start(Opts {
+        parallel: 2,
+        slot_dir: Some(dir.clone()),
+        ..Opts::default()
+    })
+    .await;
+    let short = s.token_ids("Rain on the harbour wall", None).await;
+    let long = s
+        .token_ids(
+            "The cartographer drew every island twice, once as it was and once as the sailors told it",
+            None,
+        )
+        .await;
+    assert_ne!(short.len(), long.len());
+    let run = |p: &Vec<u64>| json!({"prompt": p, "max_tokens": 1, "temperature": 0});
+    let (rs, rl) = (run(&short), run(&long));
+    let (a, b) = tokio::join!(
+        s.post("/v1/completions", &rs),
+        s.post("/v1/completions", &rl)
+    );
+    assert_eq!((a.status, b.status), (200, 200));
+    let v = s.get("/slots").await.json();
+    let mut cached: Vec<u64> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["n_cached"].as_u64().unwrap())
+        .collect();
+    cached.sort();
+    assert_eq!(cached, [short.len() as u64, long.len() as u64], "{v}");
+
+    let f = json!({"filename": "same.bin"});
+    let saves = (0..8).map(|i| {
+        let s = &s;
+        let f = &f;
+        async move { s.post(&format!("/slots/{}?action=save", i % 2), f).await }
+    });
+    let hello = json!({"prompt": "hello there", "max_tokens": 3});
+    let during = s.post("/v1/completions", &hello);
+    let (done, other) = tokio::join!(futures_util::future::join_all(saves), during);
+    assert_eq!(other.status, 200);
+    for r in done {
+        let v = r.json();
+        assert!(v["n_written"].as_u64().unwrap() > 0, "{v}");
+        assert!(
+            v["timings"]["copy_ms"].as_f64().unwrap() <= v["timings"]["save_ms"].as_f64().unwrap(),
+            "{v}"
+        );
+    }
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["same.bin"], "temporary files left behind");
+    let st = muser_engine::state::load(&dir.join("same.bin")).unwrap();
+    let saved: Vec<u64> = st.tokens.iter().map(|&t| u64::from(t)).collect();
+    assert!(saved == short || saved == long);
+    let r = s.post("/slots/0?action=restore", &f).await.json();
+    assert_eq!(r["n_restored"], st.tokens.len(), "{r}");
+    assert_eq!(
+        r["n_read"],
+        std::fs::metadata(dir.join("same.bin")).unwrap().len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -163,13 +163,29 @@ pub struct EchoToken {
 pub enum SlotAction {
     /// Every slot: whether it runs a sequence, the positions its cache keeps.
     List,
-    /// Write the slot's kept cache and its tokens to the file (`muser_engine::state`).
-    Save(std::path::PathBuf),
-    /// Make the slot keep the file's cache: a later prompt that begins with its tokens continues
-    /// from them (prefix reuse), in this server or after a restart.
-    Restore(std::path::PathBuf),
+    /// Copy the slot's kept cache and its tokens out of the backend (the engine thread's part of
+    /// a save: the caller writes the file, off that thread).
+    Save,
+    /// Make the slot keep a state file's cache, read and checked beforehand off the engine
+    /// thread: a later prompt that begins with its tokens continues from it (prefix reuse), in
+    /// this server or after a restart.
+    Restore(Box<muser_engine::state::SavedState>),
     /// Forget the slot's kept cache.
     Erase,
+}
+
+/// The engine's answer to a slot action.
+#[derive(Debug)]
+pub enum SlotReply {
+    /// The answer to send as it is.
+    Done(serde_json::Value),
+    /// A slot's cache copied out (`SlotAction::Save`): the state to write, the window the file
+    /// records, and the milliseconds the copy held the engine thread.
+    Snapshot {
+        state: Box<muser_engine::state::SavedState>,
+        n_swa: usize,
+        copy_ms: f64,
+    },
 }
 
 pub(crate) enum Command {
@@ -178,7 +194,7 @@ pub(crate) enum Command {
     Slot {
         slot: Option<usize>,
         action: SlotAction,
-        reply: tokio::sync::oneshot::Sender<Result<serde_json::Value, ApiError>>,
+        reply: tokio::sync::oneshot::Sender<Result<SlotReply, ApiError>>,
     },
     /// Finish in-flight work, cancelling what is left at `deadline`.
     Shutdown {
@@ -273,7 +289,7 @@ impl EngineHandle {
         &self,
         slot: Option<usize>,
         action: SlotAction,
-    ) -> Result<serde_json::Value, ApiError> {
+    ) -> Result<SlotReply, ApiError> {
         if !self.alive() {
             return Err(ApiError::unavailable("the engine has stopped"));
         }

@@ -20,7 +20,8 @@ use tokio::sync::mpsc::error::TrySendError;
 
 use super::scheduler::{self, SeqView};
 use super::{
-    Command, EchoToken, EngineConfig, Event, Finish, Job, Shared, SlotAction, TokenLogprob,
+    Command, EchoToken, EngineConfig, Event, Finish, Job, Shared, SlotAction, SlotReply,
+    TokenLogprob,
 };
 use crate::error::ApiError;
 use serde_json::json;
@@ -315,12 +316,14 @@ impl<B: Backend> Worker<B> {
         }
     }
 
-    /// `/slots`: list them, or save, restore or erase one that runs no sequence.
+    /// `/slots`: list them, or copy out, restore or erase the cache of one that runs no
+    /// sequence. Files are written and read by the caller, off this thread: here only the
+    /// copies between the backend's cache and the host hold up the other sequences.
     fn slot_action(
         &mut self,
         slot: Option<usize>,
         action: SlotAction,
-    ) -> Result<serde_json::Value, ApiError> {
+    ) -> Result<SlotReply, ApiError> {
         let backend = &self.model.backend;
         let Some(slot) = slot else {
             let list: Vec<_> = (0..self.cfg.parallel)
@@ -334,7 +337,7 @@ impl<B: Backend> Worker<B> {
                     })
                 })
                 .collect();
-            return Ok(serde_json::Value::Array(list));
+            return Ok(SlotReply::Done(serde_json::Value::Array(list)));
         };
         if slot >= self.cfg.parallel {
             return Err(ApiError::invalid(
@@ -357,9 +360,9 @@ impl<B: Backend> Worker<B> {
             SlotAction::Erase => {
                 let n = self.kept_len(slot);
                 self.clear_slot(slot);
-                Ok(json!({"id_slot": slot, "n_erased": n}))
+                Ok(SlotReply::Done(json!({"id_slot": slot, "n_erased": n})))
             }
-            SlotAction::Save(path) => {
+            SlotAction::Save => {
                 let n = self.kept_len(slot);
                 let Some(kv) = self.slots[slot].as_ref().filter(|_| n > 0) else {
                     return Err(ApiError::bad_request(format!(
@@ -369,48 +372,37 @@ impl<B: Backend> Worker<B> {
                 let image = backend
                     .kv_export(kv)
                     .map_err(|e| ApiError::internal(format!("saving slot {slot}: {e}")))?;
-                let st = muser_engine::state::SavedState {
+                let state = Box::new(muser_engine::state::SavedState {
                     fingerprint: self.model.fingerprint,
                     made_by: backend.name(),
                     tokens: self.history[slot].clone(),
                     image,
-                };
-                let written = muser_engine::state::save(&path, &st, self.model.config.n_swa)
-                    .map_err(|e| ApiError::internal(e.to_string()))?;
-                tracing::info!(slot, positions = n, bytes = written, path = %path.display(), "slot saved");
-                Ok(json!({
-                    "id_slot": slot,
-                    "filename": file_name(&path),
-                    "n_saved": n,
-                    "n_written": written,
-                    "timings": {"save_ms": ms()},
-                }))
+                });
+                Ok(SlotReply::Snapshot {
+                    state,
+                    n_swa: self.model.config.n_swa,
+                    copy_ms: ms(),
+                })
             }
-            SlotAction::Restore(path) => {
+            SlotAction::Restore(st) => {
                 if !self.cfg.prefix_reuse {
                     return Err(ApiError::bad_request(
                         "a restored cache is used by prefix reuse, which this server runs without (--no-prefix-reuse)",
                     ));
                 }
-                let st = muser_engine::state::load(&path).map_err(|e| match e {
-                    muser_engine::Error::Io(m) => ApiError::not_found(m),
-                    e => ApiError::bad_request(e.to_string()),
-                })?;
                 if st.fingerprint != self.model.fingerprint {
-                    return Err(ApiError::bad_request(format!(
-                        "{}: saved from another model than the one this server runs",
-                        file_name(&path)
-                    )));
+                    return Err(ApiError::bad_request(
+                        "the file was saved from another model than the one this server runs",
+                    ));
                 }
                 if st
                     .tokens
                     .iter()
                     .any(|&t| t as usize >= self.model.config.n_vocab)
                 {
-                    return Err(ApiError::bad_request(format!(
-                        "{}: a token id outside the vocabulary",
-                        file_name(&path)
-                    )));
+                    return Err(ApiError::bad_request(
+                        "the file holds a token id outside the vocabulary",
+                    ));
                 }
                 let n = st.tokens.len();
                 let need = self.shared.cost.bytes(n);
@@ -440,6 +432,7 @@ impl<B: Backend> Worker<B> {
                         e => ApiError::internal(e.to_string()),
                     });
                 }
+                let made_by = st.made_by.clone();
                 self.history[slot] = st.tokens;
                 self.dirty[slot] = false;
                 self.kept_total -= self.kept[slot];
@@ -447,14 +440,12 @@ impl<B: Backend> Worker<B> {
                 self.kept_total += need;
                 self.ticks += 1;
                 self.freed_at[slot] = self.ticks;
-                tracing::info!(slot, positions = n, path = %path.display(), made_by = %st.made_by, "slot restored");
-                Ok(json!({
+                tracing::info!(slot, positions = n, made_by = %made_by, "slot restored");
+                Ok(SlotReply::Done(json!({
                     "id_slot": slot,
-                    "filename": file_name(&path),
                     "n_restored": n,
-                    "n_read": std::fs::metadata(&path).map_or(0, |m| m.len()),
-                    "timings": {"restore_ms": ms()},
-                }))
+                    "timings": {"copy_ms": ms()},
+                })))
             }
         }
     }
@@ -1796,10 +1787,4 @@ fn draw(s: &mut Seq, row: &[f32], eog: &[u32], allowed: Option<&[u64]>) -> u32 {
             }
         }
     })
-}
-
-/// A path's file name, for answers (never the server's folder).
-fn file_name(p: &std::path::Path) -> String {
-    p.file_name()
-        .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
 }
