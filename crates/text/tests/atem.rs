@@ -253,19 +253,35 @@ fn arguments_are_typed_by_the_schema() {
     );
 }
 
-/// A recipient past the longest header a stream waits for is no header, read whole or streamed;
-/// one of exactly that length is one either way.
+/// A recipient of any length that reaches `<|message|>` is a header, as the anchor's
+/// `until("<|message|>")` reads it, whole or streamed (its forced-call grammar lets a random model
+/// write one of hundreds of bytes); one that never reaches it is content when long, and an
+/// unfinished header, dropped, when short.
 #[test]
 fn long_recipients_read_the_same_whole_and_streamed() {
-    let p = ToolCallParser::new(&[]);
-    for n in [255usize, 256, 257, 300] {
-        let text = format!(" to={}<|message|>hello<|eot|>", "a".repeat(n));
-        let m = parse_all_ways(&p, &text);
-        if n <= 256 {
-            assert_ne!(m.content, text, "{n}");
+    let p = ToolCallParser::from_json(Some(&json!([{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}}}}])))
+    .unwrap();
+    let call = "<atem:function_calls>\n<atem:invoke name=\"f\">\n\
+        <atem:parameter name=\"x\">1</atem:parameter>\n</atem:invoke>\n</atem:function_calls>";
+    for n in [1usize, 255, 256, 257, 300, 1000] {
+        let recipient = "a".repeat(n);
+        // The header is read and dropped: a body that is no call is the message's content.
+        let m = parse_all_ways(&p, &format!(" to={recipient}<|message|>hello<|eot|>"));
+        assert_eq!(m.content, "hello", "{n}");
+        assert!(m.tool_calls.is_empty(), "{n}");
+        let m = parse_all_ways(&p, &format!(" to={recipient}<|message|>{call}<|eot|>"));
+        assert_eq!(m.content, "", "{n}");
+        assert_eq!(m.tool_calls.len(), 1, "{n}");
+        assert_eq!(m.tool_calls[0].function.name, "f", "{n}");
+        let open = format!(" to={recipient}");
+        let m = parse_all_ways(&p, &open);
+        if n >= 256 + "<|message|>".len() {
+            assert_eq!(m.content, open, "{n}");
         } else {
-            assert_eq!(m.content, text, "{n}");
+            assert_eq!(m.content, "", "{n}");
         }
+        assert!(m.tool_calls.is_empty(), "{n}");
     }
 }
 

@@ -11,7 +11,7 @@ const MESSAGE: &str = "<|message|>";
 const TO: &str = " to=";
 const EOM: &str = "<|eom|>";
 const EOT: &str = "<|eot|>";
-/// A recipient longer than this without `<|message|>` is not a header.
+/// A header's text at least this long that never reaches `<|message|>` is content at the end.
 const MAX_HEADER: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -219,11 +219,8 @@ impl AtemStream {
         }
         if let Some(rest) = self.buf.strip_prefix(TO) {
             if let Some(i) = rest.find(MESSAGE) {
-                // Past MAX_HEADER a stream stops waiting for the header's end; the whole text
-                // is read the same way, so both give the same message.
-                if i > MAX_HEADER {
-                    return Some(State::Raw);
-                }
+                // A recipient of any length, as the anchor's `until("<|message|>")` reads it
+                // (its forced-call grammar lets a random model write one of hundreds of bytes).
                 let recipient = &rest[..i];
                 // Any other recipient is a tool's, empty or holding markup, as the anchor's
                 // parser reads it (` to=` then any text up to `<|message|>`), and as its call
@@ -236,14 +233,13 @@ impl AtemStream {
                 self.buf.drain(..TO.len() + i + MESSAGE.len());
                 return Some(State::Body(ch));
             }
-            // An endless recipient, or at the end one with a stray special token: not a
-            // header (before the end, `<|message|>` may still come after the token).
+            // Before the end, `<|message|>` may still come: the text is held (a stream shows
+            // nothing of it until then). At the end, a long one, or one with a stray special
+            // token, was not a header: content; a short one is dropped, an unfinished header.
             let marker_at = rest
                 .find("<|")
                 .filter(|&j| !MESSAGE.starts_with(&rest[j..]));
-            // (MESSAGE is found once it has all come, so a recipient of MAX_HEADER bytes is
-            // still read as one: give up only where even that cannot be.)
-            if rest.len() >= MAX_HEADER + MESSAGE.len() || (finishing && marker_at.is_some()) {
+            if finishing && (rest.len() >= MAX_HEADER + MESSAGE.len() || marker_at.is_some()) {
                 return Some(State::Raw);
             }
             return None;
