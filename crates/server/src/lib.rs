@@ -14,6 +14,7 @@
 //! The model is not safe to call from several threads, so one engine thread owns it with the
 //! scheduler ([`engine`]); handlers talk to it over channels.
 
+pub mod anthropic;
 pub mod engine;
 pub mod error;
 pub mod openai;

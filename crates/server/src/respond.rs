@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use muser_text::{AtemStream, ChatDelta, ParsedMessage, StreamDecoder, Tokenizer, ToolCallParser};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
@@ -514,6 +514,13 @@ impl ChatChoice {
         std::mem::take(&mut self.logprobs.done)
     }
 
+    /// The stop string the answer met, if one (vLLM's `stop_reason`).
+    pub fn stop_string(&self) -> Option<&str> {
+        match self.stops.as_ref()?.stopped()? {
+            muser_text::StopReason::StopString(s) => Some(s),
+        }
+    }
+
     pub fn finish_reason(&self, f: Finish) -> &'static str {
         if self.tool_calls > 0 {
             "tool_calls"
@@ -528,10 +535,23 @@ impl ChatChoice {
 /// Collects every choice and answers with one JSON body.
 pub async fn whole(
     meta: Meta,
-    mut rx: mpsc::Receiver<Event>,
+    rx: mpsc::Receiver<Event>,
     tok: Arc<Tokenizer>,
     parser: Option<ChatParser>,
 ) -> Response {
+    match whole_body(meta, rx, tok, parser).await {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The OpenAI body `whole` answers with (other APIs' adapters rewrite it).
+pub async fn whole_body(
+    meta: Meta,
+    mut rx: mpsc::Receiver<Event>,
+    tok: Arc<Tokenizer>,
+    parser: Option<ChatParser>,
+) -> Result<Value, ApiError> {
     struct Acc {
         text: String,
         chat: Vec<Value>,
@@ -564,8 +584,9 @@ pub async fn whole(
     let mut left = meta.choices;
     while left > 0 {
         let Some(ev) = rx.recv().await else {
-            return ApiError::internal("the engine stopped before the response was complete")
-                .into_response();
+            return Err(ApiError::internal(
+                "the engine stopped before the response was complete",
+            ));
         };
         match ev {
             Event::Token {
@@ -634,7 +655,7 @@ pub async fn whole(
                     a.text.push_str(&t.text);
                 }
             }
-            Event::Error { error, .. } => return error.into_response(),
+            Event::Error { error, .. } => return Err(error),
         }
     }
     // Once per prompt (its first choice), as the stream counts them.
@@ -660,7 +681,8 @@ pub async fn whole(
                     } else {
                         Value::Null
                     };
-                    json!({"index": i, "message": msg, "logprobs": logprobs, "finish_reason": reason})
+                    json!({"index": i, "message": msg, "logprobs": logprobs, "finish_reason": reason,
+                        "stop_reason": c.stop_string()})
                 }
                 None => {
                     let logprobs = if a.any_logprobs {
@@ -678,7 +700,7 @@ pub async fn whole(
         "usage".into(),
         usage(prompt_tokens, completion_tokens, cached_tokens),
     );
-    axum::Json(Value::Object(body)).into_response()
+    Ok(Value::Object(body))
 }
 
 /// A chat chunk's body holding `delta` alone (no logprobs, no finish).
@@ -698,11 +720,33 @@ fn data(v: &Value) -> SseEvent {
 /// away) drops `rx`, which cancels the request in the engine.
 pub fn stream(
     meta: Meta,
-    mut rx: mpsc::Receiver<Event>,
+    rx: mpsc::Receiver<Event>,
     tok: Arc<Tokenizer>,
     parser: Option<ChatParser>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
+    let chunks = chunks(meta, rx, tok, parser);
     let s = async_stream::stream! {
+        futures_util::pin_mut!(chunks);
+        while let Some(c) = chunks.next().await {
+            yield Ok(match c {
+                Ok(v) => data(&v),
+                Err(e) => data(&e.body()),
+            });
+        }
+        yield Ok(SseEvent::default().data("[DONE]"));
+    };
+    Sse::new(s).keep_alive(KeepAlive::default())
+}
+
+/// The OpenAI chunks `stream` sends, as values (other APIs' adapters rewrite them); a failure
+/// is the last item.
+pub fn chunks(
+    meta: Meta,
+    mut rx: mpsc::Receiver<Event>,
+    tok: Arc<Tokenizer>,
+    parser: Option<ChatParser>,
+) -> impl Stream<Item = Result<Value, ApiError>> {
+    async_stream::stream! {
         let parser = parser.unwrap_or_default();
         let stops: &[String] = meta.chat_stops.as_ref().map_or(&[], |c| &c.stops);
         let mut chat: Vec<ChatChoice> = (0..meta.choices).map(|_| ChatChoice::for_chat(&parser, stops)).collect();
@@ -719,7 +763,7 @@ pub fn stream(
         };
         while left > 0 {
             let Some(ev) = rx.recv().await else {
-                yield Ok(data(&ApiError::internal("the engine stopped during the response").body()));
+                yield Err(ApiError::internal("the engine stopped during the response"));
                 failed = true;
                 break;
             };
@@ -733,7 +777,7 @@ pub fn stream(
                                 continue;
                             }
                             for d in c.opening() {
-                                yield Ok(data(&Value::Object(chunk(index, plain_delta(d)))));
+                                yield Ok(Value::Object(chunk(index, plain_delta(d))));
                             }
                             let delta = c.push(&text, logprob.map(|l| chat_logprob(&tok, id, &l)));
                             if c.stopped()
@@ -747,7 +791,7 @@ pub fn stream(
                                 b.insert("delta".into(), delta.unwrap_or_else(|| json!({})));
                                 b.insert("logprobs".into(), lp.unwrap_or(Value::Null));
                                 b.insert("finish_reason".into(), Value::Null);
-                                yield Ok(data(&Value::Object(chunk(index, b))));
+                                yield Ok(Value::Object(chunk(index, b)));
                             }
                         }
                         Endpoint::Completions => {
@@ -762,7 +806,7 @@ pub fn stream(
                                 b.insert("text".into(), json!(text));
                                 b.insert("logprobs".into(), lp.unwrap_or(Value::Null));
                                 b.insert("finish_reason".into(), Value::Null);
-                                yield Ok(data(&Value::Object(chunk(index, b))));
+                                yield Ok(Value::Object(chunk(index, b)));
                             }
                         }
                     }
@@ -785,7 +829,7 @@ pub fn stream(
                             // role; without one, the last delta carries the role.
                             if c.continued.is_some() {
                                 for d in c.opening() {
-                                    yield Ok(data(&Value::Object(chunk(index, plain_delta(d)))));
+                                    yield Ok(Value::Object(chunk(index, plain_delta(d))));
                                 }
                             }
                             let mut delta = c.finish(&text, finish == Finish::Stop).unwrap_or_else(|| json!({}));
@@ -797,6 +841,7 @@ pub fn stream(
                             b.insert("delta".into(), delta);
                             b.insert("logprobs".into(), if done.is_empty() { Value::Null } else { json!({"content": done}) });
                             b.insert("finish_reason".into(), json!(c.finish_reason(finish)));
+                            b.insert("stop_reason".into(), json!(c.stop_string()));
                         }
                         Endpoint::Completions => {
                             b.insert("text".into(), json!(text));
@@ -804,7 +849,7 @@ pub fn stream(
                             b.insert("finish_reason".into(), json!(finish.as_str()));
                         }
                     }
-                    yield Ok(data(&Value::Object(chunk(index, b))));
+                    yield Ok(Value::Object(chunk(index, b)));
                 }
                 Event::Echo { index, tokens, logprobs } => {
                     let Some(off) = offsets.get_mut(index) else { continue };
@@ -821,10 +866,10 @@ pub fn stream(
                     b.insert("text".into(), json!(text));
                     b.insert("logprobs".into(), if logprobs { c.json() } else { Value::Null });
                     b.insert("finish_reason".into(), Value::Null);
-                    yield Ok(data(&Value::Object(chunk(index, b))));
+                    yield Ok(Value::Object(chunk(index, b)));
                 }
                 Event::Error { error, .. } => {
-                    yield Ok(data(&error.body()));
+                    yield Err(error);
                     failed = true;
                     break;
                 }
@@ -833,11 +878,9 @@ pub fn stream(
         if meta.include_usage && !failed {
             let mut m = meta.envelope(true, Value::Array(Vec::new()));
             m.insert("usage".into(), usage(prompt_tokens, completion_tokens, cached_tokens));
-            yield Ok(data(&Value::Object(m)));
+            yield Ok(Value::Object(m));
         }
-        yield Ok(SseEvent::default().data("[DONE]"));
-    };
-    Sse::new(s).keep_alive(KeepAlive::default())
+    }
 }
 
 #[cfg(test)]

@@ -212,6 +212,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models/{*id}", get(model))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
+        .route("/v1/messages", post(anthropic_messages))
+        .route("/v1/messages/count_tokens", post(anthropic_count_tokens))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/slots", get(slots))
@@ -296,8 +298,19 @@ async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response 
             // The scheme is case-insensitive (RFC 7235): "bearer K" is "Bearer K".
             .and_then(|v| v.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, k)| k.trim());
+            .map(|(_, k)| k.trim())
+            // Anthropic's clients send the key as x-api-key (llama-server reads it too).
+            .or_else(|| {
+                req.headers()
+                    .get("x-api-key")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::trim)
+            });
         if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+            // Each API's clients read its own error shape.
+            if req.uri().path().starts_with("/v1/messages") {
+                return crate::anthropic::error_response(ApiError::unauthorized());
+            }
             return ApiError::unauthorized().into_response();
         }
     }
@@ -411,8 +424,111 @@ fn chat_prompt(
 async fn chat_completions(
     State(st): State<AppState>,
     Extension(rid): Extension<RequestId>,
-    PrepJson(mut req, turn): PrepJson<GenRequest>,
+    PrepJson(req, turn): PrepJson<GenRequest>,
 ) -> Result<Response, ApiError> {
+    let job = start_chat(&st, &rid, req, turn, "chatcmpl-").await?;
+    Ok(if job.stream {
+        respond::stream(job.meta, job.rx, st.tok.clone(), Some(job.parser)).into_response()
+    } else {
+        respond::whole(job.meta, job.rx, st.tok.clone(), Some(job.parser)).await
+    })
+}
+
+/// An Anthropic Messages request's body (`anthropic::to_chat_request`) as the chat path's
+/// request, read under a preparation turn; every failure Anthropic's error object.
+async fn anthropic_request(st: &AppState, req: Request) -> Result<(GenRequest, Prep), ApiError> {
+    let bytes = body_bytes(req, st).await?;
+    let turn = Arc::clone(&st.prepare)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
+    let body: Value = parse_json(&bytes)?;
+    let chat = crate::anthropic::to_chat_request(body)?;
+    let req = serde_path_to_error::deserialize(chat).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError::invalid(path.clone(), format!("{path}: {}", e.into_inner()))
+    })?;
+    Ok((req, Prep(turn)))
+}
+
+/// `POST /v1/messages`: Anthropic's Messages API over the chat path (`anthropic`), streamed as
+/// Anthropic's events or answered whole.
+async fn anthropic_messages(
+    State(st): State<AppState>,
+    Extension(rid): Extension<RequestId>,
+    req: Request,
+) -> Response {
+    let run = async {
+        let (req, turn) = anthropic_request(&st, req).await?;
+        let mut job = start_chat(&st, &rid, req, turn, "msg_").await?;
+        let (id, model) = (job.meta.id.clone(), job.meta.model.clone());
+        // Whole or streamed, the message is folded from the same chunks (the last with the
+        // usage), so its blocks keep the order the model wrote them in either way.
+        job.meta.include_usage = true;
+        let chunks = respond::chunks(job.meta, job.rx, st.tok.clone(), Some(job.parser));
+        Ok::<_, ApiError>(if job.stream {
+            crate::anthropic::events(id, model, job.prompt_tokens, chunks).into_response()
+        } else {
+            Json(crate::anthropic::message(id, model, chunks).await?).into_response()
+        })
+    };
+    run.await.unwrap_or_else(crate::anthropic::error_response)
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt tokens a Messages request would have,
+/// `{"input_tokens": N}`.
+async fn anthropic_count_tokens(State(st): State<AppState>, req: Request) -> Response {
+    let run = async {
+        let (mut req, turn) = anthropic_request(&st, req).await?;
+        req.check_model(&st.model_id)?;
+        let template = st.template.clone().ok_or_else(|| {
+            ApiError::bad_request("this model has no chat template").code("no_chat_template")
+        })?;
+        let tok = Arc::clone(&st.tok);
+        let n = tokio::task::spawn_blocking(move || -> Result<usize, ApiError> {
+            let messages = req.messages.take().unwrap_or(Value::Null);
+            openai::text_parts_only(&messages)?;
+            let (tools, _) = req.chat_tools()?;
+            let kwargs = req.template_kwargs()?;
+            let (ids, _) = chat_prompt(
+                &template,
+                &tok,
+                messages,
+                tools.as_ref(),
+                None,
+                None,
+                kwargs.as_ref(),
+            )?;
+            drop(turn);
+            Ok(ids.len())
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("counting tokens failed: {e}")))??;
+        Ok::<_, ApiError>(Json(json!({"input_tokens": n})).into_response())
+    };
+    run.await.unwrap_or_else(crate::anthropic::error_response)
+}
+
+/// A chat request submitted to the engine: what its response is built from.
+pub(crate) struct ChatJob {
+    pub meta: Meta,
+    pub rx: tokio::sync::mpsc::Receiver<crate::engine::Event>,
+    pub parser: respond::ChatParser,
+    pub stream: bool,
+    /// The first choice's prompt tokens.
+    pub prompt_tokens: usize,
+}
+
+/// Format a chat request's messages, check its options and submit it (the chat endpoint's
+/// work before its response; other APIs' adapters share it). `id_prefix`: the response id's
+/// (`chatcmpl-`, Anthropic's `msg_`).
+pub(crate) async fn start_chat(
+    st: &AppState,
+    rid: &RequestId,
+    mut req: GenRequest,
+    turn: Prep,
+    id_prefix: &str,
+) -> Result<ChatJob, ApiError> {
     req.check_model(&st.model_id)?;
     let template = st.template.as_ref().ok_or_else(|| {
         ApiError::bad_request(
@@ -470,8 +586,9 @@ async fn chat_completions(
     // text is parsed (respond::ChatStops), not by the engine.
     let chat_stops =
         (!opts.stops.is_empty()).then(|| ChatStops::new(opts.stops.clone(), seqs.len()));
+    let prompt_tokens = seqs.first().map_or(0, |q| q.prompt.len());
     let meta = Meta {
-        id: format!("chatcmpl-{}", rid.0),
+        id: format!("{id_prefix}{}", rid.0),
         created: now(),
         model: st.model_id.to_string(),
         endpoint: Endpoint::Chat,
@@ -481,16 +598,18 @@ async fn chat_completions(
         chat_stops: chat_stops.clone(),
     };
     let json_answer = matches!(opts.constrain, Some(openai::Constrain::Schema { .. }));
-    let rx = submit(&st, &rid, seqs, &opts, false, chat_stops.as_ref(), grammar)?;
+    let rx = submit(st, rid, seqs, &opts, false, chat_stops.as_ref(), grammar)?;
     let parser = respond::ChatParser {
         tools: parser,
         json_answer,
         continued,
     };
-    Ok(if opts.stream {
-        respond::stream(meta, rx, st.tok.clone(), Some(parser)).into_response()
-    } else {
-        respond::whole(meta, rx, st.tok.clone(), Some(parser)).await
+    Ok(ChatJob {
+        meta,
+        rx,
+        parser,
+        stream: opts.stream,
+        prompt_tokens,
     })
 }
 

@@ -461,6 +461,34 @@ impl Sse {
         }
     }
 
+    /// The next event's name (`event:`, "" without one) and `data:` payload, parsed; None at
+    /// the end of the stream.
+    pub async fn next_event(&mut self) -> Option<(String, Value)> {
+        loop {
+            if let Some(i) = self.body.decoded.windows(2).position(|w| w == b"\n\n") {
+                let ev: Vec<u8> = self.body.decoded.drain(..i + 2).collect();
+                let ev = String::from_utf8_lossy(&ev).to_string();
+                let field = |name: &str| -> Vec<String> {
+                    ev.lines()
+                        .filter_map(|l| l.strip_prefix(name))
+                        .map(|l| l.strip_prefix(' ').unwrap_or(l).to_string())
+                        .collect()
+                };
+                let data = field("data:");
+                if data.is_empty() {
+                    continue; // a keep-alive comment
+                }
+                let data = data.join("\n");
+                let v = serde_json::from_str(&data)
+                    .unwrap_or_else(|e| panic!("event data is not JSON ({e}): {data}"));
+                return Some((field("event:").join(""), v));
+            }
+            if !self.body.more().await {
+                return None;
+            }
+        }
+    }
+
     /// Every payload up to `[DONE]` (asserting it comes), parsed.
     pub async fn collect(&mut self) -> Vec<Value> {
         let mut out = Vec::new();

@@ -1,6 +1,6 @@
 """The official `openai` Python client against a live `muser serve` on a fixture model.
 
-Run by `cargo test -p muser-server --test openai_client` (which starts the server); by hand:
+Run by `cargo test -p muser-server --test python_clients` (which starts the server); by hand:
     python test_openai.py --base-url http://127.0.0.1:8080/v1 --model tame-q4_k_m
 
 The fixture model has random weights: these tests check the protocol as the client sees it
