@@ -216,6 +216,28 @@ fn convert_message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiE
     Ok(())
 }
 
+/// `text` with the per-request stamp of a Claude Code system prompt
+/// (`x-anthropic-billing-header: ...; cch=XXXXX;...`) made constant, as llama-server b11434
+/// does (server-chat.cpp, `normalize_anthropic_billing_header`): the five characters after
+/// `cch=` become `fffff` when a `;` follows them. The stamp changes with every request and sits
+/// at the start of the prompt, so without this no request would reuse another's cache.
+fn without_billing_stamp(text: &str) -> String {
+    const HEADER: &str = "x-anthropic-billing-header:";
+    const STAMP: usize = 5;
+    let mut t = text.to_string();
+    if !t.starts_with(HEADER) {
+        return t;
+    }
+    if let Some(at) = t[HEADER.len()..].find("cch=").map(|i| HEADER.len() + i + 4)
+        && t.as_bytes().get(at + STAMP) == Some(&b';')
+        && t.is_char_boundary(at)
+        && t.is_char_boundary(at + STAMP)
+    {
+        t.replace_range(at..at + STAMP, "fffff");
+    }
+    t
+}
+
 /// An Anthropic Messages request as an OpenAI chat request for the chat path (whose chunks,
 /// with their usage, `message` and `events` rewrite).
 pub fn to_chat_request(body: Value) -> Result<Value, ApiError> {
@@ -228,7 +250,23 @@ pub fn to_chat_request(body: Value) -> Result<Value, ApiError> {
     match b.get("system") {
         None | Some(Value::Null) => {}
         Some(v) => {
-            let text = text_of_blocks(v, "system")?;
+            // Each text of the system prompt stamped as llama-server stamps it.
+            let text = match v {
+                Value::Array(blocks) => blocks
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| {
+                        text_of_blocks(&Value::Array(vec![b.clone()]), "system")
+                            .map_err(|mut e| {
+                                e.message =
+                                    e.message.replacen("system[0]", &format!("system[{i}]"), 1);
+                                e
+                            })
+                            .map(|t| without_billing_stamp(&t))
+                    })
+                    .collect::<Result<String, ApiError>>()?,
+                v => without_billing_stamp(&text_of_blocks(v, "system")?),
+            };
             messages.push(json!({"role": "system", "content": text}));
         }
     }
@@ -697,6 +735,42 @@ mod tests {
             (o["max_tokens"].clone(), o["temperature"].clone()),
             (json!(64), json!(0.5))
         );
+    }
+
+    #[test]
+    fn a_claude_code_billing_stamp_is_made_constant() {
+        let stamp = "x-anthropic-billing-header: cc_version=2.1.101.e51; cc_entrypoint=cli; cch=a5145;You are Claude Code.";
+        let want = "x-anthropic-billing-header: cc_version=2.1.101.e51; cc_entrypoint=cli; cch=fffff;You are Claude Code.";
+        assert_eq!(without_billing_stamp(stamp), want);
+        // Anywhere but at the start, without a `;` after five characters, or without the
+        // stamp: as it is.
+        for t in [
+            "Be brief. x-anthropic-billing-header: cch=a5145;",
+            "x-anthropic-billing-header: cch=a514;x",
+            "x-anthropic-billing-header: cch=a5145",
+            "x-anthropic-billing-header: cc_version=2",
+            "x-anthropic-billing-header: cch=é1234;",
+        ] {
+            assert_eq!(without_billing_stamp(t), t);
+        }
+        for system in [
+            json!(stamp),
+            json!([{"type": "text", "text": "A. "}, {"type": "text", "text": stamp}]),
+        ] {
+            let o = to_chat_request(json!({"max_tokens": 8, "system": system, "messages": []}))
+                .unwrap();
+            assert!(
+                o["messages"][0]["content"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with(want),
+                "{o}"
+            );
+        }
+        let e = to_chat_request(json!({"max_tokens": 8, "messages": [],
+            "system": [{"type": "text", "text": "A"}, {"type": "image"}]}))
+        .unwrap_err();
+        assert!(e.message.contains("system[1]"), "{e}");
     }
 
     #[test]
