@@ -28,6 +28,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
 use serde_json::{Map, Value, json};
 
+use crate::adapt::{Kind, Op, Translate, ends};
 use crate::error::ApiError;
 
 /// Anthropic's error object for `e`, `{"type": "error", "error": {"type", "message"}}`.
@@ -395,194 +396,39 @@ fn usage(u: &Value) -> Value {
     })
 }
 
-fn tool_input(arguments: &Value) -> Value {
-    arguments
-        .as_str()
-        .and_then(|a| serde_json::from_str::<Value>(a).ok())
+/// A call's arguments (a JSON object's text) as a `tool_use` block's input.
+fn tool_input(arguments: &str) -> Value {
+    serde_json::from_str::<Value>(arguments)
+        .ok()
         .filter(Value::is_object)
         .unwrap_or_else(|| json!({}))
 }
 
-#[derive(Clone, Copy, PartialEq)]
-enum Block {
-    Thinking,
-    Text,
-    Tool,
-}
-
-/// A step of an Anthropic message being written: what a stream sends as an event, and what the
-/// whole message is folded from, so that both read the same.
-#[derive(Debug, Clone, PartialEq)]
-enum Op {
-    /// `content_block_start`: block `index` begins as `block`.
-    Start { index: usize, block: Value },
-    /// `content_block_delta`.
-    Delta { index: usize, delta: Value },
-    /// `content_block_stop`.
-    Stop { index: usize },
-    /// `message_delta` then `message_stop`.
-    End {
-        stop_reason: &'static str,
-        stop_sequence: Option<String>,
-        usage: Value,
-    },
-}
-
-/// The chat path's OpenAI chunks (one choice, usage at the end) as an Anthropic message's steps:
-/// blocks numbered in the order the model writes them (thinking, text, each tool use), one open
-/// at a time, each stopped before the next starts.
-#[derive(Default)]
-struct Translate {
-    opened: usize,
-    open: Option<Block>,
-    /// The choice's finish reason and matched stop string, once a chunk has given them.
-    finish: Option<(String, Option<String>)>,
-}
-
-impl Translate {
-    fn close(&mut self, out: &mut Vec<Op>) {
-        let Some(kind) = self.open.take() else {
-            return;
-        };
-        let index = self.opened - 1;
-        if kind == Block::Thinking {
-            // Anthropic's clients expect a signature before a thinking block ends; a local
-            // model's reasoning has none (llama-server sends it empty too).
-            out.push(Op::Delta {
-                index,
-                delta: json!({"type": "signature_delta", "signature": ""}),
-            });
+/// The content block an answer's part starts as.
+fn block_start(kind: Kind, call: &Option<(String, String)>) -> Value {
+    match (kind, call) {
+        (Kind::Reasoning, _) => json!({"type": "thinking", "thinking": "", "signature": ""}),
+        (Kind::Text, _) => json!({"type": "text", "text": ""}),
+        (Kind::Call, c) => {
+            let (id, name) = c.clone().unwrap_or_default();
+            json!({"type": "tool_use", "id": id, "name": name, "input": {}})
         }
-        out.push(Op::Stop { index });
-    }
-
-    /// The index of an open block of `kind` (opened as `block` unless one is open already, a
-    /// tool use always anew).
-    fn want(&mut self, kind: Block, block: Value, out: &mut Vec<Op>) -> usize {
-        if self.open != Some(kind) || kind == Block::Tool {
-            self.close(out);
-            out.push(Op::Start {
-                index: self.opened,
-                block,
-            });
-            self.opened += 1;
-            self.open = Some(kind);
-        }
-        self.opened - 1
-    }
-
-    /// The steps of one chunk; the one with the usage ends the message.
-    fn chunk(&mut self, c: &Value) -> Vec<Op> {
-        let mut out = Vec::new();
-        if let Some(u) = c.get("usage").filter(|u| !u.is_null()) {
-            let (reason, seq) = self.finish.take().unwrap_or_else(|| ("stop".into(), None));
-            self.close(&mut out);
-            out.push(Op::End {
-                stop_reason: stop_reason(Some(&reason), seq.as_deref()),
-                stop_sequence: seq,
-                usage: usage(u),
-            });
-            return out;
-        }
-        let ch = &c["choices"][0];
-        let d = &ch["delta"];
-        if let Some(r) = d["reasoning_content"].as_str().filter(|r| !r.is_empty()) {
-            let block = json!({"type": "thinking", "thinking": "", "signature": ""});
-            let index = self.want(Block::Thinking, block, &mut out);
-            out.push(Op::Delta {
-                index,
-                delta: json!({"type": "thinking_delta", "thinking": r}),
-            });
-        }
-        if let Some(t) = d["content"].as_str().filter(|t| !t.is_empty()) {
-            let index = self.want(Block::Text, json!({"type": "text", "text": ""}), &mut out);
-            out.push(Op::Delta {
-                index,
-                delta: json!({"type": "text_delta", "text": t}),
-            });
-        }
-        for call in d["tool_calls"].as_array().into_iter().flatten() {
-            let block = json!({"type": "tool_use", "id": call["id"],
-                "name": call["function"]["name"], "input": {}});
-            let index = self.want(Block::Tool, block, &mut out);
-            let args = tool_input(&call["function"]["arguments"]).to_string();
-            out.push(Op::Delta {
-                index,
-                delta: json!({"type": "input_json_delta", "partial_json": args}),
-            });
-        }
-        if let Some(f) = ch["finish_reason"].as_str() {
-            self.finish = Some((f.to_string(), ch["stop_reason"].as_str().map(String::from)));
-        }
-        out
     }
 }
 
-/// An Anthropic message as its steps build it (a client folding the stream's events does the
-/// same).
-struct Message {
-    content: Vec<Value>,
-    /// Each block's `input_json_delta`s so far (a tool use's input is whole at its stop).
-    partial_json: Vec<String>,
-    end: Option<Value>,
+/// The delta of an answer's part.
+fn block_delta(kind: Kind, text: &str) -> Value {
+    match kind {
+        Kind::Reasoning => json!({"type": "thinking_delta", "thinking": text}),
+        Kind::Text => json!({"type": "text_delta", "text": text}),
+        Kind::Call => json!({"type": "input_json_delta", "partial_json": text}),
+    }
 }
 
-impl Message {
-    fn new() -> Self {
-        Message {
-            content: Vec::new(),
-            partial_json: Vec::new(),
-            end: None,
-        }
-    }
-
-    fn apply(&mut self, op: Op) {
-        match op {
-            Op::Start { block, .. } => {
-                self.content.push(block);
-                self.partial_json.push(String::new());
-            }
-            Op::Delta { index, delta } => {
-                let (Some(block), Some(json)) = (
-                    self.content.get_mut(index),
-                    self.partial_json.get_mut(index),
-                ) else {
-                    return;
-                };
-                let append = |block: &mut Value, field: &str, text: &Value| {
-                    let mut s = block[field].as_str().unwrap_or("").to_string();
-                    s.push_str(text.as_str().unwrap_or(""));
-                    block[field] = Value::String(s);
-                };
-                match delta["type"].as_str() {
-                    Some("text_delta") => append(block, "text", &delta["text"]),
-                    Some("thinking_delta") => append(block, "thinking", &delta["thinking"]),
-                    Some("signature_delta") => append(block, "signature", &delta["signature"]),
-                    Some("input_json_delta") => {
-                        json.push_str(delta["partial_json"].as_str().unwrap_or(""))
-                    }
-                    _ => {}
-                }
-            }
-            Op::Stop { index } => {
-                if let (Some(block), Some(json)) =
-                    (self.content.get_mut(index), self.partial_json.get(index))
-                    && block["type"] == "tool_use"
-                    && !json.is_empty()
-                {
-                    block["input"] = serde_json::from_str(json).unwrap_or_else(|_| json!({}));
-                }
-            }
-            Op::End {
-                stop_reason,
-                stop_sequence,
-                usage,
-            } => {
-                self.end = Some(json!({"stop_reason": stop_reason,
-                    "stop_sequence": stop_sequence, "usage": usage}))
-            }
-        }
-    }
+/// The end of a message: its stop reason, stop sequence and usage.
+fn message_end(finish: &str, stop_string: Option<String>, u: &Value) -> Value {
+    json!({"stop_reason": stop_reason(Some(finish), stop_string.as_deref()),
+        "stop_sequence": stop_string, "usage": usage(u)})
 }
 
 fn event(name: &str, data: Value) -> SseEvent {
@@ -594,28 +440,42 @@ fn op_events(ops: Vec<Op>) -> Vec<SseEvent> {
     let mut out = Vec::new();
     for op in ops {
         match op {
-            Op::Start { index, block } => out.push(event(
+            Op::Start { index, kind, call } => out.push(event(
                 "content_block_start",
-                json!({"type": "content_block_start", "index": index, "content_block": block}),
+                json!({"type": "content_block_start", "index": index,
+                    "content_block": block_start(kind, &call)}),
             )),
-            Op::Delta { index, delta } => out.push(event(
+            Op::Delta { index, kind, text } => out.push(event(
                 "content_block_delta",
-                json!({"type": "content_block_delta", "index": index, "delta": delta}),
+                json!({"type": "content_block_delta", "index": index,
+                    "delta": block_delta(kind, &text)}),
             )),
-            Op::Stop { index } => out.push(event(
-                "content_block_stop",
-                json!({"type": "content_block_stop", "index": index}),
-            )),
+            Op::Stop { index, kind } => {
+                if kind == Kind::Reasoning {
+                    // Anthropic's clients expect a signature before a thinking block ends; a
+                    // local model's reasoning has none (llama-server sends it empty too).
+                    out.push(event(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": index,
+                            "delta": {"type": "signature_delta", "signature": ""}}),
+                    ));
+                }
+                out.push(event(
+                    "content_block_stop",
+                    json!({"type": "content_block_stop", "index": index}),
+                ));
+            }
             Op::End {
-                stop_reason,
-                stop_sequence,
+                finish,
+                stop_string,
                 usage,
             } => {
+                let end = message_end(&finish, stop_string, &usage);
                 out.push(event(
                     "message_delta",
                     json!({"type": "message_delta",
-                        "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                        "usage": usage}),
+                        "delta": {"stop_reason": end["stop_reason"], "stop_sequence": end["stop_sequence"]},
+                        "usage": end["usage"]}),
                 ));
                 out.push(event("message_stop", json!({"type": "message_stop"})));
             }
@@ -632,18 +492,55 @@ pub async fn message(
     chunks: impl Stream<Item = Result<Value, ApiError>>,
 ) -> Result<Value, ApiError> {
     let mut t = Translate::default();
-    let mut m = Message::new();
+    let mut content: Vec<Value> = Vec::new();
+    let mut arguments: Vec<String> = Vec::new();
     futures_util::pin_mut!(chunks);
     while let Some(c) = chunks.next().await {
         for op in t.chunk(&c?) {
-            m.apply(op);
-        }
-        if let Some(end) = m.end.take() {
-            return Ok(json!({
-                "id": id, "type": "message", "role": "assistant", "content": m.content,
-                "model": model, "stop_reason": end["stop_reason"],
-                "stop_sequence": end["stop_sequence"], "usage": end["usage"],
-            }));
+            match op {
+                Op::Start { kind, call, .. } => {
+                    content.push(block_start(kind, &call));
+                    arguments.push(String::new());
+                }
+                Op::Delta { index, kind, text } => {
+                    let (Some(block), Some(args)) =
+                        (content.get_mut(index), arguments.get_mut(index))
+                    else {
+                        continue;
+                    };
+                    let field = match kind {
+                        Kind::Reasoning => "thinking",
+                        Kind::Text => "text",
+                        Kind::Call => {
+                            args.push_str(&text);
+                            continue;
+                        }
+                    };
+                    let mut s = block[field].as_str().unwrap_or("").to_string();
+                    s.push_str(&text);
+                    block[field] = Value::String(s);
+                }
+                Op::Stop { index, kind } => {
+                    if kind == Kind::Call
+                        && let (Some(block), Some(args)) =
+                            (content.get_mut(index), arguments.get(index))
+                    {
+                        block["input"] = tool_input(args);
+                    }
+                }
+                Op::End {
+                    finish,
+                    stop_string,
+                    usage,
+                } => {
+                    let end = message_end(&finish, stop_string, &usage);
+                    return Ok(json!({
+                        "id": id, "type": "message", "role": "assistant", "content": content,
+                        "model": model, "stop_reason": end["stop_reason"],
+                        "stop_sequence": end["stop_sequence"], "usage": end["usage"],
+                    }));
+                }
+            }
         }
     }
     Err(ApiError::internal("the response ended without its usage"))
@@ -675,7 +572,7 @@ pub fn events(
                 }
             };
             let ops = t.chunk(&c);
-            let ended = ops.iter().any(|o| matches!(o, Op::End { .. }));
+            let ended = ends(&ops);
             for e in op_events(ops) {
                 yield Ok(e);
             }

@@ -14,11 +14,13 @@
 //! The model is not safe to call from several threads, so one engine thread owns it with the
 //! scheduler ([`engine`]); handlers talk to it over channels.
 
+pub mod adapt;
 pub mod anthropic;
 pub mod engine;
 pub mod error;
 pub mod openai;
 pub mod respond;
+pub mod responses;
 pub mod routes;
 
 use std::future::{Future, IntoFuture};

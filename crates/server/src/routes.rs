@@ -213,6 +213,18 @@ pub fn router(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .route("/v1/messages", post(anthropic_messages))
+        .route("/v1/responses", post(responses))
+        .route("/responses", post(responses))
+        .route("/v1/responses/input_tokens", post(responses_input_tokens))
+        .route("/responses/input_tokens", post(responses_input_tokens))
+        .route("/v1/chat/completions/input_tokens", post(chat_input_tokens))
+        .route("/chat/completions/input_tokens", post(chat_input_tokens))
+        // llama-server's other names for the same endpoints.
+        .route("/chat/completions", post(chat_completions))
+        .route("/models", get(models))
+        .route("/v1/health", get(health))
+        .route("/apply-template", post(apply_template))
+        .route("/props", get(props))
         .route("/v1/messages/count_tokens", post(anthropic_count_tokens))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
@@ -289,7 +301,7 @@ fn constant_time_eq(given: &[u8], key: &[u8]) -> bool {
 
 async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
     if let Some(key) = &st.api_key
-        && req.uri().path() != "/health"
+        && !matches!(req.uri().path(), "/health" | "/v1/health")
     {
         let given = req
             .headers()
@@ -475,38 +487,161 @@ async fn anthropic_messages(
     run.await.unwrap_or_else(crate::anthropic::error_response)
 }
 
+/// The prompt a chat request's conversation makes, as the chat endpoint would run it (its
+/// template, tools, kwargs, generation prompt or continued message), run nothing.
+async fn chat_prompt_of(
+    st: &AppState,
+    mut req: GenRequest,
+    turn: Prep,
+) -> Result<Vec<u32>, ApiError> {
+    req.check_model(&st.model_id)?;
+    let template = st.template.clone().ok_or_else(|| {
+        ApiError::bad_request("this model has no chat template").code("no_chat_template")
+    })?;
+    let tok = Arc::clone(&st.tok);
+    tokio::task::spawn_blocking(move || -> Result<Vec<u32>, ApiError> {
+        let Some(messages) = req.messages.take() else {
+            return Err(ApiError::invalid("messages", "messages is required"));
+        };
+        openai::text_parts_only(&messages)?;
+        let (tools, _) = req.chat_tools()?;
+        let kwargs = req.template_kwargs()?;
+        let (ids, _) = chat_prompt(
+            &template,
+            &tok,
+            messages,
+            tools.as_ref(),
+            req.add_generation_prompt,
+            req.continue_final_message.as_ref(),
+            kwargs.as_ref(),
+        )?;
+        drop(turn);
+        Ok(ids)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("formatting the chat failed: {e}")))?
+}
+
 /// `POST /v1/messages/count_tokens`: the prompt tokens a Messages request would have,
 /// `{"input_tokens": N}`.
 async fn anthropic_count_tokens(State(st): State<AppState>, req: Request) -> Response {
     let run = async {
-        let (mut req, turn) = anthropic_request(&st, req).await?;
-        req.check_model(&st.model_id)?;
-        let template = st.template.clone().ok_or_else(|| {
-            ApiError::bad_request("this model has no chat template").code("no_chat_template")
-        })?;
-        let tok = Arc::clone(&st.tok);
-        let n = tokio::task::spawn_blocking(move || -> Result<usize, ApiError> {
-            let messages = req.messages.take().unwrap_or(Value::Null);
-            openai::text_parts_only(&messages)?;
-            let (tools, _) = req.chat_tools()?;
-            let kwargs = req.template_kwargs()?;
-            let (ids, _) = chat_prompt(
-                &template,
-                &tok,
-                messages,
-                tools.as_ref(),
-                None,
-                None,
-                kwargs.as_ref(),
-            )?;
-            drop(turn);
-            Ok(ids.len())
-        })
-        .await
-        .map_err(|e| ApiError::internal(format!("counting tokens failed: {e}")))??;
+        let (req, turn) = anthropic_request(&st, req).await?;
+        let n = chat_prompt_of(&st, req, turn).await?.len();
         Ok::<_, ApiError>(Json(json!({"input_tokens": n})).into_response())
     };
     run.await.unwrap_or_else(crate::anthropic::error_response)
+}
+
+/// A Responses request's body (`responses::to_chat_request`) as the chat path's request and the
+/// fields its response repeats, read under a preparation turn.
+async fn responses_request(
+    st: &AppState,
+    req: Request,
+) -> Result<(GenRequest, crate::responses::Echo, Prep), ApiError> {
+    let bytes = body_bytes(req, st).await?;
+    let turn = Arc::clone(&st.prepare)
+        .acquire_owned()
+        .await
+        .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
+    let body: Value = parse_json(&bytes)?;
+    let (chat, echo) = crate::responses::to_chat_request(body)?;
+    let req = serde_path_to_error::deserialize(chat).map_err(|e| {
+        let path = e.path().to_string();
+        crate::responses::own_names(ApiError::invalid(
+            path.clone(),
+            format!("{path}: {}", e.into_inner()),
+        ))
+    })?;
+    Ok((req, echo, Prep(turn)))
+}
+
+/// `POST /v1/responses`: OpenAI's Responses API over the chat path (`responses`), streamed as
+/// its events or answered whole.
+async fn responses(
+    State(st): State<AppState>,
+    Extension(rid): Extension<RequestId>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let (req, echo, turn) = responses_request(&st, req).await?;
+    let mut job = start_chat(&st, &rid, req, turn, "resp_")
+        .await
+        .map_err(crate::responses::own_names)?;
+    let out = crate::responses::Output::new(job.meta.id.clone(), job.meta.model.clone(), echo);
+    // Whole or streamed, the response is written from the same chunks (the last with the
+    // usage).
+    job.meta.include_usage = true;
+    let chunks = respond::chunks(job.meta, job.rx, st.tok.clone(), Some(job.parser));
+    Ok(if job.stream {
+        crate::responses::events(out, chunks).into_response()
+    } else {
+        Json(crate::responses::response(out, chunks).await?).into_response()
+    })
+}
+
+/// `POST /v1/responses/input_tokens`: the prompt tokens a Responses request would have.
+async fn responses_input_tokens(
+    State(st): State<AppState>,
+    req: Request,
+) -> Result<Json<Value>, ApiError> {
+    let (req, _, turn) = responses_request(&st, req).await?;
+    let n = chat_prompt_of(&st, req, turn)
+        .await
+        .map_err(crate::responses::own_names)?
+        .len();
+    Ok(Json(
+        json!({"object": "response.input_tokens", "input_tokens": n}),
+    ))
+}
+
+/// `POST /v1/chat/completions/input_tokens` (llama-server's): the prompt tokens a chat request
+/// would have.
+async fn chat_input_tokens(
+    State(st): State<AppState>,
+    PrepJson(req, turn): PrepJson<GenRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let n = chat_prompt_of(&st, req, turn).await?.len();
+    Ok(Json(
+        json!({"object": "response.input_tokens", "input_tokens": n}),
+    ))
+}
+
+/// `POST /apply-template` (llama-server's): the prompt text a chat request's conversation
+/// makes, `{"prompt": ...}`: the text of the tokens the chat endpoint would run.
+async fn apply_template(
+    State(st): State<AppState>,
+    PrepJson(req, turn): PrepJson<GenRequest>,
+) -> Result<Json<Value>, ApiError> {
+    let ids = chat_prompt_of(&st, req, turn).await?;
+    let prompt = st.tok.decode(&ids, false)?;
+    Ok(Json(json!({"prompt": prompt})))
+}
+
+/// `GET /props` (llama-server's): what the server serves and how.
+async fn props(State(st): State<AppState>) -> Json<Value> {
+    let token = |id: Option<u32>| {
+        id.and_then(|i| st.tok.piece(i, false).ok())
+            .map(|p| String::from_utf8_lossy(p).into_owned())
+    };
+    Json(json!({
+        "default_generation_settings": {
+            "n_ctx": st.engine.n_ctx(),
+            "params": {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
+                "presence_penalty": 0.0, "frequency_penalty": 0.0, "repeat_penalty": 1.0,
+                "n_predict": -1},
+        },
+        "total_slots": st.engine.parallel(),
+        "model_alias": &*st.model_id,
+        "modalities": {"vision": false, "video": false, "audio": false},
+        "endpoint_slots": true,
+        "endpoint_props": false,
+        "endpoint_metrics": true,
+        "chat_template": st.template.as_ref().map(|t| t.source()),
+        "bos_token": token(st.tok.bos()),
+        "eos_token": token(st.tok.eos()),
+        "build_info": concat!("muser ", env!("CARGO_PKG_VERSION")),
+        "is_sleeping": false,
+    }))
 }
 
 /// A chat request submitted to the engine: what its response is built from.

@@ -214,6 +214,8 @@ pub(crate) struct Shared {
     pub cost: KvCost,
     pub budget: usize,
     pub n_ctx: usize,
+    /// Slots: sequences that run at once.
+    pub parallel: usize,
 }
 
 /// The handlers' side of the engine. Cheap to clone.
@@ -226,6 +228,11 @@ pub struct EngineHandle {
 impl EngineHandle {
     pub fn n_ctx(&self) -> usize {
         self.shared.n_ctx
+    }
+
+    /// Slots: sequences that run at once (`--parallel`).
+    pub fn parallel(&self) -> usize {
+        self.shared.parallel
     }
 
     /// Queue a job, or refuse it at once: 429 when the queue is full, 503 when shutting down,
@@ -374,6 +381,7 @@ pub fn start<B: Backend + 'static>(
         cost,
         budget,
         n_ctx: cfg.n_ctx,
+        parallel: cfg.parallel,
     });
     let (tx, rx) = std::sync::mpsc::channel();
     let worker = worker::Worker::new(model, tok, cfg, shared.clone(), rx)?;

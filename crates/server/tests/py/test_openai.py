@@ -178,6 +178,54 @@ def test_structured_outputs():
         assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
+def test_responses():
+    # The Responses API: the same answer whole and streamed (the stream helper's final response),
+    # its usage, a forced function call sent back with its output, the prompt's count.
+    kw = dict(model=ARGS.model, instructions="Be brief.", input="Tell me a story.", max_output_tokens=24,
+              extra_body={"seed": 5, "chat_template_kwargs": {"current_date": "2026-08-15"}})
+    r = client().responses.create(**kw)
+    assert r.object == "response" and r.id.startswith("resp_"), r
+    assert r.status in ("completed", "incomplete"), r.status
+    assert r.usage.output_tokens <= 24 and r.usage.input_tokens > 0, r.usage
+    deltas = []
+    with client().responses.stream(**kw) as s:
+        for e in s:
+            if e.type == "response.output_text.delta":
+                deltas.append(e.delta)
+        final = s.get_final_response()
+    assert final.output_text == r.output_text, (final.output_text, r.output_text)
+    assert "".join(deltas) == r.output_text
+    assert [i.type for i in final.output] == [i.type for i in r.output]
+    assert final.usage.output_tokens == r.usage.output_tokens
+
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather of a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+    for seed in range(5):
+        first = client().responses.create(model=ARGS.model, input="Weather in Paris?", tools=tools,
+                                          tool_choice="required", max_output_tokens=320,
+                                          extra_body={"seed": seed, "chat_template_kwargs": {"current_date": "2026-08-15"}})
+        calls = [i for i in first.output if i.type == "function_call"]
+        if first.status == "incomplete" or not calls:
+            continue
+        assert calls[0].name == "get_weather" and isinstance(json.loads(calls[0].arguments), dict), calls[0]
+        follow_input = [{"role": "user", "content": "Weather in Paris?"}] + [i.model_dump() for i in first.output] + [
+            {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny, 21 C"}]
+        second = client().responses.create(model=ARGS.model, input=follow_input, tools=tools, max_output_tokens=8,
+                                           extra_body={"seed": seed})
+        assert second.usage.input_tokens > first.usage.input_tokens, (second.usage, first.usage)
+        if hasattr(client().responses, "input_tokens"):
+            n = client().responses.input_tokens.count(model=ARGS.model, input=follow_input, tools=tools)
+            assert n.input_tokens == second.usage.input_tokens, (n, second.usage)
+        break
+    else:
+        raise AssertionError("no seed of 5 ended in a function call")
+    try:
+        client().responses.create(model=ARGS.model, input="x", previous_response_id="resp_1")
+        raise AssertionError("previous_response_id accepted")
+    except openai.BadRequestError as e:
+        assert e.body["param"] == "previous_response_id", e.body
+
+
 def test_errors():
     c = client()
     try:
