@@ -225,8 +225,10 @@ async fn bad_slot_requests_are_refused_by_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn saves_to_one_name_at_once_leave_one_whole_file() {
     let dir = tmp_dir("same-name");
+    // A third slot, left empty, for the request that runs while the other two are saved (a
+    // new prompt takes an empty slot before a kept cache; a slot running one answers 409).
     let s = Server::start(Opts {
-        parallel: 2,
+        parallel: 3,
         slot_dir: Some(dir.clone()),
         ..Opts::default()
     })
@@ -247,20 +249,24 @@ async fn saves_to_one_name_at_once_leave_one_whole_file() {
     );
     assert_eq!((a.status, b.status), (200, 200));
     let v = s.get("/slots").await.json();
-    let mut cached: Vec<u64> = v
+    let kept: Vec<(u64, u64)> = v
         .as_array()
         .unwrap()
         .iter()
-        .map(|e| e["n_cached"].as_u64().unwrap())
+        .map(|e| (e["id"].as_u64().unwrap(), e["n_cached"].as_u64().unwrap()))
+        .filter(|&(_, n)| n > 0)
         .collect();
+    let mut cached: Vec<u64> = kept.iter().map(|&(_, n)| n).collect();
     cached.sort();
     assert_eq!(cached, [short.len() as u64, long.len() as u64], "{v}");
+    let ids: Vec<u64> = kept.iter().map(|&(id, _)| id).collect();
 
     let f = json!({"filename": "same.bin"});
     let saves = (0..8).map(|i| {
         let s = &s;
         let f = &f;
-        async move { s.post(&format!("/slots/{}?action=save", i % 2), f).await }
+        let id = ids[i % 2];
+        async move { s.post(&format!("/slots/{id}?action=save"), f).await }
     });
     let hello = json!({"prompt": "hello there", "max_tokens": 3});
     let during = s.post("/v1/completions", &hello);
@@ -282,7 +288,10 @@ async fn saves_to_one_name_at_once_leave_one_whole_file() {
     let st = muser_engine::state::load(&dir.join("same.bin")).unwrap();
     let saved: Vec<u64> = st.tokens.iter().map(|&t| u64::from(t)).collect();
     assert!(saved == short || saved == long);
-    let r = s.post("/slots/0?action=restore", &f).await.json();
+    let r = s
+        .post(&format!("/slots/{}?action=restore", ids[0]), &f)
+        .await
+        .json();
     assert_eq!(r["n_restored"], st.tokens.len(), "{r}");
     assert_eq!(
         r["n_read"],
