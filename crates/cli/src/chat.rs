@@ -31,6 +31,8 @@ pub struct Args {
 
 pub fn run(a: Args) -> CliResult {
     let params = a.sample.params()?;
+    // A bad --draft-ngram is named before the weights load.
+    a.sample.draft()?;
     let g = a.model.gguf()?;
     let tok = Tokenizer::from_gguf(&g)?;
     let mut template = match &a.chat_template_file {
@@ -61,6 +63,7 @@ fn chat<B: Backend>(
     stop: &AtomicBool,
 ) -> CliResult {
     let n_ctx = a.sample.ctx_size.min(model.config.n_ctx_train);
+    let draft = a.sample.draft()?;
     let mut session = Session::new(model, kv, n_ctx)?;
     let mut cached: Vec<u32> = Vec::new();
     let mut history: Vec<Message> = Vec::new();
@@ -171,6 +174,8 @@ fn chat<B: Backend>(
             a.sample.n_predict,
             &eog,
             stop,
+            &cached,
+            draft,
             &mut |t| {
                 let text = dec.push(tok, t)?;
                 show(atem.push(&text), &mut std::io::stdout())?;
@@ -184,7 +189,7 @@ fn chat<B: Backend>(
             write!(out, " [stopped]")?;
         }
         writeln!(out)?;
-        cached.extend(generated.iter().filter(|t| !eog.contains(t)));
+        cached.extend(generated.tokens.iter().filter(|t| !eog.contains(t)));
         // Only what the cache holds (a token drawn when the context filled was not run).
         cached.truncate(session.pos());
         let msg = atem.into_message().into_message();

@@ -3,6 +3,7 @@
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use muser_engine::speculative::{self, NgramDraft};
 use muser_engine::{Backend, Error, KvType, Logits, MuseGlimmer, Sampler, SamplingParams, Session};
 use muser_text::{StreamDecoder, Tokenizer};
 
@@ -33,9 +34,25 @@ pub struct SampleOpts {
     /// Prompt micro-batch size.
     #[arg(long, default_value_t = 512)]
     pub ubatch: usize,
+    /// Speculative decoding from the sequence's own tokens (prompt lookup, llama.cpp's
+    /// ngram-simple): where the last N tokens appeared before, guess that what followed them
+    /// follows again, and check the guess in the same forward. 0: off.
+    #[arg(long = "draft-ngram", default_value_t = 0)]
+    pub draft_ngram: usize,
+    /// Tokens guessed at most in a step (with --draft-ngram).
+    #[arg(long = "draft-max", default_value_t = 16)]
+    pub draft_max: usize,
 }
 
 impl SampleOpts {
+    /// The guesses `--draft-ngram` asks for, if any.
+    pub fn draft(&self) -> Result<Option<NgramDraft>, Error> {
+        if self.draft_ngram == 0 {
+            return Ok(None);
+        }
+        NgramDraft::new(self.draft_ngram, self.draft_max).map(Some)
+    }
+
     pub fn params(&self) -> Result<SamplingParams, String> {
         let p = SamplingParams {
             temperature: self.temperature,
@@ -82,48 +99,84 @@ pub struct Args {
 
 /// Generate up to `n` tokens after `logits`, calling `emit(id)` for each; stops at an
 /// end-of-generation token, a full context, or when `stop` is raised (Ctrl-C in chat).
+/// `tokens` are the sequence's tokens so far (the prompt): with `draft`, each step guesses the
+/// tokens that follow from them (`speculative`) and runs the guess in the same forward; the
+/// tokens sampled are plain decoding's (see `muser_engine::speculative`).
 #[allow(clippy::too_many_arguments)]
 pub fn run_loop<B: Backend>(
     s: &mut Session<'_, B>,
     sampler: &mut Sampler,
-    mut logits: Vec<f32>,
+    logits: Vec<f32>,
     n: usize,
     eog: &[u32],
     stop: &AtomicBool,
+    tokens: &[u32],
+    draft: Option<NgramDraft>,
     emit: &mut dyn FnMut(u32) -> Result<(), Box<dyn std::error::Error>>,
-) -> Result<Vec<u32>, Box<dyn std::error::Error>> {
-    let mut out = Vec::new();
-    for _ in 0..n {
+) -> Result<Generated, Box<dyn std::error::Error>> {
+    let mut g = Generated::default();
+    if n == 0 || stop.load(Ordering::SeqCst) {
+        return Ok(g);
+    }
+    // A file whose weights or scales overflow f32 gives NaN (or infinite) logits: sampling
+    // would turn them into token 0, over and over, and say nothing.
+    if logits.iter().any(|v| !v.is_finite()) {
+        return Err(format!(
+            "the model's logits are not finite after {} positions: its weights or scales overflow f32 (a damaged file?)",
+            s.pos()
+        )
+        .into());
+    }
+    let mut t = sampler.sample(&logits);
+    sampler.accept(t);
+    g.tokens.push(t);
+    if eog.contains(&t) {
+        return Ok(g);
+    }
+    emit(t)?;
+    let mut history = tokens.to_vec();
+    history.push(t);
+    while g.tokens.len() < n {
         if stop.load(Ordering::SeqCst) {
             break;
         }
-        // A file whose weights or scales overflow f32 gives NaN (or infinite) logits: sampling
-        // would turn them into token 0, over and over, and say nothing.
-        if logits.iter().any(|v| !v.is_finite()) {
-            return Err(format!(
-                "the model's logits are not finite after {} positions: its weights or scales overflow f32 (a damaged file?)",
-                s.pos()
-            )
-            .into());
-        }
-        let t = sampler.sample(&logits);
-        sampler.accept(t);
-        out.push(t);
-        if eog.contains(&t) {
-            break;
-        }
-        emit(t)?;
         if s.pos() >= s.n_ctx() {
             eprintln!("\n[context full at {} tokens]", s.n_ctx());
             break;
         }
-        logits = s.feed(&[t], 1, Logits::Last)?;
+        let guess = draft.map(|d| d.draft(&history)).unwrap_or_default();
+        let st = speculative::step(s, sampler, t, &guess, eog, n - g.tokens.len())?;
+        g.steps += 1;
+        g.guessed += guess.len();
+        g.accepted += st.accepted;
+        for &u in &st.tokens {
+            g.tokens.push(u);
+            if eog.contains(&u) {
+                return Ok(g);
+            }
+            emit(u)?;
+            history.push(u);
+        }
+        t = *st.tokens.last().unwrap_or(&t);
     }
-    Ok(out)
+    Ok(g)
+}
+
+/// What `run_loop` generated.
+#[derive(Debug, Default)]
+pub struct Generated {
+    /// The tokens sampled (the last may be an end-of-generation token).
+    pub tokens: Vec<u32>,
+    /// Forwards after the first token, guessed tokens, and guessed tokens kept.
+    pub steps: usize,
+    pub guessed: usize,
+    pub accepted: usize,
 }
 
 pub fn run(a: Args) -> CliResult {
     let params = a.sample.params()?;
+    // A bad --draft-ngram is named before the weights load.
+    a.sample.draft()?;
     let g = a.model.gguf()?;
     let tok = Tokenizer::from_gguf(&g)?;
     let prompt: Vec<u32> = match (&a.prompt, a.prompt_ids.is_empty()) {
@@ -184,13 +237,17 @@ fn generate<B: Backend>(
     let mut out = std::io::stdout().lock();
     let never = AtomicBool::new(false);
     let eog = tok.eog_ids();
-    run_loop(
+    let draft = a.sample.draft()?;
+    let t0 = std::time::Instant::now();
+    let g = run_loop(
         &mut s,
         &mut sampler,
         logits,
         a.sample.n_predict,
         &eog,
         &never,
+        prompt,
+        draft,
         &mut |t| {
             if a.print_ids {
                 write!(out, "{t} ")?;
@@ -205,6 +262,19 @@ fn generate<B: Backend>(
         write!(out, "{}", dec.finish())?;
     }
     writeln!(out)?;
+    let secs = t0.elapsed().as_secs_f64();
+    if let Some(d) = draft {
+        eprintln!(
+            "[{} tokens in {secs:.2} s ({:.1}/s); drafts of {} after {}: {} of {} guessed tokens kept over {} steps]",
+            g.tokens.len(),
+            g.tokens.len() as f64 / secs.max(1e-9),
+            d.max,
+            d.n,
+            g.accepted,
+            g.guessed,
+            g.steps
+        );
+    }
     Ok(())
 }
 

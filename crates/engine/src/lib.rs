@@ -19,6 +19,7 @@ pub use loader::ModelFile;
 pub use muse_glimmer::MuseGlimmer;
 pub mod sampling;
 pub mod session;
+pub mod speculative;
 pub mod state;
 pub mod synth;
 pub mod tp;

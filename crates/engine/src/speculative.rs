@@ -1,0 +1,146 @@
+//! Speculative decoding from the sequence's own tokens (prompt lookup; llama.cpp's
+//! `ngram-simple`, common/ngram-map.cpp): where the last `n` tokens appeared before, the tokens
+//! that followed them then are guessed to follow again. The guess and the token before it run
+//! in one forward; each row is sampled in turn, as plain decoding would sample it, and the guess
+//! is kept while the samples agree with it.
+//!
+//! Each emitted token is one draw of the sampler from the row plain decoding would have given
+//! it, in the same order, so the tokens are plain decoding's wherever a forward of several
+//! tokens gives the logits of one token at a time: the CPU's accurate mode does, bit for bit, as
+//! does CUDA's `--batch-invariant` mode. Elsewhere the rows differ in the last bits and a
+//! sampled token may come out otherwise where two logits nearly tie. A guess that is wrong costs
+//! its rows' compute, and its positions are taken back out of the cache.
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::sampling::Sampler;
+use crate::session::{Logits, Session};
+
+/// The longest guess: a guess's positions are written past the ones kept, and a sliding
+/// layer's ring keeps 512 positions beyond its window to go back from.
+pub const MAX_DRAFT: usize = 256;
+
+/// Guesses from the sequence's earlier tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NgramDraft {
+    /// Tokens matched: the last `n` of the sequence.
+    pub n: usize,
+    /// Tokens guessed at most.
+    pub max: usize,
+}
+
+impl NgramDraft {
+    pub fn new(n: usize, max: usize) -> Result<Self> {
+        if n == 0 || max == 0 || max > MAX_DRAFT {
+            return Err(Error::Input(format!(
+                "a draft matches at least 1 token (asked {n}) and guesses 1 to {MAX_DRAFT} (asked {max})"
+            )));
+        }
+        Ok(NgramDraft { n, max })
+    }
+
+    /// The tokens that followed the latest earlier appearance of `tokens`' last `n`, at most
+    /// `max` (none where they never appeared before).
+    pub fn draft(&self, tokens: &[u32]) -> Vec<u32> {
+        let n = self.n;
+        if tokens.len() <= n {
+            return Vec::new();
+        }
+        let pattern = &tokens[tokens.len() - n..];
+        // The latest start before the pattern's own.
+        (0..tokens.len() - n)
+            .rev()
+            .find(|&j| &tokens[j..j + n] == pattern)
+            .map(|j| {
+                let from = j + n;
+                tokens[from..(from + self.max).min(tokens.len())].to_vec()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// What one speculative step gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    /// The tokens sampled, in order: the guess's agreed tokens, then the first that disagreed
+    /// (or the one after the whole guess). The last is not in the cache yet.
+    pub tokens: Vec<u32>,
+    /// How many of the guess were kept.
+    pub accepted: usize,
+}
+
+/// Runs `last` (sampled, not yet in the cache) and `guess` after it in one forward and samples
+/// their rows in turn with `sampler` (each token accepted into it as sampled), stopping at the
+/// first sample that is not the guess's next token, at an end-of-generation token (in `eog`),
+/// or after `limit` tokens. The cache keeps `last` and the guessed tokens that were sampled.
+pub fn step<B: Backend>(
+    s: &mut Session<'_, B>,
+    sampler: &mut Sampler,
+    last: u32,
+    guess: &[u32],
+    eog: &[u32],
+    limit: usize,
+) -> Result<Step> {
+    let start = s.pos();
+    // The guess fits the context and the tokens still wanted (the last row's sample is one).
+    let room = s.n_ctx().saturating_sub(start + 1);
+    let guess = &guess[..guess.len().min(room).min(limit.saturating_sub(1))];
+    let mut fed = Vec::with_capacity(1 + guess.len());
+    fed.push(last);
+    fed.extend_from_slice(guess);
+    let logits = s.feed(&fed, fed.len(), Logits::All)?;
+    let n_vocab = s.model.config.n_vocab;
+    let mut tokens = Vec::new();
+    for (i, row) in logits.chunks_exact(n_vocab).enumerate() {
+        // Logits that overflowed would sample token 0 over and over, saying nothing.
+        if row.iter().any(|v| !v.is_finite()) {
+            return Err(Error::Backend(format!(
+                "the model's logits are not finite at position {}: its weights or scales overflow f32 (a damaged file?)",
+                start + i
+            )));
+        }
+        let t = sampler.sample(row);
+        sampler.accept(t);
+        tokens.push(t);
+        if i == guess.len() || t != guess[i] || eog.contains(&t) {
+            break;
+        }
+    }
+    // Rows past the first disagreement were for tokens that will not be: their positions go.
+    let keep = start + tokens.len();
+    if keep < s.pos() && !s.truncate(keep) {
+        return Err(Error::Backend(format!(
+            "the cache cannot go back from {} to {keep} positions after a guess",
+            s.pos()
+        )));
+    }
+    Ok(Step {
+        accepted: tokens.len() - 1,
+        tokens,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_guess_is_what_followed_the_latest_earlier_match() {
+        let d = NgramDraft::new(2, 3).unwrap();
+        // "1 2" appeared at 0 (followed by 3 4 5) and at 5 (followed by 9 1 2): the latest wins.
+        assert_eq!(d.draft(&[1, 2, 3, 4, 5, 1, 2, 9, 1, 2]), vec![9, 1, 2]);
+        assert_eq!(d.draft(&[1, 2, 3, 1, 2]), vec![3, 1, 2]);
+        // Cut at the end of the sequence.
+        assert_eq!(d.draft(&[7, 1, 2, 8, 1, 2]), vec![8, 1, 2]);
+        assert_eq!(d.draft(&[1, 2, 1, 2]), vec![1, 2]);
+        // No earlier match, or too short.
+        assert!(d.draft(&[1, 2, 3, 4]).is_empty());
+        assert!(d.draft(&[1, 2]).is_empty());
+        assert!(d.draft(&[]).is_empty());
+        let one = NgramDraft::new(1, 8).unwrap();
+        assert_eq!(one.draft(&[5, 6, 7, 5]), vec![6, 7, 5]);
+        assert!(NgramDraft::new(0, 4).is_err());
+        assert!(NgramDraft::new(2, 0).is_err());
+        assert!(NgramDraft::new(2, MAX_DRAFT + 1).is_err());
+    }
+}
