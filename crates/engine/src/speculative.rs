@@ -39,8 +39,11 @@ impl NgramDraft {
         Ok(NgramDraft { n, max })
     }
 
-    /// The tokens that followed the latest earlier appearance of `tokens`' last `n`, at most
-    /// `max` (none where they never appeared before).
+    /// The `max` tokens that followed the latest earlier appearance of `tokens`' last `n` (none
+    /// where they never appeared before). Where the sequence ends before `max` tokens, the copy
+    /// goes on from its own start, as an overlapping copy does (a sequence going round a loop
+    /// is guessed to go on round it): a guess that is found is always `max` long, so the
+    /// forwards that check guesses have one shape (a backend may record it once and replay it).
     pub fn draft(&self, tokens: &[u32]) -> Vec<u32> {
         let n = self.n;
         if tokens.len() <= n {
@@ -48,14 +51,22 @@ impl NgramDraft {
         }
         let pattern = &tokens[tokens.len() - n..];
         // The latest start before the pattern's own.
-        (0..tokens.len() - n)
+        let Some(j) = (0..tokens.len() - n)
             .rev()
             .find(|&j| &tokens[j..j + n] == pattern)
-            .map(|j| {
-                let from = j + n;
-                tokens[from..(from + self.max).min(tokens.len())].to_vec()
-            })
-            .unwrap_or_default()
+        else {
+            return Vec::new();
+        };
+        let from = j + n;
+        let mut guess: Vec<u32> = Vec::with_capacity(self.max);
+        for i in from..from + self.max {
+            let t = match tokens.get(i) {
+                Some(&t) => t,
+                None => guess[i - tokens.len()],
+            };
+            guess.push(t);
+        }
+        guess
     }
 }
 
@@ -130,15 +141,18 @@ mod tests {
         // "1 2" appeared at 0 (followed by 3 4 5) and at 5 (followed by 9 1 2): the latest wins.
         assert_eq!(d.draft(&[1, 2, 3, 4, 5, 1, 2, 9, 1, 2]), vec![9, 1, 2]);
         assert_eq!(d.draft(&[1, 2, 3, 1, 2]), vec![3, 1, 2]);
-        // Cut at the end of the sequence.
+        // Past the sequence's end the copy goes on round the loop it found.
         assert_eq!(d.draft(&[7, 1, 2, 8, 1, 2]), vec![8, 1, 2]);
-        assert_eq!(d.draft(&[1, 2, 1, 2]), vec![1, 2]);
+        assert_eq!(d.draft(&[1, 2, 1, 2]), vec![1, 2, 1]);
+        assert_eq!(d.draft(&[5, 1, 2, 1, 2]), vec![1, 2, 1]);
+        let long = NgramDraft::new(1, 7).unwrap();
+        assert_eq!(long.draft(&[4, 5, 6, 4]), vec![5, 6, 4, 5, 6, 4, 5]);
         // No earlier match, or too short.
         assert!(d.draft(&[1, 2, 3, 4]).is_empty());
         assert!(d.draft(&[1, 2]).is_empty());
         assert!(d.draft(&[]).is_empty());
         let one = NgramDraft::new(1, 8).unwrap();
-        assert_eq!(one.draft(&[5, 6, 7, 5]), vec![6, 7, 5]);
+        assert_eq!(one.draft(&[5, 6, 7, 5]), vec![6, 7, 5, 6, 7, 5, 6, 7]);
         assert!(NgramDraft::new(0, 4).is_err());
         assert!(NgramDraft::new(2, 0).is_err());
         assert!(NgramDraft::new(2, MAX_DRAFT + 1).is_err());
