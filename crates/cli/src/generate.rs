@@ -263,17 +263,17 @@ fn generate<B: Backend>(
     }
     writeln!(out)?;
     let secs = t0.elapsed().as_secs_f64();
-    if let Some(d) = draft {
-        eprintln!(
-            "[{} tokens in {secs:.2} s ({:.1}/s); drafts of {} after {}: {} of {} guessed tokens kept over {} steps]",
-            g.tokens.len(),
-            g.tokens.len() as f64 / secs.max(1e-9),
-            d.max,
-            d.n,
-            g.accepted,
-            g.guessed,
-            g.steps
-        );
+    let rate = format!(
+        "{} tokens in {secs:.2} s ({:.1}/s)",
+        g.tokens.len(),
+        g.tokens.len() as f64 / secs.max(1e-9)
+    );
+    match draft {
+        Some(d) => eprintln!(
+            "[{rate}; guesses of {} after {} matched: {} of {} guessed tokens kept over {} steps]",
+            d.max, d.n, g.accepted, g.guessed, g.steps
+        ),
+        None => eprintln!("[{rate}]"),
     }
     Ok(())
 }
