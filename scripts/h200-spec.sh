@@ -11,7 +11,7 @@ log="$OUT/spec.log"
 FLAGS=${GEN_FLAGS:-"--device cuda --mode fast --fp8-weights"}
 N=${GEN_N:-512}
 # A prompt with a passage said twice (the lookup finds it in the prompt too).
-ids=$(python3 -c 'import random; r=random.Random(5); p=[r.randrange(1000, 100000) for _ in range(200)]; print(",".join(map(str, [1]+p+p)))')
+ids=$(python3 -c 'import random; r=random.Random(5); p=[r.randrange(1000, 30000) for _ in range(200)]; print(",".join(map(str, [1]+p+p)))')
 run() {
   timeout 300 carry/bin/muser generate -m "$MODEL" $FLAGS --prompt-ids "$ids" -n "$N" --temp 0 --print-ids "$@" \
     > /tmp/gen.out 2> /tmp/gen.err

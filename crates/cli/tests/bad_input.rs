@@ -283,6 +283,75 @@ fn generate_streams_text_and_is_reproducible_with_a_seed() {
     assert!((1..=12).contains(&n), "{n} tokens");
 }
 
+/// `--draft-ngram` samples plain decoding's tokens (the CPU's accurate mode: a forward of a
+/// guess gives each token the bits of one at a time), seeded and greedy; bad draft sizes are
+/// refused before the weights load.
+#[test]
+fn generate_with_guesses_gives_plain_decodings_tokens() {
+    let m = fixture("tame-q4_k_m.gguf");
+    // A prompt that repeats itself: the lookup finds guesses from the start.
+    let prompt = [1, 40, 41, 42, 43, 44, 40, 41, 42, 43, 44, 40, 41, 42]
+        .map(|t: i32| t.to_string())
+        .join(",");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "-m",
+            &m,
+            "--prompt-ids",
+            &prompt,
+            "-n",
+            "48",
+            "--print-ids",
+        ];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_muser"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.stdout, String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    for sampling in [
+        &["--temp", "0"][..],
+        &["--seed", "11", "--repeat-penalty", "1.2"][..],
+    ] {
+        let (plain, _) = run(sampling);
+        for draft in [
+            &["--draft-ngram", "1", "--draft-max", "4"][..],
+            &["--draft-ngram", "2", "--draft-max", "12"][..],
+        ] {
+            let (got, said) = run(&[sampling, draft].concat());
+            assert_eq!(got, plain, "{sampling:?} {draft:?}: {said}");
+            assert!(said.contains("guessed tokens kept"), "{said}");
+        }
+    }
+    for (n, max) in [("0", "4"), ("2", "0"), ("2", "257")] {
+        let args = [
+            "generate",
+            "-m",
+            "/nonexistent/model.gguf",
+            "-p",
+            "x",
+            "--draft-ngram",
+            n,
+            "--draft-max",
+            max,
+        ];
+        let (ok, e) = muser(&args);
+        if n == "0" {
+            // 0 turns guessing off: the missing file is what is named.
+            assert!(!ok && e.contains("/nonexistent/model.gguf"), "{e}");
+        } else {
+            assert!(!ok && e.contains("guesses 1 to 256"), "{e}");
+        }
+    }
+}
+
 #[test]
 fn narrow_weight_copies_outside_fast_cuda_mode_are_refused() {
     let toks = tmp("t-f16w.i32", &ids(&[1, 2, 3]));
