@@ -61,6 +61,14 @@ pub struct Args {
     /// state across restarts), as llama-server's `--slot-save-path`.
     #[arg(long = "slot-save-path")]
     pub slot_save_path: Option<PathBuf>,
+    /// Speculative decoding from each sequence's own tokens (prompt lookup): where its last N
+    /// tokens appeared before, guess that what followed them follows again, and check the guess
+    /// in the step's forward. For sequences without a grammar or logprobs. 0: off.
+    #[arg(long = "draft-ngram", default_value_t = 0)]
+    pub draft_ngram: usize,
+    /// Tokens guessed at most in a step (with --draft-ngram); the step's --ubatch bounds them too.
+    #[arg(long = "draft-max", default_value_t = 8)]
+    pub draft_max: usize,
 }
 
 pub fn run(a: Args) -> CliResult {
@@ -74,6 +82,10 @@ pub fn run(a: Args) -> CliResult {
         }
     };
     let max_body_bytes = mib("--max-body-mib", a.max_body_mib)?;
+    let draft = match a.draft_ngram {
+        0 => None,
+        n => Some(muser_engine::speculative::NgramDraft::new(n, a.draft_max)?),
+    };
     let kv_budget_bytes = a
         .kv_budget_mib
         .map(|m| mib("--kv-budget-mib", m))
@@ -118,6 +130,7 @@ pub fn run(a: Args) -> CliResult {
             kv_budget_bytes,
             prefix_reuse: !a.no_prefix_reuse,
             stall_timeout: Duration::from_secs(a.stall_timeout),
+            draft,
         },
         api_key: a.api_key.clone().filter(|k| !k.is_empty()),
         max_body_bytes,

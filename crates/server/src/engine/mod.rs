@@ -41,6 +41,9 @@ pub struct EngineConfig {
     /// nobody reads) is cancelled: its slot and KV go to the next request. Finished answers
     /// waiting for such a client are dropped after it too.
     pub stall_timeout: std::time::Duration,
+    /// Guess each decoding sequence's next tokens from its own (`speculative`) and check the
+    /// guess in the step's forward; None: one token a step.
+    pub draft: Option<muser_engine::speculative::NgramDraft>,
 }
 
 /// One choice of a request: its prompt and its sampler.

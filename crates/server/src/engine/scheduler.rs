@@ -15,11 +15,16 @@ pub struct SeqView {
     pub prompt_left: usize,
     /// It may run this step (it has a token to feed and its client keeps up).
     pub ready: bool,
+    /// Guessed tokens it would run after its decode token (speculative decoding), given what
+    /// the step has left once the prompts have theirs.
+    pub guess: usize,
 }
 
 /// The tokens of one step: `(sequence, n_tokens)` in the order of `seqs`, at most `budget`
-/// tokens, decode tokens first. A step makes progress whenever some sequence is ready and
-/// `budget` is at least the number of decoding sequences plus one.
+/// tokens: decode tokens first, then prompt chunks, then decoding sequences' guesses (a
+/// decoding sequence's `n_tokens` is 1 and the guessed tokens it got). A step makes progress
+/// whenever some sequence is ready and `budget` is at least the number of decoding sequences
+/// plus one.
 pub fn plan(seqs: &[SeqView], budget: usize) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     let mut left = budget;
@@ -34,6 +39,14 @@ pub fn plan(seqs: &[SeqView], budget: usize) -> Vec<(usize, usize)> {
             let n = s.prompt_left.min(left);
             out.push((i, n));
             left -= n;
+        }
+    }
+    for (i, n) in out.iter_mut() {
+        let s = &seqs[*i];
+        if s.prompt_left == 0 && s.guess > 0 && left > 0 {
+            let g = s.guess.min(left);
+            *n += g;
+            left -= g;
         }
     }
     out.sort_unstable_by_key(|&(i, _)| i);
@@ -77,6 +90,7 @@ mod tests {
         SeqView {
             prompt_left: 0,
             ready,
+            guess: 0,
         }
     }
 
@@ -84,6 +98,7 @@ mod tests {
         SeqView {
             prompt_left: n,
             ready: true,
+            guess: 0,
         }
     }
 
@@ -103,6 +118,7 @@ mod tests {
                     SeqView {
                         prompt_left: left,
                         ready: true,
+                        guess: 0,
                     },
                     dec(true),
                 ],
@@ -113,6 +129,31 @@ mod tests {
             steps += 1;
         }
         assert_eq!(steps, 1000usize.div_ceil(62));
+    }
+
+    #[test]
+    fn guesses_take_what_the_prompts_leave() {
+        let g = |guess| SeqView {
+            prompt_left: 0,
+            ready: true,
+            guess,
+        };
+        // Decode tokens, then the prompt, then the guesses in order with what is left.
+        assert_eq!(
+            plan(&[g(8), pre(20), g(8)], 32),
+            vec![(0, 9), (1, 20), (2, 3)]
+        );
+        assert_eq!(
+            plan(&[g(8), pre(5), g(8)], 64),
+            vec![(0, 9), (1, 5), (2, 9)]
+        );
+        // A prompt filling the step leaves no guess; a blocked stream guesses nothing.
+        assert_eq!(plan(&[g(8), pre(100)], 16), vec![(0, 1), (1, 15)]);
+        let blocked = SeqView {
+            ready: false,
+            ..g(8)
+        };
+        assert_eq!(plan(&[blocked, g(2)], 16), vec![(1, 3)]);
     }
 
     #[test]

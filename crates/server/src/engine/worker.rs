@@ -52,6 +52,9 @@ struct Seq {
     reused: usize,
     /// The last sampled token, to run at the next step.
     pending: Option<u32>,
+    /// Tokens guessed to follow `pending` (speculative decoding, `EngineConfig::draft`), run
+    /// after it in the step's forward; the step keeps those its draws agree with.
+    guess: Vec<u32>,
     generated: usize,
     max_tokens: usize,
     sampler: Sampler,
@@ -492,6 +495,7 @@ impl<B: Backend> Worker<B> {
                 fed: 0,
                 reused: 0,
                 pending: None,
+                guess: Vec::new(),
                 generated: 0,
                 max_tokens: spec.max_tokens,
                 sampler: Sampler::new(params),
@@ -840,6 +844,7 @@ impl<B: Backend> Worker<B> {
     /// Plan and run one step; false if nothing could run.
     fn step(&mut self) -> bool {
         self.release_followers();
+        self.guess();
         let views: Vec<SeqView> = self
             .running
             .iter()
@@ -849,6 +854,7 @@ impl<B: Backend> Worker<B> {
                     && s.follow.is_none()
                     && s.outbox.is_empty()
                     && (s.prompt_left() > 0 || s.pending.is_some()),
+                guess: s.guess.len(),
             })
             .collect();
         let plan = scheduler::plan(&views, self.step_tokens);
@@ -866,7 +872,43 @@ impl<B: Backend> Worker<B> {
         true
     }
 
-    /// One `forward` call over the sequences of `group` (`(index into running, n_tokens)`).
+    /// With `EngineConfig::draft`: each decoding sequence's guess of the tokens after its
+    /// pending one, from the tokens its slot holds (`speculative::NgramDraft`), as long as its
+    /// `max_tokens` and the context leave room for. A sequence under a grammar or asking for
+    /// logprobs guesses nothing (its draws are checked or scored one at a time).
+    fn guess(&mut self) {
+        let n_ctx = self.cfg.n_ctx;
+        for ri in 0..self.running.len() {
+            let s = &mut self.running[ri];
+            s.guess.clear();
+            let Some(d) = self.cfg.draft else { continue };
+            let Some(p) = s.pending else { continue };
+            if s.done
+                || s.follow.is_some()
+                || s.prompt_left() > 0
+                || s.constraint.is_some()
+                || s.job.logprobs.is_some()
+            {
+                continue;
+            }
+            // The tokens after `pending` this sequence may still take.
+            let room = (s.max_tokens.saturating_sub(s.generated))
+                .min(n_ctx.saturating_sub(s.prompt.len() + s.generated))
+                .saturating_sub(1);
+            if room == 0 {
+                continue;
+            }
+            let h = &mut self.history[s.slot];
+            h.push(p);
+            let mut g = d.draft(h);
+            h.pop();
+            g.truncate(room);
+            s.guess = g;
+        }
+    }
+
+    /// One `forward` call over the sequences of `group` (`(index into running, n_tokens)`; a
+    /// decoding sequence's `n_tokens` beyond 1 are its guess's).
     fn run_group(&mut self, group: &[(usize, usize)]) {
         let mut item_of_slot: Vec<Option<usize>> = vec![None; self.slots.len()];
         for (gi, &(ri, _)) in group.iter().enumerate() {
@@ -888,17 +930,24 @@ impl<B: Backend> Worker<B> {
         // Echo with logprobs: the prompt positions scored (batch row, running index, the next
         // prompt token, its alternatives), their logits rows after the drawn ones.
         let mut scored: Vec<(usize, usize, u32, usize)> = Vec::new();
+        // Decoding sequences that run a guess: (running index, their cache's length before
+        // the step, their first logits row, their rows); each of their rows is drawn on the host
+        // in turn (`speculative`).
+        let mut guessing: Vec<(usize, usize, usize, usize)> = Vec::new();
+        let mut fed = Vec::new();
         for (ci, &gi) in cache_item.iter().enumerate() {
             let (ri, n) = group[gi];
-            let s = &self.running[ri];
+            let s = &mut self.running[ri];
             let start = backend.kv_len(&*caches[ci]) as u32;
             let tokens: &[u32] = if s.prompt_left() > 0 {
                 &s.prompt[s.fed..s.fed + n]
             } else {
-                match &s.pending {
-                    Some(t) => std::slice::from_ref(t),
-                    None => continue,
-                }
+                let Some(t) = s.pending else { continue };
+                s.guess.truncate(n - 1);
+                fed.clear();
+                fed.push(t);
+                fed.extend_from_slice(&s.guess);
+                &fed
             };
             for (k, &t) in tokens.iter().enumerate() {
                 batch.tokens.push(t);
@@ -913,9 +962,15 @@ impl<B: Backend> Worker<B> {
                     }
                 }
             }
-            // Logits for a decode token, or a prompt chunk that ends the prompt (unless
-            // nothing is to be generated: echo with max_tokens 0).
-            if s.max_tokens > 0 && (s.prompt_left() == 0 || s.prompt_left() == n) {
+            // Logits for a decode token (and each guessed one), or a prompt chunk that ends the
+            // prompt (unless nothing is to be generated: echo with max_tokens 0).
+            if s.prompt_left() == 0 && tokens.len() > 1 {
+                guessing.push((ri, start as usize, rows.len(), tokens.len()));
+                for k in 0..tokens.len() {
+                    rows.push(batch.len() - tokens.len() + k);
+                    row_item.push(gi);
+                }
+            } else if s.max_tokens > 0 && (s.prompt_left() == 0 || s.prompt_left() == n) {
                 rows.push(batch.len() - 1);
                 row_item.push(gi);
             }
@@ -937,9 +992,10 @@ impl<B: Backend> Worker<B> {
         let (mut dev_rows, mut dev_draws, mut host_rows) = (Vec::new(), Vec::new(), Vec::new());
         // Per logits row: its index among the device draws (Ok) or the host rows (Err).
         let mut place: Vec<Result<usize, usize>> = Vec::with_capacity(row_item.len());
+        let guessed_row = |r: usize| guessing.iter().any(|&(_, _, f, n)| (f..f + n).contains(&r));
         for (r, &gi) in row_item.iter().enumerate() {
             let s = &mut self.running[group[gi].0];
-            let draw = on_device
+            let draw = (on_device && !guessed_row(r))
                 .then(|| s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab))
                 .filter(|d| !(self.cuts_on_host && d.cuts()))
                 .filter(|_| !(self.logprobs_on_host && s.job.logprobs.is_some()));
@@ -1041,9 +1097,20 @@ impl<B: Backend> Worker<B> {
         // Each host row's draw is its own (its sampler, its row): drawn in parallel, a
         // 202,048-token vocabulary times 64 sequences is otherwise a large part of a step.
         let mut row_of: Vec<Option<usize>> = vec![None; self.running.len()];
-        for (&gi, p) in row_item.iter().zip(&place) {
-            if let (Some(slot), Err(h)) = (row_of.get_mut(group[gi].0), p) {
-                *slot = Some(*h);
+        // A guessing sequence's host rows: the first and how many.
+        let mut rows_of: Vec<Option<(usize, usize)>> = vec![None; self.running.len()];
+        for (r, (&gi, p)) in row_item.iter().zip(&place).enumerate() {
+            let ri = group[gi].0;
+            if let Err(h) = p {
+                if guessed_row(r) {
+                    if let Some(e) = rows_of.get_mut(ri) {
+                        let (first, n) = e.get_or_insert((*h, 0));
+                        debug_assert_eq!(*first + *n, *h);
+                        *n += 1;
+                    }
+                } else if let Some(slot) = row_of.get_mut(ri) {
+                    *slot = Some(*h);
+                }
             }
         }
         let eog = &self.eog;
@@ -1069,8 +1136,46 @@ impl<B: Backend> Worker<B> {
                 })
                 .collect()
         };
-        for (&gi, p) in row_item.iter().zip(&place) {
+        // A guessing sequence's rows, drawn in turn as plain decoding would draw them, each
+        // token taken into its sampler before the next row's draw (penalties), while the draws
+        // agree with the guess: the tokens drawn (the last one the guess's first miss, or the
+        // token after the whole guess, or an end of generation).
+        let mut guessed: Vec<Option<Result<Vec<u32>, NoToken>>> = {
+            use rayon::prelude::*;
+            self.running
+                .par_iter_mut()
+                .zip(rows_of.par_iter())
+                .map(|(s, r)| {
+                    let (first, n) = (*r)?;
+                    let mut out = Vec::with_capacity(n);
+                    for k in 0..n {
+                        let Some(row) =
+                            logits.get((first + k) * n_vocab..(first + k + 1) * n_vocab)
+                        else {
+                            break;
+                        };
+                        if row.iter().any(|v| !v.is_finite()) {
+                            return Some(Err(NoToken::NotFinite));
+                        }
+                        let id = match choose(s, row, eog) {
+                            Ok(id) => id,
+                            Err(no) => return Some(Err(no)),
+                        };
+                        s.sampler.accept(id);
+                        out.push(id);
+                        if s.guess.get(k) != Some(&id) || eog.contains(&id) {
+                            break;
+                        }
+                    }
+                    Some(Ok(out))
+                })
+                .collect()
+        };
+        for (r, (&gi, p)) in row_item.iter().zip(&place).enumerate() {
             let ri = group[gi].0;
+            if guessed_row(r) {
+                continue;
+            }
             let drawn = match *p {
                 Ok(d) => match (dev_ids.get(d).copied(), dev_no.get(d).cloned().flatten()) {
                     (Some(NOT_FINITE), _) => {
@@ -1099,7 +1204,7 @@ impl<B: Backend> Worker<B> {
                 },
             };
             match drawn {
-                Some((id, logprob)) => self.next_token(ri, logprob, id),
+                Some((id, logprob)) => self.next_token(ri, logprob, id, false),
                 None => {
                     let s = &mut self.running[ri];
                     s.outbox.push_back(Event::Error {
@@ -1107,6 +1212,58 @@ impl<B: Backend> Worker<B> {
                         error: ApiError::internal("the engine returned too few logits"),
                     });
                     s.done = true;
+                }
+            }
+        }
+        // The guessing sequences: their tokens, in order, until one ends the sequence; their
+        // caches keep the pending token and the guessed tokens drawn after it, the rest of the
+        // guess's positions taken back out.
+        for &(ri, start, _, n) in &guessing {
+            let ids = match guessed.get_mut(ri).and_then(Option::take) {
+                Some(Ok(ids)) => ids,
+                Some(Err(NoToken::NotFinite)) => {
+                    self.fail_not_finite(ri);
+                    Vec::new()
+                }
+                Some(Err(no)) => {
+                    self.no_token(ri, no);
+                    Vec::new()
+                }
+                None => Vec::new(),
+            };
+            let mut taken = 0usize;
+            for id in ids {
+                if self.running[ri].done {
+                    break;
+                }
+                self.next_token(ri, None, id, true);
+                taken += 1;
+            }
+            let s = &mut self.running[ri];
+            let kept = taken.saturating_sub(1);
+            metrics::counter!("muser_draft_tokens_total", "kept" => "yes").increment(kept as u64);
+            metrics::counter!("muser_draft_tokens_total", "kept" => "no")
+                .increment((n - 1 - kept) as u64);
+            let h = &mut self.history[s.slot];
+            h.extend_from_slice(&s.guess[..kept.min(s.guess.len())]);
+            let keep = start + 1 + kept;
+            debug_assert_eq!(h.len(), keep);
+            if let Some(kv) = self.slots[s.slot].as_mut()
+                && self.model.backend.kv_len(kv) > keep
+            {
+                if self.model.backend.kv_can_truncate(kv, keep) {
+                    self.model.backend.kv_set_len(kv, keep);
+                } else {
+                    // Not with a guess of at most speculative::MAX_DRAFT tokens: a ring keeps
+                    // 512 positions to go back.
+                    self.dirty[s.slot] = true;
+                    if !s.done {
+                        s.outbox.push_back(Event::Error {
+                            index: s.index,
+                            error: ApiError::internal("the cache could not go back after a guess"),
+                        });
+                        s.done = true;
+                    }
                 }
             }
         }
@@ -1354,13 +1511,16 @@ impl<B: Backend> Worker<B> {
     }
 
     /// Emit `id`, the token drawn for `running[ri]`, with its logprobs if it asks for them.
-    fn next_token(&mut self, ri: usize, logprob: Option<TokenLogprob>, id: u32) {
+    /// `taken`: the sampler has taken `id` already (a guessing sequence's draws).
+    fn next_token(&mut self, ri: usize, logprob: Option<TokenLogprob>, id: u32, taken: bool) {
         let eog = &self.eog;
         let tok = &self.tok;
         let n_ctx = self.cfg.n_ctx;
         let s = &mut self.running[ri];
         let j = &s.job;
-        s.sampler.accept(id);
+        if !taken {
+            s.sampler.accept(id);
+        }
         if let (Some(c), Some(v)) = (&mut s.constraint, &j.grammar_vocab)
             && let Err(e) = c.accept(v, id)
         {

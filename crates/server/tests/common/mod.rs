@@ -36,6 +36,8 @@ pub struct Opts {
     pub row_draws: bool,
     pub prefix_reuse: bool,
     pub stall_timeout: Duration,
+    /// `--draft-ngram N --draft-max M`.
+    pub draft: Option<muser_engine::speculative::NgramDraft>,
     /// `--kv-budget-mib` in bytes (None: `--parallel` full contexts).
     pub kv_budget: Option<usize>,
     /// Every `attn_q_norm` at 3e38, a finite constant the loader accepts whose products
@@ -65,6 +67,7 @@ impl Default for Opts {
             row_draws: false,
             prefix_reuse: true,
             stall_timeout: Duration::from_secs(60),
+            draft: None,
             kv_budget: None,
             overflow: false,
             flat: false,
@@ -109,6 +112,7 @@ impl Server {
                 kv_budget_bytes: o.kv_budget,
                 prefix_reuse: o.prefix_reuse,
                 stall_timeout: o.stall_timeout,
+                draft: o.draft,
             },
             api_key: o.api_key,
             max_body_bytes: o.max_body_bytes,
