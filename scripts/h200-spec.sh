@@ -33,3 +33,28 @@ t = open("/tmp/plain.out").read().split()
 print(f"plain output: {len(t)} tokens, {len(set(t))} distinct; first 40: {' '.join(t[:40])}")
 PY
 timeout 200 carry/bin/muser bench -m "$MODEL" $FLAGS -p 0 -n 128 -r 2 2>&1 | grep -E '^\| tg' | tee -a "$log"
+# The server, one client, the same prompt greedy (SERVE_N tokens), plain and guessing: the time
+# of the answer and whether the texts agree.
+SN=${SERVE_N:-256}
+body=$(python3 -c "import json,sys; print(json.dumps({'prompt':[int(x) for x in sys.argv[1].split(',')],'max_tokens':$SN,'temperature':0}))" "$ids")
+serve_once() {
+  carry/bin/muser serve -m "$MODEL" $FLAGS --port 8089 --parallel 4 "$@" > /tmp/serve.log 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do curl -sf localhost:8089/health > /dev/null && break; sleep 1; done
+  curl -s localhost:8089/v1/completions -H 'content-type: application/json' -d "$body" > /dev/null  # warm
+  t0=$(date +%s.%N)
+  curl -s localhost:8089/v1/completions -H 'content-type: application/json' -d "$body" > /tmp/answer.json
+  t1=$(date +%s.%N)
+  kept=$(curl -s localhost:8089/metrics | grep '^muser_draft_tokens_total' | tr '\n' ' ')
+  kill $pid; wait $pid 2>/dev/null
+  python3 - "$t0" "$t1" "$*" "$kept" <<'PY' | tee -a "$log"
+import json, sys
+r = json.load(open("/tmp/answer.json")); t = float(sys.argv[2]) - float(sys.argv[1])
+n = r["usage"]["completion_tokens"]
+print(f"serve {sys.argv[3] or '(plain)'}: {n} tokens in {t:.2f} s ({n/t:.1f}/s) {sys.argv[4]}")
+open("/tmp/answer-" + ("plain" if not sys.argv[3] else "guess") + ".txt", "w").write(r["choices"][0]["text"])
+PY
+}
+serve_once
+serve_once --draft-ngram 2 --draft-max 8
+cmp -s /tmp/answer-plain.txt /tmp/answer-guess.txt && echo "  the same text" | tee -a "$log" || echo "  texts differ" | tee -a "$log"
