@@ -578,6 +578,12 @@ impl Sampler {
         draw
     }
 
+    /// A draw made next to the logits from a copy of this sampler (`row_draw` on a clone that
+    /// took guessed tokens: speculative decoding), counted here as this sampler's next.
+    pub fn count_draw(&mut self) {
+        self.draws += 1;
+    }
+
     /// Tokens the penalties see (prompt and generated so far).
     pub fn accept(&mut self, token: u32) {
         self.history.push(token);

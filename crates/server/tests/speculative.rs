@@ -30,9 +30,26 @@ fn answers(v: &Value) -> Vec<(Value, Value)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn guesses_give_a_plain_servers_answers() {
-    let plain = Server::start(Opts::default()).await;
+    answers_as_plain(false).await;
+}
+
+/// The same where tokens are drawn next to the logits (a GPU's way; here the CPU's
+/// `row_draws`): each guessed row's draw is the one plain decoding makes there, from its own
+/// stream of random numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guesses_drawn_where_the_logits_are_give_a_plain_servers_answers() {
+    answers_as_plain(true).await;
+}
+
+async fn answers_as_plain(row_draws: bool) {
+    let plain = Server::start(Opts {
+        row_draws,
+        ..Opts::default()
+    })
+    .await;
     let guessing = Server::start(Opts {
         draft: Some(NgramDraft::new(1, 4).unwrap()),
+        row_draws,
         ..Opts::default()
     })
     .await;
@@ -98,7 +115,7 @@ async fn guesses_give_a_plain_servers_answers() {
     let missed = guessing
         .metric("muser_draft_tokens_total", "kept=\"no\"")
         .await;
-    println!("guessed tokens kept {kept}, missed {missed}");
+    println!("row_draws {row_draws}: guessed tokens kept {kept}, missed {missed}");
     assert!(kept >= 40.0 && missed > 0.0, "kept {kept}, missed {missed}");
     // A prompt that begins with one a guessing sequence ran (its slot's kept cache, prefix
     // reuse): the same answer.

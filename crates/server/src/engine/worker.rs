@@ -993,12 +993,39 @@ impl<B: Backend> Worker<B> {
         // Per logits row: its index among the device draws (Ok) or the host rows (Err).
         let mut place: Vec<Result<usize, usize>> = Vec::with_capacity(row_item.len());
         let guessed_row = |r: usize| guessing.iter().any(|&(_, _, f, n)| (f..f + n).contains(&r));
+        // A guessing sequence's rows drawn where the logits are: each row's draw made as plain
+        // decoding would make it had the guess's tokens before it been drawn (a copy of the
+        // sampler takes them in turn), so a kept token is the draw plain decoding makes.
+        let mut guess_sampler: Option<(usize, Sampler)> = None;
         for (r, &gi) in row_item.iter().enumerate() {
-            let s = &mut self.running[group[gi].0];
-            let draw = (on_device && !guessed_row(r))
-                .then(|| s.sampler.row_draw(&pre_edits(&s.job, &self.eog), n_vocab))
-                .filter(|d| !(self.cuts_on_host && d.cuts()))
-                .filter(|_| !(self.logprobs_on_host && s.job.logprobs.is_some()));
+            let ri = group[gi].0;
+            let s = &mut self.running[ri];
+            let edits = || pre_edits(&s.job, &self.eog);
+            let draw = if !on_device {
+                None
+            } else if let Some(&(_, _, first, _)) = guessing
+                .iter()
+                .find(|&&(_, _, f, n)| (f..f + n).contains(&r))
+            {
+                let k = r - first;
+                if k == 0 {
+                    guess_sampler = Some((ri, s.sampler.clone()));
+                }
+                match guess_sampler.as_mut() {
+                    Some((owner, tmp)) if *owner == ri => {
+                        let d = tmp.row_draw(&edits(), n_vocab);
+                        if let Some(&t) = s.guess.get(k) {
+                            tmp.accept(t);
+                        }
+                        Some(d)
+                    }
+                    _ => None,
+                }
+            } else {
+                Some(s.sampler.row_draw(&edits(), n_vocab))
+            }
+            .filter(|d| !(self.cuts_on_host && d.cuts()))
+            .filter(|_| !(self.logprobs_on_host && s.job.logprobs.is_some()));
             match draw {
                 Some(d) => {
                     place.push(Ok(dev_rows.len()));
@@ -1097,20 +1124,26 @@ impl<B: Backend> Worker<B> {
         // Each host row's draw is its own (its sampler, its row): drawn in parallel, a
         // 202,048-token vocabulary times 64 sequences is otherwise a large part of a step.
         let mut row_of: Vec<Option<usize>> = vec![None; self.running.len()];
-        // A guessing sequence's host rows: the first and how many.
+        // A guessing sequence's host rows, or its device draws: the first and how many.
         let mut rows_of: Vec<Option<(usize, usize)>> = vec![None; self.running.len()];
+        let mut dev_of: Vec<Option<(usize, usize)>> = vec![None; self.running.len()];
         for (r, (&gi, p)) in row_item.iter().zip(&place).enumerate() {
             let ri = group[gi].0;
-            if let Err(h) = p {
-                if guessed_row(r) {
-                    if let Some(e) = rows_of.get_mut(ri) {
-                        let (first, n) = e.get_or_insert((*h, 0));
-                        debug_assert_eq!(*first + *n, *h);
-                        *n += 1;
+            let (of, at) = match *p {
+                Err(h) if !guessed_row(r) => {
+                    if let Some(slot) = row_of.get_mut(ri) {
+                        *slot = Some(h);
                     }
-                } else if let Some(slot) = row_of.get_mut(ri) {
-                    *slot = Some(*h);
+                    continue;
                 }
+                Err(h) => (&mut rows_of, h),
+                Ok(d) if guessed_row(r) => (&mut dev_of, d),
+                Ok(_) => continue,
+            };
+            if let Some(e) = of.get_mut(ri) {
+                let (first, n) = e.get_or_insert((at, 0));
+                debug_assert_eq!(*first + *n, at);
+                *n += 1;
             }
         }
         let eog = &self.eog;
@@ -1219,7 +1252,26 @@ impl<B: Backend> Worker<B> {
         // caches keep the pending token and the guessed tokens drawn after it, the rest of the
         // guess's positions taken back out.
         for &(ri, start, _, n) in &guessing {
-            let ids = match guessed.get_mut(ri).and_then(Option::take) {
+            // Drawn on the device: the draws up to the first that is not the guess's.
+            let on_dev = dev_of.get(ri).copied().flatten().map(|(first, count)| {
+                let s = &self.running[ri];
+                let mut ids = Vec::new();
+                for k in 0..count {
+                    let Some(&id) = dev_ids.get(first + k) else {
+                        break;
+                    };
+                    if id == NOT_FINITE {
+                        return Err(NoToken::NotFinite);
+                    }
+                    ids.push(id);
+                    if s.guess.get(k) != Some(&id) || self.eog.contains(&id) {
+                        break;
+                    }
+                }
+                Ok(ids)
+            });
+            let from_device = on_dev.is_some();
+            let ids = match on_dev.or_else(|| guessed.get_mut(ri).and_then(Option::take)) {
                 Some(Ok(ids)) => ids,
                 Some(Err(NoToken::NotFinite)) => {
                     self.fail_not_finite(ri);
@@ -1236,7 +1288,12 @@ impl<B: Backend> Worker<B> {
                 if self.running[ri].done {
                     break;
                 }
-                self.next_token(ri, None, id, true);
+                if from_device {
+                    // The draw was a copy's: the sequence's sampler counts it, and takes the
+                    // token below.
+                    self.running[ri].sampler.count_draw();
+                }
+                self.next_token(ri, None, id, !from_device);
                 taken += 1;
             }
             let s = &mut self.running[ri];
