@@ -15,7 +15,9 @@
 //!   model writes them), each stopped before the next starts;
 //! - `stop_reason` is `stop_sequence`, with the string, when a stop sequence ended the answer.
 //!
-//! `thinking.budget_tokens` is not enforced (the model's reasoning is not cut); `metadata`,
+//! `thinking.budget_tokens` is not enforced (the model's reasoning is not cut), as llama-server
+//! b11434 does not for this model (common/parsers/muse-glimmer.cpp sets no thinking tags, so its
+//! reasoning budget never starts); `metadata`,
 //! `service_tier`, `cache_control` and `disable_parallel_tool_use` are accepted and have no effect.
 //! The chat endpoint's extensions `seed`, `min_p`, `repetition_penalty`, `presence_penalty`,
 //! `frequency_penalty`, `ignore_eos`, `reasoning_effort` and `chat_template_kwargs` pass through.
