@@ -50,10 +50,17 @@ impl NgramDraft {
             return Vec::new();
         }
         let pattern = &tokens[tokens.len() - n..];
-        // The latest start before the pattern's own.
-        let Some(j) = (0..tokens.len() - n)
+        let last = pattern[n - 1];
+        // The latest start before the pattern's own: its last token found first (one compare a
+        // position), then the rest.
+        let Some(j) = tokens[..tokens.len() - 1]
+            .iter()
+            .enumerate()
+            .skip(n - 1)
             .rev()
-            .find(|&j| &tokens[j..j + n] == pattern)
+            .filter(|&(_, &t)| t == last)
+            .map(|(e, _)| e + 1 - n)
+            .find(|&j| tokens[j..j + n] == *pattern)
         else {
             return Vec::new();
         };

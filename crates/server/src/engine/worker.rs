@@ -877,34 +877,38 @@ impl<B: Backend> Worker<B> {
     /// `max_tokens` and the context leave room for. A sequence under a grammar or asking for
     /// logprobs guesses nothing (its draws are checked or scored one at a time).
     fn guess(&mut self) {
+        use rayon::prelude::*;
         let n_ctx = self.cfg.n_ctx;
-        for ri in 0..self.running.len() {
-            let s = &mut self.running[ri];
+        let draft = self.cfg.draft;
+        let history = &self.history;
+        // Each sequence's lookup reads its whole slot's tokens: in parallel.
+        self.running.par_iter_mut().for_each(|s| {
             s.guess.clear();
-            let Some(d) = self.cfg.draft else { continue };
-            let Some(p) = s.pending else { continue };
+            let (Some(d), Some(p)) = (draft, s.pending) else {
+                return;
+            };
             if s.done
                 || s.follow.is_some()
                 || s.prompt_left() > 0
                 || s.constraint.is_some()
                 || s.job.logprobs.is_some()
             {
-                continue;
+                return;
             }
             // The tokens after `pending` this sequence may still take.
             let room = (s.max_tokens.saturating_sub(s.generated))
                 .min(n_ctx.saturating_sub(s.prompt.len() + s.generated))
                 .saturating_sub(1);
-            if room == 0 {
-                continue;
-            }
-            let h = &mut self.history[s.slot];
-            h.push(p);
-            let mut g = d.draft(h);
-            h.pop();
+            let Some(h) = history.get(s.slot).filter(|_| room > 0) else {
+                return;
+            };
+            let mut tokens = Vec::with_capacity(h.len() + 1);
+            tokens.extend_from_slice(h);
+            tokens.push(p);
+            let mut g = d.draft(&tokens);
             g.truncate(room);
             s.guess = g;
-        }
+        });
     }
 
     /// One `forward` call over the sequences of `group` (`(index into running, n_tokens)`; a
