@@ -446,21 +446,35 @@ async fn chat_completions(
     })
 }
 
-/// An Anthropic Messages request's body (`anthropic::to_chat_request`) as the chat path's
-/// request, read under a preparation turn; every failure Anthropic's error object.
-async fn anthropic_request(st: &AppState, req: Request) -> Result<(GenRequest, Prep), ApiError> {
+/// Another API's request body as the chat path's request, read under a preparation turn:
+/// `convert` rewrites the body as a chat request's and returns what else the adapter keeps.
+async fn adapted_request<E>(
+    st: &AppState,
+    req: Request,
+    convert: impl FnOnce(Value) -> Result<(Value, E), ApiError>,
+) -> Result<(GenRequest, E, Prep), ApiError> {
     let bytes = body_bytes(req, st).await?;
     let turn = Arc::clone(&st.prepare)
         .acquire_owned()
         .await
         .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
     let body: Value = parse_json(&bytes)?;
-    let chat = crate::anthropic::to_chat_request(body)?;
+    let (chat, kept) = convert(body)?;
     let req = serde_path_to_error::deserialize(chat).map_err(|e| {
         let path = e.path().to_string();
         ApiError::invalid(path.clone(), format!("{path}: {}", e.into_inner()))
     })?;
-    Ok((req, Prep(turn)))
+    Ok((req, kept, Prep(turn)))
+}
+
+/// An Anthropic Messages request's body (`anthropic::to_chat_request`) as the chat path's
+/// request; every failure Anthropic's error object.
+async fn anthropic_request(st: &AppState, req: Request) -> Result<(GenRequest, Prep), ApiError> {
+    let (req, (), turn) = adapted_request(st, req, |b| {
+        crate::anthropic::to_chat_request(b).map(|c| (c, ()))
+    })
+    .await?;
+    Ok((req, turn))
 }
 
 /// `POST /v1/messages`: Anthropic's Messages API over the chat path (`anthropic`), streamed as
@@ -534,26 +548,14 @@ async fn anthropic_count_tokens(State(st): State<AppState>, req: Request) -> Res
 }
 
 /// A Responses request's body (`responses::to_chat_request`) as the chat path's request and the
-/// fields its response repeats, read under a preparation turn.
+/// fields its response repeats, read under a preparation turn; errors name the Responses fields.
 async fn responses_request(
     st: &AppState,
     req: Request,
 ) -> Result<(GenRequest, crate::responses::Echo, Prep), ApiError> {
-    let bytes = body_bytes(req, st).await?;
-    let turn = Arc::clone(&st.prepare)
-        .acquire_owned()
+    adapted_request(st, req, crate::responses::to_chat_request)
         .await
-        .map_err(|_| ApiError::unavailable("the server is shutting down"))?;
-    let body: Value = parse_json(&bytes)?;
-    let (chat, echo) = crate::responses::to_chat_request(body)?;
-    let req = serde_path_to_error::deserialize(chat).map_err(|e| {
-        let path = e.path().to_string();
-        crate::responses::own_names(ApiError::invalid(
-            path.clone(),
-            format!("{path}: {}", e.into_inner()),
-        ))
-    })?;
-    Ok((req, echo, Prep(turn)))
+        .map_err(crate::responses::own_names)
 }
 
 /// `POST /v1/responses`: OpenAI's Responses API over the chat path (`responses`), streamed as
@@ -585,13 +587,9 @@ async fn responses_input_tokens(
     req: Request,
 ) -> Result<Json<Value>, ApiError> {
     let (req, _, turn) = responses_request(&st, req).await?;
-    let n = chat_prompt_of(&st, req, turn)
+    input_tokens(&st, req, turn)
         .await
-        .map_err(crate::responses::own_names)?
-        .len();
-    Ok(Json(
-        json!({"object": "response.input_tokens", "input_tokens": n}),
-    ))
+        .map_err(crate::responses::own_names)
 }
 
 /// `POST /v1/chat/completions/input_tokens` (llama-server's): the prompt tokens a chat request
@@ -600,7 +598,12 @@ async fn chat_input_tokens(
     State(st): State<AppState>,
     PrepJson(req, turn): PrepJson<GenRequest>,
 ) -> Result<Json<Value>, ApiError> {
-    let n = chat_prompt_of(&st, req, turn).await?.len();
+    input_tokens(&st, req, turn).await
+}
+
+/// The `input_tokens` answer for a chat request's prompt.
+async fn input_tokens(st: &AppState, req: GenRequest, turn: Prep) -> Result<Json<Value>, ApiError> {
+    let n = chat_prompt_of(st, req, turn).await?.len();
     Ok(Json(
         json!({"object": "response.input_tokens", "input_tokens": n}),
     ))
