@@ -45,32 +45,40 @@ impl NgramDraft {
     /// is guessed to go on round it): a guess that is found is always `max` long, so the
     /// forwards that check guesses have one shape (a backend may record it once and replay it).
     pub fn draft(&self, tokens: &[u32]) -> Vec<u32> {
+        match tokens.split_last() {
+            Some((&last, head)) => self.draft_after(head, last),
+            None => Vec::new(),
+        }
+    }
+
+    /// As `draft` for the sequence `head` then `last`, without building it (the server's
+    /// sequences keep their tokens and their pending one apart).
+    pub fn draft_after(&self, head: &[u32], last: u32) -> Vec<u32> {
         let n = self.n;
-        if tokens.len() <= n {
+        let len = head.len() + 1;
+        if len <= n {
             return Vec::new();
         }
-        let pattern = &tokens[tokens.len() - n..];
-        let last = pattern[n - 1];
+        // The pattern is head's last n - 1 tokens, then `last`.
+        let tail = &head[head.len() + 1 - n..];
         // The latest start before the pattern's own: its last token found first (one compare a
-        // position), then the rest.
-        let Some(j) = tokens[..tokens.len() - 1]
+        // position), then the rest. Every earlier appearance lies within `head`.
+        let Some(j) = head
             .iter()
             .enumerate()
             .skip(n - 1)
             .rev()
             .filter(|&(_, &t)| t == last)
             .map(|(e, _)| e + 1 - n)
-            .find(|&j| tokens[j..j + n] == *pattern)
+            .find(|&j| head[j..j + n - 1] == *tail)
         else {
             return Vec::new();
         };
+        let at = |i: usize| if i < head.len() { head[i] } else { last };
         let from = j + n;
         let mut guess: Vec<u32> = Vec::with_capacity(self.max);
         for i in from..from + self.max {
-            let t = match tokens.get(i) {
-                Some(&t) => t,
-                None => guess[i - tokens.len()],
-            };
+            let t = if i < len { at(i) } else { guess[i - len] };
             guess.push(t);
         }
         guess

@@ -3,7 +3,10 @@
 //! events, so that a whole answer is what the same request streamed adds up to, with its parts
 //! in the order the model wrote them.
 
+use futures_util::{Stream, StreamExt};
 use serde_json::Value;
+
+use crate::error::ApiError;
 
 /// What a part of an answer holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,6 +130,31 @@ impl Translate {
 /// Whether `ops` end the answer.
 pub fn ends(ops: &[Op]) -> bool {
     ops.iter().any(|o| matches!(o, Op::End { .. }))
+}
+
+/// The chat path's chunks (with their usage) read as parts and handed to `apply` in order,
+/// until it gives the whole answer (at the end, `Op::End`).
+pub async fn fold<T>(
+    chunks: impl Stream<Item = Result<Value, ApiError>>,
+    mut apply: impl FnMut(Op) -> Option<T>,
+) -> Result<T, ApiError> {
+    let mut t = Translate::default();
+    futures_util::pin_mut!(chunks);
+    while let Some(c) = chunks.next().await {
+        for op in t.chunk(&c?) {
+            if let Some(whole) = apply(op) {
+                return Ok(whole);
+            }
+        }
+    }
+    Err(ApiError::internal("the response ended without its usage"))
+}
+
+/// Appends `text` to the string `v` holds (a part's text so far; null is empty).
+pub fn push_text(v: &mut Value, text: &str) {
+    let mut s = v.as_str().unwrap_or("").to_string();
+    s.push_str(text);
+    *v = Value::String(s);
 }
 
 #[cfg(test)]

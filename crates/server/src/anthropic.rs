@@ -30,7 +30,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
 use serde_json::{Map, Value, json};
 
-use crate::adapt::{Kind, Op, Translate, ends};
+use crate::adapt::{Kind, Op, Translate, ends, fold, push_text};
 use crate::error::ApiError;
 
 /// Anthropic's error object for `e`, `{"type": "error", "error": {"type", "message"}}`.
@@ -493,59 +493,49 @@ pub async fn message(
     model: String,
     chunks: impl Stream<Item = Result<Value, ApiError>>,
 ) -> Result<Value, ApiError> {
-    let mut t = Translate::default();
     let mut content: Vec<Value> = Vec::new();
     let mut arguments: Vec<String> = Vec::new();
-    futures_util::pin_mut!(chunks);
-    while let Some(c) = chunks.next().await {
-        for op in t.chunk(&c?) {
-            match op {
-                Op::Start { kind, call, .. } => {
-                    content.push(block_start(kind, &call));
-                    arguments.push(String::new());
-                }
-                Op::Delta { index, kind, text } => {
-                    let (Some(block), Some(args)) =
-                        (content.get_mut(index), arguments.get_mut(index))
-                    else {
-                        continue;
-                    };
-                    let field = match kind {
-                        Kind::Reasoning => "thinking",
-                        Kind::Text => "text",
-                        Kind::Call => {
-                            args.push_str(&text);
-                            continue;
-                        }
-                    };
-                    let mut s = block[field].as_str().unwrap_or("").to_string();
-                    s.push_str(&text);
-                    block[field] = Value::String(s);
-                }
-                Op::Stop { index, kind } => {
-                    if kind == Kind::Call
-                        && let (Some(block), Some(args)) =
-                            (content.get_mut(index), arguments.get(index))
-                    {
-                        block["input"] = tool_input(args);
-                    }
-                }
-                Op::End {
-                    finish,
-                    stop_string,
-                    usage,
-                } => {
-                    let end = message_end(&finish, stop_string, &usage);
-                    return Ok(json!({
-                        "id": id, "type": "message", "role": "assistant", "content": content,
-                        "model": model, "stop_reason": end["stop_reason"],
-                        "stop_sequence": end["stop_sequence"], "usage": end["usage"],
-                    }));
+    fold(chunks, |op| {
+        match op {
+            Op::Start { kind, call, .. } => {
+                content.push(block_start(kind, &call));
+                arguments.push(String::new());
+            }
+            Op::Delta { index, kind, text } => {
+                let (Some(block), Some(args)) = (content.get_mut(index), arguments.get_mut(index))
+                else {
+                    return None;
+                };
+                match kind {
+                    Kind::Reasoning => push_text(&mut block["thinking"], &text),
+                    Kind::Text => push_text(&mut block["text"], &text),
+                    Kind::Call => args.push_str(&text),
                 }
             }
+            Op::Stop { index, kind } => {
+                if kind == Kind::Call
+                    && let (Some(block), Some(args)) =
+                        (content.get_mut(index), arguments.get(index))
+                {
+                    block["input"] = tool_input(args);
+                }
+            }
+            Op::End {
+                finish,
+                stop_string,
+                usage,
+            } => {
+                let end = message_end(&finish, stop_string, &usage);
+                return Some(json!({
+                    "id": id, "type": "message", "role": "assistant", "content": content,
+                    "model": model, "stop_reason": end["stop_reason"],
+                    "stop_sequence": end["stop_sequence"], "usage": end["usage"],
+                }));
+            }
         }
-    }
-    Err(ApiError::internal("the response ended without its usage"))
+        None
+    })
+    .await
 }
 
 /// The chat path's OpenAI chunks as Anthropic's stream events: `message_start`, a `ping`,

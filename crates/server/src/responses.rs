@@ -28,7 +28,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::{Stream, StreamExt};
 use serde_json::{Map, Value, json};
 
-use crate::adapt::{Kind, Op, Translate};
+use crate::adapt::{Kind, Op, Translate, fold, push_text};
 use crate::error::ApiError;
 
 fn bad(param: &str, message: impl Into<String>) -> ApiError {
@@ -115,9 +115,7 @@ fn assistant(messages: &mut Vec<Map<String, Value>>) -> &mut Map<String, Value> 
 }
 
 fn append(m: &mut Map<String, Value>, key: &str, text: &str) {
-    let mut s = m.get(key).and_then(Value::as_str).unwrap_or("").to_string();
-    s.push_str(text);
-    m.insert(key.into(), Value::String(s));
+    push_text(m.entry(key).or_insert(Value::Null), text);
 }
 
 /// One input item as chat messages.
@@ -598,9 +596,7 @@ impl Output {
                         ev.push(Event(name, d));
                     }
                     Kind::Call => {
-                        let mut a = item["arguments"].as_str().unwrap_or("").to_string();
-                        a.push_str(&text);
-                        item["arguments"] = Value::String(a);
+                        push_text(&mut item["arguments"], &text);
                         ev.push(Event(
                             "response.function_call_arguments.delta",
                             json!({"item_id": item_id, "output_index": index, "delta": text}),
@@ -680,17 +676,11 @@ pub async fn response(
     mut out: Output,
     chunks: impl Stream<Item = Result<Value, ApiError>>,
 ) -> Result<Value, ApiError> {
-    let mut t = Translate::default();
-    futures_util::pin_mut!(chunks);
-    while let Some(c) = chunks.next().await {
-        for op in t.chunk(&c?) {
-            out.apply(op);
-        }
-        if let Some(r) = out.take() {
-            return Ok(r);
-        }
-    }
-    Err(ApiError::internal("the response ended without its usage"))
+    fold(chunks, |op| {
+        out.apply(op);
+        out.take()
+    })
+    .await
 }
 
 /// The chat path's OpenAI chunks as the Responses stream: `response.created`,

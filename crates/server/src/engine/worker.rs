@@ -902,10 +902,7 @@ impl<B: Backend> Worker<B> {
             let Some(h) = history.get(s.slot).filter(|_| room > 0) else {
                 return;
             };
-            let mut tokens = Vec::with_capacity(h.len() + 1);
-            tokens.extend_from_slice(h);
-            tokens.push(p);
-            let mut g = d.draft(&tokens);
+            let mut g = d.draft_after(h, p);
             g.truncate(room);
             s.guess = g;
         });
