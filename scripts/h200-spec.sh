@@ -2,12 +2,22 @@
 # Speculative decoding from the sequence's own tokens on the GPU machine (after
 # scripts/h200-prepare.sh, carry=["carry"]): `muser generate` greedy, plain and with
 # --draft-ngram N --draft-max M (DRAFTS, space-separated N:M), the same prompt and flags
-# (GEN_FLAGS), the tokens compared with plain decoding's; then `muser bench` decode for the
+# (GEN_FLAGS; while llama-server builds, when carry/llama.tar.xz came), the tokens compared with plain decoding's; then `muser bench` decode for the
 # graph's one-token rate in the same call. The synthetic model's random weights make no sense of
 # a prompt: its greedy output falls into loops, which is where guesses are kept; the figures say
 # how much a kept guess saves, not how often a real model's would be kept.
 source "$(dirname "$0")/h200-env.sh"
 log="$OUT/spec.log"
+# llama.cpp b11434's llama-server, built on this machine's CPU (niced) from carry/llama.tar.xz while
+# `muser generate` runs below (the tracked tree leaves no room in the carry for prebuilt CUDA
+# binaries); the server comparison waits for it.
+if [ -f carry/llama.tar.xz ] && [ ! -x /tmp/llama/llama.cpp/build/bin/llama-server ]; then
+  ( mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.tar.xz && cd /tmp/llama/llama.cpp &&
+    cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > /tmp/llama-build.log 2>&1 &&
+    nice -n 19 cmake --build build -j$(( $(nproc) > 3 ? $(nproc) - 2 : 1 )) --target llama-server >> /tmp/llama-build.log 2>&1 ) &
+  llama_build=$!
+fi
 FLAGS=${GEN_FLAGS:-"--device cuda --mode fast --fp8-weights"}
 N=${GEN_N:-512}
 # A prompt with a passage said twice (the lookup finds it in the prompt too).
@@ -32,11 +42,17 @@ python3 - <<'PY' | tee -a "$log"
 t = open("/tmp/plain.out").read().split()
 print(f"plain output: {len(t)} tokens, {len(set(t))} distinct; first 40: {' '.join(t[:40])}")
 PY
+# The build done (if any), so that what follows shares the machine with nothing.
+[ -n "${llama_build:-}" ] && { wait $llama_build; tail -3 /tmp/llama-build.log > "$OUT/llama-build-tail.log"; }
+echo "llama-server build: $(ls /tmp/llama/llama.cpp/build/bin/llama-server 2>/dev/null || echo none) at $(date +%T)" | tee -a "$log"
 timeout 200 carry/bin/muser bench -m "$MODEL" $FLAGS -p 0 -n 128 -r 2 2>&1 | grep -E '^\| tg' | tee -a "$log"
-# The server, one client, the same prompt greedy (SERVE_N tokens), plain and guessing: the time
-# of the answer and whether the texts agree.
+# The server, one client, the same prompt greedy (SERVE_N tokens, ignore_eos), plain and guessing:
+# the time of the answer and whether the texts agree; then llama-server b11434 (prebuilt,
+# carry/llama-bin.tar.xz from scripts/llama-prebuild.sh) on the same file and body, plain and with
+# its ngram-simple drafts (--spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 8, Muser's
+# --draft-ngram 2 --draft-max 8), after its build (above) is done.
 SN=${SERVE_N:-256}
-body=$(python3 -c "import json,sys; print(json.dumps({'prompt':[int(x) for x in sys.argv[1].split(',')],'max_tokens':$SN,'temperature':0}))" "$ids")
+body=$(python3 -c "import json,sys; print(json.dumps({'prompt':[int(x) for x in sys.argv[1].split(',')],'max_tokens':$SN,'temperature':0,'ignore_eos':True}))" "$ids")
 serve_once() {
   carry/bin/muser serve -m "$MODEL" $FLAGS --port 8089 --parallel 4 "$@" > /tmp/serve.log 2>&1 &
   pid=$!
@@ -58,3 +74,35 @@ PY
 serve_once
 serve_once --draft-ngram 2 --draft-max 8
 cmp -s /tmp/answer-plain.txt /tmp/answer-guess.txt && echo "  the same text" | tee -a "$log" || echo "  texts differ" | tee -a "$log"
+
+# llama-server b11434, the same body, plain and with ngram-simple drafts.
+llama_once() {
+  CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-server -m "$MODEL" -ngl 99 -np 1 -c 8192 --port 8090 "$@" > /tmp/llama-serve.log 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do curl -sf localhost:8090/health > /dev/null && break; sleep 1; done
+  curl -s localhost:8090/v1/completions -H 'content-type: application/json' -d "$body" > /dev/null  # warm
+  t0=$(date +%s.%N)
+  curl -s localhost:8090/v1/completions -H 'content-type: application/json' -d "$body" > /tmp/answer.json
+  t1=$(date +%s.%N)
+  kill $pid; wait $pid 2>/dev/null
+  python3 - "$t0" "$t1" "$*" <<'PY' | tee -a "$log"
+import json, sys
+try:
+    r = json.load(open("/tmp/answer.json"))
+except Exception as e:
+    print(f"llama-server {sys.argv[3] or '(plain)'}: no answer ({e})"); sys.exit()
+t = float(sys.argv[2]) - float(sys.argv[1])
+n = r.get("usage", {}).get("completion_tokens", 0)
+tm = r.get("timings", {})
+print(f"llama-server {sys.argv[3] or '(plain)'}: {n} tokens in {t:.2f} s ({n/t:.1f}/s); its timings: predicted {tm.get('predicted_per_second')}/s, draft {tm.get('draft_n')} accepted {tm.get('draft_n_accepted')}")
+open("/tmp/answer-llama-" + ("plain" if not sys.argv[3] else "guess") + ".txt", "w").write(r["choices"][0]["text"])
+PY
+}
+if [ -x /tmp/llama/llama.cpp/build/bin/llama-server ]; then
+  llama_once
+  llama_once --spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 8
+  cmp -s /tmp/answer-llama-plain.txt /tmp/answer-llama-guess.txt && echo "  the same text" | tee -a "$log" || echo "  texts differ" | tee -a "$log"
+  tail -5 /tmp/llama-serve.log > "$OUT/llama-serve-tail.log"
+else
+  echo "llama-server: not built (carry/llama.tar.xz from scripts/h200-prepare.sh; /tmp/llama-build.log)" | tee -a "$log"
+fi
