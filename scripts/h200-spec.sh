@@ -37,6 +37,16 @@ for d in ${DRAFTS:-"2:4 2:8 3:16"}; do
     echo "  differs from plain decoding at token $(python3 -c 'import sys; a=open("/tmp/gen.out").read().split(); b=open("/tmp/plain.out").read().split(); print(next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), min(len(a),len(b))))')" | tee -a "$log"
   fi
 done
+# The batch-invariant mode (accurate), where a guess's rows have one token's bits: the same tokens
+# as plain decoding (INV_FLAGS; empty to skip).
+INV=${INV_FLAGS-"--device cuda --batch-invariant"}
+if [ -n "$INV" ]; then
+  keep=$FLAGS; FLAGS=$INV
+  run; cp /tmp/gen.out /tmp/plain-inv.out
+  run --draft-ngram 2 --draft-max 8
+  cmp -s /tmp/gen.out /tmp/plain-inv.out && echo "  the same $N tokens as plain decoding" | tee -a "$log" || echo "  differs from plain decoding" | tee -a "$log"
+  FLAGS=$keep
+fi
 # Where the plain run's tokens repeat: the share of steps a perfect guess could skip.
 python3 - <<'PY' | tee -a "$log"
 t = open("/tmp/plain.out").read().split()
@@ -85,6 +95,7 @@ llama_once() {
   curl -s localhost:8090/v1/completions -H 'content-type: application/json' -d "$body" > /tmp/answer.json
   t1=$(date +%s.%N)
   kill $pid; wait $pid 2>/dev/null
+  grep -iE "specul|draft|seq_rm|ngram" /tmp/llama-serve.log | head -8 >> "$OUT/llama-serve-tail.log"
   python3 - "$t0" "$t1" "$*" <<'PY' | tee -a "$log"
 import json, sys
 try:
@@ -102,7 +113,7 @@ if [ -x /tmp/llama/llama.cpp/build/bin/llama-server ]; then
   llama_once
   llama_once --spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 8
   cmp -s /tmp/answer-llama-plain.txt /tmp/answer-llama-guess.txt && echo "  the same text" | tee -a "$log" || echo "  texts differ" | tee -a "$log"
-  tail -5 /tmp/llama-serve.log > "$OUT/llama-serve-tail.log"
+  tail -5 /tmp/llama-serve.log >> "$OUT/llama-serve-tail.log"
 else
   echo "llama-server: not built (carry/llama.tar.xz from scripts/h200-prepare.sh; /tmp/llama-build.log)" | tee -a "$log"
 fi

@@ -3277,3 +3277,132 @@ fn saved_state_loads_on_the_gpu_and_across_backends() {
     let _ = std::fs::remove_dir_all(&dir);
     report("saved state on the GPU", &rows, &failures);
 }
+
+/// Speculative decoding from the sequence's own tokens (`muser_engine::speculative`) on the
+/// device: in the batch-invariant mode, where a forward of several tokens gives each row the
+/// bits of one token alone, it samples plain decoding's tokens (greedy, and seeded with
+/// penalties) while keeping some of its guesses, on every fixture. The default and `--mode
+/// fast` multiply a guess's rows on other kernels than one token's, so a near-tie may come out
+/// otherwise: their agreement is reported, not asserted.
+#[test]
+fn guesses_on_the_device_sample_plain_decodings_tokens() {
+    use muser_engine::speculative::{self, NgramDraft};
+    use muser_engine::{Sampler, SamplingParams};
+    let Some(_) = gpu() else { return };
+    fn plain<B: Backend>(
+        m: &MuseGlimmer<B>,
+        prompt: &[u32],
+        n: usize,
+        p: &SamplingParams,
+    ) -> Vec<u32> {
+        let mut s = Session::new(m, KvType::F16, prompt.len() + n + 8).unwrap();
+        let mut sampler = Sampler::new(p.clone());
+        prompt.iter().for_each(|&t| sampler.accept(t));
+        let mut logits = s.feed(prompt, 64, Logits::Last).unwrap();
+        let mut out = Vec::new();
+        while out.len() < n {
+            let t = sampler.sample(&logits);
+            sampler.accept(t);
+            out.push(t);
+            logits = s.feed(&[t], 1, Logits::Last).unwrap();
+        }
+        out
+    }
+    fn guessed<B: Backend>(
+        m: &MuseGlimmer<B>,
+        prompt: &[u32],
+        n: usize,
+        p: &SamplingParams,
+        d: NgramDraft,
+    ) -> (Vec<u32>, usize) {
+        let mut s = Session::new(m, KvType::F16, prompt.len() + n + 8).unwrap();
+        let mut sampler = Sampler::new(p.clone());
+        prompt.iter().for_each(|&t| sampler.accept(t));
+        let logits = s.feed(prompt, 64, Logits::Last).unwrap();
+        let mut t = sampler.sample(&logits);
+        sampler.accept(t);
+        let mut out = vec![t];
+        let mut history = prompt.to_vec();
+        history.push(t);
+        let mut kept = 0;
+        while out.len() < n {
+            let guess = d.draft(&history);
+            let st =
+                speculative::step(&mut s, &mut sampler, t, &guess, &[], n - out.len()).unwrap();
+            assert_eq!(st.tokens[..st.accepted], guess[..st.accepted]);
+            assert_eq!(s.pos(), prompt.len() + out.len() + st.tokens.len() - 1);
+            kept += st.accepted;
+            out.extend_from_slice(&st.tokens);
+            history.extend_from_slice(&st.tokens);
+            t = *st.tokens.last().unwrap();
+        }
+        (out, kept)
+    }
+    let greedy = SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    let sampled = SamplingParams {
+        temperature: 0.9,
+        top_k: 40,
+        top_p: 0.95,
+        repeat_penalty: 1.1,
+        seed: 7,
+        ..Default::default()
+    };
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    let mut kept_invariant = 0;
+    for name in names() {
+        let file = ModelFile::open(model_path(&name)).unwrap();
+        // A passage said three times: guesses from the start.
+        let toks = tokens(&name);
+        let phrase = &toks[..toks.len().min(9)];
+        let prompt: Vec<u32> = phrase
+            .iter()
+            .copied()
+            .cycle()
+            .take(phrase.len() * 3)
+            .collect();
+        for (label, invariant, fast) in [
+            ("batch-invariant", true, false),
+            ("default        ", false, false),
+            ("fast           ", false, true),
+        ] {
+            let b = CudaBackend::new(0).unwrap();
+            b.set_batch_invariant(invariant);
+            b.set_fast_mode(fast).unwrap();
+            let m = MuseGlimmer::load(&file, b).unwrap();
+            for (p, what) in [(&greedy, "greedy"), (&sampled, "sampled")] {
+                let want = plain(&m, &prompt, 48, p);
+                for d in [
+                    NgramDraft::new(1, 4).unwrap(),
+                    NgramDraft::new(2, 16).unwrap(),
+                ] {
+                    let (got, kept) = guessed(&m, &prompt, 48, p, d);
+                    let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+                    let row = format!(
+                        "{name:<14} {label} {what:<7} n={} max={:<2}: {kept:>2} guessed tokens kept, {agree}/48 tokens plain decoding's",
+                        d.n, d.max
+                    );
+                    if invariant {
+                        kept_invariant += kept;
+                        if got != want {
+                            failures.push(row.clone());
+                        }
+                    }
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    // Guesses never kept would test only the taking back.
+    if kept_invariant == 0 {
+        failures.push("no guess was ever kept in the batch-invariant mode".into());
+    }
+    report(
+        "speculative decoding on the device against plain decoding",
+        &rows,
+        &failures,
+    );
+}
