@@ -56,6 +56,8 @@ PY
 [ -n "${llama_build:-}" ] && { wait $llama_build; tail -3 /tmp/llama-build.log > "$OUT/llama-build-tail.log"; }
 echo "llama-server build: $(ls /tmp/llama/llama.cpp/build/bin/llama-server 2>/dev/null || echo none) at $(date +%T)" | tee -a "$log"
 timeout 200 carry/bin/muser bench -m "$MODEL" $FLAGS -p 0 -n 128 -r 2 2>&1 | grep -E '^\| tg' | tee -a "$log"
+# What a guess's forward costs: a chunk of 2 to 17 tokens, as a step with a guess of 1 to 16.
+timeout 200 carry/bin/muser bench -m "$MODEL" $FLAGS -p ${CHUNKS:-2,3,5,9,17} -n 0 -r 3 2>&1 | grep -E '^\| pp' | tee -a "$log"
 # The server, one client, the same prompt greedy (SERVE_N tokens, ignore_eos), plain and guessing:
 # the time of the answer and whether the texts agree; then llama-server b11434 (prebuilt,
 # carry/llama-bin.tar.xz from scripts/llama-prebuild.sh) on the same file and body, plain and with
