@@ -3281,39 +3281,24 @@ fn saved_state_loads_on_the_gpu_and_across_backends() {
 /// Speculative decoding from the sequence's own tokens (`muser_engine::speculative`) on the
 /// device: in the batch-invariant mode, where a forward of several tokens gives each row the
 /// bits of one token alone, it samples plain decoding's tokens (greedy, and seeded with
-/// penalties) while keeping some of its guesses, on every fixture. The default and `--mode
-/// fast` multiply a guess's rows on other kernels than one token's, so a near-tie may come out
-/// otherwise: their agreement is reported, not asserted.
+/// penalties) while keeping some of its guesses, on every fixture, the rows drawn on the
+/// device (`muser generate`'s way) or on the host. The default and `--mode fast` multiply a
+/// guess's rows on other kernels than one token's, so a near-tie may come out otherwise: their
+/// agreement is reported, not asserted.
 #[test]
 fn guesses_on_the_device_sample_plain_decodings_tokens() {
     use muser_engine::speculative::{self, NgramDraft};
     use muser_engine::{Sampler, SamplingParams};
     let Some(_) = gpu() else { return };
-    fn plain<B: Backend>(
+    // `n` tokens after `prompt`, each step guessing with `d` (plain decoding without), the rows
+    // drawn on the device or sampled on the host: the tokens, and the guessed tokens kept.
+    fn decode<B: Backend>(
         m: &MuseGlimmer<B>,
         prompt: &[u32],
         n: usize,
         p: &SamplingParams,
-    ) -> Vec<u32> {
-        let mut s = Session::new(m, KvType::F16, prompt.len() + n + 8).unwrap();
-        let mut sampler = Sampler::new(p.clone());
-        prompt.iter().for_each(|&t| sampler.accept(t));
-        let mut logits = s.feed(prompt, 64, Logits::Last).unwrap();
-        let mut out = Vec::new();
-        while out.len() < n {
-            let t = sampler.sample(&logits);
-            sampler.accept(t);
-            out.push(t);
-            logits = s.feed(&[t], 1, Logits::Last).unwrap();
-        }
-        out
-    }
-    fn guessed<B: Backend>(
-        m: &MuseGlimmer<B>,
-        prompt: &[u32],
-        n: usize,
-        p: &SamplingParams,
-        d: NgramDraft,
+        d: Option<NgramDraft>,
+        drawn: bool,
     ) -> (Vec<u32>, usize) {
         let mut s = Session::new(m, KvType::F16, prompt.len() + n + 8).unwrap();
         let mut sampler = Sampler::new(p.clone());
@@ -3326,9 +3311,10 @@ fn guesses_on_the_device_sample_plain_decodings_tokens() {
         history.push(t);
         let mut kept = 0;
         while out.len() < n {
-            let guess = d.draft(&history);
+            let guess = d.map(|d| d.draft(&history)).unwrap_or_default();
             let st =
-                speculative::step(&mut s, &mut sampler, t, &guess, &[], n - out.len()).unwrap();
+                speculative::step_with(&mut s, &mut sampler, t, &guess, &[], n - out.len(), drawn)
+                    .unwrap();
             assert_eq!(st.tokens[..st.accepted], guess[..st.accepted]);
             assert_eq!(s.pos(), prompt.len() + out.len() + st.tokens.len() - 1);
             kept += st.accepted;
@@ -3374,24 +3360,26 @@ fn guesses_on_the_device_sample_plain_decodings_tokens() {
             b.set_fast_mode(fast).unwrap();
             let m = MuseGlimmer::load(&file, b).unwrap();
             for (p, what) in [(&greedy, "greedy"), (&sampled, "sampled")] {
-                let want = plain(&m, &prompt, 48, p);
-                for d in [
-                    NgramDraft::new(1, 4).unwrap(),
-                    NgramDraft::new(2, 16).unwrap(),
-                ] {
-                    let (got, kept) = guessed(&m, &prompt, 48, p, d);
-                    let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-                    let row = format!(
-                        "{name:<14} {label} {what:<7} n={} max={:<2}: {kept:>2} guessed tokens kept, {agree}/48 tokens plain decoding's",
-                        d.n, d.max
-                    );
-                    if invariant {
-                        kept_invariant += kept;
-                        if got != want {
-                            failures.push(row.clone());
+                for (drawn, at) in [(true, "device"), (false, "host")] {
+                    let (want, _) = decode(&m, &prompt, 48, p, None, drawn);
+                    for d in [
+                        NgramDraft::new(1, 4).unwrap(),
+                        NgramDraft::new(2, 16).unwrap(),
+                    ] {
+                        let (got, kept) = decode(&m, &prompt, 48, p, Some(d), drawn);
+                        let agree = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+                        let row = format!(
+                            "{name:<14} {label} {what:<7} drawn on the {at:<6} n={} max={:<2}: {kept:>2} guessed tokens kept, {agree}/48 tokens plain decoding's",
+                            d.n, d.max
+                        );
+                        if invariant {
+                            kept_invariant += kept;
+                            if got != want {
+                                failures.push(row.clone());
+                            }
                         }
+                        rows.push(row);
                     }
-                    rows.push(row);
                 }
             }
         }

@@ -101,6 +101,53 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(out)
     }
 
+    /// Run `tokens` in one forward and draw a token from each position's logits where they
+    /// are (`Backend::draw_rows`; row `i` by `draws[i]`), without bringing the logits to the
+    /// host: the ids, `sampling::NOT_FINITE` for a row holding a NaN or an infinity. For a
+    /// backend whose `draws_on_device` is true (elsewhere it is the host's draw all the same).
+    pub fn feed_drawn(
+        &mut self,
+        tokens: &[u32],
+        draws: &[crate::sampling::RowDraw],
+    ) -> Result<Vec<u32>> {
+        if tokens.is_empty() || draws.len() != tokens.len() {
+            return Err(Error::Input(format!(
+                "{} draws for {} tokens: one a token, at least one",
+                draws.len(),
+                tokens.len()
+            )));
+        }
+        let most = self.model.backend.max_batch_tokens().max(1);
+        if tokens.len() > most {
+            return Err(Error::Input(format!(
+                "{} tokens drawn in one forward: the backend takes at most {most}",
+                tokens.len()
+            )));
+        }
+        let start = self.pos();
+        if start + tokens.len() > self.n_ctx {
+            return Err(Error::Input(format!(
+                "{} tokens at position {start} exceed the context size {} (at most {} more fit)",
+                tokens.len(),
+                self.n_ctx,
+                self.n_ctx - start
+            )));
+        }
+        if self.ws.as_ref().is_none_or(|w| w.max_tokens < tokens.len()) {
+            self.ws = Some(self.model.workspace(tokens.len())?);
+        }
+        let Some(ws) = self.ws.as_mut() else {
+            return Err(Error::Backend("no workspace".into()));
+        };
+        let batch = Batch::single(tokens, start as u32);
+        let rows: Vec<usize> = (0..tokens.len()).collect();
+        self.model
+            .forward_device(ws, &batch, &mut [&mut self.kv], &rows)?;
+        let mut out = Vec::with_capacity(rows.len());
+        self.model.draw_logit_rows(ws, &rows, draws, &mut out)?;
+        Ok(out)
+    }
+
     /// Save this sequence's state to `path` (`state`): `tokens` are the tokens its cache holds,
     /// one per position. Returns the bytes written.
     pub fn save_state(&self, path: &std::path::Path, tokens: &[u32]) -> Result<u64> {

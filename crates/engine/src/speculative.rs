@@ -10,10 +10,16 @@
 //! does CUDA's `--batch-invariant` mode. Elsewhere the rows differ in the last bits and a
 //! sampled token may come out otherwise where two logits nearly tie. A guess that is wrong costs
 //! its rows' compute, and its positions are taken back out of the cache.
+//!
+//! On a backend that draws where the logits are (`Backend::draws_on_device`: CUDA), every row
+//! is drawn there (`Session::feed_drawn`) and no logits come to the host; a seeded draw there
+//! takes its randomness from `RowDraw`'s stream, as the server's device draws do, not from the
+//! host sampler's, so a seeded run on the GPU is another sample than the CPU's of the same seed
+//! (greedy is the same choice either way).
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::sampling::Sampler;
+use crate::sampling::{NOT_FINITE, RowDraw, Sampler};
 use crate::session::{Logits, Session};
 
 /// The longest guess: a guess's positions are written past the ones kept, and a sliding
@@ -99,6 +105,7 @@ pub struct Step {
 /// their rows in turn with `sampler` (each token accepted into it as sampled), stopping at the
 /// first sample that is not the guess's next token, at an end-of-generation token (in `eog`),
 /// or after `limit` tokens. The cache keeps `last` and the guessed tokens that were sampled.
+/// Its rows are drawn where the logits are when the backend draws there (`draws_on_device`).
 pub fn step<B: Backend>(
     s: &mut Session<'_, B>,
     sampler: &mut Sampler,
@@ -107,6 +114,21 @@ pub fn step<B: Backend>(
     eog: &[u32],
     limit: usize,
 ) -> Result<Step> {
+    let drawn = s.model.backend.draws_on_device();
+    step_with(s, sampler, last, guess, eog, limit, drawn)
+}
+
+/// As [`step`], the rows drawn next to the logits (`Backend::draw_rows`, through
+/// `Session::feed_drawn`) if `drawn`, or brought to the host and sampled there.
+pub fn step_with<B: Backend>(
+    s: &mut Session<'_, B>,
+    sampler: &mut Sampler,
+    last: u32,
+    guess: &[u32],
+    eog: &[u32],
+    limit: usize,
+    drawn: bool,
+) -> Result<Step> {
     let start = s.pos();
     // The guess fits the context and the tokens still wanted (the last row's sample is one).
     let room = s.n_ctx().saturating_sub(start + 1);
@@ -114,16 +136,42 @@ pub fn step<B: Backend>(
     let mut fed = Vec::with_capacity(1 + guess.len());
     fed.push(last);
     fed.extend_from_slice(guess);
-    let logits = s.feed(&fed, fed.len(), Logits::All)?;
     let n_vocab = s.model.config.n_vocab;
     let mut tokens = Vec::new();
+    if drawn {
+        // Each row drawn where the logits are, by the draw plain decoding would make there had
+        // the guess's tokens before it been drawn (a copy of the sampler takes them in turn;
+        // the server's guessing rows do the same): no logits come to the host.
+        let mut tmp = sampler.clone();
+        let draws: Vec<RowDraw> = (0..fed.len())
+            .map(|k| {
+                let d = tmp.row_draw(&[], n_vocab);
+                if let Some(&t) = guess.get(k) {
+                    tmp.accept(t);
+                }
+                d
+            })
+            .collect();
+        let ids = s.feed_drawn(&fed, &draws)?;
+        for (i, &t) in ids.iter().enumerate() {
+            if t == NOT_FINITE {
+                return Err(not_finite(start + i));
+            }
+            // The copy's draw, counted as this sampler's.
+            sampler.count_draw();
+            sampler.accept(t);
+            tokens.push(t);
+            if i == guess.len() || t != guess[i] || eog.contains(&t) {
+                break;
+            }
+        }
+        return finish(s, start, tokens);
+    }
+    let logits = s.feed(&fed, fed.len(), Logits::All)?;
     for (i, row) in logits.chunks_exact(n_vocab).enumerate() {
         // Logits that overflowed would sample token 0 over and over, saying nothing.
         if row.iter().any(|v| !v.is_finite()) {
-            return Err(Error::Backend(format!(
-                "the model's logits are not finite at position {}: its weights or scales overflow f32 (a damaged file?)",
-                start + i
-            )));
+            return Err(not_finite(start + i));
         }
         let t = sampler.sample(row);
         sampler.accept(t);
@@ -132,6 +180,17 @@ pub fn step<B: Backend>(
             break;
         }
     }
+    finish(s, start, tokens)
+}
+
+fn not_finite(pos: usize) -> Error {
+    Error::Backend(format!(
+        "the model's logits are not finite at position {pos}: its weights or scales overflow f32 (a damaged file?)"
+    ))
+}
+
+/// The step's end: the cache taken back to `start` and the tokens sampled but the last.
+fn finish<B: Backend>(s: &mut Session<'_, B>, start: usize, tokens: Vec<u32>) -> Result<Step> {
     // Rows past the first disagreement were for tokens that will not be: their positions go.
     let keep = start + tokens.len();
     if keep < s.pos() && !s.truncate(keep) {

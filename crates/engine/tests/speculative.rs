@@ -27,6 +27,34 @@ fn plain<B: Backend>(m: &MuseGlimmer<B>, prompt: &[u32], n: usize, p: &SamplingP
     out
 }
 
+/// Plain decoding with each token drawn next to the logits, as a device draws it
+/// (`Sampler::row_draw`, `RowDraw::choose`: the host reference of `Backend::draw_rows`), whose
+/// random stream is the draws' own, not the host sampler's.
+fn plain_drawn<B: Backend>(
+    m: &MuseGlimmer<B>,
+    prompt: &[u32],
+    n: usize,
+    p: &SamplingParams,
+) -> Vec<u32> {
+    let mut s = Session::new(m, KvType::F32, prompt.len() + n + 8).unwrap();
+    let mut sampler = Sampler::new(p.clone());
+    prompt.iter().for_each(|&t| sampler.accept(t));
+    let first = s.feed(prompt, 64, Logits::Last).unwrap();
+    // The first token as the loop below takes it: sampled on the host.
+    let mut t = sampler.sample(&first);
+    sampler.accept(t);
+    let mut out = vec![t];
+    while out.len() < n {
+        let mut row = s.feed(&[t], 1, Logits::Last).unwrap();
+        let d = sampler.row_draw(&[], m.config.n_vocab);
+        d.edit(&mut row);
+        t = d.choose(&row);
+        sampler.accept(t);
+        out.push(t);
+    }
+    out
+}
+
 /// Speculative decoding of the same: the tokens, and the guessed tokens kept.
 fn guessed<B: Backend>(
     m: &MuseGlimmer<B>,
@@ -34,6 +62,19 @@ fn guessed<B: Backend>(
     n: usize,
     p: &SamplingParams,
     d: NgramDraft,
+) -> (Vec<u32>, usize) {
+    guessed_with(m, prompt, n, p, d, false)
+}
+
+/// As `guessed`, the rows drawn next to the logits (`drawn`: `Backend::draw_rows`, a device's
+/// way, whose host reference the CPU runs) or sampled on the host.
+fn guessed_with<B: Backend>(
+    m: &MuseGlimmer<B>,
+    prompt: &[u32],
+    n: usize,
+    p: &SamplingParams,
+    d: NgramDraft,
+    drawn: bool,
 ) -> (Vec<u32>, usize) {
     let mut s = Session::new(m, KvType::F32, prompt.len() + n + 8).unwrap();
     let mut sampler = Sampler::new(p.clone());
@@ -47,7 +88,8 @@ fn guessed<B: Backend>(
     let mut kept = 0;
     while out.len() < n {
         let guess = d.draft(&history);
-        let st = speculative::step(&mut s, &mut sampler, t, &guess, &[], n - out.len()).unwrap();
+        let st = speculative::step_with(&mut s, &mut sampler, t, &guess, &[], n - out.len(), drawn)
+            .unwrap();
         assert!(!st.tokens.is_empty() && st.accepted < st.tokens.len());
         assert_eq!(st.tokens[..st.accepted], guess[..st.accepted]);
         // The cache holds every token but the last sampled.
@@ -93,6 +135,7 @@ fn guesses_sample_plain_decodings_tokens() {
             for (len, n) in [(12usize, 60usize), (30, 40)] {
                 let pr = prompt(n_vocab, len);
                 let want = plain(&m, &pr, n, p);
+                let want_drawn = plain_drawn(&m, &pr, n, p);
                 for d in [
                     NgramDraft::new(1, 4).unwrap(),
                     NgramDraft::new(2, 16).unwrap(),
@@ -100,6 +143,14 @@ fn guesses_sample_plain_decodings_tokens() {
                     let (got, kept) = guessed(&m, &pr, n, p, d);
                     assert_eq!(got, want, "{name} {what} prompt {len}, draft {d:?}");
                     kept_total += kept;
+                    // Drawn next to the logits (a device's way): plain decoding's draws
+                    // made there.
+                    let (got, kept_drawn) = guessed_with(&m, &pr, n, p, d, true);
+                    assert_eq!(
+                        got, want_drawn,
+                        "{name} {what} prompt {len}, draft {d:?}, drawn"
+                    );
+                    kept_total += kept_drawn;
                 }
             }
         }
