@@ -47,6 +47,12 @@ if [ -n "$INV" ]; then
   cmp -s /tmp/gen.out /tmp/plain-inv.out && echo "  the same $N tokens as plain decoding" | tee -a "$log" || echo "  differs from plain decoding" | tee -a "$log"
   FLAGS=$keep
 fi
+# Further runs with a kernel switch (EXTRA: space-separated VAR=VALUE@N:M): what a guess's forward
+# costs on another route (e.g. MUSER_MMQ=0@2:7, 8-token forwards on the matvec kernels).
+for e in ${EXTRA:-}; do
+  ( export "${e%%@*}"; d=${e##*@}; echo -n "${e%%@*} " | tee -a "$log"; run --draft-ngram "${d%%:*}" --draft-max "${d##*:}" )
+  cmp -s /tmp/gen.out /tmp/plain.out && echo "  the same $N tokens as plain decoding" | tee -a "$log" || echo "  differs from plain decoding" | tee -a "$log"
+done
 # Where the plain run's tokens repeat: the share of steps a perfect guess could skip.
 python3 - <<'PY' | tee -a "$log"
 t = open("/tmp/plain.out").read().split()
@@ -116,6 +122,16 @@ if [ -x /tmp/llama/llama.cpp/build/bin/llama-server ]; then
   llama_once --spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 8
   cmp -s /tmp/answer-llama-plain.txt /tmp/answer-llama-guess.txt && echo "  the same text" | tee -a "$log" || echo "  texts differ" | tee -a "$log"
   tail -5 /tmp/llama-serve.log >> "$OUT/llama-serve-tail.log"
+  # Why its drafts stay empty: a run at debug verbosity (-lv 5, not timed) for its speculative
+  # trace: whether the drafter was set up, how often it was called and found a pattern.
+  CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-server -m "$MODEL" -ngl 99 -np 1 -c 8192 --port 8090 -lv 5 \
+    --spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 8 > /tmp/llama-debug.log 2>&1 &
+  pid=$!
+  for _ in $(seq 240); do curl -sf localhost:8090/health > /dev/null && break; sleep 1; done
+  curl -s localhost:8090/v1/completions -H 'content-type: application/json' -d "$body" > /dev/null
+  kill $pid; wait $pid 2>/dev/null
+  { echo "== llama-server -lv 5: speculative lines"; grep -ciE "found matching pattern" /tmp/llama-debug.log; grep -ciE "called impl" /tmp/llama-debug.log
+    grep -iE "spec |specul|seq_rm|draft" /tmp/llama-debug.log | grep -v "^$" | head -40; } >> "$OUT/llama-serve-tail.log"
 else
   echo "llama-server: not built (carry/llama.tar.xz from scripts/h200-prepare.sh; /tmp/llama-build.log)" | tee -a "$log"
 fi
