@@ -27,3 +27,8 @@ print(f"{sys.argv[2]:22}: ok {r['requests_ok']} failed {r['requests_failed']} {r
       f"(forward {r.get('forward_ms_mean')}, sampling {r.get('sample_ms_mean')})")
 PY
 }
+# The speculative runs' prompt (h200-spec.sh, h200-llama-tokens.sh): BOS and a passage of 200 random
+# token ids said twice (a lookup finds it in the prompt too), comma-separated.
+spec_prompt_ids() {
+  python3 -c 'import random; r=random.Random(5); p=[r.randrange(1000, 30000) for _ in range(200)]; print(",".join(map(str, [1]+p+p)))'
+}

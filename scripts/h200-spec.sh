@@ -11,17 +11,11 @@ log="$OUT/spec.log"
 # llama.cpp b11434's llama-server, built on this machine's CPU (niced) from carry/llama.tar.xz while
 # `muser generate` runs below (the tracked tree leaves no room in the carry for prebuilt CUDA
 # binaries); the server comparison waits for it.
-if [ -f carry/llama.tar.xz ] && [ ! -x /tmp/llama/llama.cpp/build/bin/llama-server ]; then
-  ( mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.tar.xz && cd /tmp/llama/llama.cpp &&
-    cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > /tmp/llama-build.log 2>&1 &&
-    nice -n 19 cmake --build build -j$(( $(nproc) > 3 ? $(nproc) - 2 : 1 )) --target llama-server >> /tmp/llama-build.log 2>&1 ) &
-  llama_build=$!
-fi
+source "$(dirname "$0")/h200-llama-build.sh"
+llama_build_start llama-server
 FLAGS=${GEN_FLAGS:-"--device cuda --mode fast --fp8-weights"}
 N=${GEN_N:-512}
-# A prompt with a passage said twice (the lookup finds it in the prompt too).
-ids=$(python3 -c 'import random; r=random.Random(5); p=[r.randrange(1000, 30000) for _ in range(200)]; print(",".join(map(str, [1]+p+p)))')
+ids=$(spec_prompt_ids)
 run() {
   timeout 300 carry/bin/muser generate -m "$MODEL" $FLAGS --prompt-ids "$ids" -n "$N" --temp 0 --print-ids "$@" \
     > /tmp/gen.out 2> /tmp/gen.err
