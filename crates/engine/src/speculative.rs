@@ -219,6 +219,10 @@ mod tests {
         assert_eq!(d.draft(&[7, 1, 2, 8, 1, 2]), vec![8, 1, 2]);
         assert_eq!(d.draft(&[1, 2, 1, 2]), vec![1, 2, 1]);
         assert_eq!(d.draft(&[5, 1, 2, 1, 2]), vec![1, 2, 1]);
+        // A run of one token (llama.cpp's ngram-simple finds its latest match one position back,
+        // one token to copy, fewer than its n, and guesses nothing there): the run goes on.
+        assert_eq!(d.draft(&[4, 30, 30, 30]), vec![30, 30, 30]);
+        assert_eq!(d.draft(&[4, 30, 30]), Vec::<u32>::new());
         let long = NgramDraft::new(1, 7).unwrap();
         assert_eq!(long.draft(&[4, 5, 6, 4]), vec![5, 6, 4, 5, 6, 4, 5]);
         // No earlier match, or too short.
