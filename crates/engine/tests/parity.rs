@@ -78,3 +78,69 @@ fn a_q8_0_cache_is_refused_in_parity_mode() {
         .to_string();
     assert!(e.contains("q8_0 V cache"), "{e}");
 }
+
+/// A file `muser synth` writes (the speed tests' kind: random weights, llama.cpp's Q4_K_M
+/// recipe, preset `small`, seed 0, written again here) computes in parity mode what llama.cpp
+/// b11434's AVX2 CPU build computes from it: tests/fixtures/synth/small-q4_k_m
+/// (tests/fixtures/scripts/make_synth_goldens.sh), every position of a 24-token prompt and 8
+/// greedy tokens, f32 and f16 caches. The accurate mode is 1e-2 away on these weights (their
+/// activations reach 1e9 before the sandwich norms), so the bound tells the modes apart.
+#[test]
+fn parity_mode_reproduces_llama_cpp_on_a_synthetic_model() {
+    let dir = fixtures_dir().join("synth/small-q4_k_m");
+    let path = std::env::temp_dir().join(format!("muser-synth-small-{}.gguf", std::process::id()));
+    let preset = muser_engine::synth::preset("small").unwrap();
+    muser_engine::synth::write(&path, preset, muser_engine::synth::Layout::Q4KM, 0).unwrap();
+    let file = ModelFile::open(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let tokens = read_i32(&dir.join("tokens.i32"));
+    let mut report = Vec::new();
+    let mut failures = Vec::new();
+    for mode in [NumericMode::Parity, NumericMode::Accurate] {
+        let mut b = CpuBackend::new(mode, 0).unwrap();
+        b.parity_ubatch = N_UBATCH;
+        let m = MuseGlimmer::load(&file, b).unwrap();
+        let n_vocab = m.config.n_vocab;
+        for (kv, tag) in [(KvType::F32, "kv_f32"), (KvType::F16, "kv_f16")] {
+            let want = read_f32(&dir.join(format!("llama-{tag}.f32")));
+            let mut s = Session::new(&m, kv, N_CTX).unwrap();
+            let got = s.feed(&tokens, N_UBATCH, Logits::All).unwrap();
+            let d = max_dls(&got, &want, n_vocab);
+            let differ = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let greedy_want = read_i32(&dir.join(format!("greedy-{tag}.i32")));
+            let mut next =
+                muser_engine::sampling::argmax(&got[(tokens.len() - 1) * n_vocab..]) as u32;
+            let mut greedy = vec![next];
+            while greedy.len() < greedy_want.len() {
+                next = muser_engine::sampling::argmax(&s.feed(&[next], 1, Logits::Last).unwrap())
+                    as u32;
+                greedy.push(next);
+            }
+            report.push(format!(
+                "{mode:?} {tag}: max |Δ log-softmax| {d:.2e}, {differ} of {} logits differ in bits, greedy {}",
+                got.len(),
+                if greedy == greedy_want { "identical" } else { "different" }
+            ));
+            match mode {
+                NumericMode::Parity if !(d <= 1e-3) || greedy != greedy_want => {
+                    failures.push(format!("parity {tag}: {d:.2e} (bound 1e-3), greedy {greedy:?} against {greedy_want:?}"))
+                }
+                // The goldens must tell llama.cpp's arithmetic from another: the accurate mode's
+                // exact dot products (no q8_K activations) land outside the bound.
+                NumericMode::Accurate if d <= 1e-3 => {
+                    failures.push(format!("accurate {tag}: {d:.2e}, within the bound: the goldens tell nothing apart"))
+                }
+                _ => {}
+            }
+        }
+    }
+    println!(
+        "synthetic small (seed 0) vs llama.cpp b11434 CPU:\n{}",
+        report.join("\n")
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}
