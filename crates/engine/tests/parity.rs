@@ -20,6 +20,24 @@ fn parity_model(name: &str) -> MuseGlimmer<CpuBackend> {
     MuseGlimmer::load(&file, b).unwrap()
 }
 
+/// `n` greedy tokens after a prompt whose logits are `prompt_logits`, one token per decode, as
+/// llama_logits.c --greedy.
+fn greedy_after(
+    s: &mut Session<'_, CpuBackend>,
+    prompt_logits: &[f32],
+    n_vocab: usize,
+    n: usize,
+) -> Vec<u32> {
+    let mut next =
+        muser_engine::sampling::argmax(&prompt_logits[prompt_logits.len() - n_vocab..]) as u32;
+    let mut greedy = vec![next];
+    while greedy.len() < n {
+        next = muser_engine::sampling::argmax(&s.feed(&[next], 1, Logits::Last).unwrap()) as u32;
+        greedy.push(next);
+    }
+    greedy
+}
+
 #[test]
 fn parity_mode_reproduces_llama_cpp() {
     let mut report = Vec::new();
@@ -39,15 +57,7 @@ fn parity_mode_reproduces_llama_cpp() {
                 .count();
             // Greedy continuation, one token per decode, as llama_logits.c --greedy.
             let greedy_want = read_i32(&golden_path(&name, &format!("greedy-{tag}.i32")));
-            let n_vocab = m.config.n_vocab;
-            let mut next =
-                muser_engine::sampling::argmax(&got[(tokens.len() - 1) * n_vocab..]) as u32;
-            let mut greedy = vec![next];
-            while greedy.len() < greedy_want.len() {
-                next = muser_engine::sampling::argmax(&s.feed(&[next], 1, Logits::Last).unwrap())
-                    as u32;
-                greedy.push(next);
-            }
+            let greedy = greedy_after(&mut s, &got, m.config.n_vocab, greedy_want.len());
             let bound = if name.ends_with("-f32") && kv == KvType::F32 {
                 1e-4
             } else {
@@ -112,14 +122,7 @@ fn parity_mode_reproduces_llama_cpp_on_a_synthetic_model() {
                 .filter(|(a, b)| a.to_bits() != b.to_bits())
                 .count();
             let greedy_want = read_i32(&dir.join(format!("greedy-{tag}.i32")));
-            let mut next =
-                muser_engine::sampling::argmax(&got[(tokens.len() - 1) * n_vocab..]) as u32;
-            let mut greedy = vec![next];
-            while greedy.len() < greedy_want.len() {
-                next = muser_engine::sampling::argmax(&s.feed(&[next], 1, Logits::Last).unwrap())
-                    as u32;
-                greedy.push(next);
-            }
+            let greedy = greedy_after(&mut s, &got, n_vocab, greedy_want.len());
             report.push(format!(
                 "{mode:?} {tag}: max |Δ log-softmax| {d:.2e}, {differ} of {} logits differ in bits, greedy {}",
                 got.len(),
