@@ -12,7 +12,11 @@ log="$OUT/spec.log"
 # `muser generate` runs below (the tracked tree leaves no room in the carry for prebuilt CUDA
 # binaries); the server comparison waits for it.
 source "$(dirname "$0")/h200-llama-build.sh"
-llama_build_start llama-server
+# LLAMA_SERVER: a llama-server built elsewhere (the CPU comparison: LLAMA_FLAGS="-t 2", GEN_FLAGS
+# "--device cpu"); otherwise the one built here.
+LLAMA_SERVER=${LLAMA_SERVER:-/tmp/llama/llama.cpp/build/bin/llama-server}
+LLAMA_FLAGS=${LLAMA_FLAGS:-"-ngl 99"}
+[ "$LLAMA_SERVER" = /tmp/llama/llama.cpp/build/bin/llama-server ] && llama_build_start llama-server
 FLAGS=${GEN_FLAGS:-"--device cuda --mode fast --fp8-weights"}
 N=${GEN_N:-512}
 ids=$(spec_prompt_ids)
@@ -54,7 +58,7 @@ print(f"plain output: {len(t)} tokens, {len(set(t))} distinct; first 40: {' '.jo
 PY
 # The build done (if any), so that what follows shares the machine with nothing.
 [ -n "${llama_build:-}" ] && { wait $llama_build; tail -3 /tmp/llama-build.log > "$OUT/llama-build-tail.log"; }
-echo "llama-server build: $(ls /tmp/llama/llama.cpp/build/bin/llama-server 2>/dev/null || echo none) at $(date +%T)" | tee -a "$log"
+echo "llama-server build: $(ls "$LLAMA_SERVER" 2>/dev/null || echo none) at $(date +%T)" | tee -a "$log"
 timeout 200 carry/bin/muser bench -m "$MODEL" $FLAGS -p 0 -n 128 -r 2 2>&1 | grep -E '^\| tg' | tee -a "$log"
 # What a guess's forward costs: a chunk of 2 to 17 tokens, as a step with a guess of 1 to 16.
 timeout 200 carry/bin/muser bench -m "$MODEL" $FLAGS -p ${CHUNKS:-2,3,5,9,17} -n 0 -r 3 2>&1 | grep -E '^\| pp' | tee -a "$log"
@@ -89,7 +93,7 @@ cmp -s /tmp/answer-plain.txt /tmp/answer-guess.txt && echo "  the same text" | t
 
 # llama-server b11434, the same body, plain and with ngram-simple drafts.
 llama_once() {
-  CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-server -m "$MODEL" -ngl 99 -np 1 -c 8192 --port 8090 "$@" > /tmp/llama-serve.log 2>&1 &
+  CUDA_VISIBLE_DEVICES=0 "$LLAMA_SERVER" -m "$MODEL" $LLAMA_FLAGS -np 1 -c 8192 --port 8090 "$@" > /tmp/llama-serve.log 2>&1 &
   pid=$!
   for _ in $(seq 240); do curl -sf localhost:8090/health > /dev/null && break; sleep 1; done
   curl -s localhost:8090/v1/completions -H 'content-type: application/json' -d "$body" > /dev/null  # warm
@@ -111,14 +115,14 @@ print(f"llama-server {sys.argv[3] or '(plain)'}: {n} tokens in {t:.2f} s ({n/t:.
 open("/tmp/answer-llama-" + ("plain" if not sys.argv[3] else "guess") + ".txt", "w").write(r["choices"][0]["text"])
 PY
 }
-if [ -x /tmp/llama/llama.cpp/build/bin/llama-server ]; then
+if [ -x "$LLAMA_SERVER" ]; then
   llama_once
   llama_once --spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 8
   cmp -s /tmp/answer-llama-plain.txt /tmp/answer-llama-guess.txt && echo "  the same text" | tee -a "$log" || echo "  texts differ" | tee -a "$log"
   tail -5 /tmp/llama-serve.log >> "$OUT/llama-serve-tail.log"
   # Why its drafts stay empty: a run at debug verbosity (-lv 5, not timed) for its speculative
   # trace: whether the drafter was set up, how often it was called and found a pattern.
-  CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-server -m "$MODEL" -ngl 99 -np 1 -c 8192 --port 8090 -lv 5 \
+  CUDA_VISIBLE_DEVICES=0 "$LLAMA_SERVER" -m "$MODEL" $LLAMA_FLAGS -np 1 -c 8192 --port 8090 -lv 5 \
     --spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 8 > /tmp/llama-debug.log 2>&1 &
   pid=$!
   for _ in $(seq 240); do curl -sf localhost:8090/health > /dev/null && break; sleep 1; done
