@@ -77,7 +77,25 @@ serve_once() {
   t0=$(date +%s.%N)
   curl -s localhost:8089/v1/completions -H 'content-type: application/json' -d "$body" > /tmp/answer.json
   t1=$(date +%s.%N)
-  kept=$(curl -s localhost:8089/metrics | grep '^muser_draft_tokens_total' | tr '\n' ' ')
+  curl -s localhost:8089/metrics > /tmp/serve-metrics.txt
+  kept=$(grep '^muser_draft_tokens_total' /tmp/serve-metrics.txt | tr '\n' ' ')
+  # The engine's steps over both requests (the prompts' included): mean step, forward (with the
+  # device draws) and sampling; against `generate`'s forwards, what the server adds to a step.
+  kept="$kept$(python3 - <<'PY'
+import re
+m = {}
+for line in open("/tmp/serve-metrics.txt"):
+    g = re.match(r"^(muser_(?:step|forward|sample)_seconds)_(sum|count) ([0-9.e+-]+)", line)
+    if g:
+        m[(g.group(1), g.group(2))] = float(g.group(3))
+out = []
+for k in ("step", "forward", "sample"):
+    n, t = m.get((f"muser_{k}_seconds", "count")), m.get((f"muser_{k}_seconds", "sum"))
+    if n:
+        out.append(f"{k} {1e3 * t / n:.2f} ms x {int(n)}")
+print("; " + ", ".join(out) if out else "")
+PY
+)"
   kill $pid; wait $pid 2>/dev/null
   python3 - "$t0" "$t1" "$*" "$kept" <<'PY' | tee -a "$log"
 import json, sys
