@@ -18,13 +18,11 @@ for flags in "--device cuda" "--device cuda --mode fast --fp8-weights" "--device
   echo "muser $flags: rc=$? $(grep -E '^\[' /tmp/gen.err | tail -1)" | tee -a "$log"
 done
 [ -n "${llama_build:-}" ] && wait "$llama_build"
-echo "llama-server build: $(ls /tmp/llama/llama.cpp/build/bin/llama-server 2>/dev/null || tail -3 /tmp/llama-build.log)" | tee -a "$log"
-CUDA_VISIBLE_DEVICES=0 /tmp/llama/llama.cpp/build/bin/llama-server -m "$MODEL" -ngl 99 -np 1 -c 8192 --port 8090 > /tmp/llama-serve.log 2>&1 &
-pid=$!
-for _ in $(seq 240); do curl -sf localhost:8090/health > /dev/null && break; sleep 1; done
+echo "llama-server build: $(ls "$LLAMA_SERVER" 2>/dev/null || tail -3 /tmp/llama-build.log)" | tee -a "$log"
+llama_serve_start /tmp/llama-serve.log
 body=$(python3 -c "import json,sys; print(json.dumps({'prompt':[int(x) for x in sys.argv[1].split(',')],'n_predict':$N,'temperature':0,'ignore_eos':True,'return_tokens':True,'cache_prompt':False}))" "$ids")
 curl -s localhost:8090/completion -H 'content-type: application/json' -d "$body" > /tmp/llama-answer.json
-kill $pid; wait $pid 2>/dev/null
+llama_serve_stop
 python3 - "$ids" <<'PY' | tee -a "$log"
 import json, sys
 prompt = [int(x) for x in sys.argv[1].split(",")]

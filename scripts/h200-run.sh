@@ -19,6 +19,8 @@ export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRAR
 export MUSER_KERNEL_CACHE=/tmp/muser-kernels
 MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
 has() { [[ " $STAGES " == *" $1 "* ]]; }
+# llama_build_start (llama.cpp built from carry/llama.tar.xz).
+source "$(dirname "$0")/h200-llama-build.sh"
 # The server comparison (serve): wait for /health; the chat template both servers get (the
 # synthetic file has none); 64 streaming clients, 128 tokens per request (ignore_eos).
 up() { for _ in $(seq 120); do curl -sf "$1/health" > /dev/null && return 0; sleep 1; done; return 1; }
@@ -82,11 +84,7 @@ elif llama_too && [ -f carry/llama-bin.tar.xz ] && tar -C / -xJf carry/llama-bin
   echo "llama.cpp: prebuilt binaries from carry/llama-bin.tar.xz" | tee -a "$AUX/llama-build.log"
   true & llama_build=$!
 elif llama_too; then
-  ( mkdir -p /tmp/llama && tar -C /tmp/llama -xJf carry/llama.tar.xz && cd /tmp/llama/llama.cpp &&
-    cmake -S . -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_SERVER=$(has serve && echo ON || echo OFF) -DLLAMA_BUILD_TESTS=OFF \
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$AUX/llama-build.log" 2>&1 &&
-    nice cmake --build build -j$(( $(nproc) > 3 ? $(nproc) - 2 : 1 )) --target $(has llama && echo llama-bench) $(has batch && echo llama-batched-bench) $(has serve && echo llama-server) >> "$AUX/llama-build.log" 2>&1 ) &
-  llama_build=$!
+  LLAMA_BUILD_LOG="$AUX/llama-build.log" llama_build_start $(has llama && echo llama-bench) $(has batch && echo llama-batched-bench) $(has serve && echo llama-server)
 fi
 
 if has tests; then
@@ -109,7 +107,8 @@ fi
 # memory from the process that launches the GPU work (the tests and the synthetic file do not
 # mind).
 if llama_too; then
-  wait "$llama_build" || echo "llama.cpp build failed (see llama-build.log)"
+  # (No pid: carry/llama.tar.xz did not come.)
+  wait "${llama_build:-}" 2> /dev/null || echo "llama.cpp build failed (see llama-build.log)"
 fi
 
 if has muser; then

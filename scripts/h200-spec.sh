@@ -11,11 +11,9 @@ log="$OUT/spec.log"
 # llama.cpp b11434's llama-server, built on this machine's CPU (niced) from carry/llama.tar.xz while
 # `muser generate` runs below (the tracked tree leaves no room in the carry for prebuilt CUDA
 # binaries); the server comparison waits for it.
-source "$(dirname "$0")/h200-llama-build.sh"
 # LLAMA_SERVER: a llama-server built elsewhere (the CPU comparison: LLAMA_FLAGS="-t 2", GEN_FLAGS
 # "--device cpu"); otherwise the one built here.
-LLAMA_SERVER=${LLAMA_SERVER:-/tmp/llama/llama.cpp/build/bin/llama-server}
-LLAMA_FLAGS=${LLAMA_FLAGS:-"-ngl 99"}
+source "$(dirname "$0")/h200-llama-build.sh"
 [ "$LLAMA_SERVER" = /tmp/llama/llama.cpp/build/bin/llama-server ] && llama_build_start llama-server
 FLAGS=${GEN_FLAGS:-"--device cuda --mode fast --fp8-weights"}
 N=${GEN_N:-512}
@@ -111,14 +109,12 @@ cmp -s /tmp/answer-plain.txt /tmp/answer-guess.txt && echo "  the same text" | t
 
 # llama-server b11434, the same body, plain and with ngram-simple drafts.
 llama_once() {
-  CUDA_VISIBLE_DEVICES=0 "$LLAMA_SERVER" -m "$MODEL" $LLAMA_FLAGS -np 1 -c 8192 --port 8090 "$@" > /tmp/llama-serve.log 2>&1 &
-  pid=$!
-  for _ in $(seq 240); do curl -sf localhost:8090/health > /dev/null && break; sleep 1; done
+  llama_serve_start /tmp/llama-serve.log "$@"
   curl -s localhost:8090/v1/completions -H 'content-type: application/json' -d "$body" > /dev/null  # warm
   t0=$(date +%s.%N)
   curl -s localhost:8090/v1/completions -H 'content-type: application/json' -d "$body" > /tmp/answer.json
   t1=$(date +%s.%N)
-  kill $pid; wait $pid 2>/dev/null
+  llama_serve_stop
   grep -iE "specul|draft|seq_rm|ngram" /tmp/llama-serve.log | head -8 >> "$OUT/llama-serve-tail.log"
   python3 - "$t0" "$t1" "$*" <<'PY' | tee -a "$log"
 import json, sys
@@ -138,16 +134,16 @@ if [ -x "$LLAMA_SERVER" ]; then
   llama_once --spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 8
   cmp -s /tmp/answer-llama-plain.txt /tmp/answer-llama-guess.txt && echo "  the same text" | tee -a "$log" || echo "  texts differ" | tee -a "$log"
   tail -5 /tmp/llama-serve.log >> "$OUT/llama-serve-tail.log"
-  # Why its drafts stay empty: a run at debug verbosity (-lv 5, not timed) for its speculative
-  # trace: whether the drafter was set up, how often it was called and found a pattern.
-  CUDA_VISIBLE_DEVICES=0 "$LLAMA_SERVER" -m "$MODEL" $LLAMA_FLAGS -np 1 -c 8192 --port 8090 -lv 5 \
-    --spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 8 > /tmp/llama-debug.log 2>&1 &
-  pid=$!
-  for _ in $(seq 240); do curl -sf localhost:8090/health > /dev/null && break; sleep 1; done
-  curl -s localhost:8090/v1/completions -H 'content-type: application/json' -d "$body" > /dev/null
-  kill $pid; wait $pid 2>/dev/null
-  { echo "== llama-server -lv 5: speculative lines"; grep -ciE "found matching pattern" /tmp/llama-debug.log; grep -ciE "called impl" /tmp/llama-debug.log
-    grep -iE "spec |specul|seq_rm|draft" /tmp/llama-debug.log | grep -v "^$" | head -40; } >> "$OUT/llama-serve-tail.log"
+  # LLAMA_TRACE=1: a run at debug verbosity (-lv 5, not timed) for its speculative trace: whether
+  # the drafter was set up, how often it was called and found a pattern (what showed, 2026-12-06,
+  # why it drafted nothing on the 30B synthetic file's output of one token repeated).
+  if [ "${LLAMA_TRACE:-0}" = 1 ]; then
+    llama_serve_start /tmp/llama-debug.log -lv 5 --spec-type ngram-simple --spec-ngram-simple-size-n 2 --spec-ngram-simple-size-m 8
+    curl -s localhost:8090/v1/completions -H 'content-type: application/json' -d "$body" > /dev/null
+    llama_serve_stop
+    { echo "== llama-server -lv 5: speculative lines"; grep -ciE "found matching pattern" /tmp/llama-debug.log; grep -ciE "called impl" /tmp/llama-debug.log
+      grep -iE "spec |specul|seq_rm|draft" /tmp/llama-debug.log | grep -v "^$" | head -40; } >> "$OUT/llama-serve-tail.log"
+  fi
 else
   echo "llama-server: not built (carry/llama.tar.xz from scripts/h200-prepare.sh; /tmp/llama-build.log)" | tee -a "$log"
 fi
