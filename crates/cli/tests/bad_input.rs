@@ -21,10 +21,26 @@ fn fixture(name: &str) -> String {
         .to_string()
 }
 
-fn tmp(name: &str, bytes: &[u8]) -> String {
+/// A file in the temporary folder, removed when the test lets go of it (also when it fails).
+struct Tmp(String);
+
+impl std::ops::Deref for Tmp {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Drop for Tmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn tmp(name: &str, bytes: &[u8]) -> Tmp {
     let p = std::env::temp_dir().join(format!("muser-cli-{}-{name}", std::process::id()));
     std::fs::write(&p, bytes).unwrap();
-    p.to_string_lossy().to_string()
+    Tmp(p.to_string_lossy().to_string())
 }
 
 fn ids(v: &[i32]) -> Vec<u8> {
@@ -179,7 +195,7 @@ fn impossible_flag_values_are_named() {
     let existing = tmp("existing.gguf", b"not random weights");
     let (ok, e) = muser(&["synth", &existing, "--preset", "small"]);
     assert!(!ok && e.contains("--force"), "{e}");
-    assert_eq!(std::fs::read(&existing).unwrap(), b"not random weights");
+    assert_eq!(std::fs::read(&*existing).unwrap(), b"not random weights");
     for v in ["0", "17592186044416"] {
         let (ok, e) = muser(&["serve", "-m", &m, "--max-body-mib", v, "--port", "0"]);
         assert!(!ok && e.contains("--max-body-mib"), "{v}: {e}");
@@ -189,7 +205,7 @@ fn impossible_flag_values_are_named() {
 #[test]
 fn logits_writes_one_row_per_position() {
     let toks = tmp("t6.i32", &ids(&[3, 1, 4, 1, 5, 9, 2, 6]));
-    let out = std::env::temp_dir().join(format!("muser-cli-{}-o6.f32", std::process::id()));
+    let out = tmp("o6.f32", b"");
     let (ok, e) = muser(&[
         "logits",
         "-m",
@@ -197,12 +213,12 @@ fn logits_writes_one_row_per_position() {
         "--tokens",
         &toks,
         "--out",
-        out.to_str().unwrap(),
+        &out,
         "--ubatch",
         "3",
     ]);
     assert!(ok, "{e}");
-    assert_eq!(std::fs::metadata(&out).unwrap().len(), 8 * 332 * 4);
+    assert_eq!(std::fs::metadata(&*out).unwrap().len(), 8 * 332 * 4);
 }
 
 fn muser_stdin(args: &[&str], input: &[u8]) -> (bool, String, String) {
@@ -414,7 +430,7 @@ fn edited_fixture(
     name: &str,
     extra: Option<(&str, muser_gguf::Value)>,
     data: impl Fn(&str, &[u8]) -> Option<Vec<u8>>,
-) -> String {
+) -> Tmp {
     use muser_gguf::{Gguf, GgufWriter};
     let g = Gguf::open(fixture("tame-q4_k_m.gguf")).unwrap();
     let mut w = GgufWriter::new();
