@@ -376,10 +376,13 @@ impl GenRequest {
         };
         let top_k = match self.top_k {
             None => 0,
-            Some(k) if k <= 0 => {
-                int_in(k, -1, 0, "top_k")?;
-                0
+            Some(k) if k < -1 => {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("top_k must be -1 or 0 (no limit) or a positive count, got {k}"),
+                ));
             }
+            Some(k) if k <= 0 => 0,
             Some(k) => usize::try_from(k).unwrap_or(usize::MAX),
         };
         let params = SamplingParams {

@@ -128,6 +128,12 @@ async fn bad_requests_get_openai_errors_while_streams_run() {
             400,
             Some("top_p"),
         ),
+        (
+            chat,
+            json!({"messages": hi, "top_k": -5}),
+            400,
+            Some("top_k"),
+        ),
         (chat, json!({"messages": hi, "n": 0}), 400, Some("n")),
         (chat, json!({"messages": hi, "n": 1000}), 400, Some("n")),
         (
