@@ -533,7 +533,7 @@ pub struct CudaBackend {
     /// Bumped when a scratch buffer is reallocated (`scratch_epoch`).
     scratch_epoch: std::sync::atomic::AtomicU64,
     /// Resident blocks per SM of (kernel, block size), from the occupancy calculator.
-    waves: Mutex<HashMap<(String, u32, u32), u32>>,
+    waves: Mutex<HashMap<(&'static str, u32, u32), u32>>,
     /// Page-locked buffers for large reads to the host (`download`), made at the first; off
     /// (every read to pageable memory) with `MUSER_STAGED_READS=0`.
     staging: Mutex<Option<staging::Staging>>,
@@ -1814,13 +1814,18 @@ impl CudaBackend {
 
     /// Resident blocks per SM of kernel `name` at `threads` threads and `smem` bytes of dynamic
     /// shared memory (asked of the driver once, then kept).
-    fn blocks_per_sm(&self, name: &str, f: &CudaFunction, threads: u32, smem: u32) -> Result<u32> {
+    fn blocks_per_sm(
+        &self,
+        name: &'static str,
+        f: &CudaFunction,
+        threads: u32,
+        smem: u32,
+    ) -> Result<u32> {
         let mut g = self
             .waves
             .lock()
             .map_err(|_| Error::Backend("occupancy table lock poisoned".into()))?;
-        let key = (name.to_string(), threads, smem);
-        if let Some(&n) = g.get(&key) {
+        if let Some(&n) = g.get(&(name, threads, smem)) {
             return Ok(n);
         }
         let n = f
@@ -1842,7 +1847,7 @@ impl CudaBackend {
                 "{name}: {threads} threads, {smem} B dynamic shared memory, {regs} registers, {local} B local, {n} blocks per SM"
             );
         }
-        g.insert(key, n);
+        g.insert((name, threads, smem), n);
         Ok(n)
     }
 
@@ -2367,25 +2372,13 @@ impl CudaBackend {
     /// The same for a launch of `row_blocks` blocks of 64 rows over `cols` columns, `per_sm`
     /// blocks resident per multiprocessor.
     fn mmq_split_blocks(&self, cols: usize, row_blocks: usize, per_sm: usize) -> (usize, usize) {
-        self.mmq_split_cost(cols, row_blocks, per_sm, 0)
-    }
-
-    /// The same, a split into several ranges costing `reduce` steps more (the pass that adds
-    /// them).
-    fn mmq_split_cost(
-        &self,
-        cols: usize,
-        row_blocks: usize,
-        per_sm: usize,
-        reduce: usize,
-    ) -> (usize, usize) {
         let nb = (cols / 256).max(1);
         let sm = self.sm_count.max(1) as usize * per_sm.max(1);
         let mut best = (usize::MAX, 1, nb);
         for want in 1..=nb.min(64) {
             let per = nb.div_ceil(want);
             let ks = nb.div_ceil(per);
-            let cost = (row_blocks * ks).div_ceil(sm) * (per + 2) + if ks > 1 { reduce } else { 0 };
+            let cost = (row_blocks * ks).div_ceil(sm) * (per + 2);
             if cost < best.0 {
                 best = (cost, ks, per);
             }
@@ -2500,79 +2493,10 @@ impl CudaBackend {
             } else {
                 1
             };
-        // A launch's shape for `chunk` tokens: (tiles of 8 tokens per warp, threads, the
-        // block's tokens, shared memory, kernel name).
-        let max_nt = self.mmq_tiles.load(std::sync::atomic::Ordering::Relaxed);
-        let shape = |chunk: usize| {
-            // Tiles of 8 tokens: at most `max_nt` per warp (and at least tiles / 4: a block
-            // holds 4 warps per row group at most), as many warps per row group as that takes.
-            let tiles = chunk.min(64).div_ceil(8);
-            let (nt, threads, tb) = if two_tiles {
-                // 32 rows per warp (mmq_s2_*): 2 warps across the rows, up to 4 across the
-                // tokens, 1 or 2 token tiles each.
-                let nt = tiles.div_ceil(4);
-                let wt = tiles.div_ceil(nt);
-                (nt, 64 * wt as u32, 8 * nt * wt)
-            } else {
-                let mut nt = tiles.min(max_nt).max(tiles.div_ceil(4));
-                if nt >= 3 {
-                    // Kernels of 3 or 4 tiles per warp are built for 256 threads (mmq.cu MMQ_THREADS).
-                    nt = nt.max(tiles.div_ceil(2));
-                }
-                let wt = tiles.div_ceil(nt);
-                (nt, 128 * wt as u32, 8 * nt * wt)
-            };
-            let two_per_sm = occ2 && nt >= 3;
-            let stages = if two_per_sm { 2 } else { 3 };
-            let smem = if staged {
-                (stages * mmq_stage_bytes(tb, q6, planes)) as u32
-            } else {
-                0
-            };
-            let name = format!(
-                "mmq_{}{}_{nt}",
-                if two_tiles {
-                    "s2_"
-                } else if scale_in_a {
-                    "sa_"
-                } else if two_per_sm {
-                    "p2o_"
-                } else if planes == 2 {
-                    "p2_"
-                } else if staged {
-                    "s_"
-                } else {
-                    ""
-                },
-                if q6 { "q6_k" } else { "q4_k" }
-            );
-            (threads, tb, smem, name)
-        };
-        let first_chunk = if z_layers > 1 {
-            64 * z_layers
-        } else {
-            n.min(64)
-        };
         // The column split: from the matrix shape alone in the batch-invariant mode (each
-        // matrix's, paired or not), else for the launch's blocks, as many resident per SM as
-        // the occupancy calculator says for the first launch's kernel (a launch of a few
-        // tokens has blocks of 4 warps and small stages, several to an SM: counted as one, a
-        // product of 9 tokens left the down projections' 104 row blocks one per SM, each
-        // walking all 78 column blocks), each further range costing about two steps more for
-        // its pass over the partial sums (`MUSER_MMQ_RESIDENT=0`: one block per SM, no such
-        // cost, as before).
+        // matrix's, paired or not), else for the launch's blocks.
         let (ks, per) = if self.invariant() {
-            // `MUSER_MMQ_INV_PER_SM=N` (a measurement switch): the split assumes N resident
-            // blocks per SM, whatever the launch (still from the shape alone).
-            self.mmq_split(w, env_usize("MUSER_MMQ_INV_PER_SM").unwrap_or(per_sm))
-        } else if mmq_resident() {
-            let (threads, _, smem, name) = shape(first_chunk);
-            let f = self.f(&name)?;
-            if staged {
-                self.raise_smem(&name, &f, MMQ_STAGED_MAX_SMEM)?;
-            }
-            let resident = self.blocks_per_sm(&name, &f, threads, smem)? as usize;
-            self.mmq_split_cost(w.cols, mats * w.rows.div_ceil(64) * z_layers, resident, 2)
+            self.mmq_split(w, per_sm)
         } else {
             self.mmq_split_blocks(w.cols, mats * w.rows.div_ceil(64) * z_layers, per_sm)
         };
@@ -2594,7 +2518,46 @@ impl CudaBackend {
             } else {
                 (n - tok0).min(64)
             };
-            let (threads, tb, smem, name) = shape(chunk);
+            // Tiles of 8 tokens: at most `max_nt` per warp (and at least tiles / 4: a block
+            // holds 4 warps per row group at most), as many warps per row group as that takes.
+            let tiles = chunk.min(64).div_ceil(8);
+            // (tiles of 8 tokens per warp, threads, the block's tokens)
+            let (nt, threads, tb) = if two_tiles {
+                // 32 rows per warp (mmq_s2_*): 2 warps across the rows, up to 4 across the
+                // tokens, 1 or 2 token tiles each.
+                let nt = tiles.div_ceil(4);
+                let wt = tiles.div_ceil(nt);
+                (nt, 64 * wt as u32, 8 * nt * wt)
+            } else {
+                let max_nt = self.mmq_tiles.load(std::sync::atomic::Ordering::Relaxed);
+                let mut nt = tiles.min(max_nt).max(tiles.div_ceil(4));
+                if nt >= 3 {
+                    // Kernels of 3 or 4 tiles per warp are built for 256 threads (mmq.cu MMQ_THREADS).
+                    nt = nt.max(tiles.div_ceil(2));
+                }
+                let wt = tiles.div_ceil(nt);
+                (nt, 128 * wt as u32, 8 * nt * wt)
+            };
+            let two_per_sm = occ2 && nt >= 3;
+            let stages = if two_per_sm { 2 } else { 3 };
+            let smem = (stages * mmq_stage_bytes(tb, q6, planes)) as u32;
+            let name = format!(
+                "mmq_{}{}_{nt}",
+                if two_tiles {
+                    "s2_"
+                } else if scale_in_a {
+                    "sa_"
+                } else if two_per_sm {
+                    "p2o_"
+                } else if planes == 2 {
+                    "p2_"
+                } else if staged {
+                    "s_"
+                } else {
+                    ""
+                },
+                if q6 { "q6_k" } else { "q4_k" }
+            );
             let f = self.f(&name)?;
             if staged {
                 self.raise_smem(&name, &f, MMQ_STAGED_MAX_SMEM)?;
@@ -2638,7 +2601,7 @@ impl CudaBackend {
                     chunk.div_ceil(tb) as u32,
                 ),
                 block_dim: (threads, 1, 1),
-                shared_mem_bytes: smem,
+                shared_mem_bytes: if staged { smem } else { 0 },
             };
             // SAFETY: reads the matrix (rows x cols, device layout), the planes, scales and sums
             // of tokens tok0..tok0 + 64 z_layers <= pad (grid layer z of the staged kernels
@@ -3515,13 +3478,6 @@ fn env_blocks_per_sm() -> usize {
 fn mmq_prompts() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| !env_is("MUSER_MMQ_PROMPTS", "0"))
-}
-
-/// The tensor-core products' column split counts the blocks the occupancy calculator puts on
-/// an SM, unless `MUSER_MMQ_RESIDENT=0` (one, as before; a measurement switch).
-fn mmq_resident() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !env_is("MUSER_MMQ_RESIDENT", "0"))
 }
 
 /// The tensor-core kernels for several tokens are on unless `MUSER_MMQ=0`.
