@@ -587,6 +587,36 @@ __device__ __forceinline__ void mmq_stage_load(u8* st, int TB, const u8* __restr
     }
 }
 
+// The column ranges of a split launch added by its last block (`cnt` set; otherwise mmq_reduce
+// does it in a launch of its own): every block writes its range's partial sums (mmq_store), and
+// the last of a (row block, grid layer)'s gridDim.y blocks to finish (a counter per pair, reset
+// by that block for the next launch) adds the ranges in order, part[0] + part[1] + ..., as
+// mmq_reduce does: the same bits. `part` is the matrix's (range 0), `tok0`/`ntok` the block's
+// first token and the launch's tokens from it, `tb` its tokens.
+// Every block of the launch must reach this: a block that did not would leave the counter short.
+__device__ __forceinline__ void mmq_split_sum(const float* __restrict__ part, float* __restrict__ y, unsigned* cnt,
+                                              int rows, int rblk, int tok0, int ntok, int ntok_total, int tb) {
+    __shared__ bool last;
+    __threadfence();  // this block's partial sums, visible to the block that adds them
+    __syncthreads();
+    const int c = blockIdx.z * gridDim.x + blockIdx.x;
+    if (threadIdx.x == 0) last = atomicAdd(&cnt[c], 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const long long n = (long long)ntok_total * rows;
+    const int nt = min(tb, ntok);
+    for (int i = threadIdx.x; i < 64 * nt; i += blockDim.x) {
+        const int row = rblk * 64 + (i & 63), tok = tok0 + (i >> 6);
+        if (row >= rows) continue;
+        const long long o = (long long)tok * rows + row;
+        float s = __ldcg(part + o);
+        for (int k = 1; k < (int)gridDim.y; k++) s += __ldcg(part + k * n + o);
+        y[o] = s;
+    }
+    if (threadIdx.x == 0) cnt[c] = 0u;
+}
+
 // MR tiles of 16 rows per warp: 4 / MR warps cover the block's 64 rows, the others take further
 // tokens; with MR = 2 every activation fragment read from shared memory serves twice the rows.
 // S: stages in flight (MMQ_STAGES; 2 in the kernels that fit two blocks per SM).
@@ -595,7 +625,7 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
                                                 const float* __restrict__ xsc, const float* __restrict__ xsum,
                                                 float* __restrict__ y, float* __restrict__ part, int rows, int cols,
                                                 int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split,
-                                                const u8* __restrict__ W2, float* __restrict__ y2) {
+                                                const u8* __restrict__ W2, float* __restrict__ y2, unsigned* cnt) {
     extern __shared__ __align__(16) u8 mmq_smem[];
     // A pair launch (W2 set: two matrices of one shape and format, the same activations, e.g. the
     // FFN's gate and up): the second half of the row blocks computes W2 into y2 (its column
@@ -673,6 +703,7 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
     cp_wait<0>();
 #pragma unroll
     for (int mr = 0; mr < MR; mr++) mmq_store<NT>(acc[mr], y, part, rows, r0 + 16 * mr, tok0, tw, ntok, ntok_total, g, t);
+    if (gridDim.y > 1 && cnt != nullptr) mmq_split_sum(part, y, cnt, rows, rblk, tok0, ntok, ntok_total, TB);
 }
 
 // Blocks of up to 512 threads (4 warps per row group) for 1 or 2 tiles per warp, 256 for 3 or 4.
@@ -683,16 +714,16 @@ __device__ __forceinline__ void mmq_staged_impl(const u8* __restrict__ W, long l
 #define MMQ_STAGED_Q4(NAME, BOUNDS, NT, MR, SA, NP, S)                                                                \
     extern "C" __global__ void __launch_bounds__ BOUNDS NAME(                                                         \
         const u8* W, const u32* xq, const float* xsc, const float* xsum, float* y, float* part, int rows, int cols,     \
-        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2, unsigned* cnt) {   \
         mmq_staged_impl<NT, MR, false, SA, NP, S>(W, 0, xq, xsc, xsum, y, part, rows, cols, tok0, ntok, ntok_pad,      \
-                                                  ntok_total, kb_per_split, W2, y2);                                    \
+                                                  ntok_total, kb_per_split, W2, y2, cnt);                               \
     }
 #define MMQ_STAGED_Q6(NAME, BOUNDS, NT, MR, NP, S)                                                                     \
     extern "C" __global__ void __launch_bounds__ BOUNDS NAME(                                                         \
         const u8* W, long long nbt, const u32* xq, const float* xsc, float* y, float* part, int rows, int cols,         \
-        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2) {                  \
+        int tok0, int ntok, int ntok_pad, int ntok_total, int kb_per_split, const u8* W2, float* y2, unsigned* cnt) {   \
         mmq_staged_impl<NT, MR, true, false, NP, S>(W, nbt, xq, xsc, nullptr, y, part, rows, cols, tok0, ntok,         \
-                                                    ntok_pad, ntok_total, kb_per_split, W2, y2);                        \
+                                                    ntok_pad, ntok_total, kb_per_split, W2, y2, cnt);                   \
     }
 
 // The one-stage kernels and the staged ones (`mmq_s_*`), NT tiles of 8 tokens per warp.

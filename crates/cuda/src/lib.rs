@@ -180,6 +180,9 @@ struct Scratch {
     xq_sc: CudaSlice<f32>,
     xq_sum: CudaSlice<f32>,
     mpart: CudaSlice<f32>,
+    /// The staged tensor-core kernels' counters per (row block, grid layer) of a split launch
+    /// (zero between launches: the block that adds the ranges resets its own).
+    mcnt: CudaSlice<u32>,
     /// The column-split one-token kernels' partial rows, and their per-row-range counters
     /// (zero between launches: the last block of a range resets its own).
     vpart: CudaSlice<f32>,
@@ -1193,6 +1196,7 @@ impl CudaBackend {
                 xq_sc: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 xq_sum: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 mpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                mcnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 vpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 vcnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_v: s.alloc_zeros(1).map_err(dev("alloc"))?,
@@ -2386,6 +2390,30 @@ impl CudaBackend {
         (best.1, best.2)
     }
 
+    /// A tensor-core launch of `chunk` tokens: (tiles of 8 tokens per warp, threads, the block's
+    /// tokens, at least `chunk.min(64)`). Tiles of 8 tokens: at most `MUSER_MMQ_NT` per warp (and
+    /// at least tiles / 4: a block holds 4 warps per row group at most), as many warps per row
+    /// group as that takes.
+    fn mmq_tile_shape(&self, chunk: usize, two_tiles: bool) -> (usize, u32, usize) {
+        let tiles = chunk.min(64).div_ceil(8);
+        if two_tiles {
+            // 32 rows per warp (mmq_s2_*): 2 warps across the rows, up to 4 across the
+            // tokens, 1 or 2 token tiles each.
+            let nt = tiles.div_ceil(4);
+            let wt = tiles.div_ceil(nt);
+            (nt, 64 * wt as u32, 8 * nt * wt)
+        } else {
+            let max_nt = self.mmq_tiles.load(std::sync::atomic::Ordering::Relaxed);
+            let mut nt = tiles.min(max_nt).max(tiles.div_ceil(4));
+            if nt >= 3 {
+                // Kernels of 3 or 4 tiles per warp are built for 256 threads (mmq.cu MMQ_THREADS).
+                nt = nt.max(tiles.div_ceil(2));
+            }
+            let wt = tiles.div_ceil(nt);
+            (nt, 128 * wt as u32, 8 * nt * wt)
+        }
+    }
+
     /// out = W x for every row of x on the int8 tensor cores: x to digit planes (xq_planes), then
     /// launches of up to 64 tokens (mmq_*), then the column ranges added in order (mmq_reduce).
     /// With `second` = (W2, out2), a matrix of W's shape and format: out2 = W2 x in the same
@@ -2421,8 +2449,6 @@ impl CudaBackend {
             }
         }
         let mats = if second.is_some() { 2 } else { 1 };
-        // Room for a launch's full 64 tokens (the pad tokens' planes are zero).
-        let pad = n.div_ceil(64) * 64;
         let runs = w.cols / 32;
         let nb = w.cols / 256;
         let mut g = self.scratch()?;
@@ -2457,6 +2483,15 @@ impl CudaBackend {
         // launches of 3 or 4 token tiles per warp.
         let occ2 = planes == 2 && self.mmq_occ.load(std::sync::atomic::Ordering::Relaxed) == 2;
         let per_sm = if occ2 { 2 } else { 1 };
+        // Room for every token a launch reads (the pad tokens' planes are zero): past 64
+        // tokens, launches of 64 (or grid layers of 64); up to 64, the one launch's block
+        // tokens (8 for up to 8 tokens: a product of 2 tokens no longer converts 64).
+        // `MUSER_XQ_PAD64=1` (a measurement switch): 64 always, as before.
+        let pad = if n > 64 || xq_pad64() {
+            n.div_ceil(64) * 64
+        } else {
+            self.mmq_tile_shape(n, two_tiles).2
+        };
         self.grow(&mut s.xq, runs * planes * pad * 32)?;
         self.grow(&mut s.xq_sc, nb * pad)?;
         self.grow(&mut s.xq_sum, runs * pad)?;
@@ -2503,6 +2538,13 @@ impl CudaBackend {
         if ks > 1 {
             self.grow(&mut s.mpart, mats * ks * n * w.rows)?;
         }
+        // A split's ranges added by the last block of each (row block, grid layer) in the staged
+        // kernels (mmq_split_sum: mmq_reduce's order, the same bits), not by mmq_reduce
+        // launches (`MUSER_MMQ_REDUCE=1`, a measurement switch: as before).
+        let fused_sum = staged && ks > 1 && !mmq_reduce_launches();
+        if fused_sum {
+            self.grow(&mut s.mcnt, mats * w.rows.div_ceil(64) * z_layers)?;
+        }
         let (rows, cols, ntok_pad, ntok_total, per_i) = (
             w.rows as i32,
             w.cols as i32,
@@ -2518,26 +2560,7 @@ impl CudaBackend {
             } else {
                 (n - tok0).min(64)
             };
-            // Tiles of 8 tokens: at most `max_nt` per warp (and at least tiles / 4: a block
-            // holds 4 warps per row group at most), as many warps per row group as that takes.
-            let tiles = chunk.min(64).div_ceil(8);
-            // (tiles of 8 tokens per warp, threads, the block's tokens)
-            let (nt, threads, tb) = if two_tiles {
-                // 32 rows per warp (mmq_s2_*): 2 warps across the rows, up to 4 across the
-                // tokens, 1 or 2 token tiles each.
-                let nt = tiles.div_ceil(4);
-                let wt = tiles.div_ceil(nt);
-                (nt, 64 * wt as u32, 8 * nt * wt)
-            } else {
-                let max_nt = self.mmq_tiles.load(std::sync::atomic::Ordering::Relaxed);
-                let mut nt = tiles.min(max_nt).max(tiles.div_ceil(4));
-                if nt >= 3 {
-                    // Kernels of 3 or 4 tiles per warp are built for 256 threads (mmq.cu MMQ_THREADS).
-                    nt = nt.max(tiles.div_ceil(2));
-                }
-                let wt = tiles.div_ceil(nt);
-                (nt, 128 * wt as u32, 8 * nt * wt)
-            };
+            let (nt, threads, tb) = self.mmq_tile_shape(chunk, two_tiles);
             let two_per_sm = occ2 && nt >= 3;
             let stages = if two_per_sm { 2 } else { 3 };
             let smem = (stages * mmq_stage_bytes(tb, q6, planes)) as u32;
@@ -2593,6 +2616,12 @@ impl CudaBackend {
                         b.arg(&null).arg(&null);
                     }
                 }
+                // The split's counters (mmq_split_sum), or null (mmq_reduce adds the ranges).
+                if fused_sum {
+                    b.arg(&mut s.mcnt);
+                } else {
+                    b.arg(&null);
+                }
             }
             let cfg = LaunchConfig {
                 grid_dim: (
@@ -2604,16 +2633,20 @@ impl CudaBackend {
                 shared_mem_bytes: if staged { smem } else { 0 },
             };
             // SAFETY: reads the matrix (rows x cols, device layout), the planes, scales and sums
-            // of tokens tok0..tok0 + 64 z_layers <= pad (grid layer z of the staged kernels
-            // copies tokens tok0 + z tb..tok0 + (z + 1) tb, tb <= 64, into `smem` bytes of shared
-            // memory, within the limit raised above);
+            // of tokens tok0..tok0 + tb x (grid layers) <= pad (64 z_layers past 64 tokens, else
+            // the one launch's tb: grid layer z of the staged kernels copies tokens
+            // tok0 + z tb..tok0 + (z + 1) tb, tb <= 64, into `smem` bytes of shared memory,
+            // within the limit raised above);
             // writes tokens tok0..tok0 + chunk of out (n x rows, checked by the caller) or of
             // mpart (ks x n x rows, grown above); a pair also reads W2 (W's shape and format,
-            // checked above) and writes out2 (n x rows, checked) or mpart's second ks x n x rows.
+            // checked above) and writes out2 (n x rows, checked) or mpart's second ks x n x rows;
+            // with the split's counters (fused_sum: one per row block and grid layer, grown
+            // above) the last block of each also reads those partial sums back and writes out
+            // (or out2) for its rows and tokens.
             unsafe { b.launch(cfg) }.map_err(dev(&name))?;
             tok0 += chunk;
         }
-        if ks > 1 {
+        if ks > 1 && !fused_sum {
             let total = (n * w.rows) as i64;
             let ks_i = ks as i32;
             let f = self.f("mmq_reduce")?;
@@ -3478,6 +3511,20 @@ fn env_blocks_per_sm() -> usize {
 fn mmq_prompts() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| !env_is("MUSER_MMQ_PROMPTS", "0"))
+}
+
+/// `MUSER_MMQ_REDUCE=1`: a split tensor-core product's ranges added by mmq_reduce launches,
+/// not by the last block of each row block (a measurement switch).
+fn mmq_reduce_launches() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| env_is("MUSER_MMQ_REDUCE", "1"))
+}
+
+/// `MUSER_XQ_PAD64=1`: the tensor-core products' activation planes made for 64 tokens however
+/// few the product has (a measurement switch).
+fn xq_pad64() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| env_is("MUSER_XQ_PAD64", "1"))
 }
 
 /// The tensor-core kernels for several tokens are on unless `MUSER_MMQ=0`.
