@@ -183,6 +183,10 @@ struct Scratch {
     /// The staged tensor-core kernels' counters per (row block, grid layer) of a split launch
     /// (zero between launches: the block that adds the ranges resets its own).
     mcnt: CudaSlice<u32>,
+    /// Whose planes `xq` holds inside one `matmul_group` (x's device address, tokens, columns,
+    /// planes, padded tokens): the group's later products read the same x and skip xq_planes.
+    /// None outside a group.
+    xq_made: Option<(u64, usize, usize, usize, usize)>,
     /// The column-split one-token kernels' partial rows, and their per-row-range counters
     /// (zero between launches: the last block of a range resets its own).
     vpart: CudaSlice<f32>,
@@ -533,6 +537,9 @@ pub struct CudaBackend {
     smem_optin: u32,
     /// Kernel attributes set so far, each once (`set_attribute_once`'s keys).
     attributes_set: Mutex<std::collections::HashSet<String>>,
+    /// Inside `matmul_group` (its products read one x, which nothing writes meanwhile): the
+    /// tensor-core products convert x to planes once (`Scratch::xq_made`).
+    in_group: std::sync::atomic::AtomicBool,
     /// Bumped when a scratch buffer is reallocated (`scratch_epoch`).
     scratch_epoch: std::sync::atomic::AtomicU64,
     /// Resident blocks per SM of (kernel, block size), from the occupancy calculator.
@@ -717,6 +724,7 @@ impl CudaBackend {
                 if env_is("MUSER_MMQ_MR", "2") { 32 } else { 16 },
             ),
             attributes_set: Mutex::new(std::collections::HashSet::new()),
+            in_group: std::sync::atomic::AtomicBool::new(false),
             mmq_tiles: std::sync::atomic::AtomicUsize::new(
                 env_usize("MUSER_MMQ_NT")
                     .filter(|n| (1..=4).contains(n))
@@ -1197,6 +1205,7 @@ impl CudaBackend {
                 xq_sum: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 mpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 mcnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
+                xq_made: None,
                 vpart: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 vcnt: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 amax_v: s.alloc_zeros(1).map_err(dev("alloc"))?,
@@ -2495,7 +2504,21 @@ impl CudaBackend {
         self.grow(&mut s.xq, runs * planes * pad * 32)?;
         self.grow(&mut s.xq_sc, nb * pad)?;
         self.grow(&mut s.xq_sum, runs * pad)?;
-        {
+        // Inside a group, x's planes are made once (the buffers above are the size they were
+        // then, so grow replaced none of them).
+        let made = {
+            let st = &self.stream;
+            let (p, _g) = x.data.device_ptr(st);
+            (p, n, w.cols, planes, pad)
+        };
+        let again = self.in_group.load(std::sync::atomic::Ordering::Relaxed)
+            && s.xq_made == Some(made)
+            && !env_is("MUSER_XQ_REUSE", "0");
+        s.xq_made = self
+            .in_group
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then_some(made);
+        if !again {
             let (cols, ntok, ntok_pad) = (w.cols as i32, n as i32, pad as i32);
             let np = planes as i32;
             let f = self.f("xq_planes")?;
@@ -4553,7 +4576,16 @@ impl Backend for CudaBackend {
                 return Ok(());
             }
         }
-        muser_engine::backend::matmul_by_pairs(self, ws, x, outs)
+        // Several tokens: by pairs, x converted to the tensor-core kernels' planes once.
+        if let Some(s) = self.scratch()?.as_mut() {
+            s.xq_made = None;
+        }
+        self.in_group
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let run = muser_engine::backend::matmul_by_pairs(self, ws, x, outs);
+        self.in_group
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        run
     }
 
     fn head_norm(&self, x: &mut CudaAct, head_dim: usize, eps: f32, scale: f32) -> Result<()> {
