@@ -12,7 +12,7 @@ flags=${FLAGS:-"--device cuda --mode fast --fp8-weights"}
 ids=$(spec_prompt_ids)
 d=${DRAFT:-2:8}
 for round in $(seq ${ROUNDS:-2}); do
-  for e in ${AB:-MUSER_MMQ_REDUCE=0 MUSER_MMQ_REDUCE=1,MUSER_XQ_PAD64=1,MUSER_XQ_REUSE=0}; do
+  for e in ${AB:-MUSER_MMQ_FUSED_SUM=0 MUSER_MMQ_FUSED_SUM=1,MUSER_XQ_PAD_TB=1,MUSER_XQ_REUSE=1}; do
     echo "== $e, round $round" | tee -a "$log"
     env ${e//,/ } timeout 200 carry/bin/muser bench -m "$MODEL" $flags -p 0 -n 0 --parallel "${PARS:-2,4,8,9,16}" \
       --batch-prompt 32 --batch-gen 64 --batch-draw 2>&1 | grep -E '^\|' | tee -a "$log"

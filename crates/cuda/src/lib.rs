@@ -2492,11 +2492,10 @@ impl CudaBackend {
         // launches of 3 or 4 token tiles per warp.
         let occ2 = planes == 2 && self.mmq_occ.load(std::sync::atomic::Ordering::Relaxed) == 2;
         let per_sm = if occ2 { 2 } else { 1 };
-        // Room for every token a launch reads (the pad tokens' planes are zero): past 64
-        // tokens, launches of 64 (or grid layers of 64); up to 64, the one launch's block
-        // tokens (8 for up to 8 tokens: a product of 2 tokens no longer converts 64).
-        // `MUSER_XQ_PAD64=1` (a measurement switch): 64 always, as before.
-        let pad = if n > 64 || xq_pad64() {
+        // Room for every token a launch reads (the pad tokens' planes are zero): launches of
+        // 64 tokens (or grid layers of 64); with `MUSER_XQ_PAD_TB=1`, up to 64 tokens, the one
+        // launch's block tokens (8 for up to 8 tokens: a product of 2 tokens converts 8, not 64).
+        let pad = if n > 64 || !xq_pad_tb() {
             n.div_ceil(64) * 64
         } else {
             self.mmq_tile_shape(n, two_tiles).2
@@ -2504,8 +2503,8 @@ impl CudaBackend {
         self.grow(&mut s.xq, runs * planes * pad * 32)?;
         self.grow(&mut s.xq_sc, nb * pad)?;
         self.grow(&mut s.xq_sum, runs * pad)?;
-        // Inside a group, x's planes are made once (the buffers above are the size they were
-        // then, so grow replaced none of them).
+        // Inside a group (`MUSER_XQ_REUSE=1`), x's planes are made once (the buffers above are
+        // the size they were then, so grow replaced none of them).
         let made = {
             let st = &self.stream;
             let (p, _g) = x.data.device_ptr(st);
@@ -2513,7 +2512,7 @@ impl CudaBackend {
         };
         let again = self.in_group.load(std::sync::atomic::Ordering::Relaxed)
             && s.xq_made == Some(made)
-            && !env_is("MUSER_XQ_REUSE", "0");
+            && xq_reuse();
         s.xq_made = self
             .in_group
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -2561,10 +2560,10 @@ impl CudaBackend {
         if ks > 1 {
             self.grow(&mut s.mpart, mats * ks * n * w.rows)?;
         }
-        // A split's ranges added by the last block of each (row block, grid layer) in the staged
-        // kernels (mmq_split_sum: mmq_reduce's order, the same bits), not by mmq_reduce
-        // launches (`MUSER_MMQ_REDUCE=1`, a measurement switch: as before).
-        let fused_sum = staged && ks > 1 && !mmq_reduce_launches();
+        // With `MUSER_MMQ_FUSED_SUM=1`, a split's ranges added by the last block of each (row
+        // block, grid layer) in the staged kernels (mmq_split_sum: mmq_reduce's order, the same
+        // bits), not by mmq_reduce launches.
+        let fused_sum = staged && ks > 1 && mmq_fused_sum();
         if fused_sum {
             self.grow(&mut s.mcnt, mats * w.rows.div_ceil(64) * z_layers)?;
         }
@@ -3536,18 +3535,30 @@ fn mmq_prompts() -> bool {
     *ON.get_or_init(|| !env_is("MUSER_MMQ_PROMPTS", "0"))
 }
 
-/// `MUSER_MMQ_REDUCE=1`: a split tensor-core product's ranges added by mmq_reduce launches,
-/// not by the last block of each row block (a measurement switch).
-fn mmq_reduce_launches() -> bool {
+// Three changes to the tensor-core products of a few tokens, off unless switched on: written
+// after the profile of a 2-sequence step on the H200 (docs/BENCHMARKS.md, twenty-eighth session:
+// 416 mmq_reduce launches took 1.03 ms and 287 xq_planes 1.09 ms of its 12.5), and not yet run
+// on a GPU (no device machine could be started for them). The next GPU call should run gpu.rs
+// with them on and A/B them (scripts/h200-fewtok.sh) before they become the default.
+
+/// `MUSER_MMQ_FUSED_SUM=1`: a split staged product's ranges added by the last block of each row
+/// block (mmq_split_sum, mmq_reduce's order), not by mmq_reduce launches.
+fn mmq_fused_sum() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| env_is("MUSER_MMQ_REDUCE", "1"))
+    *ON.get_or_init(|| env_is("MUSER_MMQ_FUSED_SUM", "1"))
 }
 
-/// `MUSER_XQ_PAD64=1`: the tensor-core products' activation planes made for 64 tokens however
-/// few the product has (a measurement switch).
-fn xq_pad64() -> bool {
+/// `MUSER_XQ_PAD_TB=1`: up to 64 tokens, the activation planes made for the launch's block
+/// tokens (8 for a product of 2 tokens), not for 64.
+fn xq_pad_tb() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| env_is("MUSER_XQ_PAD64", "1"))
+    *ON.get_or_init(|| env_is("MUSER_XQ_PAD_TB", "1"))
+}
+
+/// `MUSER_XQ_REUSE=1`: inside `matmul_group`, x's planes made once for all its products.
+fn xq_reuse() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| env_is("MUSER_XQ_REUSE", "1"))
 }
 
 /// The tensor-core kernels for several tokens are on unless `MUSER_MMQ=0`.
@@ -4576,7 +4587,8 @@ impl Backend for CudaBackend {
                 return Ok(());
             }
         }
-        // Several tokens: by pairs, x converted to the tensor-core kernels' planes once.
+        // Several tokens: by pairs (with `MUSER_XQ_REUSE=1`, x converted to the tensor-core
+        // kernels' planes once).
         if let Some(s) = self.scratch()?.as_mut() {
             s.xq_made = None;
         }
