@@ -487,6 +487,17 @@ pub struct CudaBackend {
     /// Products of more than 64 tokens in one launch of the staged kernels, 64 tokens per grid
     /// layer (on unless `MUSER_MMQ_ZGRID=0`), instead of one launch per 64 tokens. Same bits per token.
     mmq_zgrid: std::sync::atomic::AtomicBool,
+    /// The lean launches of a few tokens' tensor-core products (`set_mmq_lean`; off unless
+    /// `MUSER_MMQ_FUSED_SUM=1`, `MUSER_XQ_PAD_TB=1`, `MUSER_XQ_REUSE=1`): a split's ranges added
+    /// by its last blocks, planes made for the launch's block tokens, x's planes made once per
+    /// group. The same bits either way. Written after the profile of a 2-sequence step on the
+    /// H200 (docs/BENCHMARKS.md, twenty-eighth session: 416 mmq_reduce launches took 1.03 ms and
+    /// 287 xq_planes 1.09 ms of its 12.5) and not yet run on a GPU: gpu.rs
+    /// `lean_few_token_products_give_the_default_bits` and an A/B (scripts/h200-fewtok.sh) come
+    /// before they become the default.
+    mmq_fused_sum: std::sync::atomic::AtomicBool,
+    xq_pad_tb: std::sync::atomic::AtomicBool,
+    xq_reuse: std::sync::atomic::AtomicBool,
     /// Products of more than `gemm16_min` tokens (prompts) on the f16 tensor cores through
     /// cuBLAS (`gemm16`; off with `MUSER_GEMM16=0`): the split form in the accurate mode (F32
     /// weights excepted: they keep f32 cuBLAS), one f16 product in `--mode fast`.
@@ -719,6 +730,9 @@ impl CudaBackend {
             pdl,
             pdl_small: pdl && !env_is("MUSER_PDL_SMALL", "0"),
             mmq_zgrid: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_ZGRID", "0")),
+            mmq_fused_sum: std::sync::atomic::AtomicBool::new(env_is("MUSER_MMQ_FUSED_SUM", "1")),
+            xq_pad_tb: std::sync::atomic::AtomicBool::new(env_is("MUSER_XQ_PAD_TB", "1")),
+            xq_reuse: std::sync::atomic::AtomicBool::new(env_is("MUSER_XQ_REUSE", "1")),
             mmq_occ: std::sync::atomic::AtomicUsize::new(env_blocks_per_sm()),
             mmq_rows_per_warp: std::sync::atomic::AtomicUsize::new(
                 if env_is("MUSER_MMQ_MR", "2") { 32 } else { 16 },
@@ -924,6 +938,14 @@ impl CudaBackend {
     /// 64 tokens (results do not change).
     pub fn set_mmq_zgrid(&self, on: bool) {
         self.set_switch(&self.mmq_zgrid, on);
+    }
+
+    /// The lean launches of the tensor-core products (all three of `MUSER_MMQ_FUSED_SUM`,
+    /// `MUSER_XQ_PAD_TB`, `MUSER_XQ_REUSE`) on or off. Same bits.
+    pub fn set_mmq_lean(&self, on: bool) {
+        for flag in [&self.mmq_fused_sum, &self.xq_pad_tb, &self.xq_reuse] {
+            self.set_switch(flag, on);
+        }
     }
 
     /// Blocks per SM of the two-plane kernels (1, or 2: `mmq_p2o_*`). Anything else is taken as 1.
@@ -2495,7 +2517,7 @@ impl CudaBackend {
         // Room for every token a launch reads (the pad tokens' planes are zero): launches of
         // 64 tokens (or grid layers of 64); with `MUSER_XQ_PAD_TB=1`, up to 64 tokens, the one
         // launch's block tokens (8 for up to 8 tokens: a product of 2 tokens converts 8, not 64).
-        let pad = if n > 64 || !xq_pad_tb() {
+        let pad = if n > 64 || !self.xq_pad_tb.load(std::sync::atomic::Ordering::Relaxed) {
             n.div_ceil(64) * 64
         } else {
             self.mmq_tile_shape(n, two_tiles).2
@@ -2512,7 +2534,7 @@ impl CudaBackend {
         };
         let again = self.in_group.load(std::sync::atomic::Ordering::Relaxed)
             && s.xq_made == Some(made)
-            && xq_reuse();
+            && self.xq_reuse.load(std::sync::atomic::Ordering::Relaxed);
         s.xq_made = self
             .in_group
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -2563,7 +2585,11 @@ impl CudaBackend {
         // With `MUSER_MMQ_FUSED_SUM=1`, a split's ranges added by the last block of each (row
         // block, grid layer) in the staged kernels (mmq_split_sum: mmq_reduce's order, the same
         // bits), not by mmq_reduce launches.
-        let fused_sum = staged && ks > 1 && mmq_fused_sum();
+        let fused_sum = staged
+            && ks > 1
+            && self
+                .mmq_fused_sum
+                .load(std::sync::atomic::Ordering::Relaxed);
         if fused_sum {
             self.grow(&mut s.mcnt, mats * w.rows.div_ceil(64) * z_layers)?;
         }
@@ -3533,32 +3559,6 @@ fn env_blocks_per_sm() -> usize {
 fn mmq_prompts() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| !env_is("MUSER_MMQ_PROMPTS", "0"))
-}
-
-// Three changes to the tensor-core products of a few tokens, off unless switched on: written
-// after the profile of a 2-sequence step on the H200 (docs/BENCHMARKS.md, twenty-eighth session:
-// 416 mmq_reduce launches took 1.03 ms and 287 xq_planes 1.09 ms of its 12.5), and not yet run
-// on a GPU (no device machine could be started for them). The next GPU call should run gpu.rs
-// with them on and A/B them (scripts/h200-fewtok.sh) before they become the default.
-
-/// `MUSER_MMQ_FUSED_SUM=1`: a split staged product's ranges added by the last block of each row
-/// block (mmq_split_sum, mmq_reduce's order), not by mmq_reduce launches.
-fn mmq_fused_sum() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| env_is("MUSER_MMQ_FUSED_SUM", "1"))
-}
-
-/// `MUSER_XQ_PAD_TB=1`: up to 64 tokens, the activation planes made for the launch's block
-/// tokens (8 for a product of 2 tokens), not for 64.
-fn xq_pad_tb() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| env_is("MUSER_XQ_PAD_TB", "1"))
-}
-
-/// `MUSER_XQ_REUSE=1`: inside `matmul_group`, x's planes made once for all its products.
-fn xq_reuse() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| env_is("MUSER_XQ_REUSE", "1"))
 }
 
 /// The tensor-core kernels for several tokens are on unless `MUSER_MMQ=0`.

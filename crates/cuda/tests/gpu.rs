@@ -3394,3 +3394,85 @@ fn guesses_on_the_device_sample_plain_decodings_tokens() {
         &failures,
     );
 }
+
+/// The lean launches of a few tokens' tensor-core products (`set_mmq_lean`: a split's ranges added
+/// by its last blocks instead of mmq_reduce launches, the activation planes made for the launch's
+/// block tokens instead of 64, x's planes made once per `matmul_group`) give the default launches'
+/// bits: one matrix (the FFN's down projection of the 30B's widths, whose column ranges split in
+/// `--mode fast`), a pair (gate and up) and the attention's group of four, at token counts from 2
+/// to 160 (two grid layers of 64 and a launch of 32), twice in a row (the split's counters left at
+/// zero), in both modes and both file layouts.
+#[test]
+fn lean_few_token_products_give_the_default_bits() {
+    let Some(g) = gpu() else { return };
+    let dir = std::env::temp_dir().join(format!("muser-lean-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rows = Vec::new();
+    for layout in ["q4_k", "q4_k_m"] {
+        let file = layer_file(&dir, layout, (19968, 4, 512), 29);
+        let l = &file.tensors.layers[0];
+        let up = |m| g.matrix(&file.gguf, m).unwrap();
+        let (down, gate, upm) = (up(&l.ffn_down), up(&l.ffn_gate), up(&l.ffn_up));
+        let attn = [
+            up(&l.attn_q),
+            up(&l.attn_gate),
+            up(&l.attn_k),
+            up(&l.attn_v),
+        ];
+        for fast in [true, false] {
+            g.set_fast_mode(fast).unwrap();
+            for n in [2usize, 3, 9, 17, 40, 64, 160] {
+                // Every output of the three launches, in order.
+                let run = || -> Vec<Vec<f32>> {
+                    let mut outs = Vec::new();
+                    let x = |cols: usize| -> muser_cuda::CudaAct {
+                        let v: Vec<f32> = (0..n * cols)
+                            .map(|i| ((i * 7919 % 2003) as f32 / 1001.5 - 1.0) * 0.8)
+                            .collect();
+                        let mut a = g.act(n, cols).unwrap();
+                        g.stream.memcpy_htod(&v, xg_data(&mut a)).unwrap();
+                        a
+                    };
+                    let (xf, xh) = (x(down.cols), x(6656));
+                    let mut y = g.act(n, down.rows).unwrap();
+                    g.matmul(&down, &xf, &mut y).unwrap();
+                    outs.push(g.read(&y).unwrap());
+                    let (mut y1, mut y2) =
+                        (g.act(n, gate.rows).unwrap(), g.act(n, upm.rows).unwrap());
+                    g.matmul_pair(&gate, &upm, &xh, &mut y1, &mut y2).unwrap();
+                    outs.push(g.read(&y1).unwrap());
+                    outs.push(g.read(&y2).unwrap());
+                    let mut ys: Vec<_> = attn.iter().map(|w| g.act(n, w.rows).unwrap()).collect();
+                    {
+                        let refs: Vec<&muser_cuda::CudaMatrix> = attn.iter().collect();
+                        let mut orefs: Vec<&mut muser_cuda::CudaAct> = ys.iter_mut().collect();
+                        g.matmul_group(&refs, &xh, &mut orefs).unwrap();
+                    }
+                    for y in &ys {
+                        outs.push(g.read(y).unwrap());
+                    }
+                    outs
+                };
+                g.set_mmq_lean(false);
+                let want = run();
+                g.set_mmq_lean(true);
+                for round in 0..2 {
+                    let got = run();
+                    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            a.iter().all(|v| v.is_finite()) && same_bits(a, b),
+                            "{layout} fast {fast} n={n} round {round}: output {i} differs from the default launches'"
+                        );
+                    }
+                }
+                g.set_mmq_lean(false);
+            }
+            rows.push(format!(
+                "{layout:<6} fast {fast}: lean launches, the default bits at 2 to 160 tokens"
+            ));
+        }
+        g.set_fast_mode(false).unwrap();
+    }
+    println!("{}", rows.join("\n"));
+    std::fs::remove_dir_all(&dir).ok();
+}
