@@ -2527,18 +2527,17 @@ impl CudaBackend {
         self.grow(&mut s.xq_sum, runs * pad)?;
         // Inside a group (`MUSER_XQ_REUSE=1`), x's planes are made once (the buffers above are
         // the size they were then, so grow replaced none of them).
-        let made = {
-            let st = &self.stream;
-            let (p, _g) = x.data.device_ptr(st);
-            (p, n, w.cols, planes, pad)
-        };
-        let again = self.in_group.load(std::sync::atomic::Ordering::Relaxed)
-            && s.xq_made == Some(made)
-            && self.xq_reuse.load(std::sync::atomic::Ordering::Relaxed);
-        s.xq_made = self
+        let made = self
             .in_group
             .load(std::sync::atomic::Ordering::Relaxed)
-            .then_some(made);
+            .then(|| {
+                let (p, _g) = x.data.device_ptr(&self.stream);
+                (p, n, w.cols, planes, pad)
+            });
+        let again = made.is_some()
+            && s.xq_made == made
+            && self.xq_reuse.load(std::sync::atomic::Ordering::Relaxed);
+        s.xq_made = made;
         if !again {
             let (cols, ntok, ntok_pad) = (w.cols as i32, n as i32, pad as i32);
             let np = planes as i32;
