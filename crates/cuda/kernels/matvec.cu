@@ -513,27 +513,35 @@ __device__ __forceinline__ float warp_sum4(const float (&v)[4], int lane) {
 // warp_sum4, then warps in order), one smem slot per warp, double-buffered by step parity (a warp can
 // only overwrite this step's slots after the next barrier, which threads 0..STEP-1 reach after
 // reading them). FUSED: slots STEP.. hold the up rows and y gets the SwiGLU (the swiglu kernel's
-// expression). MVQ_SUM4=0 (a measurement define): each row by its own butterfly (warp_sum), 20
+// expression). NT tokens (the few-token forms, not FUSED): acc[k] is token k's, its rows go to
+// y + k ystride, each summed exactly as a one-token launch sums it (the same bits). MVQ_SUM4=0 (a measurement define): each row by its own butterfly (warp_sum), 20
 // shuffles a step instead of 5; another fixed order, so other bits.
 #ifndef MVQ_SUM4
 #define MVQ_SUM4 1
 #endif
-template <int STEP, bool FUSED>
-__device__ __forceinline__ void mvq_finish(const float (&acc)[MVQ_R], float (*red)[MVQ_MAX_THREADS / 32][MVQ_R], int it,
-                                           float* __restrict__ y, int r0, int r_end, int tid, int lane, int warp, int nw) {
+template <int STEP, bool FUSED, int NT = 1>
+__device__ __forceinline__ void mvq_finish(const float (&acc)[NT][MVQ_R], float (*red)[MVQ_MAX_THREADS / 32][NT * MVQ_R], int it,
+                                           float* __restrict__ y, long long ystride, int r0, int r_end, int tid, int lane,
+                                           int warp, int nw) {
     static_assert(MVQ_R == 4, "warp_sum4 sums four rows");
+    static_assert(NT == 1 || !FUSED, "the fused SwiGLU takes one token");
+#pragma unroll
+    for (int k = 0; k < NT; k++) {
 #if MVQ_SUM4
-    const float v = warp_sum4(acc, lane);
-    if ((lane & 7) == 0) red[it][warp][lane >> 3] = v;
+        const float v = warp_sum4(acc[k], lane);
+        if ((lane & 7) == 0) red[it][warp][k * MVQ_R + (lane >> 3)] = v;
 #else
 #pragma unroll
-    for (int r = 0; r < MVQ_R; r++) {
-        const float v = warp_sum(acc[r]);
-        if (lane == 0) red[it][warp][r] = v;
-    }
+        for (int r = 0; r < MVQ_R; r++) {
+            const float v = warp_sum(acc[k][r]);
+            if (lane == 0) red[it][warp][k * MVQ_R + r] = v;
+        }
 #endif
+    }
     __syncthreads();
-    if (tid < STEP && r0 + tid < r_end) {
+    // Thread k STEP + i: token k's row r0 + i (STEP = MVQ_R whenever NT > 1).
+    const int k = tid / STEP, i = tid - k * STEP;
+    if (k < NT && r0 + i < r_end) {
         float s = 0.0f;
         for (int w = 0; w < nw; w++) s += red[it][w][tid];
         if (FUSED) {
@@ -542,7 +550,7 @@ __device__ __forceinline__ void mvq_finish(const float (&acc)[MVQ_R], float (*re
             const double gv = s;
             s = (float)__dmul_rn(gv / (1.0 + exp(-gv)), (double)u);
         }
-        y[r0 + tid] = s;
+        y[k * ystride + r0 + i] = s;
     }
 }
 
@@ -550,9 +558,11 @@ __device__ __forceinline__ void mvq_finish(const float (&acc)[MVQ_R], float (*re
 // column blocks [y nbs, (y + 1) nbs) of every row (nbs <= 32: the prefetching kernels' 256
 // threads), and writes its partial rows to part[y][rows]. The last block of a row range to finish
 // (a counter per range, reset by that block for the next launch) adds the ranges in order,
-// ((p0 + p1) + p2) ..., into y: a fixed order whatever the timing.
+// ((p0 + p1) + p2) ..., into y: a fixed order whatever the timing. NT tokens: range c's partial
+// rows of token k at part[(c NT + k) rows], token k's sums to y + k rows.
 // Every block of the launch must reach this (no early return before it): a block that did not
 // would leave its range's counter short and the next launch's count wrong.
+template <int NT = 1>
 __device__ __forceinline__ void mvq_split_sum(const float* __restrict__ part, float* __restrict__ y, unsigned* cnt, int rows,
                                               int r_begin, int r_end) {
     __shared__ bool last;
@@ -562,11 +572,13 @@ __device__ __forceinline__ void mvq_split_sum(const float* __restrict__ part, fl
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int r = r_begin + (int)threadIdx.x; r < r_end; r += blockDim.x) {
-        float s = 0.0f;
-        for (int k = 0; k < (int)gridDim.y; k++) s += __ldcg(part + (long long)k * rows + r);
-        y[r] = s;
-    }
+#pragma unroll
+    for (int k = 0; k < NT; k++)
+        for (int r = r_begin + (int)threadIdx.x; r < r_end; r += blockDim.x) {
+            float s = 0.0f;
+            for (int c = 0; c < (int)gridDim.y; c++) s += __ldcg(part + ((long long)c * NT + k) * rows + r);
+            y[(long long)k * rows + r] = s;
+        }
     if (threadIdx.x == 0) cnt[blockIdx.x] = 0u;
 }
 
@@ -629,13 +641,13 @@ __device__ __forceinline__ void mvq_load_q4k(const u8* __restrict__ W, const u8*
 // P: digit planes of the activations (3; 2 in `--mode fast`, x_digits).
 // GROUP: the virtual rows of *grp (rows = its vrows); W, W2, y, y2 unused. Each row's arithmetic as
 // alone: the same bits.
-template <bool PF, bool FUSED, bool PAIR = false, bool SPLIT = false, int P = 3, bool GROUP = false>
+template <bool PF, bool FUSED, bool PAIR = false, bool SPLIT = false, int P = 3, bool GROUP = false, int NT = 1>
 __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
                                          float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
                                          float* __restrict__ part = nullptr, unsigned* cnt = nullptr, int nbs = 0,
                                          const MvqGroup* grp = nullptr) {
     constexpr int STEP = FUSED ? MVQ_R / 2 : MVQ_R;  // output rows per step
-    __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
+    __shared__ float red[2][MVQ_MAX_THREADS / 32][NT * MVQ_R];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int nb = cols >> 8, b0 = tid >> 3, sub = tid & 7, j = sub >> 1, half = sub & 1;
     const int b_off = SPLIT ? blockIdx.y * nbs : 0;
@@ -661,25 +673,29 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
     pdl_trigger();
     if (PF && r_begin < r_end) load(r_begin, nhd, nqq);
     pdl_wait();
-    u32 l0[4], l1[4], l2[4], h0[4], h1[4], h2[4];
-    float lsc, lsum, hsc, hsum;
-    {
+    // Token k's digits (x + k cols), as a one-token launch makes them.
+    u32 l0[NT][4], l1[NT][4], l2[NT][4], h0[NT][4], h1[NT][4], h2[NT][4];
+    float lsc[NT], lsum[NT], hsc[NT], hsum[NT];
+#pragma unroll
+    for (int k = 0; k < NT; k++) {
+        const float* xk = x + (long long)k * cols;
         float v[16];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            float4 a = ld_after_wait(x + e_lo + 4 * i);
+            float4 a = ld_after_wait(xk + e_lo + 4 * i);
             v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
         }
-        x_digits<16, P>(v, l0, l1, l2, lsc, lsum);
+        x_digits<16, P>(v, l0[k], l1[k], l2[k], lsc[k], lsum[k]);
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            float4 a = ld_after_wait(x + e_hi + 4 * i);
+            float4 a = ld_after_wait(xk + e_hi + 4 * i);
             v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
         }
-        x_digits<16, P>(v, h0, h1, h2, hsc, hsum);
-        hsc *= 0.0625f;  // the high nibbles are taken in place, as 16 q (q4_hi): 2^(E - BITS - 4), exact
+        x_digits<16, P>(v, h0[k], h1[k], h2[k], hsc[k], hsum[k]);
+        hsc[k] *= 0.0625f;  // the high nibbles are taken in place, as 16 q (q4_hi): 2^(E - BITS - 4), exact
     }
-    float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;  // this launch's rows of W
+    // This launch's rows of W (a split launch: its range's NT token slices of part).
+    float* yp = SPLIT ? part + (long long)blockIdx.y * NT * rows : y;
     int it = 0;
     for (int r0 = r_begin; r0 < r_end; r0 += STEP, it ^= 1) {
         if (PF) {
@@ -689,50 +705,53 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
         } else {
             load(r0, hd, qq);
         }
-        float acc[MVQ_R];
+        float acc[NT][MVQ_R];
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
             const u32 q[4] = {qq[r].x, qq[r].y, qq[r].z, qq[r].w};
-            u32 a0 = 0, a1 = 0, c0 = 0, c1 = 0;
-            int a2 = 0, c2 = 0;
-#pragma unroll
-            for (int w = 0; w < 4; w++) {
-                const u32 lo = q[w] & 0x0F0F0F0Fu, hi = q[w] & 0xF0F0F0F0u;  // hi: 16 q (q4_hi)
-                if (P == 3) {
-                    a0 = dp4a_uu(lo, l0[w], a0); a1 = dp4a_uu(lo, l1[w], a1); a2 = dp4a_ss(lo, l2[w], a2);
-                    c0 = dp4a_uu(hi, h0[w], c0); c1 = dp4a_uu(hi, h1[w], c1); c2 = dp4a_us(hi, h2[w], c2);
-                } else {  // the top plane (signed) is d1
-                    a0 = dp4a_uu(lo, l0[w], a0); a2 = dp4a_ss(lo, l1[w], a2);
-                    c0 = dp4a_uu(hi, h0[w], c0); c2 = dp4a_us(hi, h1[w], c2);
-                }
-            }
-            // Three planes: sum q X = 65536 S2 + (256 S1 + S0): S0, S1 <= 16 * 15 * 255, so the
-            // second term is below 2^24 and exact in f32; one rounding in the fma. Two: 256 S1 +
-            // S0 with |S1| <= 16 * 15 * 64, exact. The high nibbles' sums are 16 times these
-            // (q4_hi): still exact, the same rounding scaled by 16, undone by hsc / 16.
-            const float qx_lo = (P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0))
-                                        : fmaf(256.0f, (float)a2, (float)(int)a0)) * lsc;
-            const float qx_hi = (P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0))
-                                        : fmaf(256.0f, (float)c2, (float)(int)c0)) * hsc;
             const float d = h2f((u16)(hd[r].x & 0xFFFF)), dm = h2f((u16)(hd[r].x >> 16));
             float sa, ma, sb, mb;
             scale_min_pair(j, hd[r].y, hd[r].z, hd[r].w, &sa, &ma, &sb, &mb);
-            // w = d sc q - dmin m
-            acc[r] = on ? ((d * sa) * qx_lo - (dm * ma) * lsum) + ((d * sb) * qx_hi - (dm * mb) * hsum) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < NT; k++) {
+                u32 a0 = 0, a1 = 0, c0 = 0, c1 = 0;
+                int a2 = 0, c2 = 0;
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    const u32 lo = q[w] & 0x0F0F0F0Fu, hi = q[w] & 0xF0F0F0F0u;  // hi: 16 q (q4_hi)
+                    if (P == 3) {
+                        a0 = dp4a_uu(lo, l0[k][w], a0); a1 = dp4a_uu(lo, l1[k][w], a1); a2 = dp4a_ss(lo, l2[k][w], a2);
+                        c0 = dp4a_uu(hi, h0[k][w], c0); c1 = dp4a_uu(hi, h1[k][w], c1); c2 = dp4a_us(hi, h2[k][w], c2);
+                    } else {  // the top plane (signed) is d1
+                        a0 = dp4a_uu(lo, l0[k][w], a0); a2 = dp4a_ss(lo, l1[k][w], a2);
+                        c0 = dp4a_uu(hi, h0[k][w], c0); c2 = dp4a_us(hi, h1[k][w], c2);
+                    }
+                }
+                // Three planes: sum q X = 65536 S2 + (256 S1 + S0): S0, S1 <= 16 * 15 * 255, so the
+                // second term is below 2^24 and exact in f32; one rounding in the fma. Two: 256 S1 +
+                // S0 with |S1| <= 16 * 15 * 64, exact. The high nibbles' sums are 16 times these
+                // (q4_hi): still exact, the same rounding scaled by 16, undone by hsc / 16.
+                const float qx_lo = (P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0))
+                                            : fmaf(256.0f, (float)a2, (float)(int)a0)) * lsc[k];
+                const float qx_hi = (P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0))
+                                            : fmaf(256.0f, (float)c2, (float)(int)c0)) * hsc[k];
+                // w = d sc q - dmin m
+                acc[k][r] = on ? ((d * sa) * qx_lo - (dm * ma) * lsum[k]) + ((d * sb) * qx_hi - (dm * mb) * hsum[k]) : 0.0f;
+            }
         }
         if (GROUP) {
             const u8* M;
             float* Y;
             int end;
             const int s0 = mvq_gseg(*grp, r0, M, Y, end);
-            mvq_finish<STEP, FUSED>(acc, red, it, Y, r0 - s0, min(r_end, end) - s0, tid, lane, warp, nw);
+            mvq_finish<STEP, FUSED, NT>(acc, red, it, Y, end - s0, r0 - s0, min(r_end, end) - s0, tid, lane, warp, nw);
         } else if (PAIR && r0 >= rows) {
-            mvq_finish<STEP, FUSED>(acc, red, it, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
+            mvq_finish<STEP, FUSED, NT>(acc, red, it, y2, rows, r0 - rows, r_end - rows, tid, lane, warp, nw);
         } else {
-            mvq_finish<STEP, FUSED>(acc, red, it, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
+            mvq_finish<STEP, FUSED, NT>(acc, red, it, yp, rows, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
         }
     }
-    if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
+    if (SPLIT) mvq_split_sum<NT>(part, y, cnt, rows, r_begin, r_end);
 }
 
 // The register forms' launch bound: at least MVQ_MIN_BLOCKS blocks of 256 threads per SM
@@ -784,15 +803,41 @@ extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k_pair_
 }
 // y_i = W_i x for up to four matrices of one width (Q, the attention gate, K, V): one launch over
 // their rows (MvqGroup), each row's bits as alone. Up to 256 threads. P = 3, and 2 (`_p2`).
-#define MVQ_GROUP(NAME, P)                                                                                          \
+// NT tokens (`_n2`, `_n3`): x holds NT rows of cols values, each output NT rows of its matrix's.
+#define MVQ_GROUP(NAME, P, NT)                                                                                      \
     extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) NAME(const u8* W0, const u8* W1, const u8* W2, const u8* W3,   \
                                                            const float* x, float* y0, float* y1, float* y2, float* y3, \
                                                            int s1, int s2, int s3, int vrows, int cols, int rpb) {     \
         const MvqGroup g{W0, W1, W2, W3, y0, y1, y2, y3, s1, s2, s3, vrows};                                        \
-        mvq_q4_k<true, false, false, false, P, true>(W0, W0, x, y0, y0, vrows, cols, rpb, nullptr, nullptr, 0, &g); \
+        mvq_q4_k<true, false, false, false, P, true, NT>(W0, W0, x, y0, y0, vrows, cols, rpb, nullptr, nullptr, 0, &g); \
     }
-MVQ_GROUP(mvq_q4_k_group, 3)
-MVQ_GROUP(mvq_q4_k_group_p2, 2)
+MVQ_GROUP(mvq_q4_k_group, 3, 1)
+MVQ_GROUP(mvq_q4_k_group_p2, 2, 1)
+MVQ_GROUP(mvq_q4_k_group_n2, 3, 2)
+MVQ_GROUP(mvq_q4_k_group_p2_n2, 2, 2)
+MVQ_GROUP(mvq_q4_k_group_n3, 3, 3)
+MVQ_GROUP(mvq_q4_k_group_p2_n3, 2, 3)
+
+// The few-token forms of the register kernels (prefetching, at most 256 threads): NT tokens, x
+// NT rows of cols values, y (and y2) NT rows of rows values; each token's bits as in a one-token
+// launch of the same family.
+#define MVQ_Q4_FEW(SUF, P, NT)                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k##SUF(const u8* W, const float* x, float* y,      \
+                                                                                  int rows, int cols, int rpb) {             \
+        mvq_q4_k<true, false, false, false, P, false, NT>(W, W, x, y, y, rows, cols, rpb);                                     \
+    }                                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k_split##SUF(                                    \
+        const u8* W, const float* x, float* y, int rows, int cols, int rpb, float* part, unsigned* cnt, int nbs) {             \
+        mvq_q4_k<true, false, false, true, P, false, NT>(W, W, x, y, y, rows, cols, rpb, part, cnt, nbs);                      \
+    }                                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q4_k_pair##SUF(                                     \
+        const u8* W, const u8* W2, const float* x, float* y, float* y2, int rows, int cols, int rpb) {                         \
+        mvq_q4_k<true, false, true, false, P, false, NT>(W, W2, x, y, y2, rows, cols, rpb);                                    \
+    }
+MVQ_Q4_FEW(_n2, 3, 2)
+MVQ_Q4_FEW(_p2_n2, 2, 2)
+MVQ_Q4_FEW(_n3, 3, 3)
+MVQ_Q4_FEW(_p2_n3, 2, 3)
 
 __device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c)); return d; }
 
@@ -824,12 +869,9 @@ __device__ __forceinline__ void q6_x_digits(const float* __restrict__ x, int b, 
 // (q6_x_digits) and no bytewise subtraction is needed (|S0|, |S1| <= 8 * 32 * 255, 256 S1 + S0
 // < 2^24, exact in f32; the u32 sums wrap to the exact signed value). Each quarter adds
 // d sc (q . X) 2^(E-B) in order. mvq_q6_k and its staged form share it (the same bits).
-template <int P>
-__device__ __forceinline__ float q6_dot(uint2 l0, uint2 l1, uint2 h, u32 scw, float d, const u32 (&x0)[4][2],
-                                        const u32 (&x1)[4][2], const u32 (&x2)[4][2], const float (&xsc)[4],
-                                        const int (&xc)[3][4]) {
+// The lane's 6-bit codes of the four quarters (q6_dot), made once for all the tokens of a launch.
+__device__ __forceinline__ void q6_codes(uint2 l0, uint2 l1, uint2 h, u32 (&qv)[4][2]) {
     const u32 lw0[2] = {l0.x, l0.y}, lw1[2] = {l1.x, l1.y}, hw[2] = {h.x, h.y};
-    u32 qv[4][2];
 #pragma unroll
     for (int w = 0; w < 2; w++) {
         qv[0][w] = (lw0[w] & 0x0F0F0F0Fu) | ((hw[w] << 4) & 0x30303030u);
@@ -837,6 +879,11 @@ __device__ __forceinline__ float q6_dot(uint2 l0, uint2 l1, uint2 h, u32 scw, fl
         qv[2][w] = ((lw0[w] >> 4) & 0x0F0F0F0Fu) | (hw[w] & 0x30303030u);
         qv[3][w] = ((lw1[w] >> 4) & 0x0F0F0F0Fu) | ((hw[w] >> 2) & 0x30303030u);
     }
+}
+template <int P>
+__device__ __forceinline__ float q6_dot_codes(const u32 (&qv)[4][2], u32 scw, float d, const u32 (&x0)[4][2],
+                                              const u32 (&x1)[4][2], const u32 (&x2)[4][2], const float (&xsc)[4],
+                                              const int (&xc)[3][4]) {
     float a = 0.0f;
 #pragma unroll
     for (int qt = 0; qt < 4; qt++) {
@@ -856,14 +903,22 @@ __device__ __forceinline__ float q6_dot(uint2 l0, uint2 l1, uint2 h, u32 scw, fl
     }
     return a;
 }
+template <int P>
+__device__ __forceinline__ float q6_dot(uint2 l0, uint2 l1, uint2 h, u32 scw, float d, const u32 (&x0)[4][2],
+                                        const u32 (&x1)[4][2], const u32 (&x2)[4][2], const float (&xsc)[4],
+                                        const int (&xc)[3][4]) {
+    u32 qv[4][2];
+    q6_codes(l0, l1, h, qv);
+    return q6_dot_codes<P>(qv, scw, d, x0, x1, x2, xsc, xc);
+}
 
 // Q6_K (structure of arrays, as mv_q6_k): 8 lanes per block, each 8 positions x 4 quarters;
-// sum (q - 32) X exact in integers (q6_dot).
-template <bool PF, bool PAIR = false, bool SPLIT = false, int P = 3>
+// sum (q - 32) X exact in integers (q6_dot). NT tokens: as mvq_q4_k's.
+template <bool PF, bool PAIR = false, bool SPLIT = false, int P = 3, int NT = 1>
 __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __restrict__ W2, long long nbt, const float* __restrict__ x,
                                          float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
                                          float* __restrict__ part = nullptr, unsigned* cnt = nullptr, int nbs = 0) {
-    __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
+    __shared__ float red[2][MVQ_MAX_THREADS / 32][NT * MVQ_R];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int nb = cols >> 8, b0 = tid >> 3, sub = tid & 7, n = sub >> 2, k8 = sub & 3;
     const int b_off = SPLIT ? blockIdx.y * nbs : 0;
@@ -899,11 +954,13 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __r
     pdl_trigger();
     if (PF && r_begin < r_end) load(r_begin, nl0, nl1, nh, nscw, nd);
     pdl_wait();
-    u32 x0[4][2], x1[4][2], x2[4][2];
-    float xsc[4];
-    int xc[3][4];
-    q6_x_digits<P>(x, b, n, k8, x0, x1, x2, xsc, xc);
-    float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;  // this launch's rows of W
+    // Token k's digits (x + k cols), as a one-token launch makes them.
+    u32 x0[NT][4][2], x1[NT][4][2], x2[NT][4][2];
+    float xsc[NT][4];
+    int xc[NT][3][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++) q6_x_digits<P>(x + (long long)t * cols, b, n, k8, x0[t], x1[t], x2[t], xsc[t], xc[t]);
+    float* yp = SPLIT ? part + (long long)blockIdx.y * NT * rows : y;  // this launch's rows of W
     int it = 0;
     for (int r0 = r_begin; r0 < r_end; r0 += MVQ_R, it ^= 1) {
         if (PF) {
@@ -913,15 +970,19 @@ __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __r
         } else {
             load(r0, l0, l1, h, scw, d);
         }
-        float acc[MVQ_R];
+        float acc[NT][MVQ_R];
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
-            acc[r] = on ? q6_dot<P>(l0[r], l1[r], h[r], scw[r], d[r], x0, x1, x2, xsc, xc) : 0.0f;
+            u32 qv[4][2];
+            q6_codes(l0[r], l1[r], h[r], qv);
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                acc[t][r] = on ? q6_dot_codes<P>(qv, scw[r], d[r], x0[t], x1[t], x2[t], xsc[t], xc[t]) : 0.0f;
         }
-        if (PAIR && r0 >= rows) mvq_finish<MVQ_R, false>(acc, red, it, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
-        else mvq_finish<MVQ_R, false>(acc, red, it, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
+        if (PAIR && r0 >= rows) mvq_finish<MVQ_R, false, NT>(acc, red, it, y2, rows, r0 - rows, r_end - rows, tid, lane, warp, nw);
+        else mvq_finish<MVQ_R, false, NT>(acc, red, it, yp, rows, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
     }
-    if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
+    if (SPLIT) mvq_split_sum<NT>(part, y, cnt, rows, r_begin, r_end);
 }
 
 extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k(const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb) {
@@ -953,6 +1014,24 @@ extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_split
 extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_pair_p2(const u8* W, const u8* W2, long long nbt, const float* x, float* y, float* y2, int rows, int cols, int rpb) {
     mvq_q6_k<true, true, false, 2>(W, W2, nbt, x, y, y2, rows, cols, rpb);
 }
+// The few-token forms (as MVQ_Q4_FEW).
+#define MVQ_Q6_FEW(SUF, P, NT)                                                                                                   \
+    extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k##SUF(const u8* W, long long nbt, const float* x,  \
+                                                                                  float* y, int rows, int cols, int rpb) {   \
+        mvq_q6_k<true, false, false, P, NT>(W, W, nbt, x, y, y, rows, cols, rpb);                                              \
+    }                                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_split##SUF(                                    \
+        const u8* W, long long nbt, const float* x, float* y, int rows, int cols, int rpb, float* part, unsigned* cnt, int nbs) { \
+        mvq_q6_k<true, false, true, P, NT>(W, W, nbt, x, y, y, rows, cols, rpb, part, cnt, nbs);                               \
+    }                                                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_pair##SUF(                                     \
+        const u8* W, const u8* W2, long long nbt, const float* x, float* y, float* y2, int rows, int cols, int rpb) {          \
+        mvq_q6_k<true, true, false, P, NT>(W, W2, nbt, x, y, y2, rows, cols, rpb);                                             \
+    }
+MVQ_Q6_FEW(_n2, 3, 2)
+MVQ_Q6_FEW(_p2_n2, 2, 2)
+MVQ_Q6_FEW(_n3, 3, 3)
+MVQ_Q6_FEW(_p2_n3, 2, 3)
 
 // ==== The x-stationary kernels with their weights staged by the TMA (sm_90) ====
 // The kernels above keep one step of MVQ_R rows in flight in registers: about 15 KB per block, two
@@ -977,12 +1056,12 @@ extern "C" __global__ void __launch_bounds__(256, MVQ_MIN_BLOCKS) mvq_q6_k_pair_
 // Per row: sum over the thread's runs of (d sc) (q . X) 2^(E-B) - (dmin m) sum x, the integer dot
 // products exact (as mvq_q4_k), combined in f32 in a fixed order; partial rows summed over the
 // block in a fixed order (warp_sum4, then warps in order).
-template <bool PAIR, bool SPLIT, int P>
+template <bool PAIR, bool SPLIT, int P, int NT = 1>
 __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8* __restrict__ W2, const float* __restrict__ x,
                                              float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,
                                              float* __restrict__ part, unsigned* cnt, int nbs, int stages) {
     extern __shared__ __align__(128) u8 stage_mem[];
-    __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
+    __shared__ float red[2][MVQ_MAX_THREADS / 32][NT * MVQ_R];
     __shared__ __align__(8) u64 bars[MVQ_TMA_MAX_STAGES];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int nb = cols >> 8, b0 = tid >> 2, j = tid & 3;
@@ -1015,85 +1094,93 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
     pdl_wait();
     // Runs u = 0..3: x[b 256 + 64 j + 16 u ..+16): the low nibbles of code bytes 0..15 (u = 0) and
     // 16..31 (u = 1) of the thread's 32, the high nibbles of the same (u = 2, 3).
-    u32 d0[4][4], d1[4][4], d2[4][4];
-    float xsc[4], xsum_a, xsum_b;
-    {
+    // Token t's (x + t cols), as a one-token launch makes them.
+    u32 d0[NT][4][4], d1[NT][4][4], d2[NT][4][4];
+    float xsc[NT][4], xsum_a[NT], xsum_b[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
         float sums[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             float v[16];
-            const float* xp = x + b * 256 + 64 * j + 16 * u;
+            const float* xp = x + (long long)t * cols + b * 256 + 64 * j + 16 * u;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
                 float4 a = ld_after_wait(xp + 4 * i);
                 v[4 * i] = a.x; v[4 * i + 1] = a.y; v[4 * i + 2] = a.z; v[4 * i + 3] = a.w;
             }
-            x_digits<16, P>(v, d0[u], d1[u], d2[u], xsc[u], sums[u]);
+            x_digits<16, P>(v, d0[t][u], d1[t][u], d2[t][u], xsc[t][u], sums[u]);
         }
-        xsc[2] *= 0.0625f;  // the high nibbles' runs: codes taken as 16 q (q4_hi), exact
-        xsc[3] *= 0.0625f;
-        xsum_a = sums[0] + sums[1];  // sub-block 2j
-        xsum_b = sums[2] + sums[3];  // sub-block 2j + 1
+        xsc[t][2] *= 0.0625f;  // the high nibbles' runs: codes taken as 16 q (q4_hi), exact
+        xsc[t][3] *= 0.0625f;
+        xsum_a[t] = sums[0] + sums[1];  // sub-block 2j
+        xsum_b[t] = sums[2] + sums[3];  // sub-block 2j + 1
     }
-    float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;
+    float* yp = SPLIT ? part + (long long)blockIdx.y * NT * rows : y;
     for (int k = 0; k < steps; k++) {
         const int s = k % stages, r0 = r_begin + k * MVQ_R;
         mbar_wait(&bars[s], (u32)((k / stages) & 1));
         const u8* st = stage_mem + s * stride + bl * 144;
-        float acc[MVQ_R];
+        float acc[NT][MVQ_R];
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
             const uint4 hd = *(const uint4*)(st + r * rb);
             const uint4 qa = *(const uint4*)(st + r * rb + 16 + 32 * j);
             const uint4 qb = *(const uint4*)(st + r * rb + 32 + 32 * j);
-            float qx[4];
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const uint4 qq = h ? qb : qa;
-                const u32 q[4] = {qq.x, qq.y, qq.z, qq.w};
-                u32 a0 = 0, a1 = 0, c0 = 0, c1 = 0;
-                int a2 = 0, c2 = 0;
-#pragma unroll
-                for (int w = 0; w < 4; w++) {
-                    const u32 lo = q[w] & 0x0F0F0F0Fu, hi = q[w] & 0xF0F0F0F0u;  // hi: 16 q (q4_hi)
-                    if (P == 3) {
-                        a0 = dp4a_uu(lo, d0[h][w], a0); a1 = dp4a_uu(lo, d1[h][w], a1); a2 = dp4a_ss(lo, d2[h][w], a2);
-                        c0 = dp4a_uu(hi, d0[h + 2][w], c0); c1 = dp4a_uu(hi, d1[h + 2][w], c1); c2 = dp4a_us(hi, d2[h + 2][w], c2);
-                    } else {  // the top plane (signed) is d1
-                        a0 = dp4a_uu(lo, d0[h][w], a0); a2 = dp4a_ss(lo, d1[h][w], a2);
-                        c0 = dp4a_uu(hi, d0[h + 2][w], c0); c2 = dp4a_us(hi, d1[h + 2][w], c2);
-                    }
-                }
-                // As mvq_q4_k: exact integer sums, one rounding in the fma.
-                qx[h] = (P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0))
-                                : fmaf(256.0f, (float)a2, (float)(int)a0)) * xsc[h];
-                qx[h + 2] = (P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0))
-                                    : fmaf(256.0f, (float)c2, (float)(int)c0)) * xsc[h + 2];
-            }
             const float d = h2f((u16)(hd.x & 0xFFFF)), dm = h2f((u16)(hd.x >> 16));
             float sa, ma, sb, mb;
             scale_min_pair(j, hd.y, hd.z, hd.w, &sa, &ma, &sb, &mb);
-            // w = d sc q - dmin m, over sub-blocks 2j (runs 0, 1) and 2j + 1 (runs 2, 3).
-            acc[r] = on ? ((d * sa) * (qx[0] + qx[1]) - (dm * ma) * xsum_a) + ((d * sb) * (qx[2] + qx[3]) - (dm * mb) * xsum_b)
-                        : 0.0f;
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float qx[4];
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const uint4 qq = h ? qb : qa;
+                    const u32 q[4] = {qq.x, qq.y, qq.z, qq.w};
+                    u32 a0 = 0, a1 = 0, c0 = 0, c1 = 0;
+                    int a2 = 0, c2 = 0;
+#pragma unroll
+                    for (int w = 0; w < 4; w++) {
+                        const u32 lo = q[w] & 0x0F0F0F0Fu, hi = q[w] & 0xF0F0F0F0u;  // hi: 16 q (q4_hi)
+                        if (P == 3) {
+                            a0 = dp4a_uu(lo, d0[t][h][w], a0); a1 = dp4a_uu(lo, d1[t][h][w], a1); a2 = dp4a_ss(lo, d2[t][h][w], a2);
+                            c0 = dp4a_uu(hi, d0[t][h + 2][w], c0); c1 = dp4a_uu(hi, d1[t][h + 2][w], c1); c2 = dp4a_us(hi, d2[t][h + 2][w], c2);
+                        } else {  // the top plane (signed) is d1
+                            a0 = dp4a_uu(lo, d0[t][h][w], a0); a2 = dp4a_ss(lo, d1[t][h][w], a2);
+                            c0 = dp4a_uu(hi, d0[t][h + 2][w], c0); c2 = dp4a_us(hi, d1[t][h + 2][w], c2);
+                        }
+                    }
+                    // As mvq_q4_k: exact integer sums, one rounding in the fma.
+                    qx[h] = (P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0))
+                                    : fmaf(256.0f, (float)a2, (float)(int)a0)) * xsc[t][h];
+                    qx[h + 2] = (P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0))
+                                        : fmaf(256.0f, (float)c2, (float)(int)c0)) * xsc[t][h + 2];
+                }
+                // w = d sc q - dmin m, over sub-blocks 2j (runs 0, 1) and 2j + 1 (runs 2, 3).
+                acc[t][r] = on ? ((d * sa) * (qx[0] + qx[1]) - (dm * ma) * xsum_a[t]) + ((d * sb) * (qx[2] + qx[3]) - (dm * mb) * xsum_b[t])
+                               : 0.0f;
+            }
         }
-        const float v = warp_sum4(acc, lane);
         const int it = k & 1;
-        if ((lane & 7) == 0) red[it][warp][lane >> 3] = v;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float v = warp_sum4(acc[t], lane);
+            if ((lane & 7) == 0) red[it][warp][t * MVQ_R + (lane >> 3)] = v;
+        }
         __syncthreads();  // every thread's reads of stage s are done: it may be refilled
-        if (tid < MVQ_R) {
-            const int rr = r0 + tid;
+        if (tid < NT * MVQ_R) {
+            const int t = tid / MVQ_R, rr = r0 + tid - t * MVQ_R;
             float sum = 0.0f;
             for (int w = 0; w < nw; w++) sum += red[it][w][tid];
             if (PAIR && r0 >= rows) {
-                if (rr < r_end) y2[rr - rows] = sum;
+                if (rr < r_end) y2[(long long)t * rows + rr - rows] = sum;
             } else if (rr < (PAIR ? min(r_end, rows) : r_end)) {
-                yp[rr] = sum;
+                yp[(long long)t * rows + rr] = sum;
             }
         }
         if (tid == 0 && k + stages < steps) issue(k + stages);
     }
-    if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
+    if (SPLIT) mvq_split_sum<NT>(part, y, cnt, rows, r_begin, r_end);
 }
 
 // Bytes of a Q6_K row range of nbl blocks in a stage: ql, qh, scales, then d's 16-byte-aligned
@@ -1102,12 +1189,12 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
 __device__ __forceinline__ int q6_stage_row(int nbl) { return nbl * 208 + ((2 * nbl + 15) & ~15) + 16; }
 
 // The staged form of mvq_q6_k (PF), as mvq_q4_k_tma.
-template <bool PAIR, bool SPLIT, int P>
+template <bool PAIR, bool SPLIT, int P, int NT = 1>
 __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8* __restrict__ W2, long long nbt,
                                              const float* __restrict__ x, float* __restrict__ y, float* __restrict__ y2, int rows,
                                              int cols, int rpb, float* __restrict__ part, unsigned* cnt, int nbs, int stages) {
     extern __shared__ __align__(128) u8 stage_mem[];
-    __shared__ float red[2][MVQ_MAX_THREADS / 32][MVQ_R];
+    __shared__ float red[2][MVQ_MAX_THREADS / 32][NT * MVQ_R];
     __shared__ __align__(8) u64 bars[MVQ_TMA_MAX_STAGES];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
     const int nb = cols >> 8, b0 = tid >> 3, sub = tid & 7, n = sub >> 2, k8 = sub & 3;
@@ -1150,15 +1237,16 @@ __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8*
     if (tid == 0)
         for (int k = 0; k < min(stages, steps); k++) issue(k);
     pdl_wait();
-    u32 x0[4][2], x1[4][2], x2[4][2];
-    float xsc[4];
-    int xc[3][4];
-    q6_x_digits<P>(x, b, n, k8, x0, x1, x2, xsc, xc);
-    float* yp = SPLIT ? part + (long long)blockIdx.y * rows : y;
+    u32 x0[NT][4][2], x1[NT][4][2], x2[NT][4][2];
+    float xsc[NT][4];
+    int xc[NT][3][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++) q6_x_digits<P>(x + (long long)t * cols, b, n, k8, x0[t], x1[t], x2[t], xsc[t], xc[t]);
+    float* yp = SPLIT ? part + (long long)blockIdx.y * NT * rows : y;
     for (int k = 0; k < steps; k++) {
         const int s = k % stages, r0 = r_begin + k * MVQ_R;
         mbar_wait(&bars[s], (u32)((k / stages) & 1));
-        float acc[MVQ_R];
+        float acc[NT][MVQ_R];
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
             const u8* st = stage_mem + s * stride + r * rb;
@@ -1171,38 +1259,67 @@ __device__ __forceinline__ void mvq_q6_k_tma(const u8* __restrict__ W, const u8*
             const u32* s4 = (const u32*)(st + nbl * 192 + bl * 16 + 8 * n);
             const u32 w0 = s4[0], w1 = s4[1];
             const u32 scw = (k8 >> 1) ? __byte_perm(w0, w1, 0x7531) : __byte_perm(w0, w1, 0x6420);
-            acc[r] = on ? q6_dot<P>(L0, L1, H, scw, dr, x0, x1, x2, xsc, xc) : 0.0f;
+            u32 qv[4][2];
+            q6_codes(L0, L1, H, qv);
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+                acc[t][r] = on ? q6_dot_codes<P>(qv, scw, dr, x0[t], x1[t], x2[t], xsc[t], xc[t]) : 0.0f;
         }
-        if (PAIR && r0 >= rows) mvq_finish<MVQ_R, false>(acc, red, k & 1, y2, r0 - rows, r_end - rows, tid, lane, warp, nw);
-        else mvq_finish<MVQ_R, false>(acc, red, k & 1, yp, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
+        if (PAIR && r0 >= rows) mvq_finish<MVQ_R, false, NT>(acc, red, k & 1, y2, rows, r0 - rows, r_end - rows, tid, lane, warp, nw);
+        else mvq_finish<MVQ_R, false, NT>(acc, red, k & 1, yp, rows, r0, PAIR ? min(r_end, rows) : r_end, tid, lane, warp, nw);
         if (tid == 0 && k + stages < steps) issue(k + stages);
     }
-    if (SPLIT) mvq_split_sum(part, y, cnt, rows, r_begin, r_end);
+    if (SPLIT) mvq_split_sum<NT>(part, y, cnt, rows, r_begin, r_end);
 }
 
 // Entry points: one signature for every staged form (W2 = W, y2 = y, part and cnt unused without
 // PAIR or SPLIT); Q6_K's with nbt after W2.
-#define MVQ_TMA4(NAME, PAIR, SPLIT, P)                                                                                          \
+#define MVQ_TMA4(NAME, PAIR, SPLIT, P, NT)                                                                                          \
     extern "C" __global__ void __launch_bounds__(256) NAME(const u8* W, const u8* W2, const float* x, float* y, float* y2,     \
                                                            int rows, int cols, int rpb, float* part, unsigned* cnt, int nbs, \
                                                            int stages) {                                                     \
-        mvq_q4_k_tma<PAIR, SPLIT, P>(W, W2, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                              \
+        mvq_q4_k_tma<PAIR, SPLIT, P, NT>(W, W2, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                              \
     }
-#define MVQ_TMA6(NAME, PAIR, SPLIT, P)                                                                                          \
+#define MVQ_TMA6(NAME, PAIR, SPLIT, P, NT)                                                                                          \
     extern "C" __global__ void __launch_bounds__(256) NAME(const u8* W, const u8* W2, long long nbt, const float* x, float* y, \
                                                            float* y2, int rows, int cols, int rpb, float* part, unsigned* cnt, \
                                                            int nbs, int stages) {                                            \
-        mvq_q6_k_tma<PAIR, SPLIT, P>(W, W2, nbt, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                         \
+        mvq_q6_k_tma<PAIR, SPLIT, P, NT>(W, W2, nbt, x, y, y2, rows, cols, rpb, part, cnt, nbs, stages);                         \
     }
-MVQ_TMA4(mvq_q4_k_tma, false, false, 3)
-MVQ_TMA4(mvq_q4_k_split_tma, false, true, 3)
-MVQ_TMA4(mvq_q4_k_pair_tma, true, false, 3)
-MVQ_TMA4(mvq_q4_k_tma_p2, false, false, 2)
-MVQ_TMA4(mvq_q4_k_split_tma_p2, false, true, 2)
-MVQ_TMA4(mvq_q4_k_pair_tma_p2, true, false, 2)
-MVQ_TMA6(mvq_q6_k_tma, false, false, 3)
-MVQ_TMA6(mvq_q6_k_split_tma, false, true, 3)
-MVQ_TMA6(mvq_q6_k_pair_tma, true, false, 3)
-MVQ_TMA6(mvq_q6_k_tma_p2, false, false, 2)
-MVQ_TMA6(mvq_q6_k_split_tma_p2, false, true, 2)
-MVQ_TMA6(mvq_q6_k_pair_tma_p2, true, false, 2)
+MVQ_TMA4(mvq_q4_k_tma, false, false, 3, 1)
+MVQ_TMA4(mvq_q4_k_split_tma, false, true, 3, 1)
+MVQ_TMA4(mvq_q4_k_pair_tma, true, false, 3, 1)
+MVQ_TMA4(mvq_q4_k_tma_p2, false, false, 2, 1)
+MVQ_TMA4(mvq_q4_k_split_tma_p2, false, true, 2, 1)
+MVQ_TMA4(mvq_q4_k_pair_tma_p2, true, false, 2, 1)
+MVQ_TMA6(mvq_q6_k_tma, false, false, 3, 1)
+MVQ_TMA6(mvq_q6_k_split_tma, false, true, 3, 1)
+MVQ_TMA6(mvq_q6_k_pair_tma, true, false, 3, 1)
+MVQ_TMA6(mvq_q6_k_tma_p2, false, false, 2, 1)
+MVQ_TMA6(mvq_q6_k_split_tma_p2, false, true, 2, 1)
+MVQ_TMA6(mvq_q6_k_pair_tma_p2, true, false, 2, 1)
+// The few-token forms: NT tokens of x (rows of cols values), y and y2 NT rows of rows values.
+MVQ_TMA4(mvq_q4_k_tma_n2, false, false, 3, 2)
+MVQ_TMA4(mvq_q4_k_tma_p2_n2, false, false, 2, 2)
+MVQ_TMA4(mvq_q4_k_split_tma_n2, false, true, 3, 2)
+MVQ_TMA4(mvq_q4_k_split_tma_p2_n2, false, true, 2, 2)
+MVQ_TMA4(mvq_q4_k_pair_tma_n2, true, false, 3, 2)
+MVQ_TMA4(mvq_q4_k_pair_tma_p2_n2, true, false, 2, 2)
+MVQ_TMA6(mvq_q6_k_tma_n2, false, false, 3, 2)
+MVQ_TMA6(mvq_q6_k_tma_p2_n2, false, false, 2, 2)
+MVQ_TMA6(mvq_q6_k_split_tma_n2, false, true, 3, 2)
+MVQ_TMA6(mvq_q6_k_split_tma_p2_n2, false, true, 2, 2)
+MVQ_TMA6(mvq_q6_k_pair_tma_n2, true, false, 3, 2)
+MVQ_TMA6(mvq_q6_k_pair_tma_p2_n2, true, false, 2, 2)
+MVQ_TMA4(mvq_q4_k_tma_n3, false, false, 3, 3)
+MVQ_TMA4(mvq_q4_k_tma_p2_n3, false, false, 2, 3)
+MVQ_TMA4(mvq_q4_k_split_tma_n3, false, true, 3, 3)
+MVQ_TMA4(mvq_q4_k_split_tma_p2_n3, false, true, 2, 3)
+MVQ_TMA4(mvq_q4_k_pair_tma_n3, true, false, 3, 3)
+MVQ_TMA4(mvq_q4_k_pair_tma_p2_n3, true, false, 2, 3)
+MVQ_TMA6(mvq_q6_k_tma_n3, false, false, 3, 3)
+MVQ_TMA6(mvq_q6_k_tma_p2_n3, false, false, 2, 3)
+MVQ_TMA6(mvq_q6_k_split_tma_n3, false, true, 3, 3)
+MVQ_TMA6(mvq_q6_k_split_tma_p2_n3, false, true, 2, 3)
+MVQ_TMA6(mvq_q6_k_pair_tma_n3, true, false, 3, 3)
+MVQ_TMA6(mvq_q6_k_pair_tma_p2_n3, true, false, 2, 3)

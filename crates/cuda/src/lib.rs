@@ -247,6 +247,52 @@ const QMMA_MAX_SMEM: usize = 226 * 1024;
 /// The x-stationary kernels' limits (kernels/matvec.cu MVQ_R, MVQ_MAX_THREADS).
 const MVQ_R: usize = 4;
 const MVQ_MAX_COLS: usize = 640 / 8 * 256;
+/// The most tokens of the x-stationary kernels' few-token forms (`_n2`, `_n3` in matvec.cu).
+const MVQ_MAX_TOKENS: usize = 3;
+
+/// The form of x-stationary kernel `name` for `nt` tokens (kernels/matvec.cu `MVQ_Q4_FEW`,
+/// `MVQ_Q6_FEW`, `MVQ_GROUP`, `MVQ_TMA4`, `MVQ_TMA6`): `name` itself for one token.
+fn mvq_few_name(name: &'static str, nt: usize) -> Result<&'static str> {
+    macro_rules! few {
+        ($($base:literal),* $(,)?) => {
+            match (name, nt) {
+                (_, 1) => return Ok(name),
+                $(($base, 2) => return Ok(concat!($base, "_n2")),
+                  ($base, 3) => return Ok(concat!($base, "_n3")),)*
+                _ => {}
+            }
+        };
+    }
+    few!(
+        "mvq_q4_k",
+        "mvq_q4_k_split",
+        "mvq_q4_k_pair",
+        "mvq_q4_k_p2",
+        "mvq_q4_k_split_p2",
+        "mvq_q4_k_pair_p2",
+        "mvq_q4_k_group",
+        "mvq_q4_k_group_p2",
+        "mvq_q6_k",
+        "mvq_q6_k_split",
+        "mvq_q6_k_pair",
+        "mvq_q6_k_p2",
+        "mvq_q6_k_split_p2",
+        "mvq_q6_k_pair_p2",
+        "mvq_q4_k_tma",
+        "mvq_q4_k_split_tma",
+        "mvq_q4_k_pair_tma",
+        "mvq_q4_k_tma_p2",
+        "mvq_q4_k_split_tma_p2",
+        "mvq_q4_k_pair_tma_p2",
+        "mvq_q6_k_tma",
+        "mvq_q6_k_split_tma",
+        "mvq_q6_k_pair_tma",
+        "mvq_q6_k_tma_p2",
+        "mvq_q6_k_split_tma_p2",
+        "mvq_q6_k_pair_tma_p2",
+    );
+    Err(Error::Backend(format!("no {nt}-token form of {name}")))
+}
 /// The most stages of the TMA-staged one-token kernels (MVQ_TMA_MAX_STAGES in matvec.cu).
 const MVQ_TMA_MAX_STAGES: usize = 8;
 /// The dynamic shared memory the TMA-staged one-token kernels may take (of the H100's and H200's
@@ -496,6 +542,13 @@ pub struct CudaBackend {
     /// `lean_few_token_products_give_the_default_bits` and an A/B (scripts/h200-fewtok.sh) come
     /// before they become the default.
     mmq_fused_sum: std::sync::atomic::AtomicBool,
+    /// Products of 2 to this many tokens (at most MVQ_MAX_TOKENS) on the x-stationary kernels'
+    /// few-token forms (`mvq_*_n2`, `_n3`: the weights read once, each token's arithmetic and bits
+    /// as in a one-token launch), not the tensor-core ones (`MUSER_MVQ_TOKENS`, default 1: off).
+    /// The tensor-core products of a few tokens are bound by instructions, not memory (Nsight,
+    /// H200, docs/BENCHMARKS.md, twenty-eighth session: a 2-token FFN pair at 48% of DRAM peak):
+    /// a 2-sequence batched step took 11.07 ms against 6.50 for one sequence.
+    mvq_tokens: std::sync::atomic::AtomicUsize,
     xq_pad_tb: std::sync::atomic::AtomicBool,
     xq_reuse: std::sync::atomic::AtomicBool,
     /// Products of more than `gemm16_min` tokens (prompts) on the f16 tensor cores through
@@ -731,6 +784,11 @@ impl CudaBackend {
             pdl_small: pdl && !env_is("MUSER_PDL_SMALL", "0"),
             mmq_zgrid: std::sync::atomic::AtomicBool::new(!env_is("MUSER_MMQ_ZGRID", "0")),
             mmq_fused_sum: std::sync::atomic::AtomicBool::new(env_is("MUSER_MMQ_FUSED_SUM", "1")),
+            mvq_tokens: std::sync::atomic::AtomicUsize::new(
+                env_usize("MUSER_MVQ_TOKENS")
+                    .filter(|n| (1..=MVQ_MAX_TOKENS).contains(n))
+                    .unwrap_or(1),
+            ),
             xq_pad_tb: std::sync::atomic::AtomicBool::new(env_is("MUSER_XQ_PAD_TB", "1")),
             xq_reuse: std::sync::atomic::AtomicBool::new(env_is("MUSER_XQ_REUSE", "1")),
             mmq_occ: std::sync::atomic::AtomicUsize::new(env_blocks_per_sm()),
@@ -946,6 +1004,13 @@ impl CudaBackend {
         for flag in [&self.mmq_fused_sum, &self.xq_pad_tb, &self.xq_reuse] {
             self.set_switch(flag, on);
         }
+    }
+
+    /// Products of 2 to `n` tokens on the x-stationary kernels' few-token forms (`n` at most
+    /// MVQ_MAX_TOKENS; 1 or 0: none, the tensor-core kernels take them). Each token's bits are
+    /// those of a one-token launch.
+    pub fn set_mvq_tokens(&self, n: usize) {
+        self.set_choice(&self.mvq_tokens, n.clamp(1, MVQ_MAX_TOKENS));
     }
 
     /// Blocks per SM of the two-plane kernels (1, or 2: `mmq_p2o_*`). Anything else is taken as 1.
@@ -1723,6 +1788,24 @@ impl CudaBackend {
                 .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether products of `rows` tokens (2 or more) go to the x-stationary kernels' few-token
+    /// forms (`mvq_tokens`), outside the batch-invariant and parity modes.
+    fn mvq_few(&self, rows: usize) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        (2..=self.mvq_tokens.load(Relaxed)).contains(&rows)
+            && !self.invariant()
+            && !self.cuda_parity.load(Relaxed)
+    }
+
+    /// Whether `matvec_q` computes `w` for `rows` tokens in a few-token form: `mvq_few`, and a
+    /// launch of at most 256 threads a block (the few-token forms are those; wider matrices are
+    /// column-split unless `MUSER_MVQ_SPLIT=0`).
+    fn mvq_few_for(&self, w: &CudaMatrix, rows: usize) -> bool {
+        self.mvq_few(rows)
+            && Self::mvq_for(w)
+            && (Self::mvq_threads(w) <= 256 || (w.cols / 256 > mvq_range_blocks() && mvq_split()))
+    }
+
     /// Whether an x-stationary integer kernel (`mvq_*`, kernels/matvec.cu) computes `w` for one
     /// token: Q4_K and Q6_K matrices of at most 20480 columns. `MUSER_MVQ=0` turns them off.
     fn mvq_for(w: &CudaMatrix) -> bool {
@@ -1750,14 +1833,15 @@ impl CudaBackend {
         Self::mvq_for(w) && Self::mvq_threads(w) <= 256 && w.rows % MVQ_R == 0
     }
 
-    /// Whether a group of products of one token may go to `mvq_q4_k_group`: one token, not the
+    /// Whether a group of products of one token (or of a few: `mvq_few`) may go to
+    /// `mvq_q4_k_group`: not the
     /// batch-invariant or parity modes, pair launches on (`MUSER_MMQ_PAIR`), groups on (unless
     /// `MUSER_MVQ_GROUP=0`), and the group below the staged forms' threshold (those launches
     /// keep their pairs), or below `MUSER_MVQ_GROUP_MAX_MB` where that is set.
     fn group_ok(&self, ws: &[&CudaMatrix], x: &CudaAct) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let bytes: usize = ws.iter().map(|w| w.data.len()).sum();
-        x.rows == 1
+        (x.rows == 1 || self.mvq_few(x.rows))
             && !self.invariant()
             && !self.cuda_parity.load(Relaxed)
             && self.mmq_pairs.load(Relaxed)
@@ -1784,10 +1868,11 @@ impl CudaBackend {
         if !(2..=4).contains(&n) {
             return Err(Error::Backend(format!("mvq group of {n} matrices")));
         }
+        let nt = x.rows;
         let cols = members[0].0.cols;
         let mut starts = [0usize; 5];
         for (i, (w, o)) in members.iter().enumerate() {
-            check(o, 1, w.rows, "matmul group")?;
+            check(o, nt, w.rows, "matmul group")?;
             if w.cols != cols || w.rows % MVQ_R != 0 {
                 return Err(Error::Backend(format!(
                     "mvq group: {}x{} with {cols} columns",
@@ -1805,6 +1890,7 @@ impl CudaBackend {
         } else {
             "mvq_q4_k_group"
         };
+        let name = mvq_few_name(name, nt)?;
         let threads = Self::mvq_threads(members[0].0);
         let f = &self.f(name)?;
         let per_sm = self.blocks_per_sm(name, f, threads, 0)?;
@@ -1814,7 +1900,7 @@ impl CudaBackend {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: 0,
         };
-        let xv = x.data.slice(..cols);
+        let xv = x.data.slice(..nt * cols);
         let mut w = words::Words::new(&self.stream);
         for (m, _) in members.iter() {
             w.read(&m.data);
@@ -1840,7 +1926,8 @@ impl CudaBackend {
             .i32(cols as i32)
             .i32(rpb as i32);
         // SAFETY: the words follow mvq_q4_k_group's parameters; each matrix has its rows x cols
-        // Q4_K weights and each output one row of its rows (checked above); the segments past
+        // Q4_K weights and each output x's nt rows of its rows (checked above, and the kernel's
+        // form is the nt-token one: x holds nt rows of cols values); the segments past
         // the n matrices are empty (their starts are vrows), so their repeated pointers are never
         // used; threads cover cols / 256 column blocks (<= 256 threads, mvq_group_member); the
         // kernel reads x only after its pdl_wait.
@@ -1915,14 +2002,16 @@ impl CudaBackend {
         Ok(Some((&mut s.vpart, &mut s.vcnt)))
     }
 
-    /// Row `t` of x, row `t` of `out` (`w.rows` values), and in a pair launch W2 with row `t`
-    /// of its output: the views a one-token product launch reads and writes.
+    /// Rows `t..t + nt` of x, the same rows of `out` (`w.rows` values each), and in a pair launch
+    /// W2 with those rows of its output: the views a product launch of the x-stationary kernels
+    /// reads and writes.
     #[allow(clippy::type_complexity)]
     fn token_rows<'a>(
         w: &CudaMatrix,
         x: &'a CudaAct,
         out: &'a mut CudaAct,
         t: usize,
+        nt: usize,
         second: Option<(&'a CudaMatrix, &'a mut CudaAct)>,
     ) -> (
         CudaView<'a, f32>,
@@ -1930,13 +2019,13 @@ impl CudaBackend {
         Option<&'a CudaMatrix>,
         Option<CudaViewMut<'a, f32>>,
     ) {
-        let rows = t * w.rows..(t + 1) * w.rows;
+        let rows = t * w.rows..(t + nt) * w.rows;
         let (w2, y2) = match second {
             Some((w2, o2)) => (Some(w2), Some(o2.data.slice_mut(rows.clone()))),
             None => (None, None),
         };
         (
-            x.data.slice(t * x.cols..(t + 1) * x.cols),
+            x.data.slice(t * x.cols..(t + nt) * x.cols),
             out.data.slice_mut(rows),
             w2,
             y2,
@@ -1957,8 +2046,14 @@ impl CudaBackend {
         x: &CudaAct,
         out: &mut CudaAct,
         t: usize,
+        nt: usize,
         second: Option<(&CudaMatrix, &mut CudaAct)>,
     ) -> Result<()> {
+        if nt > 1 && up.is_some() {
+            return Err(Error::Backend(
+                "mvq: the fused SwiGLU takes one token".into(),
+            ));
+        }
         if let Some((w2, _)) = &second
             && !Self::mvq_pair_for(w, w2)
         {
@@ -1993,7 +2088,7 @@ impl CudaBackend {
                     .mvq_tma_min_bytes
                     .load(std::sync::atomic::Ordering::Relaxed)
         {
-            return self.matvec_q_tma(w, x, out, t, second, (ranges, nbs, threads), stages);
+            return self.matvec_q_tma(w, x, out, (t, nt), second, (ranges, nbs, threads), stages);
         }
         let name: &'static str = match (w.ty, threads <= 256, up.is_some(), second.is_some()) {
             (GgmlType::Q4_K, true, false, false) if ranges > 1 => "mvq_q4_k_split",
@@ -2031,6 +2126,7 @@ impl CudaBackend {
             } else {
                 name
             };
+        let name = mvq_few_name(name, nt)?;
         // Output rows per step: MVQ_R, or MVQ_R / 2 of each matrix when fused.
         let step = if up.is_some() { MVQ_R / 2 } else { MVQ_R };
         // Rows the blocks run over: W's, then W2's in a pair launch.
@@ -2043,8 +2139,8 @@ impl CudaBackend {
         } else {
             None
         };
-        let split = self.split_scratch(&mut g, ranges * w.rows, grid)?;
-        let (xv, mut yv, w2, mut y2v) = Self::token_rows(w, x, out, t, second);
+        let split = self.split_scratch(&mut g, ranges * nt * w.rows, grid)?;
+        let (xv, mut yv, w2, mut y2v) = Self::token_rows(w, x, out, t, nt, second);
         let (rows, cols, rpb) = (w.rows as i32, w.cols as i32, rpb as i32);
         let cfg = LaunchConfig {
             grid_dim: (grid, ranges as u32, 1),
@@ -2076,9 +2172,10 @@ impl CudaBackend {
         // cover cols / 256 column blocks, or nbs of them per range in a split launch (<=
         // MVQ_MAX_COLS, the kernel's static shared memory is sized for it); the kernel reads the
         // matrix (and `up` or W2, checked above or by the caller to have the same shape and
-        // format) and one row of x, and writes rows outputs of row t (of each output in a pair
-        // launch; both checked by the caller); a split launch also writes ranges x rows partial
-        // sums and reads and resets one counter per block row (both grown above).
+        // format) and rows t..t + nt of x, and writes rows outputs of each of those rows (of each
+        // output in a pair launch; both checked by the caller); a split launch also writes
+        // ranges x nt x rows partial sums and reads and resets one counter per block row (both
+        // grown above).
         unsafe { self.launch_raw(f, cfg, b.vals(), self.pdl) }.map_err(dev(name))
     }
 
@@ -2090,7 +2187,7 @@ impl CudaBackend {
         w: &CudaMatrix,
         x: &CudaAct,
         out: &mut CudaAct,
-        t: usize,
+        (t, nt): (usize, usize),
         second: Option<(&CudaMatrix, &mut CudaAct)>,
         split: (usize, usize, u32),
         stages: usize,
@@ -2125,6 +2222,7 @@ impl CudaBackend {
                 ));
             }
         };
+        let name = mvq_few_name(name, nt)?;
         // A stage: MVQ_R rows of nbs column blocks (q6_stage_row in matvec.cu for Q6_K).
         let row_bytes = if q6 {
             nbs * 208 + (2 * nbs).next_multiple_of(16) + 16
@@ -2150,8 +2248,8 @@ impl CudaBackend {
         } else {
             None
         };
-        let split = self.split_scratch(&mut g, ranges * w.rows, grid)?;
-        let (xv, mut yv, w2, mut y2v) = Self::token_rows(w, x, out, t, second);
+        let split = self.split_scratch(&mut g, ranges * nt * w.rows, grid)?;
+        let (xv, mut yv, w2, mut y2v) = Self::token_rows(w, x, out, t, nt, second);
         let mut b = words::Words::new(&self.stream);
         // W, then W2 (W again when there is none); Q6_K's block count.
         b.read(&w.data);
@@ -2183,9 +2281,10 @@ impl CudaBackend {
         };
         // SAFETY: the kernel's parameters in order (kernels/matvec.cu MVQ_TMA4 / MVQ_TMA6), each
         // a word; threads cover nbs column blocks (<= 32, checked by matvec_q's threads <= 256);
-        // it reads the matrix (and W2, of the same shape and format: checked by matvec_q), one
-        // row of x (t < x.rows, checked by the callers), writes rows outputs of row t (and of
-        // out2), and a split launch ranges x rows partial sums and grid counters (grown above);
+        // it reads the matrix (and W2, of the same shape and format: checked by matvec_q), rows
+        // t..t + nt of x (t + nt <= x.rows, checked by the callers), writes rows outputs of each
+        // of those rows (and of out2), and a split launch ranges x nt x rows partial sums and
+        // grid counters (grown above);
         // its dynamic shared memory holds `stages` stages of `stride` bytes (raised to
         // MVQ_TMA_SMEM >= smem);
         // a Q6_K matrix's buffer has the 16 bytes of padding its last d cover may read
@@ -4410,6 +4509,9 @@ impl Backend for CudaBackend {
                 if let Some(split) = self.gemm16_route(w, x.rows) {
                     return self.gemm16(x, split, &mut [(w, out)]);
                 }
+                if x.rows > 1 && self.mvq_few_for(w, x.rows) {
+                    return self.matvec_q(w, None, x, out, 0, x.rows, None);
+                }
                 if self.mmq_route(w, x.rows) {
                     return self.mmq(w, x, out, None);
                 }
@@ -4417,7 +4519,7 @@ impl Backend for CudaBackend {
                     return self.gemm(w, x, out);
                 }
                 if x.rows == 1 && !invariant && Self::mvq_for(w) {
-                    return self.matvec_q(w, None, x, out, 0, None);
+                    return self.matvec_q(w, None, x, out, 0, 1, None);
                 }
                 let needs_sums = matches!(
                     w.ty,
@@ -4460,23 +4562,24 @@ impl Backend for CudaBackend {
             self.matmul(w1, x, out1)?;
             return self.matmul(w2, x, out2);
         }
-        // One token, two matrices of one shape: a pair launch of the x-stationary kernels (each
-        // row's bits as alone in the same kernel family: the staged forms take launches of at
-        // least MUSER_MVQ_TMA_MIN_MB, so the FFN's gate and up as a pair, not alone).
-        if x.rows == 1
+        // One token (or a few: `mvq_few`), two matrices of one shape: a pair launch of the
+        // x-stationary kernels (each row's bits as alone in the same kernel family: the staged
+        // forms take launches of at least MUSER_MVQ_TMA_MIN_MB, so the FFN's gate and up as a
+        // pair, not alone).
+        if (x.rows == 1 || self.mvq_few(x.rows))
             && x.cols == w1.cols
             && !self.invariant()
             && Self::mvq_pair_for(w1, w2)
             && self.mmq_pairs.load(std::sync::atomic::Ordering::Relaxed)
         {
             return self.timed(
-                || format!("matmul pair {} {}x{} n=1", w1.ty, w1.rows, w1.cols),
+                || format!("matmul pair {} {}x{} n={}", w1.ty, w1.rows, w1.cols, x.rows),
                 || {
-                    check(out1, 1, w1.rows, "matmul pair")?;
-                    check(out2, 1, w2.rows, "matmul pair")?;
+                    check(out1, x.rows, w1.rows, "matmul pair")?;
+                    check(out2, x.rows, w2.rows, "matmul pair")?;
                     out1.xs_ok = false;
                     out2.xs_ok = false;
-                    self.matvec_q(w1, None, x, out1, 0, Some((w2, out2)))
+                    self.matvec_q(w1, None, x, out1, 0, x.rows, Some((w2, out2)))
                 },
             );
         }
@@ -4576,7 +4679,12 @@ impl Backend for CudaBackend {
                 self.timed(
                     || {
                         let rows: Vec<String> = rows[..n].iter().map(|r| r.to_string()).collect();
-                        format!("matmul group q4_k {}x{} n=1", rows.join("+"), x.cols)
+                        format!(
+                            "matmul group q4_k {}x{} n={}",
+                            rows.join("+"),
+                            x.cols,
+                            x.rows
+                        )
                     },
                     || self.matvec_q_group(x, &mut members),
                 )?;
@@ -4879,7 +4987,7 @@ impl Backend for CudaBackend {
             || format!("ffn gate+up+swiglu {}x{} n=1", w_gate.rows, w_gate.cols),
             || {
                 check(out, 1, w_gate.rows, "ffn_swiglu")?;
-                self.matvec_q(w_gate, Some(w_up), x, out, 0, None)?;
+                self.matvec_q(w_gate, Some(w_up), x, out, 0, 1, None)?;
                 out.xs_ok = false;
                 Ok(())
             },

@@ -3402,6 +3402,102 @@ fn guesses_on_the_device_sample_plain_decodings_tokens() {
 /// `--mode fast`), a pair (gate and up) and the attention's group of four, at token counts from 2
 /// to 160 (two grid layers of 64 and a launch of 32), twice in a row (the split's counters left at
 /// zero), in both modes and both file layouts.
+/// The x-stationary kernels' few-token forms (`set_mvq_tokens`, `mvq_*_n2`, `_n3`): each token's
+/// outputs carry the bits of a one-token launch on that token alone, for every product of a
+/// layer (the FFN's down projection column-split, its gate and up as a pair, the attention's
+/// group, O, the LM head), Q4_K and Q6_K, both modes, with the staged forms at their default
+/// threshold, for every launch, and for none.
+#[test]
+fn few_token_products_give_each_token_its_one_token_bits() {
+    let Some(g) = gpu() else { return };
+    let dir = std::env::temp_dir().join(format!("muser-few-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rows = Vec::new();
+    for layout in ["q4_k", "q4_k_m"] {
+        let file = layer_file(&dir, layout, (19968, 4, 512), 31);
+        let l = &file.tensors.layers[0];
+        let up = |m| g.matrix(&file.gguf, m).unwrap();
+        let (down, gate, upm) = (up(&l.ffn_down), up(&l.ffn_gate), up(&l.ffn_up));
+        let (o, head) = (up(&l.attn_output), up(&file.tensors.output));
+        let attn = [
+            up(&l.attn_q),
+            up(&l.attn_gate),
+            up(&l.attn_k),
+            up(&l.attn_v),
+        ];
+        // Every output of a layer's launches for the n rows of `xs` (x of 6656 columns, the
+        // down projection's input, O's input), in order.
+        let run = |n: usize, xs: [&[f32]; 3]| -> Vec<Vec<f32>> {
+            let act = |v: &[f32], cols: usize| {
+                let mut a = g.act(n, cols).unwrap();
+                g.stream.memcpy_htod(v, xg_data(&mut a)).unwrap();
+                a
+            };
+            let (xh, xf, xo) = (act(xs[0], 6656), act(xs[1], down.cols), act(xs[2], o.cols));
+            let mut outs = Vec::new();
+            let mut y = g.act(n, down.rows).unwrap();
+            g.matmul(&down, &xf, &mut y).unwrap();
+            outs.push(g.read(&y).unwrap());
+            let (mut y1, mut y2) = (g.act(n, gate.rows).unwrap(), g.act(n, upm.rows).unwrap());
+            g.matmul_pair(&gate, &upm, &xh, &mut y1, &mut y2).unwrap();
+            outs.push(g.read(&y1).unwrap());
+            outs.push(g.read(&y2).unwrap());
+            let mut ys: Vec<_> = attn.iter().map(|w| g.act(n, w.rows).unwrap()).collect();
+            {
+                let refs: Vec<&muser_cuda::CudaMatrix> = attn.iter().collect();
+                let mut orefs: Vec<&mut muser_cuda::CudaAct> = ys.iter_mut().collect();
+                g.matmul_group(&refs, &xh, &mut orefs).unwrap();
+            }
+            for y in &ys {
+                outs.push(g.read(y).unwrap());
+            }
+            let mut y = g.act(n, o.rows).unwrap();
+            g.matmul(&o, &xo, &mut y).unwrap();
+            outs.push(g.read(&y).unwrap());
+            let mut y = g.act(n, head.rows).unwrap();
+            g.matmul(&head, &xh, &mut y).unwrap();
+            outs.push(g.read(&y).unwrap());
+            outs
+        };
+        for fast in [true, false] {
+            g.set_fast_mode(fast).unwrap();
+            for tma_min in [50usize << 20, 0, usize::MAX] {
+                g.set_mvq_tma_min_bytes(tma_min);
+                for n in 2..=3usize {
+                    let x = |cols: usize, salt: usize| -> Vec<f32> {
+                        (0..n * cols)
+                            .map(|i| (((i + salt) * 7919 % 2003) as f32 / 1001.5 - 1.0) * 0.8)
+                            .collect()
+                    };
+                    let (xh, xf, xo) = (x(6656, 1), x(down.cols, 2), x(o.cols, 3));
+                    g.set_mvq_tokens(3);
+                    let got = run(n, [&xh, &xf, &xo]);
+                    g.set_mvq_tokens(1);
+                    for k in 0..n {
+                        let row = |v: &Vec<f32>| v[k * v.len() / n..(k + 1) * v.len() / n].to_vec();
+                        let want = run(1, [&row(&xh), &row(&xf), &row(&xo)]);
+                        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                            let a = &a[k * b.len()..(k + 1) * b.len()];
+                            assert!(
+                                a.iter().all(|v| v.is_finite()) && same_bits(a, b),
+                                "{layout} fast {fast} staged from {tma_min} B, n={n}: output {i} of token {k} differs from a one-token launch's"
+                            );
+                        }
+                    }
+                }
+            }
+            g.set_mvq_tma_min_bytes(50 << 20);
+            rows.push(format!(
+                "{layout:<6} fast {fast}: 2 and 3 tokens, each with its one-token bits (8 products, staged at 50 MB, always, never)"
+            ));
+        }
+        g.set_fast_mode(false).unwrap();
+    }
+    g.set_mvq_tokens(1);
+    println!("{}", rows.join("\n"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn lean_few_token_products_give_the_default_bits() {
     let Some(g) = gpu() else { return };
