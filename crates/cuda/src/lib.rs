@@ -250,48 +250,53 @@ const MVQ_MAX_COLS: usize = 640 / 8 * 256;
 /// The most tokens of the x-stationary kernels' few-token forms (`_n2`, `_n3` in matvec.cu).
 const MVQ_MAX_TOKENS: usize = 3;
 
-/// The form of x-stationary kernel `name` for `nt` tokens (kernels/matvec.cu `MVQ_Q4_FEW`,
-/// `MVQ_Q6_FEW`, `MVQ_GROUP`, `MVQ_TMA4`, `MVQ_TMA6`): `name` itself for one token.
+macro_rules! mvq_few_table {
+    ($($base:literal),* $(,)?) => {
+        /// The x-stationary kernels that have few-token forms, each with its 2- and 3-token forms
+        /// (kernels/matvec.cu `MVQ_Q4_FEW`, `MVQ_Q6_FEW`, `MVQ_GROUP`, `MVQ_TMA4`, `MVQ_TMA6`).
+        pub const MVQ_FEW_KERNELS: &[(&str, &str, &str)] =
+            &[$(($base, concat!($base, "_n2"), concat!($base, "_n3"))),*];
+    };
+}
+mvq_few_table!(
+    "mvq_q4_k",
+    "mvq_q4_k_split",
+    "mvq_q4_k_pair",
+    "mvq_q4_k_p2",
+    "mvq_q4_k_split_p2",
+    "mvq_q4_k_pair_p2",
+    "mvq_q4_k_group",
+    "mvq_q4_k_group_p2",
+    "mvq_q6_k",
+    "mvq_q6_k_split",
+    "mvq_q6_k_pair",
+    "mvq_q6_k_p2",
+    "mvq_q6_k_split_p2",
+    "mvq_q6_k_pair_p2",
+    "mvq_q4_k_tma",
+    "mvq_q4_k_split_tma",
+    "mvq_q4_k_pair_tma",
+    "mvq_q4_k_tma_p2",
+    "mvq_q4_k_split_tma_p2",
+    "mvq_q4_k_pair_tma_p2",
+    "mvq_q6_k_tma",
+    "mvq_q6_k_split_tma",
+    "mvq_q6_k_pair_tma",
+    "mvq_q6_k_tma_p2",
+    "mvq_q6_k_split_tma_p2",
+    "mvq_q6_k_pair_tma_p2",
+);
+
+/// The form of x-stationary kernel `name` for `nt` tokens (`MVQ_FEW_KERNELS`): `name` itself for
+/// one token.
 fn mvq_few_name(name: &'static str, nt: usize) -> Result<&'static str> {
-    macro_rules! few {
-        ($($base:literal),* $(,)?) => {
-            match (name, nt) {
-                (_, 1) => return Ok(name),
-                $(($base, 2) => return Ok(concat!($base, "_n2")),
-                  ($base, 3) => return Ok(concat!($base, "_n3")),)*
-                _ => {}
-            }
-        };
+    let few = MVQ_FEW_KERNELS.iter().find(|k| k.0 == name);
+    match (nt, few) {
+        (1, _) => Ok(name),
+        (2, Some(k)) => Ok(k.1),
+        (3, Some(k)) => Ok(k.2),
+        _ => Err(Error::Backend(format!("no {nt}-token form of {name}"))),
     }
-    few!(
-        "mvq_q4_k",
-        "mvq_q4_k_split",
-        "mvq_q4_k_pair",
-        "mvq_q4_k_p2",
-        "mvq_q4_k_split_p2",
-        "mvq_q4_k_pair_p2",
-        "mvq_q4_k_group",
-        "mvq_q4_k_group_p2",
-        "mvq_q6_k",
-        "mvq_q6_k_split",
-        "mvq_q6_k_pair",
-        "mvq_q6_k_p2",
-        "mvq_q6_k_split_p2",
-        "mvq_q6_k_pair_p2",
-        "mvq_q4_k_tma",
-        "mvq_q4_k_split_tma",
-        "mvq_q4_k_pair_tma",
-        "mvq_q4_k_tma_p2",
-        "mvq_q4_k_split_tma_p2",
-        "mvq_q4_k_pair_tma_p2",
-        "mvq_q6_k_tma",
-        "mvq_q6_k_split_tma",
-        "mvq_q6_k_pair_tma",
-        "mvq_q6_k_tma_p2",
-        "mvq_q6_k_split_tma_p2",
-        "mvq_q6_k_pair_tma_p2",
-    );
-    Err(Error::Backend(format!("no {nt}-token form of {name}")))
 }
 /// The most stages of the TMA-staged one-token kernels (MVQ_TMA_MAX_STAGES in matvec.cu).
 const MVQ_TMA_MAX_STAGES: usize = 8;

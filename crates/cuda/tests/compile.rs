@@ -110,6 +110,15 @@ fn every_kernel_source_compiles_for_sm_90() {
             entries.len()
         );
     }
+    // Every few-token form the backend may name, and its one-token kernel.
+    for &(one, two, three) in muser_cuda::MVQ_FEW_KERNELS {
+        for want in [one, two, three] {
+            assert!(
+                entries.iter().any(|e| e == want),
+                "x-stationary kernel {want} missing"
+            );
+        }
+    }
     println!(
         "compiled {} kernels from {} sources",
         entries.len(),
