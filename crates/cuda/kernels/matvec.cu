@@ -511,11 +511,12 @@ __device__ __forceinline__ float warp_sum4(const float (&v)[4], int lane) {
 
 // The end of a step: each of the MVQ_R partial rows summed over the block (within the warp by
 // warp_sum4, then warps in order), one smem slot per warp, double-buffered by step parity (a warp can
-// only overwrite this step's slots after the next barrier, which threads 0..STEP-1 reach after
+// only overwrite this step's slots after the next barrier, which threads 0..NT STEP-1 reach after
 // reading them). FUSED: slots STEP.. hold the up rows and y gets the SwiGLU (the swiglu kernel's
 // expression). NT tokens (the few-token forms, not FUSED): acc[k] is token k's, its rows go to
-// y + k ystride, each summed exactly as a one-token launch sums it (the same bits). MVQ_SUM4=0 (a measurement define): each row by its own butterfly (warp_sum), 20
-// shuffles a step instead of 5; another fixed order, so other bits.
+// y + k ystride, each summed exactly as a one-token launch sums it (the same bits). MVQ_SUM4=0
+// (a measurement define): each row by its own butterfly (warp_sum), 20 shuffles a step instead
+// of 5; another fixed order, so other bits.
 #ifndef MVQ_SUM4
 #define MVQ_SUM4 1
 #endif
@@ -843,7 +844,7 @@ __device__ __forceinline__ int dp4a_su(u32 a, u32 b, int c) { int d; asm("dp4a.s
 
 // A Q6_K lane's activations (block b, half n, 8 positions k8 of each quarter) as digit planes
 // and scales, runs of 8 (mvq_q6_k and its staged form), and for each plane and quarter -32 times
-// the sum of its 8 digits (xc: signed for the top plane, unsigned below it), where q6_dot's
+// the sum of its 8 digits (xc: signed for the top plane, unsigned below it), where q6_dot_codes'
 // integer sums start.
 template <int P>
 __device__ __forceinline__ void q6_x_digits(const float* __restrict__ x, int b, int n, int k8, u32 (&x0)[4][2], u32 (&x1)[4][2],
@@ -863,13 +864,14 @@ __device__ __forceinline__ void q6_x_digits(const float* __restrict__ x, int b, 
     }
 }
 
-// One Q6_K row's part for a lane (8 positions x 4 quarters of one block). The weights are
-// q - 32 with q the 6-bit code (low nibble from l0 or l1, 2-bit top from h): sum (q - 32) X =
-// sum q X - 32 sum X, the same integer, so each plane's dp4a sum over the raw codes starts at xc
-// (q6_x_digits) and no bytewise subtraction is needed (|S0|, |S1| <= 8 * 32 * 255, 256 S1 + S0
-// < 2^24, exact in f32; the u32 sums wrap to the exact signed value). Each quarter adds
-// d sc (q . X) 2^(E-B) in order. mvq_q6_k and its staged form share it (the same bits).
-// The lane's 6-bit codes of the four quarters (q6_dot), made once for all the tokens of a launch.
+// One Q6_K row's part for a lane (8 positions x 4 quarters of one block): q6_codes makes the
+// lane's 6-bit codes of the four quarters once for all the tokens of a launch, q6_dot_codes a
+// token's dot with them. The weights are q - 32 with q the 6-bit code (low nibble from l0 or l1,
+// 2-bit top from h): sum (q - 32) X = sum q X - 32 sum X, the same integer, so each plane's dp4a
+// sum over the raw codes starts at xc (q6_x_digits) and no bytewise subtraction is needed (|S0|,
+// |S1| <= 8 * 32 * 255, 256 S1 + S0 < 2^24, exact in f32; the u32 sums wrap to the exact signed
+// value). Each quarter adds d sc (q . X) 2^(E-B) in order. mvq_q6_k and its staged form share
+// them (the same bits).
 __device__ __forceinline__ void q6_codes(uint2 l0, uint2 l1, uint2 h, u32 (&qv)[4][2]) {
     const u32 lw0[2] = {l0.x, l0.y}, lw1[2] = {l1.x, l1.y}, hw[2] = {h.x, h.y};
 #pragma unroll
@@ -903,17 +905,9 @@ __device__ __forceinline__ float q6_dot_codes(const u32 (&qv)[4][2], u32 scw, fl
     }
     return a;
 }
-template <int P>
-__device__ __forceinline__ float q6_dot(uint2 l0, uint2 l1, uint2 h, u32 scw, float d, const u32 (&x0)[4][2],
-                                        const u32 (&x1)[4][2], const u32 (&x2)[4][2], const float (&xsc)[4],
-                                        const int (&xc)[3][4]) {
-    u32 qv[4][2];
-    q6_codes(l0, l1, h, qv);
-    return q6_dot_codes<P>(qv, scw, d, x0, x1, x2, xsc, xc);
-}
 
 // Q6_K (structure of arrays, as mv_q6_k): 8 lanes per block, each 8 positions x 4 quarters;
-// sum (q - 32) X exact in integers (q6_dot). NT tokens: as mvq_q4_k's.
+// sum (q - 32) X exact in integers (q6_dot_codes). NT tokens: as mvq_q4_k's.
 template <bool PF, bool PAIR = false, bool SPLIT = false, int P = 3, int NT = 1>
 __device__ __forceinline__ void mvq_q6_k(const u8* __restrict__ W, const u8* __restrict__ W2, long long nbt, const float* __restrict__ x,
                                          float* __restrict__ y, float* __restrict__ y2, int rows, int cols, int rpb,

@@ -1825,9 +1825,10 @@ impl CudaBackend {
         ((w.cols / 256 * 8) as u32).div_ceil(32) * 32
     }
 
-    /// Whether `w` and `w2` can share a pair launch of the x-stationary kernels at one token:
-    /// one shape and format, blocks of at most 256 threads (the `_pair` kernels), and rows a
-    /// multiple of the kernels' step so no step straddles the two matrices.
+    /// Whether `w` and `w2` can share a pair launch of the x-stationary kernels (one token, or a
+    /// few in their few-token forms): one shape and format, blocks of at most 256 threads (the
+    /// `_pair` kernels), and rows a multiple of the kernels' step so no step straddles the two
+    /// matrices.
     fn mvq_pair_for(w: &CudaMatrix, w2: &CudaMatrix) -> bool {
         Self::mvq_stackable(w) && (w.ty, w.rows, w.cols) == (w2.ty, w2.rows, w2.cols)
     }
@@ -2037,13 +2038,14 @@ impl CudaBackend {
         )
     }
 
-    /// One token through an x-stationary kernel: blocks as wide as the matrix (8 threads per
-    /// 256 columns), one wave of resident blocks, each taking a run of consecutive rows. With
-    /// `up`, `w` is the FFN gate and the kernel writes silu(gate x) * (up x). With `second` =
-    /// (W2, out2) (`mvq_pair_for`), out2 = W2 x in the same launch, the blocks' rows running over
-    /// W's and then W2's (each row's bits as alone, where the launch alone takes the same kernel
-    /// family). On sm_90, launches of at least `mvq_tma_min_bytes` of weights (a pair counts
-    /// both) take the TMA-staged forms (`matvec_q_tma`); the rest the register forms.
+    /// Tokens t..t + nt through an x-stationary kernel (nt > 1: its few-token form, each token's
+    /// bits as alone; not fused, at most 256 threads a block): blocks as wide as the matrix (8
+    /// threads per 256 columns), one wave of resident blocks, each taking a run of consecutive
+    /// rows. With `up`, `w` is the FFN gate and the kernel writes silu(gate x) * (up x). With
+    /// `second` = (W2, out2) (`mvq_pair_for`), out2 = W2 x in the same launch, the blocks' rows
+    /// running over W's and then W2's (each row's bits as alone, where the launch alone takes the
+    /// same kernel family). On sm_90, launches of at least `mvq_tma_min_bytes` of weights (a pair
+    /// counts both) take the TMA-staged forms (`matvec_q_tma`); the rest the register forms.
     fn matvec_q(
         &self,
         w: &CudaMatrix,
@@ -4609,10 +4611,13 @@ impl Backend for CudaBackend {
             );
         }
         // Two matrices of one shape and format on the tensor-core kernels: one pair launch
-        // (each product's bits as alone in the batch-invariant mode), else one after the other.
+        // (each product's bits as alone in the batch-invariant mode), else one after the other
+        // (also where each alone takes a few-token form that cannot pair: `matmul` gives each
+        // token its one-token bits).
         let pair = x.cols == w1.cols
             && (w1.ty, w1.rows, w1.cols) == (w2.ty, w2.rows, w2.cols)
             && self.mmq_route(w1, x.rows)
+            && !(self.mvq_few_for(w1, x.rows) && self.mvq_few_for(w2, x.rows))
             && self.mmq_pairs.load(std::sync::atomic::Ordering::Relaxed);
         if !pair {
             self.matmul(w1, x, out1)?;
@@ -4660,8 +4665,8 @@ impl Backend for CudaBackend {
                 },
             );
         }
-        // One token: the Q4_K members of at most 256 threads' width (the x-stationary kernels)
-        // in one group launch, each row's bits as alone; the rest one by one.
+        // One token (or a few: `mvq_few`): the Q4_K members of at most 256 threads' width (the
+        // x-stationary kernels) in one group launch, each row's bits as alone; the rest one by one.
         if ws.len() == outs.len() && ws.len() <= 4 && self.group_ok(ws, x) {
             let (grouped, rest): (Vec<usize>, Vec<usize>) =
                 (0..ws.len()).partition(|&i| Self::mvq_group_member(ws[i], x));

@@ -3395,18 +3395,12 @@ fn guesses_on_the_device_sample_plain_decodings_tokens() {
     );
 }
 
-/// The lean launches of a few tokens' tensor-core products (`set_mmq_lean`: a split's ranges added
-/// by its last blocks instead of mmq_reduce launches, the activation planes made for the launch's
-/// block tokens instead of 64, x's planes made once per `matmul_group`) give the default launches'
-/// bits: one matrix (the FFN's down projection of the 30B's widths, whose column ranges split in
-/// `--mode fast`), a pair (gate and up) and the attention's group of four, at token counts from 2
-/// to 160 (two grid layers of 64 and a launch of 32), twice in a row (the split's counters left at
-/// zero), in both modes and both file layouts.
 /// The x-stationary kernels' few-token forms (`set_mvq_tokens`, `mvq_*_n2`, `_n3`): each token's
 /// outputs carry the bits of a one-token launch on that token alone, for every product of a
 /// layer (the FFN's down projection column-split, its gate and up as a pair, the attention's
-/// group, O, the LM head), Q4_K and Q6_K, both modes, with the staged forms at their default
-/// threshold, for every launch, and for none.
+/// group, V with itself as a pair, O, the LM head), Q4_K and Q6_K, both modes, with the staged
+/// forms at their default threshold, for every launch, and for none; and the same tokens on the
+/// tensor-core kernels give other bits (so the route to the few-token forms is what is tested).
 #[test]
 fn few_token_products_give_each_token_its_one_token_bits() {
     let Some(g) = gpu() else { return };
@@ -3451,6 +3445,12 @@ fn few_token_products_give_each_token_its_one_token_bits() {
             for y in &ys {
                 outs.push(g.read(y).unwrap());
             }
+            // V with itself as a pair (Q6_K in q4_k_m: the Q6_K pair forms).
+            let v = &attn[3];
+            let (mut y1, mut y2) = (g.act(n, v.rows).unwrap(), g.act(n, v.rows).unwrap());
+            g.matmul_pair(v, v, &xh, &mut y1, &mut y2).unwrap();
+            outs.push(g.read(&y1).unwrap());
+            outs.push(g.read(&y2).unwrap());
             let mut y = g.act(n, o.rows).unwrap();
             g.matmul(&o, &xo, &mut y).unwrap();
             outs.push(g.read(&y).unwrap());
@@ -3473,6 +3473,12 @@ fn few_token_products_give_each_token_its_one_token_bits() {
                     g.set_mvq_tokens(3);
                     let got = run(n, [&xh, &xf, &xo]);
                     g.set_mvq_tokens(1);
+                    // The same tokens on the tensor-core kernels differ: equal bits below come
+                    // from the few-token forms, not from a route that missed them.
+                    assert!(
+                        run(n, [&xh, &xf, &xo]) != got,
+                        "{layout} fast {fast} n={n}: the tensor-core products gave the few-token forms' bits"
+                    );
                     for k in 0..n {
                         let row = |v: &Vec<f32>| v[k * v.len() / n..(k + 1) * v.len() / n].to_vec();
                         let want = run(1, [&row(&xh), &row(&xf), &row(&xo)]);
@@ -3488,7 +3494,7 @@ fn few_token_products_give_each_token_its_one_token_bits() {
             }
             g.set_mvq_tma_min_bytes(50 << 20);
             rows.push(format!(
-                "{layout:<6} fast {fast}: 2 and 3 tokens, each with its one-token bits (8 products, staged at 50 MB, always, never)"
+                "{layout:<6} fast {fast}: 2 and 3 tokens, each with its one-token bits (11 outputs of 9 launches, staged at 50 MB, always, never)"
             ));
         }
         g.set_fast_mode(false).unwrap();
@@ -3498,6 +3504,13 @@ fn few_token_products_give_each_token_its_one_token_bits() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The lean launches of a few tokens' tensor-core products (`set_mmq_lean`: a split's ranges added
+/// by its last blocks instead of mmq_reduce launches, the activation planes made for the launch's
+/// block tokens instead of 64, x's planes made once per `matmul_group`) give the default launches'
+/// bits: one matrix (the FFN's down projection of the 30B's widths, whose column ranges split in
+/// `--mode fast`), a pair (gate and up) and the attention's group of four, at token counts from 2
+/// to 160 (two grid layers of 64 and a launch of 32), twice in a row (the split's counters left at
+/// zero), in both modes and both file layouts.
 #[test]
 fn lean_few_token_products_give_the_default_bits() {
     let Some(g) = gpu() else { return };
