@@ -626,6 +626,35 @@ __device__ __forceinline__ void mvq_load_q4k(const u8* __restrict__ W, const u8*
     }
 }
 
+// A lane's 16 bytes of Q4_K codes (32 weights) against one token's digits: the low nibbles with
+// (l0, l1, l2), the high ones taken in place as 16 q (q4_hi) with (h0, h1, h2); each sum exact in
+// integers (dp4a), then one rounding to f32 times its run's scale (lsc, hsc). The register and
+// staged Q4_K kernels share it.
+// Three planes: sum q X = 65536 S2 + (256 S1 + S0): S0, S1 <= 16 * 15 * 255, so the second term
+// is below 2^24 and exact in f32; one rounding in the fma. Two: 256 S1 + S0 with |S1| <= 16 * 15
+// * 64, exact. The high nibbles' sums are 16 times these (q4_hi): still exact, the same rounding
+// scaled by 16, undone by hsc / 16.
+template <int P>
+__device__ __forceinline__ void q4_dots(const u32 (&q)[4], const u32 (&l0)[4], const u32 (&l1)[4], const u32 (&l2)[4],
+                                        const u32 (&h0)[4], const u32 (&h1)[4], const u32 (&h2)[4], float lsc, float hsc,
+                                        float& qx_lo, float& qx_hi) {
+    u32 a0 = 0, a1 = 0, c0 = 0, c1 = 0;
+    int a2 = 0, c2 = 0;
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        const u32 lo = q[w] & 0x0F0F0F0Fu, hi = q[w] & 0xF0F0F0F0u;  // hi: 16 q (q4_hi)
+        if (P == 3) {
+            a0 = dp4a_uu(lo, l0[w], a0); a1 = dp4a_uu(lo, l1[w], a1); a2 = dp4a_ss(lo, l2[w], a2);
+            c0 = dp4a_uu(hi, h0[w], c0); c1 = dp4a_uu(hi, h1[w], c1); c2 = dp4a_us(hi, h2[w], c2);
+        } else {  // the top plane (signed) is the second
+            a0 = dp4a_uu(lo, l0[w], a0); a2 = dp4a_ss(lo, l1[w], a2);
+            c0 = dp4a_uu(hi, h0[w], c0); c2 = dp4a_us(hi, h1[w], c2);
+        }
+    }
+    qx_lo = (P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0)) : fmaf(256.0f, (float)a2, (float)(int)a0)) * lsc;
+    qx_hi = (P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0)) : fmaf(256.0f, (float)c2, (float)(int)c0)) * hsc;
+}
+
 // Q4_K: 8 lanes per 256-weight block, each 16 bytes of codes: weights 64j + 16h + [0, 16) from the
 // low nibbles and 32 later from the high ones (j = sub / 2, h = sub % 2).
 // q4_hi: the high nibbles are taken in place (code & 0xF0, that is 16 q: one AND a word instead of
@@ -715,27 +744,8 @@ __device__ __forceinline__ void mvq_q4_k(const u8* __restrict__ W, const u8* __r
             scale_min_pair(j, hd[r].y, hd[r].z, hd[r].w, &sa, &ma, &sb, &mb);
 #pragma unroll
             for (int k = 0; k < NT; k++) {
-                u32 a0 = 0, a1 = 0, c0 = 0, c1 = 0;
-                int a2 = 0, c2 = 0;
-#pragma unroll
-                for (int w = 0; w < 4; w++) {
-                    const u32 lo = q[w] & 0x0F0F0F0Fu, hi = q[w] & 0xF0F0F0F0u;  // hi: 16 q (q4_hi)
-                    if (P == 3) {
-                        a0 = dp4a_uu(lo, l0[k][w], a0); a1 = dp4a_uu(lo, l1[k][w], a1); a2 = dp4a_ss(lo, l2[k][w], a2);
-                        c0 = dp4a_uu(hi, h0[k][w], c0); c1 = dp4a_uu(hi, h1[k][w], c1); c2 = dp4a_us(hi, h2[k][w], c2);
-                    } else {  // the top plane (signed) is d1
-                        a0 = dp4a_uu(lo, l0[k][w], a0); a2 = dp4a_ss(lo, l1[k][w], a2);
-                        c0 = dp4a_uu(hi, h0[k][w], c0); c2 = dp4a_us(hi, h1[k][w], c2);
-                    }
-                }
-                // Three planes: sum q X = 65536 S2 + (256 S1 + S0): S0, S1 <= 16 * 15 * 255, so the
-                // second term is below 2^24 and exact in f32; one rounding in the fma. Two: 256 S1 +
-                // S0 with |S1| <= 16 * 15 * 64, exact. The high nibbles' sums are 16 times these
-                // (q4_hi): still exact, the same rounding scaled by 16, undone by hsc / 16.
-                const float qx_lo = (P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0))
-                                            : fmaf(256.0f, (float)a2, (float)(int)a0)) * lsc[k];
-                const float qx_hi = (P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0))
-                                            : fmaf(256.0f, (float)c2, (float)(int)c0)) * hsc[k];
+                float qx_lo, qx_hi;
+                q4_dots<P>(q, l0[k], l1[k], l2[k], h0[k], h1[k], h2[k], lsc[k], hsc[k], qx_lo, qx_hi);
                 // w = d sc q - dmin m
                 acc[k][r] = on ? ((d * sa) * qx_lo - (dm * ma) * lsum[k]) + ((d * sb) * qx_hi - (dm * mb) * hsum[k]) : 0.0f;
             }
@@ -1131,24 +1141,9 @@ __device__ __forceinline__ void mvq_q4_k_tma(const u8* __restrict__ W, const u8*
                 for (int h = 0; h < 2; h++) {
                     const uint4 qq = h ? qb : qa;
                     const u32 q[4] = {qq.x, qq.y, qq.z, qq.w};
-                    u32 a0 = 0, a1 = 0, c0 = 0, c1 = 0;
-                    int a2 = 0, c2 = 0;
-#pragma unroll
-                    for (int w = 0; w < 4; w++) {
-                        const u32 lo = q[w] & 0x0F0F0F0Fu, hi = q[w] & 0xF0F0F0F0u;  // hi: 16 q (q4_hi)
-                        if (P == 3) {
-                            a0 = dp4a_uu(lo, d0[t][h][w], a0); a1 = dp4a_uu(lo, d1[t][h][w], a1); a2 = dp4a_ss(lo, d2[t][h][w], a2);
-                            c0 = dp4a_uu(hi, d0[t][h + 2][w], c0); c1 = dp4a_uu(hi, d1[t][h + 2][w], c1); c2 = dp4a_us(hi, d2[t][h + 2][w], c2);
-                        } else {  // the top plane (signed) is d1
-                            a0 = dp4a_uu(lo, d0[t][h][w], a0); a2 = dp4a_ss(lo, d1[t][h][w], a2);
-                            c0 = dp4a_uu(hi, d0[t][h + 2][w], c0); c2 = dp4a_us(hi, d1[t][h + 2][w], c2);
-                        }
-                    }
-                    // As mvq_q4_k: exact integer sums, one rounding in the fma.
-                    qx[h] = (P == 3 ? fmaf(65536.0f, (float)a2, (float)(int)(256u * a1 + a0))
-                                    : fmaf(256.0f, (float)a2, (float)(int)a0)) * xsc[t][h];
-                    qx[h + 2] = (P == 3 ? fmaf(65536.0f, (float)c2, (float)(int)(256u * c1 + c0))
-                                        : fmaf(256.0f, (float)c2, (float)(int)c0)) * xsc[t][h + 2];
+                    // As mvq_q4_k.
+                    q4_dots<P>(q, d0[t][h], d1[t][h], d2[t][h], d0[t][h + 2], d1[t][h + 2], d2[t][h + 2], xsc[t][h],
+                               xsc[t][h + 2], qx[h], qx[h + 2]);
                 }
                 // w = d sc q - dmin m, over sub-blocks 2j (runs 0, 1) and 2j + 1 (runs 2, 3).
                 acc[t][r] = on ? ((d * sa) * (qx[0] + qx[1]) - (dm * ma) * xsum_a[t]) + ((d * sb) * (qx[2] + qx[3]) - (dm * mb) * xsum_b[t])

@@ -3395,6 +3395,48 @@ fn guesses_on_the_device_sample_plain_decodings_tokens() {
     );
 }
 
+/// `n` rows of `cols` values from `v`, on the device.
+fn act_of(g: &CudaBackend, n: usize, cols: usize, v: &[f32]) -> muser_cuda::CudaAct {
+    let mut a = g.act(n, cols).unwrap();
+    g.stream.memcpy_htod(v, xg_data(&mut a)).unwrap();
+    a
+}
+
+/// The products of a layer that the few-token tests launch, every output in order: the FFN's
+/// down projection of `xf`, its gate and up as a pair of `xh`, the attention's group of four of
+/// `xh` (n tokens each).
+fn ffn_attn_outputs(
+    g: &CudaBackend,
+    n: usize,
+    (down, gate, up): (
+        &muser_cuda::CudaMatrix,
+        &muser_cuda::CudaMatrix,
+        &muser_cuda::CudaMatrix,
+    ),
+    attn: &[muser_cuda::CudaMatrix; 4],
+    xh: &muser_cuda::CudaAct,
+    xf: &muser_cuda::CudaAct,
+) -> Vec<Vec<f32>> {
+    let mut outs = Vec::new();
+    let mut y = g.act(n, down.rows).unwrap();
+    g.matmul(down, xf, &mut y).unwrap();
+    outs.push(g.read(&y).unwrap());
+    let (mut y1, mut y2) = (g.act(n, gate.rows).unwrap(), g.act(n, up.rows).unwrap());
+    g.matmul_pair(gate, up, xh, &mut y1, &mut y2).unwrap();
+    outs.push(g.read(&y1).unwrap());
+    outs.push(g.read(&y2).unwrap());
+    let mut ys: Vec<_> = attn.iter().map(|w| g.act(n, w.rows).unwrap()).collect();
+    {
+        let refs: Vec<&muser_cuda::CudaMatrix> = attn.iter().collect();
+        let mut orefs: Vec<&mut muser_cuda::CudaAct> = ys.iter_mut().collect();
+        g.matmul_group(&refs, xh, &mut orefs).unwrap();
+    }
+    for y in &ys {
+        outs.push(g.read(y).unwrap());
+    }
+    outs
+}
+
 /// The x-stationary kernels' few-token forms (`set_mvq_tokens`, `mvq_*_n2`, `_n3`): each token's
 /// outputs carry the bits of a one-token launch on that token alone, for every product of a
 /// layer (the FFN's down projection column-split, its gate and up as a pair, the attention's
@@ -3422,29 +3464,12 @@ fn few_token_products_give_each_token_its_one_token_bits() {
         // Every output of a layer's launches for the n rows of `xs` (x of 6656 columns, the
         // down projection's input, O's input), in order.
         let run = |n: usize, xs: [&[f32]; 3]| -> Vec<Vec<f32>> {
-            let act = |v: &[f32], cols: usize| {
-                let mut a = g.act(n, cols).unwrap();
-                g.stream.memcpy_htod(v, xg_data(&mut a)).unwrap();
-                a
-            };
-            let (xh, xf, xo) = (act(xs[0], 6656), act(xs[1], down.cols), act(xs[2], o.cols));
-            let mut outs = Vec::new();
-            let mut y = g.act(n, down.rows).unwrap();
-            g.matmul(&down, &xf, &mut y).unwrap();
-            outs.push(g.read(&y).unwrap());
-            let (mut y1, mut y2) = (g.act(n, gate.rows).unwrap(), g.act(n, upm.rows).unwrap());
-            g.matmul_pair(&gate, &upm, &xh, &mut y1, &mut y2).unwrap();
-            outs.push(g.read(&y1).unwrap());
-            outs.push(g.read(&y2).unwrap());
-            let mut ys: Vec<_> = attn.iter().map(|w| g.act(n, w.rows).unwrap()).collect();
-            {
-                let refs: Vec<&muser_cuda::CudaMatrix> = attn.iter().collect();
-                let mut orefs: Vec<&mut muser_cuda::CudaAct> = ys.iter_mut().collect();
-                g.matmul_group(&refs, &xh, &mut orefs).unwrap();
-            }
-            for y in &ys {
-                outs.push(g.read(y).unwrap());
-            }
+            let (xh, xf, xo) = (
+                act_of(&g, n, 6656, xs[0]),
+                act_of(&g, n, down.cols, xs[1]),
+                act_of(&g, n, o.cols, xs[2]),
+            );
+            let mut outs = ffn_attn_outputs(&g, n, (&down, &gate, &upm), &attn, &xh, &xf);
             // V with itself as a pair (Q6_K in q4_k_m: the Q6_K pair forms).
             let v = &attn[3];
             let (mut y1, mut y2) = (g.act(n, v.rows).unwrap(), g.act(n, v.rows).unwrap());
@@ -3533,34 +3558,14 @@ fn lean_few_token_products_give_the_default_bits() {
             for n in [2usize, 3, 9, 17, 40, 64, 160] {
                 // Every output of the three launches, in order.
                 let run = || -> Vec<Vec<f32>> {
-                    let mut outs = Vec::new();
                     let x = |cols: usize| -> muser_cuda::CudaAct {
                         let v: Vec<f32> = (0..n * cols)
                             .map(|i| ((i * 7919 % 2003) as f32 / 1001.5 - 1.0) * 0.8)
                             .collect();
-                        let mut a = g.act(n, cols).unwrap();
-                        g.stream.memcpy_htod(&v, xg_data(&mut a)).unwrap();
-                        a
+                        act_of(&g, n, cols, &v)
                     };
                     let (xf, xh) = (x(down.cols), x(6656));
-                    let mut y = g.act(n, down.rows).unwrap();
-                    g.matmul(&down, &xf, &mut y).unwrap();
-                    outs.push(g.read(&y).unwrap());
-                    let (mut y1, mut y2) =
-                        (g.act(n, gate.rows).unwrap(), g.act(n, upm.rows).unwrap());
-                    g.matmul_pair(&gate, &upm, &xh, &mut y1, &mut y2).unwrap();
-                    outs.push(g.read(&y1).unwrap());
-                    outs.push(g.read(&y2).unwrap());
-                    let mut ys: Vec<_> = attn.iter().map(|w| g.act(n, w.rows).unwrap()).collect();
-                    {
-                        let refs: Vec<&muser_cuda::CudaMatrix> = attn.iter().collect();
-                        let mut orefs: Vec<&mut muser_cuda::CudaAct> = ys.iter_mut().collect();
-                        g.matmul_group(&refs, &xh, &mut orefs).unwrap();
-                    }
-                    for y in &ys {
-                        outs.push(g.read(y).unwrap());
-                    }
-                    outs
+                    ffn_attn_outputs(&g, n, (&down, &gate, &upm), &attn, &xh, &xf)
                 };
                 g.set_mmq_lean(false);
                 let want = run();
