@@ -511,7 +511,7 @@ __device__ __forceinline__ float warp_sum4(const float (&v)[4], int lane) {
 
 // The end of a step: each of the MVQ_R partial rows summed over the block (within the warp by
 // warp_sum4, then warps in order), one smem slot per warp, double-buffered by step parity (a warp can
-// only overwrite this step's slots after the next barrier, which threads 0..NT STEP-1 reach after
+// only overwrite this step's slots after the next barrier, which threads 0..NT*STEP-1 reach after
 // reading them). FUSED: slots STEP.. hold the up rows and y gets the SwiGLU (the swiglu kernel's
 // expression). NT tokens (the few-token forms, not FUSED): acc[k] is token k's, its rows go to
 // y + k ystride, each summed exactly as a one-token launch sums it (the same bits). MVQ_SUM4=0

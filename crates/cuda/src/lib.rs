@@ -4612,12 +4612,12 @@ impl Backend for CudaBackend {
         }
         // Two matrices of one shape and format on the tensor-core kernels: one pair launch
         // (each product's bits as alone in the batch-invariant mode), else one after the other
-        // (also where each alone takes a few-token form that cannot pair: `matmul` gives each
-        // token its one-token bits).
+        // (also where they take a few-token form, which cannot pair here: `matmul` gives each
+        // token its one-token bits; `mvq_few_for` reads only the format and width, w2's too).
         let pair = x.cols == w1.cols
             && (w1.ty, w1.rows, w1.cols) == (w2.ty, w2.rows, w2.cols)
             && self.mmq_route(w1, x.rows)
-            && !(self.mvq_few_for(w1, x.rows) && self.mvq_few_for(w2, x.rows))
+            && !self.mvq_few_for(w1, x.rows)
             && self.mmq_pairs.load(std::sync::atomic::Ordering::Relaxed);
         if !pair {
             self.matmul(w1, x, out1)?;

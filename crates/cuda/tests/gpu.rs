@@ -3402,6 +3402,19 @@ fn act_of(g: &CudaBackend, n: usize, cols: usize, v: &[f32]) -> muser_cuda::Cuda
     a
 }
 
+/// `w1 x` and `w2 x` through one `matmul_pair` (n tokens), read back.
+fn pair_outputs(
+    g: &CudaBackend,
+    n: usize,
+    w1: &muser_cuda::CudaMatrix,
+    w2: &muser_cuda::CudaMatrix,
+    x: &muser_cuda::CudaAct,
+) -> [Vec<f32>; 2] {
+    let (mut y1, mut y2) = (g.act(n, w1.rows).unwrap(), g.act(n, w2.rows).unwrap());
+    g.matmul_pair(w1, w2, x, &mut y1, &mut y2).unwrap();
+    [g.read(&y1).unwrap(), g.read(&y2).unwrap()]
+}
+
 /// The products of a layer that the few-token tests launch, every output in order: the FFN's
 /// down projection of `xf`, its gate and up as a pair of `xh`, the attention's group of four of
 /// `xh` (n tokens each).
@@ -3421,10 +3434,7 @@ fn ffn_attn_outputs(
     let mut y = g.act(n, down.rows).unwrap();
     g.matmul(down, xf, &mut y).unwrap();
     outs.push(g.read(&y).unwrap());
-    let (mut y1, mut y2) = (g.act(n, gate.rows).unwrap(), g.act(n, up.rows).unwrap());
-    g.matmul_pair(gate, up, xh, &mut y1, &mut y2).unwrap();
-    outs.push(g.read(&y1).unwrap());
-    outs.push(g.read(&y2).unwrap());
+    outs.extend(pair_outputs(g, n, gate, up, xh));
     let mut ys: Vec<_> = attn.iter().map(|w| g.act(n, w.rows).unwrap()).collect();
     {
         let refs: Vec<&muser_cuda::CudaMatrix> = attn.iter().collect();
@@ -3471,11 +3481,7 @@ fn few_token_products_give_each_token_its_one_token_bits() {
             );
             let mut outs = ffn_attn_outputs(&g, n, (&down, &gate, &upm), &attn, &xh, &xf);
             // V with itself as a pair (Q6_K in q4_k_m: the Q6_K pair forms).
-            let v = &attn[3];
-            let (mut y1, mut y2) = (g.act(n, v.rows).unwrap(), g.act(n, v.rows).unwrap());
-            g.matmul_pair(v, v, &xh, &mut y1, &mut y2).unwrap();
-            outs.push(g.read(&y1).unwrap());
-            outs.push(g.read(&y2).unwrap());
+            outs.extend(pair_outputs(&g, n, &attn[3], &attn[3], &xh));
             let mut y = g.act(n, o.rows).unwrap();
             g.matmul(&o, &xo, &mut y).unwrap();
             outs.push(g.read(&y).unwrap());
