@@ -138,13 +138,16 @@ fn routing_table() {
     assert_eq!(mul_mat_path(BF16, 20, 1), MatMulPath::VecDot);
 }
 
-/// One token's K-quant dots straight from the row's bytes (AVX2 integer products) against the
-/// same dots over decoded blocks: the same bits, on blocks of random bytes (every byte pattern is
+/// K-quant dots straight from the row's bytes (AVX2 integer products), one token's (`vec_dot`)
+/// and the tiled kernel's (8 tokens or more), against the same dots over decoded blocks: the same bits, on blocks of random bytes (every byte pattern is
 /// a block) and on the extremes (every code at its largest against activations of -128 and 127,
 /// where `maddubs` would saturate if a pair could leave i16).
 #[test]
 fn packed_k_dots_give_the_decoded_bits() {
-    use muser_engine::cpu::ggml::vec_dot::{decode_k_row, vec_dot_k, vec_dot_k_packed};
+    use muser_engine::cpu::ggml::tiled::tiled_dot_k;
+    use muser_engine::cpu::ggml::vec_dot::{
+        decode_k_row, tiled_dot_k_packed, vec_dot_k, vec_dot_k_packed,
+    };
     if !muser_engine::cpu::ggml::lanes::has_avx2_fma() {
         println!("SKIPPED: this CPU has no AVX2 and FMA (the packed path is not taken)");
         return;
@@ -186,8 +189,16 @@ fn packed_k_dots_give_the_decoded_bits() {
                 want.to_bits(),
                 "{ty} case {case}: {got} against {want}"
             );
-            checked += 1;
+            // The tiled kernel's arithmetic (8 tokens or more), from the bytes and decoded.
+            let want = tiled_dot_k(ty, &blocks, &y);
+            let got = tiled_dot_k_packed(ty, &w, &y).expect("the packed path on AVX2");
+            assert_eq!(
+                got.to_bits(),
+                want.to_bits(),
+                "tiled {ty} case {case}: {got} against {want}"
+            );
+            checked += 2;
         }
     }
-    println!("{checked} packed K-quant dots: the decoded path's bits");
+    println!("{checked} packed K-quant dots (one-token and tiled): the decoded path's bits");
 }

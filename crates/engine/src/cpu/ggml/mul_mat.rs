@@ -22,7 +22,8 @@ use super::quantize::{
 use super::sgemm::{sgemm_dot_bf16, sgemm_dot_f16, sgemm_dot_f32};
 use super::tiled::tiled_dot_k;
 use super::vec_dot::{
-    KBlock, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_k, vec_dot_k_packed, vec_dot_q0_q8_0,
+    KBlock, tiled_dot_k_packed, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_k,
+    vec_dot_k_packed, vec_dot_q0_q8_0,
 };
 
 /// Which ggml-cpu kernel computes a mul_mat.
@@ -224,6 +225,12 @@ fn dot(
             // once per token, stays in the cache between them).
             if path == MatMulPath::VecDot
                 && let Some(v) = vec_dot_k_packed(ty, w, y)
+            {
+                return v;
+            }
+            // 8 tokens or more: the tiled kernel's arithmetic from the row's bytes too.
+            if path == MatMulPath::Tiled
+                && let Some(v) = tiled_dot_k_packed(ty, w, y)
             {
                 return v;
             }

@@ -428,10 +428,29 @@ pub fn vec_dot_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> Option<f32> {
     None
 }
 
+/// [`super::tiled::tiled_dot_k`] of a Q4_K, Q5_K or Q6_K row straight from its bytes: each
+/// block's `s1` as the sum of the lanes [`vec_dot_k_packed`] forms (AVX2 integer products), `s2`
+/// from the mins and the Q8_K sums, then the tiled kernel's float steps. `s1` and `s2` are exact
+/// integers however they are summed, and the float steps are the same, so the bits are the same as
+/// from decoded blocks. For products of 8 tokens or more (the tiled path: prompts), whose rows are
+/// read once per token. `None` where the CPU lacks AVX2 or for another type.
+pub fn tiled_dot_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> Option<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if super::lanes::has_avx2_fma()
+        && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+    {
+        // SAFETY: the avx2 and fma target features the function enables are present (checked
+        // just above); it reads only within `x` and `y` (whole blocks, checked inside).
+        return Some(unsafe { packed::tiled_dot(ty, x, y) });
+    }
+    let _ = (ty, x, y);
+    None
+}
+
 #[cfg(target_arch = "x86_64")]
 mod packed {
     use super::{
-        BlockQ8K, GgmlType, QK_K, hsum8, k4_scales_mins, q4k_finish, q5k_finish, q6k_finish,
+        BlockQ8K, GgmlType, QK_K, fma, hsum8, k4_scales_mins, q4k_finish, q5k_finish, q6k_finish,
     };
     use crate::cpu::ggml::lanes::rd_f16;
     use std::arch::x86_64::*;
@@ -536,6 +555,43 @@ mod packed {
         // SAFETY: 32 bytes into an [i32; 8].
         unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, sum) };
         out
+    }
+
+    /// See [`super::tiled_dot_k_packed`]. The caller checked avx2 and fma.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tiled_dot(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> f32 {
+        let bs = ty.type_size();
+        let mut acc = 0.0f32;
+        for (xb, yb) in x.chunks_exact(bs).zip(y) {
+            let res = if ty == GgmlType::Q6_K {
+                let mut sc = [0i32; 16];
+                for (s, &b) in sc.iter_mut().zip(&xb[192..208]) {
+                    *s = b as i8 as i32;
+                }
+                // SAFETY: the caller's avx2 (this function's own target features).
+                let lanes = unsafe { q6k_lanes(xb, &yb.qs, &sc) };
+                // The codes' bias of 32, through the sums of 16 (one per sub-block).
+                let bias: i32 = (0..16).map(|s| sc[s] * yb.bsums[s] as i32).sum();
+                rd_f16(xb, 208) * (lanes.iter().sum::<i32>() - 32 * bias) as f32
+            } else {
+                let (sc, mn) = k4_scales_mins(&xb[4..16]);
+                // SAFETY: as above.
+                let lanes = unsafe {
+                    if ty == GgmlType::Q4_K {
+                        q4k_lanes(&xb[16..144], None, &yb.qs, &sc)
+                    } else {
+                        q4k_lanes(&xb[48..176], Some(&xb[16..48]), &yb.qs, &sc)
+                    }
+                };
+                let s2: i32 = (0..8)
+                    .map(|s| mn[s] * (yb.bsums[2 * s] as i32 + yb.bsums[2 * s + 1] as i32))
+                    .sum();
+                let s1: i32 = lanes.iter().sum();
+                fma(-rd_f16(xb, 2), s2 as f32, rd_f16(xb, 0) * s1 as f32)
+            };
+            acc = fma(res, yb.d, acc);
+        }
+        acc
     }
 
     /// See [`super::vec_dot_k_packed`]. The caller checked avx2 and fma.
