@@ -290,6 +290,12 @@ pub trait Backend: Send + Sync {
     }
     /// After an eager step that `step_record` was asked about: whether it ran to the end.
     fn step_ran(&self, _ok: bool) {}
+    /// Run `ops`, a forward pass's operations issued one after another. A backend whose
+    /// operations run on its own threads runs `ops` on one of them, so that an operation's work
+    /// is not handed to those threads and waited for from outside each time. Default: `ops()`.
+    fn run_ops(&self, ops: &mut (dyn FnMut() -> Result<()> + Send)) -> Result<()> {
+        ops()
+    }
     /// Start recording the step of `batch` (after `step_record` answered `Record`): its token
     /// ids, positions and caches are made available first (the recording does not do it).
     fn record_begin(&self, _batch: &Batch, _caches: &mut [&mut Self::Kv]) -> Result<()> {

@@ -298,7 +298,9 @@ impl<B: Backend> MuseGlimmer<B> {
         };
         match mode {
             StepRecord::Eager => {
-                let run = self.forward_ops(ws, batch, caches, logit_rows);
+                let run = self
+                    .backend
+                    .run_ops(&mut || self.forward_ops(ws, batch, caches, logit_rows));
                 if all_rows {
                     self.backend.step_ran(run.is_ok());
                 }

@@ -146,6 +146,13 @@ impl Backend for CpuBackend {
 
     /// Accurate-mode attention reads each token's own sequence (cpu/attention.rs); parity mode
     /// keeps llama.cpp's single-sequence cell layout.
+    fn run_ops(&self, ops: &mut (dyn FnMut() -> Result<()> + Send)) -> Result<()> {
+        // On a worker of the pool: each operation's `install` then runs in place, and its
+        // parallel loops share the work with the other workers, instead of the calling thread
+        // handing every operation over and sleeping until it is done.
+        self.install(ops)
+    }
+
     fn draws_on_device(&self) -> bool {
         self.row_draws
     }

@@ -449,17 +449,66 @@ pub fn tiled_dot_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> Option<f32>
 
 #[cfg(target_arch = "x86_64")]
 mod packed {
-    use super::{
-        BlockQ8K, GgmlType, QK_K, fma, hsum8, k4_scales_mins, q4k_finish, q5k_finish, q6k_finish,
-    };
+    use super::{BlockQ8K, GgmlType, QK_K, fma, hsum8};
     use crate::cpu::ggml::lanes::rd_f16;
     use std::arch::x86_64::*;
 
+    /// The 8 scales (bytes 0..8) and 8 mins (bytes 8..16) of a Q4_K / Q5_K block from its 12 scale
+    /// bytes, by ggml's `utmp` / `kmask` steps: the values [`super::k4_scales_mins`] gives.
+    #[inline(always)]
+    fn k4_utmp(q: &[u8]) -> [u32; 4] {
+        const K1: u32 = 0x3f3f_3f3f;
+        const K2: u32 = 0x0f0f_0f0f;
+        const K3: u32 = 0x0303_0303;
+        let r = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+        let (u0, u1, u2) = (r(0), r(1), r(2));
+        [
+            u0 & K1,
+            (u2 & K2) | (((u0 >> 6) & K3) << 4),
+            u1 & K1,
+            ((u2 >> 4) & K2) | (((u1 >> 6) & K3) << 4),
+        ]
+    }
+
+    /// A Q4_K / Q5_K block's scales (low 128 bits: 8 x i16) and mins (high 128 bits).
+    #[target_feature(enable = "avx2")]
+    fn k4_scales_mins_v(q: &[u8]) -> __m256i {
+        let u = k4_utmp(q);
+        _mm256_cvtepu8_epi16(_mm_set_epi32(
+            u[3] as i32,
+            u[2] as i32,
+            u[1] as i32,
+            u[0] as i32,
+        ))
+    }
+
+    /// i16 element `k` of each 128-bit half of `v`, in all 16 of that half's elements.
+    #[target_feature(enable = "avx2")]
+    fn bcast16(v: __m256i, k: usize) -> __m256i {
+        let b = (2 * k) as i16;
+        _mm256_shuffle_epi8(v, _mm256_set1_epi16(((b + 1) << 8) | b))
+    }
+
+    /// A Q4_K / Q5_K block's mins against the Q8_K sums (`prod` of ggml's kernels): lane t holds
+    /// `min[2t] * (bsums[4t] + bsums[4t+1]) + min[2t+1] * (bsums[4t+2] + bsums[4t+3])`.
+    #[target_feature(enable = "avx2")]
+    fn k4_min_products_v(ms: __m256i, yb: &BlockQ8K) -> __m128i {
+        // SAFETY: 16 i16 sums, 32 bytes.
+        let bs = unsafe { _mm256_loadu_si256(yb.bsums.as_ptr() as *const __m256i) };
+        let q8s = _mm_hadd_epi16(
+            _mm256_castsi256_si128(bs),
+            _mm256_extracti128_si256::<1>(bs),
+        );
+        _mm_madd_epi16(_mm256_extracti128_si256::<1>(ms), q8s)
+    }
+
     /// Lane sums of one Q4_K block (`qs`: its 128 code bytes; Q5_K: with `qh`, its 32 bytes of
     /// fifth bits) against `y`: lane w holds elements 4w..4w+3 of every 32, each 32 weighted by
-    /// its sub-block's scale.
+    /// its sub-block's scale (`ms`: [`k4_scales_mins_v`]).
     #[target_feature(enable = "avx2")]
-    unsafe fn q4k_lanes(qs: &[u8], qh: Option<&[u8]>, y: &[i8; QK_K], sc: &[i32; 8]) -> [i32; 8] {
+    fn q4k_lanes(qs: &[u8], qh: Option<&[u8]>, y: &[i8; QK_K], ms: __m256i) -> __m256i {
+        // The 8 scales in both 128-bit halves (the shuffles stay within a half).
+        let sc = _mm256_permute2x128_si256::<0x00>(ms, ms);
         assert!(qs.len() >= 128 && qh.is_none_or(|h| h.len() >= 32));
         let (m4, m16) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
         // SAFETY: 32 bytes of qh (checked above).
@@ -484,29 +533,34 @@ mod packed {
             };
             let lo = _mm256_or_si256(_mm256_and_si256(bits, m4), fifth(2 * j as u32));
             let hi = _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4),
                 fifth(2 * j as u32 + 1),
             );
-            let pl = _mm256_madd_epi16(
-                _mm256_set1_epi16(sc[2 * j] as i16),
-                _mm256_maddubs_epi16(lo, yl),
-            );
-            let ph = _mm256_madd_epi16(
-                _mm256_set1_epi16(sc[2 * j + 1] as i16),
-                _mm256_maddubs_epi16(hi, yh),
-            );
+            let pl = _mm256_madd_epi16(bcast16(sc, 2 * j), _mm256_maddubs_epi16(lo, yl));
+            let ph = _mm256_madd_epi16(bcast16(sc, 2 * j + 1), _mm256_maddubs_epi16(hi, yh));
             sum = _mm256_add_epi32(sum, _mm256_add_epi32(pl, ph));
         }
-        let mut out = [0i32; 8];
-        // SAFETY: 32 bytes into an [i32; 8].
-        unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, sum) };
-        out
+        sum
+    }
+
+    /// A Q6_K block's 16 scales as i16: `[s0..s7 | s0..s7]` and `[s8..s15 | s8..s15]`, and all
+    /// 16 in order.
+    #[target_feature(enable = "avx2")]
+    fn q6k_scales(xb: &[u8]) -> (__m256i, __m256i, __m256i) {
+        // SAFETY: bytes 192..208 of a 210-byte block (the caller's chunk).
+        let s8 = unsafe { _mm_loadu_si128(xb[192..208].as_ptr() as *const __m128i) };
+        let s = _mm256_cvtepi8_epi16(s8);
+        (
+            _mm256_permute2x128_si256::<0x00>(s, s),
+            _mm256_permute2x128_si256::<0x11>(s, s),
+            s,
+        )
     }
 
     /// Lane sums of one Q6_K block's unbiased codes (0..63) against `y`, as [`q4k_lanes`] with
     /// sub-blocks of 16 (lanes 0-3 of a 32 take the first 16's scale, lanes 4-7 the second's).
     #[target_feature(enable = "avx2")]
-    unsafe fn q6k_lanes(xb: &[u8], y: &[i8; QK_K], sc: &[i32; 16]) -> [i32; 8] {
+    fn q6k_lanes(xb: &[u8], y: &[i8; QK_K], lo8: __m256i, hi8: __m256i) -> __m256i {
         assert!(xb.len() >= 192);
         let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
         let mut sum = _mm256_setzero_si256();
@@ -524,126 +578,164 @@ mod packed {
             let codes = [
                 _mm256_or_si256(
                     _mm256_and_si256(ql0, m4),
-                    _mm256_and_si256(_mm256_slli_epi16(qh, 4), m30),
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
                 ),
                 _mm256_or_si256(
                     _mm256_and_si256(ql1, m4),
-                    _mm256_and_si256(_mm256_slli_epi16(qh, 2), m30),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
                 ),
                 _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
                     _mm256_and_si256(qh, m30),
                 ),
                 _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), m30),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
                 ),
             ];
+            // Scales 8n..8n+8 (sub-blocks of 16): 32 c takes scale 2c in its low half, 2c + 1 in
+            // its high half.
+            let half = if n == 0 { lo8 } else { hi8 };
             for (k, q) in codes.iter().enumerate() {
                 let c = 4 * n + k;
                 // SAFETY: elements 32c..32c+32 of y.
                 let yv = unsafe { _mm256_loadu_si256(y.as_ptr().add(32 * c) as *const __m256i) };
-                let scale = _mm256_set_m128i(
-                    _mm_set1_epi16(sc[2 * c + 1] as i16),
-                    _mm_set1_epi16(sc[2 * c] as i16),
+                let e = (2 * k) as i16;
+                let pat = _mm256_set_m128i(
+                    _mm_set1_epi16(((2 * e + 3) << 8) | (2 * e + 2)),
+                    _mm_set1_epi16(((2 * e + 1) << 8) | (2 * e)),
                 );
+                let scale = _mm256_shuffle_epi8(half, pat);
                 let p = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(*q, yv));
                 sum = _mm256_add_epi32(sum, p);
             }
         }
-        let mut out = [0i32; 8];
-        // SAFETY: 32 bytes into an [i32; 8].
-        unsafe { _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, sum) };
-        out
+        sum
+    }
+
+    /// The 8 lanes of `v` (i32) summed; exact (the callers' sums fit an i32).
+    #[target_feature(enable = "avx2")]
+    fn hsum_i32(v: __m256i) -> i32 {
+        hsum_i32x4(_mm_add_epi32(
+            _mm256_castsi256_si128(v),
+            _mm256_extracti128_si256::<1>(v),
+        ))
+    }
+
+    /// The 4 lanes of `s` (i32) summed; exact.
+    #[target_feature(enable = "avx2")]
+    fn hsum_i32x4(s: __m128i) -> i32 {
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+        _mm_cvtsi128_si32(s)
     }
 
     /// See [`super::tiled_dot_k_packed`]. The caller checked avx2 and fma.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tiled_dot(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> f32 {
+    pub(super) fn tiled_dot(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> f32 {
         let bs = ty.type_size();
         let mut acc = 0.0f32;
         for (xb, yb) in x.chunks_exact(bs).zip(y) {
             let res = if ty == GgmlType::Q6_K {
-                let mut sc = [0i32; 16];
-                for (s, &b) in sc.iter_mut().zip(&xb[192..208]) {
-                    *s = b as i8 as i32;
-                }
-                // SAFETY: the caller's avx2 (this function's own target features).
-                let lanes = unsafe { q6k_lanes(xb, &yb.qs, &sc) };
+                let (lo8, hi8, all) = q6k_scales(xb);
+                let lanes = q6k_lanes(xb, &yb.qs, lo8, hi8);
                 // The codes' bias of 32, through the sums of 16 (one per sub-block).
-                let bias: i32 = (0..16).map(|s| sc[s] * yb.bsums[s] as i32).sum();
-                rd_f16(xb, 208) * (lanes.iter().sum::<i32>() - 32 * bias) as f32
+                // SAFETY: 16 i16 sums, 32 bytes.
+                let bsums = unsafe { _mm256_loadu_si256(yb.bsums.as_ptr() as *const __m256i) };
+                let bias = hsum_i32(_mm256_madd_epi16(bsums, all));
+                rd_f16(xb, 208) * (hsum_i32(lanes) - 32 * bias) as f32
             } else {
-                let (sc, mn) = k4_scales_mins(&xb[4..16]);
-                // SAFETY: as above.
-                let lanes = unsafe {
-                    if ty == GgmlType::Q4_K {
-                        q4k_lanes(&xb[16..144], None, &yb.qs, &sc)
-                    } else {
-                        q4k_lanes(&xb[48..176], Some(&xb[16..48]), &yb.qs, &sc)
-                    }
+                let ms = k4_scales_mins_v(&xb[4..16]);
+                let lanes = if ty == GgmlType::Q4_K {
+                    q4k_lanes(&xb[16..144], None, &yb.qs, ms)
+                } else {
+                    q4k_lanes(&xb[48..176], Some(&xb[16..48]), &yb.qs, ms)
                 };
-                let s2: i32 = (0..8)
-                    .map(|s| mn[s] * (yb.bsums[2 * s] as i32 + yb.bsums[2 * s + 1] as i32))
-                    .sum();
-                let s1: i32 = lanes.iter().sum();
-                fma(-rd_f16(xb, 2), s2 as f32, rd_f16(xb, 0) * s1 as f32)
+                let s2 = hsum_i32x4(k4_min_products_v(ms, yb));
+                fma(
+                    -rd_f16(xb, 2),
+                    s2 as f32,
+                    rd_f16(xb, 0) * hsum_i32(lanes) as f32,
+                )
             };
             acc = fma(res, yb.d, acc);
         }
         acc
     }
 
-    /// See [`super::vec_dot_k_packed`]. The caller checked avx2 and fma.
+    /// See [`super::vec_dot_k_packed`]. The caller checked avx2 and fma. The float steps are
+    /// ggml's AVX2 kernels': `acc = fma(d, (float) lanes, acc)` in 8 lanes; Q4_K's mins in 4
+    /// lanes `acc_m = fma(dmin, (float) prod, acc_m)`, Q5_K's in one `summs`; `hsum_float_8`.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn vec_dot(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> f32 {
+    pub(super) fn vec_dot(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> f32 {
         let bs = ty.type_size();
-        let mut acc = [0.0f32; 8];
-        if ty == GgmlType::Q4_K {
-            let mut acc_m = [0.0f32; 4];
-            for (xb, yb) in x.chunks_exact(bs).zip(y) {
-                let (sc, mn) = k4_scales_mins(&xb[4..16]);
-                // SAFETY: the caller's avx2 (this function's own target features).
-                let s = unsafe { q4k_lanes(&xb[16..144], None, &yb.qs, &sc) };
-                q4k_finish(
-                    rd_f16(xb, 0),
-                    rd_f16(xb, 2),
-                    &mn,
-                    yb,
-                    &s,
-                    &mut acc,
-                    &mut acc_m,
-                );
+        let mut acc = _mm256_setzero_ps();
+        if ty == GgmlType::Q6_K {
+            for (i, (xb, yb)) in x.chunks_exact(bs).zip(y).enumerate() {
+                prefetch_ahead(x, i * bs + PREFETCH_AHEAD);
+                let (lo8, hi8, all) = q6k_scales(xb);
+                let lanes = q6k_lanes(xb, &yb.qs, lo8, hi8);
+                // Lane w less 32 (bsums[2w] sc[2w] + bsums[2w+1] sc[2w+1]) (`q8sclsub`).
+                // SAFETY: 16 i16 sums, 32 bytes.
+                let bsums = unsafe { _mm256_loadu_si256(yb.bsums.as_ptr() as *const __m256i) };
+                let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, all));
+                let d = _mm256_set1_ps(yb.d * rd_f16(xb, 208));
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(lanes, sub)), acc);
             }
-            hsum8(&acc) + ((acc_m[0] + acc_m[2]) + (acc_m[1] + acc_m[3]))
-        } else if ty == GgmlType::Q5_K {
-            let mut summs = 0.0f32;
-            for (xb, yb) in x.chunks_exact(bs).zip(y) {
-                let (sc, mn) = k4_scales_mins(&xb[4..16]);
-                // SAFETY: as above.
-                let s = unsafe { q4k_lanes(&xb[48..176], Some(&xb[16..48]), &yb.qs, &sc) };
-                q5k_finish(
-                    rd_f16(xb, 0),
-                    rd_f16(xb, 2),
-                    &mn,
-                    yb,
-                    &s,
-                    &mut acc,
-                    &mut summs,
-                );
-            }
-            hsum8(&acc) + summs
+            hsum8_ps(acc)
         } else {
-            for (xb, yb) in x.chunks_exact(bs).zip(y) {
-                let mut sc = [0i32; 16];
-                for (s, &b) in sc.iter_mut().zip(&xb[192..208]) {
-                    *s = b as i8 as i32;
-                }
-                // SAFETY: as above.
-                let s = unsafe { q6k_lanes(xb, &yb.qs, &sc) };
-                q6k_finish(rd_f16(xb, 208), &sc, yb, s, &mut acc);
+            let q5 = ty == GgmlType::Q5_K;
+            let mut rest = 0.0f32;
+            let mut acc_m = _mm_setzero_ps();
+            for (i, (xb, yb)) in x.chunks_exact(bs).zip(y).enumerate() {
+                prefetch_ahead(x, i * bs + PREFETCH_AHEAD);
+                let ms = k4_scales_mins_v(&xb[4..16]);
+                let dmin = -yb.d * rd_f16(xb, 2);
+                let prod = k4_min_products_v(ms, yb);
+                let lanes = if q5 {
+                    // Q5_K: the mins' products summed first, then one scalar FMA.
+                    rest = fma(dmin, hsum_i32x4(prod) as f32, rest);
+                    q4k_lanes(&xb[48..176], Some(&xb[16..48]), &yb.qs, ms)
+                } else {
+                    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+                    q4k_lanes(&xb[16..144], None, &yb.qs, ms)
+                };
+                let d = _mm256_set1_ps(yb.d * rd_f16(xb, 0));
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
             }
-            hsum8(&acc)
+            if !q5 {
+                let mut m = [0.0f32; 4];
+                // SAFETY: 16 bytes into an [f32; 4].
+                unsafe { _mm_storeu_ps(m.as_mut_ptr(), acc_m) };
+                rest = (m[0] + m[2]) + (m[1] + m[3]);
+            }
+            hsum8_ps(acc) + rest
         }
+    }
+
+    /// How far ahead of the block being multiplied the weights are asked for, in bytes.
+    const PREFETCH_AHEAD: usize = 1024;
+
+    /// A hint that the bytes at `off` from the start of `x` (past its end: the next rows, which
+    /// follow in memory) will be read soon; no effect on results.
+    #[inline(always)]
+    fn prefetch_ahead(x: &[u8], off: usize) {
+        let p = x.as_ptr().wrapping_add(off) as *const i8;
+        // SAFETY: a prefetch is only a hint: it reads nothing architecturally and cannot fault,
+        // whatever the address (`wrapping_add` makes no claim that it is in bounds).
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(p);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128));
+        }
+    }
+
+    /// [`hsum8`] of the lanes of `v`.
+    #[target_feature(enable = "avx2")]
+    fn hsum8_ps(v: __m256) -> f32 {
+        let mut a = [0.0f32; 8];
+        // SAFETY: 32 bytes into an [f32; 8].
+        unsafe { _mm256_storeu_ps(a.as_mut_ptr(), v) };
+        hsum8(&a)
     }
 }
