@@ -428,23 +428,25 @@ pub fn vec_dot_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> Option<f32> {
     None
 }
 
-/// [`super::tiled::tiled_dot_k`] of a Q4_K, Q5_K or Q6_K row straight from its bytes: each
-/// block's `s1` as the sum of the lanes [`vec_dot_k_packed`] forms (AVX2 integer products), `s2`
-/// from the mins and the Q8_K sums, then the tiled kernel's float steps. `s1` and `s2` are exact
-/// integers however they are summed, and the float steps are the same, so the bits are the same as
-/// from decoded blocks. For products of 8 tokens or more (the tiled path: prompts), whose rows are
-/// read once per token. `None` where the CPU lacks AVX2 or for another type.
-pub fn tiled_dot_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> Option<f32> {
+/// [`super::tiled::tiled_dot_k`] of a Q4_K, Q5_K or Q6_K row `x` straight from its bytes against
+/// each of `out.len()` tokens' Q8_K rows (`y`, one after another), into `out`: each block decoded
+/// once for up to 32 tokens, each token's `s1` as the sum of AVX2 integer products' lanes, `s2`
+/// from the mins and the Q8_K sums, then the tiled kernel's float steps in block order. `s1` and
+/// `s2` are exact integers however they are summed, and the float steps are the same, so the bits
+/// are the same as from decoded blocks. For products of 8 tokens or more (the tiled path:
+/// prompts). `false` (nothing written) where the CPU lacks AVX2 or for another type.
+pub fn tiled_row_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K], out: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if super::lanes::has_avx2_fma()
         && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
     {
         // SAFETY: the avx2 and fma target features the function enables are present (checked
         // just above); it reads only within `x` and `y` (whole blocks, checked inside).
-        return Some(unsafe { packed::tiled_dot(ty, x, y) });
+        unsafe { packed::tiled_row(ty, x, y, out) };
+        return true;
     }
-    let _ = (ty, x, y);
-    None
+    let _ = (ty, x, y, out);
+    false
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -502,71 +504,52 @@ mod packed {
         _mm_madd_epi16(_mm256_extracti128_si256::<1>(ms), q8s)
     }
 
-    /// Lane sums of one Q4_K block (`qs`: its 128 code bytes; Q5_K: with `qh`, its 32 bytes of
-    /// fifth bits) against `y`: lane w holds elements 4w..4w+3 of every 32, each 32 weighted by
-    /// its sub-block's scale (`ms`: [`k4_scales_mins_v`]).
+    /// A Q4_K / Q5_K block's codes (0..15, or 0..31 with Q5_K's fifth bits `qh`) as 8 vectors
+    /// of 32 bytes in element order: vector k holds elements 32k..32k+32.
     #[target_feature(enable = "avx2")]
-    fn q4k_lanes(qs: &[u8], qh: Option<&[u8]>, y: &[i8; QK_K], ms: __m256i) -> __m256i {
-        // The 8 scales in both 128-bit halves (the shuffles stay within a half).
-        let sc = _mm256_permute2x128_si256::<0x00>(ms, ms);
+    fn k4_codes_v(qs: &[u8], qh: Option<&[u8]>) -> [__m256i; 8] {
         assert!(qs.len() >= 128 && qh.is_none_or(|h| h.len() >= 32));
         let (m4, m16) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
         // SAFETY: 32 bytes of qh (checked above).
         let hbits = qh.map(|h| unsafe { _mm256_loadu_si256(h.as_ptr() as *const __m256i) });
         // 16 where bit `b` of a byte of qh is set (Q5_K's fifth bit of a code), else 0.
-        let fifth = |b: u32| match hbits {
+        let fifth = |b: usize| match hbits {
             Some(h) => {
                 let bit = _mm256_set1_epi8((1u8 << b) as i8);
                 _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), m16)
             }
             None => _mm256_setzero_si256(),
         };
-        let mut sum = _mm256_setzero_si256();
+        let mut c = [_mm256_setzero_si256(); 8];
         for j in 0..4 {
-            // SAFETY: bytes 32j..32j+32 of the 128 codes and elements 64j..64j+64 of y: in range.
-            let (bits, yl, yh) = unsafe {
-                (
-                    _mm256_loadu_si256(qs.as_ptr().add(32 * j) as *const __m256i),
-                    _mm256_loadu_si256(y.as_ptr().add(64 * j) as *const __m256i),
-                    _mm256_loadu_si256(y.as_ptr().add(64 * j + 32) as *const __m256i),
-                )
-            };
-            let lo = _mm256_or_si256(_mm256_and_si256(bits, m4), fifth(2 * j as u32));
-            let hi = _mm256_or_si256(
+            // SAFETY: bytes 32j..32j+32 of the 128 codes: in range.
+            let bits = unsafe { _mm256_loadu_si256(qs.as_ptr().add(32 * j) as *const __m256i) };
+            c[2 * j] = _mm256_or_si256(_mm256_and_si256(bits, m4), fifth(2 * j));
+            c[2 * j + 1] = _mm256_or_si256(
                 _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4),
-                fifth(2 * j as u32 + 1),
+                fifth(2 * j + 1),
             );
-            let pl = _mm256_madd_epi16(bcast16(sc, 2 * j), _mm256_maddubs_epi16(lo, yl));
-            let ph = _mm256_madd_epi16(bcast16(sc, 2 * j + 1), _mm256_maddubs_epi16(hi, yh));
-            sum = _mm256_add_epi32(sum, _mm256_add_epi32(pl, ph));
         }
-        sum
+        c
     }
 
-    /// A Q6_K block's 16 scales as i16: `[s0..s7 | s0..s7]` and `[s8..s15 | s8..s15]`, and all
-    /// 16 in order.
+    /// The scale of each 32 of a Q4_K / Q5_K block (`ms`: [`k4_scales_mins_v`]) in all 16 i16
+    /// elements of vector k.
     #[target_feature(enable = "avx2")]
-    fn q6k_scales(xb: &[u8]) -> (__m256i, __m256i, __m256i) {
-        // SAFETY: bytes 192..208 of a 210-byte block (the caller's chunk).
-        let s8 = unsafe { _mm_loadu_si128(xb[192..208].as_ptr() as *const __m128i) };
-        let s = _mm256_cvtepi8_epi16(s8);
-        (
-            _mm256_permute2x128_si256::<0x00>(s, s),
-            _mm256_permute2x128_si256::<0x11>(s, s),
-            s,
-        )
+    fn k4_scales8(ms: __m256i) -> [__m256i; 8] {
+        // The 8 scales in both 128-bit halves (the shuffles stay within a half).
+        let sc = _mm256_permute2x128_si256::<0x00>(ms, ms);
+        std::array::from_fn(|k| bcast16(sc, k))
     }
 
-    /// Lane sums of one Q6_K block's unbiased codes (0..63) against `y`, as [`q4k_lanes`] with
-    /// sub-blocks of 16 (lanes 0-3 of a 32 take the first 16's scale, lanes 4-7 the second's).
+    /// A Q6_K block's codes (0..63, unbiased) as 8 vectors of 32 bytes in element order.
     #[target_feature(enable = "avx2")]
-    fn q6k_lanes(xb: &[u8], y: &[i8; QK_K], lo8: __m256i, hi8: __m256i) -> __m256i {
+    fn q6k_codes_v(xb: &[u8]) -> [__m256i; 8] {
         assert!(xb.len() >= 192);
         let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
-        let mut sum = _mm256_setzero_si256();
+        let mut c = [_mm256_setzero_si256(); 8];
         for n in 0..2 {
-            // SAFETY: ql bytes 64n..64n+64, qh bytes 128+32n..+32 of the block, y elements
-            // 128n..128n+128: in range.
+            // SAFETY: ql bytes 64n..64n+64 and qh bytes 128+32n..+32 of the block: in range.
             let (ql0, ql1, qh) = unsafe {
                 (
                     _mm256_loadu_si256(xb.as_ptr().add(64 * n) as *const __m256i),
@@ -575,40 +558,60 @@ mod packed {
                 )
             };
             // The four 32s of this half, in element order (vec_dot.rs q6_codes).
-            let codes = [
-                _mm256_or_si256(
-                    _mm256_and_si256(ql0, m4),
-                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(ql1, m4),
-                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
-                    _mm256_and_si256(qh, m30),
-                ),
-                _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
-                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
-                ),
-            ];
-            // Scales 8n..8n+8 (sub-blocks of 16): 32 c takes scale 2c in its low half, 2c + 1 in
-            // its high half.
-            let half = if n == 0 { lo8 } else { hi8 };
-            for (k, q) in codes.iter().enumerate() {
-                let c = 4 * n + k;
-                // SAFETY: elements 32c..32c+32 of y.
-                let yv = unsafe { _mm256_loadu_si256(y.as_ptr().add(32 * c) as *const __m256i) };
-                let e = (2 * k) as i16;
-                let pat = _mm256_set_m128i(
-                    _mm_set1_epi16(((2 * e + 3) << 8) | (2 * e + 2)),
-                    _mm_set1_epi16(((2 * e + 1) << 8) | (2 * e)),
-                );
-                let scale = _mm256_shuffle_epi8(half, pat);
-                let p = _mm256_madd_epi16(scale, _mm256_maddubs_epi16(*q, yv));
-                sum = _mm256_add_epi32(sum, p);
-            }
+            c[4 * n] = _mm256_or_si256(
+                _mm256_and_si256(ql0, m4),
+                _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+            );
+            c[4 * n + 1] = _mm256_or_si256(
+                _mm256_and_si256(ql1, m4),
+                _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+            );
+            c[4 * n + 2] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                _mm256_and_si256(qh, m30),
+            );
+            c[4 * n + 3] = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+            );
+        }
+        c
+    }
+
+    /// A Q6_K block's scales (sub-blocks of 16): vector c takes scale 2c in its low 128 bits
+    /// and 2c + 1 in its high 128 bits; and the 16 scales as i16 in order.
+    #[target_feature(enable = "avx2")]
+    fn q6k_scales8(xb: &[u8]) -> ([__m256i; 8], __m256i) {
+        // SAFETY: bytes 192..208 of a 210-byte block (the caller's chunk).
+        let s8 = unsafe { _mm_loadu_si128(xb[192..208].as_ptr() as *const __m128i) };
+        let all = _mm256_cvtepi8_epi16(s8);
+        // [s0..s7 | s0..s7] and [s8..s15 | s8..s15].
+        let halves = [
+            _mm256_permute2x128_si256::<0x00>(all, all),
+            _mm256_permute2x128_si256::<0x11>(all, all),
+        ];
+        let sc = std::array::from_fn(|c| {
+            let e = (2 * (c % 4)) as i16;
+            let pat = _mm256_set_m128i(
+                _mm_set1_epi16(((2 * e + 3) << 8) | (2 * e + 2)),
+                _mm_set1_epi16(((2 * e + 1) << 8) | (2 * e)),
+            );
+            _mm256_shuffle_epi8(halves[c / 4], pat)
+        });
+        (sc, all)
+    }
+
+    /// Lane sums of a block's codes against `y`, each 32 weighted by its scale: lane w holds
+    /// elements 4w..4w+3 of every 32 (ggml's `maddubs` then `madd` by the scales). Exact: no pair
+    /// of products leaves i16 (codes below 64 against |q8| <= 128).
+    #[target_feature(enable = "avx2")]
+    fn dot8(codes: &[__m256i; 8], scales: &[__m256i; 8], y: &[i8; QK_K]) -> __m256i {
+        let mut sum = _mm256_setzero_si256();
+        for k in 0..8 {
+            // SAFETY: elements 32k..32k+32 of y.
+            let yv = unsafe { _mm256_loadu_si256(y.as_ptr().add(32 * k) as *const __m256i) };
+            let p = _mm256_madd_epi16(scales[k], _mm256_maddubs_epi16(codes[k], yv));
+            sum = _mm256_add_epi32(sum, p);
         }
         sum
     }
@@ -630,37 +633,56 @@ mod packed {
         _mm_cvtsi128_si32(s)
     }
 
-    /// See [`super::tiled_dot_k_packed`]. The caller checked avx2 and fma.
+    /// Tokens whose sums a row's blocks are decoded once for.
+    const TILE: usize = 32;
+
+    /// See [`super::tiled_row_k_packed`]. The caller checked avx2 and fma.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn tiled_dot(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> f32 {
+    pub(super) fn tiled_row(ty: GgmlType, x: &[u8], y: &[BlockQ8K], out: &mut [f32]) {
         let bs = ty.type_size();
-        let mut acc = 0.0f32;
-        for (xb, yb) in x.chunks_exact(bs).zip(y) {
-            let res = if ty == GgmlType::Q6_K {
-                let (lo8, hi8, all) = q6k_scales(xb);
-                let lanes = q6k_lanes(xb, &yb.qs, lo8, hi8);
-                // The codes' bias of 32, through the sums of 16 (one per sub-block).
-                // SAFETY: 16 i16 sums, 32 bytes.
-                let bsums = unsafe { _mm256_loadu_si256(yb.bsums.as_ptr() as *const __m256i) };
-                let bias = hsum_i32(_mm256_madd_epi16(bsums, all));
-                rd_f16(xb, 208) * (hsum_i32(lanes) - 32 * bias) as f32
-            } else {
-                let ms = k4_scales_mins_v(&xb[4..16]);
-                let lanes = if ty == GgmlType::Q4_K {
-                    q4k_lanes(&xb[16..144], None, &yb.qs, ms)
+        let nb = x.len() / bs;
+        assert!(
+            y.len() >= nb * out.len(),
+            "tiled_row: {} Q8_K blocks",
+            y.len()
+        );
+        for (t0, o) in (0..out.len()).step_by(TILE).zip(out.chunks_mut(TILE)) {
+            let mut acc = [0.0f32; TILE];
+            for (b, xb) in x.chunks_exact(bs).enumerate() {
+                let yb = |t: usize| &y[(t0 + t) * nb + b];
+                if ty == GgmlType::Q6_K {
+                    let codes = q6k_codes_v(xb);
+                    let (scales, all) = q6k_scales8(xb);
+                    let d = rd_f16(xb, 208);
+                    for (t, a) in acc[..o.len()].iter_mut().enumerate() {
+                        let yb = yb(t);
+                        // The codes' bias of 32, through the sums of 16 (one per sub-block).
+                        // SAFETY: 16 i16 sums, 32 bytes.
+                        let bsums =
+                            unsafe { _mm256_loadu_si256(yb.bsums.as_ptr() as *const __m256i) };
+                        let bias = hsum_i32(_mm256_madd_epi16(bsums, all));
+                        let s1 = hsum_i32(dot8(&codes, &scales, &yb.qs)) - 32 * bias;
+                        *a = fma(d * s1 as f32, yb.d, *a);
+                    }
                 } else {
-                    q4k_lanes(&xb[48..176], Some(&xb[16..48]), &yb.qs, ms)
-                };
-                let s2 = hsum_i32x4(k4_min_products_v(ms, yb));
-                fma(
-                    -rd_f16(xb, 2),
-                    s2 as f32,
-                    rd_f16(xb, 0) * hsum_i32(lanes) as f32,
-                )
-            };
-            acc = fma(res, yb.d, acc);
+                    let ms = k4_scales_mins_v(&xb[4..16]);
+                    let codes = if ty == GgmlType::Q4_K {
+                        k4_codes_v(&xb[16..144], None)
+                    } else {
+                        k4_codes_v(&xb[48..176], Some(&xb[16..48]))
+                    };
+                    let scales = k4_scales8(ms);
+                    let (d, dmin) = (rd_f16(xb, 0), rd_f16(xb, 2));
+                    for (t, a) in acc[..o.len()].iter_mut().enumerate() {
+                        let yb = yb(t);
+                        let s1 = hsum_i32(dot8(&codes, &scales, &yb.qs));
+                        let s2 = hsum_i32x4(k4_min_products_v(ms, yb));
+                        *a = fma(fma(-dmin, s2 as f32, d * s1 as f32), yb.d, *a);
+                    }
+                }
+            }
+            o.copy_from_slice(&acc[..o.len()]);
         }
-        acc
     }
 
     /// See [`super::vec_dot_k_packed`]. The caller checked avx2 and fma. The float steps are
@@ -673,8 +695,8 @@ mod packed {
         if ty == GgmlType::Q6_K {
             for (i, (xb, yb)) in x.chunks_exact(bs).zip(y).enumerate() {
                 prefetch_ahead(x, i * bs + PREFETCH_AHEAD);
-                let (lo8, hi8, all) = q6k_scales(xb);
-                let lanes = q6k_lanes(xb, &yb.qs, lo8, hi8);
+                let (scales, all) = q6k_scales8(xb);
+                let lanes = dot8(&q6k_codes_v(xb), &scales, &yb.qs);
                 // Lane w less 32 (bsums[2w] sc[2w] + bsums[2w+1] sc[2w+1]) (`q8sclsub`).
                 // SAFETY: 16 i16 sums, 32 bytes.
                 let bsums = unsafe { _mm256_loadu_si256(yb.bsums.as_ptr() as *const __m256i) };
@@ -692,14 +714,15 @@ mod packed {
                 let ms = k4_scales_mins_v(&xb[4..16]);
                 let dmin = -yb.d * rd_f16(xb, 2);
                 let prod = k4_min_products_v(ms, yb);
-                let lanes = if q5 {
+                let codes = if q5 {
                     // Q5_K: the mins' products summed first, then one scalar FMA.
                     rest = fma(dmin, hsum_i32x4(prod) as f32, rest);
-                    q4k_lanes(&xb[48..176], Some(&xb[16..48]), &yb.qs, ms)
+                    k4_codes_v(&xb[48..176], Some(&xb[16..48]))
                 } else {
                     acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
-                    q4k_lanes(&xb[16..144], None, &yb.qs, ms)
+                    k4_codes_v(&xb[16..144], None)
                 };
+                let lanes = dot8(&codes, &k4_scales8(ms), &yb.qs);
                 let d = _mm256_set1_ps(yb.d * rd_f16(xb, 0));
                 acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
             }
