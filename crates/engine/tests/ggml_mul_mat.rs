@@ -146,7 +146,7 @@ fn routing_table() {
 fn packed_k_dots_give_the_decoded_bits() {
     use muser_engine::cpu::ggml::tiled::tiled_dot_k;
     use muser_engine::cpu::ggml::vec_dot::{
-        decode_k_row, tiled_row_k_packed, vec_dot_k, vec_dot_k_packed,
+        decode_k_row, tiled_rows_k_packed, vec_dot_k, vec_dot_k_packed,
     };
     if !muser_engine::cpu::ggml::lanes::has_avx2_fma() {
         println!("SKIPPED: this CPU has no AVX2 and FMA (the packed path is not taken)");
@@ -190,9 +190,10 @@ fn packed_k_dots_give_the_decoded_bits() {
                 "{ty} case {case}: {got} against {want}"
             );
             // The tiled kernel's arithmetic (8 tokens or more), from the bytes and decoded, for
-            // `nt` tokens at once (more than a tile of 32 in some cases): this token's row and
-            // others' (each token's activations, a rotation of x by t values).
-            let nt = [1, 3, 9, 33, 40][case % 5];
+            // two rows (this one and its blocks in reverse order) against `nt` tokens at once
+            // (more than one tile of 8 in most cases): this token's activations and others'
+            // (x rotated by t values).
+            let nt = [1, 3, 9, 17, 40][case % 5];
             let mut ys = Vec::with_capacity(nb * nt);
             for t in 0..nt {
                 let mut xt = x.clone();
@@ -201,20 +202,27 @@ fn packed_k_dots_give_the_decoded_bits() {
                 quantize_row_q8_k(&xt, &mut yt);
                 ys.extend(yt);
             }
-            let mut got = vec![0.0f32; nt];
+            let reversed: Vec<u8> = w.chunks_exact(bs).rev().flatten().copied().collect();
+            let rows = [w.clone(), reversed].concat();
+            let mut got = vec![0.0f32; 2 * nt];
             assert!(
-                tiled_row_k_packed(ty, &w, &ys, &mut got),
+                tiled_rows_k_packed(ty, &rows, w.len(), &ys, &mut got),
                 "the packed path on AVX2"
             );
-            for (t, g) in got.iter().enumerate() {
-                let want = tiled_dot_k(ty, &blocks, &ys[t * nb..(t + 1) * nb]);
-                assert_eq!(
-                    g.to_bits(),
-                    want.to_bits(),
-                    "tiled {ty} case {case} token {t} of {nt}: {g} against {want}"
-                );
+            for (i, row) in rows.chunks_exact(w.len()).enumerate() {
+                let mut blocks = Vec::new();
+                decode_k_row(ty, row, &mut blocks);
+                for t in 0..nt {
+                    let want = tiled_dot_k(ty, &blocks, &ys[t * nb..(t + 1) * nb]);
+                    let g = got[i * nt + t];
+                    assert_eq!(
+                        g.to_bits(),
+                        want.to_bits(),
+                        "tiled {ty} case {case} row {i} token {t} of {nt}: {g} against {want}"
+                    );
+                }
             }
-            checked += 1 + nt;
+            checked += 1 + 2 * nt;
         }
     }
     println!("{checked} packed K-quant dots (one-token and tiled): the decoded path's bits");

@@ -22,7 +22,7 @@ use super::quantize::{
 use super::sgemm::{sgemm_dot_bf16, sgemm_dot_f16, sgemm_dot_f32};
 use super::tiled::tiled_dot_k;
 use super::vec_dot::{
-    KBlock, tiled_row_k_packed, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_k,
+    KBlock, tiled_rows_k_packed, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_k,
     vec_dot_k_packed, vec_dot_q0_q8_0,
 };
 
@@ -307,16 +307,17 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
             with_avx2_fma(
                 #[inline(always)]
                 || {
+                    // 8 tokens or more of a K-quant: the tiled kernel's arithmetic from the
+                    // rows' bytes, the chunk's rows against a few tokens at a time.
+                    let rows_here = out.len() / n_tokens;
+                    if path == MatMulPath::Tiled
+                        && let Activations::Q8K { x, .. } = act
+                        && tiled_rows_k_packed(ty, &w[r0 * rb..(r0 + rows_here) * rb], rb, x, out)
+                    {
+                        return;
+                    }
                     for (i, o) in out.chunks_exact_mut(n_tokens).enumerate() {
                         let wr = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
-                        // 8 tokens or more of a K-quant: the tiled kernel's arithmetic from the
-                        // row's bytes, each block decoded once for many tokens.
-                        if path == MatMulPath::Tiled
-                            && let Activations::Q8K { x, .. } = act
-                            && tiled_row_k_packed(ty, wr, x, o)
-                        {
-                            continue;
-                        }
                         for (t, v) in o.iter_mut().enumerate() {
                             *v = dot(ty, path, wr, act, t, &mut buf, t == 0);
                         }
