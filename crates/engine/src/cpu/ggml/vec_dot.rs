@@ -699,15 +699,22 @@ mod packed {
                 let d = rd_f16(xb, 208);
                 // s1 of token t: its lanes less 32 (bsums[2w] sc[2w] + bsums[2w+1] sc[2w+1]),
                 // the codes' bias through the sums of 16 (one per sub-block).
-                let s1_lanes = |t: usize| {
-                    let yb = yb(t);
+                // Token t's codes' bias: 32 (bsums[2w] sc[2w] + bsums[2w+1] sc[2w+1]) in lane w,
+                // through the sums of 16 (one per sub-block).
+                let bias = |t: usize| {
                     // SAFETY: 16 i16 sums, 32 bytes.
-                    let bsums = unsafe { _mm256_loadu_si256(yb.bsums.as_ptr() as *const __m256i) };
-                    let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, all));
-                    _mm256_sub_epi32(dot8(&codes, &scales, &yb.qs), sub)
+                    let bsums =
+                        unsafe { _mm256_loadu_si256(yb(t).bsums.as_ptr() as *const __m256i) };
+                    _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, all))
                 };
+                let s1_lanes =
+                    |t: usize| _mm256_sub_epi32(dot8(&codes, &scales, &yb(t).qs), bias(t));
                 for t in (0..n8).step_by(8) {
-                    let s1 = hsum_i32_8x8(&std::array::from_fn(|k| s1_lanes(t + k)));
+                    let mut lanes = dot8x8(&codes, &scales, std::array::from_fn(|k| &yb(t + k).qs));
+                    for (k, l) in lanes.iter_mut().enumerate() {
+                        *l = _mm256_sub_epi32(*l, bias(t + k));
+                    }
+                    let s1 = hsum_i32_8x8(&lanes);
                     let res = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s1));
                     // SAFETY: acc[t..t + 8], t + 8 <= n8 <= TILE.
                     unsafe {
@@ -728,9 +735,11 @@ mod packed {
                 let scales = k4_scales8(ms);
                 let (d, dmin) = (rd_f16(xb, 0), rd_f16(xb, 2));
                 for t in (0..n8).step_by(8) {
-                    let s1 = hsum_i32_8x8(&std::array::from_fn(|k| {
-                        dot8(&codes, &scales, &yb(t + k).qs)
-                    }));
+                    let s1 = hsum_i32_8x8(&dot8x8(
+                        &codes,
+                        &scales,
+                        std::array::from_fn(|k| &yb(t + k).qs),
+                    ));
                     // s2 of tokens t..t+8: lanes of [t + k | t + k + 4] summed by pairs.
                     let w: [__m256i; 4] = std::array::from_fn(|k| {
                         _mm256_set_m128i(
@@ -763,6 +772,22 @@ mod packed {
             }
         }
         o.copy_from_slice(&acc[..o.len()]);
+    }
+
+    /// [`dot8`] of one block's codes against 8 tokens' activations, the 32s of the block in the
+    /// outer loop (each code and scale vector loaded once, the 8 tokens' lane sums in registers).
+    #[target_feature(enable = "avx2")]
+    fn dot8x8(codes: &[__m256i; 8], scales: &[__m256i; 8], ys: [&[i8; QK_K]; 8]) -> [__m256i; 8] {
+        let mut acc = [_mm256_setzero_si256(); 8];
+        for k in 0..8 {
+            for (a, y) in acc.iter_mut().zip(ys) {
+                // SAFETY: elements 32k..32k+32 of y.
+                let yv = unsafe { _mm256_loadu_si256(y.as_ptr().add(32 * k) as *const __m256i) };
+                let p = _mm256_madd_epi16(scales[k], _mm256_maddubs_epi16(codes[k], yv));
+                *a = _mm256_add_epi32(*a, p);
+            }
+        }
+        acc
     }
 
     /// The sums of the lanes of each of 8 vectors of i32: lane t of the result holds `v[t]`'s
