@@ -681,18 +681,7 @@ mod packed {
         let n8 = o.len() / 8 * 8;
         for (b, xb) in x.chunks_exact(bs).enumerate() {
             let yb = |t: usize| &y[t * nb + b];
-            let yd8 = |t: usize| {
-                _mm256_setr_ps(
-                    yb(t).d,
-                    yb(t + 1).d,
-                    yb(t + 2).d,
-                    yb(t + 3).d,
-                    yb(t + 4).d,
-                    yb(t + 5).d,
-                    yb(t + 6).d,
-                    yb(t + 7).d,
-                )
-            };
+            let yd8 = |t: usize| yd8(&y[t * nb + b..], nb);
             if ty == GgmlType::Q6_K {
                 let codes = q6k_codes_v(xb);
                 let (scales, all) = q6k_scales8(xb);
@@ -772,6 +761,14 @@ mod packed {
             }
         }
         o.copy_from_slice(&acc[..o.len()]);
+    }
+
+    /// The scales `d` of `y[0]`, `y[stride]`, .. `y[7 * stride]` (8 tokens' Q8_K blocks).
+    #[target_feature(enable = "avx2")]
+    fn yd8(y: &[BlockQ8K], stride: usize) -> __m256 {
+        assert!(y.len() > 7 * stride);
+        let d = |k: usize| y[k * stride].d;
+        _mm256_setr_ps(d(0), d(1), d(2), d(3), d(4), d(5), d(6), d(7))
     }
 
     /// [`dot8`] of one block's codes against 8 tokens' activations, the 32s of the block in the
