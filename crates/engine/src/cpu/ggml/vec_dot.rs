@@ -608,6 +608,26 @@ mod packed {
         (sc, all)
     }
 
+    /// What a Q6_K block's lane sums of unbiased codes exceed the biased codes' by, given the
+    /// block's 16 scales `all` ([`q6k_scales8`]): 32 (bsums[2w] sc[2w] + bsums[2w+1] sc[2w+1]) in
+    /// lane w (ggml's `q8sclsub`), the bias through the sums of 16 (one per sub-block).
+    #[target_feature(enable = "avx2")]
+    fn q6k_bias(yb: &BlockQ8K, all: __m256i) -> __m256i {
+        // SAFETY: 16 i16 sums, 32 bytes.
+        let bsums = unsafe { _mm256_loadu_si256(yb.bsums.as_ptr() as *const __m256i) };
+        _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, all))
+    }
+
+    /// A Q4_K or Q5_K block's codes ([`k4_codes_v`], Q5_K's with its fifth bits).
+    #[target_feature(enable = "avx2")]
+    fn k4_block_codes(ty: GgmlType, xb: &[u8]) -> [__m256i; 8] {
+        if ty == GgmlType::Q5_K {
+            k4_codes_v(&xb[48..176], Some(&xb[16..48]))
+        } else {
+            k4_codes_v(&xb[16..144], None)
+        }
+    }
+
     /// Lane sums of a block's codes against `y`, each 32 weighted by its scale: lane w holds
     /// elements 4w..4w+3 of every 32 (ggml's `maddubs` then `madd` by the scales). Exact: no pair
     /// of products leaves i16 (codes below 64 against |q8| <= 128).
@@ -664,17 +684,16 @@ mod packed {
         }
     }
 
-    /// One row's sums against the first `out.len()` (at most [`TILE`]) tokens of `y`.
+    /// One row's sums against the first `o.len()` (at most [`TILE`]) tokens of `y`, into `o`.
     #[target_feature(enable = "avx2,fma")]
-    fn tiled_row(ty: GgmlType, x: &[u8], y: &[BlockQ8K], out: &mut [f32]) {
+    fn tiled_row(ty: GgmlType, x: &[u8], y: &[BlockQ8K], o: &mut [f32]) {
         let bs = ty.type_size();
         let nb = x.len() / bs;
         assert!(
-            out.len() <= TILE && y.len() >= nb * out.len(),
+            o.len() <= TILE && y.len() >= nb * o.len(),
             "tiled_row: {} Q8_K blocks",
             y.len()
         );
-        let o = out;
         let mut acc = [0.0f32; TILE];
         // Tokens 8 at a time (their sums gathered into one vector, their float steps done
         // side by side, each token's in its own lane), then one at a time.
@@ -686,16 +705,7 @@ mod packed {
                 let codes = q6k_codes_v(xb);
                 let (scales, all) = q6k_scales8(xb);
                 let d = rd_f16(xb, 208);
-                // s1 of token t: its lanes less 32 (bsums[2w] sc[2w] + bsums[2w+1] sc[2w+1]),
-                // the codes' bias through the sums of 16 (one per sub-block).
-                // Token t's codes' bias: 32 (bsums[2w] sc[2w] + bsums[2w+1] sc[2w+1]) in lane w,
-                // through the sums of 16 (one per sub-block).
-                let bias = |t: usize| {
-                    // SAFETY: 16 i16 sums, 32 bytes.
-                    let bsums =
-                        unsafe { _mm256_loadu_si256(yb(t).bsums.as_ptr() as *const __m256i) };
-                    _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, all))
-                };
+                let bias = |t: usize| q6k_bias(yb(t), all);
                 let s1_lanes =
                     |t: usize| _mm256_sub_epi32(dot8(&codes, &scales, &yb(t).qs), bias(t));
                 for t in (0..n8).step_by(8) {
@@ -716,11 +726,7 @@ mod packed {
                 }
             } else {
                 let ms = k4_scales_mins_v(&xb[4..16]);
-                let codes = if ty == GgmlType::Q4_K {
-                    k4_codes_v(&xb[16..144], None)
-                } else {
-                    k4_codes_v(&xb[48..176], Some(&xb[16..48]))
-                };
+                let codes = k4_block_codes(ty, xb);
                 let scales = k4_scales8(ms);
                 let (d, dmin) = (rd_f16(xb, 0), rd_f16(xb, 2));
                 for t in (0..n8).step_by(8) {
@@ -816,10 +822,7 @@ mod packed {
                 prefetch_ahead(x, i * bs + PREFETCH_AHEAD);
                 let (scales, all) = q6k_scales8(xb);
                 let lanes = dot8(&q6k_codes_v(xb), &scales, &yb.qs);
-                // Lane w less 32 (bsums[2w] sc[2w] + bsums[2w+1] sc[2w+1]) (`q8sclsub`).
-                // SAFETY: 16 i16 sums, 32 bytes.
-                let bsums = unsafe { _mm256_loadu_si256(yb.bsums.as_ptr() as *const __m256i) };
-                let sub = _mm256_slli_epi32::<5>(_mm256_madd_epi16(bsums, all));
+                let sub = q6k_bias(yb, all);
                 let d = _mm256_set1_ps(yb.d * rd_f16(xb, 208));
                 acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(lanes, sub)), acc);
             }
@@ -833,15 +836,13 @@ mod packed {
                 let ms = k4_scales_mins_v(&xb[4..16]);
                 let dmin = -yb.d * rd_f16(xb, 2);
                 let prod = k4_min_products_v(ms, yb);
-                let codes = if q5 {
+                if q5 {
                     // Q5_K: the mins' products summed first, then one scalar FMA.
                     rest = fma(dmin, hsum_i32x4(prod) as f32, rest);
-                    k4_codes_v(&xb[48..176], Some(&xb[16..48]))
                 } else {
                     acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
-                    k4_codes_v(&xb[16..144], None)
-                };
-                let lanes = dot8(&codes, &k4_scales8(ms), &yb.qs);
+                }
+                let lanes = dot8(&k4_block_codes(ty, xb), &k4_scales8(ms), &yb.qs);
                 let d = _mm256_set1_ps(yb.d * rd_f16(xb, 0));
                 acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
             }
