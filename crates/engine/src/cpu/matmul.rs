@@ -373,8 +373,11 @@ fn q4k_rows<const R: usize>(
                     };
                     let q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(v, mask)));
                     let (dd, mm) = dm[k][s];
-                    let wv =
-                        _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(dd), q), _mm256_set1_ps(mm));
+                    // (d sc) q - dmin m rounded once, as the multiply then the subtraction
+                    // round it: d sc is an f16 times a 6-bit scale (17 significant bits at
+                    // most) and q has 4 bits, so the product is exact in f32 and only the
+                    // subtraction rounds, in `fmsub` as in `sub`.
+                    let wv = _mm256_fmsub_ps(_mm256_set1_ps(dd), q, _mm256_set1_ps(mm));
                     acc[k] = _mm256_fmadd_ps(wv, xv, acc[k]);
                 }
             }
