@@ -144,8 +144,6 @@ impl Backend for CpuBackend {
         format!("cpu ({} threads, {:?} mode)", self.n_threads, self.mode)
     }
 
-    /// Accurate-mode attention reads each token's own sequence (cpu/attention.rs); parity mode
-    /// keeps llama.cpp's single-sequence cell layout.
     fn run_ops(&self, ops: &mut (dyn FnMut() -> Result<()> + Send)) -> Result<()> {
         // On a worker of the pool: each operation's `install` then runs in place, and its
         // parallel loops share the work with the other workers, instead of the calling thread
@@ -157,6 +155,8 @@ impl Backend for CpuBackend {
         self.row_draws
     }
 
+    /// Accurate-mode attention reads each token's own sequence (cpu/attention.rs); parity mode
+    /// keeps llama.cpp's single-sequence cell layout.
     fn max_sequences_per_batch(&self) -> usize {
         match self.mode {
             NumericMode::Accurate | NumericMode::CudaParity => usize::MAX,
