@@ -308,7 +308,7 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
                 #[inline(always)]
                 || {
                     // 8 tokens or more of a K-quant: the tiled kernel's arithmetic from the
-                    // rows' bytes, the chunk's rows against a few tokens at a time.
+                    // rows' bytes, each of the chunk's rows against up to 32 tokens at a time.
                     let rows_here = out.len() / n_tokens;
                     if path == MatMulPath::Tiled
                         && let Activations::Q8K { x, .. } = act
