@@ -700,7 +700,7 @@ mod packed {
         let n8 = o.len() / 8 * 8;
         for (b, xb) in x.chunks_exact(bs).enumerate() {
             let yb = |t: usize| &y[t * nb + b];
-            let yd8 = |t: usize| yd8(&y[t * nb + b..], nb);
+            let yd = |t: usize| yd8(&y[t * nb + b..], nb);
             if ty == GgmlType::Q6_K {
                 let codes = q6k_codes_v(xb);
                 let (scales, all) = q6k_scales8(xb);
@@ -718,7 +718,7 @@ mod packed {
                     // SAFETY: acc[t..t + 8], t + 8 <= n8 <= TILE.
                     unsafe {
                         let a = acc.as_mut_ptr().add(t);
-                        _mm256_storeu_ps(a, _mm256_fmadd_ps(res, yd8(t), _mm256_loadu_ps(a)));
+                        _mm256_storeu_ps(a, _mm256_fmadd_ps(res, yd(t), _mm256_loadu_ps(a)));
                     }
                 }
                 for (t, a) in acc.iter_mut().enumerate().take(o.len()).skip(n8) {
@@ -755,7 +755,7 @@ mod packed {
                     // SAFETY: acc[t..t + 8], t + 8 <= n8 <= TILE.
                     unsafe {
                         let a = acc.as_mut_ptr().add(t);
-                        _mm256_storeu_ps(a, _mm256_fmadd_ps(res, yd8(t), _mm256_loadu_ps(a)));
+                        _mm256_storeu_ps(a, _mm256_fmadd_ps(res, yd(t), _mm256_loadu_ps(a)));
                     }
                 }
                 for (t, a) in acc.iter_mut().enumerate().take(o.len()).skip(n8) {
