@@ -19,7 +19,7 @@ use muser_gguf::GgmlType;
 
 use super::lanes::fma;
 use super::quantize::BlockQ8K;
-use super::vec_dot::{KBlock, decode_k_row};
+use super::vec_dot::KBlock;
 
 /// `s1` of one block: `Σ_s scale[s] * Σ_{e in s} code*q8`, for codes with a `bias` subtracted
 /// (Q6_K: 32), using `Σ_{e in s} q8 = bsums` to apply the bias exactly.
@@ -61,19 +61,4 @@ pub fn tiled_dot_k(ty: GgmlType, x: &[KBlock], y: &[BlockQ8K]) -> f32 {
         acc = fma(res, yb.d, acc);
     }
     acc
-}
-
-/// One output element of the tiled Q4_K (`ty5 = false`) / Q5_K (`ty5 = true`) matmul, raw row.
-pub fn tiled_dot_k4(ty5: bool, x: &[u8], y: &[BlockQ8K]) -> f32 {
-    let ty = if ty5 { GgmlType::Q5_K } else { GgmlType::Q4_K };
-    let mut blocks = Vec::new();
-    decode_k_row(ty, x, &mut blocks);
-    tiled_dot_k(ty, &blocks, y)
-}
-
-/// One output element of the tiled Q6_K matmul, raw row.
-pub fn tiled_dot_q6_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
-    let mut blocks = Vec::new();
-    decode_k_row(GgmlType::Q6_K, x, &mut blocks);
-    tiled_dot_k(GgmlType::Q6_K, &blocks, y)
 }
