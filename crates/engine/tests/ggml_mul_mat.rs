@@ -139,8 +139,8 @@ fn routing_table() {
 }
 
 /// K-quant dots straight from the row's bytes (AVX2 integer products), one token's (`vec_dot`)
-/// and the tiled kernel's (8 tokens or more), against the same dots over decoded blocks: the same bits, on blocks of random bytes (every byte pattern is
-/// a block) and on the extremes (every code at its largest against activations of -128 and 127,
+/// and the tiled kernel's (8 tokens or more), against the same dots over decoded blocks: the same
+/// bits, on blocks of random bytes (every byte pattern is a block) and on the extremes (every code at its largest against activations of -128 and 127,
 /// where `maddubs` would saturate if a pair could leave i16).
 #[test]
 fn packed_k_dots_give_the_decoded_bits() {

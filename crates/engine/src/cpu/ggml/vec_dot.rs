@@ -412,7 +412,8 @@ pub fn vec_dot_q6_k(x: &[u8], y: &[BlockQ8K]) -> f32 {
 /// integer products (`maddubs`, then `madd` by each sub-block's scale, as ggml's kernels form
 /// them) instead of codes decoded into a [`KBlock`] first. The lane sums are exact integers either
 /// way (no pair of products leaves i16: codes below 64 against |q8| <= 128), and the float
-/// arithmetic is [`q4k_finish`] / [`q5k_finish`] / [`q6k_finish`], so the bits are the same. For
+/// steps are those of [`q4k_finish`] / [`q5k_finish`] / [`q6k_finish`] in the same order, kept in
+/// vector registers, so the bits are the same. For
 /// products of fewer than 8 tokens (`vec_dot`'s path: decode), whose rows are read once per
 /// token. `None` where the CPU lacks AVX2 or for another type.
 pub fn vec_dot_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> Option<f32> {
@@ -431,8 +432,9 @@ pub fn vec_dot_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> Option<f32> {
 /// [`super::tiled::tiled_dot_k`] of each of the Q4_K, Q5_K or Q6_K rows `w` (`rb` bytes each)
 /// straight from their bytes against each of `n` tokens' Q8_K rows (`y`, one after another), into
 /// `out` (row-major, `[row][token]`, `n = out.len() / rows`): each row's blocks decoded once for
-/// up to 32 tokens, their sums formed 8 tokens side by side; each token's `s1` as the sum of AVX2 integer products' lanes, `s2` from the mins and the Q8_K
-/// sums, then the tiled kernel's float steps in block order. `s1` and `s2` are exact integers
+/// up to 32 tokens, their sums formed 8 tokens side by side; each token's `s1` as the sum of AVX2
+/// integer products' lanes, `s2` from the mins and the Q8_K sums, then the tiled kernel's float
+/// steps in block order. `s1` and `s2` are exact integers
 /// however they are summed, and the float steps are the same, so the bits are the same as from
 /// decoded blocks. For products of 8 tokens or more (the tiled path: prompts). `false` (nothing
 /// written) where the CPU lacks AVX2 or for another type.
@@ -715,11 +717,7 @@ mod packed {
                     }
                     let s1 = hsum_i32_8x8(&lanes);
                     let res = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s1));
-                    // SAFETY: acc[t..t + 8], t + 8 <= n8 <= TILE.
-                    unsafe {
-                        let a = acc.as_mut_ptr().add(t);
-                        _mm256_storeu_ps(a, _mm256_fmadd_ps(res, yd(t), _mm256_loadu_ps(a)));
-                    }
+                    fma_acc8(&mut acc, t, res, yd(t));
                 }
                 for (t, a) in acc.iter_mut().enumerate().take(o.len()).skip(n8) {
                     *a = fma(d * hsum_i32(s1_lanes(t)) as f32, yb(t).d, *a);
@@ -752,11 +750,7 @@ mod packed {
                         _mm256_cvtepi32_ps(s2),
                         _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s1)),
                     );
-                    // SAFETY: acc[t..t + 8], t + 8 <= n8 <= TILE.
-                    unsafe {
-                        let a = acc.as_mut_ptr().add(t);
-                        _mm256_storeu_ps(a, _mm256_fmadd_ps(res, yd(t), _mm256_loadu_ps(a)));
-                    }
+                    fma_acc8(&mut acc, t, res, yd(t));
                 }
                 for (t, a) in acc.iter_mut().enumerate().take(o.len()).skip(n8) {
                     let yb = yb(t);
@@ -767,6 +761,20 @@ mod packed {
             }
         }
         o.copy_from_slice(&acc[..o.len()]);
+    }
+
+    /// `acc[t + k] = fma(res[k], yd[k], acc[t + k])` for the 8 lanes k (the tiled kernel's last
+    /// float step, 8 tokens at once).
+    #[target_feature(enable = "avx2,fma")]
+    fn fma_acc8(acc: &mut [f32; TILE], t: usize, res: __m256, yd: __m256) {
+        let a = &mut acc[t..t + 8];
+        // SAFETY: `a` holds 8 floats (a checked slice); loadu and storeu touch exactly those.
+        unsafe {
+            _mm256_storeu_ps(
+                a.as_mut_ptr(),
+                _mm256_fmadd_ps(res, yd, _mm256_loadu_ps(a.as_ptr())),
+            )
+        };
     }
 
     /// The scales `d` of `y[0]`, `y[stride]`, .. `y[7 * stride]` (8 tokens' Q8_K blocks).
