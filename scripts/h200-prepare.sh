@@ -15,19 +15,22 @@ cp target/release/muser carry/bin/muser
 test_bin=$(cargo test --release -p muser-cuda --test gpu --no-run 2>&1 | grep -o 'target/release/deps/gpu-[0-9a-f]*' | head -1)
 cp "$test_bin" carry/bin/gpu-tests
 strip carry/bin/muser carry/bin/gpu-tests
-# The device tool carries 64 MiB at most, the tracked tree included (52 MB by 2026-12-05): the
+# The device tool carries 64 MiB at most, the tracked tree included (53.6 MB by 2026-12-07): the
 # binaries travel compressed (h200-run.sh unpacks them).
-tar -C carry -cJf carry/bin.tar.xz bin && rm -rf carry/bin
+XZ_OPT=-9e tar -C carry -cJf carry/bin.tar.xz bin && rm -rf carry/bin
 
 if [ ! -f carry/llama.tar.xz ]; then
   # Trimmed of docs, models, media and the other backends' sources (not built there).
-  tar -C "$(dirname "$LLAMA_CPP_DIR")" -cJf carry/llama.tar.xz \
+  XZ_OPT=-9e tar -C "$(dirname "$LLAMA_CPP_DIR")" -cJf carry/llama.tar.xz \
     --exclude='llama.cpp/build-*' --exclude='llama.cpp/docs' --exclude='llama.cpp/models' --exclude='llama.cpp/media' \
     --exclude='llama.cpp/.github' --exclude='llama.cpp/tests' --exclude='llama.cpp/benches' \
     --exclude='llama.cpp/ggml/src/ggml-vulkan' --exclude='llama.cpp/ggml/src/ggml-sycl' --exclude='llama.cpp/ggml/src/ggml-opencl' \
     --exclude='llama.cpp/ggml/src/ggml-metal' --exclude='llama.cpp/ggml/src/ggml-hexagon' --exclude='llama.cpp/ggml/src/ggml-cann' \
     --exclude='llama.cpp/ggml/src/ggml-webgpu' --exclude='llama.cpp/ggml/src/ggml-openvino' --exclude='llama.cpp/ggml/src/ggml-et' \
     --exclude='llama.cpp/ggml/src/ggml-virtgpu' --exclude='llama.cpp/gguf-py' --exclude='llama.cpp/conversion' \
+    --exclude='llama.cpp/tools/ui/tests' --exclude='llama.cpp/vendor/miniaudio' --exclude='llama.cpp/ggml/src/ggml-cpu/spacemit' \
+    --exclude='llama.cpp/ggml/src/ggml-cpu/arch/arm' --exclude='llama.cpp/ggml/src/ggml-cpu/arch/riscv' --exclude='llama.cpp/ggml/src/ggml-cpu/arch/powerpc' \
+    --exclude='llama.cpp/ggml/src/ggml-cpu/arch/loongarch' --exclude='llama.cpp/ggml/src/ggml-cpu/arch/s390' --exclude='llama.cpp/ggml/src/ggml-cpu/arch/wasm' --exclude='*.mp4' --exclude='*.webp' --exclude='*.pdf' \
     llama.cpp
 fi
 du -sh carry/*

@@ -543,16 +543,20 @@ pub struct CudaBackend {
     /// by its last blocks, planes made for the launch's block tokens, x's planes made once per
     /// group. The same bits either way. Written after the profile of a 2-sequence step on the
     /// H200 (docs/BENCHMARKS.md, twenty-eighth session: 416 mmq_reduce launches took 1.03 ms and
-    /// 287 xq_planes 1.09 ms of its 12.5) and not yet run on a GPU: gpu.rs
-    /// `lean_few_token_products_give_the_default_bits` and an A/B (scripts/h200-fewtok.sh) come
-    /// before they become the default.
+    /// 287 xq_planes 1.09 ms of its 12.5). gpu.rs `lean_few_token_products_give_the_default_bits`
+    /// passed on the H200, but they were not faster (thirty-second session, 30B Q4_K_M, fast
+    /// mode: 4 sequences' batched decode 327.7 against 339.4 tokens/s, 3 sequences 246.8
+    /// against 256.0, 2 sequences 167.6 against 171.5), so they stay off.
     mmq_fused_sum: std::sync::atomic::AtomicBool,
     /// Products of 2 to this many tokens (at most MVQ_MAX_TOKENS) on the x-stationary kernels'
     /// few-token forms (`mvq_*_n2`, `_n3`: the weights read once, each token's arithmetic and bits
-    /// as in a one-token launch), not the tensor-core ones (`MUSER_MVQ_TOKENS`, default 1: off).
-    /// The tensor-core products of a few tokens are bound by instructions, not memory (Nsight,
-    /// H200, docs/BENCHMARKS.md, twenty-eighth session: a 2-token FFN pair at 48% of DRAM peak):
-    /// a 2-sequence batched step took 11.07 ms against 6.50 for one sequence.
+    /// as in a one-token launch), not the tensor-core ones (`MUSER_MVQ_TOKENS`, default
+    /// MVQ_MAX_TOKENS; 1: off). The tensor-core products of a few tokens are bound by
+    /// instructions, not memory (Nsight, H200, docs/BENCHMARKS.md, twenty-eighth session: a
+    /// 2-token FFN pair at 48% of DRAM peak). Measured on the H200 (docs/BENCHMARKS.md,
+    /// thirty-second session), 30B Q4_K_M, `--mode fast --fp8-weights`: 2 sequences' batched
+    /// decode 230.5 against 171.5 tokens/s, 3 sequences 282.8 against 256.0, prompt chunks of 2
+    /// and 3 tokens 222 and 280 against 160 and 238; 4 and 5 tokens stay on the tensor cores.
     mvq_tokens: std::sync::atomic::AtomicUsize,
     xq_pad_tb: std::sync::atomic::AtomicBool,
     xq_reuse: std::sync::atomic::AtomicBool,
@@ -792,7 +796,7 @@ impl CudaBackend {
             mvq_tokens: std::sync::atomic::AtomicUsize::new(
                 env_usize("MUSER_MVQ_TOKENS")
                     .filter(|n| (1..=MVQ_MAX_TOKENS).contains(n))
-                    .unwrap_or(1),
+                    .unwrap_or(MVQ_MAX_TOKENS),
             ),
             xq_pad_tb: std::sync::atomic::AtomicBool::new(env_is("MUSER_XQ_PAD_TB", "1")),
             xq_reuse: std::sync::atomic::AtomicBool::new(env_is("MUSER_XQ_REUSE", "1")),
