@@ -191,9 +191,9 @@ fn packed_k_dots_give_the_decoded_bits() {
             );
             // The tiled kernel's arithmetic (8 tokens or more), from the bytes and decoded, for
             // two rows (this one and its blocks in reverse order) against `nt` tokens at once
-            // (more than one tile of 8 in most cases): this token's activations and others'
-            // (x rotated by t values).
-            let nt = [1, 3, 9, 17, 40][case % 5];
+            // (more than one group of 8 in most cases, and more than one of the kernel's tiles
+            // of 32 tokens in some): this token's activations and others' (x rotated by t values).
+            let nt = [1, 3, 9, 17, 40, 64, 71, 130][case % 8];
             let mut ys = Vec::with_capacity(nb * nt);
             for t in 0..nt {
                 let mut xt = x.clone();
