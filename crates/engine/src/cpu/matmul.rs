@@ -304,7 +304,140 @@ fn gemv_avx2(
     if ty == GgmlType::Q4_K && nt == 1 && cols % 256 == 0 {
         return q4k_one_token(w, rows, cols, x, y);
     }
+    if ty == GgmlType::Q6_K && nt == 1 && cols % 256 == 0 {
+        return q6k_one_token(w, rows, cols, x, y);
+    }
     gemv_generic(ty, w, rows, cols, x, nt, y)
+}
+
+/// Q6_K, one token: `gemv_generic`'s arithmetic with the dequantization in registers, as
+/// `q4k_one_token`: y = (d sc) q as `formats::dequant_q6_k` (exact in f32: d has 11
+/// significant bits, sc at most 7 and q - 32 at most 5, so the products cannot round), then one
+/// FMA per 8 weights into lane `i % 8`, in increasing `i`: the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6k_one_token(w: &[u8], rows: usize, cols: usize, x: &[f32], y: &mut [f32]) {
+    const R: usize = 4;
+    let row_bytes = w.len() / rows;
+    let mut r = 0;
+    while r + R <= rows {
+        q6k_rows::<R>(w, row_bytes, r, cols, x, y);
+        r += R;
+    }
+    while r < rows {
+        q6k_rows::<1>(w, row_bytes, r, cols, x, y);
+        r += 1;
+    }
+}
+
+/// Rows r0..r0 + R of `q6k_one_token`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6k_rows<const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    r0: usize,
+    cols: usize,
+    x: &[f32],
+    y: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let nb = cols / 256;
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..nb {
+        prefetch_rows::<R>(w, row_bytes, r0, (b + 4) * 210);
+        let blk: [&[u8]; R] = std::array::from_fn(|k| {
+            &w[(r0 + k) * row_bytes + b * 210..(r0 + k) * row_bytes + (b + 1) * 210]
+        });
+        // d sc of each 16 values (exact), in block order.
+        let ds: [[f32; 16]; R] = std::array::from_fn(|k| {
+            let d = formats::f16_at(blk[k], 208);
+            std::array::from_fn(|i| d * (blk[k][192 + i] as i8) as f32)
+        });
+        let xb = &x[b * 256..(b + 1) * 256];
+        for n in 0..2 {
+            q6k_quarter::<R, 0>(&blk, &ds, n, xb, &mut acc);
+            q6k_quarter::<R, 1>(&blk, &ds, n, xb, &mut acc);
+            q6k_quarter::<R, 2>(&blk, &ds, n, xb, &mut acc);
+            q6k_quarter::<R, 3>(&blk, &ds, n, xb, &mut acc);
+        }
+    }
+    for k in 0..R {
+        let mut a = [0f32; 8];
+        // SAFETY: `a` holds 8 floats.
+        unsafe { _mm256_storeu_ps(a.as_mut_ptr(), acc[k]) };
+        y[r0 + k] = reduce(a);
+    }
+}
+
+/// Quarter `Q` (32 values) of half `n` of the R rows' Q6_K blocks `blk` (`ds`: their d sc per
+/// 16 values) against `xb`, 8 values at a time into `acc`: the low nibbles of ql[64n..] (Q = 0,
+/// 2: shifted by 4 for Q = 2) or of ql[64n + 32..] (Q = 1, 3), and bits 2Q of qh[32n..], as
+/// `formats::dequant_q6_k`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q6k_quarter<const R: usize, const Q: usize>(
+    blk: &[&[u8]; R],
+    ds: &[[f32; 16]; R],
+    n: usize,
+    xb: &[f32],
+    acc: &mut [std::arch::x86_64::__m256; R],
+) {
+    use std::arch::x86_64::*;
+    let (m4, m3, c32) = (
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(0x03),
+        _mm256_set1_epi8(32),
+    );
+    let src = 64 * n + 32 * (Q % 2);
+    // The 32 codes of each row, q - 32 as i8, made 32 at a time.
+    let codes: [__m256i; R] = std::array::from_fn(|k| {
+        let (lo, hi) = (
+            &blk[k][src..src + 32],
+            &blk[k][128 + 32 * n..128 + 32 * n + 32],
+        );
+        // SAFETY: `lo` and `hi` hold 32 bytes each (checked slices); loadu reads exactly 32.
+        let (l, h) = unsafe {
+            (
+                _mm256_loadu_si256(lo.as_ptr() as *const __m256i),
+                _mm256_loadu_si256(hi.as_ptr() as *const __m256i),
+            )
+        };
+        let l = if Q >= 2 { _mm256_srli_epi16::<4>(l) } else { l };
+        let h = match Q {
+            0 => h,
+            1 => _mm256_srli_epi16::<2>(h),
+            2 => _mm256_srli_epi16::<4>(h),
+            _ => _mm256_srli_epi16::<6>(h),
+        };
+        let code = _mm256_or_si256(
+            _mm256_and_si256(l, m4),
+            _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3)),
+        );
+        _mm256_sub_epi8(code, c32)
+    });
+    for c in 0..4 {
+        let xs = &xb[128 * n + 32 * Q + 8 * c..128 * n + 32 * Q + 8 * c + 8];
+        // SAFETY: `xs` holds 8 floats (a checked slice); loadu reads exactly 8.
+        let xv = unsafe { _mm256_loadu_ps(xs.as_ptr()) };
+        for k in 0..R {
+            // Codes 8c..8c + 8 of the 32.
+            let half = if c < 2 {
+                _mm256_castsi256_si128(codes[k])
+            } else {
+                _mm256_extracti128_si256::<1>(codes[k])
+            };
+            let eight = if c % 2 == 0 {
+                half
+            } else {
+                _mm_srli_si128::<8>(half)
+            };
+            let qv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight));
+            // The scale of these 8 values: sc[8n + c/2 + 2Q].
+            let wv = _mm256_mul_ps(_mm256_set1_ps(ds[k][8 * n + c / 2 + 2 * Q]), qv);
+            acc[k] = _mm256_fmadd_ps(wv, xv, acc[k]);
+        }
+    }
 }
 
 /// Q4_K, one token: `gemv_generic`'s arithmetic with the dequantization in registers (no
