@@ -22,7 +22,7 @@ use super::quantize::{
 use super::sgemm::{sgemm_dot_bf16, sgemm_dot_f16, sgemm_dot_f32};
 use super::tiled::tiled_dot_k;
 use super::vec_dot::{
-    KBlock, tiled_rows_k_packed, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_k,
+    KBlock, TiledSums, tiled_rows_k_packed_with, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_k,
     vec_dot_k_packed, vec_dot_q0_q8_0,
 };
 
@@ -285,6 +285,11 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
 
     // rows in chunks; each chunk computes [chunk rows][n_tokens], then the result is scattered to y[t][r]
     const CHUNK: usize = 16;
+    // The tiled kernel's token sums, arranged once for every chunk.
+    let sums = match act {
+        Activations::Q8K { x, .. } if path == MatMulPath::Tiled => TiledSums::new(ty, x, n_tokens),
+        _ => None,
+    };
     let mut tmp = vec![0.0f32; rows * n_tokens];
     tmp.par_chunks_mut(CHUNK * n_tokens)
         .enumerate()
@@ -308,26 +313,45 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
                 #[inline(always)]
                 || {
                     // 8 tokens or more of a K-quant: the tiled kernel's arithmetic from the
-                    // rows' bytes, each of the chunk's rows against up to 32 tokens at a time.
+                    // rows' bytes, each of the chunk's rows decoded once for all the tokens.
                     let rows_here = out.len() / n_tokens;
-                    if path == MatMulPath::Tiled
-                        && let Activations::Q8K { x, .. } = act
-                        && tiled_rows_k_packed(ty, &w[r0 * rb..(r0 + rows_here) * rb], rb, x, out)
-                    {
-                        return;
+                    let done = sums.as_ref().is_some_and(|sums| match act {
+                        Activations::Q8K { x, .. } => tiled_rows_k_packed_with(
+                            sums,
+                            &w[r0 * rb..(r0 + rows_here) * rb],
+                            rb,
+                            x,
+                            out,
+                        ),
+                        _ => false,
+                    });
+                    if !done {
+                        for (i, o) in out.chunks_exact_mut(n_tokens).enumerate() {
+                            let wr = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
+                            for (t, v) in o.iter_mut().enumerate() {
+                                *v = dot(ty, path, wr, act, t, &mut buf, t == 0);
+                            }
+                        }
                     }
-                    for (i, o) in out.chunks_exact_mut(n_tokens).enumerate() {
-                        let wr = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
-                        for (t, v) in o.iter_mut().enumerate() {
-                            *v = dot(ty, path, wr, act, t, &mut buf, t == 0);
+                    // The chunk's [row][token] as [token][row] (in L1), so that each token's
+                    // outputs of the chunk go to y as one run.
+                    if n_tokens > 1 {
+                        let rt = out.to_vec();
+                        for (r, src) in rt.chunks_exact(n_tokens).enumerate() {
+                            for (t, v) in src.iter().enumerate() {
+                                out[t * rows_here + r] = *v;
+                            }
                         }
                     }
                 },
             )
         });
-    for r in 0..rows {
-        for t in 0..n_tokens {
-            y[t * rows + r] = tmp[r * n_tokens + t];
+    // Each token's runs of the chunks into its row of y ([token][row]). (The whole [row][token]
+    // buffer scattered into y on one thread took 8% of a prompt's time.)
+    y.par_chunks_mut(rows).enumerate().for_each(|(t, yt)| {
+        for (yc, tc) in yt.chunks_mut(CHUNK).zip(tmp.chunks(CHUNK * n_tokens)) {
+            let here = yc.len();
+            yc.copy_from_slice(&tc[t * here..(t + 1) * here]);
         }
-    }
+    });
 }

@@ -429,15 +429,43 @@ pub fn vec_dot_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> Option<f32> {
     None
 }
 
+/// What the tiled K-quant kernel reads of its tokens besides their codes, arranged once for all
+/// the rows of a product: their scales and sums of codes, 8 tokens side by side (see
+/// [`tiled_rows_k_packed_with`]).
+pub struct TiledSums {
+    #[cfg(target_arch = "x86_64")]
+    groups: Vec<packed::GroupSums>,
+    ty: GgmlType,
+    nt: usize,
+}
+
+impl TiledSums {
+    /// The sums of `nt` tokens' Q8_K rows `y` (one after another) for weights of type `ty`;
+    /// `None` where the CPU lacks AVX2 or for another type (then the tiled kernel is not taken
+    /// from the rows' bytes).
+    pub fn new(ty: GgmlType, y: &[BlockQ8K], nt: usize) -> Option<TiledSums> {
+        #[cfg(target_arch = "x86_64")]
+        if super::lanes::has_avx2_fma()
+            && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+            && nt > 0
+            && y.len() % nt == 0
+        {
+            return Some(TiledSums {
+                groups: packed::group_sums(ty, y, y.len() / nt, nt),
+                ty,
+                nt,
+            });
+        }
+        let _ = (ty, y, nt);
+        None
+    }
+}
+
 /// [`super::tiled::tiled_dot_k`] of each of the Q4_K, Q5_K or Q6_K rows `w` (`rb` bytes each)
 /// straight from their bytes against each of `n` tokens' Q8_K rows (`y`, one after another), into
-/// `out` (row-major, `[row][token]`, `n = out.len() / rows`): each row's blocks decoded once for
-/// up to 32 tokens, their sums formed 8 tokens side by side; each token's `s1` as the sum of AVX2
-/// integer products' lanes, `s2` from the mins and the Q8_K sums, then the tiled kernel's float
-/// steps in block order. `s1` and `s2` are exact integers
-/// however they are summed, and the float steps are the same, so the bits are the same as from
-/// decoded blocks. For products of 8 tokens or more (the tiled path: prompts). `false` (nothing
-/// written) where the CPU lacks AVX2 or for another type.
+/// `out` (row-major, `[row][token]`, `n = out.len() / rows`), as [`tiled_rows_k_packed_with`]
+/// with the tokens' sums arranged here. `false` (nothing written) where the CPU lacks AVX2 or for
+/// another type.
 pub fn tiled_rows_k_packed(
     ty: GgmlType,
     w: &[u8],
@@ -445,17 +473,49 @@ pub fn tiled_rows_k_packed(
     y: &[BlockQ8K],
     out: &mut [f32],
 ) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if super::lanes::has_avx2_fma()
-        && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
-    {
-        // SAFETY: the avx2 and fma target features the function enables are present (checked
-        // just above); it reads only within `w` and `y` (whole blocks, checked inside).
-        unsafe { packed::tiled_rows(ty, w, rb, y, out) };
-        return true;
+    let rows = w.len() / rb.max(1);
+    if rows == 0 {
+        return false;
     }
-    let _ = (ty, w, rb, y, out);
-    false
+    match TiledSums::new(ty, y, out.len() / rows) {
+        Some(sums) => tiled_rows_k_packed_with(&sums, w, rb, y, out),
+        None => false,
+    }
+}
+
+/// [`tiled_rows_k_packed`] with the tokens' [`TiledSums`] arranged beforehand (once for every
+/// chunk of rows of a product). Each row's blocks are decoded once for all the tokens, into a
+/// buffer read from L1 (codes, scale vectors, the mins' or scales' pairs); each group of 8
+/// tokens' `s1` is the sum of AVX2 integer products' lanes, 8 tokens side by side, and `s2` (or
+/// Q6_K's code bias) one `madd` per pair of sub-blocks against the group's arranged sums; then
+/// the tiled kernel's float steps in block order, each token's in its own lane. `s1` and `s2` are
+/// exact integers however they are summed, and the float steps are the same, so the bits are
+/// those of decoded blocks. For products of 8 tokens or more (the tiled path: prompts). `false`
+/// (nothing written) where the shapes do not match the sums.
+pub fn tiled_rows_k_packed_with(
+    sums: &TiledSums,
+    w: &[u8],
+    rb: usize,
+    y: &[BlockQ8K],
+    out: &mut [f32],
+) -> bool {
+    let rows = w.len() / rb.max(1);
+    if rows == 0 || out.len() != rows * sums.nt || y.len() % sums.nt != 0 {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `TiledSums` exists only where avx2 and fma are present (its constructor
+        // checks) and for a K-quant; the function reads only within `w`, `y` and the sums
+        // (whole blocks, the shapes checked inside).
+        unsafe { packed::tiled_rows(sums.ty, w, rb, y, &sums.groups, out) };
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (w, y, out);
+        false
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -662,127 +722,219 @@ mod packed {
         _mm_cvtsi128_si32(s)
     }
 
-    /// Tokens whose sums a row's blocks are decoded once for. (Rows taken a few tokens at a time
-    /// instead, so that those tokens' activations stay in the L1 cache for all of a chunk's
-    /// rows, ran slower: 142 against 157 tokens/s, a prompt of 128 on the mid Q4_K_M file, 2
-    /// threads of a Zen 3 EPYC, medians of 3 alternating runs. The decoding is then repeated
-    /// for every 8 tokens.)
-    const TILE: usize = 32;
+    /// One block of a weight row as the tiled kernel reads it, decoded once for all the tokens:
+    /// its codes and scale vectors for [`dot8x8`] (kept in memory, read from L1 for each group
+    /// of 8 tokens, so that the group's 8 accumulators, one code vector and one scale vector are
+    /// what the inner loop holds in registers), and the i16 pairs the `madd` against the group's
+    /// sums takes (Q4_K / Q5_K: the mins `(min[2p], min[2p+1])`, p < 4; Q6_K: the scales
+    /// `(sc[2p], sc[2p+1])`, p < 8).
+    #[derive(Clone, Copy)]
+    struct RowBlock {
+        codes: [__m256i; 8],
+        scales: [__m256i; 8],
+        /// [`k4_scales_mins_v`] (Q4_K, Q5_K) or the 16 scales as i16 (Q6_K), for one token.
+        ms: __m256i,
+        pairs: [i32; 8],
+        d: f32,
+        dmin: f32,
+    }
 
-    /// See [`super::tiled_rows_k_packed`]. The caller checked avx2 and fma.
+    /// Two i16 as the i32 whose low half is `a` (a `madd` operand).
+    fn pair(a: i16, b: i16) -> i32 {
+        ((a as u16 as u32) | ((b as u16 as u32) << 16)) as i32
+    }
+
+    /// Decode one Q4_K, Q5_K or Q6_K block.
+    #[target_feature(enable = "avx2")]
+    fn row_block(ty: GgmlType, xb: &[u8]) -> RowBlock {
+        if ty == GgmlType::Q6_K {
+            let (scales, all) = q6k_scales8(xb);
+            let sc: [i16; 16] = std::array::from_fn(|s| xb[192 + s] as i8 as i16);
+            RowBlock {
+                codes: q6k_codes_v(xb),
+                scales,
+                ms: all,
+                pairs: std::array::from_fn(|p| pair(sc[2 * p], sc[2 * p + 1])),
+                d: rd_f16(xb, 208),
+                dmin: 0.0,
+            }
+        } else {
+            let ms = k4_scales_mins_v(&xb[4..16]);
+            let mut v = [0i16; 16];
+            // SAFETY: 32 bytes into an [i16; 16].
+            unsafe { _mm256_storeu_si256(v.as_mut_ptr() as *mut __m256i, ms) };
+            let mins = &v[8..];
+            RowBlock {
+                codes: k4_block_codes(ty, xb),
+                scales: k4_scales8(ms),
+                ms,
+                pairs: std::array::from_fn(|p| {
+                    if p < 4 {
+                        pair(mins[2 * p], mins[2 * p + 1])
+                    } else {
+                        0
+                    }
+                }),
+                d: rd_f16(xb, 0),
+                dmin: rd_f16(xb, 2),
+            }
+        }
+    }
+
+    /// What one block of 8 tokens brings to the tiled kernel besides its codes, laid out for
+    /// the 8 tokens side by side: their scales `d`, and the sums of their codes as i16 pairs,
+    /// token k's in elements 2k and 2k + 1 of each vector: for Q4_K / Q5_K the sums of 32
+    /// (`bsums[2s] + bsums[2s+1]`, at most 4,064) of sub-blocks (2p, 2p + 1), p < 4; for Q6_K
+    /// the sums of 16 of sub-blocks (2p, 2p + 1), p < 8.
+    #[derive(Clone, Copy)]
+    pub(super) struct GroupSums {
+        yd: [f32; 8],
+        pairs: [[i16; 16]; 8],
+    }
+
+    /// [`GroupSums`] of every block of every whole group of 8 tokens (`[group][block]`).
+    pub(super) fn group_sums(ty: GgmlType, y: &[BlockQ8K], nb: usize, nt: usize) -> Vec<GroupSums> {
+        let q6 = ty == GgmlType::Q6_K;
+        let mut g = Vec::with_capacity(nt / 8 * nb);
+        for t0 in (0..nt / 8 * 8).step_by(8) {
+            for b in 0..nb {
+                let mut e = GroupSums {
+                    yd: [0.0; 8],
+                    pairs: [[0; 16]; 8],
+                };
+                for k in 0..8 {
+                    let yb = &y[(t0 + k) * nb + b];
+                    e.yd[k] = yb.d;
+                    for p in 0..8 {
+                        let (a, c) = if q6 {
+                            (yb.bsums[2 * p], yb.bsums[2 * p + 1])
+                        } else if p < 4 {
+                            let s32 = |s: usize| yb.bsums[2 * s] + yb.bsums[2 * s + 1];
+                            (s32(2 * p), s32(2 * p + 1))
+                        } else {
+                            (0, 0)
+                        };
+                        e.pairs[p][2 * k] = a;
+                        e.pairs[p][2 * k + 1] = c;
+                    }
+                }
+                g.push(e);
+            }
+        }
+        g
+    }
+
+    /// See [`super::tiled_rows_k_packed`]; `sums` is [`group_sums`] of `y`. The caller checked
+    /// avx2 and fma.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) fn tiled_rows(ty: GgmlType, w: &[u8], rb: usize, y: &[BlockQ8K], out: &mut [f32]) {
+    pub(super) fn tiled_rows(
+        ty: GgmlType,
+        w: &[u8],
+        rb: usize,
+        y: &[BlockQ8K],
+        sums: &[GroupSums],
+        out: &mut [f32],
+    ) {
         let rows = w.len() / rb;
         let nt = out.len() / rows;
+        let bs = ty.type_size();
+        let nb = rb / bs;
+        let groups = nt / 8;
         assert!(
-            rows * rb == w.len() && rows * nt == out.len(),
+            rows * rb == w.len()
+                && rows * nt == out.len()
+                && y.len() >= nb * nt
+                && sums.len() == groups * nb,
             "tiled_rows: shapes"
         );
-        let nb = rb / ty.type_size();
-        for (x, o) in w.chunks_exact(rb).zip(out.chunks_exact_mut(nt)) {
-            for (t0, ot) in (0..nt).step_by(TILE).zip(o.chunks_mut(TILE)) {
-                tiled_row(ty, x, &y[t0 * nb..], ot);
+        let q6 = ty == GgmlType::Q6_K;
+        // Every row's blocks decoded once, then each group of 8 tokens block by block, all the
+        // rows against that block's activations while they are in L1.
+        let blocks: Vec<RowBlock> = w.chunks_exact(bs).map(|xb| row_block(ty, xb)).collect();
+        let mut acc = vec![_mm256_setzero_ps(); rows];
+        for (g, gs) in sums.chunks_exact(nb).enumerate() {
+            acc.fill(_mm256_setzero_ps());
+            for (b, gb) in gs.iter().enumerate() {
+                let ys: [&[i8; QK_K]; 8] = std::array::from_fn(|k| &y[(8 * g + k) * nb + b].qs);
+                for (a, rbk) in acc.iter_mut().zip(blocks[b..].iter().step_by(nb)) {
+                    *a = block8(q6, rbk, ys, gb, *a);
+                }
+            }
+            for (a, o) in acc.iter().zip(out.chunks_exact_mut(nt)) {
+                // SAFETY: 8 floats of `o` (token 8g + 8 <= nt).
+                unsafe { _mm256_storeu_ps(o[8 * g..8 * g + 8].as_mut_ptr(), *a) };
+            }
+        }
+        // The tokens past the last whole group, one at a time.
+        for (rb_, o) in blocks.chunks_exact(nb).zip(out.chunks_exact_mut(nt)) {
+            for (t, ot) in o.iter_mut().enumerate().skip(groups * 8) {
+                let mut acc = 0.0f32;
+                for (rbk, yb) in rb_.iter().zip(&y[t * nb..(t + 1) * nb]) {
+                    let lanes = dot8(&rbk.codes, &rbk.scales, &yb.qs);
+                    acc = if q6 {
+                        let s1 = hsum_i32(_mm256_sub_epi32(lanes, q6k_bias(yb, rbk.ms)));
+                        fma(rbk.d * s1 as f32, yb.d, acc)
+                    } else {
+                        let s1 = hsum_i32(lanes);
+                        let s2 = hsum_i32x4(k4_min_products_v(rbk.ms, yb));
+                        fma(fma(-rbk.dmin, s2 as f32, rbk.d * s1 as f32), yb.d, acc)
+                    };
+                }
+                *ot = acc;
             }
         }
     }
 
-    /// One row's sums against the first `o.len()` (at most [`TILE`]) tokens of `y`, into `o`.
+    /// One block of a row against 8 tokens (`ys[k]`: token k's codes in that block, `g`: their
+    /// [`GroupSums`]), token k's in lane k: `s1` as the sum of the integer products' lanes, `s2`
+    /// (or Q6_K's bias) by `madd` of the block's pairs against the tokens' sums, then the tiled
+    /// kernel's float steps, `fma(fma(-dmin, s2, d s1), y.d, acc)` (Q6_K: `fma(d s1, y.d, acc)`),
+    /// each token's in its own lane.
     #[target_feature(enable = "avx2,fma")]
-    fn tiled_row(ty: GgmlType, x: &[u8], y: &[BlockQ8K], o: &mut [f32]) {
-        let bs = ty.type_size();
-        let nb = x.len() / bs;
-        assert!(
-            o.len() <= TILE && y.len() >= nb * o.len(),
-            "tiled_row: {} Q8_K blocks",
-            y.len()
-        );
-        let mut acc = [0.0f32; TILE];
-        // Tokens 8 at a time (their sums gathered into one vector, their float steps done
-        // side by side, each token's in its own lane), then one at a time.
-        let n8 = o.len() / 8 * 8;
-        for (b, xb) in x.chunks_exact(bs).enumerate() {
-            let yb = |t: usize| &y[t * nb + b];
-            let yd = |t: usize| yd8(&y[t * nb + b..], nb);
-            if ty == GgmlType::Q6_K {
-                let codes = q6k_codes_v(xb);
-                let (scales, all) = q6k_scales8(xb);
-                let d = rd_f16(xb, 208);
-                let bias = |t: usize| q6k_bias(yb(t), all);
-                let s1_lanes =
-                    |t: usize| _mm256_sub_epi32(dot8(&codes, &scales, &yb(t).qs), bias(t));
-                for t in (0..n8).step_by(8) {
-                    let mut lanes = dot8x8(&codes, &scales, std::array::from_fn(|k| &yb(t + k).qs));
-                    for (k, l) in lanes.iter_mut().enumerate() {
-                        *l = _mm256_sub_epi32(*l, bias(t + k));
-                    }
-                    let s1 = hsum_i32_8x8(&lanes);
-                    let res = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s1));
-                    fma_acc8(&mut acc, t, res, yd(t));
-                }
-                for (t, a) in acc.iter_mut().enumerate().take(o.len()).skip(n8) {
-                    *a = fma(d * hsum_i32(s1_lanes(t)) as f32, yb(t).d, *a);
-                }
-            } else {
-                let ms = k4_scales_mins_v(&xb[4..16]);
-                let codes = k4_block_codes(ty, xb);
-                let scales = k4_scales8(ms);
-                let (d, dmin) = (rd_f16(xb, 0), rd_f16(xb, 2));
-                for t in (0..n8).step_by(8) {
-                    let s1 = hsum_i32_8x8(&dot8x8(
-                        &codes,
-                        &scales,
-                        std::array::from_fn(|k| &yb(t + k).qs),
-                    ));
-                    // s2 of tokens t..t+8: lanes of [t + k | t + k + 4] summed by pairs.
-                    let w: [__m256i; 4] = std::array::from_fn(|k| {
-                        _mm256_set_m128i(
-                            k4_min_products_v(ms, yb(t + k + 4)),
-                            k4_min_products_v(ms, yb(t + k)),
-                        )
-                    });
-                    let s2 = _mm256_hadd_epi32(
-                        _mm256_hadd_epi32(w[0], w[1]),
-                        _mm256_hadd_epi32(w[2], w[3]),
-                    );
-                    // fma(-dmin, s2, d * s1): `fnmadd` rounds -(dmin s2) + d s1 once.
-                    let res = _mm256_fnmadd_ps(
-                        _mm256_set1_ps(dmin),
-                        _mm256_cvtepi32_ps(s2),
-                        _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s1)),
-                    );
-                    fma_acc8(&mut acc, t, res, yd(t));
-                }
-                for (t, a) in acc.iter_mut().enumerate().take(o.len()).skip(n8) {
-                    let yb = yb(t);
-                    let s1 = hsum_i32(dot8(&codes, &scales, &yb.qs));
-                    let s2 = hsum_i32x4(k4_min_products_v(ms, yb));
-                    *a = fma(fma(-dmin, s2 as f32, d * s1 as f32), yb.d, *a);
-                }
-            }
-        }
-        o.copy_from_slice(&acc[..o.len()]);
-    }
-
-    /// `acc[t + k] = fma(res[k], yd[k], acc[t + k])` for the 8 lanes k (the tiled kernel's last
-    /// float step, 8 tokens at once).
-    #[target_feature(enable = "avx2,fma")]
-    fn fma_acc8(acc: &mut [f32; TILE], t: usize, res: __m256, yd: __m256) {
-        let a = &mut acc[t..t + 8];
-        // SAFETY: `a` holds 8 floats (a checked slice); loadu and storeu touch exactly those.
-        unsafe {
-            _mm256_storeu_ps(
-                a.as_mut_ptr(),
-                _mm256_fmadd_ps(res, yd, _mm256_loadu_ps(a.as_ptr())),
+    fn block8(
+        q6: bool,
+        rbk: &RowBlock,
+        ys: [&[i8; QK_K]; 8],
+        g: &GroupSums,
+        acc: __m256,
+    ) -> __m256 {
+        let lanes = dot8x8(&rbk.codes, &rbk.scales, ys);
+        let s1 = hsum_i32_8x8(&lanes);
+        let pv = |p: usize| {
+            // SAFETY: 16 i16, 32 bytes.
+            let v = unsafe { _mm256_loadu_si256(g.pairs[p].as_ptr() as *const __m256i) };
+            _mm256_madd_epi16(_mm256_set1_epi32(rbk.pairs[p]), v)
+        };
+        let d = _mm256_set1_ps(rbk.d);
+        let res = if q6 {
+            // 32 Σ sc[s] bsums[s]: what the unbiased codes' sums exceed (q - 32)'s by.
+            let bias = _mm256_add_epi32(
+                _mm256_add_epi32(
+                    _mm256_add_epi32(pv(0), pv(1)),
+                    _mm256_add_epi32(pv(2), pv(3)),
+                ),
+                _mm256_add_epi32(
+                    _mm256_add_epi32(pv(4), pv(5)),
+                    _mm256_add_epi32(pv(6), pv(7)),
+                ),
+            );
+            let s1 = _mm256_sub_epi32(s1, _mm256_slli_epi32::<5>(bias));
+            _mm256_mul_ps(d, _mm256_cvtepi32_ps(s1))
+        } else {
+            let s2 = _mm256_add_epi32(
+                _mm256_add_epi32(pv(0), pv(1)),
+                _mm256_add_epi32(pv(2), pv(3)),
+            );
+            // fma(-dmin, s2, d * s1): `fnmadd` rounds -(dmin s2) + d s1 once.
+            _mm256_fnmadd_ps(
+                _mm256_set1_ps(rbk.dmin),
+                _mm256_cvtepi32_ps(s2),
+                _mm256_mul_ps(d, _mm256_cvtepi32_ps(s1)),
             )
         };
-    }
-
-    /// The scales `d` of `y[0]`, `y[stride]`, .. `y[7 * stride]` (8 tokens' Q8_K blocks).
-    #[target_feature(enable = "avx2")]
-    fn yd8(y: &[BlockQ8K], stride: usize) -> __m256 {
-        assert!(y.len() > 7 * stride);
-        let d = |k: usize| y[k * stride].d;
-        _mm256_setr_ps(d(0), d(1), d(2), d(3), d(4), d(5), d(6), d(7))
+        // SAFETY: 8 floats.
+        let yd = unsafe { _mm256_loadu_ps(g.yd.as_ptr()) };
+        _mm256_fmadd_ps(res, yd, acc)
     }
 
     /// [`dot8`] of one block's codes against 8 tokens' activations, the 32s of the block in the
