@@ -146,7 +146,8 @@ fn routing_table() {
 fn packed_k_dots_give_the_decoded_bits() {
     use muser_engine::cpu::ggml::tiled::tiled_dot_k;
     use muser_engine::cpu::ggml::vec_dot::{
-        decode_k_row, tiled_rows_k_packed, vec_dot_k, vec_dot_k_packed,
+        TiledSums, decode_k_row, has_avx512_vnni, tiled_rows_k_packed, tiled_rows_k_packed_with,
+        vec_dot_k, vec_dot_k_packed,
     };
     if !muser_engine::cpu::ggml::lanes::has_avx2_fma() {
         println!("SKIPPED: this CPU has no AVX2 and FMA (the packed path is not taken)");
@@ -204,25 +205,62 @@ fn packed_k_dots_give_the_decoded_bits() {
             }
             let reversed: Vec<u8> = w.chunks_exact(bs).rev().flatten().copied().collect();
             let rows = [w.clone(), reversed].concat();
-            let mut got = vec![0.0f32; 2 * nt];
-            assert!(
-                tiled_rows_k_packed(ty, &rows, w.len(), &ys, &mut got),
-                "the packed path on AVX2"
-            );
-            for (i, row) in rows.chunks_exact(w.len()).enumerate() {
-                let mut blocks = Vec::new();
-                decode_k_row(ty, row, &mut blocks);
-                for t in 0..nt {
-                    let want = tiled_dot_k(ty, &blocks, &ys[t * nb..(t + 1) * nb]);
-                    let g = got[i * nt + t];
-                    assert_eq!(
-                        g.to_bits(),
-                        want.to_bits(),
-                        "tiled {ty} case {case} row {i} token {t} of {nt}: {g} against {want}"
+            // Both forms of the kernel where the CPU has AVX-512 VNNI (the default then), the
+            // AVX2 form alone otherwise; 2 rows here and 9 below (8 at a time, then 1).
+            let mut forms = vec![TiledSums::new_avx2(ty, &ys, nt).expect("AVX2")];
+            if has_avx512_vnni() {
+                let v = TiledSums::new(ty, &ys, nt).expect("AVX2");
+                assert!(v.vnni(), "the VNNI form where the CPU has it");
+                forms.push(v);
+            } else if case == 0 {
+                println!("this CPU has no AVX-512 VNNI: the tiled kernel's VNNI form is not run");
+            }
+            let nine: Vec<u8> = (0..9)
+                .flat_map(|i| if i % 2 == 0 { rows.clone() } else { w.clone() })
+                .take(9 * w.len())
+                .collect();
+            for sums in &forms {
+                for rows in [&rows, &nine] {
+                    let nr = rows.len() / w.len();
+                    let mut got = vec![0.0f32; nr * nt];
+                    assert!(
+                        tiled_rows_k_packed_with(sums, rows, w.len(), &ys, &mut got),
+                        "the packed path on AVX2"
                     );
+                    for (i, row) in rows.chunks_exact(w.len()).enumerate() {
+                        let mut blocks = Vec::new();
+                        decode_k_row(ty, row, &mut blocks);
+                        for t in 0..nt {
+                            let want = tiled_dot_k(ty, &blocks, &ys[t * nb..(t + 1) * nb]);
+                            let g = got[i * nt + t];
+                            assert_eq!(
+                                g.to_bits(),
+                                want.to_bits(),
+                                "tiled {ty} (vnni: {}) case {case} row {i} of {nr}, token {t} of {nt}: {g} against {want}",
+                                sums.vnni()
+                            );
+                        }
+                    }
+                    checked += nr * nt;
                 }
             }
-            checked += 1 + 2 * nt;
+            // The entry point that arranges the sums itself.
+            let mut got = vec![0.0f32; 2 * nt];
+            assert!(tiled_rows_k_packed(ty, &rows, w.len(), &ys, &mut got));
+            let mut want = vec![0.0f32; 2 * nt];
+            assert!(tiled_rows_k_packed_with(
+                &forms[0],
+                &rows,
+                w.len(),
+                &ys,
+                &mut want
+            ));
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+            );
+            checked += 1;
         }
     }
     println!("{checked} packed K-quant dots (one-token and tiled): the decoded path's bits");

@@ -22,8 +22,8 @@ use super::quantize::{
 use super::sgemm::{sgemm_dot_bf16, sgemm_dot_f16, sgemm_dot_f32};
 use super::tiled::tiled_dot_k;
 use super::vec_dot::{
-    KBlock, TiledSums, tiled_rows_k_packed_with, vec_dot_bf16, vec_dot_f16, vec_dot_f32, vec_dot_k,
-    vec_dot_k_packed, vec_dot_q0_q8_0,
+    KBlock, TiledSums, tiled_rows_k_packed_tokens, vec_dot_bf16, vec_dot_f16, vec_dot_f32,
+    vec_dot_k, vec_dot_k_packed, vec_dot_q0_q8_0,
 };
 
 /// Which ggml-cpu kernel computes a mul_mat.
@@ -283,7 +283,7 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
     );
     let path = mul_mat_path(ty, rows, n_tokens);
 
-    // rows in chunks; each chunk computes [chunk rows][n_tokens], then the result is scattered to y[t][r]
+    // rows in chunks; each chunk computes [n_tokens][chunk rows], then each token's run goes to y[t]
     const CHUNK: usize = 16;
     // The tiled kernel's token sums, arranged once for every chunk.
     let sums = match act {
@@ -316,7 +316,7 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
                     // rows' bytes, each of the chunk's rows decoded once for all the tokens.
                     let rows_here = out.len() / n_tokens;
                     let done = sums.as_ref().is_some_and(|sums| match act {
-                        Activations::Q8K { x, .. } => tiled_rows_k_packed_with(
+                        Activations::Q8K { x, .. } => tiled_rows_k_packed_tokens(
                             sums,
                             &w[r0 * rb..(r0 + rows_here) * rb],
                             rb,
@@ -326,20 +326,11 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
                         _ => false,
                     });
                     if !done {
-                        for (i, o) in out.chunks_exact_mut(n_tokens).enumerate() {
+                        for i in 0..rows_here {
                             let wr = &w[(r0 + i) * rb..(r0 + i + 1) * rb];
-                            for (t, v) in o.iter_mut().enumerate() {
-                                *v = dot(ty, path, wr, act, t, &mut buf, t == 0);
-                            }
-                        }
-                    }
-                    // The chunk's [row][token] as [token][row] (in L1), so that each token's
-                    // outputs of the chunk go to y as one run.
-                    if n_tokens > 1 {
-                        let rt = out.to_vec();
-                        for (r, src) in rt.chunks_exact(n_tokens).enumerate() {
-                            for (t, v) in src.iter().enumerate() {
-                                out[t * rows_here + r] = *v;
+                            for t in 0..n_tokens {
+                                out[t * rows_here + i] =
+                                    dot(ty, path, wr, act, t, &mut buf, t == 0);
                             }
                         }
                     }

@@ -430,33 +430,81 @@ pub fn vec_dot_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> Option<f32> {
 }
 
 /// What the tiled K-quant kernel reads of its tokens besides their codes, arranged once for all
-/// the rows of a product: their scales and sums of codes, 8 tokens side by side (see
+/// the rows of a product: their scales and sums of codes, 8 tokens side by side, and where the
+/// CPU has AVX-512 VNNI, their codes too, 4 at a time for 8 tokens (see
 /// [`tiled_rows_k_packed_with`]).
 pub struct TiledSums {
     #[cfg(target_arch = "x86_64")]
     groups: Vec<packed::GroupSums>,
+    /// `[pair of groups][block][j]`: bytes 4j..4j+4 of the block's codes for each of the 16
+    /// tokens of groups 2p and 2p + 1 (zeros past the last group), token k's in i32 lane k (the
+    /// operand `vpdpbusd` takes); empty without VNNI.
+    #[cfg(target_arch = "x86_64")]
+    quads: Vec<[std::arch::x86_64::__m512i; 64]>,
+    vnni: bool,
     ty: GgmlType,
     nt: usize,
 }
 
+/// Whether the CPU has the AVX-512 instructions the tiled kernel's VNNI form uses (`vpdpbusd`
+/// on 256-bit vectors: avx512vnni and avx512vl) besides AVX2 and FMA.
+pub fn has_avx512_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| {
+            super::lanes::has_avx2_fma()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 impl TiledSums {
-    /// The sums of `nt` tokens' Q8_K rows `y` (one after another) for weights of type `ty`;
-    /// `None` where the CPU lacks AVX2 or for another type (then the tiled kernel is not taken
-    /// from the rows' bytes).
+    /// The sums of `nt` tokens' Q8_K rows `y` (one after another) for weights of type `ty`,
+    /// for the VNNI form of the kernel where the CPU has it; `None` where the CPU lacks AVX2 or
+    /// for another type (then the tiled kernel is not taken from the rows' bytes).
     pub fn new(ty: GgmlType, y: &[BlockQ8K], nt: usize) -> Option<TiledSums> {
+        Self::build(ty, y, nt, has_avx512_vnni())
+    }
+
+    /// As [`TiledSums::new`], for the AVX2 form of the kernel whatever the CPU (the tests
+    /// compare both forms with the decoded blocks).
+    pub fn new_avx2(ty: GgmlType, y: &[BlockQ8K], nt: usize) -> Option<TiledSums> {
+        Self::build(ty, y, nt, false)
+    }
+
+    /// Whether the kernel takes its VNNI form for these sums.
+    pub fn vnni(&self) -> bool {
+        self.vnni
+    }
+
+    fn build(ty: GgmlType, y: &[BlockQ8K], nt: usize, vnni: bool) -> Option<TiledSums> {
         #[cfg(target_arch = "x86_64")]
         if super::lanes::has_avx2_fma()
             && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
             && nt > 0
             && y.len() % nt == 0
         {
+            let nb = y.len() / nt;
             return Some(TiledSums {
-                groups: packed::group_sums(ty, y, y.len() / nt, nt),
+                groups: packed::group_sums(ty, y, nb, nt),
+                quads: if vnni {
+                    packed::group_quads(y, nb, nt)
+                } else {
+                    Vec::new()
+                },
+                vnni,
                 ty,
                 nt,
             });
         }
-        let _ = (ty, y, nt);
+        let _ = (ty, y, nt, vnni);
         None
     }
 }
@@ -485,19 +533,44 @@ pub fn tiled_rows_k_packed(
 
 /// [`tiled_rows_k_packed`] with the tokens' [`TiledSums`] arranged beforehand (once for every
 /// chunk of rows of a product). Each row's blocks are decoded once for all the tokens, into a
-/// buffer read from L1 (codes, scale vectors, the mins' or scales' pairs); each group of 8
-/// tokens' `s1` is the sum of AVX2 integer products' lanes, 8 tokens side by side, and `s2` (or
-/// Q6_K's code bias) one `madd` per pair of sub-blocks against the group's arranged sums; then
-/// the tiled kernel's float steps in block order, each token's in its own lane. `s1` and `s2` are
-/// exact integers however they are summed, and the float steps are the same, so the bits are
-/// those of decoded blocks. For products of 8 tokens or more (the tiled path: prompts). `false`
-/// (nothing written) where the shapes do not match the sums.
+/// buffer read from L1 (codes, scale vectors, the mins' or scales' pairs). Each group of 8
+/// tokens' `s1`: in the AVX2 form, the sum of `maddubs`/`madd` products' lanes, 8 tokens side
+/// by side; in the VNNI form (where the CPU has AVX-512 VNNI), `vpdpbusd` of a row's 4 codes
+/// against the 8 tokens' 4 codes, each token's sums in its own lane, times each sub-block's
+/// scale, 8 rows at a time. `s2` (or Q6_K's code bias): one `madd` per pair of sub-blocks
+/// against the group's arranged sums. Then the tiled kernel's float steps in block order, each
+/// token's in its own lane. `s1` and `s2` are exact integers however they are summed, and the
+/// float steps are the same, so the bits are those of decoded blocks. For products of 8 tokens
+/// or more (the tiled path: prompts). `out` is `[row][token]`. `false` (nothing written) where
+/// the shapes do not match the sums.
 pub fn tiled_rows_k_packed_with(
     sums: &TiledSums,
     w: &[u8],
     rb: usize,
     y: &[BlockQ8K],
     out: &mut [f32],
+) -> bool {
+    tiled_rows_k_packed_into(sums, w, rb, y, out, false)
+}
+
+/// [`tiled_rows_k_packed_with`] into `out` as `[token][row]`.
+pub fn tiled_rows_k_packed_tokens(
+    sums: &TiledSums,
+    w: &[u8],
+    rb: usize,
+    y: &[BlockQ8K],
+    out: &mut [f32],
+) -> bool {
+    tiled_rows_k_packed_into(sums, w, rb, y, out, true)
+}
+
+fn tiled_rows_k_packed_into(
+    sums: &TiledSums,
+    w: &[u8],
+    rb: usize,
+    y: &[BlockQ8K],
+    out: &mut [f32],
+    token_major: bool,
 ) -> bool {
     let rows = w.len() / rb.max(1);
     if rows == 0 || out.len() != rows * sums.nt || y.len() % sums.nt != 0 {
@@ -506,14 +579,26 @@ pub fn tiled_rows_k_packed_with(
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: `TiledSums` exists only where avx2 and fma are present (its constructor
-        // checks) and for a K-quant; the function reads only within `w`, `y` and the sums
-        // (whole blocks, the shapes checked inside).
-        unsafe { packed::tiled_rows(sums.ty, w, rb, y, &sums.groups, out) };
+        // checks), holds `quads` only where AVX-512 VNNI is present too (checked by
+        // `has_avx512_vnni`), and only for a K-quant; the function reads only within `w`, `y`
+        // and the sums (whole blocks, the shapes checked inside).
+        unsafe {
+            packed::tiled_rows(
+                sums.ty,
+                w,
+                rb,
+                y,
+                &sums.groups,
+                &sums.quads,
+                out,
+                token_major,
+            )
+        };
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (w, y, out);
+        let _ = (w, y, out, token_major);
         false
     }
 }
@@ -735,8 +820,29 @@ mod packed {
         /// [`k4_scales_mins_v`] (Q4_K, Q5_K) or the 16 scales as i16 (Q6_K), for one token.
         ms: __m256i,
         pairs: [i32; 8],
+        /// The sub-blocks' scales (Q4_K / Q5_K: 8, Q6_K: 16), for the VNNI form.
+        sc: [i32; 16],
         d: f32,
         dmin: f32,
+    }
+
+    impl RowBlock {
+        const ZERO: RowBlock = RowBlock {
+            codes: [unsafe_zero(); 8],
+            scales: [unsafe_zero(); 8],
+            ms: unsafe_zero(),
+            pairs: [0; 8],
+            sc: [0; 16],
+            d: 0.0,
+            dmin: 0.0,
+        };
+    }
+
+    /// An all-zero vector as a constant.
+    const fn unsafe_zero() -> __m256i {
+        // SAFETY: __m256i is plain data (four i64); every bit pattern, all zeros included, is a
+        // valid value.
+        unsafe { std::mem::transmute::<[i64; 4], __m256i>([0; 4]) }
     }
 
     /// Two i16 as the i32 whose low half is `a` (a `madd` operand).
@@ -744,27 +850,28 @@ mod packed {
         ((a as u16 as u32) | ((b as u16 as u32) << 16)) as i32
     }
 
-    /// Decode one Q4_K, Q5_K or Q6_K block.
+    /// Decode one Q4_K, Q5_K or Q6_K block into `o`.
     #[target_feature(enable = "avx2")]
-    fn row_block(ty: GgmlType, xb: &[u8]) -> RowBlock {
+    fn row_block(ty: GgmlType, xb: &[u8], o: &mut RowBlock) {
         if ty == GgmlType::Q6_K {
             let (scales, all) = q6k_scales8(xb);
             let sc: [i16; 16] = std::array::from_fn(|s| xb[192 + s] as i8 as i16);
-            RowBlock {
+            *o = RowBlock {
                 codes: q6k_codes_v(xb),
                 scales,
                 ms: all,
                 pairs: std::array::from_fn(|p| pair(sc[2 * p], sc[2 * p + 1])),
+                sc: std::array::from_fn(|s| sc[s] as i32),
                 d: rd_f16(xb, 208),
                 dmin: 0.0,
-            }
+            };
         } else {
             let ms = k4_scales_mins_v(&xb[4..16]);
             let mut v = [0i16; 16];
             // SAFETY: 32 bytes into an [i16; 16].
             unsafe { _mm256_storeu_si256(v.as_mut_ptr() as *mut __m256i, ms) };
             let mins = &v[8..];
-            RowBlock {
+            *o = RowBlock {
                 codes: k4_block_codes(ty, xb),
                 scales: k4_scales8(ms),
                 ms,
@@ -775,9 +882,10 @@ mod packed {
                         0
                     }
                 }),
+                sc: std::array::from_fn(|s| if s < 8 { v[s] as i32 } else { 0 }),
                 d: rd_f16(xb, 0),
                 dmin: rd_f16(xb, 2),
-            }
+            };
         }
     }
 
@@ -824,6 +932,30 @@ mod packed {
         g
     }
 
+    /// The codes of every block of every pair of whole groups of 8 tokens, 4 at a time
+    /// (`[pair][block]`, vector j: bytes 4j..4j+4 of each token's codes, token k's in i32 lane
+    /// k; a last group without a pair has zeros in lanes 8..16).
+    pub(super) fn group_quads(y: &[BlockQ8K], nb: usize, nt: usize) -> Vec<[__m512i; 64]> {
+        let groups = nt / 8;
+        let mut q = Vec::with_capacity(groups.div_ceil(2) * nb);
+        for t0 in (0..groups * 8).step_by(16) {
+            let here = (groups * 8 - t0).min(16);
+            for b in 0..nb {
+                let mut lanes = [[0i32; 16]; 64];
+                for k in 0..here {
+                    let qs = &y[(t0 + k) * nb + b].qs;
+                    for (j, l) in lanes.iter_mut().enumerate() {
+                        let c = &qs[4 * j..4 * j + 4];
+                        l[k] = i32::from_le_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]);
+                    }
+                }
+                // SAFETY: an unaligned load of the 64 bytes of an [i32; 16].
+                q.push(lanes.map(|l| unsafe { _mm512_loadu_si512(l.as_ptr() as *const __m512i) }));
+            }
+        }
+        q
+    }
+
     /// See [`super::tiled_rows_k_packed`]; `sums` is [`group_sums`] of `y`. The caller checked
     /// avx2 and fma.
     #[target_feature(enable = "avx2,fma")]
@@ -833,7 +965,9 @@ mod packed {
         rb: usize,
         y: &[BlockQ8K],
         sums: &[GroupSums],
+        quads: &[[__m512i; 64]],
         out: &mut [f32],
+        token_major: bool,
     ) {
         let rows = w.len() / rb;
         let nt = out.len() / rows;
@@ -844,32 +978,73 @@ mod packed {
             rows * rb == w.len()
                 && rows * nt == out.len()
                 && y.len() >= nb * nt
-                && sums.len() == groups * nb,
+                && sums.len() == groups * nb
+                && (quads.is_empty() || quads.len() == groups.div_ceil(2) * nb),
             "tiled_rows: shapes"
         );
+        // Where (row r, token t) goes.
+        let at = |r: usize, t: usize| {
+            if token_major {
+                t * rows + r
+            } else {
+                r * nt + t
+            }
+        };
         let q6 = ty == GgmlType::Q6_K;
-        // Every row's blocks decoded once, then each group of 8 tokens block by block, all the
-        // rows against that block's activations while they are in L1.
-        let blocks: Vec<RowBlock> = w.chunks_exact(bs).map(|xb| row_block(ty, xb)).collect();
-        let mut acc = vec![_mm256_setzero_ps(); rows];
-        for (g, gs) in sums.chunks_exact(nb).enumerate() {
-            acc.fill(_mm256_setzero_ps());
-            for (b, gb) in gs.iter().enumerate() {
-                let ys: [&[i8; QK_K]; 8] = std::array::from_fn(|k| &y[(8 * g + k) * nb + b].qs);
-                for (a, rbk) in acc.iter_mut().zip(blocks[b..].iter().step_by(nb)) {
-                    *a = block8(q6, rbk, ys, gb, *a);
+        // Every row's blocks decoded once (in place: no copy of each), then each group of 8
+        // tokens block by block, all the rows against that block's activations while they
+        // are in L1.
+        let mut blocks = vec![RowBlock::ZERO; rows * nb];
+        for (xb, b) in w.chunks_exact(bs).zip(blocks.iter_mut()) {
+            row_block(ty, xb, b);
+        }
+        // Row r's sums of group g (8 tokens, lane k: token 8g + k) into `out`.
+        let mut put = |g: usize, r: usize, a: __m256| {
+            let mut v = [0.0f32; 8];
+            // SAFETY: 8 floats into an [f32; 8].
+            unsafe { _mm256_storeu_ps(v.as_mut_ptr(), a) };
+            for (k, v) in v.iter().enumerate() {
+                out[at(r, 8 * g + k)] = *v;
+            }
+        };
+        if !quads.is_empty() {
+            // Two groups at a time, 16 tokens in a 512-bit vector.
+            let mut acc = vec![[_mm256_setzero_ps(); 2]; rows];
+            for (p, gq) in quads.chunks_exact(nb).enumerate() {
+                let g1 = (2 * p + 1 < groups).then_some(2 * p + 1);
+                let gs = [2 * p, g1.unwrap_or(2 * p)].map(|g| &sums[g * nb..(g + 1) * nb]);
+                acc.fill([_mm256_setzero_ps(); 2]);
+                // SAFETY: the caller passes `quads` only where avx512f, avx512vl and
+                // avx512vnni are present (`TiledSums` builds them only then).
+                unsafe { pair_vnni(q6, &blocks, nb, gs, gq, &mut acc) };
+                for (r, a) in acc.iter().enumerate() {
+                    put(2 * p, r, a[0]);
+                    if let Some(g1) = g1 {
+                        put(g1, r, a[1]);
+                    }
                 }
             }
-            for (a, o) in acc.iter().zip(out.chunks_exact_mut(nt)) {
-                // SAFETY: 8 floats of `o` (token 8g + 8 <= nt).
-                unsafe { _mm256_storeu_ps(o[8 * g..8 * g + 8].as_mut_ptr(), *a) };
+        } else {
+            let mut acc = vec![_mm256_setzero_ps(); rows];
+            for g in 0..groups {
+                let gs = &sums[g * nb..(g + 1) * nb];
+                acc.fill(_mm256_setzero_ps());
+                for (b, gb) in gs.iter().enumerate() {
+                    let ys: [&[i8; QK_K]; 8] = std::array::from_fn(|k| &y[(8 * g + k) * nb + b].qs);
+                    for (a, rbk) in acc.iter_mut().zip(blocks[b..].iter().step_by(nb)) {
+                        *a = block8(q6, rbk, ys, gb, *a);
+                    }
+                }
+                for (r, a) in acc.iter().enumerate() {
+                    put(g, r, *a);
+                }
             }
         }
         // The tokens past the last whole group, one at a time.
-        for (rb_, o) in blocks.chunks_exact(nb).zip(out.chunks_exact_mut(nt)) {
-            for (t, ot) in o.iter_mut().enumerate().skip(groups * 8) {
+        for (r, rbs) in blocks.chunks_exact(nb).enumerate() {
+            for t in groups * 8..nt {
                 let mut acc = 0.0f32;
-                for (rbk, yb) in rb_.iter().zip(&y[t * nb..(t + 1) * nb]) {
+                for (rbk, yb) in rbs.iter().zip(&y[t * nb..(t + 1) * nb]) {
                     let lanes = dot8(&rbk.codes, &rbk.scales, &yb.qs);
                     acc = if q6 {
                         let s1 = hsum_i32(_mm256_sub_epi32(lanes, q6k_bias(yb, rbk.ms)));
@@ -880,33 +1055,107 @@ mod packed {
                         fma(fma(-rbk.dmin, s2 as f32, rbk.d * s1 as f32), yb.d, acc)
                     };
                 }
-                *ot = acc;
+                out[at(r, t)] = acc;
             }
         }
     }
 
-    /// One block of a row against 8 tokens (`ys[k]`: token k's codes in that block, `g`: their
-    /// [`GroupSums`]), token k's in lane k: `s1` as the sum of the integer products' lanes, `s2`
-    /// (or Q6_K's bias) by `madd` of the block's pairs against the tokens' sums, then the tiled
-    /// kernel's float steps, `fma(fma(-dmin, s2, d s1), y.d, acc)` (Q6_K: `fma(d s1, y.d, acc)`),
-    /// each token's in its own lane.
-    #[target_feature(enable = "avx2,fma")]
-    fn block8(
+    /// Two groups of 8 tokens of [`tiled_rows`] by `vpdpbusd` (`gs`: their sums; `gq`: their
+    /// codes, block by block): each block, the rows 8 at a time ([`rows_vnni`]) into their
+    /// float accumulators `acc` (one vector a group). The caller checked avx512f, avx512vl and
+    /// avx512vnni.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+    fn pair_vnni(
         q6: bool,
-        rbk: &RowBlock,
-        ys: [&[i8; QK_K]; 8],
-        g: &GroupSums,
-        acc: __m256,
-    ) -> __m256 {
-        let lanes = dot8x8(&rbk.codes, &rbk.scales, ys);
-        let s1 = hsum_i32_8x8(&lanes);
+        blocks: &[RowBlock],
+        nb: usize,
+        gs: [&[GroupSums]; 2],
+        gq: &[[__m512i; 64]],
+        acc: &mut [[__m256; 2]],
+    ) {
+        for (b, qb) in gq.iter().enumerate() {
+            let g = [&gs[0][b], &gs[1][b]];
+            let row = |r: usize| &blocks[r * nb + b];
+            let (a8, rest) = acc.as_chunks_mut::<8>();
+            let r8 = a8.len() * 8;
+            for (i, a) in a8.iter_mut().enumerate() {
+                let rbs = std::array::from_fn(|k| row(8 * i + k));
+                if q6 {
+                    rows_vnni::<8, true>(rbs, qb, g, a);
+                } else {
+                    rows_vnni::<8, false>(rbs, qb, g, a);
+                }
+            }
+            for (i, a) in rest.iter_mut().enumerate() {
+                let a = std::array::from_mut(a);
+                if q6 {
+                    rows_vnni::<1, true>([row(r8 + i)], qb, g, a);
+                } else {
+                    rows_vnni::<1, false>([row(r8 + i)], qb, g, a);
+                }
+            }
+        }
+    }
+
+    /// One block of `R` rows against two groups of 8 tokens (`q`: their codes 4 at a time,
+    /// [`group_quads`]; `g`: their [`GroupSums`]), each token's in its own lane: each
+    /// sub-block's raw sums by `vpdpbusd` (a row's 4 codes, unsigned, against the tokens' 4
+    /// codes, signed, summed into i32: exact), times the sub-block's scale into `s1` (exact),
+    /// then, for each group's half, [`finish8`] and the float accumulation of [`block8`]. `s1`
+    /// is the same integer as [`block8`]'s, so the bits are the same.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
+    fn rows_vnni<const R: usize, const Q6: bool>(
+        rbs: [&RowBlock; R],
+        q: &[__m512i; 64],
+        g: [&GroupSums; 2],
+        acc: &mut [[__m256; 2]; R],
+    ) {
+        // Sub-blocks of 16 (Q6_K) or 32 codes: 4 or 8 quads each.
+        let (nsub, per) = if Q6 { (16, 4) } else { (8, 8) };
+        let codes: [&[u8; QK_K]; R] = std::array::from_fn(|r| {
+            // SAFETY: [__m256i; 8] is 256 bytes, any bit pattern a valid u8, alignment 32 >= 1.
+            unsafe { &*(rbs[r].codes.as_ptr() as *const [u8; QK_K]) }
+        });
+        let mut s1 = [_mm512_setzero_si512(); R];
+        for s in 0..nsub {
+            let mut raw = [_mm512_setzero_si512(); R];
+            for (j, qj) in q.iter().enumerate().skip(s * per).take(per) {
+                for (w, c) in raw.iter_mut().zip(codes) {
+                    let four =
+                        i32::from_le_bytes([c[4 * j], c[4 * j + 1], c[4 * j + 2], c[4 * j + 3]]);
+                    *w = _mm512_dpbusd_epi32(*w, _mm512_set1_epi32(four), *qj);
+                }
+            }
+            for ((a, w), rbk) in s1.iter_mut().zip(raw).zip(rbs) {
+                *a = _mm512_add_epi32(*a, _mm512_mullo_epi32(w, _mm512_set1_epi32(rbk.sc[s])));
+            }
+        }
+        for h in 0..2 {
+            // SAFETY: 8 floats.
+            let yd = unsafe { _mm256_loadu_ps(g[h].yd.as_ptr()) };
+            for ((a, s1), rbk) in acc.iter_mut().zip(s1).zip(rbs) {
+                let half = if h == 0 {
+                    _mm512_castsi512_si256(s1)
+                } else {
+                    _mm512_extracti64x4_epi64::<1>(s1)
+                };
+                a[h] = _mm256_fmadd_ps(finish8(Q6, rbk, half, g[h]), yd, a[h]);
+            }
+        }
+    }
+
+    /// The float result of one block for 8 tokens from its exact `s1` (before Q6_K's bias): `s2`
+    /// (Q4_K, Q5_K) or the bias (Q6_K) by `madd` of the block's pairs against the tokens' sums,
+    /// then `fma(-dmin, s2, d s1)` (Q6_K: `d (s1 - bias)`), each token's in its own lane.
+    #[target_feature(enable = "avx2,fma")]
+    fn finish8(q6: bool, rbk: &RowBlock, s1: __m256i, g: &GroupSums) -> __m256 {
         let pv = |p: usize| {
             // SAFETY: 16 i16, 32 bytes.
             let v = unsafe { _mm256_loadu_si256(g.pairs[p].as_ptr() as *const __m256i) };
             _mm256_madd_epi16(_mm256_set1_epi32(rbk.pairs[p]), v)
         };
         let d = _mm256_set1_ps(rbk.d);
-        let res = if q6 {
+        if q6 {
             // 32 Σ sc[s] bsums[s]: what the unbiased codes' sums exceed (q - 32)'s by.
             let bias = _mm256_add_epi32(
                 _mm256_add_epi32(
@@ -931,7 +1180,24 @@ mod packed {
                 _mm256_cvtepi32_ps(s2),
                 _mm256_mul_ps(d, _mm256_cvtepi32_ps(s1)),
             )
-        };
+        }
+    }
+
+    /// One block of a row against 8 tokens (`ys[k]`: token k's codes in that block, `g`: their
+    /// [`GroupSums`]), token k's in lane k: `s1` as the sum of the integer products' lanes, `s2`
+    /// (or Q6_K's bias) by `madd` of the block's pairs against the tokens' sums, then the tiled
+    /// kernel's float steps, `fma(fma(-dmin, s2, d s1), y.d, acc)` (Q6_K: `fma(d s1, y.d, acc)`),
+    /// each token's in its own lane.
+    #[target_feature(enable = "avx2,fma")]
+    fn block8(
+        q6: bool,
+        rbk: &RowBlock,
+        ys: [&[i8; QK_K]; 8],
+        g: &GroupSums,
+        acc: __m256,
+    ) -> __m256 {
+        let lanes = dot8x8(&rbk.codes, &rbk.scales, ys);
+        let res = finish8(q6, rbk, hsum_i32_8x8(&lanes), g);
         // SAFETY: 8 floats.
         let yd = unsafe { _mm256_loadu_ps(g.yd.as_ptr()) };
         _mm256_fmadd_ps(res, yd, acc)
