@@ -949,8 +949,10 @@ mod packed {
                         l[k] = i32::from_le_bytes([c[0] as u8, c[1] as u8, c[2] as u8, c[3] as u8]);
                     }
                 }
-                // SAFETY: an unaligned load of the 64 bytes of an [i32; 16].
-                q.push(lanes.map(|l| unsafe { _mm512_loadu_si512(l.as_ptr() as *const __m512i) }));
+                // SAFETY: [i32; 16] and __m512i are both 64 bytes of plain integers; every bit
+                // pattern is a valid value of either (no instruction is run: this needs no CPU
+                // feature).
+                q.push(lanes.map(|l| unsafe { std::mem::transmute::<[i32; 16], __m512i>(l) }));
             }
         }
         q
