@@ -850,42 +850,41 @@ mod packed {
         ((a as u16 as u32) | ((b as u16 as u32) << 16)) as i32
     }
 
-    /// Decode one Q4_K, Q5_K or Q6_K block into `o`.
+    /// Decode one Q4_K, Q5_K or Q6_K block into `o`; its scale vectors (`scales`, and Q6_K's
+    /// `ms`) only with `vectors` (the AVX2 form's products read them, the VNNI form's do not).
     #[target_feature(enable = "avx2")]
-    fn row_block(ty: GgmlType, xb: &[u8], o: &mut RowBlock) {
+    fn row_block(ty: GgmlType, xb: &[u8], o: &mut RowBlock, vectors: bool) {
         if ty == GgmlType::Q6_K {
-            let (scales, all) = q6k_scales8(xb);
             let sc: [i16; 16] = std::array::from_fn(|s| xb[192 + s] as i8 as i16);
-            *o = RowBlock {
-                codes: q6k_codes_v(xb),
-                scales,
-                ms: all,
-                pairs: std::array::from_fn(|p| pair(sc[2 * p], sc[2 * p + 1])),
-                sc: std::array::from_fn(|s| sc[s] as i32),
-                d: rd_f16(xb, 208),
-                dmin: 0.0,
-            };
+            o.codes = q6k_codes_v(xb);
+            if vectors {
+                (o.scales, o.ms) = q6k_scales8(xb);
+            }
+            o.pairs = std::array::from_fn(|p| pair(sc[2 * p], sc[2 * p + 1]));
+            o.sc = std::array::from_fn(|s| sc[s] as i32);
+            o.d = rd_f16(xb, 208);
+            o.dmin = 0.0;
         } else {
             let ms = k4_scales_mins_v(&xb[4..16]);
             let mut v = [0i16; 16];
             // SAFETY: 32 bytes into an [i16; 16].
             unsafe { _mm256_storeu_si256(v.as_mut_ptr() as *mut __m256i, ms) };
             let mins = &v[8..];
-            *o = RowBlock {
-                codes: k4_block_codes(ty, xb),
-                scales: k4_scales8(ms),
-                ms,
-                pairs: std::array::from_fn(|p| {
-                    if p < 4 {
-                        pair(mins[2 * p], mins[2 * p + 1])
-                    } else {
-                        0
-                    }
-                }),
-                sc: std::array::from_fn(|s| if s < 8 { v[s] as i32 } else { 0 }),
-                d: rd_f16(xb, 0),
-                dmin: rd_f16(xb, 2),
-            };
+            o.codes = k4_block_codes(ty, xb);
+            if vectors {
+                o.scales = k4_scales8(ms);
+            }
+            o.ms = ms;
+            o.pairs = std::array::from_fn(|p| {
+                if p < 4 {
+                    pair(mins[2 * p], mins[2 * p + 1])
+                } else {
+                    0
+                }
+            });
+            o.sc = std::array::from_fn(|s| if s < 8 { v[s] as i32 } else { 0 });
+            o.d = rd_f16(xb, 0);
+            o.dmin = rd_f16(xb, 2);
         }
     }
 
@@ -997,8 +996,10 @@ mod packed {
         // tokens block by block, all the rows against that block's activations while they
         // are in L1.
         let mut blocks = vec![RowBlock::ZERO; rows * nb];
+        // (The VNNI form reads no scale vectors, unless tokens are left past the last group.)
+        let vectors = quads.is_empty() || nt % 8 != 0;
         for (xb, b) in w.chunks_exact(bs).zip(blocks.iter_mut()) {
-            row_block(ty, xb, b);
+            row_block(ty, xb, b, vectors);
         }
         // Row r's sums of group g (8 tokens, lane k: token 8g + k) into `out`.
         let mut put = |g: usize, r: usize, a: __m256| {
