@@ -264,6 +264,36 @@ fn dot_kq(ty: GgmlType, sgemm: bool, k: &[f32], q: &[f32]) -> f32 {
     sumf as f32
 }
 
+/// [`dot_kq`]'s tinyBLAS form for 4 keys at once, each key's lanes and order as there.
+#[inline(always)]
+fn dot4_sgemm(k: [&[f32]; 4], q: &[f32]) -> [f32; 4] {
+    let n = q.len();
+    let kk = n - n % 8;
+    let mut acc = [[0.0f32; 8]; 4];
+    for c in (0..kk).step_by(8) {
+        let qc = &q[c..c + 8];
+        for (a, kr) in acc.iter_mut().zip(k) {
+            let kc = &kr[c..c + 8];
+            for i in 0..8 {
+                a[i] = fma(kc[i], qc[i], a[i]);
+            }
+        }
+    }
+    if kk < n {
+        for (a, kr) in acc.iter_mut().zip(k) {
+            for (i, a) in a.iter_mut().enumerate() {
+                let (x, y) = if kk + i < n {
+                    (kr[kk + i], q[kk + i])
+                } else {
+                    (0.0, 0.0)
+                };
+                *a = fma(x, y, *a);
+            }
+        }
+    }
+    acc.map(|a| hsum8(&a))
+}
+
 /// The K side of one KV head: widened rows `[key][d]`, or the Q8_0 cache rows.
 enum KPlane<'a> {
     F32(&'a [f32]),
@@ -309,8 +339,22 @@ fn head(
             for (r, &v) in qr.iter_mut().zip(q) {
                 *r = round_to(p.k_type, v);
             }
-            for (sj, &i) in s.iter_mut().zip(&vis) {
-                *sj = dot_kq(p.k_type, sgemm_kq, &kf[i * hd..(i + 1) * hd], &qr);
+            let row = |i: usize| &kf[i * hd..(i + 1) * hd];
+            let mut done = 0;
+            if sgemm_kq {
+                // tinyBLAS's dots 4 keys at a time: four independent FMA chains in flight
+                // instead of one (each key's dot alone was bound by the FMA latency); each key's
+                // arithmetic is unchanged.
+                for (s4, i4) in s.chunks_exact_mut(4).zip(vis.chunks_exact(4)) {
+                    s4.copy_from_slice(&dot4_sgemm(
+                        [row(i4[0]), row(i4[1]), row(i4[2]), row(i4[3])],
+                        &qr,
+                    ));
+                }
+                done = vis.len() / 4 * 4;
+            }
+            for (sj, &i) in s.iter_mut().zip(&vis).skip(done) {
+                *sj = dot_kq(p.k_type, sgemm_kq, row(i), &qr);
             }
         }
         KPlane::Q8_0 { rows, kvh } => {
