@@ -2,7 +2,7 @@
 //! rows of `cols` values against `n` tokens, in chunks of 16 rows as `mul_mat_act` hands them
 //! out. Prints GMAC/s. `cargo run --release -p muser-engine --example tiled_bench [cols] [n]`.
 use muser_engine::cpu::ggml::quantize::{BlockQ8K, quantize_row_q8_k};
-use muser_engine::cpu::ggml::vec_dot::{TiledSums, tiled_rows_k_packed_with};
+use muser_engine::cpu::ggml::vec_dot::{OutLayout, TiledSums, tiled_rows_k_packed_with};
 use muser_gguf::GgmlType;
 use std::time::Instant;
 
@@ -46,7 +46,14 @@ fn main() {
             let t = Instant::now();
             let sums = TiledSums::new(ty, &y, n).expect("AVX2");
             for c in w.chunks_exact(16 * rb) {
-                assert!(tiled_rows_k_packed_with(&sums, c, rb, &y, &mut out));
+                assert!(tiled_rows_k_packed_with(
+                    &sums,
+                    c,
+                    rb,
+                    &y,
+                    &mut out,
+                    OutLayout::RowToken
+                ));
             }
             best = best.min(t.elapsed().as_secs_f64());
         }

@@ -146,8 +146,8 @@ fn routing_table() {
 fn packed_k_dots_give_the_decoded_bits() {
     use muser_engine::cpu::ggml::tiled::tiled_dot_k;
     use muser_engine::cpu::ggml::vec_dot::{
-        TiledSums, decode_k_row, has_avx512_vnni, tiled_rows_k_packed, tiled_rows_k_packed_with,
-        vec_dot_k, vec_dot_k_packed,
+        OutLayout, TiledSums, decode_k_row, has_avx512_vnni, tiled_rows_k_packed,
+        tiled_rows_k_packed_with, vec_dot_k, vec_dot_k_packed,
     };
     if !muser_engine::cpu::ggml::lanes::has_avx2_fma() {
         println!("SKIPPED: this CPU has no AVX2 and FMA (the packed path is not taken)");
@@ -224,7 +224,14 @@ fn packed_k_dots_give_the_decoded_bits() {
                     let nr = rows.len() / w.len();
                     let mut got = vec![0.0f32; nr * nt];
                     assert!(
-                        tiled_rows_k_packed_with(sums, rows, w.len(), &ys, &mut got),
+                        tiled_rows_k_packed_with(
+                            sums,
+                            rows,
+                            w.len(),
+                            &ys,
+                            &mut got,
+                            OutLayout::RowToken
+                        ),
                         "the packed path on AVX2"
                     );
                     for (i, row) in rows.chunks_exact(w.len()).enumerate() {
@@ -253,7 +260,8 @@ fn packed_k_dots_give_the_decoded_bits() {
                 &rows,
                 w.len(),
                 &ys,
-                &mut want
+                &mut want,
+                OutLayout::RowToken
             ));
             assert!(
                 got.iter()

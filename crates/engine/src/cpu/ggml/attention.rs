@@ -216,27 +216,10 @@ fn round_to(ty: GgmlType, v: f32) -> f32 {
 /// cache type and path (`sgemm`: tinyBLAS, else vec_dot); inputs are exact widenings.
 #[inline(always)]
 fn dot_kq(ty: GgmlType, sgemm: bool, k: &[f32], q: &[f32]) -> f32 {
-    let n = k.len();
     if sgemm {
-        let kk = n - n % 8;
-        let mut acc = [0.0f32; 8];
-        for (kc, qc) in k[..kk].chunks_exact(8).zip(q[..kk].chunks_exact(8)) {
-            for i in 0..8 {
-                acc[i] = fma(kc[i], qc[i], acc[i]);
-            }
-        }
-        if kk < n {
-            for (i, a) in acc.iter_mut().enumerate() {
-                let (x, y) = if kk + i < n {
-                    (k[kk + i], q[kk + i])
-                } else {
-                    (0.0, 0.0)
-                };
-                *a = fma(x, y, *a);
-            }
-        }
-        return hsum8(&acc);
+        return dot_sgemm([k], q)[0];
     }
+    let n = k.len();
     if ty == GgmlType::F32 {
         return vec_dot_f32(k, q);
     }
@@ -264,12 +247,13 @@ fn dot_kq(ty: GgmlType, sgemm: bool, k: &[f32], q: &[f32]) -> f32 {
     sumf as f32
 }
 
-/// [`dot_kq`]'s tinyBLAS form for 4 keys at once, each key's lanes and order as there.
+/// [`dot_kq`]'s tinyBLAS form (one 8-lane accumulator, a masked leftover, `hsum8`) for `N`
+/// keys at once, each key's lanes and order its own.
 #[inline(always)]
-fn dot4_sgemm(k: [&[f32]; 4], q: &[f32]) -> [f32; 4] {
+fn dot_sgemm<const N: usize>(k: [&[f32]; N], q: &[f32]) -> [f32; N] {
     let n = q.len();
     let kk = n - n % 8;
-    let mut acc = [[0.0f32; 8]; 4];
+    let mut acc = [[0.0f32; 8]; N];
     for c in (0..kk).step_by(8) {
         let qc = &q[c..c + 8];
         for (a, kr) in acc.iter_mut().zip(k) {
@@ -346,7 +330,7 @@ fn head(
                 // instead of one (each key's dot alone was bound by the FMA latency); each key's
                 // arithmetic is unchanged.
                 for (s4, i4) in s.chunks_exact_mut(4).zip(vis.chunks_exact(4)) {
-                    s4.copy_from_slice(&dot4_sgemm(
+                    s4.copy_from_slice(&dot_sgemm(
                         [row(i4[0]), row(i4[1]), row(i4[2]), row(i4[3])],
                         &qr,
                     ));

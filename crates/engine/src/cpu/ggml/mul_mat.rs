@@ -22,7 +22,7 @@ use super::quantize::{
 use super::sgemm::{sgemm_dot_bf16, sgemm_dot_f16, sgemm_dot_f32};
 use super::tiled::tiled_dot_k;
 use super::vec_dot::{
-    KBlock, TiledSums, tiled_rows_k_packed_tokens, vec_dot_bf16, vec_dot_f16, vec_dot_f32,
+    KBlock, OutLayout, TiledSums, tiled_rows_k_packed_with, vec_dot_bf16, vec_dot_f16, vec_dot_f32,
     vec_dot_k, vec_dot_k_packed, vec_dot_q0_q8_0,
 };
 
@@ -294,6 +294,7 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
         ptr: y.as_mut_ptr(),
         rows,
         n_tokens,
+        _y: std::marker::PhantomData,
     };
     (0..rows.div_ceil(CHUNK)).into_par_iter().for_each(|c| {
         let r0 = c * CHUNK;
@@ -321,12 +322,13 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
                 // rows' bytes, each of the chunk's rows decoded once for all the tokens.
                 let rows_here = out.len() / n_tokens;
                 let done = sums.as_ref().is_some_and(|sums| match act {
-                    Activations::Q8K { x, .. } => tiled_rows_k_packed_tokens(
+                    Activations::Q8K { x, .. } => tiled_rows_k_packed_with(
                         sums,
                         &w[r0 * rb..(r0 + rows_here) * rb],
                         rb,
                         x,
                         out,
+                        OutLayout::TokenRow,
                     ),
                     _ => false,
                 });
@@ -347,17 +349,19 @@ pub fn mul_mat_act(ty: GgmlType, w: &[u8], rows: usize, act: &Activations, y: &m
 /// `y` of [`mul_mat_act`] (`[token][row]`), written by the row chunks in parallel, each into its
 /// own columns. (A [row][token] buffer scattered into y on one thread afterwards took 8% of a
 /// prompt's time; one [token][row] buffer copied afterwards, 5%.)
-struct OutRows {
+struct OutRows<'a> {
     ptr: *mut f32,
     rows: usize,
     n_tokens: usize,
+    /// The `&mut y` the pointer comes from, held for as long as `OutRows` lives.
+    _y: std::marker::PhantomData<&'a mut [f32]>,
 }
 
 // SAFETY: `OutRows` is only a way for the chunk tasks of one `mul_mat_act` call to write their
 // disjoint parts of `y` (see `put`); the `&mut y` it was made from is not used while they run.
-unsafe impl Sync for OutRows {}
+unsafe impl Sync for OutRows<'_> {}
 
-impl OutRows {
+impl OutRows<'_> {
     /// Rows `r0..r0 + out.len() / n_tokens` of every token from `out` (`[token][row]`).
     fn put(&self, r0: usize, out: &[f32]) {
         if self.n_tokens == 0 {

@@ -431,7 +431,7 @@ pub fn vec_dot_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> Option<f32> {
 
 /// What the tiled K-quant kernel reads of its tokens besides their codes, arranged once for all
 /// the rows of a product: their scales and sums of codes, 8 tokens side by side, and where the
-/// CPU has AVX-512 VNNI, their codes too, 4 at a time for 8 tokens (see
+/// CPU has AVX-512 VNNI, their codes too, 4 at a time for 16 tokens (see
 /// [`tiled_rows_k_packed_with`]).
 pub struct TiledSums {
     #[cfg(target_arch = "x86_64")]
@@ -447,7 +447,7 @@ pub struct TiledSums {
 }
 
 /// Whether the CPU has the AVX-512 instructions the tiled kernel's VNNI form uses (`vpdpbusd`
-/// on 256-bit vectors: avx512vnni and avx512vl) besides AVX2 and FMA.
+/// on 512-bit vectors: avx512f, avx512vl and avx512vnni) besides AVX2 and FMA.
 pub fn has_avx512_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -526,9 +526,16 @@ pub fn tiled_rows_k_packed(
         return false;
     }
     match TiledSums::new(ty, y, out.len() / rows) {
-        Some(sums) => tiled_rows_k_packed_with(&sums, w, rb, y, out),
+        Some(sums) => tiled_rows_k_packed_with(&sums, w, rb, y, out, OutLayout::RowToken),
         None => false,
     }
+}
+
+/// How a product's outputs are laid out: `[row][token]` or `[token][row]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutLayout {
+    RowToken,
+    TokenRow,
 }
 
 /// [`tiled_rows_k_packed`] with the tokens' [`TiledSums`] arranged beforehand (once for every
@@ -536,41 +543,20 @@ pub fn tiled_rows_k_packed(
 /// buffer read from L1 (codes, scale vectors, the mins' or scales' pairs). Each group of 8
 /// tokens' `s1`: in the AVX2 form, the sum of `maddubs`/`madd` products' lanes, 8 tokens side
 /// by side; in the VNNI form (where the CPU has AVX-512 VNNI), `vpdpbusd` of a row's 4 codes
-/// against the 8 tokens' 4 codes, each token's sums in its own lane, times each sub-block's
+/// against 16 tokens' 4 codes (two groups), each token's sums in its own lane, times each sub-block's
 /// scale, 8 rows at a time. `s2` (or Q6_K's code bias): one `madd` per pair of sub-blocks
 /// against the group's arranged sums. Then the tiled kernel's float steps in block order, each
 /// token's in its own lane. `s1` and `s2` are exact integers however they are summed, and the
 /// float steps are the same, so the bits are those of decoded blocks. For products of 8 tokens
-/// or more (the tiled path: prompts). `out` is `[row][token]`. `false` (nothing written) where
-/// the shapes do not match the sums.
+/// or more (the tiled path: prompts). `out` is `[row][token]` or `[token][row]` (`layout`).
+/// `false` (nothing written) where the shapes do not match the sums.
 pub fn tiled_rows_k_packed_with(
     sums: &TiledSums,
     w: &[u8],
     rb: usize,
     y: &[BlockQ8K],
     out: &mut [f32],
-) -> bool {
-    tiled_rows_k_packed_into(sums, w, rb, y, out, false)
-}
-
-/// [`tiled_rows_k_packed_with`] into `out` as `[token][row]`.
-pub fn tiled_rows_k_packed_tokens(
-    sums: &TiledSums,
-    w: &[u8],
-    rb: usize,
-    y: &[BlockQ8K],
-    out: &mut [f32],
-) -> bool {
-    tiled_rows_k_packed_into(sums, w, rb, y, out, true)
-}
-
-fn tiled_rows_k_packed_into(
-    sums: &TiledSums,
-    w: &[u8],
-    rb: usize,
-    y: &[BlockQ8K],
-    out: &mut [f32],
-    token_major: bool,
+    layout: OutLayout,
 ) -> bool {
     let rows = w.len() / rb.max(1);
     if rows == 0 || out.len() != rows * sums.nt || y.len() % sums.nt != 0 {
@@ -591,14 +577,14 @@ fn tiled_rows_k_packed_into(
                 &sums.groups,
                 &sums.quads,
                 out,
-                token_major,
+                layout == OutLayout::TokenRow,
             )
         };
         true
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (w, y, out, token_major);
+        let _ = (w, y, out, layout);
         false
     }
 }
@@ -1019,7 +1005,13 @@ mod packed {
                 acc.fill([_mm256_setzero_ps(); 2]);
                 // SAFETY: the caller passes `quads` only where avx512f, avx512vl and
                 // avx512vnni are present (`TiledSums` builds them only then).
-                unsafe { pair_vnni(q6, &blocks, nb, gs, gq, &mut acc) };
+                unsafe {
+                    if q6 {
+                        pair_vnni::<true>(&blocks, nb, gs, gq, &mut acc)
+                    } else {
+                        pair_vnni::<false>(&blocks, nb, gs, gq, &mut acc)
+                    }
+                };
                 for (r, a) in acc.iter().enumerate() {
                     put(2 * p, r, a[0]);
                     if let Some(g1) = g1 {
@@ -1068,8 +1060,7 @@ mod packed {
     /// float accumulators `acc` (one vector a group). The caller checked avx512f, avx512vl and
     /// avx512vnni.
     #[target_feature(enable = "avx2,fma,avx512f,avx512vl,avx512vnni")]
-    fn pair_vnni(
-        q6: bool,
+    fn pair_vnni<const Q6: bool>(
         blocks: &[RowBlock],
         nb: usize,
         gs: [&[GroupSums]; 2],
@@ -1082,20 +1073,10 @@ mod packed {
             let (a8, rest) = acc.as_chunks_mut::<8>();
             let r8 = a8.len() * 8;
             for (i, a) in a8.iter_mut().enumerate() {
-                let rbs = std::array::from_fn(|k| row(8 * i + k));
-                if q6 {
-                    rows_vnni::<8, true>(rbs, qb, g, a);
-                } else {
-                    rows_vnni::<8, false>(rbs, qb, g, a);
-                }
+                rows_vnni::<8, Q6>(std::array::from_fn(|k| row(8 * i + k)), qb, g, a);
             }
             for (i, a) in rest.iter_mut().enumerate() {
-                let a = std::array::from_mut(a);
-                if q6 {
-                    rows_vnni::<1, true>([row(r8 + i)], qb, g, a);
-                } else {
-                    rows_vnni::<1, false>([row(r8 + i)], qb, g, a);
-                }
+                rows_vnni::<1, Q6>([row(r8 + i)], qb, g, std::array::from_mut(a));
             }
         }
     }
