@@ -567,6 +567,14 @@ pub struct CudaBackend {
     /// Token count above which `gemm16` takes a product (`MUSER_GEMM16_MIN`, default 64: batched
     /// decode steps keep the exact integer kernels).
     gemm16_min: std::sync::atomic::AtomicUsize,
+    /// The accurate mode's `gemm16` (the split form) sums at most this many columns per cuBLAS
+    /// call, the calls' results added in f32 (`MUSER_GEMM16_KCHUNK`; 0, the default: one call
+    /// over all the columns). For measuring: on an H100 (2026-12-07) a 160-token Q4_K product
+    /// at the 30B's widths came 2.36e-5 of its largest output from the CPU's (whose own distance
+    /// to the f64 result is at most 1.3e-6), against at most 3.3e-6 on the H200; the likely
+    /// cause, not yet shown, is cuBLAS's choice of kernel there summing long runs of columns in
+    /// the tensor cores' accumulator, whose additions truncate. Shorter runs bound that.
+    gemm16_kchunk: std::sync::atomic::AtomicUsize,
     /// The token count above which `gemm16` takes a product with `--f16-weights` in `--mode
     /// fast` (`MUSER_GEMM16_MIN_KEPT`, default 48).
     gemm16_min_kept: std::sync::atomic::AtomicUsize,
@@ -761,6 +769,9 @@ impl CudaBackend {
             gemm16_min_kept: std::sync::atomic::AtomicUsize::new(
                 env_usize("MUSER_GEMM16_MIN_KEPT").unwrap_or(48),
             ),
+            gemm16_kchunk: std::sync::atomic::AtomicUsize::new(
+                env_usize("MUSER_GEMM16_KCHUNK").map_or(0, |k| k.next_multiple_of(8)),
+            ),
             gemm16_min: std::sync::atomic::AtomicUsize::new(
                 env_usize("MUSER_GEMM16_MIN").unwrap_or(MMQ_MAX_TOKENS),
             ),
@@ -871,6 +882,14 @@ impl CudaBackend {
     pub fn set_attn_tcd(&self, level: u8) {
         self.attn_tcd
             .store(level.min(2), std::sync::atomic::Ordering::Relaxed);
+        self.bump_epoch();
+    }
+
+    /// The accurate mode's `gemm16` sums at most `k` columns per cuBLAS call (rounded up to a
+    /// multiple of 8; 0: all of them, the default; `MUSER_GEMM16_KCHUNK`).
+    pub fn set_gemm16_kchunk(&self, k: usize) {
+        self.gemm16_kchunk
+            .store(k.next_multiple_of(8), std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
     }
 
@@ -3158,10 +3177,40 @@ impl CudaBackend {
                 unsafe { self.w16_rows(w, r0, nr, w_hi, w_lo, ld) }?;
                 // C: from row r0 of out's first token (out is n x w.rows floats).
                 let c = op + 4 * r0 as u64;
-                self.gemm16_call(nr, n, cols, ld, w_hi, x_hi, ap, ap + 8, c, w.rows)?;
+                // The split form's sums over at most `kc` columns per cuBLAS call (0: all),
+                // each call's added to C in f32 (beta = 1 after the first): see `gemm16_kchunk`.
+                let kc = if split {
+                    self.gemm16_kchunk
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                } else {
+                    0
+                };
+                let pieces = |k: usize| {
+                    let step = if kc == 0 { k } else { kc.min(k) };
+                    (0..k).step_by(step).map(move |k0| (k0, step.min(k - k0)))
+                };
+                for (i, (k0, kn)) in pieces(cols).enumerate() {
+                    let beta = if i == 0 { ap + 8 } else { ap + 12 };
+                    let off = 2 * k0 as u64;
+                    self.gemm16_call(nr, n, kn, ld, w_hi + off, x_hi + off, ap, beta, c, w.rows)?;
+                }
                 if split {
                     // [hi lo] . [lo hi] over 2 cols, times 2^-(A+B+11), added (beta = 1).
-                    self.gemm16_call(nr, n, 2 * cols, ld, w_hi, xp, ap + 4, ap + 12, c, w.rows)?;
+                    for (k0, kn) in pieces(2 * cols) {
+                        let off = 2 * k0 as u64;
+                        self.gemm16_call(
+                            nr,
+                            n,
+                            kn,
+                            ld,
+                            w_hi + off,
+                            xp + off,
+                            ap + 4,
+                            ap + 12,
+                            c,
+                            w.rows,
+                        )?;
+                    }
                 }
                 r0 += nr;
             }
