@@ -28,7 +28,7 @@ if [ ! -f carry/llama.tar.xz ]; then
     --exclude='llama.cpp/ggml/src/ggml-metal' --exclude='llama.cpp/ggml/src/ggml-hexagon' --exclude='llama.cpp/ggml/src/ggml-cann' \
     --exclude='llama.cpp/ggml/src/ggml-webgpu' --exclude='llama.cpp/ggml/src/ggml-openvino' --exclude='llama.cpp/ggml/src/ggml-et' \
     --exclude='llama.cpp/ggml/src/ggml-virtgpu' --exclude='llama.cpp/gguf-py' --exclude='llama.cpp/conversion' \
-    --exclude='llama.cpp/tools/ui/tests' --exclude='llama.cpp/vendor/miniaudio' --exclude='llama.cpp/ggml/src/ggml-cpu/spacemit' \
+    --exclude='llama.cpp/tools/ui/tests' --exclude='llama.cpp/ggml/src/ggml-cpu/spacemit' \
     --exclude='llama.cpp/ggml/src/ggml-cpu/arch/arm' --exclude='llama.cpp/ggml/src/ggml-cpu/arch/riscv' --exclude='llama.cpp/ggml/src/ggml-cpu/arch/powerpc' \
     --exclude='llama.cpp/ggml/src/ggml-cpu/arch/loongarch' --exclude='llama.cpp/ggml/src/ggml-cpu/arch/s390' --exclude='llama.cpp/ggml/src/ggml-cpu/arch/wasm' --exclude='*.mp4' --exclude='*.webp' --exclude='*.pdf' \
     llama.cpp
