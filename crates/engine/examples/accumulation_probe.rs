@@ -7,7 +7,6 @@
 //! gives the scale of the error (docs/PARITY.md). `cargo run --release -p muser-engine
 //! --example accumulation_probe`.
 use muser_engine::ModelFile;
-use muser_engine::backend::Backend;
 /// `v` rounded toward zero to f32.
 fn rz(v: f64) -> f64 {
     let f = v as f32;
