@@ -33,5 +33,18 @@ if [ ! -f carry/llama.tar.xz ]; then
     --exclude='llama.cpp/ggml/src/ggml-cpu/arch/loongarch' --exclude='llama.cpp/ggml/src/ggml-cpu/arch/s390' --exclude='llama.cpp/ggml/src/ggml-cpu/arch/wasm' --exclude='*.mp4' --exclude='*.webp' --exclude='*.pdf' \
     llama.cpp
 fi
+# The trimmed tree must still configure (a left-out folder that a CMakeLists adds stops the
+# device's build: vendor/miniaudio, 2026-12-07): configured here, CPU only, where cmake is.
+if command -v cmake > /dev/null; then
+  t=$(mktemp -d)
+  tar -C "$t" -xJf carry/llama.tar.xz
+  if ! cmake -S "$t/llama.cpp" -B "$t/build" -DGGML_CUDA=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF > "$t/cmake.log" 2>&1; then
+    tail -20 "$t/cmake.log"
+    echo "carry/llama.tar.xz: the trimmed llama.cpp tree does not configure (above)" >&2
+    exit 1
+  fi
+  rm -rf "$t"
+fi
 du -sh carry/*
 echo "tree that travels: $(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1) bytes tracked + $(du -sb carry | cut -f1) carried"
