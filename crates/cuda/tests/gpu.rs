@@ -530,7 +530,6 @@ fn max_abs(v: &[f32]) -> f32 {
     v.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-30)
 }
 
-/// The largest |got - want| over the largest |want|.
 /// The accurate mode's split f16 products (`gemm16`) of 160 tokens at the 30B's widths, the
 /// columns summed whole by one cuBLAS call (the default) and in runs of 4,096, 2,048 and 1,024
 /// columns added in f32: each within 2e-5 of its largest output from the CPU's accurate
@@ -590,6 +589,7 @@ fn split_f16_products_in_column_runs_meet_the_bound() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// The largest |got - want| over the largest |want|.
 fn max_rel_err(got: &[f32], want: &[f32]) -> f32 {
     got.iter()
         .zip(want)
