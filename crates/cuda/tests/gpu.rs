@@ -233,9 +233,7 @@ fn matvec_kernels_match_the_cpu_per_format() {
             // 2.. tokens: the tensor-core kernels for Q4_K/Q6_K (64 per launch: 100 takes two;
             // 160 two grid layers of 64 in one launch and a launch of 32).
             for n in [1usize, 3, 8, 17, 64, 100, 160] {
-                let x: Vec<f32> = (0..n * mat.cols)
-                    .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7)
-                    .collect();
+                let x = product_input(n, mat.cols);
                 let mut xc = cpu.act(n, mat.cols).unwrap();
                 xc.data.copy_from_slice(&x);
                 let mut yc = cpu.act(n, mat.rows).unwrap();
@@ -549,9 +547,7 @@ fn split_f16_products_in_column_runs_meet_the_bound() {
         for mat in [&l.ffn_down, &l.ffn_up] {
             let n = 160;
             let cpu = CpuBackend::new(NumericMode::Accurate, 0).unwrap();
-            let x: Vec<f32> = (0..n * mat.cols)
-                .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7)
-                .collect();
+            let x = product_input(n, mat.cols);
             let mut xc = cpu.act(n, mat.cols).unwrap();
             xc.data.copy_from_slice(&x);
             let mut yc = cpu.act(n, mat.rows).unwrap();
@@ -587,6 +583,13 @@ fn split_f16_products_in_column_runs_meet_the_bound() {
     println!("split f16 products in column runs:\n{}", report.join("\n"));
     let _ = std::fs::remove_dir_all(&dir);
     assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The per-format tests' input: `n` rows of `cols` values in [-0.7, 0.7).
+fn product_input(n: usize, cols: usize) -> Vec<f32> {
+    (0..n * cols)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7)
+        .collect()
 }
 
 /// The largest |got - want| over the largest |want|.
