@@ -1,6 +1,7 @@
 //! How far a product's f32 sums land from the exact result when each addition of 16 exact
 //! products to the accumulator truncates (rounds toward zero, as the tensor cores' f32
-//! accumulators are reported to do) against rounding to nearest, over runs of all the columns
+//! accumulators were measured to do: Fasi et al., PeerJ Computer Science 7:e330, 2021; the
+//! H100's modelled in Khattak and Mikaitis, arXiv:2512.07004) against rounding to nearest, over runs of all the columns
 //! or of 4,096, 2,048 and 1,024 columns added to the total in f32: for the Q4_K matrices and
 //! inputs of gpu.rs's `matvec_kernels_match_the_cpu_per_format` (the 30B's widths, seed 7), the
 //! first 16 tokens and up to 2,048 rows. A model of the accumulator, not the GPU itself: it
