@@ -278,6 +278,95 @@ fn dot_sgemm<const N: usize>(k: [&[f32]; N], q: &[f32]) -> [f32; N] {
     acc.map(|a| hsum8(&a))
 }
 
+/// The tinyBLAS `V·P` lane sums (`acc[lane][d]`, lane = slot % 8: each visible key `vis[j]`
+/// adds `v[d] p[j]` to its lane by one FMA, in slot order) one lane at a time, the lane's
+/// `head_dim` sums in 512-bit registers through all its keys, where the CPU has AVX-512F and
+/// `head_dim` is 64, 128 or 256. Each (lane, d) sees the same FMAs in the same order as key by
+/// key through memory, so the bits are the same. `false` (nothing written) otherwise.
+fn lane_sums_avx512(
+    vis: &[usize],
+    slots: &[usize],
+    pw: &[f32],
+    vf: &[f32],
+    hd: usize,
+    acc: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let has = *HAS
+            .get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma"));
+        if !has || acc.len() != 8 * hd || vis.iter().any(|&i| (i + 1) * hd > vf.len()) {
+            return false;
+        }
+        // SAFETY: avx512f and fma are present (checked just above); every key's V row is
+        // within `vf` (checked just above) and `acc` holds 8 rows of `hd` (checked just above):
+        // the function reads and writes only there.
+        unsafe {
+            match hd {
+                64 => lane_sums::<4>(vis, slots, pw, vf, acc),
+                128 => lane_sums::<8>(vis, slots, pw, vf, acc),
+                256 => lane_sums::<16>(vis, slots, pw, vf, acc),
+                _ => return false,
+            }
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (vis, slots, pw, vf, hd, acc);
+        false
+    }
+}
+
+/// [`lane_sums_avx512`] for `head_dim` = 16 `NV`. The caller checked avx512f and fma, and the
+/// bounds.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+fn lane_sums<const NV: usize>(
+    vis: &[usize],
+    slots: &[usize],
+    pw: &[f32],
+    vf: &[f32],
+    acc: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let hd = 16 * NV;
+    // The keys' positions in `vis` lane by lane, each lane's in slot order.
+    let mut start = [0usize; 9];
+    for &i in vis {
+        start[slots[i] % 8 + 1] += 1;
+    }
+    for l in 0..8 {
+        start[l + 1] += start[l];
+    }
+    let mut by_lane = vec![0usize; vis.len()];
+    let mut next = start;
+    for (j, &i) in vis.iter().enumerate() {
+        let l = slots[i] % 8;
+        by_lane[next[l]] = j;
+        next[l] += 1;
+    }
+    for lane in 0..8 {
+        let mut a = [_mm512_setzero_ps(); NV];
+        for &j in &by_lane[start[lane]..start[lane + 1]] {
+            let i = vis[j];
+            let p = _mm512_set1_ps(pw[j]);
+            let row = &vf[i * hd..(i + 1) * hd];
+            for (c, a) in a.iter_mut().enumerate() {
+                // SAFETY: 16 floats at 16 c of a row of 16 NV (a checked slice).
+                let v = unsafe { _mm512_loadu_ps(row.as_ptr().add(16 * c)) };
+                *a = _mm512_fmadd_ps(v, p, *a);
+            }
+        }
+        let out = &mut acc[lane * hd..(lane + 1) * hd];
+        for (c, a) in a.iter().enumerate() {
+            // SAFETY: 16 floats at 16 c of a row of 16 NV (a checked slice).
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * c), *a) };
+        }
+    }
+}
+
 /// The K side of one KV head: widened rows `[key][d]`, or the Q8_0 cache rows.
 enum KPlane<'a> {
     F32(&'a [f32]),
@@ -394,12 +483,14 @@ fn head(
     if sgemm_vp {
         // tinyBLAS: one 8-lane accumulator over k = n_kv, masked leftover, hsum8
         let mut acc = vec![0.0f32; 8 * hd];
-        for (j, &i) in vis.iter().enumerate() {
-            let a = &mut acc[(slots[i] % 8) * hd..(slots[i] % 8 + 1) * hd];
-            let vrow = &vf[i * hd..(i + 1) * hd];
-            let pj = pw[j];
-            for d in 0..hd {
-                a[d] = fma(vrow[d], pj, a[d]);
+        if !lane_sums_avx512(&vis, slots, &pw, vf, hd, &mut acc) {
+            for (j, &i) in vis.iter().enumerate() {
+                let a = &mut acc[(slots[i] % 8) * hd..(slots[i] % 8 + 1) * hd];
+                let vrow = &vf[i * hd..(i + 1) * hd];
+                let pj = pw[j];
+                for d in 0..hd {
+                    a[d] = fma(vrow[d], pj, a[d]);
+                }
             }
         }
         for (d, o) in out.iter_mut().enumerate() {
