@@ -541,12 +541,12 @@ fn split_f16_products_in_column_runs_meet_the_bound() {
     std::fs::create_dir_all(&dir).unwrap();
     let mut report = Vec::new();
     let mut failures = Vec::new();
+    let cpu = CpuBackend::new(NumericMode::Accurate, 0).unwrap();
+    let n = 160;
     for (layout, n_ff) in [("q4_k", 2048usize), ("q4_k", 19968), ("q6_k", 19968)] {
         let file = one_layer_file(&dir, layout, n_ff, 7);
         let l = &file.tensors.layers[0];
         for mat in [&l.ffn_down, &l.ffn_up] {
-            let n = 160;
-            let cpu = CpuBackend::new(NumericMode::Accurate, 0).unwrap();
             let x = product_input(n, mat.cols);
             let mut xc = cpu.act(n, mat.cols).unwrap();
             xc.data.copy_from_slice(&x);

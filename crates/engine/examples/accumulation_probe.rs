@@ -1,13 +1,14 @@
 //! How far a product's f32 sums land from the exact result when each addition of 16 exact
 //! products to the accumulator truncates (rounds toward zero, as the tensor cores' f32
 //! accumulators were measured to do: Fasi et al., PeerJ Computer Science 7:e330, 2021; the
-//! H100's modelled in Khattak and Mikaitis, arXiv:2512.07004) against rounding to nearest, over runs of all the columns
-//! or of 4,096, 2,048 and 1,024 columns added to the total in f32: for the Q4_K matrices and
-//! inputs of gpu.rs's `matvec_kernels_match_the_cpu_per_format` (the 30B's widths, seed 7), the
-//! first 16 tokens and up to 2,048 rows. A model of the accumulator, not the GPU itself: it
+//! H100's modelled in Khattak and Mikaitis, arXiv:2512.07004) against rounding to nearest,
+//! over runs of all the columns or of 4,096, 2,048 and 1,024 columns added to the total in
+//! f32: for the Q4_K matrices and inputs of gpu.rs's `matvec_kernels_match_the_cpu_per_format`
+//! (the 30B's widths, seed 7), its first 16 tokens and up to 2,048 rows. A model of the accumulator, not the GPU itself: it
 //! gives the scale of the error (docs/PARITY.md). `cargo run --release -p muser-engine
 //! --example accumulation_probe`.
 use muser_engine::ModelFile;
+
 /// `v` rounded toward zero to f32.
 fn rz(v: f64) -> f64 {
     let f = v as f32;
@@ -18,8 +19,9 @@ fn rz(v: f64) -> f64 {
         f as f64
     }
 }
+
 fn main() {
-    let dir = std::env::temp_dir().join("err-probe");
+    let dir = std::env::temp_dir().join(format!("muser-accumulation-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for (layout, n_ff) in [("q4_k", 2048usize), ("q4_k", 19968)] {
         let p = muser_engine::synth::Preset {
@@ -35,27 +37,28 @@ fn main() {
             n_swa: 128,
         };
         let path = dir.join(format!("{layout}-{n_ff}.gguf"));
-        if !path.exists() {
-            muser_engine::synth::write(
-                &path,
-                &p,
-                muser_engine::synth::Layout::parse(layout).unwrap(),
-                7,
-            )
-            .unwrap();
-        }
+        muser_engine::synth::write(
+            &path,
+            &p,
+            muser_engine::synth::Layout::parse(layout).unwrap(),
+            7,
+        )
+        .unwrap();
         let file = ModelFile::open(&path).unwrap();
+        // gpu.rs's input (`product_input`), its first `nt` tokens.
+        let nt = 16usize;
+        let input = |cols: usize| -> Vec<f32> {
+            (0..nt * cols)
+                .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7)
+                .collect()
+        };
         for kc in [usize::MAX, 4096, 2048, 1024] {
             for (what, mat) in [
                 ("down", &file.tensors.layers[0].ffn_down),
                 ("up", &file.tensors.layers[0].ffn_up),
             ] {
-                let n = 160usize;
-                let nt = 16usize;
                 let nr = mat.rows.min(if mat.cols > 10000 { 1024 } else { 2048 });
-                let x: Vec<f32> = (0..n * mat.cols)
-                    .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7)
-                    .collect();
+                let x = input(mat.cols);
                 let bytes = mat.bytes(&file.gguf);
                 let rb = bytes.len() / mat.rows;
                 let mut w = vec![0f32; mat.cols];
@@ -100,4 +103,5 @@ fn main() {
             }
         }
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -293,15 +293,12 @@ fn lane_sums_avx512(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let has = *HAS
-            .get_or_init(|| is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma"));
-        if !has || acc.len() != 8 * hd || vis.iter().any(|&i| (i + 1) * hd > vf.len()) {
+        // (std caches what the CPU has: these are loads of a flag.)
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma")) {
             return false;
         }
-        // SAFETY: avx512f and fma are present (checked just above); every key's V row is
-        // within `vf` (checked just above) and `acc` holds 8 rows of `hd` (checked just above):
-        // the function reads and writes only there.
+        // SAFETY: `lane_sums` needs only the avx512f and fma target features, and the CPU has
+        // both (checked just above); it reaches `vf` and `acc` through checked slices.
         unsafe {
             match hd {
                 64 => lane_sums::<4>(vis, slots, pw, vf, acc),
@@ -319,8 +316,7 @@ fn lane_sums_avx512(
     }
 }
 
-/// [`lane_sums_avx512`] for `head_dim` = 16 `NV`. The caller checked avx512f and fma, and the
-/// bounds.
+/// [`lane_sums_avx512`] for `head_dim` = 16 `NV`. The caller checked avx512f and fma.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 fn lane_sums<const NV: usize>(
