@@ -571,7 +571,7 @@ pub struct CudaBackend {
     /// call, the calls' results added in f32 (`MUSER_GEMM16_KCHUNK`; 0, the default: one call
     /// over all the columns). For measuring: on an H100 (2026-12-07) a 160-token Q4_K product
     /// at the 30B's widths came 2.36e-5 of its largest output from the CPU's (whose own distance
-    /// to the f64 result is at most 1.3e-6), against at most 3.3e-6 on the H200; the likely
+    /// to the f64 result is at most 1.3e-6), against at most 3.3e-6 on the H200 (2026-11-30); the likely
     /// cause, not yet shown, is cuBLAS's choice of kernel there summing long runs of columns in
     /// the tensor cores' accumulator, whose additions truncate. Shorter runs bound that.
     gemm16_kchunk: std::sync::atomic::AtomicUsize,

@@ -532,8 +532,8 @@ fn max_abs(v: &[f32]) -> f32 {
 /// columns summed whole by one cuBLAS call (the default) and in runs of 4,096, 2,048 and 1,024
 /// columns added in f32: each within 2e-5 of its largest output from the CPU's accurate
 /// product (itself within 1.3e-6 of the f64 result on these inputs, measured on the CPU). On
-/// an H100 the whole-column form measured 2.36e-5 for a Q4_K matrix where the H200 gave at most
-/// 3.3e-6 (2026-12-07); this test says which forms meet the bound on the GPU it runs on.
+/// an H100 (2026-12-07) the whole-column form measured 2.36e-5 for a Q4_K matrix where the H200
+/// gave at most 3.3e-6 (2026-11-30); this test says which forms meet the bound on the GPU it runs on.
 #[test]
 fn split_f16_products_in_column_runs_meet_the_bound() {
     let Some(gpu_b) = gpu() else { return };
