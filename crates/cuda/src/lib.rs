@@ -221,6 +221,29 @@ const DEQ_ROWS: usize = 4096;
 /// Bytes of f16 weights `gemm16` dequantizes at once (the 30B's FFN matrices, 19968 x 6656,
 /// split: 532 MB, in one slab).
 const GEMM16_SLAB_BYTES: usize = 640 << 20;
+
+/// The accurate mode's split f16 products (`gemm16`) sum their main product in runs of at most
+/// this many columns, each run one cuBLAS call whose result is added in f32. The tensor cores'
+/// accumulators truncate their additions, and cuBLAS may sum a whole row in one of them: on an
+/// H100 (2026-12-07, gpu.rs `split_f16_products_in_column_runs_meet_the_bound`) one run of
+/// 19,968 columns came 2.36e-5 (Q4_K) and 2.46e-5 (Q6_K) of the largest output from the CPU's
+/// product (itself within 1.3e-6 of f64), against the bound 2e-5; runs of 4,096 gave at most
+/// 5.13e-6, of 2,048 3.16e-6 (`examples/accumulation_probe` models the same). Runs of 2,048 in
+/// both of the split form's products cost the accurate prompts 26% there; the cross product
+/// keeps one run (its share of the output is about 2^-11).
+const GEMM16_RUN_COLUMNS: usize = 4096;
+
+/// `k` columns in runs of equal length (a multiple of 8, the last one shorter), at most `most`
+/// columns each (0: one run): (first column, length) of each.
+fn column_runs(k: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
+    let runs = if most == 0 {
+        1
+    } else {
+        k.div_ceil(most).max(1)
+    };
+    let step = k.div_ceil(runs).next_multiple_of(8).max(8);
+    (0..k).step_by(step).map(move |k0| (k0, step.min(k - k0)))
+}
 /// `--f16-weights` and `--fp8-weights` keep copies only while a tenth of the device, and at least
 /// this much, stays free after them (`room_for_copy`).
 const WEIGHT_COPY_RESERVE_MIN: usize = 4 << 30;
@@ -567,13 +590,9 @@ pub struct CudaBackend {
     /// Token count above which `gemm16` takes a product (`MUSER_GEMM16_MIN`, default 64: batched
     /// decode steps keep the exact integer kernels).
     gemm16_min: std::sync::atomic::AtomicUsize,
-    /// The accurate mode's `gemm16` (the split form) sums at most this many columns per cuBLAS
-    /// call, the calls' results added in f32 (`MUSER_GEMM16_KCHUNK`; 0, the default: one call
-    /// over all the columns). For measuring: on an H100 (2026-12-07) a 160-token Q4_K product
-    /// at the 30B's widths came 2.36e-5 of its largest output from the CPU's (whose own distance
-    /// to the f64 result is at most 1.3e-6), against at most 3.3e-6 on the H200 (2026-11-30); the likely
-    /// cause, not yet shown, is cuBLAS's choice of kernel there summing long runs of columns in
-    /// the tensor cores' accumulator, whose additions truncate. Shorter runs bound that.
+    /// The accurate mode's `gemm16` (the split form) sums its main product (hi . hi) in runs of
+    /// at most this many columns, one cuBLAS call each, the runs' results added in f32
+    /// (`MUSER_GEMM16_KCHUNK`, default GEMM16_RUN_COLUMNS; 0: one run of all the columns).
     gemm16_kchunk: std::sync::atomic::AtomicUsize,
     /// The token count above which `gemm16` takes a product with `--f16-weights` in `--mode
     /// fast` (`MUSER_GEMM16_MIN_KEPT`, default 48).
@@ -770,7 +789,8 @@ impl CudaBackend {
                 env_usize("MUSER_GEMM16_MIN_KEPT").unwrap_or(48),
             ),
             gemm16_kchunk: std::sync::atomic::AtomicUsize::new(
-                env_usize("MUSER_GEMM16_KCHUNK").map_or(0, |k| k.next_multiple_of(8)),
+                env_usize("MUSER_GEMM16_KCHUNK")
+                    .map_or(GEMM16_RUN_COLUMNS, |k| k.next_multiple_of(8)),
             ),
             gemm16_min: std::sync::atomic::AtomicUsize::new(
                 env_usize("MUSER_GEMM16_MIN").unwrap_or(MMQ_MAX_TOKENS),
@@ -885,12 +905,19 @@ impl CudaBackend {
         self.bump_epoch();
     }
 
-    /// The accurate mode's `gemm16` sums at most `k` columns per cuBLAS call (rounded up to a
-    /// multiple of 8; 0: all of them, the default; `MUSER_GEMM16_KCHUNK`).
+    /// The accurate mode's `gemm16` sums its main product in runs of at most `k` columns per
+    /// cuBLAS call (rounded up to a multiple of 8; 0: one run of all of them; the default
+    /// GEMM16_RUN_COLUMNS; `MUSER_GEMM16_KCHUNK`).
     pub fn set_gemm16_kchunk(&self, k: usize) {
         self.gemm16_kchunk
             .store(k.next_multiple_of(8), std::sync::atomic::Ordering::Relaxed);
         self.bump_epoch();
+    }
+
+    /// The longest run of columns in the accurate mode's `gemm16` main product (0: one run).
+    pub fn gemm16_kchunk(&self) -> usize {
+        self.gemm16_kchunk
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// `gemm16` takes products of more than `n` tokens (default 64, `MUSER_GEMM16_MIN`).
@@ -3177,40 +3204,25 @@ impl CudaBackend {
                 unsafe { self.w16_rows(w, r0, nr, w_hi, w_lo, ld) }?;
                 // C: from row r0 of out's first token (out is n x w.rows floats).
                 let c = op + 4 * r0 as u64;
-                // The split form's sums over at most `kc` columns per cuBLAS call (0: all),
-                // each call's added to C in f32 (beta = 1 after the first): see `gemm16_kchunk`.
+                // The split form's main product in runs of equal length, at most `kc` columns
+                // each (0: one run), each run's result added to C in f32 (beta = 1 after the
+                // first): see GEMM16_RUN_COLUMNS.
                 let kc = if split {
                     self.gemm16_kchunk
                         .load(std::sync::atomic::Ordering::Relaxed)
                 } else {
                     0
                 };
-                let pieces = |k: usize| {
-                    let step = if kc == 0 { k } else { kc.min(k) };
-                    (0..k).step_by(step).map(move |k0| (k0, step.min(k - k0)))
-                };
-                for (i, (k0, kn)) in pieces(cols).enumerate() {
+                for (i, (k0, kn)) in column_runs(cols, kc).enumerate() {
                     let beta = if i == 0 { ap + 8 } else { ap + 12 };
                     let off = 2 * k0 as u64;
                     self.gemm16_call(nr, n, kn, ld, w_hi + off, x_hi + off, ap, beta, c, w.rows)?;
                 }
                 if split {
-                    // [hi lo] . [lo hi] over 2 cols, times 2^-(A+B+11), added (beta = 1).
-                    for (k0, kn) in pieces(2 * cols) {
-                        let off = 2 * k0 as u64;
-                        self.gemm16_call(
-                            nr,
-                            n,
-                            kn,
-                            ld,
-                            w_hi + off,
-                            xp + off,
-                            ap + 4,
-                            ap + 12,
-                            c,
-                            w.rows,
-                        )?;
-                    }
+                    // [hi lo] . [lo hi] over 2 cols, times 2^-(A+B+11), added (beta = 1): one
+                    // run. Its share of the output is about 2^-11 of the main product's, and so
+                    // is the truncation that long runs add to it.
+                    self.gemm16_call(nr, n, 2 * cols, ld, w_hi, xp, ap + 4, ap + 12, c, w.rows)?;
                 }
                 r0 += nr;
             }
@@ -5248,5 +5260,56 @@ impl Backend for CudaBackend {
         // SAFETY: row indices were checked against x's rows.
         unsafe { b.launch(cfg) }.map_err(dev("select_rows"))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::column_runs;
+
+    /// The runs cover every column once, in order, each starting on a multiple of 8 and no
+    /// longer than asked, with as few runs as that allows.
+    #[test]
+    fn column_runs_cover_the_columns_in_equal_runs() {
+        for (k, most, want) in [
+            (6656, 4096, vec![(0, 3328), (3328, 3328)]),
+            (
+                19968,
+                4096,
+                vec![
+                    (0, 4000),
+                    (4000, 4000),
+                    (8000, 4000),
+                    (12000, 4000),
+                    (16000, 3968),
+                ],
+            ),
+            (2048, 4096, vec![(0, 2048)]),
+            (4096, 4096, vec![(0, 4096)]),
+            (4104, 4096, vec![(0, 2056), (2056, 2048)]),
+            (19968, 0, vec![(0, 19968)]),
+            (40, 16, vec![(0, 16), (16, 16), (32, 8)]),
+        ] {
+            assert_eq!(
+                column_runs(k, most).collect::<Vec<_>>(),
+                want,
+                "k {k} most {most}"
+            );
+        }
+        for k in (8..20_000).step_by(8) {
+            for most in [8, 1024, 2048, 4096] {
+                let runs: Vec<_> = column_runs(k, most).collect();
+                assert_eq!(runs.len(), k.div_ceil(most), "k {k} most {most}");
+                let mut next = 0;
+                for (k0, kn) in runs {
+                    assert!(
+                        k0 == next && k0 % 8 == 0 && kn > 0 && kn <= most,
+                        "k {k} most {most}"
+                    );
+                    next = k0 + kn;
+                }
+                assert_eq!(next, k);
+            }
+        }
     }
 }

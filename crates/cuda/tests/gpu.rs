@@ -529,11 +529,12 @@ fn max_abs(v: &[f32]) -> f32 {
 }
 
 /// The accurate mode's split f16 products (`gemm16`) of 160 tokens at the 30B's widths, the
-/// columns summed whole by one cuBLAS call (the default) and in runs of 4,096, 2,048 and 1,024
-/// columns added in f32: each within 2e-5 of its largest output from the CPU's accurate
-/// product (itself within 1.3e-6 of the f64 result on these inputs, measured on the CPU). On
-/// an H100 (2026-12-07) the whole-column form measured 2.36e-5 for a Q4_K matrix where the H200
-/// gave at most 3.3e-6 (2026-11-30); this test says which forms meet the bound on the GPU it runs on.
+/// main product's columns summed in runs of at most 4,096 (the default), 2,048 and 1,024
+/// columns added in f32: each within 2e-5 of its largest output from the CPU's accurate product
+/// (itself within 1.3e-6 of the f64 result on these inputs, measured on the CPU). One run of all
+/// the columns is measured and printed, not held to the bound: on an H100 (2026-12-07) it gave
+/// 2.36e-5 (Q4_K) and 2.46e-5 (Q6_K) where the H200 gave at most 3.3e-6 (2026-11-30), which is
+/// why the runs exist (GEMM16_RUN_COLUMNS in lib.rs).
 #[test]
 fn split_f16_products_in_column_runs_meet_the_bound() {
     let Some(gpu_b) = gpu() else { return };
@@ -542,6 +543,11 @@ fn split_f16_products_in_column_runs_meet_the_bound() {
     let mut report = Vec::new();
     let mut failures = Vec::new();
     let cpu = CpuBackend::new(NumericMode::Accurate, 0).unwrap();
+    let default_runs = gpu_b.gemm16_kchunk();
+    assert_eq!(
+        default_runs, 4096,
+        "the default run length this test documents"
+    );
     let n = 160;
     for (layout, n_ff) in [("q4_k", 2048usize), ("q4_k", 19968), ("q6_k", 19968)] {
         let file = one_layer_file(&dir, layout, n_ff, 7);
@@ -572,12 +578,17 @@ fn split_f16_products_in_column_runs_meet_the_bound() {
                         kc.to_string()
                     }
                 );
-                if !(y.iter().all(|v| v.is_finite()) && err < 2e-5) {
+                let held = kc != 0;
+                if held && !(y.iter().all(|v| v.is_finite()) && err < 2e-5) {
                     failures.push(line.clone());
                 }
-                report.push(line);
+                report.push(if held {
+                    line
+                } else {
+                    format!("{line} (not held to the bound)")
+                });
             }
-            gpu_b.set_gemm16_kchunk(0);
+            gpu_b.set_gemm16_kchunk(default_runs);
         }
     }
     println!("split f16 products in column runs:\n{}", report.join("\n"));
