@@ -346,6 +346,11 @@ fn gemv_avx2(
     y: &mut [f32],
 ) {
     if ty == GgmlType::Q4_K && nt == 1 && cols % 256 == 0 {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above); AVX2, FMA and F16C are this
+            // function's own target features.
+            return unsafe { q4k_one_token_512(w, rows, cols, x, y) };
+        }
         return q4k_one_token(w, rows, cols, x, y);
     }
     if ty == GgmlType::Q6_K && nt == 1 && cols % 256 == 0 {
@@ -484,6 +489,20 @@ fn q6k_quarter<const R: usize, const Q: usize>(
     }
 }
 
+/// Block `b` of Q4_K row `row`: each sub-block's (d sc, dmin m), as `formats::dequant_q4_k`
+/// makes them, and the block's 128 code bytes.
+#[inline(always)]
+fn q4k_block(w: &[u8], row_bytes: usize, row: usize, b: usize) -> ([(f32, f32); 8], &[u8]) {
+    let blk = &w[row * row_bytes + b * 144..row * row_bytes + (b + 1) * 144];
+    let d = formats::f16_at(blk, 0);
+    let dmin = formats::f16_at(blk, 2);
+    let dm = std::array::from_fn(|s| {
+        let (sc, m) = formats::scale_min_k4(s, &blk[4..16]);
+        (d * sc as f32, dmin * m as f32)
+    });
+    (dm, &blk[16..144])
+}
+
 /// Q4_K, one token: `gemv_generic`'s arithmetic with the dequantization in registers (no
 /// buffer): y = (d sc) q - (dmin m) by a multiply then a subtraction, as `formats::dequant_q4_k`,
 /// then one FMA per 8 weights into lane `i % 8`, in increasing `i`: the same bits.
@@ -523,14 +542,7 @@ fn q4k_rows<const R: usize>(
         let mut dm = [[(0f32, 0f32); 8]; R];
         let mut qs: [&[u8]; R] = [&[]; R];
         for k in 0..R {
-            let blk = &w[(r0 + k) * row_bytes + b * 144..(r0 + k) * row_bytes + (b + 1) * 144];
-            let d = formats::f16_at(blk, 0);
-            let dmin = formats::f16_at(blk, 2);
-            for (s, e) in dm[k].iter_mut().enumerate() {
-                let (sc, m) = formats::scale_min_k4(s, &blk[4..16]);
-                *e = (d * sc as f32, dmin * m as f32);
-            }
-            qs[k] = &blk[16..144];
+            (dm[k], qs[k]) = q4k_block(w, row_bytes, r0 + k, b);
         }
         let xb = &x[b * 256..(b + 1) * 256];
         for s in 0..8 {
@@ -567,6 +579,99 @@ fn q4k_rows<const R: usize>(
         y[r0 + k] = reduce(a);
     }
     let _ = rows;
+}
+
+/// Q4_K, one token, where the CPU has AVX-512F: `q4k_one_token`'s bits with two rows in each
+/// 512-bit vector (row 2p in the low 8 lanes, row 2p + 1 in the high 8). A sub-block's 16
+/// possible weights, (d sc) q - dmin m for q = 0..15, are made once per row by the same `fmsub`
+/// that `q4k_rows` applies to each weight (the same bits), and each weight is looked up from its
+/// code: one `vpermt2ps` serves 16 weights of the two rows, where `q4k_rows` converts and scales
+/// 8. Each row's lanes then take the same FMAs in the same order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn q4k_one_token_512(w: &[u8], rows: usize, cols: usize, x: &[f32], y: &mut [f32]) {
+    let row_bytes = w.len() / rows;
+    let mut r = 0;
+    while r + 2 * PAIRS_512 <= rows {
+        q4k_pairs_512(w, row_bytes, r, cols, x, y);
+        r += 2 * PAIRS_512;
+    }
+    while r < rows {
+        q4k_rows::<1>(w, row_bytes, r, rows, cols, x, y);
+        r += 1;
+    }
+}
+
+/// Row pairs a `q4k_pairs_512` call multiplies.
+const PAIRS_512: usize = 2;
+
+/// Rows r0..r0 + 2 PAIRS_512 of `q4k_one_token_512`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+fn q4k_pairs_512(w: &[u8], row_bytes: usize, r0: usize, cols: usize, x: &[f32], y: &mut [f32]) {
+    use std::arch::x86_64::*;
+    const P: usize = PAIRS_512;
+    const R: usize = 2 * PAIRS_512;
+    let nb = cols / 256;
+    let mut acc = [_mm512_setzero_ps(); P];
+    let mask = _mm_set1_epi8(0x0F);
+    // The high row's codes index the second table (vpermt2ps's bit 4).
+    let high = _mm_set_epi64x(0x1010_1010_1010_1010, 0);
+    let iota = _mm512_setr_ps(
+        0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+    );
+    let code8 = |src: &[u8]| {
+        u64::from_le_bytes([
+            src[0], src[1], src[2], src[3], src[4], src[5], src[6], src[7],
+        ]) as i64
+    };
+    for b in 0..nb {
+        prefetch_rows::<R>(w, row_bytes, r0, (b + 4) * 144);
+        let mut dm = [[(0f32, 0f32); 8]; R];
+        let mut qs: [&[u8]; R] = [&[]; R];
+        for k in 0..R {
+            (dm[k], qs[k]) = q4k_block(w, row_bytes, r0 + k, b);
+        }
+        let xb = &x[b * 256..(b + 1) * 256];
+        for s in 0..8 {
+            let (j, odd) = (s / 2, s % 2 == 1);
+            // Each row's 16 possible weights: `q4k_rows`'s fmsub on q = 0..15.
+            let table = |k: usize| {
+                let (dd, mm) = dm[k][s];
+                _mm512_fmsub_ps(_mm512_set1_ps(dd), iota, _mm512_set1_ps(mm))
+            };
+            let tables: [(__m512, __m512); P] =
+                std::array::from_fn(|p| (table(2 * p), table(2 * p + 1)));
+            for c in 0..4 {
+                let xs = &xb[32 * s + 8 * c..32 * s + 8 * c + 8];
+                // SAFETY: `xs` holds 8 floats (a checked slice); loadu reads exactly 8.
+                let x8 = unsafe { _mm256_loadu_ps(xs.as_ptr()) };
+                let xv = _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                    _mm512_castpd256_pd512(_mm256_castps_pd(x8)),
+                    _mm256_castps_pd(x8),
+                ));
+                for (p, (ta, tb)) in tables.iter().enumerate() {
+                    let at = 32 * j + 8 * c;
+                    let v = _mm_set_epi64x(
+                        code8(&qs[2 * p + 1][at..at + 8]),
+                        code8(&qs[2 * p][at..at + 8]),
+                    );
+                    let v = if odd { _mm_srli_epi16::<4>(v) } else { v };
+                    let idx = _mm512_cvtepu8_epi32(_mm_or_si128(_mm_and_si128(v, mask), high));
+                    let wv = _mm512_permutex2var_ps(*ta, idx, *tb);
+                    acc[p] = _mm512_fmadd_ps(wv, xv, acc[p]);
+                }
+            }
+        }
+    }
+    for (p, a) in acc.iter().enumerate() {
+        let mut l = [0f32; 16];
+        // SAFETY: `l` holds 16 floats.
+        unsafe { _mm512_storeu_ps(l.as_mut_ptr(), *a) };
+        let (lo, hi) = l.split_at(8);
+        y[r0 + 2 * p] = reduce(std::array::from_fn(|i| lo[i]));
+        y[r0 + 2 * p + 1] = reduce(std::array::from_fn(|i| hi[i]));
+    }
 }
 
 /// y[t][r] = W[r] . x[t] for a weight matrix of `rows` x `cols` in format `ty` and `n_tokens`
@@ -689,6 +794,53 @@ mod tests {
                         assert!((want as f64 - f64sum).abs() < 1e-5, "{want} vs {f64sum}");
                     }
                 }
+            }
+        }
+    }
+
+    /// Q4_K's one-token kernels, the AVX2 form and (where the CPU has AVX-512F) the form with
+    /// two rows a vector, called directly: 1 to 9 rows (pairs of pairs and every tail), two
+    /// blocks a row, each row's bits those of the canonical dot of its exactly dequantized row.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn q4k_one_token_forms_give_the_reference_bits() {
+        if !(has_avx2_fma() && std::is_x86_feature_detected!("f16c")) {
+            println!("SKIPPED: the CPU lacks AVX2, FMA or F16C");
+            return;
+        }
+        let avx512 = std::is_x86_feature_detected!("avx512f");
+        if !avx512 {
+            println!("the two-rows-a-vector form not run: the CPU lacks AVX-512F");
+        }
+        let mut s = 23u64;
+        let cols = 512;
+        for rows in 1..=9usize {
+            let mut wb: Vec<u8> = (0..rows * cols / 256 * 144)
+                .map(|_| ((lcg(&mut s) + 0.5) * 255.0) as u8)
+                .collect();
+            for blk in wb.chunks_exact_mut(144) {
+                for f in [0, 2] {
+                    let d = half::f16::from_f32(0.01 + 0.02 * (lcg(&mut s) + 0.5));
+                    blk[f..f + 2].copy_from_slice(&d.to_bits().to_le_bytes());
+                }
+            }
+            let x: Vec<f32> = (0..cols).map(|_| lcg(&mut s)).collect();
+            let mut want = vec![0f32; rows];
+            for (r, w) in want.iter_mut().enumerate() {
+                let mut wr = vec![0f32; cols];
+                formats::dequantize_row(GgmlType::Q4_K, &wb[r * 288..(r + 1) * 288], &mut wr);
+                *w = dot(&wr, &x);
+            }
+            let mut y = vec![0f32; rows];
+            // SAFETY: AVX2, FMA and F16C are present (checked above).
+            unsafe { q4k_one_token(&wb, rows, cols, &x, &mut y) };
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&y), bits(&want), "AVX2 form, {rows} rows");
+            if avx512 {
+                let mut y = vec![0f32; rows];
+                // SAFETY: AVX-512F, AVX2, FMA and F16C are present (checked above).
+                unsafe { q4k_one_token_512(&wb, rows, cols, &x, &mut y) };
+                assert_eq!(bits(&y), bits(&want), "AVX-512 form, {rows} rows");
             }
         }
     }
