@@ -395,14 +395,15 @@ fn q6k_rows<const R: usize>(
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..nb {
         prefetch_rows::<R>(w, row_bytes, r0, (b + 4) * 210);
-        let blk: [&[u8]; R] = std::array::from_fn(|k| {
-            &w[(r0 + k) * row_bytes + b * 210..(r0 + k) * row_bytes + (b + 1) * 210]
-        });
+        let mut blk: [&[u8]; R] = [&[]; R];
+        for (k, bk) in blk.iter_mut().enumerate() {
+            *bk = &w[(r0 + k) * row_bytes + b * 210..(r0 + k) * row_bytes + (b + 1) * 210];
+        }
         // d sc of each 16 values (exact), in block order.
-        let ds: [[f32; 16]; R] = std::array::from_fn(|k| {
-            let d = formats::f16_at(blk[k], 208);
-            std::array::from_fn(|i| d * (blk[k][192 + i] as i8) as f32)
-        });
+        let mut ds = [[0f32; 16]; R];
+        for (dk, bk) in ds.iter_mut().zip(blk) {
+            q6k_scales(bk, dk);
+        }
         let xb = &x[b * 256..(b + 1) * 256];
         for n in 0..2 {
             q6k_quarter::<R, 0>(&blk, &ds, n, xb, &mut acc);
@@ -419,10 +420,53 @@ fn q6k_rows<const R: usize>(
     }
 }
 
+/// A Q6_K block's d sc for each 16 values (exact: d has 11 significant bits, sc 8), in block
+/// order.
+#[inline(always)]
+fn q6k_scales(blk: &[u8], ds: &mut [f32; 16]) {
+    let d = formats::f16_at(blk, 208);
+    for (o, &sc) in ds.iter_mut().zip(&blk[192..208]) {
+        *o = d * (sc as i8) as f32;
+    }
+}
+
+/// Quarter `Q` of half `n` of a Q6_K block: its 32 codes q - 32 as i8 (the low nibbles of
+/// ql[64n..] (Q = 0, 2: shifted by 4 for Q = 2) or of ql[64n + 32..] (Q = 1, 3), and bits 2Q of
+/// qh[32n..]), as `formats::dequant_q6_k`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn q6k_codes<const Q: usize>(blk: &[u8], n: usize) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let (m4, m3, c32) = (
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(0x03),
+        _mm256_set1_epi8(32),
+    );
+    let src = 64 * n + 32 * (Q % 2);
+    let (lo, hi) = (&blk[src..src + 32], &blk[128 + 32 * n..128 + 32 * n + 32]);
+    // SAFETY: `lo` and `hi` hold 32 bytes each (checked slices); loadu reads exactly 32.
+    let (l, h) = unsafe {
+        (
+            _mm256_loadu_si256(lo.as_ptr() as *const __m256i),
+            _mm256_loadu_si256(hi.as_ptr() as *const __m256i),
+        )
+    };
+    let l = if Q >= 2 { _mm256_srli_epi16::<4>(l) } else { l };
+    let h = match Q {
+        0 => h,
+        1 => _mm256_srli_epi16::<2>(h),
+        2 => _mm256_srli_epi16::<4>(h),
+        _ => _mm256_srli_epi16::<6>(h),
+    };
+    let code = _mm256_or_si256(
+        _mm256_and_si256(l, m4),
+        _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3)),
+    );
+    _mm256_sub_epi8(code, c32)
+}
+
 /// Quarter `Q` (32 values) of half `n` of the R rows' Q6_K blocks `blk` (`ds`: their d sc per
-/// 16 values) against `xb`, 8 values at a time into `acc`: the low nibbles of ql[64n..] (Q = 0,
-/// 2: shifted by 4 for Q = 2) or of ql[64n + 32..] (Q = 1, 3), and bits 2Q of qh[32n..], as
-/// `formats::dequant_q6_k`.
+/// 16 values; the codes: `q6k_codes`) against `xb`, 8 values at a time into `acc`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q6k_quarter<const R: usize, const Q: usize>(
@@ -433,38 +477,12 @@ fn q6k_quarter<const R: usize, const Q: usize>(
     acc: &mut [std::arch::x86_64::__m256; R],
 ) {
     use std::arch::x86_64::*;
-    let (m4, m3, c32) = (
-        _mm256_set1_epi8(0x0F),
-        _mm256_set1_epi8(0x03),
-        _mm256_set1_epi8(32),
-    );
-    let src = 64 * n + 32 * (Q % 2);
-    // The 32 codes of each row, q - 32 as i8, made 32 at a time.
-    let codes: [__m256i; R] = std::array::from_fn(|k| {
-        let (lo, hi) = (
-            &blk[k][src..src + 32],
-            &blk[k][128 + 32 * n..128 + 32 * n + 32],
-        );
-        // SAFETY: `lo` and `hi` hold 32 bytes each (checked slices); loadu reads exactly 32.
-        let (l, h) = unsafe {
-            (
-                _mm256_loadu_si256(lo.as_ptr() as *const __m256i),
-                _mm256_loadu_si256(hi.as_ptr() as *const __m256i),
-            )
-        };
-        let l = if Q >= 2 { _mm256_srli_epi16::<4>(l) } else { l };
-        let h = match Q {
-            0 => h,
-            1 => _mm256_srli_epi16::<2>(h),
-            2 => _mm256_srli_epi16::<4>(h),
-            _ => _mm256_srli_epi16::<6>(h),
-        };
-        let code = _mm256_or_si256(
-            _mm256_and_si256(l, m4),
-            _mm256_slli_epi16::<4>(_mm256_and_si256(h, m3)),
-        );
-        _mm256_sub_epi8(code, c32)
-    });
+    // The 32 codes of each row, q - 32 as i8 (a loop: `array::from_fn`'s closure would not
+    // inline `q6k_codes`, whose target features it lacks).
+    let mut codes = [_mm256_setzero_si256(); R];
+    for (c, b) in codes.iter_mut().zip(blk) {
+        *c = q6k_codes::<Q>(b, n);
+    }
     for c in 0..4 {
         let xs = &xb[128 * n + 32 * Q + 8 * c..128 * n + 32 * Q + 8 * c + 8];
         // SAFETY: `xs` holds 8 floats (a checked slice); loadu reads exactly 8.
@@ -496,10 +514,11 @@ fn q4k_block(w: &[u8], row_bytes: usize, row: usize, b: usize) -> ([(f32, f32); 
     let blk = &w[row * row_bytes + b * 144..row * row_bytes + (b + 1) * 144];
     let d = formats::f16_at(blk, 0);
     let dmin = formats::f16_at(blk, 2);
-    let dm = std::array::from_fn(|s| {
+    let mut dm = [(0f32, 0f32); 8];
+    for (s, e) in dm.iter_mut().enumerate() {
         let (sc, m) = formats::scale_min_k4(s, &blk[4..16]);
-        (d * sc as f32, dmin * m as f32)
-    });
+        *e = (d * sc as f32, dmin * m as f32);
+    }
     (dm, &blk[16..144])
 }
 
@@ -640,8 +659,10 @@ fn q4k_pairs_512(w: &[u8], row_bytes: usize, r0: usize, cols: usize, x: &[f32], 
                 let (dd, mm) = dm[k][s];
                 _mm512_fmsub_ps(_mm512_set1_ps(dd), iota, _mm512_set1_ps(mm))
             };
-            let tables: [(__m512, __m512); P] =
-                std::array::from_fn(|p| (table(2 * p), table(2 * p + 1)));
+            let mut tables = [(_mm512_setzero_ps(), _mm512_setzero_ps()); P];
+            for (p, t) in tables.iter_mut().enumerate() {
+                *t = (table(2 * p), table(2 * p + 1));
+            }
             for c in 0..4 {
                 let xs = &xb[32 * s + 8 * c..32 * s + 8 * c + 8];
                 // SAFETY: `xs` holds 8 floats (a checked slice); loadu reads exactly 8.
@@ -669,8 +690,8 @@ fn q4k_pairs_512(w: &[u8], row_bytes: usize, r0: usize, cols: usize, x: &[f32], 
         // SAFETY: `l` holds 16 floats.
         unsafe { _mm512_storeu_ps(l.as_mut_ptr(), *a) };
         let (lo, hi) = l.split_at(8);
-        y[r0 + 2 * p] = reduce(std::array::from_fn(|i| lo[i]));
-        y[r0 + 2 * p + 1] = reduce(std::array::from_fn(|i| hi[i]));
+        y[r0 + 2 * p] = reduce(lo.try_into().unwrap_or_default());
+        y[r0 + 2 * p + 1] = reduce(hi.try_into().unwrap_or_default());
     }
 }
 
