@@ -234,8 +234,8 @@ const GEMM16_SLAB_BYTES: usize = 640 << 20;
 /// the accurate prompts' time.
 const GEMM16_RUN_COLUMNS: usize = 4096;
 
-/// `k` columns in runs of equal length (a multiple of 8, the last one shorter), at most `most`
-/// columns each (0: one run): (first column, length) of each.
+/// `k` columns in runs of equal length (a multiple of 8; the last one may be shorter), at most
+/// `most` columns each (0: one run): (first column, length) of each.
 fn column_runs(k: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
     let runs = if most == 0 {
         1
@@ -245,6 +245,7 @@ fn column_runs(k: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
     let step = k.div_ceil(runs).next_multiple_of(8).max(8);
     (0..k).step_by(step).map(move |k0| (k0, step.min(k - k0)))
 }
+
 /// `--f16-weights` and `--fp8-weights` keep copies only while a tenth of the device, and at least
 /// this much, stays free after them (`room_for_copy`).
 const WEIGHT_COPY_RESERVE_MIN: usize = 4 << 30;
