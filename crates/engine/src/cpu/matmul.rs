@@ -467,6 +467,7 @@ fn q6k_rows<const R: usize>(
 
 /// A Q6_K block's d sc for each 16 values (exact: d has 11 significant bits, sc 8), in block
 /// order.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn q6k_scales(blk: &[u8], ds: &mut [f32; 16]) {
     let d = formats::f16_at(blk, 208);
@@ -554,6 +555,7 @@ fn q6k_quarter<const R: usize, const Q: usize>(
 
 /// Block `b` of Q4_K row `row`: each sub-block's (d sc, dmin m), as `formats::dequant_q4_k`
 /// makes them, and the block's 128 code bytes.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn q4k_block(w: &[u8], row_bytes: usize, row: usize, b: usize) -> ([(f32, f32); 8], &[u8]) {
     let blk = &w[row * row_bytes + b * 144..row * row_bytes + (b + 1) * 144];
@@ -667,6 +669,7 @@ fn q4k_one_token_512(w: &[u8], rows: usize, cols: usize, x: &[f32], y: &mut [f32
 }
 
 /// Row pairs a `q4k_pairs_512` call multiplies.
+#[cfg(target_arch = "x86_64")]
 const PAIRS_512: usize = 2;
 
 /// Rows r0..r0 + 2 PAIRS_512 of `q4k_one_token_512`.
@@ -731,12 +734,11 @@ fn q4k_pairs_512(w: &[u8], row_bytes: usize, r0: usize, cols: usize, x: &[f32], 
         }
     }
     for (p, a) in acc.iter().enumerate() {
-        let mut l = [0f32; 16];
-        // SAFETY: `l` holds 16 floats.
-        unsafe { _mm512_storeu_ps(l.as_mut_ptr(), *a) };
-        let (lo, hi) = l.split_at(8);
-        y[r0 + 2 * p] = reduce(lo.try_into().unwrap_or_default());
-        y[r0 + 2 * p + 1] = reduce(hi.try_into().unwrap_or_default());
+        let mut l = [[0f32; 8]; 2];
+        // SAFETY: `l` is 16 contiguous floats; storeu writes exactly 16.
+        unsafe { _mm512_storeu_ps(l.as_mut_ptr() as *mut f32, *a) };
+        y[r0 + 2 * p] = reduce(l[0]);
+        y[r0 + 2 * p + 1] = reduce(l[1]);
     }
 }
 
