@@ -553,20 +553,31 @@ fn q6k_quarter<const R: usize, const Q: usize>(
     }
 }
 
-/// Block `b` of Q4_K row `row`: each sub-block's (d sc, dmin m), as `formats::dequant_q4_k`
-/// makes them, and the block's 128 code bytes.
+/// Block `b` of Q4_K rows r0..r0 + R: each row's sub-blocks' (d sc, dmin m), as
+/// `formats::dequant_q4_k` makes them, and the row's 128 code bytes of the block.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn q4k_block(w: &[u8], row_bytes: usize, row: usize, b: usize) -> ([(f32, f32); 8], &[u8]) {
-    let blk = &w[row * row_bytes + b * 144..row * row_bytes + (b + 1) * 144];
-    let d = formats::f16_at(blk, 0);
-    let dmin = formats::f16_at(blk, 2);
-    let mut dm = [(0f32, 0f32); 8];
-    for (s, e) in dm.iter_mut().enumerate() {
-        let (sc, m) = formats::scale_min_k4(s, &blk[4..16]);
-        *e = (d * sc as f32, dmin * m as f32);
+#[allow(clippy::type_complexity)]
+fn q4k_blocks<const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    r0: usize,
+    b: usize,
+) -> ([[(f32, f32); 8]; R], [&[u8]; R]) {
+    let mut dm = [[(0f32, 0f32); 8]; R];
+    let mut qs: [&[u8]; R] = [&[]; R];
+    for (k, (dmk, qk)) in dm.iter_mut().zip(qs.iter_mut()).enumerate() {
+        let row = r0 + k;
+        let blk = &w[row * row_bytes + b * 144..row * row_bytes + (b + 1) * 144];
+        let d = formats::f16_at(blk, 0);
+        let dmin = formats::f16_at(blk, 2);
+        for (s, e) in dmk.iter_mut().enumerate() {
+            let (sc, m) = formats::scale_min_k4(s, &blk[4..16]);
+            *e = (d * sc as f32, dmin * m as f32);
+        }
+        *qk = &blk[16..144];
     }
-    (dm, &blk[16..144])
+    (dm, qs)
 }
 
 /// Q4_K, one token: `gemv_generic`'s arithmetic with the dequantization in registers (no
@@ -605,11 +616,7 @@ fn q4k_rows<const R: usize>(
     let mask = _mm_set1_epi8(0x0F);
     for b in 0..nb {
         prefetch_rows::<R>(w, row_bytes, r0, (b + 4) * 144);
-        let mut dm = [[(0f32, 0f32); 8]; R];
-        let mut qs: [&[u8]; R] = [&[]; R];
-        for k in 0..R {
-            (dm[k], qs[k]) = q4k_block(w, row_bytes, r0 + k, b);
-        }
+        let (dm, qs) = q4k_blocks::<R>(w, row_bytes, r0, b);
         let xb = &x[b * 256..(b + 1) * 256];
         for s in 0..8 {
             let (j, shift) = (s / 2, 4 * (s % 2) as i32);
@@ -694,11 +701,7 @@ fn q4k_pairs_512(w: &[u8], row_bytes: usize, r0: usize, cols: usize, x: &[f32], 
     };
     for b in 0..nb {
         prefetch_rows::<R>(w, row_bytes, r0, (b + 4) * 144);
-        let mut dm = [[(0f32, 0f32); 8]; R];
-        let mut qs: [&[u8]; R] = [&[]; R];
-        for k in 0..R {
-            (dm[k], qs[k]) = q4k_block(w, row_bytes, r0 + k, b);
-        }
+        let (dm, qs) = q4k_blocks::<R>(w, row_bytes, r0, b);
         let xb = &x[b * 256..(b + 1) * 256];
         for s in 0..8 {
             let (j, odd) = (s / 2, s % 2 == 1);
