@@ -131,12 +131,13 @@ pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: 
     // a Q8_0 K stays in blocks
     let nk = sorted.len();
     let q8k = p.k_type == GgmlType::Q8_0;
-    let mut kf = vec![0.0f32; if q8k { 0 } else { nkv * nk * hd }];
-    let mut vf = vec![0.0f32; nkv * nk * hd];
-    if !q8k {
-        widen(p.k_type, &sorted, hd, true, &mut kf);
+    let (mut kf, mut vf) = PLANES.with(|w| w.take());
+    if q8k {
+        kf.clear();
+    } else {
+        widen(p.k_type, &sorted, hd, true, nkv * nk * hd, &mut kf);
     }
-    widen(p.v_type, &sorted, hd, false, &mut vf);
+    widen(p.v_type, &sorted, hd, false, nkv * nk * hd, &mut vf);
     let kq8: Vec<&[u8]> = if q8k {
         sorted.iter().map(|k| k.k).collect()
     } else {
@@ -164,42 +165,100 @@ pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: 
             },
         );
     });
+    PLANES.with(|w| w.replace((kf, vf)));
 }
 
-/// Widen the K (`is_k`) or V rows of `keys` to f32 into `[kvh][key][d]`.
-fn widen(ty: GgmlType, keys: &[KvKey], hd: usize, is_k: bool, out: &mut [f32]) {
+thread_local! {
+    /// The widened K and V planes of this thread's last [`attention`] call, whose memory the
+    /// next call writes over: one decode step at 4,096 keys widens 8 MB a layer, and fresh
+    /// buffers of that size came as zeroed pages from the kernel on every call.
+    static PLANES: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Widen the K (`is_k`) or V rows of `keys` to f32 into `out` as `[kvh][key][d]`, `n` values
+/// (`n_head_kv` x keys x `hd`); what `out` held before is dropped.
+fn widen(ty: GgmlType, keys: &[KvKey], hd: usize, is_k: bool, n: usize, out: &mut Vec<f32>) {
+    assert!(hd > 0 && n.is_multiple_of(hd), "widen: {n} values in rows of {hd}");
     let nk = keys.len();
     let lut = f16_lut();
-    out.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
-        let (kvh, j) = (i / nk, i % nk);
-        let row = if is_k { keys[j].k } else { keys[j].v };
-        match ty {
-            GgmlType::F32 => {
-                for (d, c) in o
-                    .iter_mut()
-                    .zip(row[kvh * hd * 4..(kvh + 1) * hd * 4].chunks_exact(4))
-                {
-                    *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+    let f16c = super::lanes::has_avx2_fma();
+    out.clear();
+    out.reserve(n);
+    out.spare_capacity_mut()[..n]
+        .par_chunks_mut(hd)
+        .enumerate()
+        .for_each(|(i, o)| {
+            let (kvh, j) = (i / nk, i % nk);
+            let row = if is_k { keys[j].k } else { keys[j].v };
+            match ty {
+                GgmlType::F32 => {
+                    for (d, c) in o
+                        .iter_mut()
+                        .zip(row[kvh * hd * 4..(kvh + 1) * hd * 4].chunks_exact(4))
+                    {
+                        d.write(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                    }
+                }
+                GgmlType::F16 => {
+                    let src = &row[kvh * hd * 2..(kvh + 1) * hd * 2];
+                    if f16c {
+                        // SAFETY: the CPU has F16C and AVX (`has_avx2_fma` checked avx2, fma and
+                        // f16c); the function reads and writes through checked slices.
+                        unsafe { widen_f16c(src, o) };
+                    } else {
+                        for (d, c) in o.iter_mut().zip(src.chunks_exact(2)) {
+                            d.write(lut[u16::from_le_bytes([c[0], c[1]]) as usize]);
+                        }
+                    }
+                }
+                _ => {
+                    for (d, c) in o
+                        .iter_mut()
+                        .zip(row[kvh * hd * 2..(kvh + 1) * hd * 2].chunks_exact(2))
+                    {
+                        d.write(bf16_to_f32(u16::from_le_bytes([c[0], c[1]])));
+                    }
                 }
             }
-            GgmlType::F16 => {
-                for (d, c) in o
-                    .iter_mut()
-                    .zip(row[kvh * hd * 2..(kvh + 1) * hd * 2].chunks_exact(2))
-                {
-                    *d = lut[u16::from_le_bytes([c[0], c[1]]) as usize];
-                }
-            }
-            _ => {
-                for (d, c) in o
-                    .iter_mut()
-                    .zip(row[kvh * hd * 2..(kvh + 1) * hd * 2].chunks_exact(2))
-                {
-                    *d = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
-                }
-            }
+        });
+    // SAFETY: the n values were written above: each chunk of hd (the last one too: n is a
+    // multiple of hd) took one value per element in every branch (each zips its chunk with
+    // exactly hd source values, and `widen_f16c` writes all of its output).
+    unsafe { out.set_len(n) };
+}
+
+/// f16 values (`src`, little-endian, at least twice `out`'s length in bytes) to f32 by the CPU's
+/// conversion, 8 at a time: exact, the values of [`f16_lut`] (a NaN comes out quiet either way).
+/// The caller checks f16c and avx.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+fn widen_f16c(src: &[u8], out: &mut [std::mem::MaybeUninit<f32>]) {
+    use std::arch::x86_64::*;
+    let n = out.len();
+    assert!(
+        src.len() >= 2 * n,
+        "widen_f16c: {} bytes for {n} values",
+        src.len()
+    );
+    let n8 = n - n % 8;
+    for c in (0..n8).step_by(8) {
+        // SAFETY: bytes 2c..2c+16 of src and values c..c+8 of out: in range (checked above, c +
+        // 8 <= n8 <= n); MaybeUninit<f32> has f32's layout.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(2 * c) as *const __m128i);
+            _mm256_storeu_ps(out.as_mut_ptr().add(c) as *mut f32, _mm256_cvtph_ps(h));
         }
-    });
+    }
+    for c in n8..n {
+        out[c].write(f16_to_f32(u16::from_le_bytes([src[2 * c], src[2 * c + 1]])));
+    }
+}
+
+/// Without x86: never called (`has_avx2_fma` is false).
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn widen_f16c(_src: &[u8], _out: &mut [std::mem::MaybeUninit<f32>]) {
+    unreachable!("widen_f16c: F16C is an x86 extension")
 }
 
 /// Round to the cache type and back (q and P are converted to the K / V `vec_dot_type`).

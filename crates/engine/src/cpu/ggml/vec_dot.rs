@@ -421,7 +421,7 @@ pub fn vec_dot_k_packed(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> Option<f32> {
     if super::lanes::has_avx2_fma()
         && matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
     {
-        // SAFETY: the avx2 and fma target features the function enables are present (checked
+        // SAFETY: the avx2, fma and f16c target features the function enables are present (checked
         // just above); it reads only within `x` and `y` (whole blocks, checked inside).
         return Some(unsafe { packed::vec_dot(ty, x, y) });
     }
@@ -1220,11 +1220,16 @@ mod packed {
         )
     }
 
-    /// See [`super::vec_dot_k_packed`]. The caller checked avx2 and fma. The float steps are
+    /// See [`super::vec_dot_k_packed`]. The caller checked avx2, fma and f16c. The float steps are
     /// ggml's AVX2 kernels': `acc = fma(d, (float) lanes, acc)` in 8 lanes; Q4_K's mins in 4
     /// lanes `acc_m = fma(dmin, (float) prod, acc_m)`, Q5_K's in one `summs`; `hsum_float_8`.
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn vec_dot(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> f32 {
+        match ty {
+            GgmlType::Q4_K => return vec_dot_q4k(x, y),
+            GgmlType::Q6_K => return vec_dot_q6k(x, y),
+            _ => {}
+        }
         let bs = ty.type_size();
         let mut acc = _mm256_setzero_ps();
         if ty == GgmlType::Q6_K {
@@ -1268,6 +1273,131 @@ mod packed {
 
     /// How far ahead of the block being multiplied the weights are asked for, in bytes.
     const PREFETCH_AHEAD: usize = 1024;
+
+    /// [`vec_dot`] of a Q4_K row, in the shape of ggml's AVX2 loop: each 64 of a block's codes
+    /// made from one load of 32 bytes right where its two scales and two loads of activations
+    /// meet them, so that the block's working set stays in the 16 vector registers (the general
+    /// form builds a block's 8 code vectors and 8 scale vectors first, and spilled them). The
+    /// lane sums are exact integers in any order; the float steps are [`vec_dot`]'s.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn vec_dot_q4k(x: &[u8], y: &[BlockQ8K]) -> f32 {
+        const BS: usize = 144;
+        let m4 = _mm256_set1_epi8(0x0F);
+        let mut acc = _mm256_setzero_ps();
+        let mut acc_m = _mm_setzero_ps();
+        for (i, (xb, yb)) in x.chunks_exact(BS).zip(y).enumerate() {
+            prefetch_ahead(x, i * BS + PREFETCH_AHEAD);
+            let ms = k4_scales_mins_v(&xb[4..16]);
+            let dmin = -yb.d * f16c_at(xb, 2);
+            let prod = k4_min_products_v(ms, yb);
+            acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
+            // The 8 scales in both 128-bit halves.
+            let sc = _mm256_permute2x128_si256::<0x00>(ms, ms);
+            let mut sumi = _mm256_setzero_si256();
+            for j in 0..4 {
+                // SAFETY: bytes 16 + 32j .. 48 + 32j of a 144-byte block (chunks_exact), and
+                // elements 64j .. 64j + 64 of the 256 activations.
+                let (bits, q8l, q8h) = unsafe {
+                    (
+                        _mm256_loadu_si256(xb.as_ptr().add(16 + 32 * j) as *const __m256i),
+                        _mm256_loadu_si256(yb.qs.as_ptr().add(64 * j) as *const __m256i),
+                        _mm256_loadu_si256(yb.qs.as_ptr().add(64 * j + 32) as *const __m256i),
+                    )
+                };
+                let q4l = _mm256_and_si256(bits, m4);
+                let q4h = _mm256_and_si256(_mm256_srli_epi16::<4>(bits), m4);
+                let pl = _mm256_madd_epi16(bcast16(sc, 2 * j), _mm256_maddubs_epi16(q4l, q8l));
+                let ph = _mm256_madd_epi16(bcast16(sc, 2 * j + 1), _mm256_maddubs_epi16(q4h, q8h));
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+            }
+            let d = _mm256_set1_ps(yb.d * f16c_at(xb, 0));
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+        }
+        let mut m = [0.0f32; 4];
+        // SAFETY: 16 bytes into an [f32; 4].
+        unsafe { _mm_storeu_ps(m.as_mut_ptr(), acc_m) };
+        hsum8_ps(acc) + ((m[0] + m[2]) + (m[1] + m[3]))
+    }
+
+    /// The f16 at bytes `off`, `off + 1` of `b` as f32, by the CPU's conversion (exact, as the
+    /// table [`rd_f16`] reads, which is 256 KB that one token's dots would pull through the
+    /// caches beside the weights).
+    #[target_feature(enable = "f16c")]
+    fn f16c_at(b: &[u8], off: usize) -> f32 {
+        let h = u16::from_le_bytes([b[off], b[off + 1]]);
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    }
+
+    /// Q6_K scale `e` (of the 16 bytes `s8`) in the low 8 i16 elements and scale `e + 1` in the
+    /// high 8: the multipliers of one 32 of codes (ggml's `get_scale_shuffle`).
+    #[target_feature(enable = "avx2")]
+    fn q6k_scale_pair(s8: __m128i, e: usize) -> __m256i {
+        let (lo, hi) = (e as u8, e as u8 + 1);
+        let pat = _mm_set_epi64x(i64::from_ne_bytes([hi; 8]), i64::from_ne_bytes([lo; 8]));
+        _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, pat))
+    }
+
+    /// [`vec_dot`] of a Q6_K row, in the shape of ggml's AVX2 loop: each 128 of a block's codes
+    /// made from two loads of the low bits and one of the high bits where their scales and
+    /// activations meet them (see [`vec_dot_q4k`]); the codes unbiased, the bias taken off
+    /// through the sums of 16 ([`q6k_bias`]). Exact lane sums; [`vec_dot`]'s float steps.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn vec_dot_q6k(x: &[u8], y: &[BlockQ8K]) -> f32 {
+        const BS: usize = 210;
+        let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let mut acc = _mm256_setzero_ps();
+        for (i, (xb, yb)) in x.chunks_exact(BS).zip(y).enumerate() {
+            prefetch_ahead(x, i * BS + PREFETCH_AHEAD);
+            // SAFETY: bytes 192..208 of a 210-byte block (chunks_exact).
+            let s8 = unsafe { _mm_loadu_si128(xb.as_ptr().add(192) as *const __m128i) };
+            let all = _mm256_cvtepi8_epi16(s8);
+            let sub = q6k_bias(yb, all);
+            let mut sumi = _mm256_setzero_si256();
+            for n in 0..2 {
+                // SAFETY: ql bytes 64n..64n+64 and qh bytes 128+32n..+32 of the block, and
+                // elements 128n .. 128n + 128 of the 256 activations.
+                let (ql0, ql1, qh, y0, y1, y2, y3) = unsafe {
+                    let q8 = yb.qs.as_ptr().add(128 * n);
+                    (
+                        _mm256_loadu_si256(xb.as_ptr().add(64 * n) as *const __m256i),
+                        _mm256_loadu_si256(xb.as_ptr().add(64 * n + 32) as *const __m256i),
+                        _mm256_loadu_si256(xb.as_ptr().add(128 + 32 * n) as *const __m256i),
+                        _mm256_loadu_si256(q8 as *const __m256i),
+                        _mm256_loadu_si256(q8.add(32) as *const __m256i),
+                        _mm256_loadu_si256(q8.add(64) as *const __m256i),
+                        _mm256_loadu_si256(q8.add(96) as *const __m256i),
+                    )
+                };
+                // The four 32s of this half in element order (as [`q6k_codes_v`]).
+                let c0 = _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<4>(qh), m30),
+                );
+                let c1 = _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_and_si256(_mm256_slli_epi16::<2>(qh), m30),
+                );
+                let c2 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                    _mm256_and_si256(qh, m30),
+                );
+                let c3 = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                    _mm256_and_si256(_mm256_srli_epi16::<2>(qh), m30),
+                );
+                let e = 8 * n;
+                let p0 = _mm256_madd_epi16(q6k_scale_pair(s8, e), _mm256_maddubs_epi16(c0, y0));
+                let p1 = _mm256_madd_epi16(q6k_scale_pair(s8, e + 2), _mm256_maddubs_epi16(c1, y1));
+                let p2 = _mm256_madd_epi16(q6k_scale_pair(s8, e + 4), _mm256_maddubs_epi16(c2, y2));
+                let p3 = _mm256_madd_epi16(q6k_scale_pair(s8, e + 6), _mm256_maddubs_epi16(c3, y3));
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p2, p3));
+            }
+            let d = _mm256_set1_ps(yb.d * f16c_at(xb, 208));
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi, sub)), acc);
+        }
+        hsum8_ps(acc)
+    }
 
     /// A hint that the bytes at `off` from the start of `x` (past its end: the next rows, which
     /// follow in memory) will be read soon; no effect on results.
