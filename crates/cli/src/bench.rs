@@ -347,7 +347,11 @@ fn print_profile(
 ) -> Result<(), muser_engine::Error> {
     let report = m.backend.profile_report()?;
     m.backend.set_profiling(false);
-    let total: f64 = report.iter().map(|r| r.2).sum();
+    let total: f64 = report
+        .iter()
+        .filter(|r| !r.0.starts_with(muser_cuda::INNER_LABEL))
+        .map(|r| r.2)
+        .sum();
     println!("\n{what}, GPU time by operation:");
     println!("| op | calls/step | ms/step | share |");
     println!("|---|---|---|---|");

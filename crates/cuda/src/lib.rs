@@ -214,6 +214,10 @@ struct Scratch {
     inv_freq: HashMap<(u32, usize), CudaSlice<f64>>,
 }
 
+/// The start of a profile label (`timed`) for work inside another timed operation, whose time
+/// already counts it: a report's total leaves such labels out.
+pub const INNER_LABEL: &str = "(inside) ";
+
 /// Largest micro-batch the device caches and scratch are sized for.
 pub const MAX_UBATCH: usize = 512;
 /// Rows of a weight matrix dequantized at once for the cuBLAS prompt path.
@@ -3201,9 +3205,15 @@ impl CudaBackend {
             let mut r0 = 0usize;
             while r0 < w.rows {
                 let nr = slab.min(w.rows - r0);
-                // SAFETY: w16 holds slab * ld halfs (grown above), nr <= slab rows of ld from
-                // w_hi; lo at offset cols of each row when split.
-                unsafe { self.w16_rows(w, r0, nr, w_hi, w_lo, ld) }?;
+                // Timed apart when profiling, inside the product's own time (INNER_LABEL).
+                self.timed(
+                    || format!("{INNER_LABEL}gemm16 weights to f16, split {split}"),
+                    || {
+                        // SAFETY: w16 holds slab * ld halfs (grown above), nr <= slab rows of ld
+                        // from w_hi; lo at offset cols of each row when split.
+                        unsafe { self.w16_rows(w, r0, nr, w_hi, w_lo, ld) }
+                    },
+                )?;
                 // C: from row r0 of out's first token (out is n x w.rows floats).
                 let c = op + 4 * r0 as u64;
                 // The split form's main product in runs of equal length, at most `kc` columns
@@ -3215,16 +3225,49 @@ impl CudaBackend {
                 } else {
                     0
                 };
-                for (i, (k0, kn)) in column_runs(cols, kc).enumerate() {
-                    let beta = if i == 0 { ap + 8 } else { ap + 12 };
-                    let off = 2 * k0 as u64;
-                    self.gemm16_call(nr, n, kn, ld, w_hi + off, x_hi + off, ap, beta, c, w.rows)?;
-                }
+                self.timed(
+                    || format!("{INNER_LABEL}gemm16 main product, split {split}"),
+                    || {
+                        for (i, (k0, kn)) in column_runs(cols, kc).enumerate() {
+                            let beta = if i == 0 { ap + 8 } else { ap + 12 };
+                            let off = 2 * k0 as u64;
+                            self.gemm16_call(
+                                nr,
+                                n,
+                                kn,
+                                ld,
+                                w_hi + off,
+                                x_hi + off,
+                                ap,
+                                beta,
+                                c,
+                                w.rows,
+                            )?;
+                        }
+                        Ok(())
+                    },
+                )?;
                 if split {
                     // [hi lo] . [lo hi] over 2 cols, times 2^-(A+B+11), added (beta = 1): one
                     // run. Its share of the output is about 2^-11 of the main product's, and so
                     // is the truncation that long runs add to it.
-                    self.gemm16_call(nr, n, 2 * cols, ld, w_hi, xp, ap + 4, ap + 12, c, w.rows)?;
+                    self.timed(
+                        || format!("{INNER_LABEL}gemm16 cross product"),
+                        || {
+                            self.gemm16_call(
+                                nr,
+                                n,
+                                2 * cols,
+                                ld,
+                                w_hi,
+                                xp,
+                                ap + 4,
+                                ap + 12,
+                                c,
+                                w.rows,
+                            )
+                        },
+                    )?;
                 }
                 r0 += nr;
             }

@@ -179,7 +179,10 @@ thread_local! {
 /// Widen the K (`is_k`) or V rows of `keys` to f32 into `out` as `[kvh][key][d]`, `n` values
 /// (`n_head_kv` x keys x `hd`); what `out` held before is dropped.
 fn widen(ty: GgmlType, keys: &[KvKey], hd: usize, is_k: bool, n: usize, out: &mut Vec<f32>) {
-    assert!(hd > 0 && n.is_multiple_of(hd), "widen: {n} values in rows of {hd}");
+    assert!(
+        hd > 0 && n.is_multiple_of(hd),
+        "widen: {n} values in rows of {hd}"
+    );
     let nk = keys.len();
     let lut = f16_lut();
     let f16c = super::lanes::has_avx2_fma();
