@@ -286,14 +286,7 @@ fn dot_kq(ty: GgmlType, sgemm: bool, k: &[f32], q: &[f32]) -> f32 {
         return vec_dot_f32(k, q);
     }
     let np = n & !31;
-    let mut a = [[0.0f32; 8]; 4];
-    for (kc, qc) in k[..np].chunks_exact(32).zip(q[..np].chunks_exact(32)) {
-        for (j, acc) in a.iter_mut().enumerate() {
-            for l in 0..8 {
-                acc[l] = fma(kc[8 * j + l], qc[8 * j + l], acc[l]);
-            }
-        }
-    }
+    let a = sums4x8(&k[..np], &q[..np]);
     let mut sumf = if ty == GgmlType::F16 {
         reduce4x8(&a) as f64
     } else {
@@ -307,6 +300,57 @@ fn dot_kq(ty: GgmlType, sgemm: bool, k: &[f32], q: &[f32]) -> f32 {
         sumf += (k[i] * q[i]) as f64;
     }
     sumf as f32
+}
+
+/// `acc[j][l] = fma(k[32 i + 8 j + l], q[32 i + 8 j + l], acc[j][l])` over the 32s i of `k` and
+/// `q` (equal lengths, a multiple of 32), in order: ggml's vec_dot loops' 4 x 8 accumulators.
+/// In AVX2 registers where the CPU has AVX2 and FMA (the same FMAs in the same order, so the
+/// same bits; the plain loop, compiled inside the AVX2 copy of the attention, came out as
+/// 128-bit pieces and shuffles and was most of a decode step's attention).
+#[inline(always)]
+fn sums4x8(k: &[f32], q: &[f32]) -> [[f32; 8]; 4] {
+    assert!(k.len() == q.len() && k.len() % 32 == 0, "sums4x8: lengths");
+    #[cfg(target_arch = "x86_64")]
+    if super::lanes::has_avx2_fma() {
+        // SAFETY: the CPU has avx2 and fma (checked just above, with f16c); the function reads
+        // through checked slices of equal length, a multiple of 32 (asserted above).
+        return unsafe { sums4x8_avx2(k, q) };
+    }
+    let mut a = [[0.0f32; 8]; 4];
+    for (kc, qc) in k.chunks_exact(32).zip(q.chunks_exact(32)) {
+        for (j, acc) in a.iter_mut().enumerate() {
+            for l in 0..8 {
+                acc[l] = fma(kc[8 * j + l], qc[8 * j + l], acc[l]);
+            }
+        }
+    }
+    a
+}
+
+/// [`sums4x8`] in AVX2 registers. The caller checks avx2 and fma, and the lengths.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn sums4x8_avx2(k: &[f32], q: &[f32]) -> [[f32; 8]; 4] {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (kc, qc) in k.chunks_exact(32).zip(q.chunks_exact(32)) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            // SAFETY: 8 floats at 8 j of two 32-float chunks.
+            let (kv, qv) = unsafe {
+                (
+                    _mm256_loadu_ps(kc.as_ptr().add(8 * j)),
+                    _mm256_loadu_ps(qc.as_ptr().add(8 * j)),
+                )
+            };
+            *a = _mm256_fmadd_ps(kv, qv, *a);
+        }
+    }
+    let mut out = [[0.0f32; 8]; 4];
+    for (o, a) in out.iter_mut().zip(acc) {
+        // SAFETY: 8 floats into an [f32; 8].
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), a) };
+    }
+    out
 }
 
 /// [`dot_kq`]'s tinyBLAS form (one 8-lane accumulator, a masked leftover, `hsum8`) for `N`
@@ -340,19 +384,26 @@ fn dot_sgemm<const N: usize>(k: [&[f32]; N], q: &[f32]) -> [f32; N] {
     acc.map(|a| hsum8(&a))
 }
 
-/// The tinyBLAS `V·P` lane sums (`acc[lane][d]`, lane = slot % 8: each visible key `vis[j]`
-/// adds `v[d] p[j]` to its lane by one FMA, in slot order) one lane at a time, the lane's
-/// `head_dim` sums in 512-bit registers through all its keys, where the CPU has AVX-512F and
-/// `head_dim` is 64, 128 or 256. Each (lane, d) sees the same FMAs in the same order as key by
-/// key through memory, so the bits are the same. `false` (nothing written) otherwise.
+/// `V·P` lane sums one lane at a time, the lane's `head_dim` sums in 512-bit registers through
+/// all its keys, where the CPU has AVX-512F and `head_dim` is 64, 128 or 256: `acc[lane][d]`
+/// for `lanes` lanes, visible key `vis[j]` (in slot order) adding `v[d] p[j]` to lane
+/// `lane_of[j]` by one FMA (`SKIP`: to none, it is summed elsewhere). tinyBLAS's lanes are
+/// `slot % 8`; vec_dot's 4 x 8 accumulators are 32 lanes, `((slot / 8) % 4) 8 + slot % 8`. Each
+/// (lane, d) sees the same FMAs in the same order as key by key through memory, so the bits are
+/// the same. `false` (nothing written) otherwise.
 fn lane_sums_avx512(
     vis: &[usize],
-    slots: &[usize],
+    lane_of: &[u8],
+    lanes: usize,
     pw: &[f32],
     vf: &[f32],
     hd: usize,
     acc: &mut [f32],
 ) -> bool {
+    assert!(
+        lane_of.len() == vis.len() && acc.len() == lanes * hd && lanes <= SKIP as usize,
+        "lane_sums: shapes"
+    );
     #[cfg(target_arch = "x86_64")]
     {
         // (std caches what the CPU has: these are loads of a flag.)
@@ -363,9 +414,9 @@ fn lane_sums_avx512(
         // both (checked just above); it reaches `vf` and `acc` through checked slices.
         unsafe {
             match hd {
-                64 => lane_sums::<4>(vis, slots, pw, vf, acc),
-                128 => lane_sums::<8>(vis, slots, pw, vf, acc),
-                256 => lane_sums::<16>(vis, slots, pw, vf, acc),
+                64 => lane_sums::<4>(vis, lane_of, lanes, pw, vf, acc),
+                128 => lane_sums::<8>(vis, lane_of, lanes, pw, vf, acc),
+                256 => lane_sums::<16>(vis, lane_of, lanes, pw, vf, acc),
                 _ => return false,
             }
         }
@@ -373,17 +424,22 @@ fn lane_sums_avx512(
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (vis, slots, pw, vf, hd, acc);
+        let _ = (vis, lane_of, lanes, pw, vf, hd, acc);
         false
     }
 }
 
-/// [`lane_sums_avx512`] for `head_dim` = 16 `NV`. The caller checked avx512f and fma.
+/// A key summed outside [`lane_sums_avx512`] (vec_dot's leftover keys).
+const SKIP: u8 = u8::MAX;
+
+/// [`lane_sums_avx512`] for `head_dim` = 16 `NV`. The caller checked avx512f and fma, and the
+/// shapes.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 fn lane_sums<const NV: usize>(
     vis: &[usize],
-    slots: &[usize],
+    lane_of: &[u8],
+    lanes: usize,
     pw: &[f32],
     vf: &[f32],
     acc: &mut [f32],
@@ -391,21 +447,24 @@ fn lane_sums<const NV: usize>(
     use std::arch::x86_64::*;
     let hd = 16 * NV;
     // The keys' positions in `vis` lane by lane, each lane's in slot order.
-    let mut start = [0usize; 9];
-    for &i in vis {
-        start[slots[i] % 8 + 1] += 1;
+    let mut start = vec![0usize; lanes + 1];
+    for &l in lane_of {
+        if l != SKIP {
+            start[l as usize + 1] += 1;
+        }
     }
-    for l in 0..8 {
+    for l in 0..lanes {
         start[l + 1] += start[l];
     }
-    let mut by_lane = vec![0usize; vis.len()];
-    let mut next = start;
-    for (j, &i) in vis.iter().enumerate() {
-        let l = slots[i] % 8;
-        by_lane[next[l]] = j;
-        next[l] += 1;
+    let mut by_lane = vec![0usize; start[lanes]];
+    let mut next = start.clone();
+    for (j, &l) in lane_of.iter().enumerate() {
+        if l != SKIP {
+            by_lane[next[l as usize]] = j;
+            next[l as usize] += 1;
+        }
     }
-    for lane in 0..8 {
+    for lane in 0..lanes {
         let mut a = [_mm512_setzero_ps(); NV];
         for &j in &by_lane[start[lane]..start[lane + 1]] {
             let i = vis[j];
@@ -541,7 +600,8 @@ fn head(
     if sgemm_vp {
         // tinyBLAS: one 8-lane accumulator over k = n_kv, masked leftover, hsum8
         let mut acc = vec![0.0f32; 8 * hd];
-        if !lane_sums_avx512(&vis, slots, &pw, vf, hd, &mut acc) {
+        let lane_of: Vec<u8> = vis.iter().map(|&i| (slots[i] % 8) as u8).collect();
+        if !lane_sums_avx512(&vis, &lane_of, 8, &pw, vf, hd, &mut acc) {
             for (j, &i) in vis.iter().enumerate() {
                 let a = &mut acc[(slots[i] % 8) * hd..(slots[i] % 8 + 1) * hd];
                 let vrow = &vf[i * hd..(i + 1) * hd];
@@ -564,13 +624,28 @@ fn head(
     let np = n & !31;
     let mut acc = vec![0.0f32; 32 * hd];
     let mut tail: Vec<(usize, usize)> = Vec::new();
+    // Each key's accumulator (lane) of the 4 x 8, or SKIP for the leftover keys.
+    let lane_of: Vec<u8> = vis
+        .iter()
+        .map(|&i| {
+            let slot = slots[i];
+            if slot >= np {
+                SKIP
+            } else {
+                (((slot / 8) % 4) * 8 + slot % 8) as u8
+            }
+        })
+        .collect();
+    let in_registers = lane_sums_avx512(&vis, &lane_of, 32, &pw, vf, hd, &mut acc);
     for (j, &i) in vis.iter().enumerate() {
-        let slot = slots[i];
-        if slot >= np {
+        if lane_of[j] == SKIP {
             tail.push((j, i));
             continue;
         }
-        let r = ((slot / 8) % 4) * 8 + slot % 8;
+        if in_registers {
+            continue;
+        }
+        let r = lane_of[j] as usize;
         let a = &mut acc[r * hd..(r + 1) * hd];
         let vrow = &vf[i * hd..(i + 1) * hd];
         let pj = pw[j];
