@@ -131,15 +131,30 @@ pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: 
     // a Q8_0 K stays in blocks
     let nk = sorted.len();
     let q8k = p.k_type == GgmlType::Q8_0;
+    // One token over an f16 cache reads the rows where they lie, widened in registers as the
+    // dots read them (as ggml's vec_dot_f16 converts them), where the CPU has the instructions:
+    // planes widened first would be written and read again for the one token (8 MB a layer at
+    // 4,096 keys), more than the caches hold. More tokens share one widening.
+    let k16 = n_tokens == 1 && p.k_type == GgmlType::F16 && super::lanes::has_avx2_fma();
+    let v16 = n_tokens == 1 && p.v_type == GgmlType::F16 && lane_sums_f16_ok(hd);
     let (mut kf, mut vf) = PLANES.with(|w| w.take());
-    if q8k {
+    if q8k || k16 {
         kf.clear();
     } else {
         widen(p.k_type, &sorted, hd, true, nkv * nk * hd, &mut kf);
     }
-    widen(p.v_type, &sorted, hd, false, nkv * nk * hd, &mut vf);
-    let kq8: Vec<&[u8]> = if q8k {
+    if v16 {
+        vf.clear();
+    } else {
+        widen(p.v_type, &sorted, hd, false, nkv * nk * hd, &mut vf);
+    }
+    let kq8: Vec<&[u8]> = if q8k || k16 {
         sorted.iter().map(|k| k.k).collect()
+    } else {
+        Vec::new()
+    };
+    let vrows: Vec<&[u8]> = if v16 {
+        sorted.iter().map(|k| k.v).collect()
     } else {
         Vec::new()
     };
@@ -153,16 +168,19 @@ pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: 
         let plane = kvh * nk * hd..(kvh + 1) * nk * hd;
         let kp = if q8k {
             KPlane::Q8_0 { rows: &kq8, kvh }
+        } else if k16 {
+            KPlane::F16 { rows: &kq8, kvh }
         } else {
             KPlane::F32(&kf[plane.clone()])
         };
+        let vp = if v16 {
+            VPlane::F16 { rows: &vrows, kvh }
+        } else {
+            VPlane::F32(&vf[plane])
+        };
         with_avx2_fma(
             #[inline(always)]
-            || {
-                head(
-                    p, n_tokens, qrow, q_pos[t], &slots, &kpos, &kp, &vf[plane], o,
-                )
-            },
+            || head(p, n_tokens, qrow, q_pos[t], &slots, &kpos, &kp, &vp, o),
         );
     });
     PLANES.with(|w| w.replace((kf, vf)));
@@ -353,6 +371,63 @@ fn sums4x8_avx2(k: &[f32], q: &[f32]) -> [[f32; 8]; 4] {
     out
 }
 
+/// [`dot_kq`] of an f16 K row (its bytes) in vec_dot_f16's form (never tinyBLAS: one token), the
+/// row widened in registers: the same values and arithmetic as on the widened row. The caller
+/// checked AVX2, FMA and F16C (`has_avx2_fma`).
+#[inline(always)]
+fn dot_kq_f16(k: &[u8], q: &[f32]) -> f32 {
+    let n = q.len();
+    assert!(k.len() == 2 * n, "dot_kq_f16: lengths");
+    let np = n & !31;
+    let a = sums4x8_f16(&k[..2 * np], &q[..np]);
+    let mut sumf = reduce4x8(&a) as f64;
+    for i in np..n {
+        sumf += (f16_to_f32(u16::from_le_bytes([k[2 * i], k[2 * i + 1]])) * q[i]) as f64;
+    }
+    sumf as f32
+}
+
+/// [`sums4x8`] of f16 `k` (bytes, twice `q`'s length, a multiple of 32 values).
+#[inline(always)]
+fn sums4x8_f16(k: &[u8], q: &[f32]) -> [[f32; 8]; 4] {
+    assert!(
+        k.len() == 2 * q.len() && q.len() % 32 == 0 && super::lanes::has_avx2_fma(),
+        "sums4x8_f16: lengths, or a CPU without F16C"
+    );
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the CPU has avx2, fma and f16c (asserted above); the function reads through
+    // checked slices of the asserted lengths.
+    return unsafe { sums4x8_f16_avx2(k, q) };
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!("sums4x8_f16: F16C is an x86 extension")
+}
+
+/// [`sums4x8_f16`] in AVX2 registers. The caller checks avx2, fma and f16c, and the lengths.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn sums4x8_f16_avx2(k: &[u8], q: &[f32]) -> [[f32; 8]; 4] {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (kc, qc) in k.chunks_exact(64).zip(q.chunks_exact(32)) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            // SAFETY: 16 bytes at 16 j of a 64-byte chunk and 8 floats at 8 j of a 32-float one.
+            let (kv, qv) = unsafe {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(kc.as_ptr().add(16 * j) as *const __m128i)),
+                    _mm256_loadu_ps(qc.as_ptr().add(8 * j)),
+                )
+            };
+            *a = _mm256_fmadd_ps(kv, qv, *a);
+        }
+    }
+    let mut out = [[0.0f32; 8]; 4];
+    for (o, a) in out.iter_mut().zip(acc) {
+        // SAFETY: 8 floats into an [f32; 8].
+        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), a) };
+    }
+    out
+}
+
 /// [`dot_kq`]'s tinyBLAS form (one 8-lane accumulator, a masked leftover, `hsum8`) for `N`
 /// keys at once, each key's lanes and order its own.
 #[inline(always)]
@@ -429,6 +504,112 @@ fn lane_sums_avx512(
     }
 }
 
+/// Whether [`lane_sums_f16`] runs here: AVX-512F and F16C, `head_dim` 64, 128 or 256.
+fn lane_sums_f16_ok(hd: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        matches!(hd, 64 | 128 | 256)
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = hd;
+        false
+    }
+}
+
+/// [`lane_sums_avx512`] over one token's f16 cache rows (`rows[key]`, this head's values at
+/// `kvh * hd`), each widened in registers as it is read (exact: the same values as the widened
+/// plane, the same FMAs in the same order). The caller checked [`lane_sums_f16_ok`].
+#[allow(clippy::too_many_arguments)]
+fn lane_sums_f16(
+    vis: &[usize],
+    lane_of: &[u8],
+    lanes: usize,
+    pw: &[f32],
+    rows: &[&[u8]],
+    kvh: usize,
+    hd: usize,
+    acc: &mut [f32],
+) {
+    assert!(
+        lane_of.len() == vis.len() && acc.len() == lanes * hd && lanes <= SKIP as usize,
+        "lane_sums_f16: shapes"
+    );
+    assert!(lane_sums_f16_ok(hd), "lane_sums_f16: not on this CPU");
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `lane_sums_f16_in` needs avx512f, fma and f16c, which the CPU has (asserted just
+    // above); it reads and writes through checked slices.
+    unsafe {
+        match hd {
+            64 => lane_sums_f16_in::<4>(vis, lane_of, lanes, pw, rows, kvh, acc),
+            128 => lane_sums_f16_in::<8>(vis, lane_of, lanes, pw, rows, kvh, acc),
+            _ => lane_sums_f16_in::<16>(vis, lane_of, lanes, pw, rows, kvh, acc),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (pw, rows, kvh);
+}
+
+/// [`lane_sums_f16`] for `head_dim` = 16 `NV`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma,f16c")]
+fn lane_sums_f16_in<const NV: usize>(
+    vis: &[usize],
+    lane_of: &[u8],
+    lanes: usize,
+    pw: &[f32],
+    rows: &[&[u8]],
+    kvh: usize,
+    acc: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let hd = 16 * NV;
+    let (start, by_lane) = lane_order(lane_of, lanes);
+    for lane in 0..lanes {
+        let mut a = [_mm512_setzero_ps(); NV];
+        for &j in &by_lane[start[lane]..start[lane + 1]] {
+            let p = _mm512_set1_ps(pw[j]);
+            let row = &rows[vis[j]][kvh * hd * 2..(kvh + 1) * hd * 2];
+            for (c, a) in a.iter_mut().enumerate() {
+                // SAFETY: 32 bytes (16 f16) at 32 c of a row of 32 NV bytes (a checked slice).
+                let h = unsafe { _mm256_loadu_si256(row.as_ptr().add(32 * c) as *const __m256i) };
+                *a = _mm512_fmadd_ps(_mm512_cvtph_ps(h), p, *a);
+            }
+        }
+        let out = &mut acc[lane * hd..(lane + 1) * hd];
+        for (c, a) in a.iter().enumerate() {
+            // SAFETY: 16 floats at 16 c of a row of 16 NV (a checked slice).
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(16 * c), *a) };
+        }
+    }
+}
+
+/// The keys of each lane in order: `by_lane[start[l]..start[l + 1]]` are the `j` with
+/// `lane_of[j] == l`, ascending (SKIP: in none).
+fn lane_order(lane_of: &[u8], lanes: usize) -> (Vec<usize>, Vec<usize>) {
+    let mut start = vec![0usize; lanes + 1];
+    for &l in lane_of {
+        if l != SKIP {
+            start[l as usize + 1] += 1;
+        }
+    }
+    for l in 0..lanes {
+        start[l + 1] += start[l];
+    }
+    let mut by_lane = vec![0usize; start[lanes]];
+    let mut next = start.clone();
+    for (j, &l) in lane_of.iter().enumerate() {
+        if l != SKIP {
+            by_lane[next[l as usize]] = j;
+            next[l as usize] += 1;
+        }
+    }
+    (start, by_lane)
+}
+
 /// A key summed outside [`lane_sums_avx512`] (vec_dot's leftover keys).
 const SKIP: u8 = u8::MAX;
 
@@ -447,23 +628,7 @@ fn lane_sums<const NV: usize>(
     use std::arch::x86_64::*;
     let hd = 16 * NV;
     // The keys' positions in `vis` lane by lane, each lane's in slot order.
-    let mut start = vec![0usize; lanes + 1];
-    for &l in lane_of {
-        if l != SKIP {
-            start[l as usize + 1] += 1;
-        }
-    }
-    for l in 0..lanes {
-        start[l + 1] += start[l];
-    }
-    let mut by_lane = vec![0usize; start[lanes]];
-    let mut next = start.clone();
-    for (j, &l) in lane_of.iter().enumerate() {
-        if l != SKIP {
-            by_lane[next[l as usize]] = j;
-            next[l as usize] += 1;
-        }
-    }
+    let (start, by_lane) = lane_order(lane_of, lanes);
     for lane in 0..lanes {
         let mut a = [_mm512_setzero_ps(); NV];
         for &j in &by_lane[start[lane]..start[lane + 1]] {
@@ -484,10 +649,40 @@ fn lane_sums<const NV: usize>(
     }
 }
 
+/// The V side of one KV head: widened rows `[key][d]`, or one token's f16 cache rows (the CPU
+/// has AVX-512F and F16C, [`lane_sums_f16_ok`]).
+enum VPlane<'a> {
+    F32(&'a [f32]),
+    F16 { rows: &'a [&'a [u8]], kvh: usize },
+}
+
+impl VPlane<'_> {
+    /// Key `i`'s `hd` values as f32 (exact widenings), appended to `out`.
+    fn push_row(&self, i: usize, hd: usize, out: &mut Vec<f32>) {
+        match self {
+            VPlane::F32(vf) => out.extend_from_slice(&vf[i * hd..(i + 1) * hd]),
+            VPlane::F16 { rows, kvh } => out.extend(
+                rows[i][kvh * hd * 2..(kvh + 1) * hd * 2]
+                    .chunks_exact(2)
+                    .map(|c| f16_to_f32(u16::from_le_bytes([c[0], c[1]]))),
+            ),
+        }
+    }
+}
+
 /// The K side of one KV head: widened rows `[key][d]`, or the Q8_0 cache rows.
 enum KPlane<'a> {
     F32(&'a [f32]),
-    Q8_0 { rows: &'a [&'a [u8]], kvh: usize },
+    /// One token's f16 cache rows (`rows[key]`, every KV head's), this head's at `kvh` (the
+    /// CPU has AVX2, FMA and F16C).
+    F16 {
+        rows: &'a [&'a [u8]],
+        kvh: usize,
+    },
+    Q8_0 {
+        rows: &'a [&'a [u8]],
+        kvh: usize,
+    },
 }
 
 /// One (token, head): scores, softmax and `V·P` over the keys (slot order) of one KV head.
@@ -501,7 +696,7 @@ fn head(
     slots: &[usize],
     kpos: &[i32],
     kp: &KPlane,
-    vf: &[f32],
+    vp: &VPlane,
     out: &mut [f32],
 ) {
     let hd = p.head_dim;
@@ -545,6 +740,16 @@ fn head(
             }
             for (sj, &i) in s.iter_mut().zip(&vis).skip(done) {
                 *sj = dot_kq(p.k_type, sgemm_kq, row(i), &qr);
+            }
+        }
+        KPlane::F16 { rows, kvh } => {
+            // vec_dot_f16 (one token: never tinyBLAS), the rows widened in registers.
+            let mut qr = vec![0.0f32; hd];
+            for (r, &v) in qr.iter_mut().zip(q) {
+                *r = round_to(p.k_type, v);
+            }
+            for (sj, &i) in s.iter_mut().zip(&vis) {
+                *sj = dot_kq_f16(&rows[i][kvh * hd * 2..(kvh + 1) * hd * 2], &qr);
             }
         }
         KPlane::Q8_0 { rows, kvh } => {
@@ -599,6 +804,9 @@ fn head(
     let n = p.n_kv;
     if sgemm_vp {
         // tinyBLAS: one 8-lane accumulator over k = n_kv, masked leftover, hsum8
+        let VPlane::F32(vf) = vp else {
+            unreachable!("attention: f16 V rows are read in place for one token only")
+        };
         let mut acc = vec![0.0f32; 8 * hd];
         let lane_of: Vec<u8> = vis.iter().map(|&i| (slots[i] % 8) as u8).collect();
         if !lane_sums_avx512(&vis, &lane_of, 8, &pw, vf, hd, &mut acc) {
@@ -623,7 +831,9 @@ fn head(
     // vec_dot: 4 accumulators x 8 lanes over the first n & !31, then the type's leftover loop
     let np = n & !31;
     let mut acc = vec![0.0f32; 32 * hd];
-    let mut tail: Vec<(usize, usize)> = Vec::new();
+    // The leftover keys: (j, i, their values' place in `tail_v`).
+    let mut tail: Vec<(usize, usize, usize)> = Vec::new();
+    let mut tail_v: Vec<f32> = Vec::new();
     // Each key's accumulator (lane) of the 4 x 8, or SKIP for the leftover keys.
     let lane_of: Vec<u8> = vis
         .iter()
@@ -636,15 +846,25 @@ fn head(
             }
         })
         .collect();
-    let in_registers = lane_sums_avx512(&vis, &lane_of, 32, &pw, vf, hd, &mut acc);
+    let in_registers = match vp {
+        VPlane::F32(vf) => lane_sums_avx512(&vis, &lane_of, 32, &pw, vf, hd, &mut acc),
+        VPlane::F16 { rows, kvh } => {
+            lane_sums_f16(&vis, &lane_of, 32, &pw, rows, *kvh, hd, &mut acc);
+            true
+        }
+    };
     for (j, &i) in vis.iter().enumerate() {
         if lane_of[j] == SKIP {
-            tail.push((j, i));
+            tail.push((j, i, tail.len()));
+            vp.push_row(i, hd, &mut tail_v);
             continue;
         }
         if in_registers {
             continue;
         }
+        let VPlane::F32(vf) = vp else {
+            unreachable!("attention: f16 V rows are summed in registers")
+        };
         let r = lane_of[j] as usize;
         let a = &mut acc[r * hd..(r + 1) * hd];
         let vrow = &vf[i * hd..(i + 1) * hd];
@@ -667,19 +887,19 @@ fn head(
                 let mut sumf = reduce4x8(&a);
                 // vec_dot_f32's leftovers (see vec_dot.rs): rounded products added in order up to
                 // the last group of 4, contracted after; hidden slots add exact zeros
-                for &(j, i) in &tail {
+                for &(j, i, t) in &tail {
                     if slots[i] < vec_end {
-                        sumf += vf[i * hd + d] * pw[j];
+                        sumf += tail_v[t * hd + d] * pw[j];
                     } else {
-                        sumf = fma(vf[i * hd + d], pw[j], sumf);
+                        sumf = fma(tail_v[t * hd + d], pw[j], sumf);
                     }
                 }
                 sumf
             }
             GgmlType::F16 => {
                 let mut sumf = reduce4x8(&a) as f64;
-                for &(j, i) in &tail {
-                    sumf += (vf[i * hd + d] * pw[j]) as f64;
+                for &(j, _, t) in &tail {
+                    sumf += (tail_v[t * hd + d] * pw[j]) as f64;
                 }
                 sumf as f32
             }
@@ -689,8 +909,8 @@ fn head(
                     v[l] = (a[0][l] + a[2][l]) + (a[1][l] + a[3][l]);
                 }
                 let mut sumf = hsum8(&v) as f64;
-                for &(j, i) in &tail {
-                    sumf += (vf[i * hd + d] * pw[j]) as f64;
+                for &(j, _, t) in &tail {
+                    sumf += (tail_v[t * hd + d] * pw[j]) as f64;
                 }
                 sumf as f32
             }
