@@ -71,6 +71,78 @@ pub fn dequantize_block(ty: GgmlType, b: &[u8], out: &mut [f32]) {
     }
 }
 
+/// f16 values (little-endian, two bytes each; `src` at least twice `out`'s length) to f32,
+/// exactly: 8 at a time by the CPU's conversion where it has F16C, else by `half` (the same
+/// values; `half`'s one-value conversion asks the CPU what it has on every call, and was most
+/// of the accurate mode's decode after a long context, widening the f16 cache).
+pub fn f16_bytes_to_f32(src: &[u8], out: &mut [f32]) {
+    assert!(
+        src.len() >= 2 * out.len(),
+        "f16_bytes_to_f32: {} bytes for {} values",
+        src.len(),
+        out.len()
+    );
+    if has_f16c() {
+        // SAFETY: `out` is valid for out.len() writes; the CPU has avx and f16c (just checked).
+        unsafe { f16c_to(src, out.as_mut_ptr(), out.len()) };
+        return;
+    }
+    for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
+        *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
+    }
+}
+
+/// Whether this CPU has AVX and F16C ([`f16c_to`]), asked once.
+pub fn has_f16c() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *HAS.get_or_init(|| is_x86_feature_detected!("avx") && is_x86_feature_detected!("f16c"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `n` f16 values of `src` (at least 2 n bytes) into `n` f32 at `dst` by F16C, 8 at a time:
+/// exact (a NaN comes out quiet, as `half` makes it).
+///
+/// # Safety
+/// `dst` must be valid for `n` writes of f32, and the CPU must have avx and f16c
+/// ([`has_f16c`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,f16c")]
+pub unsafe fn f16c_to(src: &[u8], dst: *mut f32, n: usize) {
+    use std::arch::x86_64::*;
+    assert!(
+        src.len() >= 2 * n,
+        "f16c_to: {} bytes for {n} values",
+        src.len()
+    );
+    let n8 = n - n % 8;
+    for c in (0..n8).step_by(8) {
+        // SAFETY: bytes 2c..2c+16 of src (checked above: c + 8 <= n8 <= n) and values c..c+8 at
+        // dst (the caller's n).
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(2 * c) as *const __m128i);
+            _mm256_storeu_ps(dst.add(c), _mm256_cvtph_ps(h));
+        }
+    }
+    for c in n8..n {
+        let v = f16::from_bits(u16::from_le_bytes([src[2 * c], src[2 * c + 1]])).to_f32();
+        // SAFETY: c < n (the caller's n).
+        unsafe { dst.add(c).write(v) };
+    }
+}
+
+/// Without x86: never called ([`has_f16c`] is false).
+///
+/// # Safety
+/// Never to be called.
+#[cfg(not(target_arch = "x86_64"))]
+pub unsafe fn f16c_to(_src: &[u8], _dst: *mut f32, _n: usize) {
+    unreachable!("f16c_to: F16C is an x86 extension")
+}
+
 /// Dequantize a whole row (`n` values, a multiple of the block size).
 pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) {
     match ty {
@@ -79,11 +151,7 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], out: &mut [f32]) {
                 *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             }
         }
-        GgmlType::F16 => {
-            for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
-                *o = f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();
-            }
-        }
+        GgmlType::F16 => f16_bytes_to_f32(src, out),
         GgmlType::BF16 => {
             for (o, c) in out.iter_mut().zip(src.chunks_exact(2)) {
                 *o = bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32();

@@ -15,6 +15,28 @@ use crate::cpu::matmul::dot;
 use crate::error::{Error, Result};
 use crate::kv::HostKv;
 
+/// KV head `g`'s `head_dim` values of a stored row `bytes` (as f32, exact), widened into `row`
+/// (`n_head_kv * head_dim` long): that head's `part` bytes alone where given, else the whole row.
+fn load_head<'a>(
+    ty: crate::kv::KvType,
+    part: Option<usize>,
+    bytes: &[u8],
+    g: usize,
+    head_dim: usize,
+    row: &'a mut [f32],
+) -> &'a [f32] {
+    match part {
+        Some(hb) => {
+            ty.load_row(&bytes[g * hb..(g + 1) * hb], &mut row[..head_dim]);
+            &row[..head_dim]
+        }
+        None => {
+            ty.load_row(bytes, row);
+            &row[g * head_dim..(g + 1) * head_dim]
+        }
+    }
+}
+
 /// Attend and store. `q` is [n][n_head*head_dim], `k`/`v` [n][n_head_kv*head_dim].
 pub fn attention(
     caches: &mut [&mut HostKv],
@@ -60,6 +82,11 @@ pub fn attention(
         })
         .collect();
 
+    // One KV head's part of a stored row, where it is whole blocks: only that part is widened.
+    let part = ty
+        .row_bytes(head_dim)
+        .ok()
+        .filter(|&hb| hb * n_head_kv == rb);
     {
         let shared: Vec<&HostKv> = caches.iter().map(|c| &**c).collect();
         let key_rows = |s: usize, j: u32| -> Option<(&[u8], &[u8])> {
@@ -75,60 +102,68 @@ pub fn attention(
         out.par_chunks_mut(n_rep * head_dim)
             .enumerate()
             .for_each(|(c, o)| {
-                let (i, g) = (c / n_head_kv, c % n_head_kv);
-                let (s, p) = (batch.seq[i], batch.pos[i]);
-                let lo = if spec.kind.is_sliding() {
-                    (p + 1).saturating_sub(spec.n_swa as u32)
-                } else {
-                    0
-                };
-                let qs =
-                    &q[i * q_dim + g * n_rep * head_dim..i * q_dim + (g + 1) * n_rep * head_dim];
-                let nk = (p - lo + 1) as usize;
-                let mut scores = vec![0f64; n_rep * nk];
-                let mut row = vec![0f32; kv_dim];
-                for (jj, j) in (lo..=p).enumerate() {
-                    let Some((kr, _)) = key_rows(s, j) else {
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                        return;
-                    };
-                    ty.load_row(kr, &mut row);
-                    let kh = &row[g * head_dim..(g + 1) * head_dim];
-                    for r in 0..n_rep {
-                        scores[r * nk + jj] = dot(&qs[r * head_dim..(r + 1) * head_dim], kh) as f64
-                            * spec.scale as f64;
-                    }
-                }
-                for r in 0..n_rep {
-                    let sc = &mut scores[r * nk..(r + 1) * nk];
-                    let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let mut sum = 0f64;
-                    for x in sc.iter_mut() {
-                        *x = (*x - m).exp();
-                        sum += *x;
-                    }
-                    for x in sc.iter_mut() {
-                        *x /= sum;
-                    }
-                }
-                let mut acc = vec![0f64; n_rep * head_dim];
-                for (jj, j) in (lo..=p).enumerate() {
-                    let Some((_, vr)) = key_rows(s, j) else {
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                        return;
-                    };
-                    ty.load_row(vr, &mut row);
-                    let vh = &row[g * head_dim..(g + 1) * head_dim];
-                    for r in 0..n_rep {
-                        let w = scores[r * nk + jj];
-                        for (a, &x) in acc[r * head_dim..(r + 1) * head_dim].iter_mut().zip(vh) {
-                            *a += w * x as f64;
+                // Compiled for AVX2 where the CPU has it (wider f64 vectors for the sums of V):
+                // no operation is fused or reordered by that, so the bits are the same.
+                crate::cpu::ggml::lanes::with_avx2_fma(
+                    #[inline(always)]
+                    || {
+                        let (i, g) = (c / n_head_kv, c % n_head_kv);
+                        let (s, p) = (batch.seq[i], batch.pos[i]);
+                        let lo = if spec.kind.is_sliding() {
+                            (p + 1).saturating_sub(spec.n_swa as u32)
+                        } else {
+                            0
+                        };
+                        let qs = &q[i * q_dim + g * n_rep * head_dim
+                            ..i * q_dim + (g + 1) * n_rep * head_dim];
+                        let nk = (p - lo + 1) as usize;
+                        let mut scores = vec![0f64; n_rep * nk];
+                        let mut row = vec![0f32; kv_dim];
+                        for (jj, j) in (lo..=p).enumerate() {
+                            let Some((kr, _)) = key_rows(s, j) else {
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                return;
+                            };
+                            let kh = load_head(ty, part, kr, g, head_dim, &mut row);
+                            for r in 0..n_rep {
+                                scores[r * nk + jj] = dot(&qs[r * head_dim..(r + 1) * head_dim], kh)
+                                    as f64
+                                    * spec.scale as f64;
+                            }
                         }
-                    }
-                }
-                for (o, a) in o.iter_mut().zip(&acc) {
-                    *o = *a as f32;
-                }
+                        for r in 0..n_rep {
+                            let sc = &mut scores[r * nk..(r + 1) * nk];
+                            let m = sc.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                            let mut sum = 0f64;
+                            for x in sc.iter_mut() {
+                                *x = (*x - m).exp();
+                                sum += *x;
+                            }
+                            for x in sc.iter_mut() {
+                                *x /= sum;
+                            }
+                        }
+                        let mut acc = vec![0f64; n_rep * head_dim];
+                        for (jj, j) in (lo..=p).enumerate() {
+                            let Some((_, vr)) = key_rows(s, j) else {
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                                return;
+                            };
+                            let vh = load_head(ty, part, vr, g, head_dim, &mut row);
+                            for r in 0..n_rep {
+                                let w = scores[r * nk + jj];
+                                for (a, &x) in
+                                    acc[r * head_dim..(r + 1) * head_dim].iter_mut().zip(vh)
+                                {
+                                    *a += w * x as f64;
+                                }
+                            }
+                        }
+                        for (o, a) in o.iter_mut().zip(&acc) {
+                            *o = *a as f32;
+                        }
+                    },
+                );
             });
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::Backend(format!(

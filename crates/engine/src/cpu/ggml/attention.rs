@@ -250,36 +250,14 @@ fn widen(ty: GgmlType, keys: &[KvKey], hd: usize, is_k: bool, n: usize, out: &mu
 }
 
 /// f16 values (`src`, little-endian, at least twice `out`'s length in bytes) to f32 by the CPU's
-/// conversion, 8 at a time: exact, the values of [`f16_lut`] (a NaN comes out quiet either way).
-/// The caller checks f16c and avx.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,f16c")]
-fn widen_f16c(src: &[u8], out: &mut [std::mem::MaybeUninit<f32>]) {
-    use std::arch::x86_64::*;
-    let n = out.len();
-    assert!(
-        src.len() >= 2 * n,
-        "widen_f16c: {} bytes for {n} values",
-        src.len()
-    );
-    let n8 = n - n % 8;
-    for c in (0..n8).step_by(8) {
-        // SAFETY: bytes 2c..2c+16 of src and values c..c+8 of out: in range (checked above, c +
-        // 8 <= n8 <= n); MaybeUninit<f32> has f32's layout.
-        unsafe {
-            let h = _mm_loadu_si128(src.as_ptr().add(2 * c) as *const __m128i);
-            _mm256_storeu_ps(out.as_mut_ptr().add(c) as *mut f32, _mm256_cvtph_ps(h));
-        }
-    }
-    for c in n8..n {
-        out[c].write(f16_to_f32(u16::from_le_bytes([src[2 * c], src[2 * c + 1]])));
-    }
-}
-
-/// Without x86: never called (`has_avx2_fma` is false).
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn widen_f16c(_src: &[u8], _out: &mut [std::mem::MaybeUninit<f32>]) {
-    unreachable!("widen_f16c: F16C is an x86 extension")
+/// conversion ([`crate::formats::f16c_to`]): exact, the values of [`f16_lut`].
+///
+/// # Safety
+/// The CPU must have avx and f16c.
+unsafe fn widen_f16c(src: &[u8], out: &mut [std::mem::MaybeUninit<f32>]) {
+    // SAFETY: `out` is valid for out.len() writes of f32 (MaybeUninit<f32> has f32's layout); the
+    // caller vouches for the CPU's avx and f16c.
+    unsafe { crate::formats::f16c_to(src, out.as_mut_ptr() as *mut f32, out.len()) }
 }
 
 /// Round to the cache type and back (q and P are converted to the K / V `vec_dot_type`).
@@ -327,7 +305,10 @@ fn dot_kq(ty: GgmlType, sgemm: bool, k: &[f32], q: &[f32]) -> f32 {
 /// 128-bit pieces and shuffles and was most of a decode step's attention).
 #[inline(always)]
 fn sums4x8(k: &[f32], q: &[f32]) -> [[f32; 8]; 4] {
-    assert!(k.len() == q.len() && k.len() % 32 == 0, "sums4x8: lengths");
+    assert!(
+        k.len() == q.len() && k.len().is_multiple_of(32),
+        "sums4x8: lengths"
+    );
     #[cfg(target_arch = "x86_64")]
     if super::lanes::has_avx2_fma() {
         // SAFETY: the CPU has avx2 and fma (checked just above, with f16c); the function reads
@@ -391,7 +372,7 @@ fn dot_kq_f16(k: &[u8], q: &[f32]) -> f32 {
 #[inline(always)]
 fn sums4x8_f16(k: &[u8], q: &[f32]) -> [[f32; 8]; 4] {
     assert!(
-        k.len() == 2 * q.len() && q.len() % 32 == 0 && super::lanes::has_avx2_fma(),
+        k.len() == 2 * q.len() && q.len().is_multiple_of(32) && super::lanes::has_avx2_fma(),
         "sums4x8_f16: lengths, or a CPU without F16C"
     );
     #[cfg(target_arch = "x86_64")]
