@@ -344,12 +344,7 @@ fn sums4x8_avx2(k: &[f32], q: &[f32]) -> [[f32; 8]; 4] {
             *a = _mm256_fmadd_ps(kv, qv, *a);
         }
     }
-    let mut out = [[0.0f32; 8]; 4];
-    for (o, a) in out.iter_mut().zip(acc) {
-        // SAFETY: 8 floats into an [f32; 8].
-        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), a) };
-    }
-    out
+    lanes4x8(acc)
 }
 
 /// [`dot_kq`] of an f16 K row (its bytes) in vec_dot_f16's form (never tinyBLAS: one token), the
@@ -383,6 +378,18 @@ fn sums4x8_f16(k: &[u8], q: &[f32]) -> [[f32; 8]; 4] {
     unreachable!("sums4x8_f16: F16C is an x86 extension")
 }
 
+/// Four vectors of 8 lanes as `[[f32; 8]; 4]`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn lanes4x8(acc: [std::arch::x86_64::__m256; 4]) -> [[f32; 8]; 4] {
+    let mut out = [[0.0f32; 8]; 4];
+    for (o, a) in out.iter_mut().zip(acc) {
+        // SAFETY: 8 floats into an [f32; 8].
+        unsafe { std::arch::x86_64::_mm256_storeu_ps(o.as_mut_ptr(), a) };
+    }
+    out
+}
+
 /// [`sums4x8_f16`] in AVX2 registers. The caller checks avx2, fma and f16c, and the lengths.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -401,12 +408,7 @@ fn sums4x8_f16_avx2(k: &[u8], q: &[f32]) -> [[f32; 8]; 4] {
             *a = _mm256_fmadd_ps(kv, qv, *a);
         }
     }
-    let mut out = [[0.0f32; 8]; 4];
-    for (o, a) in out.iter_mut().zip(acc) {
-        // SAFETY: 8 floats into an [f32; 8].
-        unsafe { _mm256_storeu_ps(o.as_mut_ptr(), a) };
-    }
-    out
+    lanes4x8(acc)
 }
 
 /// [`dot_kq`]'s tinyBLAS form (one 8-lane accumulator, a masked leftover, `hsum8`) for `N`
