@@ -6,15 +6,8 @@
 # Labels starting "(inside) " are parts of the operation around them (the accurate mode's f16
 # products: the weights' dequantization to f16, the main product, the cross product), left out
 # of the total.
-set -uo pipefail
-[ -f carry/bin.tar.xz ] && tar -C carry -xJf carry/bin.tar.xz
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
-export MUSER_KERNEL_CACHE=/tmp/muser-kernels
-MODEL=${MODEL:-/tmp/muse-30b-q4_k_m.gguf}
+source scripts/h200-env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
-[ -f "$MODEL" ] || carry/bin/muser synth "$MODEL" --preset 30b --layout q4_k_m > "$OUT/synth.log" 2>&1
 for mode in ${MODES:-accurate fast}; do
   flags="--mode $mode"
   [ "$mode" = fast ] && flags="$flags --fp8-weights"

@@ -348,34 +348,26 @@ fn sums4x8_avx2(k: &[f32], q: &[f32]) -> [[f32; 8]; 4] {
 }
 
 /// [`dot_kq`] of an f16 K row (its bytes) in vec_dot_f16's form (never tinyBLAS: one token), the
-/// row widened in registers: the same values and arithmetic as on the widened row. The caller
-/// checked AVX2, FMA and F16C (`has_avx2_fma`).
+/// row widened in registers: the same values and arithmetic as on the widened row.
+///
+/// # Safety
+/// The CPU must have avx2, fma and f16c (`has_avx2_fma`: `KPlane::F16` is made only then).
 #[inline(always)]
-fn dot_kq_f16(k: &[u8], q: &[f32]) -> f32 {
+unsafe fn dot_kq_f16(k: &[u8], q: &[f32]) -> f32 {
     let n = q.len();
     assert!(k.len() == 2 * n, "dot_kq_f16: lengths");
     let np = n & !31;
-    let a = sums4x8_f16(&k[..2 * np], &q[..np]);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller vouches for avx2, fma and f16c; 2 np bytes against np floats, np a
+    // multiple of 32.
+    let a = unsafe { sums4x8_f16_avx2(&k[..2 * np], &q[..np]) };
+    #[cfg(not(target_arch = "x86_64"))]
+    let a: [[f32; 8]; 4] = unreachable!("dot_kq_f16: F16C is an x86 extension");
     let mut sumf = reduce4x8(&a) as f64;
     for i in np..n {
         sumf += (f16_to_f32(u16::from_le_bytes([k[2 * i], k[2 * i + 1]])) * q[i]) as f64;
     }
     sumf as f32
-}
-
-/// [`sums4x8`] of f16 `k` (bytes, twice `q`'s length, a multiple of 32 values).
-#[inline(always)]
-fn sums4x8_f16(k: &[u8], q: &[f32]) -> [[f32; 8]; 4] {
-    assert!(
-        k.len() == 2 * q.len() && q.len().is_multiple_of(32) && super::lanes::has_avx2_fma(),
-        "sums4x8_f16: lengths, or a CPU without F16C"
-    );
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: the CPU has avx2, fma and f16c (asserted above); the function reads through
-    // checked slices of the asserted lengths.
-    return unsafe { sums4x8_f16_avx2(k, q) };
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("sums4x8_f16: F16C is an x86 extension")
 }
 
 /// Four vectors of 8 lanes as `[[f32; 8]; 4]`.
@@ -390,7 +382,8 @@ fn lanes4x8(acc: [std::arch::x86_64::__m256; 4]) -> [[f32; 8]; 4] {
     out
 }
 
-/// [`sums4x8_f16`] in AVX2 registers. The caller checks avx2, fma and f16c, and the lengths.
+/// [`sums4x8`] of f16 `k` (bytes, twice `q`'s length, a multiple of 32 values) in AVX2
+/// registers. The caller checks avx2, fma and f16c, and the lengths.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 fn sums4x8_f16_avx2(k: &[u8], q: &[f32]) -> [[f32; 8]; 4] {
@@ -656,8 +649,8 @@ impl VPlane<'_> {
 /// The K side of one KV head: widened rows `[key][d]`, or the Q8_0 cache rows.
 enum KPlane<'a> {
     F32(&'a [f32]),
-    /// One token's f16 cache rows (`rows[key]`, every KV head's), this head's at `kvh` (the
-    /// CPU has AVX2, FMA and F16C).
+    /// One token's f16 cache rows (`rows[key]`, every KV head's), this head's at `kvh`; made only
+    /// where the CPU has AVX2, FMA and F16C (`has_avx2_fma`).
     F16 {
         rows: &'a [&'a [u8]],
         kvh: usize,
@@ -732,7 +725,8 @@ fn head(
                 *r = round_to(p.k_type, v);
             }
             for (sj, &i) in s.iter_mut().zip(&vis) {
-                *sj = dot_kq_f16(&rows[i][kvh * hd * 2..(kvh + 1) * hd * 2], &qr);
+                // SAFETY: `KPlane::F16` is made only where `has_avx2_fma` (avx2, fma, f16c).
+                *sj = unsafe { dot_kq_f16(&rows[i][kvh * hd * 2..(kvh + 1) * hd * 2], &qr) };
             }
         }
         KPlane::Q8_0 { rows, kvh } => {

@@ -1226,49 +1226,31 @@ mod packed {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn vec_dot(ty: GgmlType, x: &[u8], y: &[BlockQ8K]) -> f32 {
         match ty {
-            GgmlType::Q4_K => return vec_dot_q4k(x, y),
-            GgmlType::Q6_K => return vec_dot_q6k(x, y),
-            _ => {}
+            GgmlType::Q4_K => vec_dot_q4k(x, y),
+            GgmlType::Q6_K => vec_dot_q6k(x, y),
+            _ => vec_dot_q5k(x, y),
         }
-        let bs = ty.type_size();
+    }
+
+    /// [`vec_dot`] of a Q5_K row: a block's codes (fifth bits in) and scale vectors made first
+    /// ([`k4_block_codes`], [`k4_scales8`]), then [`dot8`]; the mins' products summed first,
+    /// then one scalar FMA (ggml's `summs`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn vec_dot_q5k(x: &[u8], y: &[BlockQ8K]) -> f32 {
+        let bs = GgmlType::Q5_K.type_size();
         let mut acc = _mm256_setzero_ps();
-        if ty == GgmlType::Q6_K {
-            for (i, (xb, yb)) in x.chunks_exact(bs).zip(y).enumerate() {
-                prefetch_ahead(x, i * bs + PREFETCH_AHEAD);
-                let (scales, all) = q6k_scales8(xb);
-                let lanes = dot8(&q6k_codes_v(xb), &scales, &yb.qs);
-                let sub = q6k_bias(yb, all);
-                let d = _mm256_set1_ps(yb.d * rd_f16(xb, 208));
-                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(lanes, sub)), acc);
-            }
-            hsum8_ps(acc)
-        } else {
-            let q5 = ty == GgmlType::Q5_K;
-            let mut rest = 0.0f32;
-            let mut acc_m = _mm_setzero_ps();
-            for (i, (xb, yb)) in x.chunks_exact(bs).zip(y).enumerate() {
-                prefetch_ahead(x, i * bs + PREFETCH_AHEAD);
-                let ms = k4_scales_mins_v(&xb[4..16]);
-                let dmin = -yb.d * rd_f16(xb, 2);
-                let prod = k4_min_products_v(ms, yb);
-                if q5 {
-                    // Q5_K: the mins' products summed first, then one scalar FMA.
-                    rest = fma(dmin, hsum_i32x4(prod) as f32, rest);
-                } else {
-                    acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m);
-                }
-                let lanes = dot8(&k4_block_codes(ty, xb), &k4_scales8(ms), &yb.qs);
-                let d = _mm256_set1_ps(yb.d * rd_f16(xb, 0));
-                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
-            }
-            if !q5 {
-                let mut m = [0.0f32; 4];
-                // SAFETY: 16 bytes into an [f32; 4].
-                unsafe { _mm_storeu_ps(m.as_mut_ptr(), acc_m) };
-                rest = (m[0] + m[2]) + (m[1] + m[3]);
-            }
-            hsum8_ps(acc) + rest
+        let mut rest = 0.0f32;
+        for (i, (xb, yb)) in x.chunks_exact(bs).zip(y).enumerate() {
+            prefetch_ahead(x, i * bs + PREFETCH_AHEAD);
+            let ms = k4_scales_mins_v(&xb[4..16]);
+            let dmin = -yb.d * rd_f16(xb, 2);
+            let prod = k4_min_products_v(ms, yb);
+            rest = fma(dmin, hsum_i32x4(prod) as f32, rest);
+            let lanes = dot8(&k4_block_codes(GgmlType::Q5_K, xb), &k4_scales8(ms), &yb.qs);
+            let d = _mm256_set1_ps(yb.d * rd_f16(xb, 0));
+            acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc);
         }
+        hsum8_ps(acc) + rest
     }
 
     /// How far ahead of the block being multiplied the weights are asked for, in bytes.
