@@ -5,8 +5,10 @@ mod ggml_common;
 
 use ggml_common::{Rng, assert_bits_eq, cases};
 use muser_engine::cpu::ggml::{
-    AttnParams, KvKey, KvLayout, attention, hadamard_rotate, k_rotation, kv_row_bytes, store_kv_row,
+    AttnParams, KvKey, KvLayout, attention, attention_by_head, hadamard_rotate, k_rotation,
+    kv_row_bytes, store_kv_row,
 };
+use muser_gguf::GgmlType;
 
 #[test]
 fn attention_matches_ggml() {
@@ -158,4 +160,98 @@ fn kv_layout_matches_llama_cpp() {
         }
         assert!(count > 50, "scenario {name}: only {count} ubatches");
     }
+}
+
+/// The micro-batch tiles (`attention` for 2 or more tokens on the tinyBLAS paths) give the bits
+/// of the (token, head) by (token, head) form on random caches: gaps between slots, slots out
+/// of position order (a ring), sliding windows, `n_kv` not a multiple of 8 (the softmax's libm
+/// tail), several head groupings and widths, f16, bf16 and f32 caches, sharp scores (weights
+/// that round to zero) and keys each token sees only part of.
+#[test]
+fn micro_batch_tiles_give_the_bits_by_head() {
+    let mut r = Rng::new(0x5eed_a77e);
+    let mut pick = |n: usize| (r.next() % n as u64) as usize;
+    let mut cases_run = 0;
+    for case in 0..48 {
+        let (kt, vt) = match case % 4 {
+            0 => (GgmlType::F16, GgmlType::F16),
+            1 => (GgmlType::BF16, GgmlType::F16),
+            2 => (GgmlType::F16, GgmlType::BF16),
+            _ => (GgmlType::F32, GgmlType::F32),
+        };
+        let (n_head, n_head_kv) = if kt == GgmlType::F32 {
+            (1, 1)
+        } else {
+            [(16, 2), (8, 8), (12, 2), (6, 3), (4, 1)][pick(5)]
+        };
+        let hd = [64usize, 128, 256, 40][pick(4)];
+        let ntok = 2 + pick(40);
+        let n_kv = 4 * (ntok / 4 + 1 + pick(120));
+        let n_swa = if pick(2) == 0 {
+            None
+        } else {
+            Some(1 + pick(n_kv) as u32)
+        };
+        // Positions 0..n_kv - 1 laid in the slots from a random start (a ring), some slots empty.
+        let start = pick(n_kv);
+        let first_q = n_kv as i32 - ntok as i32;
+        let mut cells = vec![-1i32; n_kv];
+        for p in 0..n_kv {
+            if p as i32 >= first_q || pick(8) != 0 {
+                cells[(start + p) % n_kv] = p as i32;
+            }
+        }
+        let q_pos: Vec<i32> = (first_q..n_kv as i32).collect();
+        let sharp = 1.0 + 40.0 * (pick(3) == 0) as u32 as f32;
+        let mut rng = Rng::new(case as u64 + 1);
+        let q: Vec<f32> = rng
+            .acts(hd * n_head * ntok)
+            .iter()
+            .map(|v| v * sharp)
+            .collect();
+        let (krb, vrb) = (
+            kv_row_bytes(kt, hd * n_head_kv),
+            kv_row_bytes(vt, hd * n_head_kv),
+        );
+        let mut rows = Vec::new();
+        for (slot, &p) in cells.iter().enumerate() {
+            if p < 0 {
+                continue;
+            }
+            let (k, v) = (rng.acts(hd * n_head_kv), rng.acts(hd * n_head_kv));
+            let (mut kb, mut vb) = (vec![0u8; krb], vec![0u8; vrb]);
+            store_kv_row(kt, &k, &mut kb);
+            store_kv_row(vt, &v, &mut vb);
+            rows.push((slot, p, kb, vb));
+        }
+        let keys: Vec<KvKey> = rows
+            .iter()
+            .map(|r| KvKey {
+                slot: r.0,
+                pos: r.1,
+                k: &r.2,
+                v: &r.3,
+            })
+            .collect();
+        let params = AttnParams {
+            n_head,
+            n_head_kv,
+            head_dim: hd,
+            k_type: kt,
+            v_type: vt,
+            n_kv,
+            n_swa,
+            scale: 1.0f32 / (hd as f32).sqrt(),
+        };
+        let mut tiled = vec![0.0f32; ntok * n_head * hd];
+        let mut by_head = vec![1.0f32; ntok * n_head * hd];
+        attention(&params, &q, &q_pos, &keys, &mut tiled);
+        attention_by_head(&params, &q, &q_pos, &keys, &mut by_head);
+        let name = format!(
+            "case {case}: {kt}/{vt} heads {n_head}/{n_head_kv} hd {hd} tokens {ntok} n_kv {n_kv} swa {n_swa:?}"
+        );
+        assert_bits_eq(&name, &tiled, &by_head);
+        cases_run += 1;
+    }
+    assert_eq!(cases_run, 48);
 }

@@ -37,6 +37,10 @@ use super::lanes::{
 use super::quantize::{Q8_0_BYTES, QK8_0, quantize_row_q8_0};
 use super::vec_dot::{vec_dot_f32, vec_dot_q0_q8_0};
 
+// The micro-batch form of the tinyBLAS paths (x86's AVX2 registers).
+#[cfg(target_arch = "x86_64")]
+mod tiles;
+
 /// One key of the cache: its cell index (slot) in the layer's cache, its position, and its K and V
 /// rows (`n_head_kv * head_dim` values each, in the cache types' bytes, as [`super::store_kv_row`]
 /// writes them).
@@ -79,6 +83,30 @@ pub fn visible(pos: i32, q_pos: i32, n_swa: Option<u32>) -> bool {
 /// `[n_tokens][n_head * head_dim]`. `keys` are the non-empty cells of this sequence in the layer's
 /// cache (any order; hidden ones are masked here), every slot `< n_kv`.
 pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: &mut [f32]) {
+    attention_in(p, q, q_pos, keys, out, true)
+}
+
+/// [`attention`] (token, head) by (token, head) where [`attention`] would take the micro-batch
+/// tiles: the same bits, for the tests that show it and for benches.
+#[doc(hidden)]
+pub fn attention_by_head(
+    p: &AttnParams,
+    q: &[f32],
+    q_pos: &[i32],
+    keys: &[KvKey],
+    out: &mut [f32],
+) {
+    attention_in(p, q, q_pos, keys, out, false)
+}
+
+fn attention_in(
+    p: &AttnParams,
+    q: &[f32],
+    q_pos: &[i32],
+    keys: &[KvKey],
+    out: &mut [f32],
+    tiled: bool,
+) {
     let n_tokens = q_pos.len();
     let (nh, nkv, hd) = (p.n_head, p.n_head_kv, p.head_dim);
     assert!(
@@ -130,6 +158,8 @@ pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: 
     // K and V of the keys, widened to f32 (exact for f16/bf16), per KV head: [kvh][key][d];
     // a Q8_0 K stays in blocks
     let nk = sorted.len();
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = tiled;
     let q8k = p.k_type == GgmlType::Q8_0;
     // One token over an f16 cache reads the rows where they lie, widened in registers as the
     // dots read them (as ggml's vec_dot_f16 converts them), where the CPU has the instructions:
@@ -160,6 +190,12 @@ pub fn attention(p: &AttnParams, q: &[f32], q_pos: &[i32], keys: &[KvKey], out: 
     };
     let slots: Vec<usize> = sorted.iter().map(|k| k.slot).collect();
     let kpos: Vec<i32> = sorted.iter().map(|k| k.pos).collect();
+    #[cfg(target_arch = "x86_64")]
+    if tiled && tiles::applies(p, n_tokens) {
+        tiles::attention(p, q, q_pos, &slots, &kpos, &kf, &vf, out);
+        PLANES.with(|w| w.replace((kf, vf)));
+        return;
+    }
 
     out.par_chunks_mut(hd).enumerate().for_each(|(th, o)| {
         let (t, h) = (th / nh, th % nh);

@@ -90,6 +90,59 @@ pub fn v_expf(x: f32) -> f32 {
     }
 }
 
+/// `ggml_v_expf(__m256)` (vec.h:1234) itself, eight lanes at once: each lane's bits are
+/// [`v_expf`]'s.
+///
+/// # Safety
+/// The CPU must have avx2 and fma.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub fn v_expf8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let k1 = |b: u32| _mm256_set1_ps(c(b));
+    let r = k1(EXP_R);
+    let z = _mm256_fmadd_ps(x, k1(EXP_LOG2E), r);
+    let n = _mm256_sub_ps(z, r);
+    let b = _mm256_fnmadd_ps(n, k1(EXP_LN2_LO), _mm256_fnmadd_ps(n, k1(EXP_LN2_HI), x));
+    let e = _mm256_slli_epi32::<23>(_mm256_castps_si256(z));
+    let k = _mm256_castsi256_ps(_mm256_add_epi32(
+        e,
+        _mm256_castps_si256(_mm256_set1_ps(1.0)),
+    ));
+    let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+    let cm = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0));
+    let u = _mm256_mul_ps(b, b);
+    let j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(
+            _mm256_fmadd_ps(k1(EXP_P0), b, k1(EXP_P1)),
+            u,
+            _mm256_fmadd_ps(k1(EXP_P2), b, k1(EXP_P3)),
+        ),
+        u,
+        _mm256_mul_ps(k1(EXP_P4), b),
+    );
+    if _mm256_movemask_ps(cm) == 0 {
+        return _mm256_fmadd_ps(j, k, k);
+    }
+    let g = _mm256_and_si256(
+        _mm256_castps_si256(_mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps())),
+        _mm256_set1_epi32(0x8200_0000u32 as i32),
+    );
+    let s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f00_0000)));
+    let s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    let d = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+    _mm256_or_ps(
+        _mm256_and_ps(d, _mm256_mul_ps(s1, s1)),
+        _mm256_andnot_ps(
+            d,
+            _mm256_or_ps(
+                _mm256_and_ps(cm, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                _mm256_andnot_ps(cm, _mm256_fmadd_ps(k, j, k)),
+            ),
+        ),
+    )
+}
+
 /// One lane of `ggml_v_silu(__m256)` (vec.h:1274): `x / (1 + v_expf(0 - x))`.
 #[inline(always)]
 pub fn v_silu(x: f32) -> f32 {

@@ -59,7 +59,7 @@ pub mod tiled;
 pub mod unary;
 pub mod vec_dot;
 
-pub use attention::{AttnParams, KvKey, attention, visible};
+pub use attention::{AttnParams, KvKey, attention, attention_by_head, visible};
 pub use hadamard::{hadamard_rotate, k_rotation};
 pub use kv::{kv_row_bytes, store_kv_row};
 pub use kv_layout::{IswaLayout, KvFull, KvLayout, Placement};

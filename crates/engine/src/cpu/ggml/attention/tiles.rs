@@ -1,0 +1,448 @@
+//! [`super::attention`] for a micro-batch of 2 or more tokens where both products take
+//! tinyBLAS's form (`Q·K` and `V·P` each one 8-lane accumulator over the reduced axis, then
+//! `hsum8`): an f16 or bf16 K cache (or f32 with one head) and `n_kv % 4 == 0`, `head_dim % 8 ==
+//! 0`, on a CPU with AVX2, FMA and F16C. The same FMAs in the same order as (token, head) by
+//! (token, head), so the same bits, but taken a KV head and a few tokens at a time:
+//!
+//! - `Q·K`: the KV head's query rows (its query heads x the task's tokens, up to [`ROWS`]) against
+//!   keys [`KEY_CHUNK`] at a time, so a chunk's widened K rows are read from L1 by every row, in
+//!   register tiles of 4 keys x 2 rows (each score's 8 lanes and `hsum8` its own);
+//! - the softmax row by row, as before;
+//! - `V·P`: V laid out by slot groups (`[dim tile][group][4 dims][8 lanes]`, lane = slot % 8, as
+//!   tinyBLAS's accumulator lanes are), so one FMA adds a group's 8 slots to a (dim, row)'s
+//!   accumulator, in tiles of 4 dims x 2 rows. A key hidden from a row (or an empty slot) is left
+//!   out of that row's lanes by a blend, exactly as the key-by-key form leaves it out.
+//!
+//! Taken (token, head) by (token, head), every row read the KV head's whole widened K and V
+//! (2 MB each at 4,096 keys of head_dim 128) from L3 or memory: on AVX2 machines that bound the
+//! prompt's attention (37 ns a visible (key, head, token) on 2 Zen 3 cores, 2026-12-07).
+
+use super::super::lanes::v_expf8;
+use super::{AttnParams, hsum8, round_to, visible};
+use muser_gguf::GgmlType;
+use rayon::prelude::*;
+
+/// Query rows a task takes at most (its KV head's query heads for as many tokens as fit).
+const ROWS: usize = 32;
+/// Keys a `Q·K` pass reads at once (32 KB of f32 K rows at head_dim 128).
+const KEY_CHUNK: usize = 64;
+/// The scores and weights a task keeps, at most (values): long caches take fewer tokens a task.
+const TASK_VALUES: usize = 1 << 20;
+/// Dims of a `V·P` register tile.
+const RD: usize = 4;
+
+/// Whether [`attention`] computes this call (see the module's comment for the conditions).
+pub(super) fn applies(p: &AttnParams, n_tokens: usize) -> bool {
+    n_tokens >= 2
+        && p.head_dim > 0
+        && p.head_dim.is_multiple_of(8)
+        && p.n_kv.is_multiple_of(4)
+        && match p.k_type {
+            GgmlType::F16 | GgmlType::BF16 => true,
+            GgmlType::F32 => p.n_head == 1,
+            _ => false,
+        }
+        && super::super::lanes::has_avx2_fma()
+}
+
+/// The attention of `q_pos.len()` tokens over keys in slot order (`slots`, `kpos`), their K and
+/// V widened to f32 as `[kvh][key][d]` (`kf`, `vf`); `q` and `out` as in [`super::attention`].
+/// The caller checked [`applies`].
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attention(
+    p: &AttnParams,
+    q: &[f32],
+    q_pos: &[i32],
+    slots: &[usize],
+    kpos: &[i32],
+    kf: &[f32],
+    vf: &[f32],
+    out: &mut [f32],
+) {
+    let (nh, nkv, hd) = (p.n_head, p.n_head_kv, p.head_dim);
+    let (g, nk, n_tokens) = (nh / nkv, slots.len(), q_pos.len());
+    assert!(
+        kf.len() == nkv * nk * hd && vf.len() == nkv * nk * hd,
+        "attention tiles: planes"
+    );
+    // The slot groups of 8 that hold keys, and each key's group and lane.
+    let mut groups = 0usize;
+    let mut last = usize::MAX;
+    let key_group: Vec<(usize, usize)> = slots
+        .iter()
+        .map(|&s| {
+            if s / 8 != last {
+                last = s / 8;
+                groups += 1;
+            }
+            (groups - 1, s % 8)
+        })
+        .collect();
+    let ng = groups;
+    // V by slot groups: [kvh][dim tile][group][RD][8], empty lanes 0 (always blended away).
+    let ndt = hd / RD;
+    let tile = ng * RD * 8;
+    let mut vt = vec![0.0f32; nkv * ndt * tile];
+    vt.par_chunks_mut(tile).enumerate().for_each(|(x, o)| {
+        let (kvh, dt) = (x / ndt, x % ndt);
+        for (i, &(gi, lane)) in key_group.iter().enumerate() {
+            let row = &vf[(kvh * nk + i) * hd + dt * RD..][..RD];
+            for (j, &v) in row.iter().enumerate() {
+                o[(gi * RD + j) * 8 + lane] = v;
+            }
+        }
+    });
+    // Tasks: a KV head and `tb` tokens.
+    let tb = (ROWS / g)
+        .min(TASK_VALUES / (g * nk.max(ng * 8)).max(1))
+        .max(1);
+    let ntb = n_tokens.div_ceil(tb);
+    let tasks: Vec<(usize, usize)> = (0..nkv)
+        .flat_map(|kvh| (0..ntb).map(move |b| (kvh, b)))
+        .collect();
+    let results: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|&(kvh, b)| {
+            let toks = b * tb..((b + 1) * tb).min(n_tokens);
+            let task = Task {
+                p,
+                g,
+                kvh,
+                q,
+                q_pos: &q_pos[toks.clone()],
+                t0: toks.start,
+                kpos,
+                slots,
+                key_group: &key_group,
+                ng,
+                kf: &kf[kvh * nk * hd..(kvh + 1) * nk * hd],
+                vt: &vt[kvh * ndt * tile..(kvh + 1) * ndt * tile],
+            };
+            super::with_avx2_fma(
+                #[inline(always)]
+                || task.run(),
+            )
+        })
+        .collect();
+    for (&(kvh, b), o) in tasks.iter().zip(&results) {
+        for (r, row) in o.chunks_exact(hd).enumerate() {
+            let (t, h) = (b * tb + r / g, kvh * g + r % g);
+            out[(t * nh + h) * hd..(t * nh + h + 1) * hd].copy_from_slice(row);
+        }
+    }
+}
+
+thread_local! {
+    /// A task's scores and weights, reused from task to task (fresh buffers of this size came
+    /// as zeroed pages from the kernel on every call).
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// One KV head's query rows for a few tokens: row `r` is token `t0 + r / g`, query head
+/// `kvh g + r % g`.
+struct Task<'a> {
+    p: &'a AttnParams,
+    g: usize,
+    kvh: usize,
+    q: &'a [f32],
+    q_pos: &'a [i32],
+    t0: usize,
+    kpos: &'a [i32],
+    slots: &'a [usize],
+    key_group: &'a [(usize, usize)],
+    ng: usize,
+    /// This KV head's widened K rows, `[key][d]`.
+    kf: &'a [f32],
+    /// This KV head's V by slot groups, `[dim tile][group][RD][8]`.
+    vt: &'a [f32],
+}
+
+impl Task<'_> {
+    #[inline(always)]
+    fn run(&self) -> Vec<f32> {
+        let p = self.p;
+        let (hd, nk, ng) = (p.head_dim, self.kpos.len(), self.ng);
+        let nr = self.q_pos.len() * self.g;
+        // q converted to K's vec_dot_type (exact widenings back).
+        let mut qr = vec![0.0f32; nr * hd];
+        for (r, o) in qr.chunks_exact_mut(hd).enumerate() {
+            let (t, h) = (self.t0 + r / self.g, self.kvh * self.g + r % self.g);
+            let src = &self.q[(t * p.n_head + h) * hd..][..hd];
+            for (o, &v) in o.iter_mut().zip(src) {
+                *o = round_to(p.k_type, v);
+            }
+        }
+        let (mut s, mut pw) = SCRATCH.with(|c| c.take());
+        s.resize(nr * nk, 0.0);
+        pw.resize(nr * ng * 8, 0.0);
+        // Each row's lanes that hold a visible key, a byte a (row, group).
+        let mut mask = vec![0u8; nr * ng];
+        self.scores(&qr, &mut s);
+        let mut span = vec![(usize::MAX, 0usize); nr];
+        for r in 0..nr {
+            span[r] = self.softmax(r, &s[r * nk..(r + 1) * nk], &mut pw, &mut mask);
+        }
+        let mut out = vec![0.0f32; nr * hd];
+        let ndt = hd / RD;
+        for dt in 0..ndt {
+            let v = &self.vt[dt * ng * RD * 8..(dt + 1) * ng * RD * 8];
+            let mut r = 0;
+            while r < nr {
+                let n = (nr - r).min(2);
+                let lo = span[r..r + n].iter().map(|x| x.0).min().unwrap_or(0);
+                let hi = span[r..r + n].iter().map(|x| x.1).max().unwrap_or(0);
+                let sums: Vec<[f32; RD]> = if n == 2 {
+                    // SAFETY: the task runs inside `with_avx2_fma` on a CPU with avx2 and fma
+                    // (`applies` checked `has_avx2_fma`); `vp_tile` reads through checked slices.
+                    unsafe { vp_tile::<2>(v, &pw, &mask, r, ng, lo, hi) }.to_vec()
+                } else {
+                    // SAFETY: as above.
+                    unsafe { vp_tile::<1>(v, &pw, &mask, r, ng, lo, hi) }.to_vec()
+                };
+                for (i, sum) in sums.iter().enumerate() {
+                    out[(r + i) * hd + dt * RD..][..RD].copy_from_slice(sum);
+                }
+                r += n;
+            }
+        }
+        SCRATCH.with(|c| c.replace((s, pw)));
+        out
+    }
+
+    /// Every row's score against every key of a chunk any row of the task sees (the others are
+    /// left as they were: the softmax reads visible keys only).
+    #[inline(always)]
+    fn scores(&self, qr: &[f32], s: &mut [f32]) {
+        let (hd, nk) = (self.p.head_dim, self.kpos.len());
+        let nr = qr.len() / hd;
+        let k = |i: usize| &self.kf[i * hd..(i + 1) * hd];
+        let qrow = |r: usize| &qr[r * hd..(r + 1) * hd];
+        for c0 in (0..nk).step_by(KEY_CHUNK) {
+            let c1 = (c0 + KEY_CHUNK).min(nk);
+            let seen = self.kpos[c0..c1]
+                .iter()
+                .any(|&kp| self.q_pos.iter().any(|&qp| visible(kp, qp, self.p.n_swa)));
+            if !seen {
+                continue;
+            }
+            let mut r = 0;
+            while r < nr {
+                let two = r + 1 < nr;
+                let mut i = c0;
+                while i < c1 {
+                    if i + 4 <= c1 && two {
+                        let ks = [k(i), k(i + 1), k(i + 2), k(i + 3)];
+                        // SAFETY: inside `with_avx2_fma` (avx2 and fma present, `applies`);
+                        // rows of `hd` values through checked slices.
+                        let d = unsafe { qk_tile::<4, 2>(ks, [qrow(r), qrow(r + 1)]) };
+                        for (a, da) in d.iter().enumerate() {
+                            s[r * nk + i + a] = da[0];
+                            s[(r + 1) * nk + i + a] = da[1];
+                        }
+                        i += 4;
+                    } else {
+                        for rr in r..r + if two { 2 } else { 1 } {
+                            // SAFETY: as above.
+                            s[rr * nk + i] = unsafe { qk_tile::<1, 1>([k(i)], [qrow(rr)]) }[0][0];
+                        }
+                        i += 1;
+                    }
+                }
+                r += if two { 2 } else { 1 };
+            }
+        }
+    }
+
+    /// Row `r`'s softmax over the keys it sees (the key-by-key form's steps: scale, max, exp in
+    /// the mask's 8-groups, an f64 sum of their `hsum8`s, P converted to V's type), written as
+    /// weights by slot group and lane with the row's lane masks; the span of groups it touches.
+    #[inline(always)]
+    fn softmax(&self, r: usize, s: &[f32], pw: &mut [f32], mask: &mut [u8]) -> (usize, usize) {
+        let p = self.p;
+        let ng = self.ng;
+        let q_pos = self.q_pos[r / self.g];
+        let vis: Vec<usize> = (0..self.kpos.len())
+            .filter(|&i| visible(self.kpos[i], q_pos, p.n_swa))
+            .collect();
+        assert!(
+            !vis.is_empty(),
+            "attention: a query at position {q_pos} sees no key"
+        );
+        let sv: Vec<f32> = vis.iter().map(|&i| s[i] * p.scale + 0.0f32).collect();
+        let mut max = f32::NEG_INFINITY;
+        for &v in &sv {
+            max = if max > v { max } else { v };
+        }
+        let n8 = p.n_kv & !7;
+        // exp 8 keys at a time (`ggml_v_expf`, each lane's bits the one-lane form's); the keys
+        // past the last 8-group of the mask take libm's, as ggml's softmax's tail does.
+        let nv = vis.len();
+        let mut e = vec![0.0f32; nv.next_multiple_of(8)];
+        for (j, x) in sv.iter().enumerate() {
+            e[j] = x - max;
+        }
+        for c in e.chunks_exact_mut(8) {
+            // SAFETY: inside `with_avx2_fma` (avx2 and fma present: `applies`); 8 floats of a
+            // chunk of 8 in and out.
+            unsafe {
+                use std::arch::x86_64::*;
+                let v = v_expf8(_mm256_loadu_ps(c.as_ptr()));
+                _mm256_storeu_ps(c.as_mut_ptr(), v);
+            }
+        }
+        let mut sum = 0.0f64;
+        let mut j = 0;
+        while j < nv {
+            let slot = self.slots[vis[j]];
+            if slot >= n8 {
+                // libm tail
+                let v = (sv[j] - max).exp();
+                e[j] = v;
+                sum += v as f64;
+                j += 1;
+                continue;
+            }
+            let group = slot / 8;
+            let mut lanes = [0.0f32; 8];
+            while j < nv && self.slots[vis[j]] / 8 == group && self.slots[vis[j]] < n8 {
+                lanes[self.slots[vis[j]] % 8] = e[j];
+                j += 1;
+            }
+            sum += hsum8(&lanes) as f64;
+        }
+        let inv = (1.0f64 / sum) as f32;
+        // P = e inv converted to V's vec_dot_type (f16: F16C, as GGML_CPU_FP32_TO_FP16).
+        for c in e.chunks_exact_mut(8) {
+            // SAFETY: as above (F16C too: `has_avx2_fma` checks it); 8 floats in and out.
+            unsafe {
+                use std::arch::x86_64::*;
+                let x = _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), _mm256_set1_ps(inv));
+                let x = match p.v_type {
+                    GgmlType::F16 => {
+                        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+                    }
+                    _ => x,
+                };
+                _mm256_storeu_ps(c.as_mut_ptr(), x);
+            }
+        }
+        if p.v_type == GgmlType::BF16 {
+            for v in e.iter_mut() {
+                *v = round_to(GgmlType::BF16, *v);
+            }
+        }
+        let (pw, mask) = (
+            &mut pw[r * ng * 8..(r + 1) * ng * 8],
+            &mut mask[r * ng..(r + 1) * ng],
+        );
+        let mut span = (usize::MAX, 0);
+        for (&i, &pv) in vis.iter().zip(&e) {
+            let (gi, lane) = self.key_group[i];
+            pw[gi * 8 + lane] = pv;
+            mask[gi] |= 1 << lane;
+            span = (span.0.min(gi), span.1.max(gi + 1));
+        }
+        span
+    }
+}
+
+/// `NK` keys' scores against `NR` query rows (each `head_dim` long, a multiple of 8): tinyBLAS's
+/// dot, `acc = fma(k, q, acc)` 8 lanes at a time through the row, then `hsum8`.
+///
+/// # Safety
+/// The CPU must have avx2 and fma.
+#[target_feature(enable = "avx2,fma")]
+fn qk_tile<const NK: usize, const NR: usize>(k: [&[f32]; NK], q: [&[f32]; NR]) -> [[f32; NR]; NK] {
+    use std::arch::x86_64::*;
+    let hd = q[0].len();
+    assert!(
+        hd.is_multiple_of(8) && k.iter().all(|r| r.len() == hd) && q.iter().all(|r| r.len() == hd),
+        "qk_tile: rows"
+    );
+    let mut acc = [[_mm256_setzero_ps(); NR]; NK];
+    for c in (0..hd).step_by(8) {
+        // SAFETY: 8 floats at c < hd of rows of hd (checked above), hd a multiple of 8.
+        let qv: [__m256; NR] =
+            std::array::from_fn(|r| unsafe { _mm256_loadu_ps(q[r].as_ptr().add(c)) });
+        for (a, kr) in acc.iter_mut().zip(&k) {
+            // SAFETY: as above.
+            let kv = unsafe { _mm256_loadu_ps(kr.as_ptr().add(c)) };
+            for (x, qv) in a.iter_mut().zip(&qv) {
+                *x = _mm256_fmadd_ps(kv, *qv, *x);
+            }
+        }
+    }
+    acc.map(|a| a.map(|v| hsum8(&lanes(v))))
+}
+
+/// `RD` dims' `V·P` sums of rows `r0..r0 + NR` over the slot groups `lo..hi`: each (dim, row) one
+/// 8-lane accumulator (lane = slot % 8) adding a group's weighted values by one FMA, the lanes a
+/// row does not see kept by a blend; then `hsum8`. `v` is one dim tile `[group][RD][8]`, `pw` and
+/// `mask` the task's `[row][group][8]` weights and `[row][group]` lane masks.
+///
+/// # Safety
+/// The CPU must have avx2 and fma.
+#[target_feature(enable = "avx2,fma")]
+fn vp_tile<const NR: usize>(
+    v: &[f32],
+    pw: &[f32],
+    mask: &[u8],
+    r0: usize,
+    ng: usize,
+    lo: usize,
+    hi: usize,
+) -> [[f32; RD]; NR] {
+    use std::arch::x86_64::*;
+    assert!(
+        v.len() == ng * RD * 8 && pw.len() >= (r0 + NR) * ng * 8 && mask.len() >= (r0 + NR) * ng,
+        "vp_tile: shapes"
+    );
+    let hi = hi.min(ng);
+    let bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    let mut acc = [[_mm256_setzero_ps(); NR]; RD];
+    for gi in lo..hi {
+        let m: [u8; NR] = std::array::from_fn(|r| mask[(r0 + r) * ng + gi]);
+        if m.iter().all(|&x| x == 0) {
+            continue;
+        }
+        // SAFETY: 8 floats at (gi RD + j) 8, gi < ng, j < RD: inside v (checked above).
+        let vv: [__m256; RD] =
+            std::array::from_fn(|j| unsafe { _mm256_loadu_ps(v.as_ptr().add((gi * RD + j) * 8)) });
+        for r in 0..NR {
+            if m[r] == 0 {
+                continue;
+            }
+            // SAFETY: 8 floats at ((r0 + r) ng + gi) 8, inside pw (checked above).
+            let pv = unsafe { _mm256_loadu_ps(pw.as_ptr().add(((r0 + r) * ng + gi) * 8)) };
+            if m[r] == 0xff {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    a[r] = _mm256_fmadd_ps(vv[j], pv, a[r]);
+                }
+            } else {
+                let keep = _mm256_castsi256_ps(_mm256_cmpeq_epi32(
+                    _mm256_and_si256(_mm256_set1_epi32(m[r] as i32), bits),
+                    bits,
+                ));
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let x = &mut a[r];
+                    *x = _mm256_blendv_ps(*x, _mm256_fmadd_ps(vv[j], pv, *x), keep);
+                }
+            }
+        }
+    }
+    let mut out = [[0.0f32; RD]; NR];
+    for (j, a) in acc.iter().enumerate() {
+        for (r, v) in a.iter().enumerate() {
+            out[r][j] = hsum8(&lanes(*v));
+        }
+    }
+    out
+}
+
+/// The 8 lanes of a vector.
+#[inline(always)]
+fn lanes(v: std::arch::x86_64::__m256) -> [f32; 8] {
+    // SAFETY: __m256 and [f32; 8] have the same size, and every bit pattern is an f32.
+    unsafe { std::mem::transmute(v) }
+}
