@@ -28,6 +28,8 @@ const ROWS: usize = 32;
 const KEY_CHUNK: usize = 64;
 /// The scores and weights a task keeps, at most (values): long caches take fewer tokens a task.
 const TASK_VALUES: usize = 1 << 20;
+/// Query rows of a `Q·K` register tile (4 keys each: 12 accumulators).
+const QK_ROWS: usize = 3;
 /// Dims of a `V·P` register tile.
 const RD: usize = 4;
 
@@ -180,8 +182,19 @@ impl Task<'_> {
         let mut mask = vec![0u8; nr * ng];
         self.scores(&qr, &mut s);
         let mut span = vec![(usize::MAX, 0usize); nr];
+        let mut vis = Vec::with_capacity(nk);
         for r in 0..nr {
-            span[r] = self.softmax(r, &s[r * nk..(r + 1) * nk], &mut pw, &mut mask);
+            if r % self.g == 0 {
+                // The keys this row's token sees (its query heads share them).
+                let q_pos = self.q_pos[r / self.g];
+                vis.clear();
+                vis.extend((0..nk).filter(|&i| visible(self.kpos[i], q_pos, p.n_swa)));
+                assert!(
+                    !vis.is_empty(),
+                    "attention: a query at position {q_pos} sees no key"
+                );
+            }
+            span[r] = self.softmax(r, &vis, &s[r * nk..(r + 1) * nk], &mut pw, &mut mask);
         }
         let mut out = vec![0.0f32; nr * hd];
         let ndt = hd / RD;
@@ -216,8 +229,6 @@ impl Task<'_> {
     fn scores(&self, qr: &[f32], s: &mut [f32]) {
         let (hd, nk) = (self.p.head_dim, self.kpos.len());
         let nr = qr.len() / hd;
-        let k = |i: usize| &self.kf[i * hd..(i + 1) * hd];
-        let qrow = |r: usize| &qr[r * hd..(r + 1) * hd];
         for c0 in (0..nk).step_by(KEY_CHUNK) {
             let c1 = (c0 + KEY_CHUNK).min(nk);
             let seen = self.kpos[c0..c1]
@@ -228,29 +239,48 @@ impl Task<'_> {
             }
             let mut r = 0;
             while r < nr {
-                let two = r + 1 < nr;
-                let mut i = c0;
-                while i < c1 {
-                    if i + 4 <= c1 && two {
-                        let ks = [k(i), k(i + 1), k(i + 2), k(i + 3)];
-                        // SAFETY: inside `with_avx2_fma` (avx2 and fma present, `applies`);
-                        // rows of `hd` values through checked slices.
-                        let d = unsafe { qk_tile::<4, 2>(ks, [qrow(r), qrow(r + 1)]) };
-                        for (a, da) in d.iter().enumerate() {
-                            s[r * nk + i + a] = da[0];
-                            s[(r + 1) * nk + i + a] = da[1];
-                        }
-                        i += 4;
-                    } else {
-                        for rr in r..r + if two { 2 } else { 1 } {
-                            // SAFETY: as above.
-                            s[rr * nk + i] = unsafe { qk_tile::<1, 1>([k(i)], [qrow(rr)]) }[0][0];
-                        }
-                        i += 1;
-                    }
+                let n = (nr - r).min(QK_ROWS);
+                match n {
+                    3 => self.score_rows::<3>(qr, s, r, c0..c1),
+                    2 => self.score_rows::<2>(qr, s, r, c0..c1),
+                    _ => self.score_rows::<1>(qr, s, r, c0..c1),
                 }
-                r += if two { 2 } else { 1 };
+                r += n;
             }
+        }
+    }
+
+    /// Rows `r..r + NR`'s scores against keys `keys`, 4 keys a register tile.
+    #[inline(always)]
+    fn score_rows<const NR: usize>(
+        &self,
+        qr: &[f32],
+        s: &mut [f32],
+        r: usize,
+        keys: std::ops::Range<usize>,
+    ) {
+        let (hd, nk) = (self.p.head_dim, self.kpos.len());
+        let k = |i: usize| &self.kf[i * hd..(i + 1) * hd];
+        let rows: [&[f32]; NR] = std::array::from_fn(|x| &qr[(r + x) * hd..(r + x + 1) * hd]);
+        let mut i = keys.start;
+        while i + 4 <= keys.end {
+            // SAFETY: inside `with_avx2_fma` (avx2 and fma present, `applies`); rows of `hd`
+            // values through checked slices.
+            let d = unsafe { qk_tile::<4, NR>([k(i), k(i + 1), k(i + 2), k(i + 3)], rows) };
+            for (a, da) in d.iter().enumerate() {
+                for (x, &v) in da.iter().enumerate() {
+                    s[(r + x) * nk + i + a] = v;
+                }
+            }
+            i += 4;
+        }
+        while i < keys.end {
+            // SAFETY: as above.
+            let d = unsafe { qk_tile::<1, NR>([k(i)], rows) };
+            for (x, &v) in d[0].iter().enumerate() {
+                s[(r + x) * nk + i] = v;
+            }
+            i += 1;
         }
     }
 
@@ -258,17 +288,16 @@ impl Task<'_> {
     /// the mask's 8-groups, an f64 sum of their `hsum8`s, P converted to V's type), written as
     /// weights by slot group and lane with the row's lane masks; the span of groups it touches.
     #[inline(always)]
-    fn softmax(&self, r: usize, s: &[f32], pw: &mut [f32], mask: &mut [u8]) -> (usize, usize) {
+    fn softmax(
+        &self,
+        r: usize,
+        vis: &[usize],
+        s: &[f32],
+        pw: &mut [f32],
+        mask: &mut [u8],
+    ) -> (usize, usize) {
         let p = self.p;
         let ng = self.ng;
-        let q_pos = self.q_pos[r / self.g];
-        let vis: Vec<usize> = (0..self.kpos.len())
-            .filter(|&i| visible(self.kpos[i], q_pos, p.n_swa))
-            .collect();
-        assert!(
-            !vis.is_empty(),
-            "attention: a query at position {q_pos} sees no key"
-        );
         let sv: Vec<f32> = vis.iter().map(|&i| s[i] * p.scale + 0.0f32).collect();
         let mut max = f32::NEG_INFINITY;
         for &v in &sv {
