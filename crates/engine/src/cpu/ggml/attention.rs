@@ -154,6 +154,11 @@ fn attention_in(
         );
     }
     let sorted: Vec<KvKey> = order.iter().map(|&i| keys[i]).collect();
+    #[cfg(target_arch = "x86_64")]
+    if tiled && tiles::one_token_applies(p, n_tokens) {
+        tiles::one_token(p, q, q_pos[0], &sorted, out);
+        return;
+    }
 
     // K and V of the keys, widened to f32 (exact for f16/bf16), per KV head: [kvh][key][d];
     // a Q8_0 K stays in blocks

@@ -475,3 +475,190 @@ fn lanes(v: std::arch::x86_64::__m256) -> [f32; 8] {
     // SAFETY: __m256 and [f32; 8] have the same size, and every bit pattern is an f32.
     unsafe { std::mem::transmute(v) }
 }
+
+/// Query heads a one-token task takes at most.
+const ONE_TOKEN_HEADS: usize = 4;
+
+/// Whether [`one_token`] computes this call: one token over f16 K and V, `head_dim` a multiple
+/// of 32, on a CPU with AVX2, FMA and F16C but without AVX-512F (where the key-by-key form
+/// keeps its lanes in 512-bit registers and reads the rows in place).
+pub(super) fn one_token_applies(p: &AttnParams, n_tokens: usize) -> bool {
+    n_tokens == 1
+        && p.k_type == GgmlType::F16
+        && p.v_type == GgmlType::F16
+        && p.head_dim > 0
+        && p.head_dim.is_multiple_of(32)
+        && super::super::lanes::has_avx2_fma()
+        && !super::lane_sums_f16_ok(p.head_dim)
+}
+
+/// One token's attention (decode) on vec_dot's paths over f16 K and V rows read where they lie
+/// (`keys` in slot order), a few query heads of one KV head a task: each key's K row dotted with
+/// every head of the task while in L1 (`dot_kq_f16`, as before), and each V row widened once
+/// (F16C) and added to every head's 32 vec_dot lanes (`((slot / 8) % 4) 8 + slot % 8`, a key's
+/// lane the same for every head) in slot order, the keys past the last 32 summed after in f64:
+/// the (token, head) form's FMAs in its order, so its bits. The caller checked
+/// [`one_token_applies`].
+pub(super) fn one_token(p: &AttnParams, q: &[f32], q_pos: i32, keys: &[super::KvKey], out: &mut [f32]) {
+    let (nh, nkv, hd) = (p.n_head, p.n_head_kv, p.head_dim);
+    let g = nh / nkv;
+    let vis: Vec<usize> = (0..keys.len())
+        .filter(|&i| visible(keys[i].pos, q_pos, p.n_swa))
+        .collect();
+    assert!(
+        !vis.is_empty(),
+        "attention: a query at position {q_pos} sees no key"
+    );
+    let np = p.n_kv & !31;
+    let lane_of: Vec<u8> = vis
+        .iter()
+        .map(|&i| {
+            let slot = keys[i].slot;
+            if slot >= np {
+                super::SKIP
+            } else {
+                (((slot / 8) % 4) * 8 + slot % 8) as u8
+            }
+        })
+        .collect();
+    // Heads a task: a divisor of g, so that a task's heads share their KV head.
+    let per = (1..=ONE_TOKEN_HEADS.min(g))
+        .rev()
+        .find(|d| g.is_multiple_of(*d))
+        .unwrap_or(1);
+    out.par_chunks_mut(per * hd).enumerate().for_each(|(c, o)| {
+        let h0 = c * per;
+        let qh = &q[h0 * hd..(h0 + per) * hd];
+        super::with_avx2_fma(
+            #[inline(always)]
+            || one_token_heads(p, qh, keys, &vis, &lane_of, h0 / g, o),
+        );
+    });
+}
+
+/// [`one_token`] for the query heads `q` (`[head][d]`) of KV head `kvh`, into `out` (the same
+/// shape).
+#[inline(always)]
+fn one_token_heads(
+    p: &AttnParams,
+    q: &[f32],
+    keys: &[super::KvKey],
+    vis: &[usize],
+    lane_of: &[u8],
+    kvh: usize,
+    out: &mut [f32],
+) {
+    let hd = p.head_dim;
+    let nh = q.len() / hd;
+    let nv = vis.len();
+    let part = kvh * hd * 2..(kvh + 1) * hd * 2;
+    // q converted to f16 and back (K's vec_dot_type).
+    let qr: Vec<f32> = q.iter().map(|&v| round_to(GgmlType::F16, v)).collect();
+    // Scores, key chunks read by every head while in L1.
+    let mut s = vec![0.0f32; nh * nv];
+    for c0 in (0..nv).step_by(KEY_CHUNK) {
+        let c1 = (c0 + KEY_CHUNK).min(nv);
+        for h in 0..nh {
+            let qh = &qr[h * hd..(h + 1) * hd];
+            for j in c0..c1 {
+                // SAFETY: `one_token_applies` checked avx2, fma and f16c.
+                s[h * nv + j] = unsafe { super::dot_kq_f16(&keys[vis[j]].k[part.clone()], qh) };
+            }
+        }
+    }
+    // The softmax head by head, as the key-by-key form's.
+    let n8 = p.n_kv & !7;
+    let mut pw = vec![0.0f32; nh * nv];
+    for h in 0..nh {
+        let sv: Vec<f32> = s[h * nv..(h + 1) * nv]
+            .iter()
+            .map(|&v| v * p.scale + 0.0f32)
+            .collect();
+        let mut max = f32::NEG_INFINITY;
+        for &v in &sv {
+            max = if max > v { max } else { v };
+        }
+        let e = &mut pw[h * nv..(h + 1) * nv];
+        let mut sum = 0.0f64;
+        let mut j = 0;
+        while j < nv {
+            let slot = keys[vis[j]].slot;
+            if slot >= n8 {
+                // libm tail
+                let v = (sv[j] - max).exp();
+                e[j] = v;
+                sum += v as f64;
+                j += 1;
+                continue;
+            }
+            let group = slot / 8;
+            let mut lanes = [0.0f32; 8];
+            while j < nv && keys[vis[j]].slot / 8 == group && keys[vis[j]].slot < n8 {
+                let v = super::v_expf(sv[j] - max);
+                e[j] = v;
+                lanes[keys[vis[j]].slot % 8] = v;
+                j += 1;
+            }
+            sum += hsum8(&lanes) as f64;
+        }
+        let inv = (1.0f64 / sum) as f32;
+        for v in e.iter_mut() {
+            *v = round_to(GgmlType::F16, *v * inv);
+        }
+    }
+    // V·P: each V row widened once, added to every head's lane.
+    let mut acc = vec![0.0f32; nh * 32 * hd];
+    let mut row = vec![0.0f32; hd];
+    let mut tail: Vec<(usize, Vec<f32>)> = Vec::new();
+    for (j, &i) in vis.iter().enumerate() {
+        let src = &keys[i].v[part.clone()];
+        // SAFETY: avx and f16c (`one_token_applies`); hd values from 2 hd bytes.
+        unsafe { crate::formats::f16c_to(src, row.as_mut_ptr(), hd) };
+        if lane_of[j] == super::SKIP {
+            tail.push((j, row.clone()));
+            continue;
+        }
+        let lane = lane_of[j] as usize;
+        for h in 0..nh {
+            let a = &mut acc[(h * 32 + lane) * hd..(h * 32 + lane + 1) * hd];
+            // SAFETY: avx2 and fma (`one_token_applies`); rows of hd.
+            unsafe { axpy(a, &row, pw[h * nv + j]) };
+        }
+    }
+    for h in 0..nh {
+        for (d, o) in out[h * hd..(h + 1) * hd].iter_mut().enumerate() {
+            let mut a = [[0.0f32; 8]; 4];
+            for (r, ar) in a.iter_mut().enumerate() {
+                for (lane, v) in ar.iter_mut().enumerate() {
+                    *v = acc[(h * 32 + r * 8 + lane) * hd + d];
+                }
+            }
+            let mut sumf = super::reduce4x8(&a) as f64;
+            for (j, v) in &tail {
+                sumf += (v[d] * pw[h * nv + j]) as f64;
+            }
+            *o = sumf as f32;
+        }
+    }
+}
+
+/// `a[d] = fma(x[d], w, a[d])` for every d (equal lengths, a multiple of 8).
+///
+/// # Safety
+/// The CPU must have avx2 and fma.
+#[target_feature(enable = "avx2,fma")]
+fn axpy(a: &mut [f32], x: &[f32], w: f32) {
+    use std::arch::x86_64::*;
+    assert!(
+        a.len() == x.len() && a.len().is_multiple_of(8),
+        "axpy: lengths"
+    );
+    let wv = _mm256_set1_ps(w);
+    for c in (0..a.len()).step_by(8) {
+        // SAFETY: 8 floats at c of two slices of the same length, a multiple of 8 (checked).
+        unsafe {
+            let y = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(c)), wv, _mm256_loadu_ps(a.as_ptr().add(c)));
+            _mm256_storeu_ps(a.as_mut_ptr().add(c), y);
+        }
+    }
+}
