@@ -391,9 +391,11 @@ fn qk_tile<const NK: usize, const NR: usize>(k: [&[f32]; NK], q: [&[f32]; NR]) -
     );
     let mut acc = [[_mm256_setzero_ps(); NR]; NK];
     for c in (0..hd).step_by(8) {
-        // SAFETY: 8 floats at c < hd of rows of hd (checked above), hd a multiple of 8.
-        let qv: [__m256; NR] =
-            std::array::from_fn(|r| unsafe { _mm256_loadu_ps(q[r].as_ptr().add(c)) });
+        let mut qv = [_mm256_setzero_ps(); NR];
+        for (v, qr) in qv.iter_mut().zip(&q) {
+            // SAFETY: 8 floats at c < hd of rows of hd (checked above), hd a multiple of 8.
+            *v = unsafe { _mm256_loadu_ps(qr.as_ptr().add(c)) };
+        }
         for (a, kr) in acc.iter_mut().zip(&k) {
             // SAFETY: as above.
             let kv = unsafe { _mm256_loadu_ps(kr.as_ptr().add(c)) };
@@ -402,7 +404,14 @@ fn qk_tile<const NK: usize, const NR: usize>(k: [&[f32]; NK], q: [&[f32]; NR]) -
             }
         }
     }
-    acc.map(|a| a.map(|v| hsum8(&lanes(v))))
+    // (plain loops: closures would be compiled without this function's target features)
+    let mut out = [[0.0f32; NR]; NK];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        for (o, v) in o.iter_mut().zip(a) {
+            *o = hsum8(&lanes(*v));
+        }
+    }
+    out
 }
 
 /// `RD` dims' `V·P` sums of rows `r0..r0 + NR` over the slot groups `lo..hi`: each (dim, row) one
@@ -431,13 +440,18 @@ fn vp_tile<const NR: usize>(
     let bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     let mut acc = [[_mm256_setzero_ps(); NR]; RD];
     for gi in lo..hi {
-        let m: [u8; NR] = std::array::from_fn(|r| mask[(r0 + r) * ng + gi]);
+        let mut m = [0u8; NR];
+        for (r, m) in m.iter_mut().enumerate() {
+            *m = mask[(r0 + r) * ng + gi];
+        }
         if m.iter().all(|&x| x == 0) {
             continue;
         }
-        // SAFETY: 8 floats at (gi RD + j) 8, gi < ng, j < RD: inside v (checked above).
-        let vv: [__m256; RD] =
-            std::array::from_fn(|j| unsafe { _mm256_loadu_ps(v.as_ptr().add((gi * RD + j) * 8)) });
+        let mut vv = [_mm256_setzero_ps(); RD];
+        for (j, x) in vv.iter_mut().enumerate() {
+            // SAFETY: 8 floats at (gi RD + j) 8, gi < ng, j < RD: inside v (checked above).
+            *x = unsafe { _mm256_loadu_ps(v.as_ptr().add((gi * RD + j) * 8)) };
+        }
         for r in 0..NR {
             if m[r] == 0 {
                 continue;
@@ -499,7 +513,13 @@ pub(super) fn one_token_applies(p: &AttnParams, n_tokens: usize) -> bool {
 /// lane the same for every head) in slot order, the keys past the last 32 summed after in f64:
 /// the (token, head) form's FMAs in its order, so its bits. The caller checked
 /// [`one_token_applies`].
-pub(super) fn one_token(p: &AttnParams, q: &[f32], q_pos: i32, keys: &[super::KvKey], out: &mut [f32]) {
+pub(super) fn one_token(
+    p: &AttnParams,
+    q: &[f32],
+    q_pos: i32,
+    keys: &[super::KvKey],
+    out: &mut [f32],
+) {
     let (nh, nkv, hd) = (p.n_head, p.n_head_kv, p.head_dim);
     let g = nh / nkv;
     let vis: Vec<usize> = (0..keys.len())
@@ -657,7 +677,11 @@ fn axpy(a: &mut [f32], x: &[f32], w: f32) {
     for c in (0..a.len()).step_by(8) {
         // SAFETY: 8 floats at c of two slices of the same length, a multiple of 8 (checked).
         unsafe {
-            let y = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(c)), wv, _mm256_loadu_ps(a.as_ptr().add(c)));
+            let y = _mm256_fmadd_ps(
+                _mm256_loadu_ps(x.as_ptr().add(c)),
+                wv,
+                _mm256_loadu_ps(a.as_ptr().add(c)),
+            );
             _mm256_storeu_ps(a.as_mut_ptr().add(c), y);
         }
     }
