@@ -10,6 +10,34 @@ use muser_engine::cpu::ggml::{
 };
 use muser_gguf::GgmlType;
 
+/// Each filled cell's (slot, position, K bytes, V bytes): K and V rows of `width` values drawn
+/// from `r` in turn (K rotated by `rot`'s Hadamard blocks where given), stored in the cache types.
+fn cache_rows(
+    kt: GgmlType,
+    vt: GgmlType,
+    cells: &[i32],
+    width: usize,
+    r: &mut Rng,
+    rot: Option<usize>,
+) -> Vec<(usize, i32, Vec<u8>, Vec<u8>)> {
+    let (krb, vrb) = (kv_row_bytes(kt, width), kv_row_bytes(vt, width));
+    let mut rows = Vec::new();
+    for (slot, &p) in cells.iter().enumerate() {
+        if p < 0 {
+            continue;
+        }
+        let (mut k, v) = (r.acts(width), r.acts(width));
+        if let Some(n) = rot {
+            hadamard_rotate(&mut k, n);
+        }
+        let (mut kb, mut vb) = (vec![0u8; krb], vec![0u8; vrb]);
+        store_kv_row(kt, &k, &mut kb);
+        store_kv_row(vt, &v, &mut vb);
+        rows.push((slot, p, kb, vb));
+    }
+    rows
+}
+
 #[test]
 fn attention_matches_ggml() {
     for c in cases("attention") {
@@ -35,24 +63,7 @@ fn attention_matches_ggml() {
         if let Some(n) = rot {
             hadamard_rotate(&mut q, n);
         }
-        let (krb, vrb) = (
-            kv_row_bytes(kt, hd * n_head_kv),
-            kv_row_bytes(vt, hd * n_head_kv),
-        );
-        let mut rows: Vec<(usize, i32, Vec<u8>, Vec<u8>)> = Vec::new();
-        for (slot, &p) in cells.iter().enumerate() {
-            if p < 0 {
-                continue;
-            }
-            let (mut k, v) = (r.acts(hd * n_head_kv), r.acts(hd * n_head_kv));
-            if let Some(n) = rot {
-                hadamard_rotate(&mut k, n);
-            }
-            let (mut kb, mut vb) = (vec![0u8; krb], vec![0u8; vrb]);
-            store_kv_row(kt, &k, &mut kb);
-            store_kv_row(vt, &v, &mut vb);
-            rows.push((slot, p, kb, vb));
-        }
+        let rows = cache_rows(kt, vt, &cells, hd * n_head_kv, &mut r, rot);
         // ggml's view only covers the first n_kv cells
         let keys: Vec<KvKey> = rows
             .iter()
@@ -211,21 +222,7 @@ fn micro_batch_tiles_give_the_bits_by_head() {
             .iter()
             .map(|v| v * sharp)
             .collect();
-        let (krb, vrb) = (
-            kv_row_bytes(kt, hd * n_head_kv),
-            kv_row_bytes(vt, hd * n_head_kv),
-        );
-        let mut rows = Vec::new();
-        for (slot, &p) in cells.iter().enumerate() {
-            if p < 0 {
-                continue;
-            }
-            let (k, v) = (rng.acts(hd * n_head_kv), rng.acts(hd * n_head_kv));
-            let (mut kb, mut vb) = (vec![0u8; krb], vec![0u8; vrb]);
-            store_kv_row(kt, &k, &mut kb);
-            store_kv_row(vt, &v, &mut vb);
-            rows.push((slot, p, kb, vb));
-        }
+        let rows = cache_rows(kt, vt, &cells, hd * n_head_kv, &mut rng, None);
         let keys: Vec<KvKey> = rows
             .iter()
             .map(|r| KvKey {

@@ -299,68 +299,7 @@ impl Task<'_> {
         let p = self.p;
         let ng = self.ng;
         let sv: Vec<f32> = vis.iter().map(|&i| s[i] * p.scale + 0.0f32).collect();
-        let mut max = f32::NEG_INFINITY;
-        for &v in &sv {
-            max = if max > v { max } else { v };
-        }
-        let n8 = p.n_kv & !7;
-        // exp 8 keys at a time (`ggml_v_expf`, each lane's bits the one-lane form's); the keys
-        // past the last 8-group of the mask take libm's, as ggml's softmax's tail does.
-        let nv = vis.len();
-        let mut e = vec![0.0f32; nv.next_multiple_of(8)];
-        for (j, x) in sv.iter().enumerate() {
-            e[j] = x - max;
-        }
-        for c in e.chunks_exact_mut(8) {
-            // SAFETY: inside `with_avx2_fma` (avx2 and fma present: `applies`); 8 floats of a
-            // chunk of 8 in and out.
-            unsafe {
-                use std::arch::x86_64::*;
-                let v = v_expf8(_mm256_loadu_ps(c.as_ptr()));
-                _mm256_storeu_ps(c.as_mut_ptr(), v);
-            }
-        }
-        let mut sum = 0.0f64;
-        let mut j = 0;
-        while j < nv {
-            let slot = self.slots[vis[j]];
-            if slot >= n8 {
-                // libm tail
-                let v = (sv[j] - max).exp();
-                e[j] = v;
-                sum += v as f64;
-                j += 1;
-                continue;
-            }
-            let group = slot / 8;
-            let mut lanes = [0.0f32; 8];
-            while j < nv && self.slots[vis[j]] / 8 == group && self.slots[vis[j]] < n8 {
-                lanes[self.slots[vis[j]] % 8] = e[j];
-                j += 1;
-            }
-            sum += hsum8(&lanes) as f64;
-        }
-        let inv = (1.0f64 / sum) as f32;
-        // P = e inv converted to V's vec_dot_type (f16: F16C, as GGML_CPU_FP32_TO_FP16).
-        for c in e.chunks_exact_mut(8) {
-            // SAFETY: as above (F16C too: `has_avx2_fma` checks it); 8 floats in and out.
-            unsafe {
-                use std::arch::x86_64::*;
-                let x = _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), _mm256_set1_ps(inv));
-                let x = match p.v_type {
-                    GgmlType::F16 => {
-                        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
-                    }
-                    _ => x,
-                };
-                _mm256_storeu_ps(c.as_mut_ptr(), x);
-            }
-        }
-        if p.v_type == GgmlType::BF16 {
-            for v in e.iter_mut() {
-                *v = round_to(GgmlType::BF16, *v);
-            }
-        }
+        let e = weights(&sv, |j| self.slots[vis[j]], p.n_kv, p.v_type);
         let (pw, mask) = (
             &mut pw[r * ng * 8..(r + 1) * ng * 8],
             &mut mask[r * ng..(r + 1) * ng],
@@ -374,6 +313,67 @@ impl Task<'_> {
         }
         span
     }
+}
+
+/// The softmax's weights of the visible keys (slot order; key `j` in slot `slot(j)`) from
+/// their scaled scores `sv`, as the key-by-key form computes them: `ggml_v_expf(s - max)` 8
+/// keys at a time (each lane's bits the one-lane form's), libm's exp past the mask's last
+/// 8-group (ggml's softmax's tail), their sum in f64 by the 8-groups' `hsum8`, then `e / sum`
+/// converted to V's vec_dot_type `ty` (f16 by F16C, as `GGML_CPU_FP32_TO_FP16`). `sv.len()`
+/// values, then padding to a multiple of 8. Called inside `with_avx2_fma` (avx2, fma, f16c).
+#[inline(always)]
+fn weights(sv: &[f32], slot: impl Fn(usize) -> usize, n_kv: usize, ty: GgmlType) -> Vec<f32> {
+    use std::arch::x86_64::*;
+    let mut max = f32::NEG_INFINITY;
+    for &v in sv {
+        max = if max > v { max } else { v };
+    }
+    let (nv, n8) = (sv.len(), n_kv & !7);
+    let mut e = vec![0.0f32; nv.next_multiple_of(8)];
+    for (e, x) in e.iter_mut().zip(sv) {
+        *e = x - max;
+    }
+    for c in e.chunks_exact_mut(8) {
+        // SAFETY: the callers run inside `with_avx2_fma` on a CPU with avx2, fma and f16c
+        // (`applies`, `one_token_applies`); 8 floats of a chunk of 8 in and out.
+        unsafe { _mm256_storeu_ps(c.as_mut_ptr(), v_expf8(_mm256_loadu_ps(c.as_ptr()))) };
+    }
+    let mut sum = 0.0f64;
+    let mut j = 0;
+    while j < nv {
+        if slot(j) >= n8 {
+            // libm tail
+            e[j] = (sv[j] - max).exp();
+            sum += e[j] as f64;
+            j += 1;
+            continue;
+        }
+        let group = slot(j) / 8;
+        let mut lanes = [0.0f32; 8];
+        while j < nv && slot(j) / 8 == group && slot(j) < n8 {
+            lanes[slot(j) % 8] = e[j];
+            j += 1;
+        }
+        sum += hsum8(&lanes) as f64;
+    }
+    let inv = (1.0f64 / sum) as f32;
+    for c in e.chunks_exact_mut(8) {
+        // SAFETY: as above; 8 floats in and out.
+        unsafe {
+            let x = _mm256_mul_ps(_mm256_loadu_ps(c.as_ptr()), _mm256_set1_ps(inv));
+            let x = match ty {
+                GgmlType::F16 => _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x)),
+                _ => x,
+            };
+            _mm256_storeu_ps(c.as_mut_ptr(), x);
+        }
+    }
+    if ty == GgmlType::BF16 {
+        for v in e.iter_mut() {
+            *v = round_to(GgmlType::BF16, *v);
+        }
+    }
+    e
 }
 
 /// `NK` keys' scores against `NR` query rows (each `head_dim` long, a multiple of 8): tinyBLAS's
@@ -587,44 +587,14 @@ fn one_token_heads(
         }
     }
     // The softmax head by head, as the key-by-key form's.
-    let n8 = p.n_kv & !7;
     let mut pw = vec![0.0f32; nh * nv];
     for h in 0..nh {
         let sv: Vec<f32> = s[h * nv..(h + 1) * nv]
             .iter()
             .map(|&v| v * p.scale + 0.0f32)
             .collect();
-        let mut max = f32::NEG_INFINITY;
-        for &v in &sv {
-            max = if max > v { max } else { v };
-        }
-        let e = &mut pw[h * nv..(h + 1) * nv];
-        let mut sum = 0.0f64;
-        let mut j = 0;
-        while j < nv {
-            let slot = keys[vis[j]].slot;
-            if slot >= n8 {
-                // libm tail
-                let v = (sv[j] - max).exp();
-                e[j] = v;
-                sum += v as f64;
-                j += 1;
-                continue;
-            }
-            let group = slot / 8;
-            let mut lanes = [0.0f32; 8];
-            while j < nv && keys[vis[j]].slot / 8 == group && keys[vis[j]].slot < n8 {
-                let v = super::v_expf(sv[j] - max);
-                e[j] = v;
-                lanes[keys[vis[j]].slot % 8] = v;
-                j += 1;
-            }
-            sum += hsum8(&lanes) as f64;
-        }
-        let inv = (1.0f64 / sum) as f32;
-        for v in e.iter_mut() {
-            *v = round_to(GgmlType::F16, *v * inv);
-        }
+        let e = weights(&sv, |j| keys[vis[j]].slot, p.n_kv, GgmlType::F16);
+        pw[h * nv..(h + 1) * nv].copy_from_slice(&e[..nv]);
     }
     // V·P: each V row widened once, added to every head's lane.
     let mut acc = vec![0.0f32; nh * 32 * hd];
