@@ -38,6 +38,19 @@ fn cache_rows(
     rows
 }
 
+/// The keys of `rows` ([`cache_rows`]) in the first `n_kv` cells.
+fn kv_keys(rows: &[(usize, i32, Vec<u8>, Vec<u8>)], n_kv: usize) -> Vec<KvKey<'_>> {
+    rows.iter()
+        .filter(|r| r.0 < n_kv)
+        .map(|r| KvKey {
+            slot: r.0,
+            pos: r.1,
+            k: &r.2,
+            v: &r.3,
+        })
+        .collect()
+}
+
 #[test]
 fn attention_matches_ggml() {
     for c in cases("attention") {
@@ -65,16 +78,7 @@ fn attention_matches_ggml() {
         }
         let rows = cache_rows(kt, vt, &cells, hd * n_head_kv, &mut r, rot);
         // ggml's view only covers the first n_kv cells
-        let keys: Vec<KvKey> = rows
-            .iter()
-            .filter(|r| r.0 < n_kv)
-            .map(|r| KvKey {
-                slot: r.0,
-                pos: r.1,
-                k: &r.2,
-                v: &r.3,
-            })
-            .collect();
+        let keys = kv_keys(&rows, n_kv);
         let params = AttnParams {
             n_head,
             n_head_kv,
@@ -223,15 +227,7 @@ fn micro_batch_tiles_give_the_bits_by_head() {
             .map(|v| v * sharp)
             .collect();
         let rows = cache_rows(kt, vt, &cells, hd * n_head_kv, &mut rng, None);
-        let keys: Vec<KvKey> = rows
-            .iter()
-            .map(|r| KvKey {
-                slot: r.0,
-                pos: r.1,
-                k: &r.2,
-                v: &r.3,
-            })
-            .collect();
+        let keys = kv_keys(&rows, n_kv);
         let params = AttnParams {
             n_head,
             n_head_kv,

@@ -163,8 +163,6 @@ fn attention_in(
     // K and V of the keys, widened to f32 (exact for f16/bf16), per KV head: [kvh][key][d];
     // a Q8_0 K stays in blocks
     let nk = sorted.len();
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = tiled;
     let q8k = p.k_type == GgmlType::Q8_0;
     // One token over an f16 cache reads the rows where they lie, widened in registers as the
     // dots read them (as ggml's vec_dot_f16 converts them), where the CPU has the instructions:
@@ -172,13 +170,18 @@ fn attention_in(
     // 4,096 keys), more than the caches hold. More tokens share one widening.
     let k16 = n_tokens == 1 && p.k_type == GgmlType::F16 && super::lanes::has_avx2_fma();
     let v16 = n_tokens == 1 && p.v_type == GgmlType::F16 && lane_sums_f16_ok(hd);
+    // The micro-batch tiles lay V out by slot groups straight from the rows.
+    #[cfg(target_arch = "x86_64")]
+    let tiles = tiled && tiles::applies(p, n_tokens);
+    #[cfg(not(target_arch = "x86_64"))]
+    let tiles = false;
     let (mut kf, mut vf) = PLANES.with(|w| w.take());
     if q8k || k16 {
         kf.clear();
     } else {
         widen(p.k_type, &sorted, hd, true, nkv * nk * hd, &mut kf);
     }
-    if v16 {
+    if v16 || tiles {
         vf.clear();
     } else {
         widen(p.v_type, &sorted, hd, false, nkv * nk * hd, &mut vf);
@@ -196,8 +199,8 @@ fn attention_in(
     let slots: Vec<usize> = sorted.iter().map(|k| k.slot).collect();
     let kpos: Vec<i32> = sorted.iter().map(|k| k.pos).collect();
     #[cfg(target_arch = "x86_64")]
-    if tiled && tiles::applies(p, n_tokens) {
-        tiles::attention(p, q, q_pos, &slots, &kpos, &kf, &vf, out);
+    if tiles {
+        tiles::attention(p, q, q_pos, &sorted, &kf, out);
         PLANES.with(|w| w.replace((kf, vf)));
         return;
     }
@@ -243,8 +246,6 @@ fn widen(ty: GgmlType, keys: &[KvKey], hd: usize, is_k: bool, n: usize, out: &mu
         "widen: {n} values in rows of {hd}"
     );
     let nk = keys.len();
-    let lut = f16_lut();
-    let f16c = super::lanes::has_avx2_fma();
     out.clear();
     out.reserve(n);
     out.spare_capacity_mut()[..n]
@@ -253,41 +254,49 @@ fn widen(ty: GgmlType, keys: &[KvKey], hd: usize, is_k: bool, n: usize, out: &mu
         .for_each(|(i, o)| {
             let (kvh, j) = (i / nk, i % nk);
             let row = if is_k { keys[j].k } else { keys[j].v };
-            match ty {
-                GgmlType::F32 => {
-                    for (d, c) in o
-                        .iter_mut()
-                        .zip(row[kvh * hd * 4..(kvh + 1) * hd * 4].chunks_exact(4))
-                    {
-                        d.write(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-                    }
-                }
-                GgmlType::F16 => {
-                    let src = &row[kvh * hd * 2..(kvh + 1) * hd * 2];
-                    if f16c {
-                        // SAFETY: the CPU has F16C and AVX (`has_avx2_fma` checked avx2, fma and
-                        // f16c); the function reads and writes through checked slices.
-                        unsafe { widen_f16c(src, o) };
-                    } else {
-                        for (d, c) in o.iter_mut().zip(src.chunks_exact(2)) {
-                            d.write(lut[u16::from_le_bytes([c[0], c[1]]) as usize]);
-                        }
-                    }
-                }
-                _ => {
-                    for (d, c) in o
-                        .iter_mut()
-                        .zip(row[kvh * hd * 2..(kvh + 1) * hd * 2].chunks_exact(2))
-                    {
-                        d.write(bf16_to_f32(u16::from_le_bytes([c[0], c[1]])));
-                    }
-                }
-            }
+            widen_row(ty, row, kvh, o);
         });
     // SAFETY: the n values were written above: each chunk of hd (the last one too: n is a
-    // multiple of hd) took one value per element in every branch (each zips its chunk with
-    // exactly hd source values, and `widen_f16c` writes all of its output).
+    // multiple of hd) took one value per element (`widen_row` writes every value of its
+    // output in every branch).
     unsafe { out.set_len(n) };
+}
+
+/// KV head `kvh`'s part of a cache row of type `ty` (f32, f16 or bf16 bytes), `o.len()` values,
+/// widened to f32 (exact) into `o`, every value written.
+fn widen_row(ty: GgmlType, row: &[u8], kvh: usize, o: &mut [std::mem::MaybeUninit<f32>]) {
+    let hd = o.len();
+    match ty {
+        GgmlType::F32 => {
+            for (d, c) in o
+                .iter_mut()
+                .zip(row[kvh * hd * 4..(kvh + 1) * hd * 4].chunks_exact(4))
+            {
+                d.write(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            }
+        }
+        GgmlType::F16 => {
+            let src = &row[kvh * hd * 2..(kvh + 1) * hd * 2];
+            if super::lanes::has_avx2_fma() {
+                // SAFETY: the CPU has F16C and AVX (`has_avx2_fma` checked avx2, fma and f16c);
+                // the function reads and writes through checked slices.
+                unsafe { widen_f16c(src, o) };
+            } else {
+                let lut = f16_lut();
+                for (d, c) in o.iter_mut().zip(src.chunks_exact(2)) {
+                    d.write(lut[u16::from_le_bytes([c[0], c[1]]) as usize]);
+                }
+            }
+        }
+        _ => {
+            for (d, c) in o
+                .iter_mut()
+                .zip(row[kvh * hd * 2..(kvh + 1) * hd * 2].chunks_exact(2))
+            {
+                d.write(bf16_to_f32(u16::from_le_bytes([c[0], c[1]])));
+            }
+        }
+    }
 }
 
 /// f16 values (`src`, little-endian, at least twice `out`'s length in bytes) to f32 by the CPU's

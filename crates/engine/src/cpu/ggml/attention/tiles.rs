@@ -47,26 +47,23 @@ pub(super) fn applies(p: &AttnParams, n_tokens: usize) -> bool {
         && super::super::lanes::has_avx2_fma()
 }
 
-/// The attention of `q_pos.len()` tokens over keys in slot order (`slots`, `kpos`), their K and
-/// V widened to f32 as `[kvh][key][d]` (`kf`, `vf`); `q` and `out` as in [`super::attention`].
-/// The caller checked [`applies`].
-#[allow(clippy::too_many_arguments)]
+/// The attention of `q_pos.len()` tokens over `keys` in slot order (their K widened to f32 as
+/// `[kvh][key][d]` in `kf`); `q` and `out` as in [`super::attention`]. The caller checked
+/// [`applies`].
 pub(super) fn attention(
     p: &AttnParams,
     q: &[f32],
     q_pos: &[i32],
-    slots: &[usize],
-    kpos: &[i32],
+    keys: &[super::KvKey],
     kf: &[f32],
-    vf: &[f32],
     out: &mut [f32],
 ) {
     let (nh, nkv, hd) = (p.n_head, p.n_head_kv, p.head_dim);
-    let (g, nk, n_tokens) = (nh / nkv, slots.len(), q_pos.len());
-    assert!(
-        kf.len() == nkv * nk * hd && vf.len() == nkv * nk * hd,
-        "attention tiles: planes"
-    );
+    let (g, nk, n_tokens) = (nh / nkv, keys.len(), q_pos.len());
+    assert!(kf.len() == nkv * nk * hd, "attention tiles: K plane");
+    let slots: Vec<usize> = keys.iter().map(|k| k.slot).collect();
+    let kpos: Vec<i32> = keys.iter().map(|k| k.pos).collect();
+    let (slots, kpos) = (&slots[..], &kpos[..]);
     // The slot groups of 8 that hold keys, and each key's group and lane.
     let mut groups = 0usize;
     let mut last = usize::MAX;
@@ -81,19 +78,24 @@ pub(super) fn attention(
         })
         .collect();
     let ng = groups;
-    // V by slot groups: [kvh][dim tile][group][RD][8], empty lanes 0 (always blended away).
+    // V by slot groups, each row widened once: [kvh][dim tile][group][RD][8], empty lanes 0
+    // (always blended away).
     let ndt = hd / RD;
     let tile = ng * RD * 8;
     let mut vt = vec![0.0f32; nkv * ndt * tile];
-    vt.par_chunks_mut(tile).enumerate().for_each(|(x, o)| {
-        let (kvh, dt) = (x / ndt, x % ndt);
-        for (i, &(gi, lane)) in key_group.iter().enumerate() {
-            let row = &vf[(kvh * nk + i) * hd + dt * RD..][..RD];
-            for (j, &v) in row.iter().enumerate() {
-                o[(gi * RD + j) * 8 + lane] = v;
+    vt.par_chunks_mut(ndt * tile)
+        .enumerate()
+        .for_each(|(kvh, o)| {
+            let mut row = vec![std::mem::MaybeUninit::<f32>::uninit(); hd];
+            for (k, &(gi, lane)) in keys.iter().zip(&key_group) {
+                super::widen_row(p.v_type, k.v, kvh, &mut row);
+                for (d, v) in row.iter().enumerate() {
+                    // SAFETY: `widen_row` wrote every value of `row`.
+                    let v = unsafe { v.assume_init() };
+                    o[((d / RD) * ng + gi) * RD * 8 + (d % RD) * 8 + lane] = v;
+                }
             }
-        }
-    });
+        });
     // Tasks: a KV head and `tb` tokens.
     let tb = (ROWS / g)
         .min(TASK_VALUES / (g * nk.max(ng * 8)).max(1))
