@@ -218,8 +218,14 @@ struct Scratch {
 /// already counts it: a report's total leaves such labels out.
 pub const INNER_LABEL: &str = "(inside) ";
 
-/// Largest micro-batch the device caches and scratch are sized for.
+/// Most tokens the attention takes at once, and the rings' slack past the sliding window (a
+/// piece's K and V are stored before it attends): a micro-batch of more tokens attends in pieces
+/// of this many, in order (`attention_pieces`). Also the most sequences a batch mixes.
 pub const MAX_UBATCH: usize = 512;
+/// Most tokens of one micro-batch on the device (`max_batch_tokens`): its products take all of
+/// them at once, so the accurate mode's f16 weights are made once for up to this many tokens
+/// (`gemm16`), and its attention runs in pieces of MAX_UBATCH.
+pub const MAX_BATCH_TOKENS: usize = 2048;
 /// Rows of a weight matrix dequantized at once for the cuBLAS prompt path.
 const DEQ_ROWS: usize = 4096;
 /// Bytes of f16 weights `gemm16` dequantizes at once (the 30B's FFN matrices, 19968 x 6656,
@@ -248,6 +254,26 @@ fn column_runs(k: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
     };
     let step = k.div_ceil(runs).next_multiple_of(8).max(8);
     (0..k).step_by(step).map(move |k0| (k0, step.min(k - k0)))
+}
+
+/// A micro-batch of `n` tokens in the attention's pieces: (first row, rows) of at most
+/// MAX_UBATCH rows each, in order. Each piece stores its K and V and then attends, so a ring
+/// (the window and MAX_UBATCH slots) still holds every key a piece's tokens see; a token's
+/// arithmetic is the same in any piece (its own keys, its own partials).
+fn attention_pieces(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n)
+        .step_by(MAX_UBATCH)
+        .map(move |r0| (r0, MAX_UBATCH.min(n - r0)))
+}
+
+/// The attention's queries, gate and output: the same rows of the same width (the piece
+/// offsets in `attend_cached` take q's width for all three).
+fn check_attention_rows(q: &CudaAct, gate: Option<&CudaAct>, out: &CudaAct) -> Result<()> {
+    check(out, q.rows, q.cols, "attention out")?;
+    if let Some(g) = gate {
+        check(g, q.rows, q.cols, "attention gate")?;
+    }
+    Ok(())
 }
 
 /// `--f16-weights` and `--fp8-weights` keep copies only while a tenth of the device, and at least
@@ -1339,12 +1365,12 @@ impl CudaBackend {
         if g.is_none() {
             let s = &self.stream;
             *g = Some(Scratch {
-                tokens: s.alloc_zeros(MAX_UBATCH).map_err(dev("alloc"))?,
-                pos: s.alloc_zeros(MAX_UBATCH).map_err(dev("alloc"))?,
-                seqtab: s.alloc_zeros(MAX_UBATCH).map_err(dev("alloc"))?,
+                tokens: s.alloc_zeros(MAX_BATCH_TOKENS).map_err(dev("alloc"))?,
+                pos: s.alloc_zeros(MAX_BATCH_TOKENS).map_err(dev("alloc"))?,
+                seqtab: s.alloc_zeros(MAX_BATCH_TOKENS).map_err(dev("alloc"))?,
                 seqtab_host: Vec::new(),
-                rows: s.alloc_zeros(MAX_UBATCH).map_err(dev("alloc"))?,
-                cap: MAX_UBATCH,
+                rows: s.alloc_zeros(MAX_BATCH_TOKENS).map_err(dev("alloc"))?,
+                cap: MAX_BATCH_TOKENS,
                 part: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 xs: s.alloc_zeros(1).map_err(dev("alloc"))?,
                 deq: s.alloc_zeros(1).map_err(dev("alloc"))?,
@@ -3472,9 +3498,9 @@ impl CudaBackend {
         let n = batch.len();
         check(k, n, spec.n_head_kv * spec.head_dim, "attention k")?;
         check(q, n, spec.n_head * spec.head_dim, "attention q")?;
-        if n > MAX_UBATCH {
+        if n > MAX_BATCH_TOKENS {
             return Err(Error::Input(format!(
-                "micro-batch of {n} exceeds the CUDA limit {MAX_UBATCH}"
+                "micro-batch of {n} exceeds the CUDA limit {MAX_BATCH_TOKENS}"
             )));
         }
         let first = caches
@@ -3558,22 +3584,33 @@ impl CudaBackend {
             && !self.cuda_parity.load(Relaxed)
     }
 
-    /// Attention of `n` queries over a layer's stored keys (split-K partials, then the merge
-    /// with the output gate).
+    /// Attention of the `n` queries from row `r0` of the micro-batch over a layer's stored keys
+    /// (split-K partials, then the merge with the output gate into the same rows of `out`).
+    #[allow(clippy::too_many_arguments)]
     fn attend_cached(
         &self,
         kv: &SeqView,
         spec: AttnSpec,
+        r0: usize,
         n: usize,
         q: &CudaAct,
         gate: Option<&CudaAct>,
         out: &mut CudaAct,
     ) -> Result<()> {
         let nrep = spec.n_head / spec.n_head_kv;
+        let st = &self.stream;
         let mut g = self.scratch()?;
         let s = g
             .as_mut()
             .ok_or_else(|| Error::Backend("no scratch".into()))?;
+        // The piece's rows: q, gate and out from row r0 (n_head x head_dim floats a row), its
+        // tokens' positions and cache tables from entry r0.
+        let (qa, _gq) = q.data.device_ptr(st);
+        let qa = qa + (4 * r0 * q.cols) as u64;
+        let (pa, _gp) = s.pos.device_ptr(st);
+        let pa = pa + (4 * r0) as u64;
+        let (ta, _gt) = s.seqtab.device_ptr(st);
+        let ta = ta + (8 * r0) as u64;
         let row_bytes = kv.row_bytes as i64;
         let layer_i = spec.layer as i32;
         let n_swa = if spec.kind.is_sliding() {
@@ -3596,11 +3633,11 @@ impl CudaBackend {
             let n_i = n as i32;
             let func = self.f(&name)?;
             let mut b = self.stream.launch_builder(&func);
-            b.arg(&q.data)
-                .arg(&s.seqtab)
+            b.arg(&qa)
+                .arg(&ta)
                 .arg(&layer_i)
                 .arg(&row_bytes)
-                .arg(&s.pos)
+                .arg(&pa)
                 .arg(&n_swa)
                 .arg(&spec.scale)
                 .arg(&n_kv_head)
@@ -3683,11 +3720,11 @@ impl CudaBackend {
                 // `part`. (Not at all under MUSER_SKIP_KERNELS naming it.)
                 if !self.skipped(&func) {
                     let mut b = self.stream.launch_builder(&func);
-                    b.arg(&q.data)
-                        .arg(&s.seqtab)
+                    b.arg(&qa)
+                        .arg(&ta)
                         .arg(&layer_i)
                         .arg(&row_bytes)
-                        .arg(&s.pos)
+                        .arg(&pa)
                         .arg(&n_swa)
                         .arg(&spec.scale)
                         .arg(&n_kv_head)
@@ -3700,19 +3737,21 @@ impl CudaBackend {
         };
         let (ns, nr, hd) = (n_split as i32, nrep as i32, spec.head_dim as i32);
         let func = self.f("attn_combine")?;
+        let gate_at = gate.map(|gt| gt.data.device_ptr(st));
+        let (oa, _go) = out.data.device_ptr_mut(st);
         let mut b = words::Words::new(&self.stream);
         b.read(&s.part)
             .i32(ns)
             .i32(nr)
             .i32(hd)
             .i32(n_kv_head)
-            .read(&s.pos)
+            .addr(pa)
             .i32(n_swa);
-        match gate {
-            Some(gt) => b.read(&gt.data),
+        match &gate_at {
+            Some((ga, _)) => b.addr(ga + (4 * r0 * q.cols) as u64),
             None => b.null(),
         };
-        b.write(&mut out.data);
+        b.addr(oa + (4 * r0 * q.cols) as u64);
         let cfg = LaunchConfig {
             grid_dim: (spec.n_head as u32, n as u32, 1),
             block_dim: (spec.head_dim as u32, 1, 1),
@@ -3940,7 +3979,7 @@ impl Backend for CudaBackend {
     }
 
     fn max_batch_tokens(&self) -> usize {
-        MAX_UBATCH
+        MAX_BATCH_TOKENS
     }
 
     fn matrix(&self, file: &Arc<Gguf>, m: &Matrix) -> Result<CudaMatrix> {
@@ -4919,33 +4958,49 @@ impl Backend for CudaBackend {
             || {
                 let kv = self.bind_caches(caches, spec, batch, q, k)?;
                 let (n, kv_dim) = (batch.len(), spec.n_head_kv * spec.head_dim);
+                check(v, n, kv_dim, "attention v")?;
+                check_attention_rows(q, gate, out)?;
                 let (row_bytes, kvd, kt) = (kv.row_bytes as i64, kv_dim as i32, kv_code(kv.ty));
-                let g = self.scratch()?;
-                let s = g
-                    .as_ref()
-                    .ok_or_else(|| Error::Backend("no scratch".into()))?;
                 let layer_i = spec.layer as i32;
                 let func = self.f("kv_store")?;
-                let mut b = self.stream.launch_builder(&func);
-                b.arg(&k.data)
-                    .arg(&v.data)
-                    .arg(&s.seqtab)
-                    .arg(&layer_i)
-                    .arg(&row_bytes)
-                    .arg(&s.pos)
-                    .arg(&kvd)
-                    .arg(&kt);
-                let cfg = LaunchConfig {
-                    grid_dim: (n as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: writes one K and one V row per token into its own cache (seqtab, bound
-                // above) at slots < the layer's capacity (positions were checked against the
-                // cache's n_ctx; ring slots are pos % ring). One stream orders it before the reads.
-                unsafe { b.launch(cfg) }.map_err(dev("kv_store"))?;
-                drop(g);
-                self.attend_cached(&kv, spec, n, q, gate, out)
+                let st = &self.stream;
+                for (r0, m) in attention_pieces(n) {
+                    let g = self.scratch()?;
+                    let s = g
+                        .as_ref()
+                        .ok_or_else(|| Error::Backend("no scratch".into()))?;
+                    let off = (4 * r0 * kv_dim) as u64;
+                    let (ka, _gk) = k.data.device_ptr(st);
+                    let (va, _gv) = v.data.device_ptr(st);
+                    let (ta, _gt) = s.seqtab.device_ptr(st);
+                    let (pa, _gp) = s.pos.device_ptr(st);
+                    let (ka, va, ta, pa) = (ka + off, va + off, ta + 8 * r0 as u64, pa + 4 * r0 as u64);
+                    let mut b = self.stream.launch_builder(&func);
+                    b.arg(&ka)
+                        .arg(&va)
+                        .arg(&ta)
+                        .arg(&layer_i)
+                        .arg(&row_bytes)
+                        .arg(&pa)
+                        .arg(&kvd)
+                        .arg(&kt);
+                    let cfg = LaunchConfig {
+                        grid_dim: (m as u32, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: writes one K and one V row per token of the piece (rows r0 .. r0 +
+                    // m of k and v, n x kv_dim floats each, checked above) into its own cache
+                    // (seqtab, bound above) at slots < the layer's capacity (positions were
+                    // checked against the cache's n_ctx; ring slots are pos % ring). One stream
+                    // orders it after the last piece's reads and before this piece's.
+                    unsafe { b.launch(cfg) }.map_err(dev("kv_store"))?;
+                    drop(b);
+                    drop((_gk, _gv, _gt, _gp));
+                    drop(g);
+                    self.attend_cached(&kv, spec, r0, m, q, gate, out)?;
+                }
+                Ok(())
             },
         )
     }
@@ -4966,50 +5021,68 @@ impl Backend for CudaBackend {
             || format!("qk+attention {} n={}", spec.kind.name(), batch.len()),
             || {
                 let kv = self.bind_caches(caches, spec, batch, q, k)?;
-                let n = batch.len();
-                let mut g = self.scratch()?;
-                let s = g
-                    .as_mut()
-                    .ok_or_else(|| Error::Backend("no scratch".into()))?;
-                if let Some(base) = qk.rope_base {
-                    self.inv_freq(s, base, spec.head_dim)?;
-                }
+                let (n, kv_dim) = (batch.len(), spec.n_head_kv * spec.head_dim);
+                check(v, n, kv_dim, "attention v")?;
+                check_attention_rows(q, Some(gate), out)?;
                 let (nh, nkv) = (spec.n_head as i32, spec.n_head_kv as i32);
                 let (row_bytes, kt) = (kv.row_bytes as i64, kv_code(kv.ty));
                 let layer_i = spec.layer as i32;
                 let func = self.f(&format!("qkv_prep_{}", spec.head_dim))?;
-                let mut b = words::Words::new(&self.stream);
-                b.write(&mut q.data)
-                    .read(&k.data)
-                    .read(&v.data)
-                    .i32(nh)
-                    .i32(nkv)
-                    .f32(qk.eps)
-                    .f32(qk.q_scale)
-                    .read(&s.pos);
-                match qk.rope_base {
-                    Some(base) => b.read(
-                        s.inv_freq
-                            .get(&(base.to_bits(), spec.head_dim))
-                            .ok_or_else(|| Error::Backend("rope table".into()))?,
-                    ),
-                    None => b.null(),
-                };
-                b.read(&s.seqtab).i32(layer_i).i64(row_bytes).i32(kt);
-                let cfg = LaunchConfig {
-                    grid_dim: ((spec.n_head + 2 * spec.n_head_kv) as u32, n as u32, 1),
-                    block_dim: (32, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: one warp per head of every token: q rewritten in place, k and v rows
-                // stored in the token's own cache (seqtab, bound above) at slots within the
-                // layer's capacity (positions checked against the cache's n_ctx); the words
-                // follow qkv_prep's parameters; it waits first.
-                unsafe { self.launch_small(&func, cfg, &mut b) }.map_err(dev("qkv_prep"))?;
-                drop(b);
-                drop(g);
+                let st = &self.stream;
                 q.xs_ok = false;
-                self.attend_cached(&kv, spec, n, q, Some(gate), out)
+                for (r0, m) in attention_pieces(n) {
+                    let mut g = self.scratch()?;
+                    let s = g
+                        .as_mut()
+                        .ok_or_else(|| Error::Backend("no scratch".into()))?;
+                    if let Some(base) = qk.rope_base {
+                        self.inv_freq(s, base, spec.head_dim)?;
+                    }
+                    let (qa, _gq) = q.data.device_ptr_mut(st);
+                    let (ka, _gk) = k.data.device_ptr(st);
+                    let (va, _gv) = v.data.device_ptr(st);
+                    let (ta, _gt) = s.seqtab.device_ptr(st);
+                    let (pa, _gp) = s.pos.device_ptr(st);
+                    let kv_off = (4 * r0 * kv_dim) as u64;
+                    let mut b = words::Words::new(st);
+                    b.addr(qa + (4 * r0 * q.cols) as u64)
+                        .addr(ka + kv_off)
+                        .addr(va + kv_off)
+                        .i32(nh)
+                        .i32(nkv)
+                        .f32(qk.eps)
+                        .f32(qk.q_scale)
+                        .addr(pa + 4 * r0 as u64);
+                    match qk.rope_base {
+                        Some(base) => b.read(
+                            s.inv_freq
+                                .get(&(base.to_bits(), spec.head_dim))
+                                .ok_or_else(|| Error::Backend("rope table".into()))?,
+                        ),
+                        None => b.null(),
+                    };
+                    b.addr(ta + 8 * r0 as u64)
+                        .i32(layer_i)
+                        .i64(row_bytes)
+                        .i32(kt);
+                    let cfg = LaunchConfig {
+                        grid_dim: ((spec.n_head + 2 * spec.n_head_kv) as u32, m as u32, 1),
+                        block_dim: (32, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    // SAFETY: one warp per head of every token of the piece (rows r0 .. r0 + m of
+                    // q, k and v, whose shapes were checked above): q rewritten in place, k and v
+                    // rows stored in the token's own cache (seqtab, bound above) at slots within
+                    // the layer's capacity (positions checked against the cache's n_ctx); the
+                    // words follow qkv_prep's parameters; it waits first. One stream orders it
+                    // after the last piece's reads and before this piece's.
+                    unsafe { self.launch_small(&func, cfg, &mut b) }.map_err(dev("qkv_prep"))?;
+                    drop(b);
+                    drop((_gq, _gk, _gv, _gt, _gp));
+                    drop(g);
+                    self.attend_cached(&kv, spec, r0, m, q, Some(gate), out)?;
+                }
+                Ok(())
             },
         )
     }

@@ -46,6 +46,13 @@ impl<'a> Words<'a> {
         self
     }
 
+    /// A device address inside a buffer whose guard the caller holds until the launch (a piece
+    /// of a buffer's rows).
+    pub(crate) fn addr(&mut self, a: u64) -> &mut Self {
+        self.vals.push(a);
+        self
+    }
+
     /// An absent optional buffer: a null pointer.
     pub(crate) fn null(&mut self) -> &mut Self {
         self.vals.push(0);
