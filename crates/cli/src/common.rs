@@ -50,10 +50,12 @@ pub struct ModelOpts {
     /// (costs single-sequence decode speed: one token also runs on the tensor-core kernels).
     #[arg(long = "batch-invariant")]
     pub batch_invariant: bool,
-    /// CUDA, `--mode fast`: keep an f16 copy of each matrix that multiplies more than 48 tokens
-    /// at once (2 bytes per weight more device memory, 60 GB for the 30B; copies stop where a
-    /// tenth of the device, at least 4 GB, would no longer stay free), so prompts and large
-    /// batches read f16 weights instead of dequantizing them every time.
+    /// CUDA: keep an f16 copy of each matrix that multiplies many tokens at once (`--mode fast`:
+    /// more than 48, one f16 value a weight, 2 bytes, 60 GB for the 30B; the accurate mode: its
+    /// prompt products' split form, hi and lo, 4 bytes a weight, 120 GB for the 30B), so prompts
+    /// and large batches read f16 weights instead of dequantizing them every time. Copies stop
+    /// where a tenth of the device, at least 4 GB, would no longer stay free: the matrices met
+    /// first keep them, the others are dequantized as without the flag (the same values).
     #[arg(long = "f16-weights")]
     pub f16_weights: bool,
     /// CUDA, `--mode fast`, compute capability 8.9 or newer: keep an e4m3 (FP8) copy of each
@@ -137,8 +139,8 @@ impl ModelOpts {
         // `fast` is accurate everywhere but in the CUDA products of several tokens (two-plane
         // int8 tensor-core kernels; TF32 for the formats without them).
         let fast = self.mode == "fast";
-        if self.f16_weights && !(fast && device.is_some()) {
-            return Err("--f16-weights keeps f16 copies for --mode fast on CUDA (with --device cuda --mode fast)".into());
+        if self.f16_weights && device.is_none() {
+            return Err("--f16-weights keeps f16 copies on CUDA (with --device cuda)".into());
         }
         if self.fp8_weights && !(fast && device.is_some()) {
             return Err("--fp8-weights keeps e4m3 copies for --mode fast on CUDA (with --device cuda --mode fast)".into());

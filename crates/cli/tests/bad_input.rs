@@ -369,14 +369,14 @@ fn generate_with_guesses_gives_plain_decodings_tokens() {
 }
 
 #[test]
-fn narrow_weight_copies_outside_fast_cuda_mode_are_refused() {
+fn weight_copies_outside_cuda_are_refused() {
     let toks = tmp("t-f16w.i32", &ids(&[1, 2, 3]));
     let out = tmp("o-f16w.f32", b"");
     let m = fixture("tame-q4_k_m.gguf");
     for (flag, says) in [
         (
             "--f16-weights",
-            "--f16-weights keeps f16 copies for --mode fast on CUDA",
+            "--f16-weights keeps f16 copies on CUDA",
         ),
         (
             "--fp8-weights",

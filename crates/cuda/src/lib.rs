@@ -98,6 +98,9 @@ pub struct CudaMatrix {
     /// `--f16-weights`: the matrix in f16 (`gemm16`'s hi, its scale 2^A), made at its first
     /// product in `--mode fast` on the f16 tensor cores and kept.
     w16: std::sync::OnceLock<CudaSlice<u16>>,
+    /// `--f16-weights` in the accurate mode: the matrix's rows as the split form's slabs hold
+    /// them, [hi | lo] (2 cols halfs a row), made at its first split product and kept.
+    w16_split: std::sync::OnceLock<CudaSlice<u16>>,
     /// `--fp8-weights`: the matrix in e4m3, each row times its power of two 2^S_r, and the
     /// rows' 2^-S_r (kernels/dequant.cu `w8_rowscale`, `w8_rows`), made at its first product
     /// in `--mode fast` on the FP8 tensor cores and kept.
@@ -915,8 +918,9 @@ impl CudaBackend {
         self.bump_epoch();
     }
 
-    /// `--f16-weights`: in `--mode fast`, keep an f16 copy of each matrix `gemm16` multiplies
-    /// (made at its first such product; 2 bytes per weight of device memory).
+    /// `--f16-weights`: keep an f16 copy of each matrix `gemm16` multiplies (made at its first
+    /// such product while there is room, `room_for_copy`; `--mode fast`: hi, 2 bytes per weight
+    /// of device memory; the accurate mode: the split form's hi and lo, 4 bytes).
     pub fn set_f16_weights(&self, on: bool) {
         self.f16_weights
             .store(on, std::sync::atomic::Ordering::Relaxed);
@@ -3197,24 +3201,32 @@ impl CudaBackend {
                 continue;
             }
             let slab = (GEMM16_SLAB_BYTES / (2 * ld)).clamp(1, w.rows);
-            // `--f16-weights` (fast form only): the matrix's kept f16 copy, made now if it has
-            // none and there is room (`room_for_copy`): past that, the slabs below do the work.
-            let kept = !split && self.f16_weights.load(std::sync::atomic::Ordering::Relaxed);
-            if kept && w.w16.get().is_none() && self.room_for_copy(2 * w.rows * cols) {
-                if let Ok(mut full) = st.alloc_zeros::<u16>(w.rows * cols) {
+            // `--f16-weights`: the matrix's kept f16 copy (fast: hi, `cols` halfs a row; split:
+            // [hi | lo], `ld` halfs a row, the slabs' layout), made now if it has none and there
+            // is room (`room_for_copy`): past that, the slabs below do the work.
+            let kept = self.f16_weights.load(std::sync::atomic::Ordering::Relaxed);
+            let copy = if split { &w.w16_split } else { &w.w16 };
+            if kept && copy.get().is_none() && self.room_for_copy(2 * w.rows * ld) {
+                if let Ok(mut full) = st.alloc_zeros::<u16>(w.rows * ld) {
                     {
                         let (fp, _gf) = full.device_ptr_mut(st);
-                        // SAFETY: `full` holds rows x cols halfs (allocated just above).
-                        unsafe { self.w16_rows(w, 0, w.rows, fp, 0, cols) }?;
+                        let lo = if split { fp + 2 * cols as u64 } else { 0 };
+                        // SAFETY: `full` holds rows x ld halfs (allocated just above); lo at
+                        // offset cols of each row when split.
+                        unsafe { self.w16_rows(w, 0, w.rows, fp, lo, ld) }?;
                     }
-                    let _ = w.w16.set(full);
+                    let _ = copy.set(full);
                 }
             }
-            if let (true, Some(full)) = (kept, w.w16.get()) {
+            if let (true, Some(full)) = (kept, copy.get()) {
                 let (a, _g) = full.device_ptr(st);
                 let (ap, _ga) = w.alpha16.device_ptr(st);
                 let (op, _go) = out.data.device_ptr_mut(st);
-                self.gemm16_call(w.rows, n, cols, cols, a, x_hi, ap, ap + 8, op, w.rows)?;
+                if split {
+                    self.split_products(w.rows, n, cols, a, xp, ap, op, w.rows)?;
+                } else {
+                    self.gemm16_call(w.rows, n, cols, cols, a, x_hi, ap, ap + 8, op, w.rows)?;
+                }
                 drop(_go);
                 self.y16_unscale(out, &s.x16max)?;
                 continue;
@@ -3242,57 +3254,12 @@ impl CudaBackend {
                 )?;
                 // C: from row r0 of out's first token (out is n x w.rows floats).
                 let c = op + 4 * r0 as u64;
-                // The split form's main product in runs of equal length, at most `kc` columns
-                // each (0: one run), each run's result added to C in f32 (beta = 1 after the
-                // first): see GEMM16_RUN_COLUMNS.
-                let kc = if split {
-                    self.gemm16_kchunk
-                        .load(std::sync::atomic::Ordering::Relaxed)
-                } else {
-                    0
-                };
-                self.timed(
-                    || format!("{INNER_LABEL}gemm16 main product, split {split}"),
-                    || {
-                        for (i, (k0, kn)) in column_runs(cols, kc).enumerate() {
-                            let beta = if i == 0 { ap + 8 } else { ap + 12 };
-                            let off = 2 * k0 as u64;
-                            self.gemm16_call(
-                                nr,
-                                n,
-                                kn,
-                                ld,
-                                w_hi + off,
-                                x_hi + off,
-                                ap,
-                                beta,
-                                c,
-                                w.rows,
-                            )?;
-                        }
-                        Ok(())
-                    },
-                )?;
                 if split {
-                    // [hi lo] . [lo hi] over 2 cols, times 2^-(A+B+11), added (beta = 1): one
-                    // run. Its share of the output is about 2^-11 of the main product's, and so
-                    // is the truncation that long runs add to it.
+                    self.split_products(nr, n, cols, w_hi, xp, ap, c, w.rows)?;
+                } else {
                     self.timed(
-                        || format!("{INNER_LABEL}gemm16 cross product"),
-                        || {
-                            self.gemm16_call(
-                                nr,
-                                n,
-                                2 * cols,
-                                ld,
-                                w_hi,
-                                xp,
-                                ap + 4,
-                                ap + 12,
-                                c,
-                                w.rows,
-                            )
-                        },
+                        || format!("{INNER_LABEL}gemm16 main product, split {split}"),
+                        || self.gemm16_call(nr, n, cols, ld, w_hi, x_hi, ap, ap + 8, c, w.rows),
                     )?;
                 }
                 r0 += nr;
@@ -3301,6 +3268,48 @@ impl CudaBackend {
             self.y16_unscale(out, &s.x16max)?;
         }
         Ok(())
+    }
+
+    /// The split form's two products for `m` weight rows at `w` ([hi | lo], 2 cols halfs a row)
+    /// and the n tokens' rows at `x` ([lo | hi], 2 cols halfs a row), into C at `c` (ldc
+    /// floats a token), with the matrix's factors at `alpha` (`alpha16`): the main product hi .
+    /// hi in runs of equal length, at most `gemm16_kchunk` columns each (0: one run), each run's
+    /// result added to C in f32 (beta = 1 after the first; see GEMM16_RUN_COLUMNS); then
+    /// [hi lo] . [lo hi] over 2 cols, times 2^-(A+B+11), added in one run: its share of the
+    /// output is about 2^-11 of the main product's, and so is the truncation that a long run
+    /// adds to it.
+    #[allow(clippy::too_many_arguments)]
+    fn split_products(
+        &self,
+        m: usize,
+        n: usize,
+        cols: usize,
+        w: u64,
+        x: u64,
+        alpha: u64,
+        c: u64,
+        ldc: usize,
+    ) -> Result<()> {
+        let ld = 2 * cols;
+        let x_hi = x + 2 * cols as u64;
+        let kc = self
+            .gemm16_kchunk
+            .load(std::sync::atomic::Ordering::Relaxed);
+        self.timed(
+            || format!("{INNER_LABEL}gemm16 main product, split true"),
+            || {
+                for (i, (k0, kn)) in column_runs(cols, kc).enumerate() {
+                    let beta = if i == 0 { alpha + 8 } else { alpha + 12 };
+                    let off = 2 * k0 as u64;
+                    self.gemm16_call(m, n, kn, ld, w + off, x_hi + off, alpha, beta, c, ldc)?;
+                }
+                Ok(())
+            },
+        )?;
+        self.timed(
+            || format!("{INNER_LABEL}gemm16 cross product"),
+            || self.gemm16_call(m, n, 2 * cols, ld, w, x, alpha + 4, alpha + 12, c, ldc),
+        )
     }
 
     /// Whether a kept weight copy of `bytes` may be made now: not while a graph is recorded
@@ -4016,6 +4025,7 @@ impl Backend for CudaBackend {
             wmax: self.stream.alloc_zeros(1).map_err(dev("alloc"))?,
             alpha16: self.stream.alloc_zeros(4).map_err(dev("alloc"))?,
             w16: std::sync::OnceLock::new(),
+            w16_split: std::sync::OnceLock::new(),
             w8: std::sync::OnceLock::new(),
             w8_joint: std::sync::OnceLock::new(),
         };

@@ -482,6 +482,32 @@ fn matvec_kernels_match_the_cpu_per_format() {
                         "{layout} n={n} kept f16 weights: {ek}, or the second product differs from the first"
                     );
                 }
+                if !invariant && n > 64 && mat.ty != muser_gguf::GgmlType::F32 {
+                    // `--f16-weights` in the accurate mode: the split form's kept [hi | lo]
+                    // copy (made at the first product, then reused): the slabs' f16 values and
+                    // products of the same shapes (every matrix here fits one slab), so y's bits.
+                    gpu_b.set_f16_weights(true);
+                    let wk = gpu_b.matrix(&file.gguf, mat).unwrap();
+                    let mut outs = Vec::new();
+                    for _ in 0..2 {
+                        let mut yk = gpu_b.act(n, mat.rows).unwrap();
+                        gpu_b.matmul(&wk, &xg, &mut yk).unwrap();
+                        outs.push(gpu_b.read(&yk).unwrap());
+                    }
+                    gpu_b.set_f16_weights(false);
+                    let same = |a: &[f32], b: &[f32]| {
+                        a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
+                    };
+                    let (first, second) = (same(&outs[0], &y), same(&outs[1], &y));
+                    report.push(format!(
+                        "{layout:<5} {}x{} n={n:<3} accurate, kept split f16 weights: made {first}, kept {second} (the slabs' bits)",
+                        mat.rows, mat.cols
+                    ));
+                    assert!(
+                        first && second,
+                        "{layout} n={n}: kept split f16 weights differ from the slabs' product"
+                    );
+                }
                 let err = max_rel_err(&y, &yc.data);
                 report.push(format!(
                     "{layout:<5} {}x{} n={n:<3} max rel err {err:.2e}{}",
