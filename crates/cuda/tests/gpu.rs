@@ -455,20 +455,9 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     // `--f16-weights`: the matrix's kept f16 copy (made at the first product,
                     // then reused): the same f16 values as the slabs, so the same bound.
                     gpu_b.set_fast_mode(true).unwrap();
-                    gpu_b.set_f16_weights(true);
-                    let wk = gpu_b.matrix(&file.gguf, mat).unwrap();
-                    let mut outs = Vec::new();
-                    for _ in 0..2 {
-                        let mut yk = gpu_b.act(n, mat.rows).unwrap();
-                        gpu_b.matmul(&wk, &xg, &mut yk).unwrap();
-                        outs.push(gpu_b.read(&yk).unwrap());
-                    }
-                    gpu_b.set_f16_weights(false);
+                    let outs = kept_copy_products(&gpu_b, &file, mat, &xg);
                     gpu_b.set_fast_mode(false).unwrap();
                     let ek = max_rel_err(&outs[1], &yc.data);
-                    let same_bits = |a: &[f32], b: &[f32]| {
-                        a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
-                    };
                     report.push(format!(
                         "{layout:<5} {}x{} n={n:<3} fast, kept f16 weights: max rel err {ek:.2e}, bits as the slabs': {}",
                         mat.rows,
@@ -486,19 +475,8 @@ fn matvec_kernels_match_the_cpu_per_format() {
                     // `--f16-weights` in the accurate mode: the split form's kept [hi | lo]
                     // copy (made at the first product, then reused): the slabs' f16 values and
                     // products of the same shapes (every matrix here fits one slab), so y's bits.
-                    gpu_b.set_f16_weights(true);
-                    let wk = gpu_b.matrix(&file.gguf, mat).unwrap();
-                    let mut outs = Vec::new();
-                    for _ in 0..2 {
-                        let mut yk = gpu_b.act(n, mat.rows).unwrap();
-                        gpu_b.matmul(&wk, &xg, &mut yk).unwrap();
-                        outs.push(gpu_b.read(&yk).unwrap());
-                    }
-                    gpu_b.set_f16_weights(false);
-                    let same = |a: &[f32], b: &[f32]| {
-                        a.len() == b.len() && a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits())
-                    };
-                    let (first, second) = (same(&outs[0], &y), same(&outs[1], &y));
+                    let outs = kept_copy_products(&gpu_b, &file, mat, &xg);
+                    let (first, second) = (same_bits(&outs[0], &y), same_bits(&outs[1], &y));
                     report.push(format!(
                         "{layout:<5} {}x{} n={n:<3} accurate, kept split f16 weights: made {first}, kept {second} (the slabs' bits)",
                         mat.rows, mat.cols
@@ -754,6 +732,26 @@ fn graph_steps(
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// `--f16-weights`: `mat` uploaded afresh and multiplied by `x` twice, its kept f16 copy made
+/// at the first product and read at the second (the backend's mode as the caller set it).
+fn kept_copy_products(
+    g: &CudaBackend,
+    file: &ModelFile,
+    mat: &muser_engine::loader::Matrix,
+    x: &muser_cuda::CudaAct,
+) -> [Vec<f32>; 2] {
+    g.set_f16_weights(true);
+    let wk = g.matrix(&file.gguf, mat).unwrap();
+    let mut product = || {
+        let mut y = g.act(x.rows, mat.rows).unwrap();
+        g.matmul(&wk, x, &mut y).unwrap();
+        g.read(&y).unwrap()
+    };
+    let outs = [product(), product()];
+    g.set_f16_weights(false);
+    outs
 }
 
 /// `mat`'s exact weights (the CPU's dequantization), rows x cols, row-major.
