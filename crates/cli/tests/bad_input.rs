@@ -374,10 +374,7 @@ fn weight_copies_outside_cuda_are_refused() {
     let out = tmp("o-f16w.f32", b"");
     let m = fixture("tame-q4_k_m.gguf");
     for (flag, says) in [
-        (
-            "--f16-weights",
-            "--f16-weights keeps f16 copies on CUDA",
-        ),
+        ("--f16-weights", "--f16-weights keeps f16 copies on CUDA"),
         (
             "--fp8-weights",
             "--fp8-weights keeps e4m3 copies for --mode fast on CUDA",

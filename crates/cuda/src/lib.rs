@@ -4984,7 +4984,8 @@ impl Backend for CudaBackend {
                     let (va, _gv) = v.data.device_ptr(st);
                     let (ta, _gt) = s.seqtab.device_ptr(st);
                     let (pa, _gp) = s.pos.device_ptr(st);
-                    let (ka, va, ta, pa) = (ka + off, va + off, ta + 8 * r0 as u64, pa + 4 * r0 as u64);
+                    let (ka, va, ta, pa) =
+                        (ka + off, va + off, ta + 8 * r0 as u64, pa + 4 * r0 as u64);
                     let mut b = self.stream.launch_builder(&func);
                     b.arg(&ka)
                         .arg(&va)

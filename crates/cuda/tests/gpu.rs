@@ -1036,7 +1036,10 @@ fn micro_batches_past_the_attention_limit_attend_in_pieces() {
     let cpu = MuseGlimmer::load(&file, CpuBackend::new(NumericMode::Accurate, 0).unwrap()).unwrap();
     let gpu = MuseGlimmer::load(&file, CudaBackend::new(0).unwrap()).unwrap();
     let most = gpu.backend.max_batch_tokens();
-    assert!(most > muser_cuda::MAX_UBATCH, "the backend takes {most} tokens");
+    assert!(
+        most > muser_cuda::MAX_UBATCH,
+        "the backend takes {most} tokens"
+    );
     let n_vocab = cpu.config.n_vocab;
     let toks: Vec<u32> = (0..1500u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) % n_vocab as u32)
@@ -1063,7 +1066,9 @@ fn micro_batches_past_the_attention_limit_attend_in_pieces() {
         // The f16 cache's rounding moves the model by itself (check_fixture): the CPU's f32
         // figures bound the f32 cache only.
         if !(d512 <= 1e-3 && (kv == KvType::F16 || dcpu <= 1e-3)) {
-            failures.push(format!("{kv:?}: against 512s {d512:.2e}, against the CPU {dcpu:.2e}"));
+            failures.push(format!(
+                "{kv:?}: against 512s {d512:.2e}, against the CPU {dcpu:.2e}"
+            ));
         }
     }
     std::fs::remove_dir_all(&dir).ok();
