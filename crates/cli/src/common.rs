@@ -142,6 +142,9 @@ impl ModelOpts {
         if self.f16_weights && device.is_none() {
             return Err("--f16-weights keeps f16 copies on CUDA (with --device cuda)".into());
         }
+        if self.f16_weights && (self.mode == "cuda-parity" || self.batch_invariant) {
+            return Err("--f16-weights keeps copies for the f16 tensor-core products, which --mode cuda-parity and --batch-invariant never run".into());
+        }
         if self.fp8_weights && !(fast && device.is_some()) {
             return Err("--fp8-weights keeps e4m3 copies for --mode fast on CUDA (with --device cuda --mode fast)".into());
         }

@@ -389,6 +389,35 @@ fn weight_copies_outside_cuda_are_refused() {
     }
 }
 
+/// `--f16-weights` where no product would read its copies: refused before any device is touched
+/// (so on a machine without a GPU too).
+#[test]
+fn weight_copies_no_product_reads_are_refused() {
+    let toks = tmp("t-f16w2.i32", &ids(&[1, 2, 3]));
+    let out = tmp("o-f16w2.f32", b"");
+    let m = fixture("tame-q4_k_m.gguf");
+    for extra in [&["--mode", "cuda-parity"][..], &["--batch-invariant"][..]] {
+        let mut args = vec![
+            "logits",
+            "-m",
+            &m,
+            "--tokens",
+            &toks,
+            "--out",
+            &out,
+            "--device",
+            "cuda",
+            "--f16-weights",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, e) = muser(&args);
+        assert!(
+            !ok && e.contains("which --mode cuda-parity and --batch-invariant never run"),
+            "{args:?}: {e}"
+        );
+    }
+}
+
 /// `inspect` judges the tokenizer too: a file whose model loads but whose tokenizer is refused
 /// (here a true add_eos_token) gets the tokenizer's reason, not "can run"; and a key holding
 /// control characters is printed escaped.

@@ -740,7 +740,7 @@ impl CudaBackend {
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
-        // SAFETY: one block per token (x.rows <= MAX_UBATCH) reads its cols floats (a multiple
+        // SAFETY: one block per token (x.rows, at most MAX_BATCH_TOKENS) reads its cols floats (a multiple
         // of 16: w8_ready) and writes its word of xmax and of down and its cols bytes of x8
         // (the caller grew all three to x.rows tokens).
         unsafe { b.launch(cfg) }.map_err(dev("x8_rowquant"))?;

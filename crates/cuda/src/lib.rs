@@ -261,8 +261,10 @@ fn column_runs(k: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
 
 /// A micro-batch of `n` tokens in the attention's pieces: (first row, rows) of at most
 /// MAX_UBATCH rows each, in order. Each piece stores its K and V and then attends, so a ring
-/// (the window and MAX_UBATCH slots) still holds every key a piece's tokens see; a token's
-/// arithmetic is the same in any piece (its own keys, its own partials).
+/// (the window and MAX_UBATCH slots) still holds every key a piece's tokens see (a sequence's
+/// positions in a batch are consecutive: `check_batch`). Each piece attends as a micro-batch of
+/// its size would (the kernels' choice depends on the token count), so a micro-batch of 2,048
+/// attends with the bits of four micro-batches of 512.
 fn attention_pieces(n: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n)
         .step_by(MAX_UBATCH)
@@ -3159,9 +3161,8 @@ impl CudaBackend {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: one block per token (n <= MAX_UBATCH-sized activations, checked by
-            // matmul) reads its cols floats (a multiple of 8) and writes its word of x16max
-            // (grown to n above).
+            // SAFETY: one block per token (x's n rows, at most MAX_BATCH_TOKENS) reads its cols
+            // floats (a multiple of 8) and writes its word of x16max (grown to n above).
             unsafe { b.launch(cfg) }.map_err(dev("x16_rowmax"))?;
         }
         let any16 = use8.iter().any(|&u| !u);

@@ -744,7 +744,7 @@ fn kept_copy_products(
 ) -> [Vec<f32>; 2] {
     g.set_f16_weights(true);
     let wk = g.matrix(&file.gguf, mat).unwrap();
-    let mut product = || {
+    let product = || {
         let mut y = g.act(x.rows, mat.rows).unwrap();
         g.matmul(&wk, x, &mut y).unwrap();
         g.read(&y).unwrap()

@@ -63,7 +63,7 @@ impl<'m, B: Backend> Session<'m, B> {
         if ubatch == 0 {
             return Err(Error::Input("micro-batch size must be at least 1".into()));
         }
-        // A micro-batch larger than the backend takes at once (CUDA: 512) runs in its largest.
+        // A micro-batch larger than the backend takes at once (CUDA: 2,048) runs in its largest.
         let ubatch = ubatch.min(self.model.backend.max_batch_tokens().max(1));
         let start = self.pos();
         if start + tokens.len() > self.n_ctx {
