@@ -271,6 +271,13 @@ fn attention_pieces(n: usize) -> impl Iterator<Item = (usize, usize)> {
         .map(move |r0| (r0, MAX_UBATCH.min(n - r0)))
 }
 
+/// The device address of row `r` of rows of `per_row` values of type `T` from `base`: a
+/// piece's first row of the batch's activations (f32 rows), positions (a u32 a token) or cache
+/// tables (a u64 a token).
+fn row_addr<T>(base: u64, r: usize, per_row: usize) -> u64 {
+    base + (r * per_row * std::mem::size_of::<T>()) as u64
+}
+
 /// The attention's queries, gate and output: the same rows of the same width (the piece
 /// offsets in `attend_cached` take q's width for all three).
 fn check_attention_rows(q: &CudaAct, gate: Option<&CudaAct>, out: &CudaAct) -> Result<()> {
@@ -3616,11 +3623,11 @@ impl CudaBackend {
         // The piece's rows: q, gate and out from row r0 (n_head x head_dim floats a row), its
         // tokens' positions and cache tables from entry r0.
         let (qa, _gq) = q.data.device_ptr(st);
-        let qa = qa + (4 * r0 * q.cols) as u64;
+        let qa = row_addr::<f32>(qa, r0, q.cols);
         let (pa, _gp) = s.pos.device_ptr(st);
-        let pa = pa + (4 * r0) as u64;
+        let pa = row_addr::<u32>(pa, r0, 1);
         let (ta, _gt) = s.seqtab.device_ptr(st);
-        let ta = ta + (8 * r0) as u64;
+        let ta = row_addr::<u64>(ta, r0, 1);
         let row_bytes = kv.row_bytes as i64;
         let layer_i = spec.layer as i32;
         let n_swa = if spec.kind.is_sliding() {
@@ -3758,10 +3765,10 @@ impl CudaBackend {
             .addr(pa)
             .i32(n_swa);
         match &gate_at {
-            Some((ga, _)) => b.addr(ga + (4 * r0 * q.cols) as u64),
+            Some((ga, _)) => b.addr(row_addr::<f32>(*ga, r0, q.cols)),
             None => b.null(),
         };
-        b.addr(oa + (4 * r0 * q.cols) as u64);
+        b.addr(row_addr::<f32>(oa, r0, q.cols));
         let cfg = LaunchConfig {
             grid_dim: (spec.n_head as u32, n as u32, 1),
             block_dim: (spec.head_dim as u32, 1, 1),
@@ -4980,13 +4987,15 @@ impl Backend for CudaBackend {
                     let s = g
                         .as_ref()
                         .ok_or_else(|| Error::Backend("no scratch".into()))?;
-                    let off = (4 * r0 * kv_dim) as u64;
                     let (ka, _gk) = k.data.device_ptr(st);
                     let (va, _gv) = v.data.device_ptr(st);
                     let (ta, _gt) = s.seqtab.device_ptr(st);
                     let (pa, _gp) = s.pos.device_ptr(st);
-                    let (ka, va, ta, pa) =
-                        (ka + off, va + off, ta + 8 * r0 as u64, pa + 4 * r0 as u64);
+                    let (ka, va) = (
+                        row_addr::<f32>(ka, r0, kv_dim),
+                        row_addr::<f32>(va, r0, kv_dim),
+                    );
+                    let (ta, pa) = (row_addr::<u64>(ta, r0, 1), row_addr::<u32>(pa, r0, 1));
                     let mut b = self.stream.launch_builder(&func);
                     b.arg(&ka)
                         .arg(&va)
@@ -5042,29 +5051,32 @@ impl Backend for CudaBackend {
                 let func = self.f(&format!("qkv_prep_{}", spec.head_dim))?;
                 let st = &self.stream;
                 q.xs_ok = false;
-                for (r0, m) in attention_pieces(n) {
+                if let Some(base) = qk.rope_base {
                     let mut g = self.scratch()?;
                     let s = g
                         .as_mut()
                         .ok_or_else(|| Error::Backend("no scratch".into()))?;
-                    if let Some(base) = qk.rope_base {
-                        self.inv_freq(s, base, spec.head_dim)?;
-                    }
+                    self.inv_freq(s, base, spec.head_dim)?;
+                }
+                for (r0, m) in attention_pieces(n) {
+                    let g = self.scratch()?;
+                    let s = g
+                        .as_ref()
+                        .ok_or_else(|| Error::Backend("no scratch".into()))?;
                     let (qa, _gq) = q.data.device_ptr_mut(st);
                     let (ka, _gk) = k.data.device_ptr(st);
                     let (va, _gv) = v.data.device_ptr(st);
                     let (ta, _gt) = s.seqtab.device_ptr(st);
                     let (pa, _gp) = s.pos.device_ptr(st);
-                    let kv_off = (4 * r0 * kv_dim) as u64;
                     let mut b = words::Words::new(st);
-                    b.addr(qa + (4 * r0 * q.cols) as u64)
-                        .addr(ka + kv_off)
-                        .addr(va + kv_off)
+                    b.addr(row_addr::<f32>(qa, r0, q.cols))
+                        .addr(row_addr::<f32>(ka, r0, kv_dim))
+                        .addr(row_addr::<f32>(va, r0, kv_dim))
                         .i32(nh)
                         .i32(nkv)
                         .f32(qk.eps)
                         .f32(qk.q_scale)
-                        .addr(pa + 4 * r0 as u64);
+                        .addr(row_addr::<u32>(pa, r0, 1));
                     match qk.rope_base {
                         Some(base) => b.read(
                             s.inv_freq
@@ -5073,7 +5085,7 @@ impl Backend for CudaBackend {
                         ),
                         None => b.null(),
                     };
-                    b.addr(ta + 8 * r0 as u64)
+                    b.addr(row_addr::<u64>(ta, r0, 1))
                         .i32(layer_i)
                         .i64(row_bytes)
                         .i32(kt);
